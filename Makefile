@@ -1,0 +1,22 @@
+# Two commands do all the set-up: `make demo` and `make test`. Each installs what it needs, idempotently.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup demo test test-vllm bench clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(VENV)/bin/intellect-node demo
+
+test: setup
+	$(PY) -m pytest -q tests
+
+# vLLM lives in its own environment (it pins its own torch); not part of `make test`.
+test-vllm:
+	@bash scripts/setup-vllm.sh
+	.venv-vllm/bin/python -m pytest -q tests/vllm
+
+clean:
+	rm -rf $(VENV) .venv-vllm .pytest_cache

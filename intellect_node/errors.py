@@ -1,0 +1,45 @@
+"""The one exception tree of intellect-node.
+
+    IntellectNodeError
+     +-- ConfigError        operator input is wrong (bad flag, bad field); the CLI exits with code 2
+     +-- ProtocolError      bytes from a peer (or a file) do not decode to a valid message
+     +-- TransportError     a peer could not be reached, timed out, or broke a stream
+     +-- IntegrityError     content did not match its hash (a chunk, a blob, a checkpoint)
+     +-- ProofRejected      a rollout or result failed verification (``reason`` says why)
+
+Third-party exceptions are translated at the boundary: ``raise ProtocolError(...) from exc``.
+"""
+
+from __future__ import annotations
+
+
+class IntellectNodeError(Exception):
+    """Root of every error this package raises on purpose."""
+
+
+class ConfigError(IntellectNodeError):
+    """Operator input is wrong. The message names the field or flag and the fix."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class ProtocolError(IntellectNodeError):
+    """Input from a peer (or a file written by one) is malformed, oversize or badly signed."""
+
+
+class TransportError(IntellectNodeError):
+    """A remote call failed: unreachable, timed out, reset."""
+
+
+class IntegrityError(IntellectNodeError):
+    """Bytes did not match the content hash they were fetched or announced under."""
+
+
+class ProofRejected(IntellectNodeError):
+    """Verification failed. ``reason`` is a short machine-readable code, the message explains."""
+
+    def __init__(self, reason: str, message: str = "") -> None:
+        super().__init__(f"{reason}: {message}" if message else reason)
+        self.reason = reason

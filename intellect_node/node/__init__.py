@@ -1,0 +1,1 @@
+"""The node: composes protocol, proofs and trainer into roles; owns host, blobs, engines and status."""

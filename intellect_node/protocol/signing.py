@@ -1,0 +1,82 @@
+"""Signed envelopes: an ed25519 signature over a domain tag and the canonical bytes of one message.
+
+The signer is named by its peer ID, which embeds its public key, so verification needs nothing else.
+The domain tag (the message kind, e.g. ``"intellect/rollout/1"``) stops a signature made for one kind
+of message being replayed as another.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from intellect_node.errors import ProtocolError
+from intellect_node.protocol import codec
+from intellect_node.protocol.ids import peer_id_from_public_key, public_key_from_peer_id
+
+T = TypeVar("T")
+
+ENVELOPE_OVERHEAD = 256  # bytes an envelope adds around its payload, generously
+
+
+class Envelope(codec.Message, frozen=True):
+    domain: str
+    payload: bytes
+    signer: str  # peer ID of the signer
+    signature: bytes
+
+
+class SigningKey:
+    """An ed25519 key pair as 32 seed bytes; the node key (the same seed is its libp2p identity)."""
+
+    def __init__(self, seed: bytes) -> None:
+        if len(seed) != 32:
+            raise ValueError("an ed25519 seed has 32 bytes")
+        self.seed = bytes(seed)
+        self._sk = Ed25519PrivateKey.from_private_bytes(self.seed)
+        self.public_key = self._sk.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        self.peer_id = peer_id_from_public_key(self.public_key)
+
+    @classmethod
+    def generate(cls) -> "SigningKey":
+        import os
+
+        return cls(os.urandom(32))
+
+    def sign_bytes(self, domain: str, payload: bytes) -> bytes:
+        return self._sk.sign(_signed_bytes(domain, payload))
+
+    def seal(self, domain: str, message: object) -> bytes:
+        """Encode ``message`` canonically, sign it, and return the encoded envelope."""
+        payload = codec.encode(message)
+        env = Envelope(domain=domain, payload=payload, signer=self.peer_id,
+                       signature=self.sign_bytes(domain, payload))
+        return codec.encode(env)
+
+
+def _signed_bytes(domain: str, payload: bytes) -> bytes:
+    d = domain.encode("utf-8")
+    return len(d).to_bytes(2, "big") + d + payload
+
+
+def verify_signature(signer: str, domain: str, payload: bytes, signature: bytes) -> None:
+    """Raise ProtocolError unless ``signature`` is ``signer``'s over ``domain`` and ``payload``."""
+    pub = public_key_from_peer_id(signer)
+    if len(signature) != 64:
+        raise ProtocolError("bad signature length")
+    try:
+        Ed25519PublicKey.from_public_bytes(pub).verify(signature, _signed_bytes(domain, payload))
+    except InvalidSignature as exc:
+        raise ProtocolError("bad signature") from exc
+
+
+def open_envelope(data: bytes, domain: str, type_: type[T], *, max_size: int) -> tuple[T, str]:
+    """Decode and verify an envelope; return the message and the signer's peer ID."""
+    env = codec.decode(data, Envelope, max_size=max_size + ENVELOPE_OVERHEAD)
+    if env.domain != domain:
+        raise ProtocolError(f"envelope for {env.domain!r}, expected {domain!r}")
+    verify_signature(env.signer, env.domain, env.payload, env.signature)
+    return codec.decode(env.payload, type_, max_size=max_size), env.signer

@@ -1,0 +1,1 @@
+"""Research workloads run by the swarm (pure compute, no networking), e.g. incidental polysemanticity."""

@@ -1,0 +1,1 @@
+"""Tasks, rewards, the GRPO loss, the optimizer step and checkpoints. No networking."""
