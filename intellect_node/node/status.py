@@ -1,0 +1,436 @@
+"""What a node is doing, as one frozen value: the :class:`StatusSnapshot`, and the :class:`StatusBoard`
+that node parts update and that publishes snapshots.
+
+Every view of a node is rendered from the same snapshot: the control API serves ``to_json()``, the
+dashboard renders it, ``/metrics`` exports from the same counters (``node/metrics.py``), and
+``intellect-node status`` prints it. The core never formats for a terminal.
+
+Who updates what (all methods are thread-safe: the swarm runs on a trio thread, roles on asyncio, torch
+in worker threads):
+
+- runtime/swarm: :meth:`StatusBoard.set_identity`, :meth:`set_run`, :meth:`set_peers`,
+  :meth:`set_reachability`;
+- blob fetches: :meth:`shard_progress`, :meth:`shard_done`;
+- worker: :meth:`set_policy`, :meth:`rollouts_generated` (with token counts), :meth:`rollouts_submitted`,
+  :meth:`verdict` for each verdict it receives;
+- validator: :meth:`proof_checked` for each batch it checks, :meth:`verdict` for each verdict it issues;
+- trainer: :meth:`set_policy`, :meth:`train_step` per optimizer step;
+- anyone: :meth:`warn`. A ``logging.Handler`` (:class:`BoardLogHandler`) forwards WARNING+ records.
+
+Shortcuts: tokens/s is the token count over a sliding window of :data:`RATE_WINDOW_S` seconds (not an
+EMA), so it reads 0 once generation has stopped for that long. Histories are bounded rings; the
+snapshot is copied on each call to :meth:`snapshot` (a few KB; cheap at dashboard/scrape rates).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import msgspec
+
+from intellect_node.errors import ProtocolError
+
+RATE_WINDOW_S = 30.0
+"""Seconds of generated tokens that tokens/s is averaged over."""
+HISTORY_LEN = 240
+"""Training points kept for the reward and pass-rate trends (a sparkline shows the last ~60)."""
+RECENT_LEN = 8
+"""Rejections and warnings kept in a snapshot (the dashboard shows the last few)."""
+MAX_SHARDS_SHOWN = 8
+"""Shard downloads listed in a snapshot (finished ones drop out)."""
+MAX_STATUS_BYTES = 4 * 1024 * 1024
+"""Largest status JSON accepted by :meth:`StatusSnapshot.from_json` (real ones are a few KB)."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    peer_id: str = ""
+    version: str = ""
+    data_dir: str = ""
+    listen_addrs: tuple[str, ...] = ()
+    http_url: str = ""
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    run_id: str = ""
+    model: str = ""
+    dtype: str = ""
+    trainer_peer_id: str = ""
+    async_level: int = 0
+
+
+@dataclass(frozen=True)
+class Peers:
+    count: int = 0
+    trainers: tuple[str, ...] = ()
+    validators: tuple[str, ...] = ()
+    workers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reachability:
+    """``status`` is one of ``unknown``, ``public``, ``private``, ``relayed``."""
+
+    status: str = "unknown"
+    public_addrs: tuple[str, ...] = ()
+    relay: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """``current`` is the newest policy version announced in the swarm; ``local`` the one loaded here.
+    ``staleness`` = current - local, in trainer steps (the worker may lag by at most ``async_level``)."""
+
+    current: int = -1
+    local: int = -1
+    updated_at: float = 0.0
+
+    @property
+    def staleness(self) -> int:
+        if self.current < 0 or self.local < 0:
+            return 0
+        return max(0, self.current - self.local)
+
+
+@dataclass(frozen=True)
+class ShardProgress:
+    name: str
+    cid: str
+    bytes_done: int
+    bytes_total: int
+
+
+@dataclass(frozen=True)
+class Shards:
+    active: tuple[ShardProgress, ...] = ()
+    bytes_downloaded: int = 0
+    completed: int = 0
+
+
+@dataclass(frozen=True)
+class Rejection:
+    ts: float
+    reason: str
+    detail: str = ""
+    peer: str = ""
+
+
+@dataclass(frozen=True)
+class Rollouts:
+    """Counted in rollouts (samples), not batches. ``accepted``/``rejected`` are verdicts on this node's
+    work for a worker, or verdicts issued by this node for a validator."""
+
+    generated: int = 0
+    submitted: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    batches_submitted: int = 0
+    last_rejections: tuple[Rejection, ...] = ()
+
+
+@dataclass(frozen=True)
+class Proofs:
+    checked: int = 0
+    passed: int = 0
+    failures_by_reason: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> int:
+        return self.checked - self.passed
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.passed / self.checked if self.checked else None
+
+
+@dataclass(frozen=True)
+class Throughput:
+    tokens_per_s: float = 0.0
+    tokens_total: int = 0
+
+
+@dataclass(frozen=True)
+class TrainPoint:
+    step: int
+    reward_mean: float
+    pass_rate: float
+    ts: float = 0.0
+
+
+@dataclass(frozen=True)
+class Training:
+    step: int = -1
+    history: tuple[TrainPoint, ...] = ()
+
+
+@dataclass(frozen=True)
+class Notice:
+    ts: float
+    level: str
+    message: str
+
+
+@dataclass(frozen=True)
+class StatusSnapshot:
+    """One consistent view of a node. ``seq`` increases with every change on the board."""
+
+    ts: float = 0.0
+    seq: int = 0
+    started_at: float = 0.0
+    role: str = ""
+    state: str = "starting"
+    identity: Identity = field(default_factory=Identity)
+    run: RunInfo = field(default_factory=RunInfo)
+    peers: Peers = field(default_factory=Peers)
+    reachability: Reachability = field(default_factory=Reachability)
+    policy: Policy = field(default_factory=Policy)
+    shards: Shards = field(default_factory=Shards)
+    rollouts: Rollouts = field(default_factory=Rollouts)
+    proofs: Proofs = field(default_factory=Proofs)
+    throughput: Throughput = field(default_factory=Throughput)
+    training: Training = field(default_factory=Training)
+    warnings: tuple[Notice, ...] = ()
+
+    @property
+    def uptime_s(self) -> float:
+        return max(0.0, self.ts - self.started_at) if self.started_at else 0.0
+
+    def to_json(self) -> bytes:
+        """JSON of :meth:`to_dict` (derived values included, so ``curl`` readers need no arithmetic)."""
+        return _ENCODER.encode(self.to_dict())
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain JSON-able dict, with the derived values (staleness, acceptance rate) spelled out."""
+        out: dict[str, object] = msgspec.to_builtins(self)
+        out["uptime_s"] = round(self.uptime_s, 3)
+        out["policy"]["staleness"] = self.policy.staleness  # type: ignore[index]
+        out["proofs"]["acceptance_rate"] = self.proofs.acceptance_rate  # type: ignore[index]
+        out["proofs"]["failed"] = self.proofs.failed  # type: ignore[index]
+        return out
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> "StatusSnapshot":
+        """Strict decode (types checked; derived fields from :meth:`to_dict` and unknown fields are
+        ignored, so a newer node's status still reads). Malformed input raises ProtocolError."""
+        raw = data.encode() if isinstance(data, str) else data
+        if len(raw) > MAX_STATUS_BYTES:
+            raise ProtocolError(f"status of {len(raw)} bytes exceeds {MAX_STATUS_BYTES}")
+        try:
+            return _DECODER.decode(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise ProtocolError(f"not a status snapshot: {exc}") from exc
+
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(StatusSnapshot)
+
+Listener = Callable[[StatusSnapshot], None]
+
+
+class StatusBoard:
+    """Mutable, thread-safe state behind the snapshots. ``clock`` is injectable for tests."""
+
+    def __init__(self, *, role: str = "", clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._mono = monotonic
+        self._seq = 0
+        self._snap = StatusSnapshot(role=role, started_at=clock())
+        self._shards: dict[str, ShardProgress] = {}
+        self._token_window: collections.deque[tuple[float, int]] = collections.deque()
+        self._history: collections.deque[TrainPoint] = collections.deque(maxlen=HISTORY_LEN)
+        self._rejections: collections.deque[Rejection] = collections.deque(maxlen=RECENT_LEN)
+        self._warnings: collections.deque[Notice] = collections.deque(maxlen=RECENT_LEN)
+        self._failures: dict[str, int] = {}
+        self._listeners: list[Listener] = []
+
+    # -- publishing -------------------------------------------------------------------------------
+
+    def snapshot(self) -> StatusSnapshot:
+        with self._lock:
+            return self._build()
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener(snapshot)`` after every change (on the updating thread; keep it cheap).
+        Returns a function that unsubscribes."""
+        with self._lock:
+            self._listeners.append(listener)
+
+        def _unsubscribe() -> None:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+        return _unsubscribe
+
+    def _build(self) -> StatusSnapshot:
+        s = self._snap
+        now_m = self._mono()
+        while self._token_window and self._token_window[0][0] < now_m - RATE_WINDOW_S:
+            self._token_window.popleft()
+        window_tokens = sum(n for _, n in self._token_window)
+        if self._token_window:
+            span = max(now_m - self._token_window[0][0], 1.0)
+            rate = window_tokens / min(span, RATE_WINDOW_S)
+        else:
+            rate = 0.0
+        active = tuple(sorted(self._shards.values(), key=lambda p: p.name))[:MAX_SHARDS_SHOWN]
+        return dataclasses.replace(
+            s, ts=self._clock(), seq=self._seq,
+            shards=dataclasses.replace(s.shards, active=active),
+            rollouts=dataclasses.replace(s.rollouts, last_rejections=tuple(self._rejections)),
+            proofs=dataclasses.replace(s.proofs, failures_by_reason=dict(self._failures)),
+            throughput=dataclasses.replace(s.throughput, tokens_per_s=round(rate, 3)),
+            training=dataclasses.replace(s.training, history=tuple(self._history)),
+            warnings=tuple(self._warnings),
+        )
+
+    def _update(self, changes: Callable[[StatusSnapshot], dict[str, object]] | None = None) -> None:
+        """Apply ``changes(current_snapshot)`` under the lock (so concurrent counters never lose an
+        update), then notify listeners outside it."""
+        with self._lock:
+            if changes is not None:
+                self._snap = dataclasses.replace(self._snap, **changes(self._snap))  # type: ignore[arg-type]
+            self._seq += 1
+            listeners = list(self._listeners)
+            snap = self._build() if listeners else None
+        for fn in listeners:
+            assert snap is not None
+            fn(snap)
+
+    # -- setters, one per section -----------------------------------------------------------------
+
+    def set_state(self, state: str) -> None:
+        """``starting``, ``running``, ``stopping``, ``stopped``."""
+        self._update(lambda s: {"state": state})
+
+    def set_role(self, role: str) -> None:
+        self._update(lambda s: {"role": role})
+
+    def set_identity(self, peer_id: str, *, version: str = "", data_dir: str = "",
+                     listen_addrs: Iterable[str] = (), http_url: str = "") -> None:
+        ident = Identity(peer_id=peer_id, version=version, data_dir=data_dir,
+                         listen_addrs=tuple(listen_addrs), http_url=http_url)
+        self._update(lambda s: {"identity": ident})
+
+    def set_run(self, run_id: str, *, model: str = "", dtype: str = "", trainer_peer_id: str = "",
+                async_level: int = 0) -> None:
+        run = RunInfo(run_id=run_id, model=model, dtype=dtype, trainer_peer_id=trainer_peer_id,
+                      async_level=async_level)
+        self._update(lambda s: {"run": run})
+
+    def set_peers(self, count: int, *, trainers: Iterable[str] = (), validators: Iterable[str] = (),
+                  workers: Iterable[str] = ()) -> None:
+        peers = Peers(count=count, trainers=tuple(sorted(trainers)), validators=tuple(sorted(validators)),
+                      workers=tuple(sorted(workers)))
+        self._update(lambda s: {"peers": peers})
+
+    def set_reachability(self, status: str, *, public_addrs: Iterable[str] = (), relay: str = "",
+                         detail: str = "") -> None:
+        if status not in ("unknown", "public", "private", "relayed"):
+            raise ValueError(f"reachability status {status!r}")
+        reach = Reachability(status=status, public_addrs=tuple(public_addrs), relay=relay, detail=detail)
+        self._update(lambda s: {"reachability": reach})
+
+    def set_policy(self, *, current: int | None = None, local: int | None = None) -> None:
+        """Either side may be given alone; ``current`` never goes backwards and is at least ``local``."""
+        now = self._clock()
+
+        def change(s: StatusSnapshot) -> dict[str, object]:
+            p = s.policy
+            new_local = p.local if local is None else local
+            new_current = p.current if current is None else max(p.current, current)
+            return {"policy": Policy(current=max(new_current, new_local), local=new_local, updated_at=now)}
+        self._update(change)
+
+    def shard_progress(self, cid: str, name: str, bytes_done: int, bytes_total: int,
+                       *, new_bytes: int = 0) -> None:
+        """Report a download in progress; ``new_bytes`` is what arrived since the last call."""
+        def change(s: StatusSnapshot) -> dict[str, object]:
+            self._shards[cid] = ShardProgress(name=name, cid=cid, bytes_done=bytes_done, bytes_total=bytes_total)
+            return {"shards": dataclasses.replace(s.shards,
+                                                  bytes_downloaded=s.shards.bytes_downloaded + new_bytes)}
+        self._update(change)
+
+    def shard_done(self, cid: str, *, new_bytes: int = 0) -> None:
+        def change(s: StatusSnapshot) -> dict[str, object]:
+            self._shards.pop(cid, None)
+            return {"shards": dataclasses.replace(s.shards, bytes_downloaded=s.shards.bytes_downloaded + new_bytes,
+                                                  completed=s.shards.completed + 1)}
+        self._update(change)
+
+    def rollouts_generated(self, n: int, *, tokens: int = 0) -> None:
+        def change(s: StatusSnapshot) -> dict[str, object]:
+            if tokens:
+                self._token_window.append((self._mono(), tokens))
+            return {"rollouts": dataclasses.replace(s.rollouts, generated=s.rollouts.generated + n),
+                    "throughput": dataclasses.replace(s.throughput,
+                                                      tokens_total=s.throughput.tokens_total + tokens)}
+        self._update(change)
+
+    def rollouts_submitted(self, n: int) -> None:
+        self._update(lambda s: {"rollouts": dataclasses.replace(
+            s.rollouts, submitted=s.rollouts.submitted + n,
+            batches_submitted=s.rollouts.batches_submitted + 1)})
+
+    def verdict(self, accepted: bool, n: int = 1, *, reason: str = "", detail: str = "",
+                peer: str = "") -> None:
+        """Count ``n`` rollouts accepted or rejected; a rejection's reason goes to the recent list."""
+        now = self._clock()
+
+        def change(s: StatusSnapshot) -> dict[str, object]:
+            r = s.rollouts
+            if accepted:
+                return {"rollouts": dataclasses.replace(r, accepted=r.accepted + n)}
+            self._rejections.append(Rejection(ts=now, reason=reason or "rejected", detail=detail[:200],
+                                              peer=peer))
+            return {"rollouts": dataclasses.replace(r, rejected=r.rejected + n)}
+        self._update(change)
+
+    def proof_checked(self, passed: bool, *, reason: str = "") -> None:
+        def change(s: StatusSnapshot) -> dict[str, object]:
+            if not passed:
+                key = reason or "unknown"
+                self._failures[key] = self._failures.get(key, 0) + 1
+            return {"proofs": dataclasses.replace(s.proofs, checked=s.proofs.checked + 1,
+                                                  passed=s.proofs.passed + int(passed))}
+        self._update(change)
+
+    def train_step(self, step: int, *, reward_mean: float, pass_rate: float) -> None:
+        point = TrainPoint(step=step, reward_mean=float(reward_mean), pass_rate=float(pass_rate),
+                           ts=self._clock())
+
+        def change(s: StatusSnapshot) -> dict[str, object]:
+            self._history.append(point)
+            return {"training": Training(step=step)}
+        self._update(change)
+
+    def warn(self, message: str, *, level: str = "WARNING") -> None:
+        notice = Notice(ts=self._clock(), level=level, message=message[:300])
+
+        def change(s: StatusSnapshot) -> dict[str, object]:
+            self._warnings.append(notice)
+            return {}
+        self._update(change)
+
+
+class BoardLogHandler(logging.Handler):
+    """Forward WARNING and above to ``board.warn`` so the dashboard shows them."""
+
+    def __init__(self, board: StatusBoard, level: int = logging.WARNING) -> None:
+        super().__init__(level)
+        self._board = board
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._board.warn(record.getMessage(), level=record.levelname)
+        except Exception:  # a log handler must never raise into the code that logged
+            self.handleError(record)
