@@ -1,0 +1,106 @@
+"""Prometheus metrics, exported from the node's :class:`~intellect_node.node.status.StatusBoard`.
+
+There is no second set of counters: a custom collector reads one snapshot per scrape, so ``/metrics``,
+the JSON status and the dashboard can never disagree. Each node gets its own ``CollectorRegistry``
+(several nodes share a process in tests; the global default registry would mix them).
+
+Metric names follow Prometheus conventions (``_total`` counters, base units: bytes, seconds).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from intellect_node.node.status import StatusBoard
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_PREFIX = "intellect_node"
+
+
+class StatusCollector(Collector):
+    def __init__(self, board: StatusBoard) -> None:
+        self._board = board
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._board.snapshot()
+        info = InfoMetricFamily(f"{_PREFIX}_node", "Node identity and role.")
+        info.add_metric([], {"peer_id": s.identity.peer_id, "role": s.role, "run_id": s.run.run_id,
+                             "version": s.identity.version, "state": s.state})
+        yield info
+
+        peers = GaugeMetricFamily(f"{_PREFIX}_peers", "Connected peers, by the role they announce.",
+                                  labels=["role"])
+        peers.add_metric(["any"], s.peers.count)
+        peers.add_metric(["trainer"], len(s.peers.trainers))
+        peers.add_metric(["validator"], len(s.peers.validators))
+        peers.add_metric(["worker"], len(s.peers.workers))
+        yield peers
+
+        policy = GaugeMetricFamily(f"{_PREFIX}_policy_version",
+                                   "Policy version: newest announced (current) and loaded here (local).",
+                                   labels=["which"])
+        policy.add_metric(["current"], s.policy.current)
+        policy.add_metric(["local"], s.policy.local)
+        yield policy
+        yield GaugeMetricFamily(f"{_PREFIX}_policy_staleness_steps",
+                                "Trainer steps the local policy lags the newest announced one.",
+                                value=s.policy.staleness)
+
+        rollouts = CounterMetricFamily(f"{_PREFIX}_rollouts",
+                                       "Rollouts by outcome: generated, submitted, accepted, rejected.",
+                                       labels=["verdict"])
+        for name in ("generated", "submitted", "accepted", "rejected"):
+            rollouts.add_metric([name], getattr(s.rollouts, name))
+        yield rollouts
+
+        yield GaugeMetricFamily(f"{_PREFIX}_tokens_per_second",
+                                "Generated tokens per second over the last 30 s.", value=s.throughput.tokens_per_s)
+        yield CounterMetricFamily(f"{_PREFIX}_tokens_generated", "Tokens generated.",
+                                  value=s.throughput.tokens_total)
+        yield CounterMetricFamily(f"{_PREFIX}_shard_bytes_downloaded", "Weight-shard bytes downloaded.",
+                                  value=s.shards.bytes_downloaded)
+        yield GaugeMetricFamily(f"{_PREFIX}_shard_downloads_active", "Shard downloads in progress.",
+                                value=len(s.shards.active))
+
+        yield CounterMetricFamily(f"{_PREFIX}_proofs_checked", "Rollout proofs checked by this node.",
+                                  value=s.proofs.checked)
+        failures = CounterMetricFamily(f"{_PREFIX}_proof_failures", "Proof checks failed, by reason.",
+                                       labels=["reason"])
+        for reason, n in sorted(s.proofs.failures_by_reason.items()):
+            failures.add_metric([reason], n)
+        yield failures
+
+        yield GaugeMetricFamily(f"{_PREFIX}_train_step", "Last trainer step seen.", value=s.training.step)
+        if s.training.history:
+            last = s.training.history[-1]
+            yield GaugeMetricFamily(f"{_PREFIX}_reward_mean", "Mean reward at the last step.",
+                                    value=last.reward_mean)
+            yield GaugeMetricFamily(f"{_PREFIX}_pass_rate", "Pass rate at the last step.", value=last.pass_rate)
+        yield GaugeMetricFamily(f"{_PREFIX}_uptime_seconds", "Seconds since the node started.",
+                                value=s.uptime_s)
+
+
+def build_registry(board: StatusBoard) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatusCollector(board))
+    return registry
+
+
+def render(board: StatusBoard) -> bytes:
+    """The Prometheus text exposition of ``board``."""
+    return generate_latest(build_registry(board))
+
+
+def metrics_routes(board: StatusBoard) -> list[web.RouteDef]:
+    """``GET /metrics`` for the runtime's aiohttp app (bound to 127.0.0.1; no token, like node_exporter)."""
+    registry = build_registry(board)
+
+    async def handle(_request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE})
+
+    return [web.get("/metrics", handle)]
