@@ -1,0 +1,137 @@
+"""Crash-safe trainer checkpoints: weights, optimizer, policy version and the consumed rollout batches.
+
+Layout under ``root``::
+
+    v00000007/model.safetensors   the policy weights of version 7
+    v00000007/optimizer.pt        AdamW state after the step that produced version 7
+    v00000007/state.json          {"version": 7, "consumed": [...batch IDs...], "step": ..., "extra": {...}}
+    LATEST                        "v00000007" (written atomically, last)
+
+A checkpoint directory is filled under a temporary name, every file fsynced, renamed into place and the
+parent fsynced; only then is ``LATEST`` replaced (``fsutil.atomic_write_text``). A SIGKILL at any
+instant leaves ``LATEST`` naming a complete checkpoint, so a restarted trainer resumes with the same
+version numbering. The consumed set is the IDs of every rollout batch whose samples went into *this*
+version's weights: a batch accepted but not in it is trained again after a crash (never lost) and a
+batch in it is skipped (never trained twice), because the set and the weights are committed together.
+
+Shortcuts: the consumed set is stored in full (one ID per accepted batch of the run); old checkpoints
+beyond ``keep`` are deleted after ``LATEST`` moves on.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from intellect_node.errors import IntegrityError
+from intellect_node.fsutil import atomic_write_bytes, atomic_write_text, fsync_dir
+
+LATEST = "LATEST"
+_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    version: int
+    consumed: frozenset[str] = frozenset()
+    step: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _dir_name(version: int) -> str:
+    return f"v{version:08d}"
+
+
+def state_dict_bytes(model: Any) -> bytes:
+    """The model's weights as safetensors bytes (tied weights stored once per name, cloned)."""
+    sd = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    return st_save(sd)
+
+
+def save_checkpoint(root: str | os.PathLike[str], model: Any, optimizer: torch.optim.Optimizer | None,
+                    state: TrainerState, *, keep: int = 2) -> Path:
+    """Write checkpoint ``state.version`` atomically and point ``LATEST`` at it."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / _dir_name(state.version)
+    tmp = root / f".{final.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    atomic_write_bytes(tmp / "model.safetensors", state_dict_bytes(model))
+    if optimizer is not None:
+        buf = io.BytesIO()
+        torch.save(optimizer.state_dict(), buf)
+        atomic_write_bytes(tmp / "optimizer.pt", buf.getvalue())
+    meta = {"format": _FORMAT, "version": state.version, "consumed": sorted(state.consumed),
+            "step": state.step, "extra": state.extra}
+    atomic_write_text(tmp / "state.json", json.dumps(meta, sort_keys=True))
+    if final.exists():
+        # A previous run died between the rename and LATEST: that directory was never current.
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    fsync_dir(root)
+    atomic_write_text(root / LATEST, final.name + "\n")
+    _prune(root, keep, current=final.name)
+    return final
+
+
+def _prune(root: Path, keep: int, current: str) -> None:
+    dirs = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("v") and p.name[1:].isdigit())
+    for p in dirs[:-keep] if keep > 0 else []:
+        if p.name != current:
+            shutil.rmtree(p, ignore_errors=True)
+    for p in root.iterdir():
+        if p.name.startswith(".v") and ".tmp-" in p.name and p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def latest_dir(root: str | os.PathLike[str]) -> Path | None:
+    root = Path(root)
+    try:
+        name = (root / LATEST).read_text().strip()
+    except FileNotFoundError:
+        return None
+    path = root / name
+    if not (name.startswith("v") and name[1:].isdigit() and path.is_dir()):
+        raise IntegrityError(f"{root / LATEST} names {name!r}, which is not a checkpoint directory")
+    return path
+
+
+def read_state(path: Path) -> TrainerState:
+    try:
+        meta = json.loads((path / "state.json").read_text())
+        return TrainerState(version=int(meta["version"]), consumed=frozenset(str(x) for x in meta["consumed"]),
+                            step=int(meta["step"]), extra=dict(meta.get("extra", {})))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise IntegrityError(f"checkpoint {path} has no readable state.json: {exc}") from exc
+
+
+def load_checkpoint(root: str | os.PathLike[str], model: Any,
+                    optimizer: torch.optim.Optimizer | None = None) -> TrainerState | None:
+    """Load the latest checkpoint into ``model`` (and ``optimizer``); None when there is none yet."""
+    path = latest_dir(root)
+    if path is None:
+        return None
+    state = read_state(path)
+    weights = st_load((path / "model.safetensors").read_bytes())
+    model.load_state_dict(weights, strict=True)
+    opt_path = path / "optimizer.pt"
+    if optimizer is not None and opt_path.exists():
+        optimizer.load_state_dict(torch.load(opt_path, map_location="cpu", weights_only=True))
+    return state
+
+
+def latest_weights_path(root: str | os.PathLike[str]) -> Path | None:
+    """Path of the newest committed policy weights (what a trainer publishes)."""
+    path = latest_dir(root)
+    return None if path is None else path / "model.safetensors"
