@@ -1,0 +1,201 @@
+"""The operator's ledger: every rollout batch this node submitted and every verdict it received.
+
+SQLite in WAL mode with ``synchronous=FULL``: each ``record_*`` call commits (fsync) before it returns,
+so the caller persists first and acknowledges/publishes after (the contract in docs/architecture.md).
+WAL lets ``intellect-node ledger`` read while the node writes.
+
+A verdict is keyed by (batch, validator): gossip may deliver the same verdict twice, and recording it
+again changes nothing. A verdict for a batch this node never submitted is still recorded (it may come
+from before a crash that lost nothing but the ack) and shows up as ``unknown_batch_verdicts``.
+
+Calls block for one fsync (about a millisecond on an SSD); the roles call them from a worker thread
+(``asyncio.to_thread``) when that matters. One connection guarded by a lock serves all threads.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from intellect_node.errors import ConfigError
+
+LEDGER_FILE = "ledger.sqlite"
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS batches (
+    batch_id       TEXT PRIMARY KEY,
+    run_id         TEXT NOT NULL,
+    policy_version INTEGER NOT NULL,
+    n_rollouts     INTEGER NOT NULL,
+    n_tokens       INTEGER NOT NULL,
+    cid            TEXT NOT NULL DEFAULT '',
+    submitted_at   REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS verdicts (
+    batch_id     TEXT NOT NULL,
+    validator    TEXT NOT NULL,
+    run_id       TEXT NOT NULL,
+    n_accepted   INTEGER NOT NULL,
+    n_rejected   INTEGER NOT NULL,
+    reason       TEXT NOT NULL DEFAULT '',
+    detail       TEXT NOT NULL DEFAULT '',
+    step         INTEGER NOT NULL DEFAULT -1,
+    received_at  REAL NOT NULL,
+    PRIMARY KEY (batch_id, validator)
+);
+CREATE INDEX IF NOT EXISTS verdicts_received ON verdicts(received_at);
+CREATE INDEX IF NOT EXISTS batches_submitted ON batches(submitted_at);
+"""
+
+
+@dataclass(frozen=True)
+class LedgerSummary:
+    batches_submitted: int = 0
+    rollouts_submitted: int = 0
+    tokens_submitted: int = 0
+    verdicts_received: int = 0
+    rollouts_accepted: int = 0
+    rollouts_rejected: int = 0
+    batches_pending: int = 0
+    unknown_batch_verdicts: int = 0
+    rejection_reasons: dict[str, int] = field(default_factory=dict)
+    runs: tuple[str, ...] = ()
+    first_at: float | None = None
+    last_at: float | None = None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        judged = self.rollouts_accepted + self.rollouts_rejected
+        return self.rollouts_accepted / judged if judged else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batches_submitted": self.batches_submitted, "rollouts_submitted": self.rollouts_submitted,
+            "tokens_submitted": self.tokens_submitted, "verdicts_received": self.verdicts_received,
+            "rollouts_accepted": self.rollouts_accepted, "rollouts_rejected": self.rollouts_rejected,
+            "batches_pending": self.batches_pending, "unknown_batch_verdicts": self.unknown_batch_verdicts,
+            "acceptance_rate": self.acceptance_rate, "rejection_reasons": dict(self.rejection_reasons),
+            "runs": list(self.runs), "first_at": self.first_at, "last_at": self.last_at,
+        }
+
+
+class Ledger:
+    """Open (creating if needed) the ledger at ``path``. ``readonly`` opens an existing file for queries."""
+
+    def __init__(self, path: str | Path, *, readonly: bool = False,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.path = Path(path)
+        self._clock = clock
+        self._lock = threading.Lock()
+        try:
+            if readonly:
+                if not self.path.exists():
+                    raise ConfigError(f"no ledger at {self.path}; a node writes one once it submits work "
+                                      "(check --data-dir)", field="data_dir")
+                self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=FULL")
+                self._db.executescript(_SCHEMA)
+                version = self._db.execute("PRAGMA user_version").fetchone()[0]
+                if version == 0:
+                    self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                elif version != SCHEMA_VERSION:
+                    raise ConfigError(f"{self.path} has ledger schema {version}, this node reads "
+                                      f"{SCHEMA_VERSION}; move it aside", field="data_dir")
+            self._db.execute("SELECT count(*) FROM batches").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(f"{self.path} is not a readable ledger ({exc}); move it aside and the node "
+                              "starts a new one", field="data_dir") from exc
+
+    @classmethod
+    def in_data_dir(cls, data_dir: Path, **kw: Any) -> "Ledger":
+        return cls(data_dir / LEDGER_FILE, **kw)
+
+    # -- writes (each commits durably before returning) ---------------------------------------------
+
+    def record_submission(self, batch_id: str, *, run_id: str, policy_version: int, n_rollouts: int,
+                          n_tokens: int, cid: str = "") -> bool:
+        """Record a batch before it is published. False if it was already recorded (a resubmission)."""
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO batches VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (batch_id, run_id, int(policy_version), int(n_rollouts), int(n_tokens), cid, self._clock()))
+            return cur.rowcount == 1
+
+    def record_verdict(self, batch_id: str, *, validator: str, run_id: str, n_accepted: int, n_rejected: int,
+                       reason: str = "", detail: str = "", step: int = -1) -> bool:
+        """Record a verdict before acting on it. False if this validator's verdict was already there."""
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO verdicts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (batch_id, validator, run_id, int(n_accepted), int(n_rejected), reason, detail[:500],
+                 int(step), self._clock()))
+            return cur.rowcount == 1
+
+    def close(self) -> None:
+        """Checkpoint the WAL into the main file and close (called on shutdown)."""
+        with self._lock:
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.OperationalError:
+                pass  # read-only connections cannot checkpoint; nothing to flush
+            self._db.close()
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- queries --------------------------------------------------------------------------------------
+
+    def summary(self, *, run_id: str | None = None) -> LedgerSummary:
+        """Totals over the whole ledger, or over one run."""
+        # "(? IS NULL OR run_id = ?)" selects everything when run_id is None.
+        a = (run_id, run_id)
+        with self._lock:
+            db = self._db
+            nb, nr, nt, b_first, b_last = db.execute(
+                "SELECT count(*), coalesce(sum(n_rollouts),0), coalesce(sum(n_tokens),0), min(submitted_at), "
+                "max(submitted_at) FROM batches WHERE (? IS NULL OR run_id = ?)", a).fetchone()
+            nv, na, nrej, v_last = db.execute(
+                "SELECT count(*), coalesce(sum(n_accepted),0), coalesce(sum(n_rejected),0), max(received_at) "
+                "FROM verdicts WHERE (? IS NULL OR run_id = ?)", a).fetchone()
+            pending = db.execute(
+                "SELECT count(*) FROM batches b WHERE (? IS NULL OR b.run_id = ?) "
+                "AND NOT EXISTS (SELECT 1 FROM verdicts v WHERE v.batch_id = b.batch_id)", a).fetchone()[0]
+            unknown = db.execute(
+                "SELECT count(*) FROM verdicts v WHERE (? IS NULL OR v.run_id = ?) "
+                "AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.batch_id = v.batch_id)", a).fetchone()[0]
+            reasons = db.execute(
+                "SELECT reason, sum(n_rejected) FROM verdicts WHERE (? IS NULL OR run_id = ?) "
+                "AND n_rejected > 0 GROUP BY reason ORDER BY 2 DESC, 1", a).fetchall()
+            runs = tuple(r[0] for r in db.execute(
+                "SELECT run_id FROM batches UNION SELECT run_id FROM verdicts ORDER BY 1").fetchall())
+        times = [t for t in (b_first, b_last, v_last) if t is not None]
+        return LedgerSummary(
+            batches_submitted=nb, rollouts_submitted=nr, tokens_submitted=nt, verdicts_received=nv,
+            rollouts_accepted=na, rollouts_rejected=nrej, batches_pending=pending,
+            unknown_batch_verdicts=unknown, rejection_reasons={(k or "rejected"): v for k, v in reasons},
+            runs=runs, first_at=min(times) if times else None, last_at=max(times) if times else None)
+
+    def recent(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The newest batches with their verdicts, newest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT b.batch_id, b.run_id, b.policy_version, b.n_rollouts, b.n_tokens, b.submitted_at, "
+                "coalesce(sum(v.n_accepted),0), coalesce(sum(v.n_rejected),0), count(v.batch_id), "
+                "group_concat(nullif(v.reason,''), ',') "
+                "FROM batches b LEFT JOIN verdicts v ON v.batch_id = b.batch_id "
+                "GROUP BY b.batch_id ORDER BY b.submitted_at DESC, b.rowid DESC LIMIT ?", (int(limit),)).fetchall()
+        keys = ("batch_id", "run_id", "policy_version", "n_rollouts", "n_tokens", "submitted_at",
+                "accepted", "rejected", "verdicts", "reasons")
+        return [dict(zip(keys, r)) for r in rows]
