@@ -1,0 +1,265 @@
+"""The blob store: chunk files named by their CID, signed manifests, and resume from what is on disk.
+
+Layout under ``root`` (``<data-dir>/blobs``)::
+
+    chunks/<chunk-cid>        one file per verified chunk (content-addressed, shared between blobs)
+    manifests/<blob-cid>      the signed manifest envelope bytes
+    tmp/                      chunks being received; emptied at start
+
+A chunk file exists only after its bytes were hash-checked, fsynced and renamed into place
+(:func:`intellect_node.fsutil.atomic_replace_file`), so "the file is there" means "the chunk is
+verified": an interrupted download resumes by asking only for the chunks without a file.
+
+Shortcuts: chunks are never garbage-collected, and a chunk file damaged on disk after it was written
+is not noticed until :meth:`BlobStore.verify_chunk` is called (the fetching peer would reject it anyway).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+from pathlib import Path
+
+from intellect_node.errors import ConfigError, IntegrityError, ProtocolError
+from intellect_node.fsutil import atomic_replace_file, atomic_write_bytes, fsync_dir
+from intellect_node.protocol.blob import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MAX_CHUNKS, MIN_CHUNK_SIZE, \
+    Manifest, encode_have, open_manifest, seal_manifest
+from intellect_node.protocol.ids import cid_from_digest, digest_from_cid, validate_cid
+from intellect_node.protocol.signing import SigningKey
+
+log = logging.getLogger(__name__)
+
+COPY_BUFSIZE = 1 << 20
+
+
+class ChunkWriter:
+    """Receives one chunk piece by piece: hashes as it writes, refuses extra bytes, commits atomically.
+
+    ``write`` runs on the event loop (a page-cache write of one network read); ``check`` compares the
+    hash; ``persist`` (fsync + rename) blocks and belongs in a worker thread.
+    """
+
+    def __init__(self, store: "BlobStore", cid: str, length: int) -> None:
+        self.cid = cid
+        self.length = length
+        self.received = 0
+        self._store = store
+        self._hash = hashlib.sha256()
+        self._tmp = store.tmp_dir / f"{cid}.{secrets.token_hex(4)}.part"
+        self._fd: int | None = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+
+    def write(self, piece: bytes | bytearray | memoryview) -> None:
+        n = len(piece)
+        if self.received + n > self.length:
+            raise IntegrityError(f"chunk {self.cid[:16]}... longer than its {self.length} bytes")
+        self._hash.update(piece)
+        assert self._fd is not None
+        view = memoryview(piece)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        self.received += n
+
+    def check(self) -> None:
+        """Raise IntegrityError unless exactly the announced bytes arrived and they hash to the CID."""
+        if self.received != self.length:
+            raise IntegrityError(f"chunk {self.cid[:16]}... ended after {self.received} of {self.length} bytes")
+        if cid_from_digest(self._hash.digest()) != self.cid:
+            raise IntegrityError(f"chunk {self.cid[:16]}... does not match its hash")
+
+    def persist(self) -> Path:
+        """fsync and move into ``chunks/`` (blocking). Call :meth:`check` first."""
+        assert self._fd is not None
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = None
+        dst = self._store.chunk_path(self.cid)
+        os.replace(self._tmp, dst)
+        fsync_dir(dst.parent)
+        return dst
+
+    def abort(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        try:
+            os.unlink(self._tmp)
+        except FileNotFoundError:
+            pass
+
+
+class BlobStore:
+    """Chunks and manifests on disk, plus an in-memory index of which chunks are present."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.chunks_dir = self.root / "chunks"
+        self.manifests_dir = self.root / "manifests"
+        self.tmp_dir = self.root / "tmp"
+        for d in (self.chunks_dir, self.manifests_dir, self.tmp_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        for leftover in self.tmp_dir.iterdir():  # pieces of chunks a killed process never finished
+            leftover.unlink()
+        self._chunks: set[str] = set()
+        for p in self.chunks_dir.iterdir():
+            if p.name.startswith("."):
+                p.unlink()  # a temp file of an interrupted atomic write
+            else:
+                self._chunks.add(p.name)
+        self._manifests: dict[str, Manifest] = {}
+        for p in self.manifests_dir.iterdir():
+            if p.name.startswith("."):
+                p.unlink()
+                continue
+            try:
+                self._manifests[p.name] = open_manifest(p.read_bytes(), p.name)
+            except ProtocolError as exc:
+                log.warning("ignoring damaged manifest %s: %s", p.name, exc)
+
+    # -- chunks ---------------------------------------------------------------------------------
+
+    def chunk_path(self, cid: str) -> Path:
+        return self.chunks_dir / validate_cid(cid)
+
+    def has_chunk(self, cid: str) -> bool:
+        return cid in self._chunks
+
+    def open_chunk_writer(self, cid: str, length: int) -> ChunkWriter:
+        return ChunkWriter(self, cid, length)
+
+    def mark_chunk(self, cid: str) -> None:
+        """Record a chunk persisted by a :class:`ChunkWriter` (called on the event loop thread)."""
+        self._chunks.add(cid)
+
+    def verify_chunk(self, cid: str) -> bool:
+        """Re-hash a chunk file; drop it from the store if it no longer matches (blocking)."""
+        h = hashlib.sha256()
+        try:
+            with open(self.chunk_path(cid), "rb") as f:
+                while piece := f.read(COPY_BUFSIZE):
+                    h.update(piece)
+        except FileNotFoundError:
+            self._chunks.discard(cid)
+            return False
+        if h.digest() != digest_from_cid(cid):
+            log.warning("chunk %s is damaged on disk; removing it", cid)
+            self._chunks.discard(cid)
+            self.chunk_path(cid).unlink(missing_ok=True)
+            return False
+        return True
+
+    # -- manifests ------------------------------------------------------------------------------
+
+    def put_manifest(self, cid: str, raw: bytes) -> Manifest:
+        """Verify and store manifest envelope bytes under their CID (idempotent)."""
+        m = open_manifest(raw, cid)
+        if cid not in self._manifests:
+            atomic_write_bytes(self.manifests_dir / cid, raw)
+            self._manifests[cid] = m
+        return m
+
+    def manifest(self, cid: str) -> Manifest | None:
+        return self._manifests.get(cid)
+
+    def manifest_bytes(self, cid: str) -> bytes | None:
+        if cid not in self._manifests:
+            return None
+        return (self.manifests_dir / cid).read_bytes()
+
+    def manifest_cids(self) -> list[str]:
+        return sorted(self._manifests)
+
+    def present(self, cid: str) -> list[bool]:
+        m = self._manifests[cid]
+        return [c in self._chunks for c in m.chunks]
+
+    def have_bytes(self, cid: str) -> bytes | None:
+        if cid not in self._manifests:
+            return None
+        return encode_have(cid, self.present(cid))
+
+    def missing(self, cid: str) -> list[int]:
+        return [i for i, ok in enumerate(self.present(cid)) if not ok]
+
+    def is_complete(self, cid: str) -> bool:
+        return cid in self._manifests and not self.missing(cid)
+
+    # -- whole files ----------------------------------------------------------------------------
+
+    def add_file(self, path: str | os.PathLike[str], key: SigningKey, *, name: str | None = None,
+                 chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[str, Manifest]:
+        """Cut a local file into chunks, store them and a signed manifest; return ``(blob_cid, manifest)``.
+
+        Blocking (reads and hashes the whole file): call it from a worker thread on a running node.
+        """
+        src = Path(path)
+        if not src.is_file():
+            raise ConfigError(f"{src} is not a readable file; pass the path of the file to publish",
+                              field="file")
+        if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
+            raise ConfigError(f"chunk size {chunk_size} outside [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}]",
+                              field="chunk_size")
+        total = src.stat().st_size
+        if -(-total // chunk_size) > MAX_CHUNKS:
+            raise ConfigError(f"{src} needs more than {MAX_CHUNKS} chunks of {chunk_size} bytes; "
+                              "use a larger chunk size", field="chunk_size")
+        cids: list[str] = []
+        with open(src, "rb") as f:
+            while data := f.read(chunk_size):
+                cid = cid_from_digest(hashlib.sha256(data).digest())
+                if cid not in self._chunks:
+                    atomic_write_bytes(self.chunk_path(cid), data)
+                    self._chunks.add(cid)
+                cids.append(cid)
+        if sum(min(chunk_size, total - i * chunk_size) for i in range(len(cids))) != total:
+            raise IntegrityError(f"{src} changed while it was being read")
+        manifest = Manifest(name=name or src.name, publisher=key.peer_id, chunk_size=chunk_size,
+                            total_size=total, chunks=cids)
+        cid, raw = seal_manifest(key, manifest)
+        self.put_manifest(cid, raw)
+        return cid, manifest
+
+    def export(self, cid: str, out: str | os.PathLike[str]) -> Path:
+        """Assemble a complete blob into ``out`` atomically (blocking; kernel-side copies)."""
+        m = self._manifests.get(cid)
+        if m is None or self.missing(cid):
+            raise IntegrityError(f"blob {cid} is not complete in {self.root}")
+        dst = Path(out)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f".{dst.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            with open(tmp, "wb") as fo:
+                for i, c in enumerate(m.chunks):
+                    n = m.chunk_length(i)
+                    with open(self.chunk_path(c), "rb") as fi:
+                        if os.fstat(fi.fileno()).st_size != n:
+                            raise IntegrityError(f"chunk {c} has the wrong size on disk")
+                        _copy_range(fi.fileno(), fo.fileno(), n)
+            atomic_replace_file(tmp, dst)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return dst
+
+
+def _copy_range(fd_in: int, fd_out: int, n: int) -> None:
+    """Copy ``n`` bytes between files without passing them through Python where the kernel allows."""
+    left = n
+    try:
+        while left:
+            copied = os.copy_file_range(fd_in, fd_out, left)
+            if copied == 0:
+                raise IntegrityError("chunk file shorter than expected")
+            left -= copied
+        return
+    except OSError:
+        if left != n:
+            raise
+    while left:
+        piece = os.read(fd_in, min(COPY_BUFSIZE, left))
+        if not piece:
+            raise IntegrityError("chunk file shorter than expected")
+        os.write(fd_out, piece)
+        left -= len(piece)
