@@ -1,0 +1,229 @@
+"""What a node knows about other peers: liveness, HTTP URLs, rejections, bans, remembered addresses.
+
+Shared by the trio thread (gossip validators record rejections, the connection notifee marks peers
+connected) and the asyncio side (roles, status), so every method takes one lock and none blocks.
+
+Liveness: a peer is ``alive`` while its last heartbeat is younger than ``peer_timeout``; the runtime's
+sweep marks it ``gone`` after that (a peer frozen with SIGSTOP stays "connected" at the libp2p level
+but stops heartbeating, so heartbeats, not connections, decide). Remembered peers (``peers.json``) are
+the listen addresses of peers we were connected to, most recent first, capped at
+:data:`MAX_REMEMBERED`, written atomically and at most every :data:`SAVE_INTERVAL_S`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from intellect_node.fsutil import atomic_write_text
+
+log = logging.getLogger(__name__)
+
+PEERS_FILE = "peers.json"
+MAX_REMEMBERED = 64
+MAX_REASONS = 16
+"""Recent rejection reasons kept per peer (the count keeps growing)."""
+AUTO_BAN_AFTER = 100
+"""Rejections after which a peer is banned automatically; honest peers reach a handful at most (a
+message that arrives after our clock moved past a deadline, say), a hostile one reaches it fast."""
+SAVE_INTERVAL_S = 5.0
+
+
+@dataclass
+class PeerRecord:
+    peer_id: str
+    connected: bool = False
+    state: str = "unknown"  # unknown | alive | gone
+    last_heartbeat: float | None = None  # time.monotonic()
+    http_url: str = ""
+    addrs: list[str] = field(default_factory=list)
+    roles: list[str] = field(default_factory=list)
+    rejections: int = 0
+    reasons: deque[str] = field(default_factory=lambda: deque(maxlen=MAX_REASONS))
+    banned: str | None = None
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        return {
+            "peer_id": self.peer_id, "connected": self.connected, "state": self.state,
+            "last_heartbeat_age_s": None if self.last_heartbeat is None else round(now - self.last_heartbeat, 3),
+            "http_url": self.http_url, "roles": list(self.roles), "rejections": self.rejections,
+            "last_rejection": self.reasons[-1] if self.reasons else None, "banned": self.banned,
+        }
+
+
+class PeerBook:
+    """Thread-safe per-peer records. ``data_dir`` (optional) is where ``peers.json`` lives."""
+
+    def __init__(self, self_id: str, data_dir: Path | None = None, *, peer_timeout: float = 15.0,
+                 auto_ban_after: int | None = AUTO_BAN_AFTER) -> None:
+        self.self_id = self_id
+        self.peer_timeout = peer_timeout
+        self.auto_ban_after = auto_ban_after
+        self._path = data_dir / PEERS_FILE if data_dir is not None else None
+        self._lock = threading.Lock()
+        self._peers: dict[str, PeerRecord] = {}
+        self._remembered: dict[str, tuple[list[str], float]] = {}  # peer -> (addrs, unix time)
+        self._dirty = False
+        self._last_save = 0.0
+        self._load()
+
+    def _rec(self, peer_id: str) -> PeerRecord:
+        rec = self._peers.get(peer_id)
+        if rec is None:
+            rec = self._peers[peer_id] = PeerRecord(peer_id)
+        return rec
+
+    # -- liveness ----------------------------------------------------------------------------------
+
+    def set_connected(self, peer_id: str, connected: bool) -> None:
+        with self._lock:
+            self._rec(peer_id).connected = connected
+
+    def heard(self, peer_id: str, *, http_url: str = "", addrs: list[str] | None = None,
+              roles: list[str] | None = None) -> bool:
+        """Record a verified heartbeat; True if the peer was not alive before (new or back)."""
+        with self._lock:
+            rec = self._rec(peer_id)
+            was = rec.state
+            rec.state, rec.last_heartbeat = "alive", time.monotonic()
+            if http_url:
+                rec.http_url = http_url
+            if addrs:
+                rec.addrs = list(addrs)
+            if roles is not None:
+                rec.roles = list(roles)
+            return was != "alive"
+
+    def sweep(self, now: float | None = None) -> list[str]:
+        """Mark peers whose last heartbeat is older than ``peer_timeout`` as gone; return them."""
+        now = time.monotonic() if now is None else now
+        gone = []
+        with self._lock:
+            for rec in self._peers.values():
+                if rec.state == "alive" and rec.last_heartbeat is not None \
+                        and now - rec.last_heartbeat > self.peer_timeout:
+                    rec.state = "gone"
+                    gone.append(rec.peer_id)
+        return gone
+
+    def state(self, peer_id: str) -> str:
+        with self._lock:
+            rec = self._peers.get(peer_id)
+            return rec.state if rec else "unknown"
+
+    def alive_peers(self) -> list[str]:
+        with self._lock:
+            return sorted(p for p, r in self._peers.items() if r.state == "alive")
+
+    def set_info(self, peer_id: str, *, http_url: str, addrs: list[str], roles: list[str]) -> None:
+        with self._lock:
+            rec = self._rec(peer_id)
+            rec.http_url, rec.addrs, rec.roles = http_url, list(addrs), list(roles)
+
+    def http_url(self, peer_id: str) -> str:
+        with self._lock:
+            rec = self._peers.get(peer_id)
+            return rec.http_url if rec else ""
+
+    # -- misbehaviour --------------------------------------------------------------------------------
+
+    def record_rejection(self, peer_id: str, reason: str) -> int:
+        """Record why input from ``peer_id`` was refused; returns the peer's rejection count."""
+        auto_ban = False
+        with self._lock:
+            rec = self._rec(peer_id)
+            rec.rejections += 1
+            rec.reasons.append(reason[:200])
+            count = rec.rejections
+            if self.auto_ban_after is not None and count >= self.auto_ban_after and rec.banned is None:
+                rec.banned = f"auto: {count} rejections, last: {reason[:120]}"
+                auto_ban = True
+        log.info("rejected input from %s: %s", peer_id, reason[:200])
+        if auto_ban:
+            log.warning("banned %s after %d rejections", peer_id, count)
+        return count
+
+    def rejections(self, peer_id: str) -> tuple[int, list[str]]:
+        with self._lock:
+            rec = self._peers.get(peer_id)
+            return (rec.rejections, list(rec.reasons)) if rec else (0, [])
+
+    def ban(self, peer_id: str, reason: str) -> None:
+        with self._lock:
+            self._rec(peer_id).banned = reason[:200] or "banned"
+            self._remembered.pop(peer_id, None)
+            self._dirty = True
+        log.warning("banned %s: %s", peer_id, reason[:200])
+
+    def unban(self, peer_id: str) -> None:
+        with self._lock:
+            if peer_id in self._peers:
+                self._peers[peer_id].banned = None
+
+    def is_banned(self, peer_id: str) -> bool:
+        with self._lock:
+            rec = self._peers.get(peer_id)
+            return rec is not None and rec.banned is not None
+
+    # -- remembered peers ------------------------------------------------------------------------------
+
+    def remember(self, peer_id: str, addrs: list[str]) -> None:
+        if peer_id == self.self_id or not addrs:
+            return
+        with self._lock:
+            if self._peers.get(peer_id) is not None and self._peers[peer_id].banned:
+                return
+            self._remembered[peer_id] = (list(addrs)[:8], time.time())
+            if len(self._remembered) > MAX_REMEMBERED:
+                oldest = min(self._remembered, key=lambda p: self._remembered[p][1])
+                del self._remembered[oldest]
+            self._dirty = True
+        self.save()
+
+    def remembered(self) -> list[tuple[str, list[str]]]:
+        """Remembered peers, most recently seen first."""
+        with self._lock:
+            items = sorted(self._remembered.items(), key=lambda kv: -kv[1][1])
+            return [(p, list(a)) for p, (a, _t) in items]
+
+    def save(self, force: bool = False) -> None:
+        if self._path is None:
+            return
+        with self._lock:
+            if not self._dirty or (not force and time.monotonic() - self._last_save < SAVE_INTERVAL_S):
+                return
+            doc = {"version": 1, "peers": [{"peer_id": p, "addrs": a, "last_seen": round(t, 3)}
+                                           for p, (a, t) in self._remembered.items()]}
+            self._dirty, self._last_save = False, time.monotonic()
+        try:
+            atomic_write_text(self._path, json.dumps(doc, indent=1) + "\n", mode=0o600)
+        except OSError as exc:  # a full disk must not take the node down; try again next time
+            log.warning("cannot write %s: %s", self._path, exc)
+            with self._lock:
+                self._dirty = True
+
+    def _load(self) -> None:
+        if self._path is None or not self._path.exists():
+            return
+        try:
+            doc = json.loads(self._path.read_text())
+            for item in doc["peers"][:MAX_REMEMBERED]:
+                peer, addrs, t = item["peer_id"], item["addrs"], float(item["last_seen"])
+                if isinstance(peer, str) and isinstance(addrs, list) and all(isinstance(a, str) for a in addrs):
+                    self._remembered[peer] = (addrs[:8], t)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            # Our own cache file; a damaged one only costs the remembered peers.
+            log.warning("ignoring unreadable %s: %s", self._path, exc)
+
+    # -- status ------------------------------------------------------------------------------------------
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        with self._lock:
+            return [r.snapshot(now) for r in sorted(self._peers.values(), key=lambda r: r.peer_id)]

@@ -1,0 +1,78 @@
+"""Swarm-level wire messages: heartbeats (gossip) and node info (``/intellect/info/1.0.0``).
+
+Both travel as :class:`~intellect_node.protocol.signing.Envelope` s with their own domain tag, so a
+heartbeat signature cannot be replayed as node info. They carry the sender's HTTP base URL: that is how
+a DHT provider (a peer ID) becomes a URL to fetch chunks from. Receivers bound every list and string.
+"""
+
+from __future__ import annotations
+
+from intellect_node.errors import ProtocolError
+from intellect_node.protocol import codec
+from intellect_node.protocol.signing import open_envelope
+from intellect_node.protocol.topics import validate_run_id
+
+HEARTBEAT_DOMAIN = "intellect/heartbeat/1"
+NODE_INFO_DOMAIN = "intellect/node-info/1"
+
+MAX_HEARTBEAT_SIZE = 4096
+"""Bytes of one heartbeat payload: a URL, a few addresses, a few role names."""
+MAX_NODE_INFO_SIZE = 4096
+MAX_ADDRS = 8
+MAX_ADDR_LEN = 256
+MAX_ROLES = 8
+MAX_URL_LEN = 256
+MAX_CLOCK_SKEW_MS = 5 * 60 * 1000
+"""Heartbeats stamped further than this from our clock are refused (stale replays, broken clocks)."""
+
+
+class Heartbeat(codec.Message, frozen=True):
+    """Sent every ``network.heartbeat_interval`` seconds on ``/intellect/<run>/heartbeat/1``."""
+
+    run_id: str
+    seq: int  # strictly increasing per sender within one process lifetime
+    time_ms: int  # sender's wall clock (unix ms)
+    http_url: str  # bulk HTTP base URL, "" if none
+    listen_addrs: list[str]  # full multiaddrs ending /p2p/<id>
+    roles: list[str] = []
+
+
+class NodeInfo(codec.Message, frozen=True):
+    """The answer of ``/intellect/info/1.0.0``."""
+
+    run_id: str
+    time_ms: int
+    http_url: str
+    listen_addrs: list[str]
+    roles: list[str] = []
+
+
+def _check_common(run_id: str, http_url: str, listen_addrs: list[str], roles: list[str]) -> None:
+    validate_run_id(run_id)
+    if len(http_url) > MAX_URL_LEN or (http_url and not http_url.startswith(("http://", "https://"))):
+        raise ProtocolError(f"bad http_url {http_url[:80]!r}")
+    if len(listen_addrs) > MAX_ADDRS or any(len(a) > MAX_ADDR_LEN or not a.startswith("/")
+                                            for a in listen_addrs):
+        raise ProtocolError("bad listen_addrs")
+    if len(roles) > MAX_ROLES or any(len(r) > 32 for r in roles):
+        raise ProtocolError("bad roles")
+
+
+def open_heartbeat(data: bytes, *, run_id: str, now_ms: int) -> tuple[Heartbeat, str]:
+    """Decode, verify and check a heartbeat for ``run_id``; return it and the signer's peer ID."""
+    hb, signer = open_envelope(data, HEARTBEAT_DOMAIN, Heartbeat, max_size=MAX_HEARTBEAT_SIZE)
+    _check_common(hb.run_id, hb.http_url, hb.listen_addrs, hb.roles)
+    if hb.run_id != run_id:
+        raise ProtocolError(f"heartbeat for run {hb.run_id!r}, this node is in {run_id!r}")
+    if hb.seq < 0 or abs(hb.time_ms - now_ms) > MAX_CLOCK_SKEW_MS:
+        raise ProtocolError("heartbeat seq/time out of range")
+    return hb, signer
+
+
+def open_node_info(data: bytes, *, expected_signer: str) -> NodeInfo:
+    """Decode and verify node info that must come from ``expected_signer`` (the stream's remote peer)."""
+    info, signer = open_envelope(data, NODE_INFO_DOMAIN, NodeInfo, max_size=MAX_NODE_INFO_SIZE)
+    if signer != expected_signer:
+        raise ProtocolError(f"node info signed by {signer}, but the stream is from {expected_signer}")
+    _check_common(info.run_id, info.http_url, info.listen_addrs, info.roles)
+    return info
