@@ -12,40 +12,12 @@ from hypothesis import strategies as st
 from intellect_node.errors import ProtocolError
 from intellect_node.node.status import (HISTORY_LEN, RECENT_LEN, BoardLogHandler, StatusBoard,
                                         StatusSnapshot)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def _busy_board(clock: FakeClock) -> StatusBoard:
-    b = StatusBoard(role="worker", clock=clock, monotonic=clock)
-    b.set_identity("12D3KooWExample", version="0.1.0", listen_addrs=["/ip4/127.0.0.1/tcp/4001"])
-    b.set_run("demo-run", model="arith-1m", dtype="float32", trainer_peer_id="12D3KooWTrainer", async_level=2)
-    b.set_peers(3, trainers=["T"], validators=["V"], workers=["W2"])
-    b.set_reachability("public", public_addrs=["/ip4/127.0.0.1/tcp/4001"])
-    b.set_policy(current=5, local=3)
-    b.shard_progress("bafyA", "policy-5/shard-0", 100, 400, new_bytes=100)
-    b.rollouts_generated(16, tokens=600)
-    clock.t += 10
-    b.rollouts_generated(16, tokens=600)
-    b.rollouts_submitted(32)
-    b.verdict(True, 16)
-    b.verdict(False, 16, reason="toploc_mismatch", detail="exp mismatches 41 > 10", peer="V")
-    b.proof_checked(True)
-    b.proof_checked(False, reason="logprob")
-    b.train_step(1, reward_mean=0.25, pass_rate=0.5)
-    b.warn("bootstrap peer down")
-    return b
+from support_operator import FakeClock, busy_board
 
 
 def test_counters_and_derived_values() -> None:
     clock = FakeClock()
-    s = _busy_board(clock).snapshot()
+    s = busy_board(clock).snapshot()
     assert s.role == "worker" and s.run.run_id == "demo-run" and s.peers.count == 3
     assert (s.policy.current, s.policy.local, s.policy.staleness) == (5, 3, 2)
     assert s.rollouts.generated == 32 and s.rollouts.submitted == 32 and s.rollouts.batches_submitted == 1
@@ -62,7 +34,7 @@ def test_counters_and_derived_values() -> None:
 
 def test_rate_window_expires_and_policy_current_never_goes_back() -> None:
     clock = FakeClock()
-    b = _busy_board(clock)
+    b = busy_board(clock)
     clock.t += 1000
     assert b.snapshot().throughput.tokens_per_s == 0.0
     b.set_policy(current=2)
@@ -87,7 +59,7 @@ def test_histories_are_bounded_and_shards_drop_when_done() -> None:
 
 
 def test_json_round_trip_and_derived_fields_in_json() -> None:
-    s = _busy_board(FakeClock()).snapshot()
+    s = busy_board(FakeClock()).snapshot()
     doc = json.loads(s.to_json())
     assert doc["policy"]["staleness"] == 2 and doc["proofs"]["acceptance_rate"] == 0.5
     assert StatusSnapshot.from_json(s.to_json()) == s

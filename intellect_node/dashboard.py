@@ -1,0 +1,342 @@
+"""The terminal dashboard: renders :class:`~intellect_node.node.status.StatusSnapshot` values, nothing else.
+
+Two views, both sized for an 80x24 terminal (and wider ones):
+
+- :func:`render_node`: one node in full (what ``intellect-node join`` shows);
+- :func:`render_swarm`: several nodes, one line each, plus the training trend and recent events merged
+  across them (what ``intellect-node demo`` shows).
+
+Without a TTY (a pipe, a log file, systemd) :func:`run` prints a plain status line every
+``plain_interval_s`` and one line per new rejection or warning instead of drawing.
+
+The sparklines show the last values that fit the width, scaled between their own min and max (the
+numbers beside them give the absolute values).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import threading
+import time
+from typing import IO, Callable, Sequence
+
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from intellect_node.node.status import Notice, Rejection, StatusSnapshot
+
+SPARK = "▁▂▃▄▅▆▇█"
+ROLE_STYLE = {"trainer": "bold magenta", "validator": "bold cyan", "worker": "bold green"}
+REACH_STYLE = {"public": "green", "relayed": "yellow", "private": "red", "unknown": "dim"}
+
+
+# -- small formatting helpers ----------------------------------------------------------------------
+
+def sparkline(values: Sequence[float], width: int) -> str:
+    """The last ``width`` values as block characters, scaled to their own range."""
+    if width <= 0 or not values:
+        return ""
+    vals = list(values)[-width:]
+    lo, hi = min(vals), max(vals)
+    if hi - lo < 1e-12:
+        return SPARK[len(SPARK) // 2 - 1] * len(vals)
+    scale = (len(SPARK) - 1) / (hi - lo)
+    return "".join(SPARK[int(round((v - lo) * scale))] for v in vals)
+
+
+def short_peer(peer_id: str, n: int = 6) -> str:
+    """``12D3KooW`` is common to every ed25519 peer ID; show the tail, which differs."""
+    return f"…{peer_id[-n:]}" if len(peer_id) > n else (peer_id or "-")
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"  # unreachable; keeps type checkers happy
+
+
+def duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def clock(ts: float) -> str:
+    return _dt.datetime.fromtimestamp(ts).strftime("%H:%M:%S") if ts else "--:--:--"
+
+
+def _bar(done: int, total: int, width: int) -> str:
+    frac = min(1.0, done / total) if total > 0 else 0.0
+    full = int(frac * width)
+    return "█" * full + "░" * (width - full)
+
+
+# -- shared pieces ---------------------------------------------------------------------------------
+
+def _title(left: str, right: str, width: int) -> Text:
+    pad = max(1, width - len(left) - len(right))
+    return Text(left + " " * pad + right, style="bold white on blue", overflow="crop", no_wrap=True)
+
+
+def _policy_text(s: StatusSnapshot) -> Text:
+    p = s.policy
+    if p.local < 0 and p.current < 0:
+        return Text("waiting for the first policy", style="dim")
+    style = "green" if p.staleness == 0 else ("yellow" if p.staleness <= max(1, s.run.async_level) else "red")
+    t = Text(f"v{p.local} (swarm v{p.current})  ")
+    t.append(f"stale {p.staleness}" + (f"/{s.run.async_level}" if s.run.async_level else ""), style=style)
+    return t
+
+
+def _trend(history_source: StatusSnapshot | None, width: int) -> RenderableType:
+    """Reward and pass-rate sparklines from the snapshot that carries training history."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(width=7, no_wrap=True)
+    grid.add_column(no_wrap=True)
+    grid.add_column(justify="right", no_wrap=True)
+    hist = history_source.training.history if history_source else ()
+    if not hist:
+        grid.add_row("reward", Text("no trainer steps yet", style="dim"), "")
+        grid.add_row("pass", "", "")
+    else:
+        spark_w = max(8, width - 7 - 16 - 6)
+        first, last = hist[0], hist[-1]
+        grid.add_row("reward", Text(sparkline([p.reward_mean for p in hist], spark_w), style="magenta"),
+                     f"{last.reward_mean:6.3f} (from {first.reward_mean:.2f})")
+        grid.add_row("pass", Text(sparkline([p.pass_rate for p in hist], spark_w), style="green"),
+                     f"{last.pass_rate:6.1%} (from {first.pass_rate:.0%})")
+    step = history_source.training.step if history_source else -1
+    return Panel(grid, title=f"training · step {step if step >= 0 else '-'}", title_align="left",
+                 box=box.ROUNDED, padding=(0, 1))
+
+
+def _events(items: list[tuple[float, str, Text]], rows: int) -> RenderableType:
+    """Newest-last list of (ts, who, text), clipped to ``rows`` lines."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True, style="dim")
+    grid.add_column(no_wrap=True, overflow="ellipsis")
+    shown = sorted(items, key=lambda it: it[0])[-rows:]
+    for ts, who, text in shown:
+        grid.add_row(clock(ts), Text(who + " ", style="bold").append_text(text) if who else text)
+    if not shown:
+        grid.add_row("", Text("no rejections or warnings", style="dim"))
+    for _ in range(rows - max(1, len(shown))):
+        grid.add_row("", "")  # fixed height: the screen does not jump as events arrive
+    return Panel(grid, title="recent rejections and warnings", title_align="left", box=box.ROUNDED,
+                 padding=(0, 1))
+
+
+def _rejection_text(r: Rejection) -> Text:
+    t = Text("rejected ", style="red")
+    t.append(r.reason, style="bold red")
+    if r.detail:
+        t.append(f" {r.detail}")
+    if r.peer:
+        t.append(f" by {short_peer(r.peer)}", style="dim")
+    return t
+
+
+def _notice_text(n: Notice) -> Text:
+    return Text(n.message, style="yellow" if n.level == "WARNING" else "bold red")
+
+
+def _node_events(s: StatusSnapshot, who: str = "") -> list[tuple[float, str, Text]]:
+    return ([(r.ts, who, _rejection_text(r)) for r in s.rollouts.last_rejections]
+            + [(n.ts, who, _notice_text(n)) for n in s.warnings])
+
+
+# -- one node --------------------------------------------------------------------------------------
+
+def render_node(s: StatusSnapshot, *, width: int = 80, footer: str = "Ctrl-C stops the node") -> RenderableType:
+    """Everything about one node, in at most 24 lines at 80 columns."""
+    role = s.role or "node"
+    title = _title(f" intellect-node · {role} · run {s.run.run_id or '-'}",
+                   f"{s.state} · up {duration(s.uptime_s)} ", width)
+    ident = Text(no_wrap=True, overflow="ellipsis")
+    ident.append("peer ", style="dim").append(s.identity.peer_id or "-", style="bold")
+    if s.run.model:
+        ident.append("  model ", style="dim").append(f"{s.run.model} {s.run.dtype}")
+
+    swarm = Table.grid(padding=(0, 1))
+    swarm.add_column(style="dim", no_wrap=True, min_width=7)
+    swarm.add_column(no_wrap=True, overflow="ellipsis")
+    peers = Text(f"{s.peers.count}", style="bold")
+    peers.append(f"  (trainer {len(s.peers.trainers)}, validators {len(s.peers.validators)})", style="dim")
+    swarm.add_row("peers", peers)
+    swarm.add_row("trainer", short_peer(s.peers.trainers[0] if s.peers.trainers else s.run.trainer_peer_id, 12)
+                  + ("  (connected)" if s.peers.trainers else ""))
+    swarm.add_row("reach", Text(s.reachability.status, style=REACH_STYLE.get(s.reachability.status, "")).append(
+        f" {s.reachability.relay and 'via ' + short_peer(s.reachability.relay)}", style="dim"))
+    swarm.add_row("policy", _policy_text(s))
+    swarm.add_row("shards", f"{s.shards.completed} done, {human_bytes(s.shards.bytes_downloaded)}")
+    for sh in s.shards.active[:2]:
+        swarm.add_row("", Text(f"{_bar(sh.bytes_done, sh.bytes_total, 10)} {sh.name}", no_wrap=True,
+                               overflow="ellipsis"))
+    for _ in range(2 - min(2, len(s.shards.active))):
+        swarm.add_row("", "")
+
+    work = Table.grid(padding=(0, 1))
+    work.add_column(style="dim", no_wrap=True, min_width=9)
+    work.add_column(no_wrap=True, overflow="ellipsis")
+    r = s.rollouts
+    work.add_row("generated", f"{r.generated:,}")
+    work.add_row("submitted", Text(f"{r.submitted:,}").append(f" in {r.batches_submitted} batches", style="dim"))
+    work.add_row("accepted", Text(f"{r.accepted:,}", style="green"))
+    work.add_row("rejected", Text(f"{r.rejected:,}", style="red" if r.rejected else ""))
+    work.add_row("proofs ok", f"{pct(s.proofs.acceptance_rate)} of {s.proofs.checked}")
+    work.add_row("tokens/s", f"{s.throughput.tokens_per_s:,.1f}")
+    work.add_row("tokens", f"{s.throughput.tokens_total:,}")
+
+    half = Table.grid(expand=True)
+    half.add_column(ratio=1)
+    half.add_column(ratio=1)
+    half.add_row(Panel(swarm, title="swarm", title_align="left", box=box.ROUNDED, padding=(0, 1)),
+                 Panel(work, title="work", title_align="left", box=box.ROUNDED, padding=(0, 1)))
+    return Group(title, ident, half, _trend(s, width - 4), _events(_node_events(s), 4),
+                 Text(footer, style="dim", no_wrap=True))
+
+
+# -- many nodes ------------------------------------------------------------------------------------
+
+def render_swarm(snaps: Sequence[StatusSnapshot], *, width: int = 80, title: str = "intellect-node demo",
+                 footer: str = "Ctrl-C stops every node", max_events: int = 6) -> RenderableType:
+    """One line per node, the trainer's trend, and the recent events of all nodes."""
+    run_id = next((s.run.run_id for s in snaps if s.run.run_id), "-")
+    started = min((s.started_at for s in snaps if s.started_at), default=0.0)
+    now = max((s.ts for s in snaps), default=0.0)
+    head = _title(f" {title} · run {run_id} · {len(snaps)} nodes", f"up {duration(max(0.0, now - started))} ",
+                  width)
+
+    # padding only on the right of each cell: ten columns must fit in 80 characters
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False, expand=True)
+    table.add_column("role", no_wrap=True)
+    table.add_column("peer", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("peers", justify="right", no_wrap=True)
+    table.add_column("policy", justify="right", no_wrap=True)
+    table.add_column("gen", justify="right", no_wrap=True)
+    table.add_column("acc", justify="right", no_wrap=True)
+    table.add_column("rej", justify="right", no_wrap=True)
+    table.add_column("tok/s", justify="right", no_wrap=True)
+    table.add_column("proofs", justify="right", no_wrap=True)
+    events: list[tuple[float, str, Text]] = []
+    for s in snaps:
+        who = f"{s.role or 'node'} {short_peer(s.identity.peer_id, 4)}"
+        stale = s.policy.staleness
+        pol = Text(f"v{s.policy.local}" if s.policy.local >= 0 else "-")
+        if stale:
+            pol.append(f" -{stale}", style="yellow")
+        table.add_row(Text(s.role or "node", style=ROLE_STYLE.get(s.role, "")), short_peer(s.identity.peer_id, 6),
+                      Text(s.state, style="green" if s.state == "running" else "yellow"), str(s.peers.count), pol,
+                      str(s.rollouts.generated), str(s.rollouts.accepted),
+                      Text(str(s.rollouts.rejected), style="red" if s.rollouts.rejected else ""),
+                      f"{s.throughput.tokens_per_s:.0f}",
+                      pct(s.proofs.acceptance_rate) if s.proofs.checked else "")
+        events += _node_events(s, who)
+    trainer = next((s for s in snaps if s.training.history), None) or next(
+        (s for s in snaps if s.role == "trainer"), None)
+    return Group(head, table, _trend(trainer, width - 4), _events(events, max_events),
+                 Text(footer, style="dim", no_wrap=True))
+
+
+# -- plain lines for logs --------------------------------------------------------------------------
+
+def status_line(s: StatusSnapshot) -> str:
+    """One log line per node: what an operator greps for."""
+    parts = [f"{s.role or 'node'} {short_peer(s.identity.peer_id)} {s.state}", f"peers={s.peers.count}",
+             f"reach={s.reachability.status}", f"policy={s.policy.local}/{s.policy.current}",
+             f"gen={s.rollouts.generated}", f"acc={s.rollouts.accepted}", f"rej={s.rollouts.rejected}",
+             f"tok/s={s.throughput.tokens_per_s:.1f}"]
+    if s.proofs.checked:
+        parts.append(f"proofs_ok={pct(s.proofs.acceptance_rate)}")
+    if s.training.history:
+        last = s.training.history[-1]
+        parts.append(f"step={last.step} reward={last.reward_mean:.3f} pass={last.pass_rate:.2f}")
+    return " ".join(parts)
+
+
+def new_event_lines(prev: StatusSnapshot | None, s: StatusSnapshot) -> list[str]:
+    """Rejections and warnings in ``s`` newer than anything in ``prev``."""
+    since = 0.0
+    if prev is not None:
+        since = max([r.ts for r in prev.rollouts.last_rejections] + [n.ts for n in prev.warnings] + [0.0])
+    who = f"{s.role or 'node'} {short_peer(s.identity.peer_id)}"
+    lines = [(r.ts, f"{who} rejected {r.reason}" + (f": {r.detail}" if r.detail else "")
+              + (f" (by {r.peer})" if r.peer else "")) for r in s.rollouts.last_rejections if r.ts > since]
+    lines += [(n.ts, f"{who} {n.level.lower()}: {n.message}") for n in s.warnings if n.ts > since]
+    return [line for _, line in sorted(lines)]
+
+
+# -- the loop --------------------------------------------------------------------------------------
+
+Source = Callable[[], Sequence[StatusSnapshot]]
+
+
+def run(source: Source, stop: threading.Event, *, console: Console | None = None, swarm_view: bool = False,
+        refresh_s: float = 0.5, plain_interval_s: float = 10.0, plain_stream: IO[str] | None = None,
+        title: str = "intellect-node demo", footer: str | None = None) -> None:
+    """Draw until ``stop`` is set: a full-screen live view on a terminal, plain lines otherwise.
+
+    ``source()`` returns the current snapshots (one for a node, several for the demo); an exception from
+    it is shown as a warning line and the loop carries on (a node may be restarting).
+    """
+    console = console or Console()
+    if console.is_terminal:
+        _run_live(source, stop, console, swarm_view, refresh_s, title, footer)
+    else:
+        _run_plain(source, stop, plain_stream or console.file, plain_interval_s)
+
+
+def _view(snaps: Sequence[StatusSnapshot], swarm_view: bool, width: int, title: str,
+          footer: str | None) -> RenderableType:
+    if swarm_view or len(snaps) != 1:
+        return render_swarm(snaps, width=width, title=title, **({"footer": footer} if footer else {}))
+    return render_node(snaps[0], width=width, **({"footer": footer} if footer else {}))
+
+
+def _run_live(source: Source, stop: threading.Event, console: Console, swarm_view: bool, refresh_s: float,
+              title: str, footer: str | None) -> None:
+    def frame() -> RenderableType:
+        try:
+            snaps = list(source())
+        except Exception as exc:  # the view must survive a node that is (re)starting
+            return Text(f"waiting for status: {exc}", style="yellow")
+        if not snaps:
+            return Text("waiting for the nodes to start…", style="dim")
+        return _view(snaps, swarm_view, console.width, title, footer)
+
+    with Live(frame(), console=console, screen=True, auto_refresh=False, transient=False) as live:
+        while not stop.wait(refresh_s):
+            live.update(frame(), refresh=True)
+
+
+def _run_plain(source: Source, stop: threading.Event, out: IO[str], interval: float) -> None:
+    prev: dict[str, StatusSnapshot] = {}
+    next_line = 0.0
+    while True:
+        try:
+            snaps = list(source())
+        except Exception as exc:  # same as above: report and keep going
+            snaps = []
+            print(f"{clock(time.time())} status unavailable: {exc}", file=out, flush=True)
+        due = time.monotonic() >= next_line
+        for s in snaps:
+            key = s.identity.peer_id or s.role
+            for line in new_event_lines(prev.get(key), s):
+                print(f"{clock(s.ts)} {line}", file=out, flush=True)
+            if due:
+                print(f"{clock(s.ts)} {status_line(s)}", file=out, flush=True)
+            prev[key] = s
+        if due:
+            next_line = time.monotonic() + interval
+        if stop.wait(min(1.0, interval)):
+            return
