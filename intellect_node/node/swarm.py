@@ -63,7 +63,8 @@ def quiet_libp2p_logging(level: int = logging.ERROR) -> None:
     root = logging.getLogger("libp2p")
     root.handlers.clear()
     root.propagate = True
-    root.setLevel(level)
+    if root.level != logging.DEBUG:  # the CLI's --log-level DEBUG opens it up on purpose
+        root.setLevel(level)
     for name, lg in list(logging.root.manager.loggerDict.items()):
         if name.startswith("libp2p.") and isinstance(lg, logging.Logger) and lg.level and lg.level < level:
             lg.setLevel(level)

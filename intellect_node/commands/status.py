@@ -1,0 +1,51 @@
+"""``intellect-node status``: ask the node running with a data dir what it is doing.
+
+Talks to the node's control API (``<data-dir>/control.json``). Exits 2 with a hint when no node runs
+there. ``--json`` prints the control API's answer unchanged: at least ``peer_id``, ``listen_addrs``
+(full multiaddrs with ``/p2p/<id>``) and ``peers`` (connected peer IDs).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from intellect_node.commands.common import DataDirOption, data_dir
+from intellect_node.node import control
+
+
+def summary(st: dict[str, Any]) -> str:
+    """A readable multi-line summary of a status answer."""
+    lines = [f"peer id     {st.get('peer_id', '?')}",
+             f"run         {st.get('run_id', '?')}   roles: {', '.join(st.get('roles') or []) or '-'}",
+             f"http        {st.get('http_url') or '-'}"]
+    addrs = st.get("listen_addrs") or []
+    lines.append("listening   " + ("\n            ".join(addrs) if addrs else "-"))
+    peers = st.get("peers") or []
+    alive = set(st.get("alive_peers") or [])
+    lines.append(f"connected   {len(peers)} peer(s), {len(alive)} alive by heartbeat")
+    for rec in st.get("known_peers") or []:
+        flags = [rec.get("state", "?")]
+        if rec.get("connected"):
+            flags.append("connected")
+        if rec.get("banned"):
+            flags.append(f"BANNED ({rec['banned']})")
+        if rec.get("rejections"):
+            flags.append(f"{rec['rejections']} rejected (last: {rec.get('last_rejection')})")
+        lines.append(f"  {rec.get('peer_id')}  {', '.join(flags)}  {rec.get('http_url') or ''}".rstrip())
+    return "\n".join(lines)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("status")
+    def status(
+        data_dir_opt: Optional[Path] = DataDirOption,
+        as_json: bool = typer.Option(False, "--json", help="Print the node's status as one JSON object."),
+        timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds to wait for the node."),
+    ) -> None:
+        """Show the running node's peer ID, addresses and peers (needs `intellect-node join` running)."""
+        st = control.request(data_dir(data_dir_opt), "GET", "/v1/status", timeout=timeout)
+        typer.echo(json.dumps(st) if as_json else summary(st))

@@ -1,0 +1,281 @@
+"""The node process: swarm + bulk HTTP app + control API + heartbeats + the services of other parts.
+
+Start order (each step needs the one before):
+
+1. lock the data dir (one node per data dir), load the node key;
+2. bind the bulk HTTP socket and the control socket, so the advertised URL is known;
+3. start the :class:`~intellect_node.node.swarm.Swarm` (libp2p thread) with that URL;
+4. build the services from their factories (the seam: ``factory(runtime) -> NodeService``), mount their
+   bulk and control routes, start serving HTTP, then ``await service.start()``;
+5. heartbeats, bootstrap dials (remembered peers when no bootstrap peer answers);
+6. write ``control.json``: from here on the CLI can reach the node.
+
+Stop (SIGINT, SIGTERM or ``POST /v1/stop``) runs the same steps backwards, each under a deadline, so
+the process exits 0 within about :data:`STOP_TIMEOUT_S` seconds even if a peer hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from aiohttp import web
+
+from intellect_node import __version__
+from intellect_node.errors import ConfigError
+from intellect_node.node import control
+from intellect_node.node.config import NodeConfig
+from intellect_node.node.heartbeat import Heartbeats
+from intellect_node.node.identity import load_or_init_key
+from intellect_node.node.status import StatusBoard
+from intellect_node.node.swarm import Swarm
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 20.0
+"""Upper bound on a clean shutdown; each service gets :data:`SERVICE_STOP_TIMEOUT_S` of it."""
+SERVICE_STOP_TIMEOUT_S = 5.0
+LOCK_FILE = "node.lock"
+
+
+@runtime_checkable
+class NodeService(Protocol):
+    """What another part plugs into the node. ``routes``/``control_routes``/``status`` are optional."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+ServiceFactory = Callable[["NodeRuntime"], NodeService]
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot bind HTTP on {host}:{port} ({exc.strerror}); pick another "
+                          "network.http_port / --http-port or free the port", field="http_port") from exc
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def _listen_ip(listen: list[str]) -> str:
+    for part in ("/ip4/", "/ip6/"):
+        if listen[0].startswith(part):
+            return listen[0][len(part):].split("/", 1)[0]
+    return "127.0.0.1"
+
+
+def _advertised_host(bind_host: str) -> str:
+    if bind_host not in ("0.0.0.0", "::"):
+        return f"[{bind_host}]" if ":" in bind_host else bind_host
+    # Wildcard bind without http_public_url: the host name's address is the best local guess.
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+class NodeRuntime:
+    """One node. ``await start()``, then ``await wait_stopped()`` (or :func:`run_node` for a process)."""
+
+    def __init__(self, config: NodeConfig, data_dir: Path, *, roles: list[str] | None = None,
+                 services: list[ServiceFactory] | None = None) -> None:
+        self.config = config
+        self.data_dir = data_dir
+        self.roles = list(roles or [])
+        self.board = StatusBoard(role=",".join(self.roles))
+        self.swarm: Swarm | None = None
+        self.heartbeats: Heartbeats | None = None
+        self.services: list[NodeService] = []
+        self._factories = list(services or [])
+        self._runners: list[web.AppRunner] = []
+        self._stop_event = asyncio.Event()
+        self._lock_fd: int | None = None
+        self._token = control.new_token()
+        self.http_url = ""
+        self.control_url = ""
+        self._status_task: asyncio.Task[None] | None = None
+        self._started = False
+
+    def add_service(self, factory: ServiceFactory) -> None:
+        """Register a service factory; call before :meth:`start`."""
+        if self._started:
+            raise RuntimeError("add services before the runtime starts")
+        self._factories.append(factory)
+
+    # -- start -------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._started = True
+        net = self.config.network
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_data_dir()
+        key = load_or_init_key(self.data_dir)
+        self.board.set_state("starting")
+
+        bind_host = net.http_host or _listen_ip(net.listen)
+        bulk_sock = _bind(bind_host, net.http_port)
+        ctl_sock = _bind("127.0.0.1", net.control_port)
+        port = bulk_sock.getsockname()[1]
+        self.http_url = net.http_public_url or f"http://{_advertised_host(bind_host)}:{port}"
+        self.control_url = f"http://127.0.0.1:{ctl_sock.getsockname()[1]}"
+
+        self.swarm = await Swarm.start(key, run_id=self.config.run.run_id, listen=list(net.listen),
+                                       data_dir=self.data_dir, http_url=self.http_url, roles=self.roles,
+                                       peer_timeout=net.peer_timeout)
+        self.board.set_identity(key.peer_id, version=__version__, data_dir=str(self.data_dir),
+                                listen_addrs=self.swarm.listen_addrs(), http_url=self.http_url)
+        run = self.config.run
+        self.board.set_run(run.run_id, model=run.model, dtype=run.dtype,
+                           trainer_peer_id=run.trainer_peer_id or "", async_level=run.async_level)
+
+        bulk_app = web.Application(client_max_size=1 << 20)
+        ctl_app = control.control_app(self._token, status=self.status, stop=self.request_stop)
+        for factory in self._factories:
+            svc = factory(self)
+            self.services.append(svc)
+            for rd in getattr(svc, "routes", lambda: [])():
+                bulk_app.router.add_route(rd.method, rd.path, rd.handler)
+            for rd in getattr(svc, "control_routes", lambda: [])():
+                ctl_app.router.add_route(rd.method, rd.path, rd.handler)
+        for app, sock in ((bulk_app, bulk_sock), (ctl_app, ctl_sock)):
+            runner = web.AppRunner(app, access_log=None, handle_signals=False)
+            await runner.setup()
+            await web.SockSite(runner, sock, shutdown_timeout=2.0).start()
+            self._runners.append(runner)
+        for svc in self.services:
+            await svc.start()
+
+        self.heartbeats = Heartbeats(self.swarm, interval=net.heartbeat_interval,
+                                     peer_timeout=net.peer_timeout)
+        self.heartbeats.start()
+        if net.bootstrap or self.swarm.peerbook.remembered():
+            reached = await self.swarm.bootstrap(list(net.bootstrap))
+            log.info("connected to %d of %d bootstrap peers", len(reached), len(net.bootstrap))
+        self._status_task = asyncio.create_task(self._status_loop(), name="status-peers")
+        control.write_control_file(self.data_dir, self.control_url, self._token)
+        self.board.set_state("running")
+        log.info("node %s up: http %s, control %s", key.peer_id, self.http_url, self.control_url)
+
+    def _lock_data_dir(self) -> None:
+        fd = os.open(self.data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(fd)
+            raise ConfigError(f"another node is already running with --data-dir {self.data_dir}; stop it "
+                              "or use another data dir", field="data_dir") from exc
+        self._lock_fd = fd
+
+    # -- status ------------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """What ``GET /v1/status`` serves: identity, connected peers, peerbook, the status snapshot."""
+        sw = self.swarm
+        out: dict[str, Any] = {
+            "peer_id": sw.peer_id if sw else "",
+            "listen_addrs": sw.listen_addrs() if sw else [],
+            "peers": sw.connected_peers() if sw else [],
+            "http_url": self.http_url,
+            "run_id": self.config.run.run_id,
+            "roles": self.roles,
+            "alive_peers": sw.peerbook.alive_peers() if sw else [],
+            "known_peers": sw.peerbook.snapshot() if sw else [],
+            "gossip": {"delivered": dict(sw.delivered), "dropped": dict(sw.dropped)} if sw else {},
+            "snapshot": self.board.snapshot().to_dict(),
+        }
+        for svc in self.services:
+            fn = getattr(svc, "status", None)
+            if callable(fn):
+                out[getattr(svc, "name", type(svc).__name__)] = fn()
+        return out
+
+    async def _status_loop(self) -> None:
+        while True:
+            sw = self.swarm
+            if sw is not None:
+                by_role: dict[str, list[str]] = {"trainer": [], "validator": [], "worker": []}
+                for rec in sw.peerbook.snapshot():
+                    if rec["state"] == "alive":
+                        for r in rec["roles"]:
+                            by_role.get(r, []).append(rec["peer_id"])
+                self.board.set_peers(len(sw.connected_peers()), trainers=by_role["trainer"],
+                                     validators=by_role["validator"], workers=by_role["worker"])
+                sw.peerbook.save()
+            await asyncio.sleep(1.0)
+
+    # -- stop --------------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop_event.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stop_event.wait()
+
+    async def stop(self) -> None:
+        """Undo :meth:`start` in reverse, each step bounded; safe to call twice."""
+        self.board.set_state("stopping")
+        control.remove_control_file(self.data_dir, self._token)
+        if self._status_task is not None:
+            self._status_task.cancel()
+        if self.heartbeats is not None:
+            await self.heartbeats.stop()
+        for svc in reversed(self.services):
+            try:
+                await asyncio.wait_for(svc.close(), SERVICE_STOP_TIMEOUT_S)
+            except Exception as exc:  # shutting down: log and go on with the rest
+                log.warning("service %s did not close cleanly: %r", type(svc).__name__, exc)
+        self.services = []
+        for runner in self._runners:
+            try:
+                await asyncio.wait_for(runner.cleanup(), SERVICE_STOP_TIMEOUT_S)
+            except Exception as exc:  # same: the process is on its way out
+                log.warning("HTTP runner did not stop cleanly: %r", exc)
+        self._runners = []
+        if self.swarm is not None:
+            await self.swarm.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        self.board.set_state("stopped")
+
+
+async def serve(runtime: NodeRuntime) -> None:
+    """Start ``runtime``, run until SIGINT/SIGTERM or ``POST /v1/stop``, then stop it (bounded)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, runtime.request_stop)
+    try:
+        await runtime.start()
+        await runtime.wait_stopped()
+        log.info("stopping")
+    finally:
+        t0 = time.monotonic()
+        try:
+            await asyncio.wait_for(runtime.stop(), STOP_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            log.warning("shutdown took longer than %.0fs; exiting anyway", STOP_TIMEOUT_S)
+        log.info("stopped in %.2fs", time.monotonic() - t0)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def run_node(runtime: NodeRuntime) -> int:
+    """Run a node in this process until a signal; the process's exit code (0 on a clean stop)."""
+    asyncio.run(serve(runtime))
+    return 0
