@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol, Sequence
 
-from intellect_node.errors import IntegrityError, ProtocolError, TransportError
+from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError, TransportError
 from intellect_node.node.blob_http import ChunkUnavailable
 from intellect_node.node.blobs import BlobStore
 from intellect_node.protocol.blob import Have, Manifest, decode_have
@@ -151,7 +151,11 @@ class Fetcher:
         return None
 
     async def _providers(self, cid: str, bad: dict[str, str]) -> list[_Peer]:
-        found = await self._find(cid)
+        try:
+            found = await self._find(cid)
+        except IntellectNodeError as exc:  # a failed lookup is one empty round, not the end of the fetch
+            log.info("provider lookup for %s failed: %s", cid, exc)
+            return []
         seen: set[str] = set()
         out: list[_Peer] = []
         for p in found:  # DHT answers can repeat a provider

@@ -50,6 +50,8 @@ async def _no_provide(cid: str) -> None:
 
 
 class BlobService:
+    name = "blobs"  # key of :meth:`status` in the node's status answer
+
     def __init__(self, store: BlobStore, key: SigningKey, *,
                  find_providers: FindProviders = _no_providers,
                  provide: Callable[[str], Awaitable[None]] = _no_provide,
@@ -121,6 +123,17 @@ class BlobService:
         t = asyncio.get_running_loop().create_task(run())
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
+
+    def status(self) -> dict[str, Any]:
+        blobs = []
+        for cid in self.store.manifest_cids():
+            m = self.store.manifest(cid)
+            assert m is not None
+            missing = self.store.missing(cid)
+            blobs.append({"cid": cid, "name": m.name, "size": m.total_size, "chunks": len(m.chunks),
+                          "missing": len(missing)})
+        return {"blobs": blobs, "served_chunks": self.serve_stats.chunks,
+                "served_bytes": self.serve_stats.bytes}
 
     # -- library API ----------------------------------------------------------------------------
 

@@ -1,0 +1,144 @@
+"""``intellect-node blob``: publish a file as a content-addressed blob, fetch one through the swarm.
+
+``put`` goes through the running node (which then serves the chunks and announces the blob in the DHT);
+with no node running it stores the blob in the data dir, and the node announces it when it starts.
+``get`` always goes through the running node: it finds providers in the DHT, pulls chunks from several
+in parallel and writes the file; the CLI only renders the node's progress stream.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import typer
+
+from intellect_node.commands.common import DataDirOption, data_dir
+from intellect_node.errors import ConfigError, ProtocolError, TransportError
+
+MIB = 1024 * 1024
+
+
+def _stream(data_dir_: Path, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """POST to the node's control API and yield the JSON lines it streams back."""
+    from intellect_node.node import control
+
+    url, token = control.read_control_file(data_dir_)
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Authorization": f"Bearer {token}",
+                                          "Content-Type": "application/json"})
+    try:
+        # The read timeout bounds the silence between two progress lines, not the whole download.
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            for line in resp:
+                if line.strip():
+                    yield json.loads(line)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read()[:500].decode("utf-8", "replace")
+        raise TransportError(f"node answered {exc.code}: {detail}") from exc
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        raise TransportError(f"lost the node at {url}: {exc}") from exc
+
+
+def register(app: typer.Typer) -> None:
+    blob = typer.Typer(help="Content-addressed blobs (checkpoints, batches): publish and fetch by CID.",
+                       no_args_is_help=True)
+
+    @blob.command("put")
+    def put(
+        file: Path = typer.Argument(..., help="File to publish."),
+        data_dir_opt: Optional[Path] = DataDirOption,
+        name: Optional[str] = typer.Option(None, "--name", help="Name recorded in the manifest (default: "
+                                                                "the file name)."),
+        chunk_mib: float = typer.Option(4.0, "--chunk-mib", help="Chunk size in MiB (default 4)."),
+    ) -> None:
+        """Chunk FILE, sign its manifest and print the blob CID."""
+        from intellect_node.node import control
+
+        d = data_dir(data_dir_opt)
+        src = file.expanduser().resolve()
+        if not src.is_file():
+            raise ConfigError(f"FILE {file} is not a readable file; pass the path of the file to publish",
+                              field="file")
+        chunk_size = int(chunk_mib * MIB)
+        if (d / control.CONTROL_FILE).exists():
+            try:
+                out = control.request(d, "POST", "/v1/blob/put",
+                                      {"path": str(src), "name": name, "chunk_size": chunk_size}, timeout=600)
+            except TransportError as exc:
+                raise ConfigError(f"the node refused the file: {exc}", field="file") from exc
+            typer.echo(out["cid"])
+            return
+        import fcntl
+        import os
+
+        from intellect_node.node.blob_service import BLOBS_DIR
+        from intellect_node.node.blobs import BlobStore
+        from intellect_node.node.identity import load_key
+        from intellect_node.node.runtime import LOCK_FILE
+
+        key = load_key(d)
+        # Hold the node's data-dir lock: a node that is starting must not share the store with us.
+        fd = os.open(d / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError as exc:
+                raise ConfigError(f"a node is starting with --data-dir {d}; retry when "
+                                  "`intellect-node status` answers", field="data_dir") from exc
+            cid, _m = BlobStore(d / BLOBS_DIR).add_file(src, key, name=name, chunk_size=chunk_size)
+        finally:
+            os.close(fd)
+        typer.echo(f"no node running with --data-dir {d}: stored locally; it is announced when "
+                   "`intellect-node join` starts", err=True)
+        typer.echo(cid)
+
+    @blob.command("get")
+    def get(
+        cid: str = typer.Argument(..., help="Blob CID (bafkrei...) as printed by `blob put`."),
+        out: Path = typer.Option(..., "--out", "-o", help="Where to write the file."),
+        data_dir_opt: Optional[Path] = DataDirOption,
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    ) -> None:
+        """Fetch blob CID through the running node (DHT providers, parallel chunks) into --out."""
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, \
+            TransferSpeedColumn
+
+        from intellect_node.protocol.ids import validate_cid
+
+        try:
+            validate_cid(cid)
+        except ProtocolError as exc:
+            raise ConfigError(f"CID {cid!r} is not a blob CID ({exc}); use the CID `blob put` printed",
+                              field="cid") from exc
+        d = data_dir(data_dir_opt)
+        dst = out.expanduser().resolve()
+        if dst.is_dir():
+            raise ConfigError(f"--out {out} is a directory; give a file path", field="out")
+        console = Console(stderr=True)
+        final: dict[str, Any] = {}
+        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                      TransferSpeedColumn(), TimeRemainingColumn(), console=console,
+                      disable=quiet, transient=False) as bar:
+            task = bar.add_task(f"{cid[:16]}...", total=None)
+            for ev in _stream(d, "/v1/blob/get", {"cid": cid, "out": str(dst)}):
+                kind = ev.get("event")
+                if kind == "manifest":
+                    bar.update(task, description=str(ev.get("name", ""))[:40], total=ev["bytes_total"],
+                               completed=ev["bytes_done"])
+                elif kind == "chunk":
+                    bar.update(task, completed=ev["bytes_done"])
+                elif kind in ("done", "error"):
+                    final = ev
+        if final.get("event") != "done":
+            typer.secho(f"error: {final.get('message', 'the node stopped answering')}", fg=typer.colors.RED,
+                        err=True)
+            raise typer.Exit(1)
+        typer.echo(f"{dst}  ({final['chunks_fetched']} chunks fetched, {final['chunks_resumed']} "
+                   f"already here, {final['seconds']}s)")
+
+    app.add_typer(blob, name="blob")
