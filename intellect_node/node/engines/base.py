@@ -1,0 +1,43 @@
+"""The inference-engine seam: what the worker needs from any backend (torch, vLLM).
+
+An engine samples completions for a batch of prompts with the reproducible Gumbel-max sampler of
+``proofs/sampling.py`` (one noise key per row) and returns, per row, the completion's token IDs, their
+logprobs and the final-norm hidden states that produced each token (the TOPLOC input). Hidden states come
+back as float32 on the CPU whatever the engine's dtype, shape ``[n_tokens, hidden]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Batch-wide sampling settings (the per-rollout seed travels as a noise key)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 16
+
+
+@dataclass(frozen=True)
+class Generation:
+    prompt_tokens: list[int]
+    tokens: list[int]
+    """Generated tokens, ending with ``<eos>`` unless max_new_tokens was reached first."""
+    logprobs: list[float]
+    hidden: torch.Tensor
+    """[len(tokens), hidden] float32: the final-norm hidden state each token was sampled from."""
+
+
+@runtime_checkable
+class InferenceEngine(Protocol):
+    name: str
+    dtype: str
+    eos_id: int
+
+    def generate(self, prompts: Sequence[Sequence[int]], keys: Sequence[int],
+                 sampling: SamplingConfig) -> list[Generation]: ...

@@ -1,0 +1,123 @@
+"""Reproducible sampling (Gumbel-max with counter-based noise) and the checks a validator runs with it.
+
+The engine samples token ``t`` at completion position ``i`` of rollout ``r`` as
+
+    argmax_v  [ log_softmax(logits / T)[v] + G(key_r, i, v) ]   over the top-p nucleus,
+
+where ``G`` is standard Gumbel noise computed by hashing (key, position, token) with splitmix64, and
+``key_r`` is derived from the rollout's seed and ID (:func:`rollout_key`). Gumbel-max draws exactly from
+the softmax, so this *is* temperature/top-p sampling, but anyone holding the logits can redo it. A
+validator that recomputes the logits by prefill checks that every claimed token is the argmax (up to a
+calibrated numerical margin): a completion sampled by another model, or edited afterwards, is not.
+
+The same functions run in the engine and in the validator, on any device: the noise is integer
+arithmetic on int64 tensors (wrapping multiplication, logical shifts by masking), so CPU and GPU agree
+bit for bit. Shortcuts: temperature must be > 0 (no greedy mode; a small temperature approximates it);
+the nucleus is computed from the same float32 probabilities on both sides, and a token at the nucleus
+boundary is accepted if it is inside a nucleus widened by ``top_p_slack``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+_M1 = 0xBF58476D1CE4E5B9 - (1 << 64)  # splitmix64 multipliers as signed int64
+_M2 = 0x94D049BB133111EB - (1 << 64)
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
+_MASKS = {s: (1 << (64 - s)) - 1 for s in (11, 27, 30, 31)}
+
+
+def rollout_key(seed: int, rollout_id: str) -> int:
+    """A signed 64-bit noise key for one rollout, from its sampling seed and ID."""
+    h = hashlib.sha256(b"intellect/gumbel/1\0" + seed.to_bytes(8, "big") + rollout_id.encode("utf-8"))
+    return int.from_bytes(h.digest()[:8], "big", signed=True)
+
+
+def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (x >> s) & _MASKS[s]
+
+
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    z = (z ^ _shr(z, 30)) * _M1
+    z = (z ^ _shr(z, 27)) * _M2
+    return z ^ _shr(z, 31)
+
+
+def gumbel_noise(keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Standard Gumbel noise ``[B, vocab]`` (float32) for rows with noise ``keys[B]`` at ``positions[B]``.
+
+    Deterministic in (key, position, token) alone: batch composition and device do not matter.
+    """
+    keys = keys.to(torch.int64).view(-1, 1)
+    pos = positions.to(device=keys.device, dtype=torch.int64).view(-1, 1)
+    tok = torch.arange(vocab, device=keys.device, dtype=torch.int64).view(1, -1)
+    z = _mix(keys + _mix(pos * _GOLDEN + tok) * _GOLDEN)
+    # 53 random bits -> u in (0, 1), computed in float64 so -log(-log(u)) never sees 0 or 1.
+    u = (_shr(z, 11).to(torch.float64) + 0.5) * (1.0 / (1 << 53))
+    return (-torch.log(-torch.log(u))).to(torch.float32)
+
+
+def log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log_softmax(logits / T) in float32: the distribution the recorded logprobs refer to."""
+    return torch.log_softmax(logits.float() / temperature, dim=-1)
+
+
+def nucleus_mask(logp: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Boolean ``[B, V]``: the smallest set of most likely tokens with mass >= top_p (always >= 1 token)."""
+    if top_p >= 1.0:
+        return torch.ones_like(logp, dtype=torch.bool)
+    probs, order = torch.softmax(logp, dim=-1).sort(dim=-1, descending=True)
+    mass_before = probs.cumsum(dim=-1) - probs
+    keep_sorted = mass_before < top_p
+    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+
+
+def sample(logits: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor, temperature: float,
+           top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; returns (tokens [B] int64, their logprobs [B] float32)."""
+    logp = log_probs(logits, temperature)
+    scores = logp + gumbel_noise(keys, positions, logp.shape[-1])
+    if top_p < 1.0:
+        scores = scores.masked_fill(~nucleus_mask(logp, top_p), float("-inf"))
+    tokens = scores.argmax(dim=-1)
+    return tokens, logp.gather(-1, tokens.view(-1, 1)).view(-1)
+
+
+@dataclass(frozen=True)
+class SamplingCheck:
+    """Per-rollout figures: the largest sampling gap and the largest logprob difference."""
+
+    max_gap: float
+    """max over positions of (best Gumbel score - claimed token's score); 0 when every token is the argmax."""
+    max_logprob_diff: float
+    """max over positions of |claimed logprob - recomputed logprob|."""
+    worst_position: int
+
+
+def check_sampling(logits: torch.Tensor, tokens: torch.Tensor, claimed_logprobs: torch.Tensor, key: int,
+                   temperature: float, top_p: float, top_p_slack: float = 1e-4) -> SamplingCheck:
+    """Re-run the sampler on recomputed ``logits [n, V]`` for one rollout's completion ``tokens [n]``."""
+    n, vocab = logits.shape
+    if tokens.shape != (n,) or claimed_logprobs.shape != (n,):
+        raise ValueError("logits, tokens and logprobs disagree in length")
+    logp = log_probs(logits, temperature)
+    pos = torch.arange(n, device=logits.device)
+    scores = logp + gumbel_noise(torch.full((n,), key, dtype=torch.int64, device=logits.device), pos, vocab)
+    tok = tokens.to(device=logits.device, dtype=torch.int64).view(-1, 1)
+    if top_p < 1.0:
+        strict = nucleus_mask(logp, top_p)
+        wide = nucleus_mask(logp, min(1.0, top_p + top_p_slack))
+        best = scores.masked_fill(~strict, float("-inf")).max(dim=-1).values
+        inside = wide.gather(-1, tok).view(-1)
+    else:
+        best = scores.max(dim=-1).values
+        inside = torch.ones(n, dtype=torch.bool, device=logits.device)
+    gap = best - scores.gather(-1, tok).view(-1)
+    gap = torch.where(inside, gap, torch.full_like(gap, float("inf")))
+    lp_diff = (logp.gather(-1, tok).view(-1) - claimed_logprobs.to(logp)).abs()
+    worst = int(torch.maximum(gap, lp_diff).argmax())
+    return SamplingCheck(float(gap.max()), float(lp_diff.max()), worst)

@@ -1,0 +1,133 @@
+#!/usr/bin/env python
+"""Build the embedded model: a tiny Llama with a character tokenizer, pretrained on 3-digit addition
+only until its *sampled* pass rate (temperature 1) is inside a window (default 20-50%), so that RL has
+room to improve it.
+
+Reproducible: every random choice comes from ``--seed`` (torch and Python RNGs), and the model runs with
+one thread, so the same torch version on the same CPU family writes the same weights. Usage:
+
+    .venv/bin/python scripts/make_model.py [--out intellect_node/assets/model] [--seed 0]
+
+Settings follow the measurements in shared/notes/inference-and-toploc.md (hidden 128, 4 layers,
+intermediate 512, AdamW 2e-3, batch 128: sampled pass rate 4% -> 34% -> 65% within ~30 s of training
+around the transition, so the pass rate is evaluated often and training stops at the first evaluation
+inside the window).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from intellect_node.trainer.model import (  # noqa: E402
+    BOS, EOS, PAD, VOCAB_SIZE, CharTokenizer, build_char_tokenizer_json, tokenizer_config_files,
+)
+from intellect_node.trainer.tasks import embedded_task  # noqa: E402
+
+ARCH = dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0)
+
+
+def make_config(tok: CharTokenizer):  # type: ignore[no-untyped-def]
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=VOCAB_SIZE, tie_word_embeddings=False, bos_token_id=tok.bos_id,
+                       eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, attention_bias=False,
+                       mlp_bias=False, hidden_act="silu", **ARCH)
+
+
+@torch.no_grad()
+def sampled_pass_rate(model, tok: CharTokenizer, problems, gen: torch.Generator) -> float:  # type: ignore[no-untyped-def]
+    """Pass rate of temperature-1 samples (no cache: 5 new tokens on a 9-token prompt is cheap)."""
+    ids = torch.tensor([tok.prompt_ids(p.prompt) for p in problems])
+    n_new = len(problems[0].answer) + 1
+    for _ in range(n_new):
+        logits = model(input_ids=ids).logits[:, -1, :].float()
+        nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
+        ids = torch.cat([ids, nxt], 1)
+    plen = len(tok.prompt_ids(problems[0].prompt))
+    return sum(p.reward(tok.decode(row[plen:].tolist())) for p, row in zip(problems, ids)) / len(problems)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=REPO / "intellect_node" / "assets" / "model")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--eval-n", type=int, default=512)
+    ap.add_argument("--window", type=float, nargs=2, default=(0.25, 0.45),
+                    help="stop at the first evaluation whose sampled pass rate is inside [lo, hi]")
+    ap.add_argument("--max-steps", type=int, default=6000)
+    args = ap.parse_args()
+
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    gen = torch.Generator().manual_seed(args.seed + 1)
+
+    from transformers import LlamaForCausalLM
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "tokenizer.json").write_text(build_char_tokenizer_json())
+    tok = CharTokenizer(args.out / "tokenizer.json")
+    model = LlamaForCausalLM(make_config(tok)).float()
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    task = embedded_task()
+    eval_problems = task.sample(random.Random(args.seed + 2), args.eval_n)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: {n_params / 1e6:.2f}M parameters, vocab {VOCAB_SIZE}", flush=True)
+
+    t0 = time.monotonic()
+    best: tuple[int, float] | None = None
+    for step in range(1, args.max_steps + 1):
+        probs = task.sample(rng, args.batch)
+        seqs = [tok.prompt_ids(p.prompt) + tok.encode(p.answer) + [tok.eos_id] for p in probs]
+        x = torch.tensor(seqs)
+        plen = len(tok.prompt_ids(probs[0].prompt))
+        labels = x.clone()
+        labels[:, :plen] = -100  # learn the answer (and <eos>) only, not the random operands
+        loss = model(input_ids=x, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % args.eval_every == 0:
+            model.eval()
+            rate = sampled_pass_rate(model, tok, eval_problems, gen)
+            model.train()
+            print(f"step {step:5d}  loss {loss.item():.3f}  sampled pass {rate:.3f}  "
+                  f"{time.monotonic() - t0:.0f}s", flush=True)
+            lo, hi = args.window
+            if lo <= rate <= hi:
+                best = (step, rate)
+                break
+            if rate > hi:
+                sys.exit(f"overshot the window at step {step} ({rate:.3f}); lower --lr or --eval-every")
+    if best is None:
+        sys.exit("did not reach the window within --max-steps")
+
+    model.eval()
+    model.config.torch_dtype = "float32"
+    model.generation_config.pad_token_id = tok.pad_id
+    model.save_pretrained(str(args.out), safe_serialization=True)
+    for name, text in tokenizer_config_files().items():
+        (args.out / name).write_text(text)
+    meta = {"task": task.task_id, "seed": args.seed, "steps": best[0], "sampled_pass_rate": best[1],
+            "eval_n": args.eval_n, "lr": args.lr, "batch": args.batch, "torch": torch.__version__,
+            "specials": [PAD, BOS, EOS]}
+    (args.out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print(f"wrote {args.out} (step {best[0]}, sampled pass rate {best[1]:.3f})")
+
+
+if __name__ == "__main__":
+    main()
