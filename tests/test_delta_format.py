@@ -19,36 +19,15 @@ from intellect_node.errors import IntegrityError, ProtocolError
 from intellect_node.protocol import codec
 from intellect_node.protocol.policy import DeltaFile
 from intellect_node.trainer.delta import Checkpoint, apply_delta, delta_stats, encode_delta, read_delta
+from support_delta import policy_versions
 
 torch.set_num_threads(1)
 MAX = 1 << 26
 
 
-def _model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Linear(32, 128), torch.nn.GELU(),
-                               torch.nn.Linear(128, 64))
-
-
-def _policy_versions(dtype: torch.dtype, n: int, lr: float = 3e-5) -> list[Checkpoint]:
-    """``n`` consecutive policies from real AdamW steps (fp32 master weights, published in ``dtype``)."""
-    model = _model()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    gen = torch.Generator().manual_seed(1)
-    out = []
-    for _ in range(n):
-        out.append(Checkpoint.from_state_dict({k: v.to(dtype) for k, v in model.state_dict().items()}))
-        tokens = torch.randint(0, 64, (16, 8), generator=gen)
-        loss = torch.nn.functional.cross_entropy(model(tokens).reshape(-1, 64), tokens.roll(1, 1).reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return out
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chain_from_any_full_checkpoint_is_bit_exact(dtype: torch.dtype) -> None:
-    versions = _policy_versions(dtype, 6)
+    versions = policy_versions(dtype, 6)
     assert len({v.content_hash for v in versions}) == 6  # every step changed the policy
     deltas = [encode_delta(a, b) for a, b in zip(versions, versions[1:])]
     for start in range(len(versions)):
