@@ -16,12 +16,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
-
-from aiohttp import web
+from typing import TYPE_CHECKING, Any
 
 from intellect_node.errors import ConfigError, TransportError
 from intellect_node.fsutil import atomic_write_text
+
+if TYPE_CHECKING:  # aiohttp costs ~0.6 s to import; the CLI client side below does not need it
+    from aiohttp import web
 
 CONTROL_FILE = "control.json"
 MAX_CONTROL_FILE = 4096
@@ -90,6 +91,8 @@ def request(data_dir: Path, method: str, path: str, body: Any = None, *, timeout
 def control_app(token: str, *, status: Callable[[], dict[str, Any]],
                 stop: Callable[[], None]) -> web.Application:
     """The control app: token check, ``GET /v1/status``, ``POST /v1/stop``; more routes via the seam."""
+    from aiohttp import web
+
     expected = f"Bearer {token}".encode()
 
     @web.middleware
