@@ -1,0 +1,70 @@
+"""``intellect-node proofs``: calibrate the validator's thresholds from honest rollouts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from intellect_node.errors import ConfigError
+
+
+def register(app: typer.Typer) -> None:
+    proofs = typer.Typer(help="TOPLOC, logprob and sampling checks: calibration.", no_args_is_help=True)
+
+    @proofs.command("calibrate")
+    def calibrate(
+        model_dir: Optional[Path] = typer.Option(None, "--model", help="Model folder (default: embedded)."),
+        dtype: str = typer.Option("float32", "--dtype", help="The run's dtype (thresholds are per dtype)."),
+        n: int = typer.Option(64, "--n", help="Honest rollouts per engine and batch size."),
+        batch_sizes: str = typer.Option("1,32", "--batch-sizes", help="Comma-separated batch sizes."),
+        max_new_tokens: int = typer.Option(32, "--max-new-tokens"),
+        temperature: float = typer.Option(1.0, "--temperature"),
+        top_p: float = typer.Option(1.0, "--top-p"),
+        engine_names: str = typer.Option("torch", "--engines", help="Engines whose honest rollouts are "
+                                         "verified: torch, vllm (comma-separated)."),
+        factor: float = typer.Option(2.0, "--factor", help="Margin: threshold = worst * factor + floor."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Thresholds file to update (default: the "
+                                           "model folder's proof_thresholds.json)."),
+        seed: int = typer.Option(0, "--seed"),
+    ) -> None:
+        """Generate honest rollouts, verify them, and write thresholds with margins for this dtype."""
+        try:
+            sizes = [int(x) for x in batch_sizes.split(",") if x.strip()]
+        except ValueError:
+            sizes = []
+        if not sizes or min(sizes) < 1:
+            raise ConfigError("--batch-sizes must be positive integers, e.g. 1,32", field="batch_sizes")
+        import torch
+
+        from intellect_node.fsutil import atomic_write_text
+        from intellect_node.node.engines.base import SamplingConfig
+        from intellect_node.node.engines.calibrate import calibrate as run
+        from intellect_node.node.engines.torch_engine import TorchEngine
+        from intellect_node.proofs.thresholds import THRESHOLDS_FILE, Margins, merge_into
+
+        torch.set_num_threads(1)
+        verifier_engine = TorchEngine.from_dir(model_dir, dtype=dtype)
+        engines = []
+        for name in [x.strip() for x in engine_names.split(",") if x.strip()]:
+            if name == "torch":
+                engines.append(verifier_engine)
+            elif name == "vllm":
+                from intellect_node.node.engines.vllm_engine import VllmEngine
+
+                engines.append(VllmEngine(verifier_engine.loaded.path, dtype=dtype))
+            else:
+                raise ConfigError(f"--engines: unknown engine {name!r} (torch, vllm)", field="engines")
+        cal = run(verifier_engine, engines, n=n, batch_sizes=sizes, seed=seed, margins=Margins(factor=factor),
+                  sampling=SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens))
+        path = out or verifier_engine.loaded.path / THRESHOLDS_FILE
+        atomic_write_text(path, json.dumps(merge_into(path, cal), indent=2) + "\n")
+        data = cal.to_json()
+        typer.echo(f"{'check':18} {'worst honest':>14} {'threshold':>12}")
+        for k, v in data["thresholds"].items():
+            typer.echo(f"{k:18} {data['observed'][k]:>14.6g} {v:>12.6g}")
+        typer.echo(f"{data['observed']['rollouts']} honest rollouts; wrote {path}")
+
+    app.add_typer(proofs, name="proofs")
