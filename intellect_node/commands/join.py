@@ -1,7 +1,8 @@
 """``intellect-node join``: run a node in the swarm until SIGINT/SIGTERM.
 
-Flags map onto :class:`~intellect_node.node.config.NodeConfig`; a wrong flag exits 2 with the flag's
-name and the fix. The services a node runs (blob store/HTTP today; roles later) are listed in
+Flags map onto :class:`~intellect_node.node.config.NodeConfig` and override ``--config FILE`` and
+``INTELLECT_NODE_<SECTION>__<FIELD>`` variables; a wrong value exits 2 naming the field, where it was set
+(flag, variable or file) and the fix. The services a node runs (blob store/HTTP today; roles later) are listed in
 :func:`services`: that is the seam where other parts add themselves.
 """
 
@@ -13,7 +14,6 @@ from typing import Any, Optional
 import typer
 
 from intellect_node.commands.common import DataDirOption, data_dir
-from intellect_node.errors import ConfigError
 
 FLAG_OF_FIELD = {
     "network.listen": "--listen", "network.bootstrap": "--bootstrap", "network.http_host": "--http-host",
@@ -27,38 +27,53 @@ FLAG_OF_FIELD = {
 def services(runtime: Any) -> None:
     """Add the services every node runs to ``runtime`` (imported here, after argument parsing)."""
     from intellect_node.node.blob_service import BlobService
+    from intellect_node.node.ledger import LedgerService
+    from intellect_node.node.metrics import MetricsService
 
+    # The ledger first: services close in reverse, so it is flushed after the roles that write to it.
+    runtime.add_service(LedgerService.for_runtime)
+    if runtime.config.metrics.enabled:
+        runtime.add_service(MetricsService.for_runtime)
     runtime.add_service(lambda rt: BlobService.from_swarm(rt.swarm, rt.data_dir, board=rt.board))
 
 
 def build_node_config(*, listen: list[str], bootstrap: list[str], run_id: str | None,
-                      trainer_peer_id: str | None, http_host: str | None, http_port: int,
-                      http_public_url: str | None, control_port: int, heartbeat_interval: float | None,
-                      peer_timeout: float | None) -> Any:
-    """The config from flags; ConfigError names the flag (not the config field) on a mistake."""
-    from intellect_node.node.config import build_config
+                      trainer_peer_id: str | None, http_host: str | None, http_port: int | None,
+                      http_public_url: str | None, control_port: int | None, heartbeat_interval: float | None,
+                      peer_timeout: float | None, config_file: Path | None = None,
+                      data_dir: Path | None = None) -> Any:
+    """The config: ``--config`` file < ``INTELLECT_NODE_*`` environment < the flags actually given.
+    A mistake raises ConfigError naming the field and where it was set (the flag, variable or file)."""
+    from intellect_node.node.config import load_config
 
-    network: dict[str, Any] = {"bootstrap": bootstrap, "http_host": http_host, "http_port": http_port,
-                               "http_public_url": http_public_url, "control_port": control_port}
-    if listen:
-        network["listen"] = listen
-    if heartbeat_interval is not None:
-        network["heartbeat_interval"] = heartbeat_interval
-    if peer_timeout is not None:
-        network["peer_timeout"] = peer_timeout
-    elif heartbeat_interval is not None:
+    given = {"listen": listen or None, "bootstrap": bootstrap or None, "http_host": http_host,
+             "http_port": http_port, "http_public_url": http_public_url, "control_port": control_port,
+             "heartbeat_interval": heartbeat_interval, "peer_timeout": peer_timeout}
+    network: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    if peer_timeout is None and heartbeat_interval is not None:
         network["peer_timeout"] = max(20.0, 4 * heartbeat_interval)
-    run: dict[str, Any] = {"trainer_peer_id": trainer_peer_id}
-    if run_id is not None:
-        run["run_id"] = run_id
-    try:
-        return build_config(network=network, run=run)
-    except ConfigError as exc:
-        flag = FLAG_OF_FIELD.get(exc.field or "")
-        if flag is None:
-            raise
-        msg = str(exc).split(": ", 1)[-1]
-        raise ConfigError(f"{flag}: {msg}", field=flag.lstrip("-")) from exc
+    run = {k: v for k, v in {"run_id": run_id, "trainer_peer_id": trainer_peer_id}.items() if v is not None}
+    flags = {k: v for k, v in {"network": network, "run": run}.items() if v}
+    return load_config(config_file, flags=flags, data_dir=data_dir, flag_names=FLAG_OF_FIELD)
+
+
+def _dashboard(runtime: Any) -> Any:
+    """Start the dashboard in a thread, rendering ``runtime.board``; returns a function that stops it
+    (and waits, so the terminal is restored before the process exits)."""
+    import threading
+
+    from intellect_node import dashboard
+
+    stop = threading.Event()
+    thread = threading.Thread(target=dashboard.run, args=(lambda: [runtime.board.snapshot()], stop),
+                              kwargs={"footer": f"Ctrl-C stops the node · logs in {runtime.data_dir / 'node.log'}"},
+                              name="dashboard", daemon=True)
+    thread.start()
+
+    def close() -> None:
+        stop.set()
+        thread.join(timeout=5)
+    return close
 
 
 def register(app: typer.Typer) -> None:
@@ -76,29 +91,57 @@ def register(app: typer.Typer) -> None:
                                                       help="Peer ID of the run's trainer."),
         http_host: Optional[str] = typer.Option(None, "--http-host",
                                                 help="Bind address of the bulk HTTP server."),
-        http_port: int = typer.Option(0, "--http-port", help="Port of the bulk HTTP server (0: any free port)."),
+        http_port: Optional[int] = typer.Option(None, "--http-port",
+                                                help="Port of the bulk HTTP server (0: any free port)."),
         http_public_url: Optional[str] = typer.Option(None, "--http-public-url",
                                                       help="HTTP base URL to advertise to peers."),
-        control_port: int = typer.Option(0, "--control-port", help="Port of the 127.0.0.1 control API."),
+        control_port: Optional[int] = typer.Option(None, "--control-port",
+                                                   help="Port of the 127.0.0.1 control API."),
         heartbeat_interval: Optional[float] = typer.Option(None, "--heartbeat-interval",
                                                            help="Seconds between heartbeats (default 5)."),
         peer_timeout: Optional[float] = typer.Option(None, "--peer-timeout",
                                                      help="Seconds of silence before a peer is gone (default 20)."),
-        headless: bool = typer.Option(False, "--headless", help="No dashboard; log lines only."),
+        config_file: Optional[Path] = typer.Option(
+            None, "--config", "-c", help="TOML config (see docs/config.example.toml). Default: "
+                                         "$INTELLECT_NODE_CONFIG, else <data-dir>/config.toml if present. "
+                                         "INTELLECT_NODE_<SECTION>__<FIELD> variables and flags override it."),
+        headless: bool = typer.Option(False, "--headless", help="No dashboard; log lines only (JSON lines)."),
         log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
         log_file: Optional[Path] = typer.Option(None, "--log-file", help="Write logs here instead of stderr."),
     ) -> None:
-        """Join the swarm and run until Ctrl-C (SIGINT) or SIGTERM; exits 0 after a clean stop."""
+        """Join the swarm and run until Ctrl-C (SIGINT) or SIGTERM; exits 0 after a clean stop.
+
+        On a terminal it shows the dashboard (logs go to <data-dir>/node.log); with --headless, or when
+        output is not a terminal, it logs JSON lines to stderr (or --log-file).
+        """
+        import sys
+
         from intellect_node.logsetup import setup_logging
 
         d = data_dir(data_dir_opt)
         cfg = build_node_config(listen=listen, bootstrap=bootstrap, run_id=run_id,
                                 trainer_peer_id=trainer_peer_id, http_host=http_host, http_port=http_port,
                                 http_public_url=http_public_url, control_port=control_port,
-                                heartbeat_interval=heartbeat_interval, peer_timeout=peer_timeout)
-        setup_logging(level=log_level, json_lines=headless, file=log_file)
+                                heartbeat_interval=heartbeat_interval, peer_timeout=peer_timeout,
+                                config_file=config_file, data_dir=d)
+        show_dashboard = not headless and sys.stdout.isatty()
+        if show_dashboard and log_file is None:
+            log_file = d / "node.log"  # the dashboard owns the screen; WARNINGs also appear on it
+        setup_logging(level=log_level, json_lines=headless or not show_dashboard, file=log_file)
         from intellect_node.node.runtime import NodeRuntime, run_node
 
         runtime = NodeRuntime(cfg, d)
         services(runtime)
+        if show_dashboard:
+            import logging
+
+            from intellect_node.node.status import BoardLogHandler
+
+            logging.getLogger().addHandler(BoardLogHandler(runtime.board))
+            close_dashboard = _dashboard(runtime)
+            try:
+                code = run_node(runtime)
+            finally:
+                close_dashboard()
+            raise typer.Exit(code)
         raise typer.Exit(run_node(runtime))

@@ -10,6 +10,10 @@ from before a crash that lost nothing but the ack) and shows up as ``unknown_bat
 
 Calls block for one fsync (about a millisecond on an SSD); the roles call them from a worker thread
 (``asyncio.to_thread``) when that matters. One connection guarded by a lock serves all threads.
+
+In a node, :class:`LedgerService` (added by ``join`` before the roles, so it closes after them) opens the
+ledger at construction; a role finds it with ``LedgerService.of(runtime)``. Closing it checkpoints the
+WAL into the main file: after a clean stop (SIGTERM) ``ledger.sqlite`` alone holds everything.
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ class Ledger:
         self.path = Path(path)
         self._clock = clock
         self._lock = threading.Lock()
+        self._closed = False
         try:
             if readonly:
                 if not self.path.exists():
@@ -143,6 +148,9 @@ class Ledger:
     def close(self) -> None:
         """Checkpoint the WAL into the main file and close (called on shutdown)."""
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             try:
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             except sqlite3.OperationalError:
@@ -199,3 +207,34 @@ class Ledger:
         keys = ("batch_id", "run_id", "policy_version", "n_rollouts", "n_tokens", "submitted_at",
                 "accepted", "rejected", "verdicts", "reasons")
         return [dict(zip(keys, r)) for r in rows]
+
+
+class LedgerService:
+    """The node's ledger as a runtime service (see ``node/runtime.py``)."""
+
+    name = "ledger"
+
+    def __init__(self, data_dir: Path) -> None:
+        self.ledger = Ledger.in_data_dir(data_dir)
+
+    @classmethod
+    def for_runtime(cls, rt: Any) -> "LedgerService":
+        return cls(rt.data_dir)
+
+    @staticmethod
+    def of(rt: Any) -> Ledger:
+        """The ledger of runtime ``rt``; ConfigError if the node was built without one."""
+        for svc in getattr(rt, "services", []):
+            if isinstance(svc, LedgerService):
+                return svc.ledger
+        raise ConfigError("this node runs without a ledger; add LedgerService.for_runtime before the roles",
+                          field="services")
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        self.ledger.close()
+
+    def status(self) -> dict[str, Any]:
+        return self.ledger.summary().to_dict()

@@ -5,11 +5,17 @@ the JSON status and the dashboard can never disagree. Each node gets its own ``C
 (several nodes share a process in tests; the global default registry would mix them).
 
 Metric names follow Prometheus conventions (``_total`` counters, base units: bytes, seconds).
+
+:class:`MetricsService` is the runtime service (``config.metrics``) that serves ``GET /metrics`` and a
+token-free, read-only ``GET /v1/status`` (the snapshot JSON) on its own port, by default on 127.0.0.1.
+It has its own port rather than a route on the control API because a Prometheus scrape config needs a
+fixed port and no token, while the control API's port is random and every route on it needs the token.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+import logging
+from typing import Any, Iterator
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -17,6 +23,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from intellect_node.node.status import StatusBoard
+
+log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _PREFIX = "intellect_node"
@@ -104,3 +112,59 @@ def metrics_routes(board: StatusBoard) -> list[web.RouteDef]:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE})
 
     return [web.get("/metrics", handle)]
+
+
+def status_routes(board: StatusBoard) -> list[web.RouteDef]:
+    """``GET /v1/status``: the snapshot JSON (what the dashboard renders), without a token."""
+    async def handle(_request: web.Request) -> web.Response:
+        return web.Response(body=board.snapshot().to_json(), content_type="application/json")
+
+    return [web.get("/v1/status", handle)]
+
+
+class MetricsService:
+    """A node service (see ``node/runtime.py``): serves :func:`metrics_routes` and :func:`status_routes`
+    on ``host:port``. Build with ``MetricsService.for_runtime`` as the runtime's service factory."""
+
+    name = "metrics"
+
+    def __init__(self, board: StatusBoard, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.board = board
+        self.host = host
+        self.port = port
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    @classmethod
+    def for_runtime(cls, rt: Any) -> "MetricsService":
+        cfg = rt.config.metrics
+        return cls(rt.board, host=cfg.host, port=cfg.port)
+
+    async def start(self) -> None:
+        from intellect_node.errors import ConfigError
+
+        app = web.Application()
+        app.add_routes(metrics_routes(self.board) + status_routes(self.board))
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port, shutdown_timeout=1.0)
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise ConfigError(f"cannot serve metrics on {self.host}:{self.port} ({exc.strerror}); set "
+                              "metrics.port to a free port (or 0), or metrics.enabled = false",
+                              field="metrics.port") from exc
+        self._runner = runner
+        sock = site._server.sockets[0]  # type: ignore[union-attr]  # the bound port when port=0
+        host, port = sock.getsockname()[:2]
+        self.url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+        log.info("metrics on %s/metrics", self.url)
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def status(self) -> dict[str, str]:
+        return {"url": self.url, "metrics": f"{self.url}/metrics" if self.url else ""}
