@@ -16,7 +16,7 @@ import typer
 from intellect_node.commands.common import DataDirOption, data_dir
 
 FLAG_OF_FIELD = {
-    "network.listen": "--listen", "network.bootstrap": "--bootstrap", "network.http_host": "--http-host",
+    "network.listen": "--listen", "network.announce": "--announce", "network.bootstrap": "--bootstrap", "network.http_host": "--http-host",
     "network.http_port": "--http-port", "network.http_public_url": "--http-public-url",
     "network.control_port": "--control-port", "network.heartbeat_interval": "--heartbeat-interval",
     "network.peer_timeout": "--peer-timeout", "network": "--peer-timeout/--heartbeat-interval",
@@ -38,6 +38,7 @@ def services(runtime: Any) -> None:
 
 
 def build_node_config(*, listen: list[str], bootstrap: list[str], run_id: str | None,
+                      announce: list[str] | None = None,
                       trainer_peer_id: str | None, http_host: str | None, http_port: int | None,
                       http_public_url: str | None, control_port: int | None, heartbeat_interval: float | None,
                       peer_timeout: float | None, config_file: Path | None = None,
@@ -46,7 +47,7 @@ def build_node_config(*, listen: list[str], bootstrap: list[str], run_id: str | 
     A mistake raises ConfigError naming the field and where it was set (the flag, variable or file)."""
     from intellect_node.node.config import load_config
 
-    given = {"listen": listen or None, "bootstrap": bootstrap or None, "http_host": http_host,
+    given = {"listen": listen or None, "announce": announce or None, "bootstrap": bootstrap or None, "http_host": http_host,
              "http_port": http_port, "http_public_url": http_public_url, "control_port": control_port,
              "heartbeat_interval": heartbeat_interval, "peer_timeout": peer_timeout}
     network: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
@@ -86,6 +87,9 @@ def register(app: typer.Typer) -> None:
         bootstrap: list[str] = typer.Option(
             [], "--bootstrap", "-b", help="Peer to dial at start, /ip4/.../tcp/.../p2p/12D3KooW... (repeatable). "
                                           "If none answers, peers remembered from earlier runs are tried."),
+        announce: list[str] = typer.Option(
+            [], "--announce", help="Multiaddr to advertise instead of the listen addresses, e.g. your public "
+                                   "IP or a port forward (repeatable)."),
         run_id: Optional[str] = typer.Option(None, "--run-id", help="Run to take part in (default: default)."),
         trainer_peer_id: Optional[str] = typer.Option(None, "--trainer-peer-id",
                                                       help="Peer ID of the run's trainer."),
@@ -119,7 +123,7 @@ def register(app: typer.Typer) -> None:
         from intellect_node.logsetup import setup_logging
 
         d = data_dir(data_dir_opt)
-        cfg = build_node_config(listen=listen, bootstrap=bootstrap, run_id=run_id,
+        cfg = build_node_config(listen=listen, bootstrap=bootstrap, run_id=run_id, announce=announce,
                                 trainer_peer_id=trainer_peer_id, http_host=http_host, http_port=http_port,
                                 http_public_url=http_public_url, control_port=control_port,
                                 heartbeat_interval=heartbeat_interval, peer_timeout=peer_timeout,

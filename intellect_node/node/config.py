@@ -46,6 +46,10 @@ class NetworkConfig(_Section):
     """libp2p listen multiaddrs (TCP). Port 0 picks a free port; use e.g. /ip4/0.0.0.0/tcp/4001 to be
     reachable from other machines."""
 
+    announce: list[str] = Field(default_factory=list)
+    """Multiaddrs to advertise instead of the listen addresses (a public IP, a port forward). Default:
+    the listen addresses, with 0.0.0.0 replaced by this machine's addresses."""
+
     bootstrap: list[str] = Field(default_factory=list)
     """Peers dialled at start (multiaddrs ending /p2p/<peer id>). If none answers, peers remembered in
     <data-dir>/peers.json are tried."""
@@ -71,6 +75,11 @@ class NetworkConfig(_Section):
     @field_validator("listen")
     @classmethod
     def _listen(cls, v: list[str]) -> list[str]:
+        return [_check_multiaddr(a, needs_peer=False) for a in v]
+
+    @field_validator("announce")
+    @classmethod
+    def _announce(cls, v: list[str]) -> list[str]:
         return [_check_multiaddr(a, needs_peer=False) for a in v]
 
     @field_validator("bootstrap")

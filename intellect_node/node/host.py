@@ -94,6 +94,39 @@ def parse_peer_multiaddr(text: str, *, flag: str = "--bootstrap") -> PeerInfo:
                           "/ip4/1.2.3.4/tcp/4001/p2p/12D3KooW...", field=flag.lstrip("-")) from exc
 
 
+def local_ipv4s() -> list[str]:
+    """This machine's IPv4 addresses as far as the host name tells (no packets sent); loopback last."""
+    import socket
+
+    try:
+        ips = socket.gethostbyname_ex(socket.gethostname())[2]
+    except OSError:
+        ips = []
+    return sorted({ip for ip in ips if not ip.startswith("127.")}) + ["127.0.0.1"]
+
+
+def make_addrs_factory(announce: list[str]) -> Callable[[list[multiaddr.Multiaddr]], list[multiaddr.Multiaddr]]:
+    """What the host advertises: ``announce`` if given (a public IP, a port forward), else the listen
+    addresses with a wildcard (0.0.0.0) replaced by this machine's addresses, so peers get dialable
+    addresses in identify, DHT provider records and ``status``."""
+    fixed = [parse_multiaddr(a, flag="--announce") for a in announce]
+
+    def factory(candidates: list[multiaddr.Multiaddr]) -> list[multiaddr.Multiaddr]:
+        if fixed:
+            return list(fixed)
+        out: list[multiaddr.Multiaddr] = []
+        for a in candidates:
+            text = str(a)
+            if text.startswith("/ip4/0.0.0.0/"):
+                rest = text[len("/ip4/0.0.0.0"):]
+                out.extend(multiaddr.Multiaddr(f"/ip4/{ip}{rest}") for ip in local_ipv4s())
+            else:
+                out.append(a)
+        return list(dict.fromkeys(out))
+
+    return factory
+
+
 class _Notifee(INotifee):
     """Connection events: fill the DHT routing table, refuse banned peers, keep the peerbook current."""
 
@@ -123,7 +156,7 @@ class P2PHost:
     """Owns the libp2p host and its services on the trio thread. Methods are trio coroutines."""
 
     def __init__(self, key: SigningKey, listen_addrs: list[str], peerbook: PeerBook,
-                 node_info: Callable[[], bytes]) -> None:
+                 node_info: Callable[[], bytes], announce: list[str] | None = None) -> None:
         self.key = key
         self.peerbook = peerbook
         self._listen = [parse_multiaddr(a) for a in listen_addrs]
@@ -137,6 +170,7 @@ class P2PHost:
                 kp, noise_privkey=create_x25519_key_pair().private_key)},
             listen_addrs=self._listen,
             connection_config=ConnectionConfig(**CONNECTION_CONFIG),  # type: ignore[arg-type]
+            addrs_factory=make_addrs_factory(announce or []),
         )
         if self.host.get_id().to_base58() != key.peer_id:
             raise AssertionError("libp2p peer ID differs from the node key's peer ID")

@@ -137,7 +137,7 @@ class NodeRuntime:
 
         self.swarm = await Swarm.start(key, run_id=self.config.run.run_id, listen=list(net.listen),
                                        data_dir=self.data_dir, http_url=self.http_url, roles=self.roles,
-                                       peer_timeout=net.peer_timeout)
+                                       peer_timeout=net.peer_timeout, announce=list(net.announce))
         self.board.set_identity(key.peer_id, version=__version__, data_dir=str(self.data_dir),
                                 listen_addrs=self.swarm.listen_addrs(), http_url=self.http_url)
         run = self.config.run

@@ -95,14 +95,14 @@ class Swarm:
     @classmethod
     async def start(cls, key: SigningKey, *, run_id: str, listen: list[str], data_dir: Path | None = None,
                     http_url: str = "", roles: list[str] | None = None,
-                    peer_timeout: float = 15.0) -> "Swarm":
+                    peer_timeout: float = 15.0, announce: list[str] | None = None) -> "Swarm":
         """Start libp2p (host, DHT, gossipsub) on ``listen`` and return once it listens."""
         from intellect_node.node import host as hostmod
 
         quiet_libp2p_logging()
         self = cls(key, run_id, PeerBook(key.peer_id, data_dir, peer_timeout=peer_timeout), http_url,
                    roles or [])
-        p2p = self._p2p = hostmod.P2PHost(key, listen, self.peerbook, self._node_info_bytes)
+        p2p = self._p2p = hostmod.P2PHost(key, listen, self.peerbook, self._node_info_bytes, announce)
 
         async def root(nursery: trio.Nursery, _bridge: TrioThread) -> None:
             await nursery.start(p2p.serve)
@@ -110,6 +110,16 @@ class Swarm:
         await self._bridge.start(root)
         log.info("libp2p up as %s on %s", self.peer_id, ", ".join(self.listen_addrs()))
         return self
+
+    @property
+    def bridge(self) -> TrioThread:
+        """The trio thread: ``await swarm.bridge.call(fn, ...)`` runs trio code next to the host."""
+        return self._bridge
+
+    @property
+    def p2p(self) -> Any:
+        """The :class:`host.P2PHost` (``.host``, ``.dht``, ``.pubsub``); touch it only on the trio thread."""
+        return self._p2p
 
     async def close(self) -> None:
         if self._closed:
