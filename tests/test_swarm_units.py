@@ -100,9 +100,12 @@ def test_peerbook_liveness_bans_and_remembered_peers(tmp_path: Path) -> None:
     assert book.sweep(time.monotonic() + 3.0) == ["p1"] and book.state("p1") == "gone"
     assert book.heard("p1") is True  # back from gone
 
+    auto_banned: list[str] = []
+    book.on_auto_ban = auto_banned.append
     for i in range(3):
         book.record_rejection("p2", f"bad {i}")
     assert book.is_banned("p2") and book.rejections("p2") == (3, ["bad 0", "bad 1", "bad 2"])
+    assert auto_banned == ["p2"]
 
     book.remember("p3", ["/ip4/127.0.0.1/tcp/5/p2p/p3"])
     book.remember("me", ["/ip4/127.0.0.1/tcp/6/p2p/me"])  # never ourselves

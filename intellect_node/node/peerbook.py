@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,8 @@ class PeerBook:
         self._remembered: dict[str, tuple[list[str], float]] = {}  # peer -> (addrs, unix time)
         self._dirty = False
         self._last_save = 0.0
+        self.on_auto_ban: Callable[[str], None] | None = None
+        """Called (on the thread that recorded the last rejection) when a peer is banned automatically."""
         self._load()
 
     def _rec(self, peer_id: str) -> PeerRecord:
@@ -147,6 +150,8 @@ class PeerBook:
         log.info("rejected input from %s: %s", peer_id, reason[:200])
         if auto_ban:
             log.warning("banned %s after %d rejections", peer_id, count)
+            if self.on_auto_ban is not None:
+                self.on_auto_ban(peer_id)
         return count
 
     def rejections(self, peer_id: str) -> tuple[int, list[str]]:

@@ -102,6 +102,7 @@ class Swarm:
         quiet_libp2p_logging()
         self = cls(key, run_id, PeerBook(key.peer_id, data_dir, peer_timeout=peer_timeout), http_url,
                    roles or [])
+        self.peerbook.on_auto_ban = self._auto_ban
         p2p = self._p2p = hostmod.P2PHost(key, listen, self.peerbook, self._node_info_bytes, announce)
 
         async def root(nursery: trio.Nursery, _bridge: TrioThread) -> None:
@@ -287,6 +288,18 @@ class Swarm:
             await self._bridge.call(self._p2p.ban, peer)
         except ValueError as exc:  # not a peer ID libp2p can parse
             raise ProtocolError(f"cannot ban {peer!r}: {exc}") from exc
+
+    def _auto_ban(self, peer: str) -> None:
+        async def ban() -> None:
+            try:
+                await self._p2p.ban(peer)
+            except Exception as exc:  # background edge: the peerbook ban already refuses its input
+                log.debug("closing auto-banned %s: %r", peer, exc)
+
+        try:
+            self._bridge.start_soon(ban)
+        except TransportError:  # shutting down
+            pass
 
     def is_banned(self, peer: str) -> bool:
         return self.peerbook.is_banned(peer)
