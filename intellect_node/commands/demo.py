@@ -1,0 +1,372 @@
+"""``intellect-node demo``: a complete swarm on this machine, one process per node, with the dashboard.
+
+The demo is a thin orchestrator over the real CLI: it creates a key per node (so it knows the trainer's
+peer ID before anything starts), writes one config file for the run, starts the trainer with
+``intellect-node join --role trainer``, then the validators and workers bootstrapped to it, each as its
+own process on 127.0.0.1. It reads every node's status snapshot through the node's control API (the
+same JSON ``intellect-node status`` shows) and renders them with the dashboard's swarm view.
+
+``--headless --steps N --report FILE`` waits for N trainer steps and writes::
+
+    {"steps": [{"step", "pass_rate", "reward_mean"}, ...], "rollouts": {"accepted", "rejected"}, ...}
+
+Steps are read from the trainer's snapshot history (``StatusBoard.train_step``); rollouts from the
+verdicts the validators issued (``StatusBoard.verdict``), or, without validators, the workers' counts.
+
+Stopping (Ctrl-C, SIGTERM, or the steps reached): SIGTERM to each child by PID, a bounded wait, then
+SIGKILL by PID for any that did not exit. Children run in their own session so a Ctrl-C reaches only the
+demo, which stops them in order; on Linux they also get SIGTERM if the demo itself dies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from intellect_node.errors import ConfigError, IntellectNodeError
+
+STOP_GRACE_S = 30.0
+"""How long children get to stop after SIGTERM (a node's own bound is 20 s) before SIGKILL."""
+READY_TIMEOUT_S = 120.0
+"""Start-up bound per node: imports of torch and libp2p take seconds on a loaded 2-core machine."""
+POLL_S = 0.5
+
+
+@dataclass
+class DemoNode:
+    name: str
+    role: str
+    data_dir: Path
+    peer_id: str = ""
+    proc: Optional[subprocess.Popen[bytes]] = None
+    log_path: Path = field(default_factory=Path)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def _die_with_parent() -> None:
+    """Child side, before exec: a new session (Ctrl-C goes to the demo only) and, on Linux, SIGTERM when
+    the demo dies, so no node outlives it."""
+    os.setsid()
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: Ctrl-C and SIGTERM to the demo still stop every child
+
+
+def _cli() -> list[str]:
+    exe = Path(sys.executable).with_name("intellect-node")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "intellect_node.cli"]
+
+
+class DemoSwarm:
+    """The demo's child processes; :meth:`stop` kills only them, by PID."""
+
+    def __init__(self, root: Path, *, workers: int, validators: int, run_id: str, model: str | None,
+                 extra_config: dict[str, Any] | None = None) -> None:
+        from intellect_node.node import identity
+
+        if workers < 1 or validators < 0:
+            raise ConfigError("--workers must be at least 1 and --validators at least 0", field="workers")
+        self.root = root
+        self.run_id = run_id
+        self.nodes: list[DemoNode] = [DemoNode("trainer", "trainer", root / "trainer")]
+        self.nodes += [DemoNode(f"validator{i}", "validator", root / f"validator{i}") for i in range(validators)]
+        self.nodes += [DemoNode(f"worker{i}", "worker", root / f"worker{i}") for i in range(workers)]
+        for node in self.nodes:
+            node.data_dir.mkdir(parents=True, exist_ok=True)
+            node.peer_id = identity.load_or_init_key(node.data_dir).peer_id
+            node.log_path = node.data_dir / "node.log"
+        self.trainer = self.nodes[0]
+        self.config_path = root / "demo.toml"
+        self._write_config(model, extra_config or {})
+
+    def _write_config(self, model: str | None, extra: dict[str, Any]) -> None:
+        from intellect_node.node.config import load_config
+
+        run = {"run_id": self.run_id, "trainer_peer_id": self.trainer.peer_id}
+        if model:
+            run["model"] = model
+        doc: dict[str, Any] = {"network": {"heartbeat_interval": 1.0, "peer_timeout": 10.0}, "run": run}
+        for section, values in extra.items():
+            doc.setdefault(section, {}).update(values)
+        lines: list[str] = []
+        for section, values in doc.items():
+            lines.append(f"[{section}]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+            lines.append("")
+        self.config_path.write_text("\n".join(lines))
+        load_config(self.config_path, environ={})  # fail here, naming the field, not in four children
+
+    def _spawn(self, node: DemoNode, bootstrap: list[str]) -> None:
+        args = [*_cli(), "join", "--headless", "--role", node.role, "--data-dir", str(node.data_dir),
+                "--config", str(self.config_path), "--log-file", str(node.log_path)]
+        for addr in bootstrap:
+            args += ["--bootstrap", addr]
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        env.pop("INTELLECT_NODE_CONFIG", None)
+        errlog = open(node.data_dir / "stderr.log", "ab")
+        try:
+            node.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=errlog, stderr=errlog, env=env,
+                                         preexec_fn=_die_with_parent)
+        finally:
+            errlog.close()
+
+    def _wait_ready(self, node: DemoNode, deadline: float) -> dict[str, Any]:
+        from intellect_node.node import control
+
+        while time.monotonic() < deadline:
+            if not node.alive():
+                raise IntellectNodeError(self._death_note(node))
+            if (node.data_dir / control.CONTROL_FILE).exists():
+                try:
+                    return dict(control.request(node.data_dir, "GET", "/v1/status", timeout=5.0))
+                except IntellectNodeError:
+                    pass  # written but not answering yet
+            time.sleep(0.2)
+        raise IntellectNodeError(f"{node.name} did not start within {READY_TIMEOUT_S:.0f}s; log:\n"
+                                 f"{node.log_tail()}")
+
+    def _death_note(self, node: DemoNode) -> str:
+        code = node.proc.returncode if node.proc else None
+        err = (node.data_dir / "stderr.log")
+        tail = err.read_text(errors="replace")[-2000:] if err.exists() else ""
+        return (f"{node.name} exited with code {code}.\n{tail or node.log_tail()}\n"
+                f"(logs in {node.data_dir})")
+
+    def start(self, progress: Any = None) -> None:
+        """Trainer first (everyone bootstraps to it), then the others in parallel."""
+        say = progress or (lambda _m: None)
+        say(f"starting the trainer ({self.trainer.peer_id[-8:]})")
+        self._spawn(self.trainer, [])
+        status = self._wait_ready(self.trainer, time.monotonic() + READY_TIMEOUT_S)
+        boot = status["listen_addrs"][:1]
+        say(f"starting {len(self.nodes) - 1} more nodes")
+        for node in self.nodes[1:]:
+            self._spawn(node, boot)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for node in self.nodes[1:]:
+            self._wait_ready(node, deadline)
+
+    def dead(self) -> list[DemoNode]:
+        return [n for n in self.nodes if n.proc is not None and n.proc.poll() is not None]
+
+    def snapshots(self) -> list[Any]:
+        """Status snapshot of every node that answers (a starting or stopping node is skipped)."""
+        from intellect_node.node import control
+        from intellect_node.node.status import StatusSnapshot
+
+        out = []
+        for node in self.nodes:
+            if not node.alive():
+                continue
+            try:
+                doc = control.request(node.data_dir, "GET", "/v1/status", timeout=3.0)
+                out.append(StatusSnapshot.from_json(json.dumps(doc["snapshot"])))
+            except (IntellectNodeError, KeyError, TypeError):
+                continue
+        return out
+
+    def stop(self) -> dict[str, int | None]:
+        """SIGTERM every child (workers first, trainer last), wait, SIGKILL the rest; exit codes by name."""
+        for node in reversed(self.nodes):
+            if node.alive():
+                assert node.proc is not None
+                os.kill(node.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        codes: dict[str, int | None] = {}
+        for node in reversed(self.nodes):
+            if node.proc is None:
+                continue
+            try:
+                codes[node.name] = node.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.kill(node.proc.pid, signal.SIGKILL)
+                node.proc.wait(10)
+                codes[node.name] = None
+        return codes
+
+
+class StepLog:
+    """Trainer steps gathered across polls (a snapshot keeps only the most recent few hundred)."""
+
+    def __init__(self) -> None:
+        self.steps: dict[int, dict[str, float]] = {}
+
+    def update(self, snaps: list[Any]) -> None:
+        for s in snaps:
+            if s.role == "trainer" or s.training.history:
+                for p in s.training.history:
+                    self.steps[p.step] = {"step": p.step, "pass_rate": p.pass_rate, "reward_mean": p.reward_mean}
+
+    def ordered(self) -> list[dict[str, float]]:
+        return [self.steps[k] for k in sorted(self.steps)]
+
+
+def rollout_counts(snaps: list[Any]) -> dict[str, int]:
+    """Verdicts issued by validators when there are any, else what workers were told."""
+    validators = [s for s in snaps if "validator" in s.role.split(",")]
+    source = validators or [s for s in snaps if "worker" in s.role.split(",")]
+    return {"accepted": sum(s.rollouts.accepted for s in source),
+            "rejected": sum(s.rollouts.rejected for s in source),
+            "generated": sum(s.rollouts.generated for s in snaps if "worker" in s.role.split(","))}
+
+
+def run_headless(swarm: DemoSwarm, steps: int, timeout: float, report: Optional[Path]) -> int:
+    from intellect_node import dashboard
+
+    log = StepLog()
+    snaps: list[Any] = []
+    counts = {"accepted": 0, "rejected": 0, "generated": 0}
+    t0 = time.monotonic()
+    next_line = 0.0
+    reason = "timeout"
+    while time.monotonic() - t0 < timeout:
+        dead = swarm.dead()
+        if dead:
+            reason = "node died"
+            typer.echo(swarm._death_note(dead[0]), err=True)
+            break
+        snaps = swarm.snapshots()
+        log.update(snaps)
+        if snaps:
+            counts = rollout_counts(snaps) if len(snaps) == len(swarm.nodes) else counts
+        if time.monotonic() >= next_line:
+            for s in snaps:
+                typer.echo(f"{dashboard.clock(s.ts)} {dashboard.status_line(s)}", err=True)
+            next_line = time.monotonic() + 10.0
+        if len(log.steps) >= steps:
+            reason = "steps reached"
+            break
+        time.sleep(POLL_S)
+    elapsed = time.monotonic() - t0
+    codes = swarm.stop()
+    doc = {"steps": log.ordered()[:steps], "rollouts": {"accepted": counts["accepted"],
+                                                      "rejected": counts["rejected"]},
+           "rollouts_generated": counts["generated"], "requested_steps": steps, "stopped_because": reason,
+           "seconds": round(elapsed, 1), "run_id": swarm.run_id, "exit_codes": codes,
+           "nodes": [{"name": n.name, "role": n.role, "peer_id": n.peer_id} for n in swarm.nodes]}
+    text = json.dumps(doc, indent=2)
+    if report:
+        from intellect_node.fsutil import atomic_write_text
+
+        atomic_write_text(report, text + "\n")
+        typer.echo(f"report written to {report}", err=True)
+    else:
+        typer.echo(text)
+    ok = reason == "steps reached" and all(c == 0 for c in codes.values())
+    if not ok:
+        typer.echo(f"demo ended early: {reason}; exit codes {codes}", err=True)
+    return 0 if ok else 1
+
+
+def run_dashboard(swarm: DemoSwarm) -> int:
+    from rich.console import Console
+
+    from intellect_node import dashboard
+
+    stop = threading.Event()
+
+    def source() -> list[Any]:
+        dead = swarm.dead()
+        if dead:
+            stop.set()
+        return swarm.snapshots()
+
+    console = Console()
+    try:
+        dashboard.run(source, stop, console=console, swarm_view=True, refresh_s=1.0,
+                      title="intellect-node demo", footer="Ctrl-C stops every node")
+    except KeyboardInterrupt:
+        pass
+    dead = swarm.dead()
+    console.print("stopping the nodes…")
+    codes = swarm.stop()
+    if dead:
+        console.print(swarm._death_note(dead[0]))
+        return 1
+    console.print(f"stopped: {', '.join(f'{k} {v}' for k, v in codes.items())}")
+    return 0
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("demo")
+    def demo(
+        workers: int = typer.Option(2, "--workers", min=1, max=8, help="Worker nodes (generate rollouts)."),
+        validators: int = typer.Option(1, "--validators", min=0, max=4, help="Validator nodes (check proofs)."),
+        headless: bool = typer.Option(False, "--headless", help="No dashboard: run --steps trainer steps, "
+                                                                "then write the report."),
+        steps: int = typer.Option(20, "--steps", min=1, max=100_000, help="Trainer steps to run (--headless)."),
+        report: Optional[Path] = typer.Option(None, "--report", help="Write the JSON report here (--headless; "
+                                                                      "default: stdout)."),
+        timeout: float = typer.Option(1800.0, "--timeout", min=10, help="Give up after this many seconds "
+                                                                        "(--headless); exit code 1."),
+        model: Optional[str] = typer.Option(None, "--model", help="Model folder (default: the embedded model)."),
+        root: Optional[Path] = typer.Option(None, "--dir", help="Keep the nodes' data dirs here (default: a "
+                                                                 "temporary dir, removed afterwards)."),
+        run_id: str = typer.Option("", "--run-id", help="Run ID (default: demo-<random>)."),
+    ) -> None:
+        """Run a whole swarm locally (trainer, validator, two workers) on the embedded model and task.
+
+        With a terminal it shows the dashboard until Ctrl-C; `--headless --steps N --report FILE` runs N
+        trainer steps and writes {"steps": [{step, pass_rate, reward_mean}], "rollouts": {accepted,
+        rejected}}. Every node is a real `intellect-node join` process on 127.0.0.1.
+        """
+        temp = root is None
+        base = Path(tempfile.mkdtemp(prefix="intellect-demo-")) if root is None else root.expanduser()
+        base.mkdir(parents=True, exist_ok=True)
+        rid = run_id or f"demo-{os.urandom(3).hex()}"
+        swarm = DemoSwarm(base, workers=workers, validators=validators, run_id=rid, model=model)
+        use_dashboard = not headless and sys.stdout.isatty()
+        stopping = {"sig": False}
+
+        def on_term(_signum: int, _frame: Any) -> None:
+            stopping["sig"] = True
+            raise KeyboardInterrupt  # unwinds into the same clean stop as Ctrl-C
+
+        old = signal.signal(signal.SIGTERM, on_term)
+        code = 1
+        try:
+            try:
+                swarm.start(progress=lambda m: typer.echo(m, err=True))
+            except IntellectNodeError as exc:
+                typer.echo(f"demo could not start: {exc}", err=True)
+                swarm.stop()
+                raise typer.Exit(1)
+            if use_dashboard:
+                code = run_dashboard(swarm)
+            elif headless or report:
+                code = run_headless(swarm, steps, timeout, report)
+            else:  # no terminal and not headless: plain log lines until Ctrl-C / SIGTERM
+                code = run_dashboard(swarm)
+        except KeyboardInterrupt:
+            swarm.stop()
+            code = 0 if stopping["sig"] or not headless else 130
+        finally:
+            signal.signal(signal.SIGTERM, old)
+            if temp and code == 0:
+                shutil.rmtree(base, ignore_errors=True)
+            elif code != 0:
+                typer.echo(f"node data and logs kept in {base}", err=True)
+        raise typer.Exit(code)
