@@ -120,6 +120,9 @@ class RunConfig(_Section):
     """How many policy steps a rollout may lag the trainer (prime-rl's ``async_level``, default 2; 0 is
     synchronous RL)."""
 
+    validator_peer_ids: list[str] = Field(default_factory=list)
+    """Peer IDs whose verdicts the trainer trusts; it trains only on batches one of them accepted."""
+
     @field_validator("run_id")
     @classmethod
     def _run_id(cls, v: str) -> str:
@@ -137,6 +140,70 @@ class RunConfig(_Section):
             except ProtocolError as exc:
                 raise ValueError(f"{v!r} is not an ed25519 peer ID (12D3KooW...)") from exc
         return v
+
+    @field_validator("validator_peer_ids")
+    @classmethod
+    def _validators(cls, v: list[str]) -> list[str]:
+        for p in v:
+            try:
+                public_key_from_peer_id(p)
+            except ProtocolError as exc:
+                raise ValueError(f"{p!r} is not an ed25519 peer ID (12D3KooW...)") from exc
+        return v
+
+
+class RLConfig(_Section):
+    """The RL roles (trainer, worker, validator). Every node of a run must agree on these (a validator
+    rejects rollouts whose sampling settings differ). Defaults follow INTELLECT-2 where it set a value."""
+
+    task: str = "add3"
+    """Task ID the run trains on: "add3" (the embedded 3-digit addition task) or the ID of tasks_file."""
+
+    tasks_file: str | None = None
+    """JSONL task file (one {"prompt", "answer", "checker"} per line); its task ID is the file's stem."""
+
+    group_size: int = Field(default=16, ge=2, le=256)
+    """Completions sampled per prompt; advantages are relative within the group (INTELLECT-2: 16)."""
+
+    problems_per_batch: int = Field(default=4, ge=1, le=64)
+    """Prompts in one worker batch (the batch holds problems_per_batch * group_size rollouts)."""
+
+    groups_per_step: int = Field(default=8, ge=1, le=1024)
+    """Prompt groups the trainer consumes per optimizer step (samples per step = this * group_size)."""
+
+    max_new_tokens: int = Field(default=8, ge=1, le=4096)
+    """Completion length limit."""
+
+    temperature: float = Field(default=1.0, gt=0, le=10)
+    """Sampling temperature (logprobs are taken at this temperature by workers, validators and trainer)."""
+
+    lr: float = Field(default=3e-4, gt=0, le=1)
+    """AdamW learning rate of the trainer."""
+
+    max_grad_norm: float = Field(default=0.1, gt=0)
+    """Gradient-norm clip (INTELLECT-2 found 0.05-0.1 kept long runs stable)."""
+
+    kl_coef: float = Field(default=0.0, ge=0)
+    """KL penalty weight against the starting policy (off, as in INTELLECT-2)."""
+
+    max_steps: int | None = Field(default=None, ge=1)
+    """Stop training after this many optimizer steps (the node keeps serving the last policy)."""
+
+    batches_per_version: int = Field(default=4, ge=1, le=1024)
+    """A worker submits at most this many batches per policy version, then waits for the next one."""
+
+    verify_fraction: float = Field(default=1.0, gt=0, le=1)
+    """Fraction of each batch's rollouts a validator runs the tensor checks on (the rest get the cheap
+    checks: signature, structure, reward recomputed from the task)."""
+
+    ban_after: int = Field(default=3, ge=1)
+    """Rejected batches after which a validator bans the worker for the rest of the run."""
+
+    full_every: int = Field(default=8, ge=1, le=64)
+    """The trainer publishes a full checkpoint every this many policy versions (deltas in between)."""
+
+    seed: int | None = None
+    """Seed for the worker's problem sampling (None: random)."""
 
 
 class MetricsConfig(_Section):
@@ -161,6 +228,9 @@ class NodeConfig(_Section):
 
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     """The local Prometheus and status endpoint."""
+
+    rl: RLConfig = Field(default_factory=RLConfig)
+    """The RL roles: task, GRPO settings, batching, verification and bans."""
 
 
 def _loc(loc: tuple[Any, ...]) -> str:

@@ -1,0 +1,128 @@
+"""RL gossip messages: a worker's notice of a rollout batch, and a validator's verdict on it.
+
+Flow (topics ``/intellect/<run_id>/rollouts/1`` and ``/intellect/<run_id>/verdicts/1``):
+
+1. A worker puts its :class:`~intellect_node.protocol.rollout.RolloutBatch` in the blob store and gossips
+   a :class:`RolloutNotice` naming the blob (``batch_cid``), signed with its key (:data:`NOTICE_DOMAIN`).
+   Every record inside must name the same worker: a notice cannot pass off someone else's rollouts.
+2. Validators fetch the blob, verify it and gossip a :class:`BatchVerdict` (:data:`VERDICT_DOMAIN`). Only
+   validators listed in the run configuration are trusted; the trainer ignores the rest.
+3. The trainer trains on a batch only once a trusted validator accepted it.
+
+A verdict covers the whole batch: one rejected rollout rejects the batch (the trainer then has no
+partial group to make sense of), and the first rejection's reason is carried for the worker's ledger.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from intellect_node.errors import ProtocolError
+from intellect_node.protocol import codec
+from intellect_node.protocol.ids import public_key_from_peer_id, validate_cid
+from intellect_node.protocol.signing import SigningKey, open_envelope
+from intellect_node.protocol.topics import validate_run_id
+
+NOTICE_DOMAIN = "intellect/rollout-notice/1"
+VERDICT_DOMAIN = "intellect/verdict/1"
+NOTICE_KIND = "rollouts"
+VERDICT_KIND = "verdicts"
+MAX_NOTICE_BYTES = 1024
+MAX_VERDICT_BYTES = 2048
+MAX_REASON_LEN = 64
+MAX_DETAIL_LEN = 400
+MAX_BATCH_ROLLOUTS = 1024  # same bound as protocol.rollout
+
+
+class RolloutNotice(codec.Message, frozen=True):
+    run_id: str
+    batch_cid: str
+    """Manifest CID of the blob holding the encoded RolloutBatch."""
+    policy_version: int
+    n_rollouts: int
+    batch_bytes: int
+    """Size of the encoded batch, so a receiver can refuse an oversize blob before fetching it."""
+
+
+class BatchVerdict(codec.Message, frozen=True):
+    run_id: str
+    batch_cid: str
+    worker: str
+    policy_version: int
+    accepted: bool
+    n_accepted: int
+    n_rejected: int
+    reason: str = ""
+    """Machine-readable reason of the first rejection (``Verifier`` reasons, or "stale", "groups")."""
+    detail: str = ""
+    ban: bool = False
+    """The validator banned ``worker`` with this verdict (its rejection count reached the run's limit)."""
+
+
+def _check_common(run_id: str, cid: str, version: int, n: int) -> None:
+    validate_run_id(run_id)
+    validate_cid(cid)
+    if not 0 <= version < 1 << 62:
+        raise ProtocolError(f"policy version {version} out of range")
+    if not 0 <= n <= MAX_BATCH_ROLLOUTS:
+        raise ProtocolError(f"rollout count {n} out of range")
+
+
+def check_notice(n: RolloutNotice) -> RolloutNotice:
+    _check_common(n.run_id, n.batch_cid, n.policy_version, n.n_rollouts)
+    if n.n_rollouts < 1:
+        raise ProtocolError("a notice names at least one rollout")
+    if not 0 < n.batch_bytes <= 64 << 20:
+        raise ProtocolError(f"batch of {n.batch_bytes} bytes out of range")
+    return n
+
+
+def check_verdict(v: BatchVerdict) -> BatchVerdict:
+    _check_common(v.run_id, v.batch_cid, v.policy_version, v.n_accepted + v.n_rejected)
+    if v.n_accepted < 0 or v.n_rejected < 0:
+        raise ProtocolError("negative counts")
+    if v.accepted != (v.n_rejected == 0 and v.n_accepted > 0):
+        raise ProtocolError("accepted must mean: no rollout rejected")
+    if len(v.reason) > MAX_REASON_LEN or len(v.detail) > MAX_DETAIL_LEN:
+        raise ProtocolError("reason or detail too long")
+    if v.accepted and (v.reason or v.ban):
+        raise ProtocolError("an accepting verdict carries no reason and no ban")
+    public_key_from_peer_id(v.worker)
+    return v
+
+
+def seal_notice(key: SigningKey, notice: RolloutNotice) -> bytes:
+    return key.seal(NOTICE_DOMAIN, check_notice(notice))
+
+
+def seal_verdict(key: SigningKey, verdict: BatchVerdict) -> bytes:
+    return key.seal(VERDICT_DOMAIN, check_verdict(verdict))
+
+
+def notice_validator(run_id: str) -> Callable[[bytes, str], tuple[RolloutNotice, str]]:
+    """Gossip validator: a notice of this run, signed by the peer that published it."""
+
+    def validate(data: bytes, origin: str) -> tuple[RolloutNotice, str]:
+        notice, signer = open_envelope(data, NOTICE_DOMAIN, RolloutNotice, max_size=MAX_NOTICE_BYTES)
+        if signer != origin:
+            raise ProtocolError("notice signed by another peer than its publisher")
+        if notice.run_id != run_id:
+            raise ProtocolError(f"notice for run {notice.run_id[:64]!r}")
+        return check_notice(notice), signer
+
+    return validate
+
+
+def verdict_validator(run_id: str, trusted: frozenset[str] | None) -> Callable[[bytes, str],
+                                                                                 tuple[BatchVerdict, str]]:
+    """Gossip validator: a verdict of this run signed by a trusted validator (any signer if ``None``)."""
+
+    def validate(data: bytes, origin: str) -> tuple[BatchVerdict, str]:
+        verdict, signer = open_envelope(data, VERDICT_DOMAIN, BatchVerdict, max_size=MAX_VERDICT_BYTES)
+        if trusted is not None and signer not in trusted:
+            raise ProtocolError(f"verdict signed by {signer}, not one of the run's validators")
+        if verdict.run_id != run_id:
+            raise ProtocolError(f"verdict for run {verdict.run_id[:64]!r}")
+        return check_verdict(verdict), signer
+
+    return validate
