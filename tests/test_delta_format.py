@@ -58,7 +58,7 @@ def test_special_values_and_every_encoding_kind_round_trip() -> None:
     delta = encode_delta(a, b)
     kinds = {t.name: t.kind for t in read_delta(delta, max_size=MAX).tensors}
     assert kinds["same"] == kinds["scalar"] == kinds["flags"] == kinds["empty"] == "same"
-    assert kinds["dense"] == "xor" and kinds["sparse"] == "sparse"
+    assert kinds["dense"] in ("xor", "add") and kinds["sparse"] == "sparse"
     assert kinds["reshaped"] == kinds["new"] == "raw" and "dropped" not in kinds
     out = apply_delta(a, delta, expected_hash=b.content_hash, max_size=MAX)
     assert bytes(out.to_bytes()) == bytes(b.to_bytes())
@@ -66,6 +66,24 @@ def test_special_values_and_every_encoding_kind_round_trip() -> None:
     # NaN payload and the sign of zero survive because the delta works on bits, not values.
     got = out.to_state_dict()["sparse"]
     assert torch.isnan(got[5]) and torch.signbit(got[1000]) and torch.isinf(got[4095])
+
+
+@pytest.mark.parametrize("dense", [("xor",), ("add",)])
+def test_each_dense_kind_is_bit_exact_across_signs_and_specials(dense: tuple[str, ...]) -> None:
+    g = torch.Generator().manual_seed(5)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int64):
+        if dtype.is_floating_point:
+            a = (torch.randn(3000, generator=g) * 1e-3).to(dtype)
+            b = a + (torch.randn(3000, generator=g) * 1e-3).to(dtype)  # many cross zero: sign flips
+            b[:4] = torch.tensor([float("nan"), float("-inf"), -0.0, 65000.0])
+        else:
+            a = torch.randint(-2**62, 2**62, (3000,), generator=g)
+            b = a + torch.randint(-3, 4, (3000,), generator=g)
+        base, target = Checkpoint.from_state_dict({"t": a}), Checkpoint.from_state_dict({"t": b})
+        delta = encode_delta(base, target, dense=dense)
+        assert read_delta(delta, max_size=MAX).tensors[0].kind == dense[0]
+        out = apply_delta(base, delta, expected_hash=target.content_hash, max_size=MAX)
+        assert bytes(out.to_bytes()) == bytes(target.to_bytes())
 
 
 def test_checkpoint_is_canonical_and_plain_safetensors() -> None:
@@ -155,7 +173,7 @@ def test_tampered_payload_is_caught_by_the_result_hash() -> None:
     base, target = _pair()
     delta = encode_delta(base, target)
     kinds = {t.name: t for t in read_delta(delta, max_size=MAX).tensors}
-    assert kinds["v"].kind == "sparse" and kinds["w"].kind == "xor"
+    assert kinds["v"].kind == "sparse" and kinds["w"].kind in ("xor", "add")
     # A well-formed payload that encodes another change: same sizes, other bits.
     other = Checkpoint.from_state_dict({"w": target.to_state_dict()["w"] * 1.0001,
                                         "v": target.to_state_dict()["v"]})
@@ -179,6 +197,7 @@ def test_hostile_deltas_refused_before_allocating() -> None:
     bomb = zstandard.ZstdCompressor().compress(b"\x00" * (1 << 22))  # 4 MiB of zeros in a few bytes
     cases = {
         "bomb": _tamper(delta, "w", data=bomb),
+        "bomb as add": _tamper(delta, "w", kind="add", data=bomb),
         "count": _tamper(delta, "v", count=10**9),
         "zero count": _tamper(delta, "v", count=0),
         "kind on missing base": _tamper(delta, "w", name="zz", kind="xor"),

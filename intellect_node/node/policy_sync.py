@@ -48,7 +48,7 @@ from intellect_node.protocol.blob import Manifest
 from intellect_node.protocol.policy import MAX_CHAIN, DeltaLink, PolicyAnnouncement, POLICY_DTYPES, \
     seal_announcement
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.trainer.delta import Checkpoint, apply_delta, encode_delta
+from intellect_node.trainer.delta import ZSTD_LEVEL, Checkpoint, apply_delta, encode_delta
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class PolicyPublisher:
     """The trainer's side. One per run; ``publish`` calls are serialised."""
 
     def __init__(self, root: str | os.PathLike[str], blobs: BlobService, key: SigningKey, run_id: str, *,
-                 full_every: int = DEFAULT_FULL_EVERY, zstd_level: int = 3) -> None:
+                 full_every: int = DEFAULT_FULL_EVERY, zstd_level: int = ZSTD_LEVEL) -> None:
         if not 1 <= full_every <= MAX_CHAIN:
             raise ConfigError(f"full_every must be in [1, {MAX_CHAIN}] (an announcement carries at most "
                               f"{MAX_CHAIN} delta links); got {full_every}", field="full_every")

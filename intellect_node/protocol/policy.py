@@ -73,7 +73,7 @@ class PolicyAnnouncement(codec.Message, frozen=True):
 class TensorDelta(codec.Message, frozen=True):
     """One tensor of a delta; ``trainer/delta.py`` says what each kind's ``data`` holds."""
     name: str
-    kind: Literal["same", "xor", "sparse", "raw"]
+    kind: Literal["same", "xor", "add", "sparse", "raw"]
     dtype: str
     shape: list[int]
     count: int = 0  # sparse: how many elements changed

@@ -1,0 +1,257 @@
+#!/usr/bin/env python
+"""Bytes on the wire per policy update, delta vs full checkpoint, and the time for 4 peers to hold a
+new version over loopback HTTP, delta vs full.
+
+    .venv/bin/python bench/delta.py [--model DIR] [--steps 4] [--layers 8] [--peers 4] [--skip-synthetic]
+
+1. The embedded model (``intellect_node/assets/model`` or ``--model``) trained by real GRPO steps
+   (``trainer.step.train_step``: sampled groups on the addition task, AdamW) at the swarm's learning
+   rate; the policy is published in fp32 and in bf16 (fp32 master weights cast down).
+2. A synthetic Llama-shaped model of >= 100M parameters (vocab 32000, hidden 768, ``--layers``) updated by
+   AdamW at lr 3e-7 (INTELLECT-2) and 3e-5 with random N(0, 1e-3) gradients (AdamW normalises them,
+   so each element moves by about the learning rate, as with real gradients), bf16 and fp32.
+3. A trainer and ``--peers`` followers in this process, each with its own blob store and HTTP server on
+   127.0.0.1, every follower holding version v-1: the time from the announcement of v until all hold
+   v (fetched, applied, hash-checked, persisted), once by delta and once by the full checkpoint.
+
+Every figure is printed beside the full-checkpoint baseline measured in the same run, as a ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+from intellect_node.trainer.delta import Checkpoint, apply_delta, delta_stats, encode_delta  # noqa: E402
+
+LIMIT = 1 << 40
+
+
+def measure(prev: Checkpoint, cur: Checkpoint) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    delta = encode_delta(prev, cur)
+    t1 = time.perf_counter()
+    out = apply_delta(prev, delta, expected_hash=cur.content_hash, max_size=LIMIT)
+    t2 = time.perf_counter()
+    assert bytes(out.to_bytes()) == bytes(cur.to_bytes())
+    changed = total = 0
+    for name in cur.tensors:
+        a, b = prev.bits(name), cur.bits(name)
+        changed += int((a != b).sum())
+        total += a.size
+    return {"full": cur.nbytes, "delta": len(delta), "encode_s": t1 - t0, "apply_s": t2 - t1,
+            "changed": changed / total, "kinds": delta_stats(delta, max_size=LIMIT)}
+
+
+def report(label: str, rows: list[dict[str, Any]]) -> None:
+    full = sum(r["full"] for r in rows) / len(rows)
+    delta = sum(r["delta"] for r in rows) / len(rows)
+    kinds: dict[str, int] = {}
+    for r in rows:
+        for k, v in r["kinds"].items():
+            kinds[k] = kinds.get(k, 0) + v
+    top = ", ".join(f"{k} {v / max(1, sum(kinds.values())):.0%}" for k, v in kinds.items() if v)
+    print(f"  {label:<28} full {full / 1e6:9.2f} MB  delta {delta / 1e6:9.3f} MB  ratio {delta / full:6.3f}"
+          f"  changed {sum(r['changed'] for r in rows) / len(rows):6.1%}  encode {max(r['encode_s'] for r in rows):6.2f} s"
+          f"  apply {max(r['apply_s'] for r in rows):6.2f} s  [{top}]", flush=True)
+
+
+# ------------------------------------------------------------------------------------ embedded model
+def grpo_updates(model_dir: str | None, steps: int, lr: float) -> list[dict[str, torch.Tensor]]:
+    from intellect_node.trainer.grpo import GRPOConfig
+    from intellect_node.trainer.model import CharTokenizer, load_hf_model, resolve_model_dir
+    from intellect_node.trainer.step import Sample, make_optimizer, train_step
+    from intellect_node.trainer.tasks import embedded_task
+
+    path = resolve_model_dir(model_dir)
+    model = load_hf_model(path, "float32")
+    tok = CharTokenizer(path / "tokenizer.json")
+    task, rng, gen = embedded_task(), random.Random(0), torch.Generator().manual_seed(0)
+    cfg = GRPOConfig()
+    opt = make_optimizer(model, lr)
+    states = [{k: v.detach().clone() for k, v in model.state_dict().items()}]
+    for step in range(steps):
+        problems = task.sample(rng, 8)
+        samples = []
+        with torch.no_grad():
+            model.eval()
+            for p in problems:
+                prompt = tok.prompt_ids(p.prompt)
+                ids = torch.tensor([prompt] * cfg.group_size)
+                lps: list[list[float]] = [[] for _ in range(cfg.group_size)]
+                for _ in range(len(p.answer) + 1):
+                    logp = torch.log_softmax(model(input_ids=ids).logits[:, -1, :].float(), -1)
+                    nxt = torch.multinomial(logp.exp(), 1, generator=gen)
+                    for i in range(cfg.group_size):
+                        lps[i].append(float(logp[i, nxt[i, 0]]))
+                    ids = torch.cat([ids, nxt], 1)
+                for i in range(cfg.group_size):
+                    comp = ids[i, len(prompt):].tolist()
+                    samples.append(Sample(tuple(prompt), tuple(comp), tuple(lps[i]),
+                                          p.reward(tok.decode(comp)), policy_version=step))
+        st = train_step(model, opt, samples, cfg, pad_id=tok.pad_id)
+        print(f"    GRPO step {step}: reward {st.reward_mean:.3f} loss {st.loss:+.4f} grad_norm {st.grad_norm:.3f}",
+              flush=True)
+        states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+    return states
+
+
+def embedded_section(args: argparse.Namespace) -> None:
+    print(f"\n== embedded model, {args.steps} GRPO steps at lr {args.lr:g} ==", flush=True)
+    try:
+        states = grpo_updates(args.model, args.steps, args.lr)
+    except Exception as exc:  # the bench reports what it could not run and carries on
+        print(f"  skipped: {exc}")
+        return
+    n = sum(v.numel() for v in states[0].values())
+    print(f"  {n / 1e6:.2f}M parameters")
+    for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        ck = [Checkpoint.from_state_dict({k: v.to(dtype) for k, v in s.items()}) for s in states]
+        report(f"embedded {name} lr {args.lr:g}", [measure(a, b) for a, b in zip(ck, ck[1:])])
+
+
+# ------------------------------------------------------------------------------------ synthetic model
+def synthetic_params(layers: int, hidden: int = 768, inter: int = 2048, vocab: int = 32000) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+
+    def w(*shape: int) -> torch.Tensor:
+        return torch.nn.Parameter(torch.randn(*shape, generator=g) * 0.02)
+
+    p: dict[str, torch.Tensor] = {"model.embed_tokens.weight": w(vocab, hidden), "lm_head.weight": w(vocab, hidden),
+                                  "model.norm.weight": torch.nn.Parameter(torch.ones(hidden))}
+    for i in range(layers):
+        pre = f"model.layers.{i}."
+        for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            p[pre + f"self_attn.{n}.weight"] = w(hidden, hidden)
+        p[pre + "mlp.gate_proj.weight"] = w(inter, hidden)
+        p[pre + "mlp.up_proj.weight"] = w(inter, hidden)
+        p[pre + "mlp.down_proj.weight"] = w(hidden, inter)
+        p[pre + "input_layernorm.weight"] = torch.nn.Parameter(torch.ones(hidden))
+        p[pre + "post_attention_layernorm.weight"] = torch.nn.Parameter(torch.ones(hidden))
+    return p
+
+
+def synthetic_section(args: argparse.Namespace) -> tuple[Checkpoint, Checkpoint] | None:
+    keep: tuple[Checkpoint, Checkpoint] | None = None
+    for lr in (3e-7, 3e-5):
+        params = synthetic_params(args.layers)
+        n = sum(v.numel() for v in params.values())
+        print(f"\n== synthetic {n / 1e6:.1f}M-parameter model, AdamW lr {lr:g}, {args.synthetic_steps} steps ==",
+              flush=True)
+        # foreach=False: one tensor at a time keeps the optimizer's temporaries small (memory is shared).
+        opt = torch.optim.AdamW(list(params.values()), lr=lr, weight_decay=0.01, foreach=False)
+        g = torch.Generator().manual_seed(1)
+        rows: dict[str, list[dict[str, Any]]] = {"fp32": [], "bf16": []}
+        prev: dict[str, Checkpoint] = {}
+        for step in range(args.synthetic_steps + 1):
+            if step:
+                for p in params.values():
+                    p.grad = torch.randn(p.shape, generator=g) * 1e-3
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+                with torch.no_grad():
+                    cur = Checkpoint.from_state_dict({k: v.detach().to(dtype) for k, v in params.items()})
+                if name in prev:
+                    rows[name].append(measure(prev[name], cur))
+                    if name == "bf16" and lr == 3e-5 and step == args.synthetic_steps:
+                        keep = (prev[name], cur)
+                prev[name] = cur
+                gc.collect()
+        for name in ("bf16", "fp32"):
+            report(f"synthetic {name} lr {lr:g}", rows[name])
+        del params, opt, prev, rows
+        gc.collect()
+    return keep
+
+
+# ------------------------------------------------------------------------------------ peers on loopback
+async def peers_section(pair: tuple[Checkpoint, Checkpoint], n_peers: int, label: str) -> None:
+    import msgspec
+
+    from intellect_node.node.policy_sync import PolicyFollower, PolicyPublisher
+    from intellect_node.protocol.policy import open_announcement, seal_announcement
+    from support_delta import BlobPeer, mesh
+
+    prev, cur = pair
+    print(f"\n== {n_peers} peers on 127.0.0.1 obtain the next version of {label} "
+          f"({cur.nbytes / 1e6:.1f} MB), each holding the previous one ==", flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-delta-"))
+    try:
+        results: dict[str, float] = {}
+        for mode in ("delta", "full"):
+            root = tmp / mode
+            peers = [await BlobPeer(root / f"blobs{i}").start() for i in range(n_peers + 1)]
+            mesh(peers)
+            trainer, followers = peers[0], peers[1:]
+            try:
+                pub = PolicyPublisher(root / "pub", trainer.blobs, trainer.key, "bench", full_every=64)
+                await pub.publish(0, prev)
+                ann, raw = await pub.publish(1, cur)
+                if mode == "full":  # what systems without deltas send: the whole checkpoint each time
+                    full_path = root / "full.safetensors"
+                    cur.save(full_path)
+                    cid, m = await trainer.blobs.put_file(full_path)
+                    ann = msgspec.structs.replace(ann, full_version=1, full_cid=cid, full_size=m.total_size,
+                                                  deltas=[])
+                    raw = seal_announcement(trainer.key, ann)
+                fols = []
+                for i, p in enumerate(followers):
+                    f = PolicyFollower(root / f"fol{i}", p.blobs, run_id="bench", trainer=trainer.key.peer_id,
+                                       max_checkpoint_bytes=LIMIT)
+                    f.version, f.checkpoint = 0, prev
+                    fols.append(f)
+                t0 = time.perf_counter()
+                got = await asyncio.gather(*(f.obtain(open_announcement(raw, run_id="bench",
+                                                                        trainer=trainer.key.peer_id))
+                                             for f in fols))
+                dt = time.perf_counter() - t0
+                assert all(g.checkpoint.content_hash == cur.content_hash for g in got)
+                assert all(g.path == mode for g in got), [g.path for g in got]
+                moved = sum(g.bytes_fetched for g in got)
+                results[mode] = dt
+                print(f"  {mode:<5}: all {n_peers} hold v1 after {dt:6.2f} s; {moved / 1e6:9.2f} MB fetched in all",
+                      flush=True)
+            finally:
+                for p in peers:
+                    await p.stop()
+        print(f"  delta/full time ratio {results['delta'] / results['full']:.3f}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="model folder (default: the embedded model)")
+    ap.add_argument("--steps", type=int, default=4, help="GRPO steps on the embedded model")
+    ap.add_argument("--lr", type=float, default=3e-5, help="learning rate of the embedded swarm's GRPO steps")
+    ap.add_argument("--layers", type=int, default=8, help="layers of the synthetic model (8: 106M params)")
+    ap.add_argument("--synthetic-steps", type=int, default=2)
+    ap.add_argument("--peers", type=int, default=4)
+    ap.add_argument("--skip-synthetic", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    embedded_section(args)
+    if args.skip_synthetic:
+        return
+    pair = synthetic_section(args)
+    if pair is not None:
+        asyncio.run(peers_section(pair, args.peers, "the synthetic bf16 model at lr 3e-5"))
+
+
+if __name__ == "__main__":
+    main()
