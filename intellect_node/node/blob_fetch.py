@@ -5,7 +5,7 @@ The fetcher
 - asks each provider which chunks it holds (``/have`` bitmap; partial holders serve what they have),
 - runs a few workers per provider that take the next missing chunk that provider holds, stream it
   through a :class:`~intellect_node.node.blobs.ChunkWriter` (hash while writing) and commit it
-  atomically, so a killed download resumes from the chunks on disk,
+  (rename into place once verified), so a killed download resumes from the chunks on disk,
 - sends a chunk that failed elsewhere: a transport failure (reset, timeout, 404) only skips that provider
   for that chunk, and a provider that fails several times in a row is dropped; bytes that do not match
   the CID drop the provider for the whole fetch and are reported through ``penalise`` (the peerbook),
@@ -345,8 +345,7 @@ class _Download:
         writer = self.store.open_chunk_writer(chunk, n)
         try:
             await peer.source.read_chunk(peer.provider, chunk, n, writer.write)
-            writer.check()
-            await asyncio.to_thread(writer.persist)
+            writer.commit()
         except (IntegrityError, ProtocolError) as exc:
             writer.abort()
             self.f._bad(peer, f"chunk {i}: {exc}", self.stats)
@@ -358,7 +357,6 @@ class _Download:
         except BaseException:
             writer.abort()
             raise
-        self.store.mark_chunk(chunk)
         self.last_progress = time.monotonic()
         peer.consecutive_failures = 0
         self.stats.chunks_fetched += 1

@@ -24,7 +24,6 @@ import logging
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
-import aiohttp
 from aiohttp import web
 
 from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError
@@ -67,7 +66,7 @@ class BlobService:
         self._is_banned = is_banned
         self._board = board
         self._extra_sources = list(extra_sources)
-        self._session: aiohttp.ClientSession | None = None
+        self._http: HttpChunkSource | None = None
         self._fetcher: Fetcher | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._provided: set[str] = set()
@@ -85,11 +84,8 @@ class BlobService:
 
     async def start(self, *, announce: bool = True) -> None:
         """Open the HTTP client and (re-)announce every blob held, complete or partial."""
-        # No connection cap per host beyond the fetcher's own bound; large reads for throughput.
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=64, limit_per_host=8),
-            auto_decompress=False, read_bufsize=1 << 20)
-        sources: list[ChunkSource] = [*self._extra_sources, HttpChunkSource(self._session)]
+        self._http = HttpChunkSource()
+        sources: list[ChunkSource] = [*self._extra_sources, self._http]
         self._fetcher = Fetcher(self.store, sources, self._find, self_peer_id=self.key.peer_id,
                                 penalise=self._penalise, is_banned=self._is_banned)
         if announce:
@@ -101,9 +97,10 @@ class BlobService:
             t.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+        await asyncio.to_thread(self.store.close)
 
     def _announce(self, cid: str) -> None:
         """Provide ``cid`` in the DHT in the background (about half a second per record)."""
@@ -120,7 +117,10 @@ class BlobService:
                 self._provided.discard(cid)
                 log.warning("could not announce blob %s: %s", cid, exc)
 
-        t = asyncio.get_running_loop().create_task(run())
+        self._background(run())
+
+    def _background(self, coro: Awaitable[None]) -> None:
+        t = asyncio.ensure_future(coro)
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
@@ -163,9 +163,9 @@ class BlobService:
         def manifest_seen(m: Manifest) -> None:
             nonlocal name
             name = m.name
-            self._announce(cid)  # partial holders serve what they have: swarm from the first chunk
             if on_manifest is not None:
-                on_manifest(m)
+                on_manifest(m)  # may refuse the blob (raises): then it is not announced
+            self._announce(cid)  # partial holders serve what they have: swarm from the first chunk
 
         def progress(p: Progress) -> None:
             if self._board is not None:
@@ -173,7 +173,10 @@ class BlobService:
             if on_progress is not None:
                 on_progress(p)
 
-        stats = await fetcher.fetch(cid, on_progress=progress, on_manifest=manifest_seen)
+        try:
+            stats = await fetcher.fetch(cid, on_progress=progress, on_manifest=manifest_seen)
+        finally:
+            self._background(asyncio.to_thread(self.store.flush))  # batch fsync, off the transfer path
         if self._board is not None:
             self._board.shard_done(cid, new_bytes=0)
         if out is not None:
