@@ -560,8 +560,12 @@ def plot(summary: dict[str, Any], path: Path) -> None:
             for c in sub:  # every seed, slightly transparent; zero counts cannot go on a log axis
                 pts = [x for x in c["counts"] if x > 0]
                 ax.scatter([c["m"]] * len(pts), pts, s=10, alpha=0.3, color="tab:blue")
-            ax.errorbar(ms, [c["mean"] for c in sub], yerr=[c["std"] for c in sub], fmt="o-", capsize=3,
-                        color="tab:blue", label=f"measured mean ± std (n={n})")
+            pos = [c for c in sub if c["mean"] > 0]  # a log axis cannot show 0; the table does
+            if pos:
+                # Lower bars stop short of 0 for the same reason.
+                lower = [min(c["std"], 0.9 * c["mean"]) for c in pos]
+                ax.errorbar([c["m"] for c in pos], [c["mean"] for c in pos], yerr=[lower, [c["std"] for c in pos]],
+                            fmt="o-", capsize=3, color="tab:blue", label=f"measured mean ± std (n={n})")
             ax.plot(ms, [theory(n, m) for m in ms], "k--", label="theory n²/(4m)")
         ax.set_xscale("log")
         ax.set_yscale("log")

@@ -1,0 +1,259 @@
+"""``intellect-node sweep``: research sweeps farmed out to the swarm, spot-checked by re-execution.
+
+``sweep polysemanticity --grid smoke --workers K --out DIR`` starts a coordinator node in this process and
+K worker nodes as child processes on 127.0.0.1, runs the grid, and writes ``DIR/results.jsonl``,
+``DIR/summary.json`` and ``DIR/plot.png``. ``--join MULTIADDR`` starts no workers: the coordinator joins a
+running swarm and waits for its sweep workers (``intellect-node sweep worker --bootstrap ...``).
+``--resume`` continues from ``DIR/journal.jsonl`` after an interruption.
+
+``INTELLECT_NODE_SWEEP_FORGERS=0,2`` (test-only) starts local workers 0 and 2 as forgers: they return
+invented results without training, so the tests can watch the spot checks catch and ban them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from intellect_node.commands.common import DataDirOption, data_dir
+from intellect_node.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+FORGERS_ENV = "INTELLECT_NODE_SWEEP_FORGERS"
+LOCAL_HEARTBEAT_S = 1.0
+LOCAL_PEER_TIMEOUT_S = 6.0
+LOCAL_CHECK_GRACE_S = 10.0
+"""Local workers claim every few seconds, so ten quiet seconds mean no other peer can take a check."""
+JOIN_CHECK_GRACE_S = 120.0
+WORKER_STOP_S = 15.0
+MAX_LOCAL_WORKERS = 64
+
+
+def _forgers() -> set[int]:
+    raw = os.environ.get(FORGERS_ENV, "").strip()
+    try:
+        return {int(x) for x in raw.split(",") if x.strip()}
+    except ValueError as exc:
+        raise ConfigError(f"{FORGERS_ENV}={raw!r}: expected worker indices like 0,2", field=FORGERS_ENV) from exc
+
+
+def _spawn_worker(i: int, root: Path, *, bootstrap: str, run_id: str, coordinator: str,
+                  forge: bool) -> subprocess.Popen[bytes]:
+    wdir = root / "workers" / f"w{i}"
+    wdir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop(FORGERS_ENV, None)
+    env["INTELLECT_NODE_SWEEP_FORGE"] = "1" if forge else "0"
+    cmd = [sys.executable, "-m", "intellect_node.cli", "sweep", "worker", "--data-dir", str(wdir),
+           "--bootstrap", bootstrap, "--run-id", run_id, "--coordinator", coordinator,
+           "--heartbeat-interval", str(LOCAL_HEARTBEAT_S), "--peer-timeout", str(LOCAL_PEER_TIMEOUT_S),
+           "--log-file", str(wdir / "worker.log")]
+    return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=open(wdir / "stderr.log", "ab"))
+
+
+def _stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each child we started (by PID), then SIGKILL what is still there after the grace period."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + WORKER_STOP_S
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
+def _open_sweep(out: Path, *, grid_name: str, resume: bool, check_fraction: float, check_grace: float,
+                max_votes: int) -> tuple[Any, Any, str, str]:
+    """The coordinator state and journal: new (``--grid``) or replayed from ``out/journal.jsonl``."""
+    from intellect_node.research import sweep as research
+
+    journal = research.Journal(out / "journal.jsonl")
+    if resume:
+        header, events = journal.load()
+        coord = research.Coordinator.restore(header, events)
+        # The previous coordinator is gone, and with it its local workers: put their grants back now
+        # (a late result from a still-running remote worker is accepted all the same).
+        now = time.time()
+        for peer in {p for j in coord.jobs.values() for p in j.inflight}:
+            coord.peer_gone(peer, now)
+        journal.append(coord.drain())
+        return coord, journal, header["sweep_id"], header["grid"]
+    jobs = research.grid(grid_name)
+    coord = research.Coordinator(jobs, salt=secrets.token_bytes(16), check_fraction=check_fraction,
+                                 max_votes=max_votes, check_grace_s=check_grace, started=time.time())
+    sweep_id = f"{grid_name}-{secrets.token_hex(4)}"
+    journal.create({**coord.header(), "sweep_id": sweep_id, "grid": grid_name, "created": time.time()})
+    return coord, journal, sweep_id, grid_name
+
+
+async def _run_sweep(out: Path, coord: Any, journal: Any, *, sweep_id: str, grid_name: str, workers: int,
+                     join: list[str], listen: list[str], run_id: str) -> tuple[dict[str, Any] | None, str]:
+    from intellect_node.commands.join import build_node_config
+    from intellect_node.node.runtime import NodeRuntime
+    from intellect_node.node.sweep_node import SweepCoordinatorService
+
+    local = not join
+    cfg = build_node_config(listen=listen, bootstrap=join, run_id=run_id, trainer_peer_id=None, http_host=None,
+                            http_port=0, http_public_url=None, control_port=0,
+                            heartbeat_interval=LOCAL_HEARTBEAT_S if local else None,
+                            peer_timeout=LOCAL_PEER_TIMEOUT_S if local else None)
+    runtime = NodeRuntime(cfg, out / "coordinator", roles=["sweep-coordinator"])
+    services: list[SweepCoordinatorService] = []
+
+    def factory(rt: Any) -> SweepCoordinatorService:
+        svc = SweepCoordinatorService(rt.swarm, coord, journal, sweep_id=sweep_id, out=out,
+                                      meta={"grid": grid_name, "workers": workers if local else None},
+                                      min_workers=workers if local else 0)
+        services.append(svc)
+        return svc
+
+    runtime.add_service(factory)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, runtime.request_stop)
+    procs: list[subprocess.Popen[bytes]] = []
+    outcome = "interrupted"
+    try:
+        await runtime.start()
+        svc = services[0]
+        if local:
+            addr = runtime.swarm.listen_addrs()[0]
+            forgers = _forgers()
+            procs = [_spawn_worker(i, out, bootstrap=addr, run_id=run_id, coordinator=runtime.swarm.peer_id,
+                                   forge=i in forgers) for i in range(workers)]
+            log.info("started %d local workers (pids %s)", workers, ", ".join(str(p.pid) for p in procs))
+        stop = asyncio.ensure_future(runtime.wait_stopped())
+        while not svc.done.is_set() and not stop.done():
+            if procs and all(p.poll() is not None for p in procs):
+                outcome = "workers exited"
+                break
+            await asyncio.wait([stop, asyncio.ensure_future(svc.done.wait())], timeout=0.5,
+                               return_when=asyncio.FIRST_COMPLETED)
+        if svc.done.is_set():
+            outcome = "finished"
+        stop.cancel()
+        return svc.summary, outcome
+    finally:
+        # The coordinator first: workers then lose one peer, instead of it re-dialling each dead worker.
+        await runtime.stop()
+        await asyncio.to_thread(_stop_workers, procs)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def register(app: typer.Typer) -> None:
+    sweep = typer.Typer(help="Research sweeps: many small training runs farmed out to peers, spot-checked "
+                             "by re-execution, aggregated into a result.", no_args_is_help=True)
+
+    @sweep.command("polysemanticity")
+    def polysemanticity(
+        grid: str = typer.Option("smoke", "--grid",
+                                 help="smoke (n=64, 40 runs, minutes), paper (n=256, 256 runs, hours), noise "
+                                      "(noise variant, 35 runs), tiny (a few seconds; tests)."),
+        workers: int = typer.Option(2, "--workers", "-k", help="Local worker processes to start (1 or more)."),
+        out: Path = typer.Option(..., "--out", "-o", help="Output directory: results.jsonl, summary.json, "
+                                                          "plot.png, journal.jsonl, node data."),
+        join: list[str] = typer.Option([], "--join", help="Submit to a running swarm through this peer "
+                                                          "(multiaddr ending /p2p/<id>, repeatable) instead of "
+                                                          "starting local workers."),
+        resume: bool = typer.Option(False, "--resume", help="Continue the sweep journalled in --out."),
+        check_fraction: float = typer.Option(0.05, "--check-fraction", min=0.0, max=1.0,
+                                             help="Share of jobs re-executed by a second peer."),
+        check_grace: Optional[float] = typer.Option(None, "--check-grace", min=0.0,
+                                                    help="Seconds a check may wait for an eligible peer before "
+                                                         "it is waived (default 10 local, 120 with --join)."),
+        run_id: str = typer.Option("sweep", "--run-id", help="Run (gossip topic namespace) of the sweep."),
+        listen: list[str] = typer.Option([], "--listen", help="Coordinator's libp2p listen multiaddr."),
+        max_votes: int = typer.Option(4, "--max-votes", hidden=True),
+        log_level: str = typer.Option("WARNING", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+    ) -> None:
+        """Reproduce "incidental polysemanticity" (arXiv 2312.03096) on a swarm of workers."""
+        from intellect_node.logsetup import setup_logging
+
+        if not join and not 1 <= workers <= MAX_LOCAL_WORKERS:
+            raise ConfigError(f"--workers {workers}: use 1 to {MAX_LOCAL_WORKERS} local workers", field="workers")
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--out {out} is a file; give a directory", field="out")
+        out.mkdir(parents=True, exist_ok=True)
+        setup_logging(level=log_level, json_lines=False, file=None)
+        grace = check_grace if check_grace is not None else (JOIN_CHECK_GRACE_S if join else LOCAL_CHECK_GRACE_S)
+        coord, journal, sweep_id, grid_name = _open_sweep(out, grid_name=grid, resume=resume,
+                                                          check_fraction=check_fraction, check_grace=grace,
+                                                          max_votes=max_votes)
+        if resume:
+            coord.check_grace_s = grace
+        t0 = time.monotonic()
+        from intellect_node.research import sweep as research
+
+        if coord.finished():
+            summary, outcome = research.write_outputs(out, coord, meta={"grid": grid_name, "sweep_id": sweep_id}), \
+                "finished"
+        else:
+            summary, outcome = asyncio.run(_run_sweep(out, coord, journal, sweep_id=sweep_id, grid_name=grid_name,
+                                                      workers=workers, join=join, listen=listen, run_id=run_id))
+        journal.close()
+        c = coord.counts()
+        typer.echo(f"sweep {sweep_id}: {outcome} in {time.monotonic() - t0:.1f}s; {c['done']}/{c['jobs']} jobs "
+                   f"done, {c['unresolved']} unresolved, {c['checks']} spot checks ({c['waived']} waived), "
+                   f"{c['banned']} peers banned")
+        for peer, reason in coord.banned.items():
+            typer.echo(f"  banned {peer}: {reason}")
+        if summary is None:
+            typer.echo(f"not finished; continue with: intellect-node sweep polysemanticity --out {out} --resume",
+                       err=True)
+            raise typer.Exit(1 if outcome == "workers exited" else 130)
+        typer.echo(research.table(summary))
+        typer.echo(f"wrote {out / 'results.jsonl'}, {out / 'summary.json'}, {out / 'plot.png'}")
+
+    @sweep.command("worker")
+    def worker(
+        data_dir_opt: Optional[Path] = DataDirOption,
+        bootstrap: list[str] = typer.Option([], "--bootstrap", "-b", help="Peer to dial at start (repeatable)."),
+        coordinator: list[str] = typer.Option([], "--coordinator", help="Only work for this coordinator's "
+                                                                        "sweeps (peer ID, repeatable)."),
+        run_id: Optional[str] = typer.Option(None, "--run-id", help="Run to take part in (default: default)."),
+        listen: list[str] = typer.Option([], "--listen", "-l", help="libp2p listen multiaddr (repeatable)."),
+        heartbeat_interval: Optional[float] = typer.Option(None, "--heartbeat-interval"),
+        peer_timeout: Optional[float] = typer.Option(None, "--peer-timeout"),
+        log_level: str = typer.Option("INFO", "--log-level"),
+        log_file: Optional[Path] = typer.Option(None, "--log-file"),
+    ) -> None:
+        """Join the swarm as a sweep worker: claim jobs, train on one thread, return signed results."""
+        from intellect_node.commands.join import build_node_config
+        from intellect_node.logsetup import setup_logging
+        from intellect_node.protocol.ids import public_key_from_peer_id
+        from intellect_node.errors import ProtocolError
+
+        d = data_dir(data_dir_opt)
+        for c in coordinator:
+            try:
+                public_key_from_peer_id(c)
+            except ProtocolError as exc:
+                raise ConfigError(f"--coordinator {c!r} is not a peer ID (12D3KooW...)", field="coordinator") from exc
+        cfg = build_node_config(listen=listen, bootstrap=bootstrap, run_id=run_id, trainer_peer_id=None,
+                                http_host=None, http_port=0, http_public_url=None, control_port=0,
+                                heartbeat_interval=heartbeat_interval, peer_timeout=peer_timeout)
+        setup_logging(level=log_level, json_lines=True, file=log_file)
+        from intellect_node.node.runtime import NodeRuntime, run_node
+        from intellect_node.node.sweep_node import SweepWorker
+
+        runtime = NodeRuntime(cfg, d, roles=["sweep-worker"])
+        runtime.add_service(lambda rt: SweepWorker(rt.swarm, coordinators=set(coordinator)))
+        raise typer.Exit(run_node(runtime))
+
+    app.add_typer(sweep, name="sweep")
