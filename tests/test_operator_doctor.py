@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from dataclasses import asdict
 from pathlib import Path
 
 from conftest import run_cli
@@ -18,24 +19,29 @@ def _by_name(checks: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
-def test_offline_json_on_a_fresh_data_dir(data_dir: Path) -> None:
-    r = run_cli("doctor", "--data-dir", str(data_dir), "--offline", "--json")
-    checks = _by_name(json.loads(r.stdout))
+def test_offline_checks_on_a_fresh_data_dir(data_dir: Path) -> None:
+    checks = _by_name([asdict(c) for c in doctor.run_checks(data_dir, config_file=None, bootstrap=[],
+                                                             network=False)])
+    assert checks["config"][0]["status"] == "ok"
     assert checks["data dir"][0]["status"] == "ok" and checks["disk space"][0]["status"] in ("ok", "warn")
     assert checks["node key"][0]["status"] == "warn" and "keys init" in checks["node key"][0]["fix"]
     assert checks["node"][0]["status"] == "skip"
     assert checks["listen"][0]["status"] == "warn" and "0.0.0.0" in checks["listen"][0]["fix"]
     assert checks["torch"][0]["status"] == "ok" and "bootstrap" not in checks
-    failed = [c for cs in checks.values() for c in cs if c["status"] == "fail"]
-    assert r.returncode == (1 if failed else 0), r.stderr
+    bad = data_dir / "bad.toml"
+    bad.write_text("[network]\nhttp_port = -1\n")
+    cfg = doctor.run_checks(data_dir, config_file=bad, bootstrap=[], network=False)[0]
+    assert cfg.status == doctor.FAIL and "network.http_port" in cfg.detail
 
 
-def test_key_readable_by_others_fails_with_chmod_fix(data_dir: Path) -> None:
+def test_cli_text_and_json_and_exit_code(data_dir: Path) -> None:
+    """Through the real entry point: a key readable by others fails with the chmod fix, exit 1."""
     assert run_cli("keys", "init", "--data-dir", str(data_dir)).returncode == 0
     os.chmod(data_dir / "node.key", 0o644)
-    r = run_cli("doctor", "--data-dir", str(data_dir), "--offline")
-    assert r.returncode == 1
-    assert "chmod 600" in r.stdout and "✗" in r.stdout
+    r = run_cli("doctor", "--data-dir", str(data_dir), "--offline", "--json")
+    assert r.returncode == 1, r.stderr
+    key = _by_name(json.loads(r.stdout))["node key"][0]
+    assert key["status"] == "fail" and "chmod 600" in key["fix"]
 
 
 def test_listen_port_in_use_is_reported(tmp_path: Path) -> None:

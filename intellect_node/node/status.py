@@ -335,6 +335,7 @@ class StatusBoard:
 
     def set_reachability(self, status: str, *, public_addrs: Iterable[str] = (), relay: str = "",
                          detail: str = "") -> None:
+        status = str(getattr(status, "value", status)).lower()  # AutoNAT's enum says "PUBLIC"
         if status not in ("unknown", "public", "private", "relayed"):
             raise ValueError(f"reachability status {status!r}")
         reach = Reachability(status=status, public_addrs=tuple(public_addrs), relay=relay, detail=detail)
