@@ -21,6 +21,7 @@ FLAG_OF_FIELD = {
     "network.control_port": "--control-port", "network.heartbeat_interval": "--heartbeat-interval",
     "network.peer_timeout": "--peer-timeout", "network": "--peer-timeout/--heartbeat-interval",
     "run.run_id": "--run-id", "run.trainer_peer_id": "--trainer-peer-id",
+    "run.validator_peer_ids": "--validator-peer-id",
 }
 
 
@@ -42,7 +43,7 @@ def build_node_config(*, listen: list[str], bootstrap: list[str], run_id: str | 
                       trainer_peer_id: str | None, http_host: str | None, http_port: int | None,
                       http_public_url: str | None, control_port: int | None, heartbeat_interval: float | None,
                       peer_timeout: float | None, config_file: Path | None = None,
-                      data_dir: Path | None = None) -> Any:
+                      data_dir: Path | None = None, validator_peer_ids: list[str] | None = None) -> Any:
     """The config: ``--config`` file < ``INTELLECT_NODE_*`` environment < the flags actually given.
     A mistake raises ConfigError naming the field and where it was set (the flag, variable or file)."""
     from intellect_node.node.config import load_config
@@ -53,7 +54,8 @@ def build_node_config(*, listen: list[str], bootstrap: list[str], run_id: str | 
     network: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     if peer_timeout is None and heartbeat_interval is not None:
         network["peer_timeout"] = max(20.0, 4 * heartbeat_interval)
-    run = {k: v for k, v in {"run_id": run_id, "trainer_peer_id": trainer_peer_id}.items() if v is not None}
+    run = {k: v for k, v in {"run_id": run_id, "trainer_peer_id": trainer_peer_id,
+                             "validator_peer_ids": validator_peer_ids or None}.items() if v is not None}
     flags = {k: v for k, v in {"network": network, "run": run}.items() if v}
     return load_config(config_file, flags=flags, data_dir=data_dir, flag_names=FLAG_OF_FIELD)
 
@@ -93,6 +95,12 @@ def register(app: typer.Typer) -> None:
         run_id: Optional[str] = typer.Option(None, "--run-id", help="Run to take part in (default: default)."),
         trainer_peer_id: Optional[str] = typer.Option(None, "--trainer-peer-id",
                                                       help="Peer ID of the run's trainer."),
+        role: list[str] = typer.Option(
+            [], "--role", help="RL role to run: worker, validator or trainer (repeatable). Settings in the "
+                               "[rl] config section or INTELLECT_NODE_RL__<FIELD>; see docs/training.md."),
+        validator_peer_id: list[str] = typer.Option(
+            [], "--validator-peer-id", help="Peer ID of a validator whose verdicts the trainer trusts "
+                                            "(repeatable)."),
         http_host: Optional[str] = typer.Option(None, "--http-host",
                                                 help="Bind address of the bulk HTTP server."),
         http_port: Optional[int] = typer.Option(None, "--http-port",
@@ -127,15 +135,20 @@ def register(app: typer.Typer) -> None:
                                 trainer_peer_id=trainer_peer_id, http_host=http_host, http_port=http_port,
                                 http_public_url=http_public_url, control_port=control_port,
                                 heartbeat_interval=heartbeat_interval, peer_timeout=peer_timeout,
-                                config_file=config_file, data_dir=d)
+                                config_file=config_file, data_dir=d, validator_peer_ids=validator_peer_id)
         show_dashboard = not headless and sys.stdout.isatty()
         if show_dashboard and log_file is None:
             log_file = d / "node.log"  # the dashboard owns the screen; WARNINGs also appear on it
         setup_logging(level=log_level, json_lines=headless or not show_dashboard, file=log_file)
         from intellect_node.node.runtime import NodeRuntime, run_node
 
-        runtime = NodeRuntime(cfg, d)
+        from intellect_node.node.roles import role_factory
+
+        factories = [role_factory(r) for r in dict.fromkeys(role)]  # a wrong --role fails before start
+        runtime = NodeRuntime(cfg, d, roles=list(dict.fromkeys(role)))
         services(runtime)
+        for factory in factories:
+            runtime.add_service(factory)
         if show_dashboard:
             import logging
 

@@ -111,17 +111,20 @@ def batch_advantages(samples: Sequence[Sample], cfg: GRPOConfig) -> torch.Tensor
 
 def accumulate_gradients(model: Any, samples: Sequence[Sample], advantages: torch.Tensor, cfg: GRPOConfig,
                          *, micro_batch: int = 64, pad_id: int = 0, ref_model: Any | None = None,
-                         loss_scale: float = 1.0) -> list[LossParts]:
+                         loss_scale: float = 1.0, temperature: float = 1.0) -> list[LossParts]:
     """Forward/backward ``samples`` in micro-batches, adding into ``.grad``; returns per-micro-batch parts.
 
     ``loss_scale`` multiplies each backward (DDP averages gradients over ranks; the caller passes the
-    world size so the average becomes the sum the objective is defined as).
+    world size so the average becomes the sum the objective is defined as). ``temperature`` is the one
+    the samples were drawn at: pi_theta must be the same tempered distribution as pi_old.
     """
     parts: list[LossParts] = []
     for start in range(0, len(samples), micro_batch):
         chunk = samples[start:start + micro_batch]
         tb = collate(chunk, advantages[start:start + micro_batch], pad_id)
         logits = _forward_logits(model, tb)
+        if temperature != 1.0:
+            logits = logits / temperature
         targets = shifted_targets(tb.input_ids)
         logp = token_logprobs(logits, targets)
         ref_lp = None
@@ -129,7 +132,7 @@ def accumulate_gradients(model: Any, samples: Sequence[Sample], advantages: torc
             if ref_model is None:
                 raise ValueError("kl_coef > 0 needs a reference model")
             with torch.no_grad():
-                ref_lp = token_logprobs(_forward_logits(ref_model, tb), targets)
+                ref_lp = token_logprobs(_forward_logits(ref_model, tb) / temperature, targets)
         ent = token_entropy(logits) if cfg.entropy_coef > 0.0 else None
         p = grpo_loss(logp, tb.old_logprobs, tb.advantages, tb.loss_mask, cfg, ref_logprobs=ref_lp, entropy=ent)
         (p.loss * loss_scale).backward()
@@ -152,7 +155,8 @@ def summarize(parts: Sequence[LossParts], samples: Sequence[Sample], grad_norm: 
 
 
 def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[Sample], cfg: GRPOConfig,
-               *, micro_batch: int = 64, pad_id: int = 0, ref_model: Any | None = None) -> StepStats:
+               *, micro_batch: int = 64, pad_id: int = 0, ref_model: Any | None = None,
+               temperature: float = 1.0) -> StepStats:
     """One GRPO optimizer step on ``samples`` (whole groups, consecutive). Returns the step's statistics."""
     if len(samples) % cfg.group_size:
         raise ValueError(f"{len(samples)} samples are not whole groups of {cfg.group_size}")
@@ -160,7 +164,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[S
     optimizer.zero_grad(set_to_none=True)
     adv = batch_advantages(samples, cfg)
     parts = accumulate_gradients(model, samples, adv, cfg, micro_batch=micro_batch, pad_id=pad_id,
-                                 ref_model=ref_model)
+                                 ref_model=ref_model, temperature=temperature)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,22 @@
+"""The RL roles a node can run: ``trainer``, ``worker``, ``validator`` (``--role`` of ``intellect-node join``)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+ROLES = ("trainer", "worker", "validator")
+
+
+def role_factory(role: str) -> Callable[[Any], Any]:
+    """The service factory of ``role`` (imported lazily: torch is heavy)."""
+    if role == "trainer":
+        from intellect_node.node.roles.trainer import Trainer
+        return Trainer.for_runtime
+    if role == "worker":
+        from intellect_node.node.roles.worker import Worker
+        return Worker.for_runtime
+    if role == "validator":
+        from intellect_node.node.roles.validator import Validator
+        return Validator.for_runtime
+    from intellect_node.errors import ConfigError
+    raise ConfigError(f"--role {role!r} is not one of {', '.join(ROLES)}", field="role")

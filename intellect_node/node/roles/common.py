@@ -1,0 +1,128 @@
+"""What the trainer, worker and validator roles share: the run's task, engines built from policy
+checkpoints, reading blobs, and turning verified rollout records into training samples.
+
+Each role is a node service (``start``/``close``/``status``, see ``node/runtime.py``). Its loop runs as
+an asyncio task; every torch call goes to a worker thread (``asyncio.to_thread``) so the event loop
+keeps serving HTTP and gossip while a model runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from intellect_node.errors import ConfigError, IntegrityError, TransportError
+from intellect_node.node.blob_service import BlobService
+from intellect_node.node.config import NodeConfig
+from intellect_node.protocol.rollout import RolloutRecord
+from intellect_node.trainer.delta import Checkpoint
+from intellect_node.trainer.model import LoadedModel, load_model, resolve_model_dir, torch_dtype
+from intellect_node.trainer.step import Sample
+from intellect_node.trainer.tasks import Problem, Task, get_task
+
+log = logging.getLogger(__name__)
+
+MAX_POLICY_BYTES = 4 << 30
+"""Largest policy checkpoint a worker or validator accepts (the announced size is checked first)."""
+
+
+def run_task(cfg: NodeConfig) -> Task:
+    """The run's task: the JSONL file when configured (registered under its stem), else ``rl.task``."""
+    if cfg.rl.tasks_file:
+        from intellect_node.trainer.jsonl_tasks import load_jsonl_tasks
+
+        task = load_jsonl_tasks(cfg.rl.tasks_file)
+        if cfg.rl.task not in ("add3", task.task_id):
+            raise ConfigError(f"rl.task {cfg.rl.task!r} differs from the task file's ID {task.task_id!r}; "
+                              "drop rl.task or rename the file", field="rl.task")
+        return task
+    return get_task(cfg.rl.task)
+
+
+def model_dir(cfg: NodeConfig) -> Path:
+    return resolve_model_dir(cfg.run.model or None)
+
+
+def blob_service(runtime: Any) -> BlobService:
+    for svc in runtime.services:
+        if isinstance(svc, BlobService):
+            return svc
+    raise ConfigError("the RL roles need the blob service; add it before the role", field="services")
+
+
+def ledger_of(runtime: Any) -> Any:
+    """The node's ledger, or None when it runs without one (in-process tests)."""
+    from intellect_node.node.ledger import LedgerService
+
+    for svc in runtime.services:
+        if isinstance(svc, LedgerService):
+            return svc.ledger
+    return None
+
+
+def loaded_from_checkpoint(base: LoadedModel, ckpt: Checkpoint) -> LoadedModel:
+    """``base`` (config, tokenizer) with the weights of ``ckpt`` in the run's dtype."""
+    dt = torch_dtype(base.dtype)
+    state = {k: v.to(dtype=dt) if v.is_floating_point() else v for k, v in ckpt.to_state_dict().items()}
+    missing = set(base.state) - set(state)
+    if missing:
+        raise IntegrityError(f"policy checkpoint lacks {sorted(missing)[:3]}")
+    return replace(base, state=state)
+
+
+def base_model(cfg: NodeConfig) -> LoadedModel:
+    return load_model(cfg.run.model or None, dtype=cfg.run.dtype)
+
+
+def read_blob(blobs: BlobService, cid: str) -> bytes:
+    """The content of a complete blob in the local store (call after ``blobs.fetch``)."""
+    store = blobs.store
+    m = store.manifest(cid)
+    if m is None or store.missing(cid):
+        raise TransportError(f"blob {cid} is not complete")
+    buf = bytearray()
+    for c in m.chunks:
+        buf += store.chunk_path(c).read_bytes()
+    if len(buf) != m.total_size:
+        raise IntegrityError(f"blob {cid}: chunks hold {len(buf)} of {m.total_size} bytes")
+    return bytes(buf)
+
+
+async def fetch_blob(blobs: BlobService, cid: str, *, size: int, timeout: float) -> bytes:
+    """Fetch blob ``cid`` announced as ``size`` bytes, refusing any other size before chunks move."""
+    from intellect_node.protocol.blob import Manifest
+
+    def check(m: Manifest) -> None:
+        if m.total_size != size:
+            raise IntegrityError(f"blob {cid} holds {m.total_size} bytes, announced {size}")
+
+    await asyncio.wait_for(blobs.fetch(cid, on_manifest=check), timeout)
+    return await asyncio.to_thread(read_blob, blobs, cid)
+
+
+def group_slices(records: Sequence[RolloutRecord], group_size: int) -> list[slice] | str:
+    """Slices of consecutive ``group_size`` records of one problem; a reason string if the batch is not
+    made of whole groups (the trainer's advantages need them)."""
+    if len(records) % group_size:
+        return f"{len(records)} rollouts are not whole groups of {group_size}"
+    out = []
+    for start in range(0, len(records), group_size):
+        ids = {r.problem_id for r in records[start:start + group_size]}
+        if len(ids) != 1:
+            return f"rollouts {start}..{start + group_size - 1} mix problems"
+        out.append(slice(start, start + group_size))
+    return out
+
+
+def record_to_sample(r: RolloutRecord, reward: float) -> Sample:
+    return Sample(prompt_ids=tuple(r.prompt_tokens), completion_ids=tuple(r.completion_tokens),
+                  old_logprobs=tuple(r.logprobs), reward=reward, policy_version=r.policy_version,
+                  task_id=r.problem_id)
+
+
+def rescore(r: RolloutRecord, problem: Problem, decode: Any) -> float:
+    """The reward recomputed from the task (a worker's claimed reward is never used)."""
+    return problem.reward(decode(list(r.completion_tokens)))

@@ -1,0 +1,399 @@
+"""Trainer role: GRPO on accepted rollouts, bounded staleness, atomic policy publication, resume.
+
+- **Inputs.** The trainer listens to verdicts from the run's validators (``run.validator_peer_ids``).
+  An accepting verdict makes it fetch the batch blob, decode it strictly, check it is the named worker's
+  and in whole groups, recompute every reward from the task (claimed rewards are never used), and
+  *persist* it to ``trainer/inbox`` before queueing it. A verdict carrying ``ban`` bans the worker here
+  too, so its later notices and verdict replays are dropped at the gossip validator.
+- **Bounded asynchrony.** The trainer at policy version v trains only on rollouts generated with a
+  version >= v - ``run.async_level`` (INTELLECT-2: 2); older ones are refused (counted as stale). It
+  takes whichever accepted batches are queued, from any workers, as soon as ``rl.groups_per_step``
+  groups are there: it never waits for a particular worker.
+- **A step.** Online filter (drop groups whose rewards are all equal), the GRPO step of
+  ``trainer/step.py`` in a worker thread, then: checkpoint v+1 atomically with the set of batch IDs now
+  consumed (``trainer/checkpoint.py``) -> publish v+1 as delta/full blobs and a signed announcement
+  (``node/policy_sync.py``) -> gossip it -> append a line to ``trainer/metrics.jsonl``.
+- **Crash safety.** After SIGKILL the trainer reloads the latest checkpoint (same version numbering),
+  re-queues every inbox batch not in its consumed set (none lost, none trained twice) and re-announces the
+  newest published policy (publishing it first if the crash came between checkpoint and publication).
+
+Shortcuts: one optimizer step per batch of groups (no PPO epochs); the trainer does not verify proofs
+itself, it relies on the validators it was configured to trust.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError
+from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
+from intellect_node.node.policy_sync import PolicyPublisher
+from intellect_node.node.roles.common import blob_service, group_slices, model_dir, record_to_sample, \
+    rescore, run_task
+from intellect_node.protocol.blob import Manifest
+from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, seal_announcement
+from intellect_node.protocol.rl import VERDICT_KIND, BatchVerdict, verdict_validator
+from intellect_node.protocol.rollout import MAX_BATCH_SIZE, RolloutBatch, decode_batch
+from intellect_node.protocol.topics import topic
+from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+from intellect_node.trainer.filtering import informative_groups
+from intellect_node.trainer.grpo import GRPOConfig
+from intellect_node.trainer.step import Sample, StepStats, make_optimizer, train_step
+
+log = logging.getLogger(__name__)
+
+REANNOUNCE_S = 2.0
+"""Seconds between repeats of the newest announcement (gossip is not stored: late joiners need it)."""
+FETCH_TIMEOUT_S = 60.0
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass
+class Accepted:
+    """An accepted batch waiting to be trained on (its samples carry recomputed rewards)."""
+
+    cid: str
+    worker: str
+    version: int
+    groups: list[list[Sample]]
+    seq: int
+
+
+class Trainer:
+    name = "trainer"
+
+    def __init__(self, runtime: Any) -> None:
+        cfg = runtime.config
+        self.rt = runtime
+        self.cfg = cfg
+        self.rl = cfg.rl
+        self.run_id = cfg.run.run_id
+        if cfg.run.trainer_peer_id and cfg.run.trainer_peer_id != runtime.swarm.peer_id:
+            raise ConfigError(f"run.trainer_peer_id is {cfg.run.trainer_peer_id} but this node is "
+                              f"{runtime.swarm.peer_id}; run the trainer with the key the run names",
+                              field="run.trainer_peer_id")
+        if not cfg.run.validator_peer_ids:
+            raise ConfigError("the trainer trains only on work its validators accepted: set "
+                              "run.validator_peer_ids (--validator-peer-id)", field="run.validator_peer_ids")
+        self.task = run_task(cfg)
+        self.dir = Path(runtime.data_dir) / "trainer"
+        self.inbox = self.dir / "inbox"
+        self.inbox.mkdir(parents=True, exist_ok=True)
+        self.gcfg = GRPOConfig(group_size=self.rl.group_size, max_grad_norm=self.rl.max_grad_norm,
+                               kl_coef=self.rl.kl_coef,
+                               token_budget=self.rl.groups_per_step * self.rl.group_size * self.rl.max_new_tokens)
+        self.queue: deque[Accepted] = deque()
+        self.known: set[str] = set()  # batch CIDs accepted (queued, consumed or refused)
+        self.consumed: set[str] = set()
+        self.pending_consumed: set[str] = set()  # taken but not yet in a checkpoint (all-uniform groups)
+        self.version = 0
+        self.step = 0
+        self._seq = 0
+        self._data = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._announcement: bytes | None = None
+        self.counts = {"accepted_batches": 0, "rejected_batches": 0, "stale_batches": 0,
+                       "accepted_rollouts": 0, "rejected_rollouts": 0, "stale_rollouts": 0, "banned": 0}
+        self.idle_s = 0.0
+        self.busy_s = 0.0
+        self.last: dict[str, Any] = {}
+
+    @classmethod
+    def for_runtime(cls, runtime: Any) -> "Trainer":
+        return cls(runtime)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        from intellect_node.trainer.model import CharTokenizer, load_hf_model
+
+        torch.set_num_threads(1)
+        self.blobs = blob_service(self.rt)
+        self.tokenizer = CharTokenizer(model_dir(self.cfg) / "tokenizer.json")
+        self.model = await asyncio.to_thread(load_hf_model, self.cfg.run.model or None, "float32")
+        self.opt = make_optimizer(self.model, self.rl.lr)
+        state = await asyncio.to_thread(load_checkpoint, self.dir / "checkpoints", self.model, self.opt)
+        if state is None:
+            await asyncio.to_thread(save_checkpoint, self.dir / "checkpoints", self.model, self.opt,
+                                    TrainerState(version=0))
+        else:
+            self.version, self.step, self.consumed = state.version, state.step, set(state.consumed)
+            log.info("resumed at policy v%d (step %d, %d batches consumed)", self.version, self.step,
+                     len(self.consumed))
+        self.known |= self.consumed
+        self._reload_inbox()
+        self.publisher = PolicyPublisher(self.dir / "policy", self.blobs, self.rt.swarm.key, self.run_id,
+                                         full_every=self.rl.full_every)
+        await self._publish_current()
+        self.rt.board.set_policy(current=self.version, local=self.version)
+        trusted = frozenset(self.cfg.run.validator_peer_ids)
+        self.rt.swarm.subscribe(topic(self.run_id, VERDICT_KIND), verdict_validator(self.run_id, trusted),
+                                self._on_verdict)
+        self._tasks = [asyncio.create_task(self._train_loop(), name="trainer-loop"),
+                       asyncio.create_task(self._announce_loop(), name="trainer-announce")]
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def status(self) -> dict[str, Any]:
+        total = self.idle_s + self.busy_s
+        return {"version": self.version, "step": self.step, "queued_batches": len(self.queue),
+                "queued_groups": sum(len(a.groups) for a in self.queue), **self.counts,
+                "idle_fraction": self.idle_s / total if total else None, "last_step": self.last}
+
+    # -- policy publication ----------------------------------------------------------------------
+
+    async def _publish_current(self) -> None:
+        """Make sure version ``self.version`` is published and its announcement is at hand."""
+        held = self.publisher.version
+        if held is None or held < self.version:
+            state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            _, raw = await self.publisher.publish(self.version, state)
+            await asyncio.to_thread(atomic_write_bytes, self.dir / "announcement.bin", raw)
+            self._announcement = raw
+        else:
+            path = self.dir / "announcement.bin"
+            raw = path.read_bytes() if path.exists() else b""
+            try:
+                from intellect_node.protocol.policy import open_announcement
+
+                ok = open_announcement(raw, run_id=self.run_id, trainer=self.rt.swarm.peer_id).version == held
+            except ProtocolError:
+                ok = False
+            if not ok:  # killed between the publisher's commit and ours: rebuild it from its state
+                raw = self._rebuild_announcement()
+                await asyncio.to_thread(atomic_write_bytes, path, raw)
+            self._announcement = raw
+        await self.rt.swarm.publish(topic(self.run_id, POLICY_KIND), self._announcement)
+
+    def _rebuild_announcement(self) -> bytes:
+        from intellect_node.protocol.policy import DeltaLink
+        from intellect_node.trainer.delta import Checkpoint
+
+        st = json.loads((self.publisher.root / "publisher.json").read_text())
+        ckpt = Checkpoint.load(self.publisher.root / f"v{int(st['version']):010d}.safetensors", max_size=1 << 40)
+        by: dict[str, int] = {}
+        for info in ckpt.tensors.values():
+            by[info.dtype] = by.get(info.dtype, 0) + info.nbytes
+        ann = PolicyAnnouncement(run_id=self.run_id, version=int(st["version"]), dtype=max(by, key=lambda k: by[k]),
+                                 checkpoint_hash=ckpt.content_hash, checkpoint_size=ckpt.nbytes,
+                                 full_version=int(st["full"][0]), full_cid=str(st["full"][1]),
+                                 full_size=int(st["full"][2]), deltas=[DeltaLink(**d) for d in st["links"]])
+        return seal_announcement(self.rt.swarm.key, ann)
+
+    async def _announce_loop(self) -> None:
+        while True:
+            await asyncio.sleep(REANNOUNCE_S)
+            if self._announcement is not None:
+                await self.rt.swarm.publish(topic(self.run_id, POLICY_KIND), self._announcement)
+
+    # -- accepted work ---------------------------------------------------------------------------
+
+    async def _on_verdict(self, msg: tuple[BatchVerdict, str], origin: str) -> None:
+        verdict, validator = msg
+        if verdict.ban and not self.rt.swarm.is_banned(verdict.worker):
+            await self.rt.swarm.ban(verdict.worker, f"banned by validator {validator}: {verdict.reason}")
+            self.counts["banned"] += 1
+        if verdict.batch_cid in self.known:
+            return
+        if not verdict.accepted:
+            self.known.add(verdict.batch_cid)
+            self.counts["rejected_batches"] += 1
+            self.counts["rejected_rollouts"] += verdict.n_accepted + verdict.n_rejected
+            self.rt.board.verdict(False, verdict.n_accepted + verdict.n_rejected, reason=verdict.reason,
+                                  detail=verdict.detail, peer=verdict.worker)
+            return
+        if self.rt.swarm.is_banned(verdict.worker):
+            return
+        if verdict.policy_version < self.version - self.cfg.run.async_level:
+            self.known.add(verdict.batch_cid)
+            self._count_stale(verdict.n_accepted)
+            return
+        self.known.add(verdict.batch_cid)
+        try:
+            acc = await self._admit(verdict)
+        except asyncio.CancelledError:
+            raise
+        except IntellectNodeError as exc:
+            self.known.discard(verdict.batch_cid)  # another validator's verdict may bring it again
+            log.warning("accepted batch %s could not be admitted: %s", verdict.batch_cid, exc)
+            return
+        self.counts["accepted_batches"] += 1
+        self.counts["accepted_rollouts"] += verdict.n_accepted
+        self.rt.board.verdict(True, verdict.n_accepted, peer=verdict.worker)
+        self.queue.append(acc)
+        self._data.set()
+
+    def _count_stale(self, n: int) -> None:
+        self.counts["stale_batches"] += 1
+        self.counts["stale_rollouts"] += n
+
+    async def _admit(self, verdict: BatchVerdict) -> Accepted:
+        cid = verdict.batch_cid
+
+        def check(m: Manifest) -> None:
+            if m.total_size > MAX_BATCH_SIZE:
+                raise ProtocolError(f"batch blob of {m.total_size} bytes")
+
+        from intellect_node.node.roles.common import read_blob
+
+        await asyncio.wait_for(self.blobs.fetch(cid, on_manifest=check), FETCH_TIMEOUT_S)
+        data = await asyncio.to_thread(read_blob, self.blobs, cid)
+        batch = await asyncio.to_thread(decode_batch, data)
+        groups = self._groups(batch, verdict.worker, verdict.policy_version)
+        self._seq += 1
+        # Persist before queueing: a crash from here on re-queues it from the inbox.
+        await asyncio.to_thread(atomic_write_bytes, self.inbox / f"{cid}.batch", data)
+        meta = {"cid": cid, "worker": verdict.worker, "version": verdict.policy_version, "seq": self._seq,
+                "time": time.time()}
+        await asyncio.to_thread(atomic_write_text, self.inbox / f"{cid}.json", json.dumps(meta))
+        return Accepted(cid, verdict.worker, verdict.policy_version, groups, self._seq)
+
+    def _groups(self, batch: RolloutBatch, worker: str, version: int) -> list[list[Sample]]:
+        recs = batch.rollouts
+        if batch.run_id != self.run_id or batch.policy_version != version or any(r.worker != worker for r in recs):
+            raise ProtocolError("batch does not match its verdict")
+        slices = group_slices(recs, self.rl.group_size)
+        if isinstance(slices, str):
+            raise ProtocolError(slices)
+        out = []
+        for sl in slices:
+            problem = self.task.get(recs[sl.start].problem_id)
+            out.append([record_to_sample(r, rescore(r, problem, self.tokenizer.decode)) for r in recs[sl]])
+        return out
+
+    def _reload_inbox(self) -> None:
+        """After a restart: queue every persisted batch not in the checkpoint's consumed set."""
+        found = []
+        for meta_path in self.inbox.glob("*.json"):
+            try:
+                meta = json.loads(meta_path.read_text())
+                cid = str(meta["cid"])
+                if cid in self.consumed:
+                    self._drop_inbox(cid)
+                    continue
+                batch = decode_batch((self.inbox / f"{cid}.batch").read_bytes())
+                groups = self._groups(batch, str(meta["worker"]), int(meta["version"]))
+            except (OSError, ValueError, KeyError, IntellectNodeError) as exc:
+                log.warning("inbox entry %s unreadable (%s); skipped", meta_path.name, exc)
+                continue
+            found.append(Accepted(cid, str(meta["worker"]), int(meta["version"]), groups, int(meta["seq"])))
+        for acc in sorted(found, key=lambda a: a.seq):
+            self.queue.append(acc)
+            self.known.add(acc.cid)
+            self._seq = max(self._seq, acc.seq)
+        if found:
+            log.info("re-queued %d accepted batches from the inbox", len(found))
+            self._data.set()
+
+    def _drop_inbox(self, cid: str) -> None:
+        for suffix in (".json", ".batch"):
+            (self.inbox / f"{cid}{suffix}").unlink(missing_ok=True)
+
+    # -- training --------------------------------------------------------------------------------
+
+    def _take(self) -> tuple[list[Accepted], list[Accepted]] | None:
+        """Whole batches holding at least ``groups_per_step`` fresh groups; stale ones split off."""
+        floor = self.version - self.cfg.run.async_level
+        fresh = [a for a in self.queue if a.version >= floor]
+        if sum(len(a.groups) for a in fresh) < self.rl.groups_per_step:
+            return None
+        taken, stale, n = [], [], 0
+        while self.queue and n < self.rl.groups_per_step:
+            a = self.queue.popleft()
+            if a.version < floor:
+                stale.append(a)
+                continue
+            taken.append(a)
+            n += len(a.groups)
+        return taken, stale
+
+    async def _train_loop(self) -> None:
+        t_mark = time.monotonic()
+        while self.rl.max_steps is None or self.step < self.rl.max_steps:
+            got = self._take()
+            if got is None:
+                self._data.clear()
+                try:
+                    await asyncio.wait_for(self._data.wait(), 1.0)
+                except asyncio.TimeoutError:
+                    pass
+                now = time.monotonic()
+                self.idle_s += now - t_mark
+                t_mark = now
+                continue
+            taken, stale = got
+            for a in stale:
+                self._count_stale(sum(len(g) for g in a.groups))
+            await self._step(taken, [a.cid for a in stale])
+            now = time.monotonic()
+            self.busy_s += now - t_mark
+            t_mark = now
+
+    async def _step(self, taken: list[Accepted], refused: list[str]) -> None:
+        groups = [g for a in taken for g in a.groups]
+        samples_all = [s for g in groups for s in g]
+        useful = informative_groups(groups, lambda s: s.reward)
+        ids = {a.cid for a in taken} | set(refused)
+        if not useful:
+            # No gradient signal: nothing to train; these IDs go into the next checkpoint's consumed set
+            # (re-processing them after a crash would find them uniform again).
+            self.pending_consumed |= ids
+            self._record(None, samples_all, len(groups), 0)
+            return
+        samples = [s for g in useful for s in g]
+        stats = await asyncio.to_thread(train_step, self.model, self.opt, samples, self.gcfg,
+                                        temperature=self.rl.temperature)
+        self.version += 1
+        self.step += 1
+        ids |= self.pending_consumed
+        self.consumed |= ids
+        self.pending_consumed = set()
+        await asyncio.to_thread(save_checkpoint, self.dir / "checkpoints", self.model, self.opt,
+                                TrainerState(version=self.version, consumed=frozenset(self.consumed),
+                                             step=self.step))
+        for cid in ids:  # committed in the checkpoint: the inbox copies are no longer needed
+            self._drop_inbox(cid)
+        await self._publish_current()
+        self.rt.board.set_policy(current=self.version, local=self.version)
+        self._record(stats, samples_all, len(groups), len(useful))
+
+    def _record(self, stats: StepStats | None, samples: list[Sample], n_groups: int, n_useful: int) -> None:
+        rewards = [s.reward for s in samples]
+        pass_rate = sum(1 for r in rewards if r >= 1.0) / max(len(rewards), 1)
+        reward_mean = sum(rewards) / max(len(rewards), 1)
+        # Staleness: how many versions behind the weights being updated each sample's policy was.
+        base = self.version - (1 if stats is not None else 0)
+        stale = [base - s.policy_version for s in samples]
+        total = self.idle_s + self.busy_s
+        line = {"step": self.step, "version": self.version, "trained": stats is not None, "time": time.time(),
+                "pass_rate": pass_rate, "reward_mean": reward_mean, "samples": len(samples),
+                "groups": n_groups, "groups_used": n_useful,
+                "loss": stats.loss if stats else 0.0, "grad_norm": stats.grad_norm if stats else 0.0,
+                "clipped_frac": stats.clipped_frac if stats else 0.0,
+                "staleness_mean": sum(stale) / max(len(stale), 1), "staleness_max": max(stale, default=0),
+                "accepted": self.counts["accepted_rollouts"], "rejected": self.counts["rejected_rollouts"],
+                "stale": self.counts["stale_rollouts"], "idle_fraction": self.idle_s / total if total else 0.0}
+        self.last = line
+        path = self.dir / METRICS_FILE
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if stats is not None:
+            self.rt.board.train_step(self.step, reward_mean=reward_mean, pass_rate=pass_rate)
+        log.info("step %d -> v%d: pass %.3f reward %.3f (%d samples, %d/%d groups, staleness %.2f)",
+                 self.step, self.version, pass_rate, reward_mean, len(samples), n_useful, n_groups,
+                 line["staleness_mean"])

@@ -1,0 +1,202 @@
+"""Worker role: follow the trainer's policy, generate rollouts with proofs, publish them.
+
+Loop: wait until a policy is held -> sample ``problems_per_batch`` problems of the run's task, each
+``group_size`` times -> generate with the engine (seeded sampler, TOPLOC proofs, rewards from the task,
+every record signed) -> record the batch in the ledger -> put the encoded
+:class:`~intellect_node.protocol.rollout.RolloutBatch` in the blob store -> gossip a signed
+:class:`~intellect_node.protocol.rl.RolloutNotice`. Policy announcements are accepted only from the run's
+configured trainer (checked in the gossip validator); a new version is fetched through the swarm
+(delta or full, hash-checked, ``node/policy_sync.py``) while generation continues on the old one.
+
+A worker submits at most ``rl.batches_per_version`` batches per policy version, then waits for the next
+announcement: older work would only be refused as stale once the trainer moves on.
+
+The record-building step is :meth:`Worker.make_records`; tests subclass it to play a cheating worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from intellect_node.errors import IntellectNodeError
+from intellect_node.fsutil import atomic_write_bytes
+from intellect_node.node.engines.base import SamplingConfig
+from intellect_node.node.engines.rollouts import generate_rollouts
+from intellect_node.node.engines.torch_engine import TorchEngine
+from intellect_node.node.policy_sync import PolicyFollower
+from intellect_node.node.roles.common import MAX_POLICY_BYTES, base_model, blob_service, ledger_of, \
+    loaded_from_checkpoint, run_task
+from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, announcement_validator
+from intellect_node.protocol.rl import NOTICE_KIND, VERDICT_KIND, BatchVerdict, RolloutNotice, seal_notice, \
+    verdict_validator
+from intellect_node.protocol.rollout import RolloutBatch, RolloutRecord, encode_batch
+from intellect_node.protocol.topics import topic
+from intellect_node.trainer.tasks import Problem
+
+log = logging.getLogger(__name__)
+
+
+class Worker:
+    name = "worker"
+
+    def __init__(self, runtime: Any) -> None:
+        cfg = runtime.config
+        if not cfg.run.trainer_peer_id:
+            from intellect_node.errors import ConfigError
+            raise ConfigError("a worker needs the run's trainer: set run.trainer_peer_id (--trainer-peer-id)",
+                              field="run.trainer_peer_id")
+        self.rt = runtime
+        self.cfg = cfg
+        self.rl = cfg.rl
+        self.run_id = cfg.run.run_id
+        self.task = run_task(cfg)
+        self.base = base_model(cfg)
+        self.tokenizer = self.base.tokenizer
+        self.sampling = SamplingConfig(temperature=self.rl.temperature, top_p=1.0,
+                                       max_new_tokens=self.rl.max_new_tokens)
+        self.rng = random.Random(self.rl.seed)
+        self.dir = Path(runtime.data_dir) / "worker"
+        self.engine: TorchEngine | None = None
+        self.version = -1
+        self.checkpoint_hash = ""
+        self._latest: PolicyAnnouncement | None = None
+        self._new_policy = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._sync_task: asyncio.Task[None] | None = None
+        self.batches = 0
+        self.verdicts: dict[str, int] = {"accepted": 0, "rejected": 0}
+
+    @classmethod
+    def for_runtime(cls, runtime: Any) -> "Worker":
+        return cls(runtime)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.blobs = blob_service(self.rt)
+        self.ledger = ledger_of(self.rt)
+        self.follower = PolicyFollower(self.dir / "policy", self.blobs, run_id=self.run_id,
+                                       trainer=self.cfg.run.trainer_peer_id, max_checkpoint_bytes=MAX_POLICY_BYTES,
+                                       board=self.rt.board, on_reject=self.rt.swarm.peerbook.record_rejection)
+        if self.follower.checkpoint is not None and self.follower.version is not None:
+            await self._load(self.follower.version, self.follower.checkpoint)
+        sw = self.rt.swarm
+        sw.subscribe(topic(self.run_id, POLICY_KIND),
+                     announcement_validator(self.run_id, self.cfg.run.trainer_peer_id), self._on_announcement)
+        trusted = frozenset(self.cfg.run.validator_peer_ids) or None
+        sw.subscribe(topic(self.run_id, VERDICT_KIND), verdict_validator(self.run_id, trusted), self._on_verdict)
+        self._task = asyncio.create_task(self._loop(), name="worker-loop")
+        self._sync_task = asyncio.create_task(self._sync_loop(), name="worker-policy")
+
+    async def close(self) -> None:
+        for t in (self._task, self._sync_task):
+            if t is not None:
+                t.cancel()
+        for t in (self._task, self._sync_task):
+            if t is not None:
+                try:
+                    await t
+                except (asyncio.CancelledError, Exception):
+                    pass
+
+    def status(self) -> dict[str, Any]:
+        return {"policy_version": self.version, "batches": self.batches, **self.verdicts}
+
+    # -- policy ----------------------------------------------------------------------------------
+
+    def _on_announcement(self, ann: PolicyAnnouncement, origin: str) -> None:
+        if self._latest is None or ann.version > self._latest.version:
+            self._latest = ann
+            self._new_policy.set()
+
+    async def _sync_loop(self) -> None:
+        """Obtain the newest announced version; one at a time, newest wins."""
+        while True:
+            await self._new_policy.wait()
+            self._new_policy.clear()
+            ann = self._latest
+            if ann is None or ann.version <= self.version:
+                continue
+            try:
+                res = await self.follower.obtain(ann)
+            except IntellectNodeError as exc:
+                log.warning("could not obtain policy v%d: %s", ann.version, exc)
+                await asyncio.sleep(0.5)
+                self._new_policy.set()  # retry (a newer announcement may have replaced it)
+                continue
+            await self._load(res.version, res.checkpoint)
+            log.info("policy v%d loaded (%s, %d bytes fetched)", res.version, res.path, res.bytes_fetched)
+
+    async def _load(self, version: int, ckpt: Any) -> None:
+        loaded = await asyncio.to_thread(loaded_from_checkpoint, self.base, ckpt)
+        self.engine = await asyncio.to_thread(TorchEngine, loaded)
+        self.version, self.checkpoint_hash = version, ckpt.content_hash
+        self.rt.board.set_policy(local=version)
+
+    # -- generation ------------------------------------------------------------------------------
+
+    def sample_problems(self) -> list[Problem]:
+        probs = self.task.sample(self.rng, self.rl.problems_per_batch)
+        return [p for p in probs for _ in range(self.rl.group_size)]
+
+    def make_records(self, engine: TorchEngine, problems: list[Problem], version: int,
+                     checkpoint: str) -> list[RolloutRecord]:
+        """Generate and sign one batch's records (runs in a worker thread)."""
+        return generate_rollouts(engine, self.tokenizer, problems, key=self.rt.swarm.key, run_id=self.run_id,
+                                 policy_version=version, checkpoint=checkpoint, sampling=self.sampling)
+
+    async def _loop(self) -> None:
+        per_version = 0
+        version_seen = -1
+        while True:
+            if self.engine is None or (self.version == version_seen and per_version >= self.rl.batches_per_version):
+                await asyncio.sleep(0.05)
+                continue
+            if self.version != version_seen:
+                version_seen, per_version = self.version, 0
+            engine, version, ckpt_hash = self.engine, self.version, self.checkpoint_hash
+            t0 = time.monotonic()
+            records = await asyncio.to_thread(self.make_records, engine, self.sample_problems(), version, ckpt_hash)
+            n_tokens = sum(len(r.completion_tokens) for r in records)
+            self.rt.board.rollouts_generated(len(records), tokens=n_tokens)
+            try:
+                await self.submit(records, version, n_tokens)
+            except IntellectNodeError as exc:
+                log.warning("could not submit a batch: %s", exc)
+                await asyncio.sleep(0.5)
+                continue
+            per_version += 1
+            log.debug("batch of %d rollouts at v%d in %.2fs", len(records), version, time.monotonic() - t0)
+
+    async def submit(self, records: list[RolloutRecord], version: int, n_tokens: int) -> str:
+        data = encode_batch(RolloutBatch(run_id=self.run_id, policy_version=version, rollouts=records))
+        path = self.dir / "outbox" / f"{records[0].rollout_id}.batch"
+        await asyncio.to_thread(atomic_write_bytes, path, data)
+        cid, _ = await self.blobs.put_file(path, name=f"{self.run_id}-rollouts-v{version}")
+        path.unlink(missing_ok=True)  # the blob store holds it now
+        if self.ledger is not None:
+            await asyncio.to_thread(self.ledger.record_submission, cid, run_id=self.run_id, policy_version=version,
+                                    n_rollouts=len(records), n_tokens=n_tokens, cid=cid)
+        notice = RolloutNotice(run_id=self.run_id, batch_cid=cid, policy_version=version,
+                               n_rollouts=len(records), batch_bytes=len(data))
+        await self.rt.swarm.publish(topic(self.run_id, NOTICE_KIND), seal_notice(self.rt.swarm.key, notice))
+        self.batches += 1
+        self.rt.board.rollouts_submitted(len(records))
+        return cid
+
+    async def _on_verdict(self, msg: tuple[BatchVerdict, str], origin: str) -> None:
+        verdict, validator = msg
+        if verdict.worker != self.rt.swarm.peer_id:
+            return
+        self.verdicts["accepted" if verdict.accepted else "rejected"] += 1
+        n = verdict.n_accepted + verdict.n_rejected
+        self.rt.board.verdict(verdict.accepted, n, reason=verdict.reason, detail=verdict.detail, peer=validator)
+        if self.ledger is not None:
+            await asyncio.to_thread(self.ledger.record_verdict, verdict.batch_cid, validator=validator,
+                                    run_id=self.run_id, n_accepted=verdict.n_accepted,
+                                    n_rejected=verdict.n_rejected, reason=verdict.reason, detail=verdict.detail)
