@@ -174,3 +174,41 @@ def test_diverged_copy_and_hopeless_chain(tmp_path: Path) -> None:
                 await p.stop()
 
     asyncio.run(main())
+
+
+async def _until(pred, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not pred():
+        assert loop.time() < deadline, "timed out waiting"
+        await asyncio.sleep(0.02)
+
+
+def test_follow_retries_then_takes_the_newest_offer(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    versions = policy_versions(torch.bfloat16, 4)
+
+    async def main() -> None:
+        trainer, w = peers = await _peers(tmp_path, 2)
+        task = None
+        try:
+            pub = PolicyPublisher(tmp_path / "pub", trainer.blobs, trainer.key, RUN, full_every=8)
+            anns = [(await pub.publish(v, versions[v]))[0] for v in range(4)]
+            fol = _follower(tmp_path, "w", w, trainer.key.peer_id)
+            got: list[tuple[int, str]] = []
+            task = asyncio.create_task(fol.follow(lambda r: got.append((r.version, r.path)), retries=1,
+                                                  backoff_s=0.05))
+            # An announcement whose full checkpoint is over this node's limit: tried twice, given up.
+            fol.offer(msgspec.structs.replace(anns[1], full_size=LIMIT + 1))
+            await _until(lambda: sum("not obtained" in r.message for r in caplog.records) == 2)
+            for ann in (anns[0], anns[2], anns[3], anns[1]):  # only the newest is worth obtaining
+                fol.offer(ann)
+            await _until(lambda: fol.version == 3)
+            assert got == [(3, "full")]
+            assert bytes(fol.checkpoint.to_bytes()) == bytes(versions[3].to_bytes())  # type: ignore[union-attr]
+        finally:
+            if task is not None:
+                task.cancel()
+            for p in peers:
+                await p.stop()
+
+    asyncio.run(main())

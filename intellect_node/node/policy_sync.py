@@ -37,7 +37,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import torch
 
@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 POLICY_DIR = "policy"
 CURRENT = "CURRENT"
 PUBLISHER_STATE = "publisher.json"
+FOLLOW_RETRIES = 3
 DEFAULT_FULL_EVERY = 8
 """K: a full checkpoint every 8 versions. A worker that missed up to 7 updates catches up by deltas
 alone; a late joiner fetches one full checkpoint plus at most 7 deltas (each a fraction of it)."""
@@ -196,6 +197,8 @@ class PolicyFollower:
         self._board = board
         self._on_reject = on_reject or (lambda peer, reason: None)
         self._lock = asyncio.Lock()
+        self._pending: PolicyAnnouncement | None = None
+        self._wake = asyncio.Event()
         self.version: int | None = None
         self.checkpoint: Checkpoint | None = None
         self._load_current()
@@ -241,6 +244,46 @@ class PolicyFollower:
             if self._board is not None:
                 self._board.set_policy(local=result.version)
             return result
+
+    def offer(self, ann: PolicyAnnouncement) -> None:
+        """Hand over a (validated) announcement from the gossip handler; :meth:`follow` obtains the newest
+        one offered and skips versions superseded while it was busy."""
+        if self._pending is None or ann.version > self._pending.version:
+            self._pending = ann
+            self._wake.set()
+
+    async def follow(self, on_new: Callable[[ObtainResult], Awaitable[None] | None], *,
+                     retries: int = FOLLOW_RETRIES, backoff_s: float = 1.0) -> None:
+        """Run until cancelled: obtain each newest offered version and pass the result to ``on_new``.
+
+        A version that cannot be obtained is retried ``retries`` times (``backoff_s`` doubling between
+        tries) unless a newer one is offered meanwhile; then it is given up (logged) until the next offer.
+        """
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            ann, self._pending = self._pending, None
+            if ann is None or (self.version is not None and ann.version <= self.version):
+                continue
+            for attempt in range(retries + 1):
+                try:
+                    result = await self.obtain(ann)
+                except (TransportError, IntegrityError, ProtocolError) as exc:
+                    log.warning("policy v%d not obtained (try %d of %d): %s", ann.version, attempt + 1,
+                                retries + 1, exc)
+                    if attempt == retries or self._pending is not None:
+                        break
+                    try:  # a newer offer ends the wait early
+                        await asyncio.wait_for(self._wake.wait(), timeout=backoff_s * 2 ** attempt)
+                    except TimeoutError:
+                        pass
+                    if self._pending is not None:
+                        break
+                    continue
+                ret = on_new(result)
+                if ret is not None:
+                    await ret
+                break
 
     async def _by_delta(self, ann: PolicyAnnouncement) -> ObtainResult:
         """Walk the chain from the held version; a result with path "" and ``fallback`` set on failure."""
@@ -290,7 +333,7 @@ class PolicyFollower:
             out.deltas_applied += 1
         return ckpt
 
-    async def _fetch(self, cid: str, size: int, limit: int, out: ObtainResult) -> bytes:
+    async def _fetch(self, cid: str, size: int, limit: int, out: ObtainResult) -> bytearray:
         """Fetch blob ``cid`` (which the trainer announced as ``size`` bytes) and return its content."""
         if size > limit:
             raise IntegrityError(f"blob {cid} of {size} bytes is over the limit of {limit}")
@@ -303,7 +346,7 @@ class PolicyFollower:
         out.bytes_fetched += stats.bytes_fetched
         return await asyncio.to_thread(self._read_blob, cid)
 
-    def _read_blob(self, cid: str) -> bytes:
+    def _read_blob(self, cid: str) -> bytearray:
         store = self.blobs.store
         m = store.manifest(cid)
         if m is None or store.missing(cid):
@@ -316,7 +359,7 @@ class PolicyFollower:
             pos += len(piece)
         if pos != m.total_size:
             raise IntegrityError(f"blob {cid}: chunks on disk hold {pos} of {m.total_size} bytes")
-        return bytes(buf)
+        return buf
 
     def _persist(self, version: int, ckpt: Checkpoint) -> None:
         old = self.version
