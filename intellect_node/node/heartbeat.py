@@ -60,6 +60,8 @@ class Heartbeats:
         return hb
 
     def _on_heartbeat(self, hb: gossip.Heartbeat, origin: str) -> None:
+        # The signed listen addresses beat what the connection showed (an inbound peer's ephemeral port).
+        self.swarm.peerbook.remember(origin, hb.listen_addrs)
         if self.swarm.peerbook.heard(origin, http_url=hb.http_url, addrs=hb.listen_addrs, roles=hb.roles):
             log.info("peer %s is alive (%s)", origin, ",".join(hb.roles) or "no role")
             self._notify(self.on_alive, origin)

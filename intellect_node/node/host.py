@@ -38,6 +38,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub import pubsub as pubsub_module
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
@@ -56,6 +57,8 @@ GOSSIP_RATE_LIMIT_PER_TOPIC = 200.0
 """Messages per second per forwarder per topic we accept (library default 10, measured dropping)."""
 GOSSIP_MAX_MESSAGE = 512 * 1024
 """Largest gossip payload we publish; libp2p silently drops RPCs over 1 MiB (notes)."""
+SUBSCRIPTION_BUFFER = 4096
+"""Accepted messages a subscription may hold before our pump forwards them (library default 32)."""
 CONNECT_TIMEOUT_S = 10.0
 INFO_TIMEOUT_S = 5.0
 PROVIDER_QUERY_TIMEOUT_S = 5.0
@@ -95,14 +98,23 @@ def parse_peer_multiaddr(text: str, *, flag: str = "--bootstrap") -> PeerInfo:
 
 
 def local_ipv4s() -> list[str]:
-    """This machine's IPv4 addresses as far as the host name tells (no packets sent); loopback last."""
+    """This machine's IPv4 addresses, non-loopback first, 127.0.0.1 last. No packet is sent: the host
+    name's addresses, plus the source address the kernel would route to a TEST-NET address through (a
+    UDP ``connect`` only consults the routing table); Debian maps the host name to 127.0.1.1."""
     import socket
 
+    ips: set[str] = set()
     try:
-        ips = socket.gethostbyname_ex(socket.gethostname())[2]
+        ips.update(socket.gethostbyname_ex(socket.gethostname())[2])
     except OSError:
-        ips = []
-    return sorted({ip for ip in ips if not ip.startswith("127.")}) + ["127.0.0.1"]
+        pass
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))
+            ips.add(s.getsockname()[0])
+    except OSError:  # no route at all: loopback only
+        pass
+    return sorted(ip for ip in ips if not ip.startswith(("127.", "0."))) + ["127.0.0.1"]
 
 
 def make_addrs_factory(announce: list[str]) -> Callable[[list[multiaddr.Multiaddr]], list[multiaddr.Multiaddr]]:
@@ -110,6 +122,12 @@ def make_addrs_factory(announce: list[str]) -> Callable[[list[multiaddr.Multiadd
     addresses with a wildcard (0.0.0.0) replaced by this machine's addresses, so peers get dialable
     addresses in identify, DHT provider records and ``status``."""
     fixed = [parse_multiaddr(a, flag="--announce") for a in announce]
+    cache: list[Any] = [0.0, []]  # (monotonic time, local_ipv4s()): get_addrs() runs often
+
+    def ips() -> list[str]:
+        if time.monotonic() - cache[0] > 60.0:
+            cache[0], cache[1] = time.monotonic(), local_ipv4s()
+        return cache[1]
 
     def factory(candidates: list[multiaddr.Multiaddr]) -> list[multiaddr.Multiaddr]:
         if fixed:
@@ -119,7 +137,7 @@ def make_addrs_factory(announce: list[str]) -> Callable[[list[multiaddr.Multiadd
             text = str(a)
             if text.startswith("/ip4/0.0.0.0/"):
                 rest = text[len("/ip4/0.0.0.0"):]
-                out.extend(multiaddr.Multiaddr(f"/ip4/{ip}{rest}") for ip in local_ipv4s())
+                out.extend(multiaddr.Multiaddr(f"/ip4/{ip}{rest}") for ip in ips())
             else:
                 out.append(a)
         return list(dict.fromkeys(out))
@@ -290,6 +308,10 @@ class P2PHost:
             return validator(msg.data, origin, msg.from_id + msg.seqno)
 
         self.pubsub.set_topic_validator(topic, libp2p_validator, False)
+        # The library hands accepted messages to a subscription through a channel of 32 and drops what
+        # does not fit (logged as a warning); a busy trio thread can fall that far behind in a burst.
+        # The global is read when the channel is made, and our pump drains it without blocking.
+        pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = SUBSCRIPTION_BUFFER
         sub = await self.pubsub.subscribe(topic)
 
         async def pump() -> None:

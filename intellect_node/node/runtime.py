@@ -83,11 +83,10 @@ def _listen_ip(listen: list[str]) -> str:
 def _advertised_host(bind_host: str) -> str:
     if bind_host not in ("0.0.0.0", "::"):
         return f"[{bind_host}]" if ":" in bind_host else bind_host
-    # Wildcard bind without http_public_url: the host name's address is the best local guess.
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
+    # Wildcard bind without http_public_url: this machine's first non-loopback address.
+    from intellect_node.node.host import local_ipv4s
+
+    return local_ipv4s()[0]
 
 
 class NodeRuntime:

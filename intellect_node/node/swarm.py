@@ -246,7 +246,8 @@ class Swarm:
         """Distinct, unbanned providers of ``cid`` with a resolvable HTTP URL (this node included)."""
         infos = await self._bridge.call(self._p2p.find_providers, cid, count)
         peers = list(dict.fromkeys(i.peer_id.to_base58() for i in infos))
-        peers = [p for p in peers if not self.peerbook.is_banned(p)]
+        # Banned peers are out; so are peers whose heartbeats stopped (a cached record of a dead node).
+        peers = [p for p in peers if not self.peerbook.is_banned(p) and self.peerbook.state(p) != "gone"]
 
         async def url_of(peer: str) -> str:
             if peer == self.peer_id:
