@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 from pathlib import Path
 
+import pytest
+
 from conftest import run_cli, wait_for
+from intellect_node.commands.join import build_node_config
+from intellect_node.errors import ConfigError
 from intellect_node.protocol.signing import SigningKey
 from support_swarm import NodeProcess
 
@@ -77,8 +82,6 @@ def test_operator_mistakes_exit_2_naming_the_flag(tmp_path: Path) -> None:
     d = str(tmp_path / "n")
     cases = [
         (["join", "--data-dir", d, "--headless", "--bootstrap", "not-a-multiaddr"], "--bootstrap"),
-        (["join", "--data-dir", d, "--headless", "--bootstrap", "/ip4/127.0.0.1/tcp/4001"], "/p2p/"),
-        (["join", "--data-dir", d, "--headless", "--listen", "/ip4/127.0.0.1/udp/1"], "--listen"),
         (["join", "--data-dir", d, "--headless", "--run-id", "Bad Run"], "--run-id"),
         (["status", "--data-dir", d], "no node is running"),
     ]
@@ -86,3 +89,13 @@ def test_operator_mistakes_exit_2_naming_the_flag(tmp_path: Path) -> None:
         out = run_cli(*args, timeout=60)
         assert out.returncode == 2, (args, out.returncode, out.stderr)
         assert needle in out.stderr, (args, out.stderr)
+    # The same path in-process (the CLI turns ConfigError into exit 2, as shown above).
+    for flags, needle in [({"bootstrap": ["/ip4/127.0.0.1/tcp/4001"]}, "/p2p/"),
+                          ({"listen": ["/ip4/127.0.0.1/udp/1"]}, "--listen"),
+                          ({"announce": ["nope"]}, "--announce")]:
+        kwargs = dict(listen=[], bootstrap=[], run_id=None, trainer_peer_id=None, http_host=None,
+                      http_port=None, http_public_url=None, control_port=None, heartbeat_interval=None,
+                      peer_timeout=None, data_dir=tmp_path / "n")
+        kwargs.update(flags)
+        with pytest.raises(ConfigError, match=re.escape(needle)):
+            build_node_config(**kwargs)
