@@ -7,6 +7,7 @@ line on stdin, with JSON lines on stdout:
     {"op": "put", "path": "/abs/file", "chunk_size": 4194304}   -> {"event": "put", "cid": ...}
     {"op": "fetch", "cid": ..., "providers": [{"peer_id": ..., "http_url": ...}], "out": null}
         -> {"event": "chunk", ...}* then {"event": "done", ...} or {"event": "error", ...}
+    {"op": "export", "cid": ..., "out": "/abs/file"}           -> {"event": "exported", ...}
     {"op": "stats"}                                              -> {"event": "stats", ...}
 
 It exits when stdin closes. Providers are given, not looked up: this is the blob layer without the DHT,
@@ -90,6 +91,9 @@ async def _main(args: argparse.Namespace) -> None:
                 _emit({"event": "done", "chunks_fetched": st.chunks_fetched,
                        "chunks_resumed": st.chunks_resumed, "seconds": st.seconds,
                        "by_provider": st.by_provider, "failures": st.failures, "bad": st.bad})
+            elif op == "export":
+                await asyncio.to_thread(svc.store.export, cmd["cid"], cmd["out"])
+                _emit({"event": "exported", "out": cmd["out"]})
             elif op == "stats":
                 _emit({"event": "stats", "chunks_served": svc.serve_stats.chunks,
                        "bytes_served": svc.serve_stats.bytes, "rejections": rejections})

@@ -119,6 +119,11 @@ class BlobService:
 
         self._background(run())
 
+    async def settle(self) -> None:
+        """Wait for the background work started so far (DHT announcements, flushes)."""
+        while pending := [t for t in self._tasks if not t.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
+
     def _background(self, coro: Awaitable[None]) -> None:
         t = asyncio.ensure_future(coro)
         self._tasks.add(t)
