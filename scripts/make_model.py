@@ -29,21 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from intellect_node.trainer.model import (  # noqa: E402
-    BOS, EOS, PAD, VOCAB_SIZE, CharTokenizer, build_char_tokenizer_json, tokenizer_config_files,
+    BOS, EOS, PAD, VOCAB_SIZE, CharTokenizer, embedded_config, write_tokenizer_files,
 )
 from intellect_node.trainer.tasks import embedded_task  # noqa: E402
-
-ARCH = dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0)
-
-
-def make_config(tok: CharTokenizer):  # type: ignore[no-untyped-def]
-    from transformers import LlamaConfig
-
-    return LlamaConfig(vocab_size=VOCAB_SIZE, tie_word_embeddings=False, bos_token_id=tok.bos_id,
-                       eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, attention_bias=False,
-                       mlp_bias=False, hidden_act="silu", **ARCH)
-
 
 @torch.no_grad()
 def sampled_pass_rate(model, tok: CharTokenizer, problems, gen: torch.Generator) -> float:  # type: ignore[no-untyped-def]
@@ -79,9 +67,9 @@ def main() -> None:
     from transformers import LlamaForCausalLM
 
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "tokenizer.json").write_text(build_char_tokenizer_json())
+    write_tokenizer_files(args.out)
     tok = CharTokenizer(args.out / "tokenizer.json")
-    model = LlamaForCausalLM(make_config(tok)).float()
+    model = LlamaForCausalLM(embedded_config()).float()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     task = embedded_task()
     eval_problems = task.sample(random.Random(args.seed + 2), args.eval_n)
@@ -120,8 +108,6 @@ def main() -> None:
     model.config.torch_dtype = "float32"
     model.generation_config.pad_token_id = tok.pad_id
     model.save_pretrained(str(args.out), safe_serialization=True)
-    for name, text in tokenizer_config_files().items():
-        (args.out / name).write_text(text)
     meta = {"task": task.task_id, "seed": args.seed, "steps": best[0], "sampled_pass_rate": best[1],
             "eval_n": args.eval_n, "lr": args.lr, "batch": args.batch, "torch": torch.__version__,
             "specials": [PAD, BOS, EOS]}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -12,25 +11,18 @@ import torch
 from intellect_node.node.engines.torch_engine import TorchEngine
 from intellect_node.protocol.rollout import RolloutRecord, sign_rollout
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.trainer.model import (
-    VOCAB_SIZE, build_char_tokenizer_json, embedded_model_dir, tokenizer_config_files,
-)
+from intellect_node.trainer.model import embedded_config, embedded_model_dir, write_tokenizer_files
 
 torch.set_num_threads(1)
 
 
 def random_model(dst: Path, seed: int = 0) -> Path:
     """A freshly initialised model with the embedded model's architecture and tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    cfg = json.loads((embedded_model_dir() / "config.json").read_text())
-    assert cfg["vocab_size"] == VOCAB_SIZE
     torch.manual_seed(seed)
-    config = LlamaConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version")})
-    LlamaForCausalLM(config).float().save_pretrained(str(dst))
-    (dst / "tokenizer.json").write_text(build_char_tokenizer_json())
-    for name, text in tokenizer_config_files().items():
-        (dst / name).write_text(text)
+    LlamaForCausalLM(embedded_config()).float().save_pretrained(str(dst))
+    write_tokenizer_files(dst)
     return dst
 
 

