@@ -52,10 +52,19 @@ def test_join_status_gone_remembered_and_clean_stop(tmp_path: Path) -> None:
         dup = run_cli("join", "--data-dir", str(tmp_path / "a"), "--headless", timeout=60)
         assert dup.returncode == 2 and "already running" in dup.stderr, dup.stderr
 
+        # SIGSTOP: B keeps its TCP connection but stops answering; heartbeats, not connections, decide.
+        b.signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: _peer_state(a, b_id) == "gone", 8, what="frozen B marked gone")
+            assert b_id in a.status()["peers"]  # still "connected" at the libp2p level
+        finally:
+            b.signal(signal.SIGCONT)
+        wait_for(lambda: _peer_state(a, b_id) == "alive", 15, what="B back after SIGCONT")
+
         # SIGKILL: no goodbye; A must mark B gone within peer_timeout (2 s) + one sweep (0.5 s).
         b.signal(signal.SIGKILL)
         b.wait(10)
-        wait_for(lambda: _peer_state(a, b_id) == "gone", 6, what="B marked gone")
+        wait_for(lambda: _peer_state(a, b_id) == "gone", 8, what="B marked gone")
         assert json.loads((tmp_path / "b" / "peers.json").read_text())["peers"][0]["peer_id"] == st["peer_id"]
 
         # B comes back with a dead bootstrap peer: it finds A through peers.json.
