@@ -86,6 +86,30 @@ def test_each_dense_kind_is_bit_exact_across_signs_and_specials(dense: tuple[str
         assert bytes(out.to_bytes()) == bytes(target.to_bytes())
 
 
+_DT = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I64": torch.int64,
+       "U8": torch.uint8}
+
+
+@given(st.lists(st.tuples(st.sampled_from(sorted(_DT)), st.integers(1, 300), st.binary(min_size=8, max_size=8),
+                          st.floats(0, 1), st.booleans()), min_size=1, max_size=4))
+@settings(max_examples=60, deadline=None)
+def test_any_bits_round_trip(specs: list[tuple[str, int, bytes, float, bool]]) -> None:
+    """Arbitrary bit patterns (NaNs, subnormals, sign flips), any fraction changed, shapes kept or not."""
+    base, target = {}, {}
+    for i, (code, n, seed, frac, reshape) in enumerate(specs):
+        rng = np.random.default_rng(int.from_bytes(seed, "little"))
+        size = torch.empty(0, dtype=_DT[code]).element_size()
+        a = rng.integers(0, 256, n * size, dtype=np.uint8)
+        b = a.copy()
+        flip = rng.random(n * size) < frac
+        b[flip] = rng.integers(0, 256, int(flip.sum()), dtype=np.uint8)
+        base[f"t{i}"] = torch.from_numpy(a).view(_DT[code])
+        target[f"t{i}"] = torch.from_numpy(b).view(_DT[code]).reshape((1, n) if reshape else (n,))
+    a_ck, b_ck = Checkpoint.from_state_dict(base), Checkpoint.from_state_dict(target)
+    out = apply_delta(a_ck, encode_delta(a_ck, b_ck), expected_hash=b_ck.content_hash, max_size=MAX)
+    assert bytes(out.to_bytes()) == bytes(b_ck.to_bytes())
+
+
 def test_checkpoint_is_canonical_and_plain_safetensors() -> None:
     sd = {"b": torch.randn(3, 2), "a": torch.randn(5).bfloat16(), "c": torch.arange(4)}
     one = Checkpoint.from_state_dict(sd)
