@@ -21,6 +21,8 @@ class SamplingConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 16
+    ignore_eos: bool = False
+    """Benchmarks only: keep sampling past ``<eos>`` (rollouts made so fail the termination check)."""
 
 
 @dataclass(frozen=True)

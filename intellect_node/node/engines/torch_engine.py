@@ -60,7 +60,7 @@ class TorchEngine:
             lps.append(lp)
             hids.append(hidden)
             done |= tok == self.eos_id
-            if step + 1 == max_new or bool(done.all()):
+            if step + 1 == max_new or (not sampling.ignore_eos and bool(done.all())):
                 break
             hidden = self.runner.forward(tok.view(B, 1), next_pos, valid, cache)[:, -1]
             next_pos = next_pos + 1
@@ -70,7 +70,7 @@ class TorchEngine:
         out = []
         for r in range(B):
             row = tok_m[r].tolist()
-            n = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)
+            n = row.index(self.eos_id) + 1 if self.eos_id in row and not sampling.ignore_eos else len(row)
             out.append(Generation(prompt_tokens=list(prompts[r]), tokens=row[:n],
                                   logprobs=lp_m[r, :n].tolist(), hidden=hid_m[r, :n].clone()))
         return out

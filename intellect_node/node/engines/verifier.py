@@ -81,7 +81,7 @@ class Verifier:
         todo = [i for i, v in enumerate(verdicts) if v is None]
         for start in range(0, len(todo), self.max_batch):
             idx = todo[start:start + self.max_batch]
-            for i, v in zip(idx, self._tensor_checks([records[i] for i in idx])):
+            for i, v in zip(idx, self.verify_tensors([records[i] for i in idx])):
                 verdicts[i] = v
         return [v for v in verdicts if v is not None]
 
@@ -132,7 +132,9 @@ class Verifier:
             return self._reject(r, "reward", f"claimed {r.reward}, checker gives {reward}")
         return None
 
-    def _tensor_checks(self, records: list[RolloutRecord]) -> list[Verdict]:
+    def verify_tensors(self, records: list[RolloutRecord]) -> list[Verdict]:
+        """Only the prefill-based checks (TOPLOC, logprobs, sampler) on records that passed the cheap
+        ones; :meth:`verify` calls it in batches of ``max_batch``. Benchmarks time it directly."""
         states = self.engine.prefill([(r.prompt_tokens, r.completion_tokens) for r in records])
         try:
             toploc = verify_proofs_batch([h for h, _ in states], [r.proofs for r in records])

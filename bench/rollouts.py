@@ -1,0 +1,123 @@
+#!/usr/bin/env python
+"""Rollout benchmark: the torch engine against transformers' ``generate`` on the same model, and the cost
+of proofs and verification as shares of generation time. One run, one thread, same prompts.
+
+    .venv/bin/python bench/rollouts.py [--model DIR] [--new-tokens 128] [--repeats 3]
+    .venv-vllm/bin/python bench/rollouts.py --vllm      # adds the vLLM engine (after make test-vllm)
+
+Generation runs past ``<eos>`` (``ignore_eos`` here, ``min_new_tokens`` for transformers) so every row
+produces exactly ``--new-tokens`` tokens; the embedded model would otherwise stop after ~5. Figures are the
+median of ``--repeats`` runs. Aims (issue 3): >= 1.5x ``generate`` at batch 32, proofs <= 3% of
+generation, verification <= 0.2x generation for 128 new tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from intellect_node.node.engines.base import SamplingConfig  # noqa: E402
+from intellect_node.node.engines.rollouts import checkpoint_cid, generate_rollouts  # noqa: E402
+from intellect_node.node.engines.torch_engine import TorchEngine  # noqa: E402
+from intellect_node.node.engines.verifier import Expectations, Verifier  # noqa: E402
+from intellect_node.proofs.thresholds import Thresholds  # noqa: E402
+from intellect_node.proofs.toploc import build_proofs_batch  # noqa: E402
+from intellect_node.protocol.signing import SigningKey  # noqa: E402
+from intellect_node.trainer.tasks import embedded_task  # noqa: E402
+
+LOOSE = Thresholds(exp_mismatches=2, mant_err_mean=0.5, mant_err_median=1.0, logprob_diff=1e-3,
+                   sampling_gap=1e-3)
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def prompts_for(engine: TorchEngine, batch: int) -> list[list[int]]:
+    # 16-token prompts like the notes' measurements: <bos> + a 15-character problem text.
+    problems = embedded_task().sample(random.Random(batch), batch)
+    return [engine.loaded.tokenizer.prompt_ids((p.prompt + p.prompt)[:15]) for p in problems]
+
+
+def hf_generate(model_dir: Path, prompts: list[list[int]], new: int, repeats: int) -> float:
+    from intellect_node.trainer.model import load_hf_model
+
+    hf = load_hf_model(model_dir)
+    ids = torch.tensor(prompts)
+    with torch.inference_mode():
+        hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=True)  # warm-up
+        return median_time(lambda: hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                                               max_new_tokens=new, min_new_tokens=new, top_k=0,
+                                               pad_token_id=0), repeats)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, help="model folder (default: the embedded model)")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--vllm", action="store_true", help="also measure the vLLM engine")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    engine = TorchEngine.from_dir(args.model)
+    model_dir = engine.loaded.path
+    new = args.new_tokens
+    cfg = SamplingConfig(max_new_tokens=new, ignore_eos=True)
+    print(f"model {model_dir} ({engine.dtype}), {new} new tokens, 16-token prompts, 1 thread, "
+          f"median of {args.repeats}")
+    print(f"{'engine':28} {'batch':>5} {'tok/s':>9} {'vs generate':>12}")
+    gen_times: dict[int, float] = {}
+    for batch in (1, 32):
+        prompts = prompts_for(engine, batch)
+        keys = list(range(batch))
+        t_hf = hf_generate(model_dir, prompts, new, args.repeats)
+        engine.generate(prompts, keys, SamplingConfig(max_new_tokens=4))  # warm-up
+        t_torch = median_time(lambda: engine.generate(prompts, keys, cfg), args.repeats)
+        gen_times[batch] = t_torch
+        tokens = batch * new
+        print(f"{'transformers generate':28} {batch:>5} {tokens / t_hf:>9.0f} {1.0:>11.2f}x")
+        print(f"{'torch engine (static cache)':28} {batch:>5} {tokens / t_torch:>9.0f} {t_hf / t_torch:>11.2f}x")
+        if args.vllm:
+            from intellect_node.node.engines.vllm_engine import VllmEngine
+
+            v = VllmEngine(model_dir, dtype=engine.dtype)
+            v.generate(prompts, keys, SamplingConfig(max_new_tokens=4))
+            t_v = median_time(lambda: v.generate(prompts, keys, cfg), args.repeats)
+            print(f"{'vllm engine':28} {batch:>5} {tokens / t_v:>9.0f} {t_hf / t_v:>11.2f}x")
+
+    # Proofs and verification for the batch-32 rollouts, as shares of their generation time.
+    batch = 32
+    problems = embedded_task().sample(random.Random(0), batch)
+    gens = engine.generate([engine.loaded.tokenizer.prompt_ids(p.prompt) for p in problems],
+                           list(range(batch)), cfg)
+    t_proofs = median_time(lambda: build_proofs_batch([g.hidden for g in gens]), args.repeats)
+    key = SigningKey(bytes(32))
+    recs = generate_rollouts(engine, engine.loaded.tokenizer, problems, key=key, run_id="bench",
+                             policy_version=0, checkpoint=checkpoint_cid(model_dir), sampling=cfg,
+                             seeds=list(range(batch)))
+    verifier = Verifier(engine, LOOSE, Expectations())
+    verdicts = verifier.verify_tensors(recs)
+    t_verify = median_time(lambda: verifier.verify_tensors(recs), args.repeats)
+    t_gen = gen_times[32]
+    print(f"proof building, batch 32 x {new} tokens: {t_proofs * 1e3:.1f} ms = {t_proofs / t_gen:.3f} of "
+          f"generation ({t_gen * 1e3:.0f} ms)")
+    print(f"verification (prefill + TOPLOC + logprob + sampler), batch 32: {t_verify * 1e3:.0f} ms = "
+          f"{t_verify / t_gen:.3f}x generation; {sum(v.accepted for v in verdicts)}/{batch} accepted")
+
+
+if __name__ == "__main__":
+    main()
