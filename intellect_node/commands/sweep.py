@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 
 FORGERS_ENV = "INTELLECT_NODE_SWEEP_FORGERS"
 LOCAL_HEARTBEAT_S = 1.0
-LOCAL_PEER_TIMEOUT_S = 6.0
+LOCAL_PEER_TIMEOUT_S = 15.0
+"""Generous for loopback: on a loaded 2-core machine heartbeats can stall for several seconds."""
 LOCAL_CHECK_GRACE_S = 10.0
 """Local workers claim every few seconds, so ten quiet seconds mean no other peer can take a check."""
 JOIN_CHECK_GRACE_S = 120.0

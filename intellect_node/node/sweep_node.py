@@ -104,6 +104,8 @@ class SweepCoordinatorService:
         self.workers_seen: set[str] = set()
         self._held: dict[str, wire.Claim] = {}
         self._serving = min_workers <= 0
+        self.started_at = time.monotonic() if self._serving else 0.0
+        """When grants began (monotonic): the sweep's own wall time excludes waiting for workers."""
         self._finishing = False
         self._tasks: list[asyncio.Task[None]] = []
         self.grants_sent = 0
@@ -141,6 +143,7 @@ class SweepCoordinatorService:
                 if len(self.workers_seen) < self.min_workers:
                     return
                 self._serving = True
+                self.started_at = time.monotonic()
                 log.info("%d workers present; starting the sweep", len(self.workers_seen))
                 for peer, claim in list(self._held.items()):
                     await self._serve_claim(peer, claim)
@@ -170,12 +173,10 @@ class SweepCoordinatorService:
         if not outcome.accepted and outcome.reason not in ("duplicate", "banned"):
             self.swarm.peerbook.record_rejection(peer, f"sweep result: {outcome.reason}")
         for liar in outcome.banned:
-            reason = self.coord.banned.get(liar, "sweep: wrong results")
-            log.warning("banning %s: %s", liar, reason)
-            try:
-                await self.swarm.ban(liar, reason)
-            except IntellectNodeError as exc:
-                log.warning("could not ban %s at the libp2p level: %s", liar, exc)
+            # The peerbook ban makes the host drop the liar's gossip and refuse its connections. Not
+            # ``swarm.ban``: py-libp2p 0.8.1's blacklist teardown can raise KeyError inside the pubsub
+            # service (a race with the stream-reset handler) and take the whole libp2p thread down.
+            self.swarm.peerbook.ban(liar, f"sweep: {self.coord.banned.get(liar, 'wrong results')}")
         c = self.coord.counts()
         log.info("sweep %s: %d/%d done, %d in flight, %d banned", self.sweep_id, c["done"], c["jobs"],
                  c["inflight"], c["banned"])
@@ -185,7 +186,9 @@ class SweepCoordinatorService:
         if self._finishing or not self.coord.finished():
             return
         self._finishing = True  # the tick loop and a result handler may both get here
-        meta = {**self.meta, "sweep_id": self.sweep_id, "counts": self.coord.counts()}
+        meta = {**self.meta, "sweep_id": self.sweep_id, "counts": self.coord.counts(),
+                "elapsed_s": round(time.monotonic() - self.started_at, 3) if self.started_at else None,
+                "executions": sum(len(j.votes) for j in self.coord.jobs.values())}
         self.summary = await asyncio.to_thread(research.write_outputs, self.out, self.coord, meta=meta)
         log.info("sweep %s finished: outputs in %s", self.sweep_id, self.out)
         self.done.set()

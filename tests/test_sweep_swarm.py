@@ -1,0 +1,59 @@
+"""A sweep on a real local swarm: the CLI starts a coordinator node and 3 worker processes on 127.0.0.1,
+one of which forges its results (the test-only ``INTELLECT_NODE_SWEEP_FORGERS``). The spot checks catch
+it, it is banned, its jobs are redone, and the swarm's results equal the same runs done here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from conftest import REPO, run_cli
+
+from intellect_node.node.identity import load_key
+from intellect_node.research import sweep as S
+
+sys.path.insert(0, str(REPO))
+
+
+def test_forger_caught_banned_and_redone_on_a_local_swarm(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    proc = run_cli("sweep", "polysemanticity", "--grid", "tiny", "--workers", "3", "--out", str(out),
+                   "--check-fraction", "1.0", env={"INTELLECT_NODE_SWEEP_FORGERS": "0"}, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    forger = load_key(out / "workers" / "w0").peer_id
+    honest = {load_key(out / "workers" / f"w{i}").peer_id for i in (1, 2)}
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["banned"]) == [forger]
+    assert summary["done"] == summary["jobs"] == 6 and not summary["unresolved"]
+    assert f"banned {forger}" in proc.stdout
+
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    jobs = {S.job_id(spec): spec for spec in S.grid("tiny")}
+    assert {r["job_id"] for r in rows} == set(jobs)
+    for r in rows:
+        # Every job was re-executed (fraction 1.0) by the two honest workers, who agree with a local run.
+        assert r["status"] == "done" and r["check"] == "agreed"
+        assert set(r["peers"]) == honest
+        local = S.execute(jobs[r["job_id"]])
+        assert (r["polysemantic"], r["sign_hash"]) == local.digest
+
+    # The journal holds the forger's refuted results and the ban; the outputs are regenerated from it.
+    events = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()[1:]]
+    assert any(e["e"] == "result" and e["peer"] == forger for e in events)
+    assert [e["peer"] for e in events if e["e"] == "ban"] == [forger]
+    (out / "summary.json").unlink()
+    again = run_cli("sweep", "polysemanticity", "--out", str(out), "--resume", timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads((out / "summary.json").read_text())["configs"] == summary["configs"]
+    assert (out / "plot.png").stat().st_size > 1000
+
+
+def test_operator_mistakes_exit_2(tmp_path: Path) -> None:
+    bad_grid = run_cli("sweep", "polysemanticity", "--grid", "huge", "--out", str(tmp_path / "a"))
+    assert bad_grid.returncode == 2 and "--grid" in bad_grid.stderr
+    no_journal = run_cli("sweep", "polysemanticity", "--out", str(tmp_path / "b"), "--resume")
+    assert no_journal.returncode == 2 and "--resume" in no_journal.stderr
+    workers = run_cli("sweep", "polysemanticity", "--workers", "0", "--out", str(tmp_path / "c"))
+    assert workers.returncode == 2 and "--workers" in workers.stderr
