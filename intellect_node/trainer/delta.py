@@ -271,11 +271,16 @@ def _to_planes(arr: np.ndarray) -> bytes:
     return np.ascontiguousarray(arr.view(np.uint8).reshape(-1, s).T).tobytes()
 
 
-def _from_planes(buf: bytes, itemsize: int, count: int) -> np.ndarray:
-    raw = np.frombuffer(buf, dtype=np.uint8, count=itemsize * count)
-    if itemsize == 1:
-        return raw
-    return np.ascontiguousarray(raw.reshape(itemsize, count).T).view(_UINT[itemsize]).reshape(-1)
+def _from_planes(buf: bytes, itemsize: int, count: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Inverse of :func:`_to_planes`, written into ``out`` (a flat unsigned array) when given."""
+    planes = np.frombuffer(buf, dtype=np.uint8, count=itemsize * count).reshape(itemsize, count)
+    if out is None:
+        out = np.empty(count, dtype=_UINT[itemsize])
+    # One strided write per plane: measured ~2-7x faster than a transposing copy of the whole array.
+    dst = out.view(np.uint8).reshape(count, itemsize)
+    for k in range(itemsize):
+        dst[:, k] = planes[k]
+    return out
 
 
 def _compress(data: bytes, level: int) -> bytes:
@@ -301,16 +306,21 @@ _SPARSE_MAX_NUMEL = 1 << 32  # gaps are u32
 DENSE_KINDS = ("xor", "add")
 
 
-def _zigzag(d: np.ndarray) -> np.ndarray:
-    """Unsigned differences (mod 2^bits) to zigzag form: 0, -1, 1, -2, ... -> 0, 1, 2, 3, ..."""
-    bits = 8 * d.dtype.itemsize
-    signed = d.view(np.dtype(f"<i{d.dtype.itemsize}"))
-    return np.left_shift(d, d.dtype.type(1)) ^ np.right_shift(signed, bits - 1).view(d.dtype)
+def _zigzag_inplace(d: np.ndarray) -> np.ndarray:
+    """Unsigned differences (mod 2^bits) to zigzag form, in place: 0, -1, 1, -2, ... -> 0, 1, 2, 3, ..."""
+    sign = np.right_shift(d.view(np.dtype(f"<i{d.dtype.itemsize}")), 8 * d.dtype.itemsize - 1).view(d.dtype)
+    np.left_shift(d, d.dtype.type(1), out=d)
+    d ^= sign
+    return d
 
 
-def _unzigzag(z: np.ndarray) -> np.ndarray:
-    one = z.dtype.type(1)
-    return np.right_shift(z, one) ^ (z.dtype.type(0) - (z & one))
+def _unzigzag_inplace(z: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`_zigzag_inplace`, in place: ``(z >> 1) ^ -(z & 1)`` in unsigned arithmetic."""
+    sign = z & z.dtype.type(1)
+    np.negative(sign, out=sign)  # 0 or all ones (unsigned wrap-around)
+    np.right_shift(z, z.dtype.type(1), out=z)
+    z ^= sign
+    return z
 
 
 def _encode_tensor(name: str, info: TensorInfo, base: np.ndarray | None, target: np.ndarray,
@@ -329,7 +339,7 @@ def _encode_tensor(name: str, info: TensorInfo, base: np.ndarray | None, target:
                                       data=_compress(_to_planes(x), level)))
     if "add" in dense:
         candidates.append(TensorDelta(name=name, kind="add", dtype=info.dtype, shape=shape,
-                                      data=_compress(_to_planes(_zigzag(target - base)), level)))
+                                      data=_compress(_to_planes(_zigzag_inplace(target - base)), level)))
     # Sparse only stands a chance when its uncompressed form is smaller than the dense one.
     if info.numel < _SPARSE_MAX_NUMEL and nnz * (4 + info.itemsize) < x.nbytes:
         changed = np.flatnonzero(x)
@@ -372,7 +382,7 @@ def _apply_tensor(t: TensorDelta, info: TensorInfo, base: Checkpoint, dest: memo
     out = np.frombuffer(dest, dtype=_UINT[s], count=n)
     what = f"tensor {t.name[:80]!r}"
     if t.kind == "raw":
-        out[:] = _from_planes(_decompress(t.data, n * s, what), s, n)
+        _from_planes(_decompress(t.data, n * s, what), s, n, out)
         return
     b = base.tensors.get(t.name)
     if b is None or b.dtype != info.dtype or b.shape != info.shape:
@@ -381,9 +391,11 @@ def _apply_tensor(t: TensorDelta, info: TensorInfo, base: Checkpoint, dest: memo
     if t.kind == "same":
         out[:] = base_bits
     elif t.kind == "xor":
-        np.bitwise_xor(base_bits, _from_planes(_decompress(t.data, n * s, what), s, n), out=out)
+        _from_planes(_decompress(t.data, n * s, what), s, n, out)
+        out ^= base_bits
     elif t.kind == "add":
-        np.add(base_bits, _unzigzag(_from_planes(_decompress(t.data, n * s, what), s, n)), out=out)
+        _unzigzag_inplace(_from_planes(_decompress(t.data, n * s, what), s, n, out))
+        out += base_bits  # mod 2^bits
     else:  # sparse
         if not 0 < t.count <= n or n >= _SPARSE_MAX_NUMEL:
             raise ProtocolError(f"{what}: sparse count {t.count} out of range for {n} elements")
