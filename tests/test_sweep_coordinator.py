@@ -258,3 +258,18 @@ def test_noise_summary_curves(tmp_path: Path) -> None:
     assert c["final_mean"] == pytest.approx(0.3) and c["final_std"] == pytest.approx(0.1)
     S.plot(s, tmp_path / "noise.png")
     assert (tmp_path / "noise.png").stat().st_size > 1000
+
+
+def test_real_noise_and_poly_runs_are_accepted_and_agree() -> None:
+    jobs = [S.noise_job("bernoulli", 0.1, 0, steps=600, record_every=100), S.poly_job(8, 16, 1, steps=300)]
+    coord = S.Coordinator(jobs, salt=SALT, check_fraction=1.0)
+    now = 0.0
+    for peer in ("alice", "bob"):
+        for g in coord.claim(peer, [], 2, now):
+            r = S.execute(g.spec)
+            rec = {"polysemantic": r.polysemantic, "sign_hash": r.sign_hash, "final_loss": r.final_loss,
+                   "fourth_norm": [list(p) for p in r.fourth_norm], "seconds": 0.0}
+            assert coord.result(peer, g.job_id, rec, now).accepted
+    assert coord.finished() and all(r["check"] == "agreed" for r in coord.rows())
+    noise_row = coord.rows()[0]
+    assert [s for s, _ in noise_row["fourth_norm"]] == list(range(0, 601, 100))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import secrets
 import threading
@@ -333,7 +334,9 @@ class SweepWorker:
             self.busy = False
         msg = wire.Result(run_id=self.swarm.run_id, sweep_id=sweep[1], time_ms=_now_ms(), coordinator=sweep[0],
                           job_id=wire.job_id(spec), polysemantic=result.polysemantic, sign_hash=result.sign_hash,
-                          final_loss=result.final_loss, fourth_norm=list(result.fourth_norm),
+                          # A diverged run's NaN loss would fail every validator; the digest is what counts.
+                          final_loss=result.final_loss if math.isfinite(result.final_loss) else -1.0,
+                          fourth_norm=list(result.fourth_norm),
                           seconds=round(time.monotonic() - t0, 3))
         await self.swarm.publish(self.topic, wire.seal(self.swarm.key, msg))
         self.jobs_done += 1

@@ -143,8 +143,8 @@ def check_spec(spec: JobSpec) -> JobSpec:
     _finite(spec.sigma, "sigma", 0.0, 10.0)
     if spec.noise not in NOISE_KINDS or (spec.variant == "poly" and spec.noise != "none"):
         raise ProtocolError(f"bad noise {spec.noise[:32]!r} for variant {spec.variant}")
-    if not 0 <= spec.record_every <= MAX_STEPS:
-        raise ProtocolError("record_every out of range")
+    if not 0 <= spec.record_every <= MAX_STEPS or (spec.variant == "noise") != (spec.record_every > 0):
+        raise ProtocolError("record_every out of range (noise jobs sample their curve, poly jobs do not)")
     if spec.record_every and spec.steps // spec.record_every + 1 > MAX_CURVE_POINTS:
         raise ProtocolError("record_every gives too many curve points")
     return spec

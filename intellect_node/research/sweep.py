@@ -128,7 +128,7 @@ def execute(spec: JobSpec) -> Any:
         return poly.run_polysemanticity(spec.n, spec.m, spec.seed, steps=spec.steps, lr=spec.lr, l1=spec.l1,
                                         weight_decay=spec.weight_decay)
     return poly.run_noise(spec.n, spec.m, spec.seed, noise=spec.noise, sigma=spec.sigma,  # type: ignore[arg-type]
-                          steps=spec.steps, lr=spec.lr, l1=spec.l1, record_every=spec.record_every or spec.steps)
+                          steps=spec.steps, lr=spec.lr, l1=spec.l1, record_every=spec.record_every)
 
 
 # -- the coordinator ---------------------------------------------------------------------------------
