@@ -21,7 +21,9 @@ Time-to-all runs from the "go" until the last peer holds the complete, verified 
 ``intellect`` every chunk in its store (where the node serves and loads it from); ``intellect+file`` adds
 writing the assembled file (``blob get -o``: copy_file_range + fsync + atomic rename); for shardcast the
 reassembled file after its blake3 check; for raw TCP the written file. Aggregate throughput = N x size / time-to-all (MB = 10^6 bytes). After each transfer every output
-is hashed and compared with the source, outside the timed region.
+is hashed and compared with the source, outside the timed region. "CPU s/GB" is the CPU time (user +
+system, from /proc) that all processes of a transfer used inside the timed region per GB delivered: on a
+shared, loaded machine it is steadier than wall time.
 
 Run: ``.venv/bin/python bench/broadcast.py [--size-mib 256] [--peers 4]``. Files go to a temp dir that is
 removed at the end (``--keep`` keeps it).
@@ -46,6 +48,7 @@ from typing import Any
 PY = sys.executable
 HERE = Path(__file__).resolve()
 MIB = 1 << 20
+CPU: dict[str, float] = {}  # transfer -> CPU seconds of all its processes during the timed region
 
 
 # -- child processes ---------------------------------------------------------------------------------
@@ -57,6 +60,11 @@ class Child:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         self.p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                                   cwd=cwd)
+
+    def cpu(self) -> float:
+        """CPU seconds this process and its waited-for children (shardcast's wget) have used so far."""
+        fields = Path(f"/proc/{self.p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
     def send(self, obj: Any) -> None:
         assert self.p.stdin is not None
@@ -126,11 +134,13 @@ def run_intellect(src: Path, work: Path, peers: int, chunk_mib: int) -> tuple[fl
                 for i in range(peers)]
         hellos = _wait_all(kids, {"listening"})
         everyone = [{"peer_id": h["peer_id"], "http_url": h["url"]} for h in [hello, *hellos]]
+        cpu0 = sum(c.cpu() for c in [origin, *kids])
         t0 = time.perf_counter()
         for k in kids:
             k.send({"op": "fetch", "cid": cid, "providers": everyone})
         done = _wait_all(kids, {"done", "error"})
         elapsed = time.perf_counter() - t0
+        CPU["intellect"] = sum(c.cpu() for c in [origin, *kids]) - cpu0
         for i, k in enumerate(kids):
             k.send({"op": "export", "cid": cid, "out": str(root / f"out{i}.bin")})
         _wait_all(kids, {"exported"})
@@ -160,11 +170,13 @@ def run_shardcast(src: Path, work: Path, peers: int) -> float:
                        str(root / f"peer{i}"), "--version-name", hello["version"]])
             k.read_until({"ready"})
             kids.append(k)
+        cpu0 = sum(c.cpu() for c in [origin, *kids])
         t0 = time.perf_counter()
         for k in kids:
             k.send("go")
         done = _wait_all(kids, {"done"})
         elapsed = time.perf_counter() - t0
+        CPU["shardcast"] = sum(c.cpu() for c in [origin, *kids]) - cpu0
         if not all(ev["ok"] for ev in done):
             raise RuntimeError(f"shardcast download failed: {done}")
     finally:
@@ -184,11 +196,13 @@ def run_tcp(src: Path, work: Path, peers: int) -> float:
         kids = [Child([PY, str(HERE), "--role", "tcp-client", "--port", str(port), "--out",
                        str(root / f"out{i}.bin"), "--size", str(src.stat().st_size)]) for i in range(peers)]
         _wait_all(kids, {"ready"})
+        cpu0 = sum(c.cpu() for c in [origin, *kids])
         t0 = time.perf_counter()
         for k in kids:
             k.send("go")
         _wait_all(kids, {"done"})
         elapsed = time.perf_counter() - t0
+        CPU["raw TCP"] = sum(c.cpu() for c in [origin, *kids]) - cpu0
     finally:
         for k in [*kids, origin]:
             k.close()
@@ -248,6 +262,7 @@ def role_tcp_client(port: int, out: Path, size: int) -> None:
             f.write(view[:n])
             got += n
     print(json.dumps({"event": "done", "bytes": got}), flush=True)
+    sys.stdin.read()  # stay alive until the bench has read our CPU time
 
 
 def role_sc_origin(src: Path, d: Path) -> None:
@@ -356,9 +371,10 @@ def main() -> None:
         if not args.skip_shardcast:
             results["shardcast"] = run_shardcast(src, work, args.peers)
         total_mb = args.peers * size / 1e6
-        print(f"\n{'transfer':<16}{'time-to-all s':>15}{'aggregate MB/s':>16}")
+        print(f"\n{'transfer':<16}{'time-to-all s':>15}{'aggregate MB/s':>16}{'CPU s/GB':>10}")
         for name, t in results.items():
-            print(f"{name:<16}{t:>15.2f}{total_mb / t:>16.0f}")
+            cpu = f"{CPU[name] / (total_mb / 1000):>10.2f}" if name in CPU else f"{'':>10}"
+            print(f"{name:<16}{t:>15.2f}{total_mb / t:>16.0f}{cpu}")
         ours = total_mb / results["intellect"]
         print(f"\nintellect / raw TCP ceiling: {ours / (total_mb / results['raw TCP']):.2f}x (aim >= 0.5)")
         if "shardcast" in results:
