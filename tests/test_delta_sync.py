@@ -13,6 +13,7 @@ import torch
 from intellect_node.errors import IntegrityError
 from intellect_node.fsutil import atomic_write_bytes
 from intellect_node.node.policy_sync import PolicyFollower, PolicyPublisher
+from intellect_node.node.status import StatusBoard
 from intellect_node.protocol import codec
 from intellect_node.protocol.policy import DeltaFile, PolicyAnnouncement, open_announcement, \
     seal_announcement
@@ -59,7 +60,9 @@ def test_chain_anchors_late_joiner_and_restart(tmp_path: Path) -> None:
             assert (await fa.obtain(anns[4])).path == "stale"
 
             # A late joiner starts from the latest full checkpoint (v3) and walks two deltas.
-            late = await _follower(tmp_path, "b", b, trainer.key.peer_id).obtain(anns[5])
+            board = StatusBoard(role="worker")
+            late = await _follower(tmp_path, "b", b, trainer.key.peer_id, board=board).obtain(anns[5])
+            assert board.snapshot().policy.local == board.snapshot().policy.current == 5
             assert late.path == "full" and late.deltas_applied == 2 and late.fallback == "no policy held"
             assert bytes(late.checkpoint.to_bytes()) == bytes(versions[5].to_bytes())
 

@@ -86,7 +86,7 @@ class PolicyPublisher:
     """The trainer's side. One per run; ``publish`` calls are serialised."""
 
     def __init__(self, root: str | os.PathLike[str], blobs: BlobService, key: SigningKey, run_id: str, *,
-                 full_every: int = DEFAULT_FULL_EVERY, zstd_level: int = ZSTD_LEVEL) -> None:
+                 full_every: int = DEFAULT_FULL_EVERY, zstd_level: int = ZSTD_LEVEL, board: Any = None) -> None:
         if not 1 <= full_every <= MAX_CHAIN:
             raise ConfigError(f"full_every must be in [1, {MAX_CHAIN}] (an announcement carries at most "
                               f"{MAX_CHAIN} delta links); got {full_every}", field="full_every")
@@ -97,6 +97,7 @@ class PolicyPublisher:
         self.run_id = run_id
         self.full_every = full_every
         self.zstd_level = zstd_level
+        self._board = board
         self._lock = asyncio.Lock()
         self._prev: Checkpoint | None = None
         self._version: int | None = None
@@ -165,6 +166,8 @@ class PolicyPublisher:
             self._prev, self._version, self._full, self._links = ckpt, version, full, links
             if old is not None:  # the blob store keeps what peers may still fetch
                 (self.root / _ckpt_name(old)).unlink(missing_ok=True)
+            if self._board is not None:
+                self._board.set_policy(current=version, local=version)
             return ann, raw
 
 
