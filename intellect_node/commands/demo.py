@@ -105,7 +105,10 @@ class DemoSwarm:
     def _write_config(self, model: str | None, extra: dict[str, Any]) -> None:
         from intellect_node.node.config import load_config
 
-        run = {"run_id": self.run_id, "trainer_peer_id": self.trainer.peer_id}
+        # Keys exist before any process starts, so the run's trust roots are known up front: the trainer
+        # announces policies, the validators' verdicts are the only ones the trainer trains on.
+        run: dict[str, Any] = {"run_id": self.run_id, "trainer_peer_id": self.trainer.peer_id,
+                               "validator_peer_ids": [n.peer_id for n in self.nodes if n.role == "validator"]}
         if model:
             run["model"] = model
         doc: dict[str, Any] = {"network": {"heartbeat_interval": 1.0, "peer_timeout": 10.0}, "run": run}
