@@ -49,6 +49,7 @@ class ProofError(IntellectNodeError):
 
 
 _INV: np.ndarray | None = None
+_INV_F64: np.ndarray | None = None
 
 
 def _signed_inverses() -> np.ndarray:
@@ -96,6 +97,13 @@ class ProofPoly:
         return acc
 
 
+def _signed_inverses_f64() -> np.ndarray:
+    global _INV_F64
+    if _INV_F64 is None:
+        _INV_F64 = _signed_inverses().astype(np.float64)
+    return _INV_F64
+
+
 def _find_modulus(idx: np.ndarray) -> int:
     """The largest m <= PRIME with idx mod m distinct (indices are distinct, so PRIME when all < PRIME)."""
     if int(idx.max()) < PRIME:
@@ -106,30 +114,45 @@ def _find_modulus(idx: np.ndarray) -> int:
     raise ProofError("no modulus makes the top-k indices distinct")
 
 
+def _reduce(a: np.ndarray) -> np.ndarray:
+    """``a`` mod PRIME, in place, for float64 arrays of exact integers below 2^50 in magnitude.
+
+    floor(a / p) computed as floor(a * (1/p)) can be off by one, so the result lies in [-p, 2p); callers
+    only need a small representative until :func:`interpolate` normalises at the end. Float64 is used
+    because numpy's int64 remainder is a division per element, several times slower.
+    """
+    a -= np.floor(a * (1.0 / PRIME)) * PRIME
+    return a
+
+
 def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Monomial coefficients [P, n] of the polynomials through points (x[p, i], y[p, i]) over GF(PRIME).
 
     ``x`` rows must be distinct residues. Newton divided differences, then the Newton form is expanded
     from the innermost term outwards (Horner on polynomials), touching only the live low-degree part.
+    All intermediate values stay below 2^36, exact in float64.
     """
-    inv = _signed_inverses()
+    inv = _signed_inverses_f64()
     x = x.astype(np.int64) % PRIME
-    dd = y.astype(np.int64) % PRIME
+    xf = x.astype(np.float64)
+    dd = (y.astype(np.int64) % PRIME).astype(np.float64)
     rows, n = x.shape
     for k in range(1, n):
-        num = dd[:, k:] - dd[:, k - 1:-1]          # in (-p, p)
-        num *= inv[x[:, k:] - x[:, :-k] + PRIME]   # |num| < 2^32: no overflow before the reduction
-        np.remainder(num, PRIME, out=dd[:, k:])
+        num = dd[:, k:] - dd[:, k - 1:-1]          # |num| < 3p
+        num *= inv[x[:, k:] - x[:, :-k] + PRIME]   # * (x_i - x_{i-k})^-1
+        dd[:, k:] = _reduce(num)
     acc = np.zeros_like(dd)
     acc[:, 0] = dd[:, n - 1]
+    buf = np.empty_like(dd)
     for i in range(n - 2, -1, -1):
         d = n - 1 - i  # degree of acc after this step
-        new = np.empty((rows, d + 1), np.int64)
+        new = buf[:, :d + 1]
         new[:, 1:] = acc[:, :d]
         new[:, 0] = dd[:, i]
-        new[:, :d] -= x[:, i:i + 1] * acc[:, :d]   # acc * (X - x_i) + dd_i
-        np.remainder(new, PRIME, out=acc[:, :d + 1])
-    return acc
+        new[:, :d] -= xf[:, i:i + 1] * acc[:, :d]   # acc * (X - x_i) + dd_i
+        acc[:, :d + 1] = _reduce(new)
+    out = acc.astype(np.int64) % PRIME
+    return out
 
 
 def _chunks(hidden: torch.Tensor, chunk: int) -> list[torch.Tensor]:

@@ -1,0 +1,116 @@
+"""The vLLM engine (extra ``intellect-node[vllm]``; import this module only when vLLM is wanted).
+
+vLLM runs the model; this module makes it sample with the project's seeded sampler and hands back the
+hidden states TOPLOC needs. A forward hook on the model's ``logits_processor`` sees, for every row vLLM
+is about to sample, the final-norm hidden state and the logits. For each row it looks up the request's
+noise key (carried in ``SamplingParams.extra_args``) and its position (rows seen so far for that
+request), draws the token with :func:`proofs.sampling.sample`, records token, logprob and hidden state,
+and returns one-hot logits so that vLLM, asked for greedy decoding, emits exactly that token. vLLM's own
+output tokens are then checked against the recorded ones.
+
+Shortcuts and caveats (facts from shared/notes/inference-and-toploc.md):
+* in-process engine core (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the hook runs in this process;
+* rows are matched to requests through ``model_runner.input_batch.req_ids`` (vLLM internals, so the
+  version is pinned by ``scripts/setup-vllm.sh``); chunked prefill is disabled so every row is a
+  sampled token;
+* ``enforce_eager=True`` (no graph capture) and a small KV cache (``VLLM_CPU_KVCACHE_SPACE=1`` GiB).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from intellect_node.errors import ConfigError
+from intellect_node.node.engines.base import Generation, SamplingConfig
+from intellect_node.proofs import sampling as S
+from intellect_node.trainer.model import CharTokenizer, resolve_model_dir
+
+
+class VllmEngine:
+    name = "vllm"
+
+    def __init__(self, model: str | Path | None = None, dtype: str = "float32", max_model_len: int = 256,
+                 max_num_seqs: int = 64) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        try:
+            from vllm import LLM
+        except ImportError as exc:
+            raise ConfigError("the vLLM engine needs vllm: run `make test-vllm` (or scripts/setup-vllm.sh) "
+                              "and use .venv-vllm", field="engine") from exc
+        path = resolve_model_dir(model)
+        self.dtype = dtype
+        tok = CharTokenizer(path / "tokenizer.json")
+        self.eos_id = tok.eos_id
+        self.llm = LLM(model=str(path), dtype=dtype, max_model_len=max_model_len, enforce_eager=True, seed=0,
+                       skip_tokenizer_init=True, enable_chunked_prefill=False, max_num_seqs=max_num_seqs,
+                       max_num_batched_tokens=max(max_model_len * max_num_seqs, 2048),
+                       enable_prefix_caching=False)
+        self._runner = self._find_runner()
+        self._sampling: SamplingConfig | None = None
+        self._rows: dict[str, list[tuple[int, float, torch.Tensor]]] = {}
+        self._vocab = int(self._runner.model_config.get_vocab_size())
+        self._runner.get_model().logits_processor.register_forward_hook(self._hook)
+
+    def _find_runner(self) -> Any:
+        executor = self.llm.llm_engine.model_executor
+        worker = getattr(executor, "driver_worker", None)
+        worker = getattr(worker, "worker", worker)
+        runner = getattr(worker, "model_runner", None)
+        if runner is None:
+            raise ConfigError("this vLLM version does not expose model_runner; use the version "
+                              "scripts/setup-vllm.sh installs", field="engine")
+        return runner
+
+    def _hook(self, module: Any, args: tuple[Any, ...], logits: torch.Tensor) -> torch.Tensor | None:
+        cfg = self._sampling
+        if cfg is None or logits is None:
+            return None
+        hidden = args[1]
+        rows = logits.shape[0]
+        req_ids = list(self._runner.input_batch.req_ids)[:rows]
+        if len(req_ids) != rows or hidden.shape[0] != rows:
+            raise RuntimeError(f"vLLM produced {rows} logit rows for {len(req_ids)} requests")
+        keys, positions = [], []
+        for rid in req_ids:
+            state = self._runner.requests[rid]
+            keys.append(int(state.sampling_params.extra_args["intellect_key"]))
+            positions.append(len(self._rows.setdefault(rid, [])))
+        tok, lp = S.sample(logits[:, :self._vocab].float(), torch.tensor(keys), torch.tensor(positions),
+                           cfg.temperature, cfg.top_p)
+        hid = hidden.float().cpu()
+        for i, rid in enumerate(req_ids):
+            self._rows[rid].append((int(tok[i]), float(lp[i]), hid[i].clone()))
+        forced = torch.full_like(logits, float("-inf"))
+        forced[torch.arange(rows), tok.to(logits.device)] = 0.0
+        return forced
+
+    def generate(self, prompts: Sequence[Sequence[int]], keys: Sequence[int],
+                 sampling: SamplingConfig) -> list[Generation]:
+        from vllm import SamplingParams, TokensPrompt
+
+        if len(prompts) != len(keys) or not prompts:
+            raise ConfigError("generate needs one noise key per prompt (and at least one prompt)")
+        params = [SamplingParams(temperature=0.0, max_tokens=sampling.max_new_tokens, detokenize=False,
+                                 ignore_eos=sampling.ignore_eos, extra_args={"intellect_key": int(k)})
+                  for k in keys]
+        self._sampling, self._rows = sampling, {}
+        try:
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+                                     use_tqdm=False)
+        finally:
+            self._sampling = None
+        result = []
+        for p, out in zip(prompts, outs):
+            rows = self._rows.get(out.request_id) or self._rows.get(str(out.request_id)) or []
+            tokens = list(out.outputs[0].token_ids)
+            if [t for t, _, _ in rows[:len(tokens)]] != tokens:
+                raise RuntimeError(f"vLLM emitted other tokens than the seeded sampler for {out.request_id}")
+            rows = rows[:len(tokens)]
+            result.append(Generation(prompt_tokens=list(p), tokens=tokens, logprobs=[lp for _, lp, _ in rows],
+                                     hidden=torch.stack([h for _, _, h in rows])))
+        return result
