@@ -5,11 +5,14 @@ it, it is banned, its jobs are redone, and the swarm's results equal the same ru
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, wait_for
 
+from intellect_node.node import control
 from intellect_node.node.identity import load_key
 from intellect_node.research import sweep as S
 
@@ -48,6 +51,37 @@ def test_forger_caught_banned_and_redone_on_a_local_swarm(tmp_path: Path) -> Non
     assert again.returncode == 0, again.stdout + again.stderr
     assert json.loads((out / "summary.json").read_text())["configs"] == summary["configs"]
     assert (out / "plot.png").stat().st_size > 1000
+
+
+def test_join_submits_to_a_running_sweep_worker(tmp_path: Path) -> None:
+    wdir = tmp_path / "worker"
+    wdir.mkdir()
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "intellect_node.cli", "sweep", "worker", "--data-dir", str(wdir), "--run-id", "sweep",
+         "--heartbeat-interval", "1", "--peer-timeout", "15", "--log-file", str(wdir / "worker.log")],
+        env=dict(os.environ, OMP_NUM_THREADS="1"), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: (wdir / "control.json").exists() or worker.poll() is not None, timeout=180,
+                 what="the worker node to come up")
+        addr = control.request(wdir, "GET", "/v1/status")["listen_addrs"][0]
+        out = tmp_path / "sweep"
+        proc = run_cli("sweep", "polysemanticity", "--grid", "tiny", "--join", addr, "--out", str(out),
+                       "--check-fraction", "0", timeout=240)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+        me = load_key(wdir).peer_id
+        assert len(rows) == 6 and all(r["status"] == "done" and r["peers"] == [me] for r in rows)
+        assert control.request(wdir, "GET", "/v1/status")["sweep_worker"]["jobs_done"] == 6
+        assert not (out / "workers").exists()  # --join starts no local workers
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait(10)
+    assert worker.returncode == 0
 
 
 def test_operator_mistakes_exit_2(tmp_path: Path) -> None:
