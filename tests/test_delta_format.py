@@ -246,4 +246,6 @@ def test_hostile_deltas_refused_before_allocating() -> None:
     with pytest.raises(ProtocolError, match="sorted"):
         apply_delta(base, swapped, expected_hash=h, max_size=MAX)
     with pytest.raises(ProtocolError, match="exceeds"):
-        apply_delta(base, delta, expected_hash=h, max_size=len(delta) - 1)
+        read_delta(delta, max_size=len(delta) - 1)
+    with pytest.raises(ProtocolError, match="checkpoint of .* exceeds"):  # the result, before allocating
+        apply_delta(base, delta, expected_hash=h, max_size=target.nbytes - 1)

@@ -48,7 +48,7 @@ from intellect_node.protocol.blob import Manifest
 from intellect_node.protocol.policy import MAX_CHAIN, DeltaLink, PolicyAnnouncement, POLICY_DTYPES, \
     seal_announcement
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.trainer.delta import ZSTD_LEVEL, Checkpoint, apply_delta, encode_delta
+from intellect_node.trainer.delta import ZSTD_LEVEL, Checkpoint, apply_delta, delta_size_limit, encode_delta
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +63,6 @@ alone; a late joiner fetches one full checkpoint plus at most 7 deltas (each a f
 
 def _ckpt_name(version: int) -> str:
     return f"v{version:010d}.safetensors"
-
-
-def _delta_limit(max_checkpoint_bytes: int) -> int:
-    # A delta of incompressible tensors is the checkpoint plus zstd's and msgpack's framing.
-    return max_checkpoint_bytes + max_checkpoint_bytes // 64 + (1 << 20)
 
 
 def _policy_dtype(ckpt: Checkpoint) -> str:
@@ -326,7 +321,7 @@ class PolicyFollower:
 
     async def _walk(self, ann: PolicyAnnouncement, version: int, ckpt: Checkpoint,
                     out: ObtainResult) -> Checkpoint:
-        limit = _delta_limit(self.max_checkpoint_bytes)
+        limit = delta_size_limit(self.max_checkpoint_bytes)
         while version < ann.version:
             link = ann.link(version + 1)
             data = await self._fetch(link.delta_cid, link.delta_size, limit, out)

@@ -411,14 +411,21 @@ def _apply_tensor(t: TensorDelta, info: TensorInfo, base: Checkpoint, dest: memo
         out[idx] ^= values
 
 
+def delta_size_limit(max_checkpoint_bytes: int) -> int:
+    """The largest delta worth accepting for checkpoints up to ``max_checkpoint_bytes``: a delta of
+    incompressible tensors is the checkpoint plus zstd's and msgpack's framing."""
+    return max_checkpoint_bytes + max_checkpoint_bytes // 64 + (1 << 20)
+
+
 def apply_delta(base: Checkpoint, delta: bytes | bytearray | memoryview, *, expected_hash: str,
                 max_size: int) -> Checkpoint:
     """Apply ``delta`` to ``base`` and return the result, whose content hash must be ``expected_hash``.
 
-    Raises ProtocolError for a malformed delta (or a result over ``max_size`` bytes), IntegrityError when
-    the delta is for another base or another target, or the result does not hash to ``expected_hash``.
+    Raises ProtocolError for a malformed delta (over ``delta_size_limit(max_size)`` bytes, or a result
+    over ``max_size`` bytes), IntegrityError when the delta is for another base or another target, or the
+    result does not hash to ``expected_hash``.
     """
-    d = read_delta(delta, max_size=max_size)
+    d = read_delta(delta, max_size=delta_size_limit(max_size))
     if d.target_hash != expected_hash:
         raise IntegrityError(f"delta leads to {d.target_hash}, not the announced {expected_hash}")
     if d.base_hash != base.content_hash:
@@ -441,4 +448,4 @@ def delta_stats(delta: bytes | bytearray | memoryview, *, max_size: int) -> dict
 
 
 __all__ = ["CHECKPOINT_FORMAT", "DENSE_KINDS", "DTYPES", "Checkpoint", "TensorInfo", "apply_delta", "delta_stats",
-           "encode_delta", "read_delta"]
+           "delta_size_limit", "encode_delta", "read_delta"]
