@@ -38,9 +38,8 @@ import torch
 from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError
 from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
 from intellect_node.node.policy_sync import PolicyPublisher
-from intellect_node.node.roles.common import blob_service, group_slices, model_dir, record_to_sample, \
+from intellect_node.node.roles.common import HintedFetcher, blob_service, group_slices, model_dir, record_to_sample, \
     rescore, run_task
-from intellect_node.protocol.blob import Manifest
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, seal_announcement
 from intellect_node.protocol.rl import VERDICT_KIND, BatchVerdict, verdict_validator
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE, RolloutBatch, decode_batch
@@ -119,6 +118,7 @@ class Trainer:
 
         torch.set_num_threads(1)
         self.blobs = blob_service(self.rt)
+        self.fetcher = HintedFetcher(self.blobs, self.rt.swarm)
         self.tokenizer = CharTokenizer(model_dir(self.cfg) / "tokenizer.json")
         self.model = await asyncio.to_thread(load_hf_model, self.cfg.run.model or None, "float32")
         self.opt = make_optimizer(self.model, self.rl.lr)
@@ -146,6 +146,8 @@ class Trainer:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if hasattr(self, "fetcher"):
+            self.fetcher.close()
 
     def status(self) -> dict[str, Any]:
         total = self.idle_s + self.busy_s
@@ -194,10 +196,28 @@ class Trainer:
         return seal_announcement(self.rt.swarm.key, ann)
 
     async def _announce_loop(self) -> None:
+        provided: tuple[int, int] = (-1, -1)  # (version, connected peers) when the blobs were last provided
         while True:
             await asyncio.sleep(REANNOUNCE_S)
-            if self._announcement is not None:
-                await self.rt.swarm.publish(topic(self.run_id, POLICY_KIND), self._announcement)
+            raw = self._announcement
+            if raw is None:
+                continue
+            await self.rt.swarm.publish(topic(self.run_id, POLICY_KIND), raw)
+            # A DHT provider record made while no peer was connected reaches nobody: provide the policy's
+            # blobs again whenever the set of peers grew since (cheap: a handful of records).
+            peers = len(self.rt.swarm.connected_peers())
+            if (self.version, peers) != provided and peers > provided[1]:
+                from intellect_node.protocol.policy import open_announcement
+
+                ann = open_announcement(raw, run_id=self.run_id, trainer=self.rt.swarm.peer_id)
+                for cid in [ann.full_cid, *(link.delta_cid for link in ann.deltas)]:
+                    try:
+                        await self.rt.swarm.provide(cid)
+                    except IntellectNodeError as exc:
+                        log.info("re-providing %s failed: %s", cid, exc)
+                provided = (self.version, peers)
+            elif peers < provided[1]:
+                provided = (provided[0], peers)
 
     # -- accepted work ---------------------------------------------------------------------------
 
@@ -223,7 +243,7 @@ class Trainer:
             return
         self.known.add(verdict.batch_cid)
         try:
-            acc = await self._admit(verdict)
+            acc = await self._admit(verdict, validator)
         except asyncio.CancelledError:
             raise
         except IntellectNodeError as exc:
@@ -240,17 +260,10 @@ class Trainer:
         self.counts["stale_batches"] += 1
         self.counts["stale_rollouts"] += n
 
-    async def _admit(self, verdict: BatchVerdict) -> Accepted:
+    async def _admit(self, verdict: BatchVerdict, validator: str) -> Accepted:
         cid = verdict.batch_cid
-
-        def check(m: Manifest) -> None:
-            if m.total_size > MAX_BATCH_SIZE:
-                raise ProtocolError(f"batch blob of {m.total_size} bytes")
-
-        from intellect_node.node.roles.common import read_blob
-
-        await asyncio.wait_for(self.blobs.fetch(cid, on_manifest=check), FETCH_TIMEOUT_S)
-        data = await asyncio.to_thread(read_blob, self.blobs, cid)
+        data = await self.fetcher.fetch(cid, holders=[verdict.worker, validator], max_size=MAX_BATCH_SIZE,
+                                        timeout=FETCH_TIMEOUT_S)
         batch = await asyncio.to_thread(decode_batch, data)
         groups = self._groups(batch, verdict.worker, verdict.policy_version)
         self._seq += 1

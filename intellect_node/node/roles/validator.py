@@ -34,7 +34,7 @@ from intellect_node.errors import IntellectNodeError, ProtocolError
 from intellect_node.node.engines.torch_engine import TorchEngine
 from intellect_node.node.engines.verifier import Expectations, Verdict, Verifier
 from intellect_node.node.policy_sync import PolicyFollower
-from intellect_node.node.roles.common import MAX_POLICY_BYTES, base_model, blob_service, fetch_blob, \
+from intellect_node.node.roles.common import MAX_POLICY_BYTES, HintedFetcher, base_model, blob_service, \
     group_slices, loaded_from_checkpoint, model_dir, run_task
 from intellect_node.proofs.thresholds import load_thresholds
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, announcement_validator
@@ -85,6 +85,7 @@ class Validator:
 
     async def start(self) -> None:
         self.blobs = blob_service(self.rt)
+        self.fetcher = HintedFetcher(self.blobs, self.rt.swarm)
         self.follower = PolicyFollower(self.dir / "policy", self.blobs, run_id=self.run_id,
                                        trainer=self.cfg.run.trainer_peer_id, max_checkpoint_bytes=MAX_POLICY_BYTES,
                                        board=self.rt.board, on_reject=self.rt.swarm.peerbook.record_rejection)
@@ -101,6 +102,8 @@ class Validator:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if hasattr(self, "fetcher"):
+            self.fetcher.close()
 
     def status(self) -> dict[str, Any]:
         return {"versions_held": list(self.engines), "queue": self._queue.qsize(), **self.counts,
@@ -193,7 +196,8 @@ class Validator:
         ckpt_hash, engine = held
         if notice.batch_bytes > MAX_BATCH_SIZE:
             return self._verdict(notice, worker, 0, n, "malformed", "batch too large")
-        data = await fetch_blob(self.blobs, notice.batch_cid, size=notice.batch_bytes, timeout=FETCH_TIMEOUT_S)
+        data = await self.fetcher.fetch(notice.batch_cid, holders=[worker], max_size=MAX_BATCH_SIZE,
+                                        size=notice.batch_bytes, timeout=FETCH_TIMEOUT_S)
         try:
             batch = await asyncio.to_thread(decode_batch, data)
         except ProtocolError as exc:

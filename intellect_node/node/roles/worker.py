@@ -40,6 +40,9 @@ from intellect_node.trainer.tasks import Problem
 
 log = logging.getLogger(__name__)
 
+RESUBMIT_AFTER_S = 10.0
+"""A worker capped at ``batches_per_version`` submits one more batch after this long without a new policy."""
+
 
 class Worker:
     name = "worker"
@@ -153,8 +156,12 @@ class Worker:
     async def _loop(self) -> None:
         per_version = 0
         version_seen = -1
+        last_submit = 0.0
         while True:
-            if self.engine is None or (self.version == version_seen and per_version >= self.rl.batches_per_version):
+            capped = self.version == version_seen and per_version >= self.rl.batches_per_version
+            # A trainer that gets no signal (every group's rewards equal) does not move on; after a
+            # while, keep feeding it rather than waiting for a version that needs our rollouts to exist.
+            if self.engine is None or (capped and time.monotonic() - last_submit < RESUBMIT_AFTER_S):
                 await asyncio.sleep(0.05)
                 continue
             if self.version != version_seen:
@@ -171,6 +178,7 @@ class Worker:
                 await asyncio.sleep(0.5)
                 continue
             per_version += 1
+            last_submit = time.monotonic()
             log.debug("batch of %d rollouts at v%d in %.2fs", len(records), version, time.monotonic() - t0)
 
     async def submit(self, records: list[RolloutRecord], version: int, n_tokens: int) -> str:

@@ -1,0 +1,124 @@
+"""RL-role test helpers: node configs with pre-made keys, role processes, and cheating workers.
+
+Honest nodes run the real CLI (``intellect-node join --role ...``). A cheating worker runs
+``python -m tests.support_roles cheat MODE --data-dir D`` : the real node runtime and worker role with
+:meth:`Worker.make_records` overridden, so its batches go out through the same blob store, notices and
+signatures as an honest worker's. Cheating code lives here, not in the product.
+
+Modes:
+- ``reward``: claims reward 1.0 for every rollout (inflated reward);
+- ``tokens``: replaces one completion token per rollout, re-signs the record (edited tokens);
+- ``model``: generates with different weights (another model) while naming the announced policy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.support_swarm import REPO, NodeProcess
+
+ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+
+def make_key(data_dir: Path) -> str:
+    from intellect_node.node.identity import init_key
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return init_key(data_dir).peer_id
+
+
+def write_config(data_dir: Path, *, trainer: str, validators: list[str], model: str, rl: dict[str, Any],
+                 run_id: str = "e2e", bootstrap: list[str] | None = None, async_level: int = 2) -> Path:
+    """``<data_dir>/config.toml`` (read by ``join`` from the data dir)."""
+    def val(v: Any) -> str:
+        return json.dumps(v)
+
+    lines = ["[network]", 'listen = ["/ip4/127.0.0.1/tcp/0"]', 'http_host = "127.0.0.1"',
+             "heartbeat_interval = 1.0", "peer_timeout = 10.0"]
+    if bootstrap:
+        lines.append(f"bootstrap = {val(bootstrap)}")
+    lines += ["[metrics]", "enabled = false", "[run]", f"run_id = {val(run_id)}", f"trainer_peer_id = {val(trainer)}",
+              f"validator_peer_ids = {val(validators)}", f"model = {val(model)}", f"async_level = {async_level}",
+              "[rl]"]
+    lines += [f"{k} = {val(v)}" for k, v in rl.items()]
+    path = data_dir / "config.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def role_process(data_dir: Path, role: str) -> NodeProcess:
+    return NodeProcess(data_dir, "--role", role, env=ENV)
+
+
+class CheatProcess(NodeProcess):
+    """A cheating worker as a child process (same control API as an honest node)."""
+
+    def __init__(self, data_dir: Path, mode: str) -> None:
+        self.data_dir = data_dir
+        self.args = [mode]
+        self.log_path = data_dir.parent / f"{data_dir.name}.log"
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.support_roles", "cheat", mode, str(data_dir)],
+                                     stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **ENV},
+                                     cwd=str(REPO))
+
+
+def _cheat_main(mode: str, data_dir: Path) -> int:
+    import dataclasses
+
+    import msgspec
+    import torch
+
+    from intellect_node.commands.join import build_node_config, services
+    from intellect_node.logsetup import setup_logging
+    from intellect_node.node.engines.torch_engine import TorchEngine
+    from intellect_node.node.roles.worker import Worker
+    from intellect_node.node.runtime import NodeRuntime, run_node
+    from intellect_node.protocol.rollout import sign_rollout
+
+    class Cheater(Worker):
+        def make_records(self, engine: TorchEngine, problems: Any, version: int, checkpoint: str) -> Any:
+            if mode == "model":
+                # Another model: the announced policy's weights with noise (same architecture, so the
+                # records look fine structurally and only the tensor checks can tell).
+                if not hasattr(self, "_other"):
+                    loaded = engine.loaded
+                    g = torch.Generator().manual_seed(1)
+                    state = {k: v + 0.05 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
+                             for k, v in loaded.state.items()}
+                    self._other = TorchEngine(dataclasses.replace(loaded, state=state))
+                engine = self._other
+            recs = super().make_records(engine, problems, version, checkpoint)
+            key = self.rt.swarm.key
+            if mode == "reward":
+                return [sign_rollout(msgspec.structs.replace(r, reward=1.0), key) for r in recs]
+            if mode == "tokens":
+                out = []
+                for r in recs:
+                    toks = list(r.completion_tokens)
+                    i = 0
+                    toks[i] = self.tokenizer.encode("9")[0] if toks[i] != self.tokenizer.encode("9")[0] \
+                        else self.tokenizer.encode("8")[0]
+                    out.append(sign_rollout(msgspec.structs.replace(r, completion_tokens=toks), key))
+                return out
+            return recs
+
+    setup_logging(level="INFO", json_lines=True, file=None)
+    cfg = build_node_config(listen=[], bootstrap=[], run_id=None, trainer_peer_id=None, http_host=None,
+                            http_port=None, http_public_url=None, control_port=None, heartbeat_interval=None,
+                            peer_timeout=None, data_dir=data_dir)
+    runtime = NodeRuntime(cfg, data_dir, roles=["worker"])
+    services(runtime)
+    runtime.add_service(Cheater.for_runtime)
+    return run_node(runtime)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "cheat":
+        sys.exit(_cheat_main(sys.argv[2], Path(sys.argv[3])))
+    sys.exit(f"usage: {sys.argv[0]} cheat reward|tokens|model DATA_DIR")
