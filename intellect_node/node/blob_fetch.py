@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol, Sequence
 
 from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError, TransportError
-from intellect_node.node.blob_http import ChunkUnavailable
+from intellect_node.node.blob_http import ChunkSink, ChunkUnavailable
 from intellect_node.node.blobs import BlobStore
 from intellect_node.protocol.blob import Have, Manifest, decode_have
 
@@ -82,8 +82,7 @@ class ChunkSource(Protocol):
 
     async def get_have(self, provider: Provider, manifest_cid: str) -> bytes: ...
 
-    async def read_chunk(self, provider: Provider, cid: str, length: int,
-                         sink: Callable[[bytes], None]) -> None: ...
+    async def read_chunk(self, provider: Provider, cid: str, length: int, sink: ChunkSink) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -344,7 +343,7 @@ class _Download:
             return True
         writer = self.store.open_chunk_writer(chunk, n)
         try:
-            await peer.source.read_chunk(peer.provider, chunk, n, writer.write)
+            await peer.source.read_chunk(peer.provider, chunk, n, writer)
             writer.commit()
         except (IntegrityError, ProtocolError) as exc:
             writer.abort()

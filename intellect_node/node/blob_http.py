@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -95,6 +95,26 @@ READ_BUFFER = 1 << 20
 
 MAX_HEADER_BYTES = 16 * 1024
 MAX_IDLE_PER_HOST = 16
+
+
+class ChunkSink(Protocol):
+    """Where a source puts a chunk's bytes (a :class:`~intellect_node.node.blobs.ChunkWriter`, which
+    hashes each piece and refuses bytes past the chunk's length)."""
+
+    def write(self, piece: bytes | bytearray | memoryview) -> None: ...
+
+
+class _Discard:
+    def write(self, piece: bytes | bytearray | memoryview) -> None:
+        pass
+
+
+class _Collect:
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, piece: bytes | bytearray | memoryview) -> None:
+        self.data += piece
 
 
 class _Conn:
@@ -209,7 +229,7 @@ class HttpChunkSource:
             headers[name.strip().lower()] = value.strip()
         return int(parts[1]), headers, bytes(data[end + 4:])
 
-    async def _get(self, provider: object, path: str, *, sink: Callable[[memoryview], None],
+    async def _get(self, provider: object, path: str, *, sink: "ChunkSink",
                    check_length: Callable[[int], None]) -> int:
         """GET ``path``; stream the body to ``sink``; return the status. Retries once on a stale
         keep-alive connection (the server may have closed it while idle)."""
@@ -238,8 +258,7 @@ class HttpChunkSource:
         raise AssertionError("unreachable")
 
     async def _body(self, key: tuple[str, int], conn: _Conn, status: int, headers: dict[str, str],
-                    prefix: bytes, sink: Callable[[memoryview], None],
-                    check_length: Callable[[int], None]) -> int:
+                    prefix: bytes, sink: "ChunkSink", check_length: Callable[[int], None]) -> int:
         if "transfer-encoding" in headers:
             raise TransportError("chunked transfer encoding is not used by the blob protocol")
         try:
@@ -253,18 +272,18 @@ class HttpChunkSource:
         elif length > 65536:
             raise TransportError(f"HTTP {status} with a {length}-byte body")
         else:
-            sink = lambda view: None  # an error body: read and drop it to keep the connection usable
+            sink = _Discard()  # an error body: read and drop it to keep the connection usable
         left = length
         if prefix:
             head = memoryview(prefix)[:left]
             conn.pending = prefix[len(head):]
-            sink(head)
+            sink.write(head)
             left -= len(head)
         while left:
             n = await self._recv(conn, conn.view[:min(left, READ_BUFFER)])
             if n == 0:
                 raise ConnectionResetError(f"connection closed with {left} of {length} bytes missing")
-            sink(conn.view[:n])
+            sink.write(conn.view[:n])
             left -= n
         if headers.get("connection", "").lower() == "close":
             conn.close()
@@ -275,18 +294,18 @@ class HttpChunkSource:
     # -- the ChunkSource interface --------------------------------------------------------------
 
     async def _small(self, provider: object, kind: str, cid: str, limit: int) -> bytes:
-        out = bytearray()
+        out = _Collect()
 
         def check(n: int) -> None:
             if n > limit:
                 raise ProtocolError(f"{kind} of {n} bytes exceeds {limit}")
 
-        status = await self._get(provider, f"{HTTP_PREFIX}/{kind}/{cid}", sink=out.extend, check_length=check)
+        status = await self._get(provider, f"{HTTP_PREFIX}/{kind}/{cid}", sink=out, check_length=check)
         if status == 404:
             raise ChunkUnavailable(f"{kind} {cid[:16]}... not held")
         if status != 200:
             raise TransportError(f"{kind} request answered HTTP {status}")
-        return bytes(out)
+        return bytes(out.data)
 
     async def get_manifest(self, provider: object, cid: str) -> bytes:
         return await self._small(provider, "manifest", cid, MAX_MANIFEST_ENVELOPE_SIZE)
@@ -294,8 +313,7 @@ class HttpChunkSource:
     async def get_have(self, provider: object, manifest_cid: str) -> bytes:
         return await self._small(provider, "have", manifest_cid, MAX_HAVE_SIZE)
 
-    async def read_chunk(self, provider: object, cid: str, length: int,
-                         sink: Callable[[memoryview], None]) -> None:
+    async def read_chunk(self, provider: object, cid: str, length: int, sink: "ChunkSink") -> None:
         """Stream chunk ``cid`` into ``sink``; IntegrityError if the peer announces another length (the
         sink itself refuses bytes past ``length``)."""
         assert length <= MAX_CHUNK_SIZE
