@@ -190,7 +190,9 @@ class SweepCoordinatorService:
         meta = {**self.meta, "sweep_id": self.sweep_id, "counts": self.coord.counts(),
                 "elapsed_s": round(time.monotonic() - self.started_at, 3) if self.started_at else None,
                 "executions": sum(len(j.votes) for j in self.coord.jobs.values())}
-        self.summary = await asyncio.to_thread(research.write_outputs, self.out, self.coord, meta=meta)
+        # Snapshot on the loop (handlers keep mutating the coordinator); files and plot in a thread.
+        rows, banned = self.coord.rows(), dict(self.coord.banned)
+        self.summary = await asyncio.to_thread(research.write_report, self.out, rows, banned, meta=meta)
         log.info("sweep %s finished: outputs in %s", self.sweep_id, self.out)
         self.done.set()
         await self._offer()

@@ -591,11 +591,16 @@ def plot(summary: dict[str, Any], path: Path) -> None:
 
 def write_outputs(out: Path, coord: Coordinator, *, meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write ``results.jsonl``, ``summary.json`` and ``plot.png`` into ``out``; return the summary."""
-    rows = coord.rows()
+    return write_report(out, coord.rows(), dict(coord.banned), meta=meta)
+
+
+def write_report(out: Path, rows: list[dict[str, Any]], banned: dict[str, str], *,
+                 meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """:func:`write_outputs` from a snapshot of the rows (safe off the thread that owns the coordinator)."""
     atomic_write_text(out / "results.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
     summary = summarize(rows)
     summary.update(meta or {})
-    summary["banned"] = dict(coord.banned)
+    summary["banned"] = banned
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, sort_keys=True) + "\n")
     plot(summary, out / "plot.png")
     return summary
