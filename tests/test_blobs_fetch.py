@@ -13,6 +13,7 @@ from aiohttp import web
 from intellect_node.node.blob_fetch import Progress, Provider, StaticProvider
 from intellect_node.node.blob_service import BlobService
 from intellect_node.node.blobs import BlobStore
+from intellect_node.node.peerbook import PeerBook
 from intellect_node.protocol.blob import HTTP_PREFIX
 from intellect_node.protocol.signing import SigningKey
 
@@ -36,12 +37,18 @@ class Node:
     def __init__(self, root: Path) -> None:
         self.providers: list[Provider] = []
         self.rejections: list[tuple[str, str]] = []
+        key = SigningKey.generate()
+        self.book = PeerBook(key.peer_id)  # the swarm's peerbook, as the node wires it
 
         async def find(cid: str) -> Sequence[Provider]:
             return list(self.providers)
 
-        self.svc = BlobService(BlobStore(root), SigningKey.generate(), find_providers=find,
-                               penalise=lambda peer, why: self.rejections.append((peer, why)))
+        def penalise(peer: str, why: str) -> None:
+            self.rejections.append((peer, why))
+            self.book.record_rejection(peer, why)
+
+        self.svc = BlobService(BlobStore(root), key, find_providers=find, penalise=penalise,
+                               is_banned=self.book.is_banned)
         self.url = ""
         self._runner: web.AppRunner | None = None
 
@@ -115,13 +122,22 @@ def test_three_providers_one_corrupt(tmp_path: Path) -> None:
         assert (tmp_path / "out.bin").read_bytes() == data
         assert bad_served, "mallory was never asked for a chunk"
         assert {p for p, _ in fetcher.rejections} == {mallory_key.peer_id}  # once per bad chunk
+        count, reasons = fetcher.book.rejections(mallory_key.peer_id)
+        assert count >= 1 and "does not match its hash" in reasons[0]
         assert mallory_key.peer_id in stats.bad and mallory_key.peer_id not in stats.by_provider
         # Both honest providers took part, and the corrupted chunk was fetched from one of them.
         assert set(stats.by_provider) == {origin.peer_id, honest.peer_id}
         assert stats.chunks_fetched == len(m.chunks) and len(seen) == len(m.chunks)
         assert sorted(p.index for p in seen) == list(range(len(m.chunks)))
         assert seen[-1].bytes_done == len(data) and seen[-1].chunks_done == len(m.chunks)
-        for n in (origin, honest, fetcher):
+        # Once the node bans mallory, a later fetch does not even ask it.
+        served_before = len(bad_served)
+        later = await Node(tmp_path / "later").start()
+        later.book.ban(mallory_key.peer_id, "served corrupted chunks")
+        later.providers = fetcher.providers
+        stats = await later.svc.fetch(cid)
+        assert len(bad_served) == served_before and mallory_key.peer_id not in stats.failures
+        for n in (origin, honest, fetcher, later):
             await n.stop()
         await mallory_runner.cleanup()
 
