@@ -8,7 +8,8 @@ signatures as an honest worker's. Cheating code lives here, not in the product.
 Modes:
 - ``reward``: claims reward 1.0 for every rollout (inflated reward);
 - ``tokens``: replaces one completion token per rollout, re-signs the record (edited tokens);
-- ``model``: generates with different weights (another model) while naming the announced policy.
+- ``model``: generates with different weights (another model) while naming the announced policy;
+- ``mix``: the three in turn, one per batch.
 """
 
 from __future__ import annotations
@@ -83,7 +84,11 @@ def _cheat_main(mode: str, data_dir: Path) -> int:
 
     class Cheater(Worker):
         def make_records(self, engine: TorchEngine, problems: Any, version: int, checkpoint: str) -> Any:
-            if mode == "model":
+            how = mode
+            if mode == "mix":  # one of each, in turn
+                self._turn = getattr(self, "_turn", -1) + 1
+                how = ("reward", "tokens", "model")[self._turn % 3]
+            if how == "model":
                 # Another model: the announced policy's weights with noise (same architecture, so the
                 # records look fine structurally and only the tensor checks can tell).
                 if not hasattr(self, "_other"):
@@ -95,16 +100,18 @@ def _cheat_main(mode: str, data_dir: Path) -> int:
                 engine = self._other
             recs = super().make_records(engine, problems, version, checkpoint)
             key = self.rt.swarm.key
-            if mode == "reward":
+            if how == "reward":
                 return [sign_rollout(msgspec.structs.replace(r, reward=1.0), key) for r in recs]
-            if mode == "tokens":
+            if how == "tokens":
                 out = []
                 for r in recs:
                     toks = list(r.completion_tokens)
                     i = 0
                     toks[i] = self.tokenizer.encode("9")[0] if toks[i] != self.tokenizer.encode("9")[0] \
                         else self.tokenizer.encode("8")[0]
-                    out.append(sign_rollout(msgspec.structs.replace(r, completion_tokens=toks), key))
+                    # Claim the reward the edited text earns, so only the proof checks can tell.
+                    reward = self.task.get(r.problem_id).reward(self.tokenizer.decode(toks))
+                    out.append(sign_rollout(msgspec.structs.replace(r, completion_tokens=toks, reward=reward), key))
                 return out
             return recs
 

@@ -364,7 +364,7 @@ class Trainer:
             # No gradient signal: nothing to train; these IDs go into the next checkpoint's consumed set
             # (re-processing them after a crash would find them uniform again).
             self.pending_consumed |= ids
-            self._record(None, samples_all, len(groups), 0)
+            self._record(None, samples_all, len(groups), 0, sorted(ids))
             return
         samples = [s for g in useful for s in g]
         stats = await asyncio.to_thread(train_step, self.model, self.opt, samples, self.gcfg,
@@ -381,9 +381,10 @@ class Trainer:
             self._drop_inbox(cid)
         await self._publish_current()
         self.rt.board.set_policy(current=self.version, local=self.version)
-        self._record(stats, samples_all, len(groups), len(useful))
+        self._record(stats, samples_all, len(groups), len(useful), sorted(ids))
 
-    def _record(self, stats: StepStats | None, samples: list[Sample], n_groups: int, n_useful: int) -> None:
+    def _record(self, stats: StepStats | None, samples: list[Sample], n_groups: int, n_useful: int,
+                batches: list[str]) -> None:
         rewards = [s.reward for s in samples]
         pass_rate = sum(1 for r in rewards if r >= 1.0) / max(len(rewards), 1)
         reward_mean = sum(rewards) / max(len(rewards), 1)
@@ -398,7 +399,8 @@ class Trainer:
                 "clipped_frac": stats.clipped_frac if stats else 0.0,
                 "staleness_mean": sum(stale) / max(len(stale), 1), "staleness_max": max(stale, default=0),
                 "accepted": self.counts["accepted_rollouts"], "rejected": self.counts["rejected_rollouts"],
-                "stale": self.counts["stale_rollouts"], "idle_fraction": self.idle_s / total if total else 0.0}
+                "stale": self.counts["stale_rollouts"], "idle_fraction": self.idle_s / total if total else 0.0,
+                "batches": batches}
         self.last = line
         path = self.dir / METRICS_FILE
         with open(path, "a") as f:

@@ -76,6 +76,7 @@ class Validator:
         self._queue: asyncio.Queue[tuple[RolloutNotice, str]] = asyncio.Queue(maxsize=1024)
         self._tasks: list[asyncio.Task[None]] = []
         self.rejections: dict[str, int] = {}
+        self.reasons: dict[str, list[str]] = {}
         self.counts = {"accepted": 0, "rejected": 0, "stale": 0, "banned": 0}
         self.rng = random.Random()
 
@@ -107,7 +108,7 @@ class Validator:
 
     def status(self) -> dict[str, Any]:
         return {"versions_held": list(self.engines), "queue": self._queue.qsize(), **self.counts,
-                "rejections_by_worker": dict(self.rejections)}
+                "rejections_by_worker": dict(self.rejections), "reasons_by_worker": dict(self.reasons)}
 
     # -- policy ----------------------------------------------------------------------------------
 
@@ -245,6 +246,7 @@ class Validator:
         else:
             self.counts["rejected"] += 1
             self.rejections[worker] = self.rejections.get(worker, 0) + 1
+            self.reasons.setdefault(worker, []).append(verdict.reason)
             self.rt.swarm.peerbook.record_rejection(worker, f"batch {verdict.batch_cid}: {verdict.reason}")
             if self.rejections[worker] >= self.rl.ban_after and not self.rt.swarm.is_banned(worker):
                 import msgspec

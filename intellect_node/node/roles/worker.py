@@ -72,7 +72,7 @@ class Worker:
         self._task: asyncio.Task[None] | None = None
         self._sync_task: asyncio.Task[None] | None = None
         self.batches = 0
-        self.verdicts: dict[str, int] = {"accepted": 0, "rejected": 0}
+        self.verdicts: dict[str, int] = {"accepted": 0, "rejected": 0, "stale": 0}
 
     @classmethod
     def for_runtime(cls, runtime: Any) -> "Worker":
@@ -201,7 +201,8 @@ class Worker:
         verdict, validator = msg
         if verdict.worker != self.rt.swarm.peer_id:
             return
-        self.verdicts["accepted" if verdict.accepted else "rejected"] += 1
+        kind = "accepted" if verdict.accepted else "stale" if verdict.reason == "stale" else "rejected"
+        self.verdicts[kind] += 1
         n = verdict.n_accepted + verdict.n_rejected
         self.rt.board.verdict(verdict.accepted, n, reason=verdict.reason, detail=verdict.detail, peer=validator)
         if self.ledger is not None:

@@ -1,0 +1,123 @@
+"""The swarm learns: trainer, validator, two honest workers and a cheating worker as real processes on
+loopback, on the embedded model.
+
+One run checks, in order:
+- the sampled pass rate of the rollouts the trainer trains on rises clearly;
+- honest work is never rejected; the cheater's batches (inflated reward, edited tokens, another model,
+  in turn) are rejected with the matching reasons and it is banned after ``ban_after`` rejections,
+  after which its notices are dropped (no further verdicts) while the run goes on;
+- the trainer, SIGKILLed mid-run and restarted, continues the same version numbering from its
+  checkpoint and never trains on a batch twice.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.support_roles import CheatProcess, make_key, role_process, write_config
+
+pytestmark = pytest.mark.timeout(600)
+
+RL = dict(group_size=8, problems_per_batch=2, groups_per_step=4, max_new_tokens=5, lr=1e-3,
+          batches_per_version=1, ban_after=3)
+BEFORE_KILL = 12  # trained steps before the trainer is killed
+TOTAL = 40  # trained steps in all
+
+
+def _metrics(trainer_dir: Path) -> list[dict[str, Any]]:
+    path = trainer_dir / "trainer" / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _trained(trainer_dir: Path) -> list[dict[str, Any]]:
+    return [m for m in _metrics(trainer_dir) if m["trained"]]
+
+
+def _latest_version(trainer_dir: Path) -> int:
+    name = (trainer_dir / "trainer" / "checkpoints" / "LATEST").read_text().strip()
+    return int(name[1:])
+
+
+def test_swarm_learns_rejects_cheats_and_survives_a_trainer_sigkill(tmp_path: Path) -> None:
+    from intellect_node.trainer.model import embedded_model_dir
+
+    model = str(embedded_model_dir())
+    names = ["trainer", "validator", "w1", "w2", "cheat"]
+    ids = {n: make_key(tmp_path / n) for n in names}
+    common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=model, rl=RL)
+    procs: list[Any] = []
+    try:
+        write_config(tmp_path / "trainer", **common)  # type: ignore[arg-type]
+        trainer = role_process(tmp_path / "trainer", "trainer")
+        procs.append(trainer)
+        t_addr = trainer.wait_ready(180)["listen_addrs"][0]
+        write_config(tmp_path / "validator", bootstrap=[t_addr], **common)  # type: ignore[arg-type]
+        validator = role_process(tmp_path / "validator", "validator")
+        procs.append(validator)
+        v_addr = validator.wait_ready(180)["listen_addrs"][0]
+        for n in ("w1", "w2", "cheat"):
+            write_config(tmp_path / n, bootstrap=[t_addr, v_addr], **common)  # type: ignore[arg-type]
+        w1, w2 = role_process(tmp_path / "w1", "worker"), role_process(tmp_path / "w2", "worker")
+        cheat = CheatProcess(tmp_path / "cheat", "mix")
+        procs += [w1, w2, cheat]
+
+        wait_for(lambda: len(_trained(tmp_path / "trainer")) >= BEFORE_KILL, timeout=300,
+                 what=f"{BEFORE_KILL} trained steps")
+        trainer.signal(signal.SIGKILL)
+        trainer.wait(30)
+        v_ckpt = _latest_version(tmp_path / "trainer")
+        n_before = len(_metrics(tmp_path / "trainer"))
+
+        # Restart on the same data dir; the old address is gone, so bootstrap through the validator.
+        write_config(tmp_path / "trainer", bootstrap=[v_addr], **common)  # type: ignore[arg-type]
+        trainer2 = role_process(tmp_path / "trainer", "trainer")
+        procs.append(trainer2)
+        trainer2.wait_ready(180)
+        assert trainer2.status()["trainer"]["version"] == v_ckpt  # same numbering, from the checkpoint
+
+        wait_for(lambda: len(_trained(tmp_path / "trainer")) >= TOTAL, timeout=400, what=f"{TOTAL} trained steps")
+        vstat = validator.status()["validator"]
+        w_stats = [w.status()["worker"] for w in (w1, w2)]
+        cstat = cheat.status()["worker"]
+    finally:
+        for p in procs:
+            p.close()
+
+    metrics = _metrics(tmp_path / "trainer")
+    trained = [m for m in metrics if m["trained"]]
+
+    # It learns: the sampled pass rate of the trained-on rollouts rises clearly.
+    first = sum(m["pass_rate"] for m in trained[:5]) / 5
+    last = sum(m["pass_rate"] for m in trained[-5:]) / 5
+    assert last >= first + 0.15, (first, last, [round(m["pass_rate"], 2) for m in trained])
+
+    # Same version numbering across the kill, no version twice, no batch trained twice.
+    versions = [m["version"] for m in trained]
+    assert versions == sorted(set(versions)), versions
+    after = [m for m in metrics[n_before:] if m["trained"]]
+    assert after and after[0]["version"] == v_ckpt + 1
+    seen: set[str] = set()
+    for m in metrics:
+        assert not seen & set(m["batches"]), "a batch was trained twice"
+        seen |= set(m["batches"])
+    assert all(m["staleness_max"] <= 2 for m in trained)  # async_level 2
+
+    # Honest work is never rejected; the cheater is rejected for what it did and banned.
+    rejected_workers = set(vstat["rejections_by_worker"])
+    assert rejected_workers == {ids["cheat"]}, vstat
+    assert all(s["rejected"] == 0 and s["accepted"] > 0 for s in w_stats), w_stats
+    reasons = vstat["reasons_by_worker"][ids["cheat"]]
+    assert len(reasons) == RL["ban_after"] and reasons[0] == "reward", reasons
+    assert set(reasons[1:]) <= {"toploc", "logprob", "sampling"}, reasons
+    assert vstat["banned"] == 1
+    # Banned: its later batches drew no verdicts (dropped at the gossip validator), the run went on.
+    assert cstat["batches"] > RL["ban_after"] and cstat["rejected"] <= RL["ban_after"], cstat
