@@ -1,0 +1,180 @@
+#!/usr/bin/env python
+"""Learning benchmark: wall time for the swarm to lift the sampled pass rate of the embedded model to a
+target (default 0.60), and in the same run TRL's GRPOTrainer on the same model, task and hyperparameters.
+
+Swarm: trainer, validator and two workers as real ``intellect-node join --role ...`` processes on
+127.0.0.1 (every rollout verified: proofs, logprobs, sampler, reward). The pass rate is that of the
+rollouts the trainer trains on (temperature 1), averaged over the last ``--window`` steps. Also reported:
+the trainer's idle fraction (time waiting for accepted work / wall time) and rollout staleness (versions
+between the policy a rollout was sampled from and the weights it updates).
+
+TRL (the reference): GRPOTrainer with the settings that make it a plain GRPO loop comparable to ours
+(notes: bf16 off, constant LR, AdamW, dr_grpo loss, beta 0, CPU, no vLLM), the same group size, prompts per
+step, learning rate, clipping (eps 0.2 both sides, delta 4), gradient-norm clip and completion length.
+Its pass rate is the mean reward TRL logs per step, averaged the same way.
+
+Both clocks start when the component is launched (processes for the swarm, trainer construction for TRL)
+and stop at the first step whose windowed pass rate reaches the target. Run:
+
+    .venv/bin/python bench/learning.py [--target 0.6] [--timeout 900] [--only swarm|trl]
+
+Needs ``pip install -e '.[bench]'`` for TRL. One thread per process (torch.set_num_threads(1)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+HYPER = dict(group_size=8, problems_per_batch=2, groups_per_step=4, max_new_tokens=5, lr=1e-3,
+             batches_per_version=1)
+
+
+def windowed(values: list[float], window: int) -> float:
+    tail = values[-window:]
+    return sum(tail) / len(tail) if tail else 0.0
+
+
+def run_swarm(target: float, window: int, timeout: float, workdir: Path) -> dict[str, Any]:
+    from tests.support_roles import make_key, role_process, write_config
+    from intellect_node.trainer.model import embedded_model_dir
+
+    model = str(embedded_model_dir())
+    ids = {n: make_key(workdir / n) for n in ("trainer", "validator", "w1", "w2")}
+    common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=model, rl=HYPER)
+    procs = []
+    t0 = time.monotonic()
+    try:
+        write_config(workdir / "trainer", **common)  # type: ignore[arg-type]
+        trainer = role_process(workdir / "trainer", "trainer")
+        procs.append(trainer)
+        t_addr = trainer.wait_ready(300)["listen_addrs"][0]
+        write_config(workdir / "validator", bootstrap=[t_addr], **common)  # type: ignore[arg-type]
+        validator = role_process(workdir / "validator", "validator")
+        procs.append(validator)
+        v_addr = validator.wait_ready(300)["listen_addrs"][0]
+        for n in ("w1", "w2"):
+            write_config(workdir / n, bootstrap=[t_addr, v_addr], **common)  # type: ignore[arg-type]
+            procs.append(role_process(workdir / n, "worker"))
+        metrics_path = workdir / "trainer" / "trainer" / "metrics.jsonl"
+        reached = None
+        while time.monotonic() - t0 < timeout:
+            time.sleep(1.0)
+            lines = [json.loads(x) for x in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
+            trained = [m for m in lines if m["trained"]]
+            if len(trained) >= window and windowed([m["pass_rate"] for m in trained], window) >= target:
+                reached = time.monotonic() - t0
+                break
+        status = trainer.status()["trainer"]
+    finally:
+        for p in procs:
+            p.close()
+    trained = [json.loads(x) for x in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
+    trained = [m for m in trained if m["trained"]]
+    first_step_t = trained[0]["time"] if trained else None
+    return {"seconds_to_target": reached, "steps": len(trained),
+            "start_pass_rate": windowed([m["pass_rate"] for m in trained[:window]], window),
+            "final_pass_rate": windowed([m["pass_rate"] for m in trained], window),
+            "idle_fraction": status.get("idle_fraction"),
+            "staleness_mean": sum(m["staleness_mean"] for m in trained) / max(len(trained), 1),
+            "staleness_max": max((m["staleness_max"] for m in trained), default=0),
+            "seconds_per_step": ((trained[-1]["time"] - first_step_t) / max(len(trained) - 1, 1)
+                                 if first_step_t else None)}
+
+
+def run_trl(target: float, window: int, timeout: float, workdir: Path) -> dict[str, Any]:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from intellect_node.trainer.model import BOS, embedded_model_dir, load_hf_model
+    from intellect_node.trainer.tasks import embedded_task
+
+    torch.set_num_threads(1)
+    mdir = embedded_model_dir()
+    tok = AutoTokenizer.from_pretrained(str(mdir))
+    task = embedded_task()
+    import random
+
+    problems = task.sample(random.Random(0), 20000)
+    ds = Dataset.from_list([{"prompt": BOS + p.prompt, "answer": p.answer} for p in problems])
+
+    def reward(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
+        return [1.0 if c.strip() == a.strip() else 0.0 for c, a in zip(completions, answer)]
+
+    h = HYPER
+    cfg = GRPOConfig(
+        output_dir=str(workdir / "trl"), learning_rate=h["lr"], lr_scheduler_type="constant",
+        optim="adamw_torch", per_device_train_batch_size=h["groups_per_step"] * h["group_size"],
+        num_generations=h["group_size"], max_completion_length=h["max_new_tokens"], temperature=1.0,
+        beta=0.0, loss_type="dr_grpo", epsilon=0.2, epsilon_high=0.2, delta=4.0, max_grad_norm=0.1,
+        bf16=False, gradient_checkpointing=False, use_cpu=True, use_vllm=False, shuffle_dataset=False,
+        report_to="none", save_strategy="no", logging_steps=1, max_steps=100000, seed=0)
+    rewards: list[float] = []
+    times: list[float] = []
+    t0 = time.monotonic()
+
+    class Stop(TrainerCallback):  # type: ignore[misc]
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            if logs and "reward" in logs:
+                rewards.append(float(logs["reward"]))
+                times.append(time.monotonic() - t0)
+                if (len(rewards) >= window and windowed(rewards, window) >= target) or \
+                        time.monotonic() - t0 > timeout:
+                    control.should_training_stop = True
+
+    trainer = GRPOTrainer(model=load_hf_model(mdir), reward_funcs=[reward], args=cfg, train_dataset=ds,
+                          processing_class=tok, callbacks=[Stop()])
+    trainer.train()
+    reached = times[-1] if rewards and windowed(rewards, window) >= target else None
+    return {"seconds_to_target": reached, "steps": len(rewards),
+            "start_pass_rate": windowed(rewards[:window], window), "final_pass_rate": windowed(rewards, window),
+            "seconds_per_step": (times[-1] - times[0]) / max(len(times) - 1, 1) if times else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", type=float, default=0.60)
+    ap.add_argument("--window", type=int, default=5)
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per system before giving up")
+    ap.add_argument("--only", choices=["swarm", "trl"])
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "learning.json")
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    results: dict[str, Any] = {"target": args.target, "window": args.window, "hyper": HYPER}
+    with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
+        work = Path(tmp)
+        if args.only in (None, "swarm"):
+            results["swarm"] = run_swarm(args.target, args.window, args.timeout, work / "swarm")
+            print("swarm:", json.dumps(results["swarm"]), flush=True)
+        if args.only in (None, "trl"):
+            results["trl"] = run_trl(args.target, args.window, args.timeout, work)
+            print("trl:  ", json.dumps(results["trl"]), flush=True)
+        shutil.rmtree(work, ignore_errors=True)
+    s, t = results.get("swarm", {}), results.get("trl", {})
+    if s.get("seconds_to_target") and t.get("seconds_to_target"):
+        print(f"time to pass rate {args.target:.2f}: swarm {s['seconds_to_target']:.0f} s, TRL "
+              f"{t['seconds_to_target']:.0f} s, ratio swarm/TRL {s['seconds_to_target'] / t['seconds_to_target']:.2f}")
+    if s.get("seconds_per_step") and t.get("seconds_per_step"):
+        print(f"seconds per step: swarm {s['seconds_per_step']:.2f}, TRL {t['seconds_per_step']:.2f}, ratio "
+              f"{s['seconds_per_step'] / t['seconds_per_step']:.2f}")
+    if s:
+        print(f"swarm trainer idle fraction {s['idle_fraction']}, staleness mean {s['staleness_mean']:.2f} "
+              f"max {s['staleness_max']}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
