@@ -121,9 +121,10 @@ def _wait_all(children: list[Child], kinds: set[str]) -> list[dict[str, Any]]:
 
 # -- the three transfers -----------------------------------------------------------------------------
 
-def run_intellect(src: Path, work: Path, peers: int, chunk_mib: int) -> tuple[float, float]:
+def run_intellect(src: Path, work: Path, peers: int, chunk_mib: int, *, label: str = "intellect",
+                  origin_only: bool = False) -> tuple[float, float]:
     """(time until every peer holds every chunk, verified; time until each also wrote the file)."""
-    root = work / "intellect"
+    root = work / label.replace(" ", "-")
     origin = Child([PY, "-m", "intellect_node.node.blob_peer", "--root", str(root / "origin")])
     kids: list[Child] = []
     try:
@@ -137,10 +138,10 @@ def run_intellect(src: Path, work: Path, peers: int, chunk_mib: int) -> tuple[fl
         cpu0 = sum(c.cpu() for c in [origin, *kids])
         t0 = time.perf_counter()
         for k in kids:
-            k.send({"op": "fetch", "cid": cid, "providers": everyone})
+            k.send({"op": "fetch", "cid": cid, "providers": everyone[:1] if origin_only else everyone})
         done = _wait_all(kids, {"done", "error"})
         elapsed = time.perf_counter() - t0
-        CPU["intellect"] = sum(c.cpu() for c in [origin, *kids]) - cpu0
+        CPU[label] = sum(c.cpu() for c in [origin, *kids]) - cpu0
         for i, k in enumerate(kids):
             k.send({"op": "export", "cid": cid, "out": str(root / f"out{i}.bin")})
         _wait_all(kids, {"exported"})
@@ -150,7 +151,7 @@ def run_intellect(src: Path, work: Path, peers: int, chunk_mib: int) -> tuple[fl
                 raise RuntimeError(f"intellect fetch failed: {ev}")
         from_peers = sum(n for ev in done for p, n in ev["by_provider"].items() if p != hello["peer_id"])
         total = sum(sum(ev["by_provider"].values()) for ev in done)
-        print(f"  intellect: {from_peers}/{total} chunks came from other peers (swarming)", flush=True)
+        print(f"  {label}: {from_peers}/{total} chunks came from other peers", flush=True)
     finally:
         for k in [*kids, origin]:
             k.close()
@@ -338,6 +339,8 @@ def main() -> None:
     ap.add_argument("--peers", type=int, default=4)
     ap.add_argument("--chunk-mib", type=int, default=4)
     ap.add_argument("--skip-shardcast", action="store_true")
+    ap.add_argument("--origin-only", action="store_true",
+                    help="also run intellect with the origin as the only provider (no swarming)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
     # Child roles (internal).
     ap.add_argument("--role", default="")
@@ -368,6 +371,9 @@ def main() -> None:
         results: dict[str, float] = {}
         results["raw TCP"] = run_tcp(src, work, args.peers)
         results["intellect"], results["intellect+file"] = run_intellect(src, work, args.peers, args.chunk_mib)
+        if args.origin_only:
+            results["intellect star"], _ = run_intellect(src, work, args.peers, args.chunk_mib,
+                                                         label="intellect star", origin_only=True)
         if not args.skip_shardcast:
             results["shardcast"] = run_shardcast(src, work, args.peers)
         total_mb = args.peers * size / 1e6
