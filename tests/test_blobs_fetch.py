@@ -47,8 +47,14 @@ class Node:
             self.rejections.append((peer, why))
             self.book.record_rejection(peer, why)
 
-        self.svc = BlobService(BlobStore(root), key, find_providers=find, penalise=penalise,
-                               is_banned=self.book.is_banned)
+        self.provided: list[tuple[str, int]] = []  # (blob cid, chunks still missing when announced)
+
+        async def provide(cid: str) -> None:
+            m = self.svc.store.manifest(cid)
+            self.provided.append((cid, len(self.svc.store.missing(cid)) if m else -1))
+
+        self.svc = BlobService(BlobStore(root), key, find_providers=find, provide=provide,
+                               penalise=penalise, is_banned=self.book.is_banned)
         self.url = ""
         self._runner: web.AppRunner | None = None
 
@@ -68,6 +74,15 @@ class Node:
         await self.svc.close()
         if self._runner is not None:
             await self._runner.cleanup()
+
+
+async def _until(predicate: Any, what: str, timeout: float = 30.0) -> None:
+    """Poll ``predicate`` on the loop until it holds (never a fixed sleep as a wait)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
 
 
 def _copy_blob(src: BlobStore, dst: BlobStore, cid: str, indices: Sequence[int] | None = None) -> None:
@@ -246,3 +261,54 @@ def test_control_routes_put_and_get(tmp_path: Path) -> None:
         await f_runner.cleanup()
 
     asyncio.run(main())
+
+
+def test_downloader_announces_and_serves_before_it_is_complete(tmp_path: Path) -> None:
+    """F fetches from an origin that stalls after 4 chunks; F announces the blob at once, and G, which
+    knows only F, gets those 4 chunks from F while F is still incomplete, then the rest once F has them."""
+    n_chunks, first = 12, 4
+    data = os.urandom(n_chunks * CHUNK)
+    src = tmp_path / "f.bin"
+    src.write_bytes(data)
+
+    async def main() -> None:
+        origin = Node(tmp_path / "o")
+        await origin.svc.start()
+        cid, m = await origin.svc.put_file(src, chunk_size=CHUNK)
+        gate = asyncio.Event()
+        served = 0
+        routes = {r.path: r.handler for r in origin.svc.routes()}
+        chunk_route = f"{HTTP_PREFIX}/chunk/{{cid}}"
+
+        async def gated(request: web.Request) -> web.StreamResponse:
+            nonlocal served
+            served += 1
+            if served > first:
+                await gate.wait()
+            return await routes[chunk_route](request)
+
+        runner, url = await _serve([web.get(p, gated if p == chunk_route else h) for p, h in routes.items()])
+        f = await Node(tmp_path / "f").start()
+        f.providers = [StaticProvider(origin.peer_id, url)]
+        g = await Node(tmp_path / "g").start()
+        g.providers = [f.as_provider()]
+        f_task = asyncio.ensure_future(f.svc.fetch(cid))
+        await _until(lambda: f.svc.store.manifest(cid) is not None
+                     and len(m.chunks) - len(f.svc.store.missing(cid)) >= first, "F holds the first chunks")
+        assert f.provided and f.provided[0] == (cid, n_chunks)  # announced before its first chunk
+        g_progress: list[int] = []
+        g_task = asyncio.ensure_future(g.svc.fetch(cid, on_progress=lambda p: g_progress.append(p.index)))
+        await _until(lambda: len(g_progress) >= first, "G got F's chunks")
+        assert f.svc.store.missing(cid), "F finished early: the origin gate did not hold"
+        gate.set()
+        await f_task
+        stats = await g_task
+        assert stats.by_provider == {f.peer_id: n_chunks}
+        g.svc.store.export(cid, tmp_path / "g.bin")
+        assert (tmp_path / "g.bin").read_bytes() == data
+        for n in (f, g):
+            await n.stop()
+        await origin.svc.close()
+        await runner.cleanup()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
