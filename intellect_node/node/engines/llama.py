@@ -45,7 +45,9 @@ class LlamaRunner:
         self.eps = float(cfg.get("rms_norm_eps", 1e-6))
         self.max_positions = int(cfg.get("max_position_embeddings", 2048))
         self.vocab_size = int(cfg["vocab_size"])
-        if cfg.get("rope_scaling") not in (None, {}) or cfg.get("hidden_act", "silu") != "silu":
+        rope = cfg.get("rope_parameters") or {}  # transformers >= 5 nests rope settings here
+        if (cfg.get("rope_scaling") not in (None, {}) or rope.get("rope_type", "default") != "default"
+                or cfg.get("hidden_act", "silu") != "silu"):
             raise ConfigError("only plain RoPE and SiLU Llama models are supported", field="model")
 
         def w(name: str) -> torch.Tensor:
@@ -69,7 +71,7 @@ class LlamaRunner:
                 torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]),
                 w(p + "mlp.down_proj.weight"),
             ))
-        theta = float(cfg.get("rope_theta", 10000.0))
+        theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0)
         inv_freq = 1.0 / theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
         freqs = torch.outer(torch.arange(self.max_positions, dtype=torch.float32), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)

@@ -52,7 +52,7 @@ class VllmEngine:
                        enable_prefix_caching=False)
         self._runner = self._find_runner()
         self._sampling: SamplingConfig | None = None
-        self._rows: dict[str, list[tuple[int, float, torch.Tensor]]] = {}
+        self._rows: dict[int, list[tuple[int, float, torch.Tensor]]] = {}
         self._vocab = int(self._runner.model_config.get_vocab_size())
         self._runner.get_model().logits_processor.register_forward_hook(self._hook)
 
@@ -75,16 +75,18 @@ class VllmEngine:
         req_ids = list(self._runner.input_batch.req_ids)[:rows]
         if len(req_ids) != rows or hidden.shape[0] != rows:
             raise RuntimeError(f"vLLM produced {rows} logit rows for {len(req_ids)} requests")
-        keys, positions = [], []
+        keys, positions, owners = [], [], []
         for rid in req_ids:
-            state = self._runner.requests[rid]
-            keys.append(int(state.sampling_params.extra_args["intellect_key"]))
-            positions.append(len(self._rows.setdefault(rid, [])))
+            # vLLM renames requests internally; our row index travels in extra_args instead.
+            extra = self._runner.requests[rid].sampling_params.extra_args
+            owners.append(int(extra["intellect_row"]))
+            keys.append(int(extra["intellect_key"]))
+            positions.append(len(self._rows.setdefault(owners[-1], [])))
         tok, lp = S.sample(logits[:, :self._vocab].float(), torch.tensor(keys), torch.tensor(positions),
                            cfg.temperature, cfg.top_p)
         hid = hidden.float().cpu()
-        for i, rid in enumerate(req_ids):
-            self._rows[rid].append((int(tok[i]), float(lp[i]), hid[i].clone()))
+        for i, owner in enumerate(owners):
+            self._rows[owner].append((int(tok[i]), float(lp[i]), hid[i].clone()))
         forced = torch.full_like(logits, float("-inf"))
         forced[torch.arange(rows), tok.to(logits.device)] = 0.0
         return forced
@@ -95,9 +97,11 @@ class VllmEngine:
 
         if len(prompts) != len(keys) or not prompts:
             raise ConfigError("generate needs one noise key per prompt (and at least one prompt)")
+        stop = [] if sampling.ignore_eos else [self.eos_id]
         params = [SamplingParams(temperature=0.0, max_tokens=sampling.max_new_tokens, detokenize=False,
-                                 ignore_eos=sampling.ignore_eos, extra_args={"intellect_key": int(k)})
-                  for k in keys]
+                                 ignore_eos=sampling.ignore_eos, stop_token_ids=stop,
+                                 extra_args={"intellect_key": int(k), "intellect_row": i})
+                  for i, k in enumerate(keys)]
         self._sampling, self._rows = sampling, {}
         try:
             outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
@@ -105,9 +109,11 @@ class VllmEngine:
         finally:
             self._sampling = None
         result = []
-        for p, out in zip(prompts, outs):
-            rows = self._rows.get(out.request_id) or self._rows.get(str(out.request_id)) or []
+        for i, (p, out) in enumerate(zip(prompts, outs)):
+            rows = self._rows.get(i, [])
             tokens = list(out.outputs[0].token_ids)
+            if not sampling.ignore_eos and len(rows) > len(tokens) and rows[len(tokens)][0] == self.eos_id:
+                tokens.append(self.eos_id)  # a stop token left out of the output
             if [t for t, _, _ in rows[:len(tokens)]] != tokens:
                 raise RuntimeError(f"vLLM emitted other tokens than the seeded sampler for {out.request_id}")
             rows = rows[:len(tokens)]
