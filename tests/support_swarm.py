@@ -110,11 +110,15 @@ async def swarm_nodes(n: int, edges: Edges | None = None, *, run_id: str = "test
 
 @contextlib.asynccontextmanager
 async def runtime_nodes(root: Path, n: int, edges: Edges | None = None, *, run_id: str = "test",
-                        services: Iterable[Callable[[Any], Any]] = (), heartbeat_interval: float = 0.5,
-                        peer_timeout: float = 2.0, roles: list[list[str]] | None = None
+                        services: Iterable[Callable[[Any], Any]] = (), heartbeat_interval: float = 2.0,
+                        peer_timeout: float = 8.0, roles: list[list[str]] | None = None
                         ) -> AsyncIterator[list[Any]]:
     """``n`` full :class:`NodeRuntime` s (HTTP, control API, heartbeats, ``services``) in
-    ``root/node<i>``, wired by ``edges``; stopped on exit. ``rts[i].swarm`` is node i's Swarm."""
+    ``root/node<i>``, wired by ``edges``; stopped on exit. ``rts[i].swarm`` is node i's Swarm.
+
+    All nodes share one process and one GIL: py-libp2p costs ~20 ms of CPU per gossip message per node,
+    so frequent heartbeats starve the DHT on a busy machine (seen: 30 s provides at 0.5 s heartbeats on
+    six nodes). Keep ``heartbeat_interval`` at a second or more unless the test is about heartbeats."""
     from intellect_node.node.config import build_config
     from intellect_node.node.runtime import NodeRuntime
 

@@ -344,7 +344,11 @@ class P2PHost:
         return await self.dht.provide(cid)
 
     async def find_providers(self, cid: str, count: int = 20, timeout: float = 10.0) -> list[PeerInfo]:
-        """Iterative provider walk (see module docstring); de-duplicated, own record included."""
+        """Iterative provider walk (see module docstring); de-duplicated, own record included.
+
+        Ends when ``count`` providers are known, no candidate is left, :data:`PROVIDER_WALK_MAX_PEERS`
+        peers were asked, ``timeout`` passed, or a round of ``ALPHA`` queries brought no new provider
+        once some are known (the usual case in a small swarm: the records sit on every close peer)."""
         from libp2p.kad_dht.kad_dht import _encode_key
         from libp2p.kad_dht.utils import sort_peer_ids_by_distance
 
@@ -375,9 +379,12 @@ class P2PHost:
                                 self.host.get_peerstore().add_addrs(p.peer_id, p.addrs, 3600)
                         closer.extend(near)
 
+                before = len(found)
                 async with trio.open_nursery() as n:
                     for peer in batch:
                         n.start_soon(ask, peer)
+                if found and len(found) == before and len(asked) >= ALPHA:
+                    break  # quiescent: this round found no new provider; more rounds cost more than they bring
                 fresh = [p for p in dict.fromkeys(closer) if p not in asked and p != me and p not in candidates]
                 candidates = sort_peer_ids_by_distance(key, candidates + fresh) if fresh else candidates
         return list(found.values())[:count]

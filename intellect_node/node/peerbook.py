@@ -34,6 +34,8 @@ AUTO_BAN_AFTER = 100
 """Rejections after which a peer is banned automatically; honest peers reach a handful at most (a
 message that arrives after our clock moved past a deadline, say), a hostile one reaches it fast."""
 SAVE_INTERVAL_S = 5.0
+REFRESH_S = 600.0
+"""A remembered peer's "last seen" is refreshed (and the file rewritten) at most this often."""
 
 
 @dataclass
@@ -129,6 +131,12 @@ class PeerBook:
             rec = self._rec(peer_id)
             rec.http_url, rec.addrs, rec.roles = http_url, list(addrs), list(roles)
 
+    def addrs(self, peer_id: str) -> list[str]:
+        """The addresses ``peer_id`` last advertised (heartbeat or node info); [] if unknown."""
+        with self._lock:
+            rec = self._peers.get(peer_id)
+            return list(rec.addrs) if rec is not None else []
+
     def http_url(self, peer_id: str) -> str:
         with self._lock:
             rec = self._peers.get(peer_id)
@@ -179,17 +187,23 @@ class PeerBook:
     # -- remembered peers ------------------------------------------------------------------------------
 
     def remember(self, peer_id: str, addrs: list[str]) -> None:
+        """Note ``peer_id``'s listen addresses (in memory; :meth:`save` writes them, off the event loops:
+        an fsync took 40+ ms on a busy disk)."""
         if peer_id == self.self_id or not addrs:
             return
+        now = time.time()
         with self._lock:
             if self._peers.get(peer_id) is not None and self._peers[peer_id].banned:
                 return
-            self._remembered[peer_id] = (list(addrs)[:8], time.time())
+            old = self._remembered.get(peer_id)
+            addrs = list(addrs)[:8]
+            if old is not None and old[0] == addrs and now - old[1] < REFRESH_S:
+                return  # unchanged: no rewrite for every heartbeat
+            self._remembered[peer_id] = (addrs, now)
             if len(self._remembered) > MAX_REMEMBERED:
                 oldest = min(self._remembered, key=lambda p: self._remembered[p][1])
                 del self._remembered[oldest]
             self._dirty = True
-        self.save()
 
     def remembered(self) -> list[tuple[str, list[str]]]:
         """Remembered peers, most recently seen first."""

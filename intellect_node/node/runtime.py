@@ -215,7 +215,7 @@ class NodeRuntime:
                             by_role.get(r, []).append(rec["peer_id"])
                 self.board.set_peers(len(sw.connected_peers()), trainers=by_role["trainer"],
                                      validators=by_role["validator"], workers=by_role["worker"])
-                sw.peerbook.save()
+                await asyncio.to_thread(sw.peerbook.save)  # fsync: keep it off the event loop
             await asyncio.sleep(1.0)
 
     # -- stop --------------------------------------------------------------------------------------

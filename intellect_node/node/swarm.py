@@ -128,7 +128,7 @@ class Swarm:
         self._closed = True
         for t in list(self._tasks):
             t.cancel()
-        self.peerbook.save(force=True)
+        await asyncio.to_thread(self.peerbook.save, True)
         await self._bridge.astop(join_timeout=10.0)
 
     async def __aenter__(self) -> "Swarm":
