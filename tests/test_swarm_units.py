@@ -114,6 +114,9 @@ def test_peerbook_liveness_bans_and_remembered_peers(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     again = PeerBook("me", tmp_path)
     assert again.remembered() == [("p3", ["/ip4/127.0.0.1/tcp/5/p2p/p3"])]
+    assert again.addrs("p3") == ["/ip4/127.0.0.1/tcp/5/p2p/p3"]
+    again.heard("p3", addrs=["/ip4/10.0.0.3/tcp/7/p2p/p3"])  # signed addresses win
+    assert again.addrs("p3") == ["/ip4/10.0.0.3/tcp/7/p2p/p3"] and again.addrs("nobody") == []
     path.write_text("{broken")
     assert PeerBook("me", tmp_path).remembered() == []  # a damaged cache costs only the cache
 

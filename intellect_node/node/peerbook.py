@@ -137,6 +137,15 @@ class PeerBook:
             rec = self._peers.get(peer_id)
             return list(rec.addrs) if rec is not None else []
 
+    def addrs(self, peer_id: str) -> list[str]:
+        """The peer's listen addresses as it signed them (heartbeat, node info), else as remembered."""
+        with self._lock:
+            rec = self._peers.get(peer_id)
+            if rec is not None and rec.addrs:
+                return list(rec.addrs)
+            kept = self._remembered.get(peer_id)
+            return list(kept[0]) if kept else []
+
     def http_url(self, peer_id: str) -> str:
         with self._lock:
             rec = self._peers.get(peer_id)
