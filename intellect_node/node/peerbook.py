@@ -132,12 +132,6 @@ class PeerBook:
             rec.http_url, rec.addrs, rec.roles = http_url, list(addrs), list(roles)
 
     def addrs(self, peer_id: str) -> list[str]:
-        """The addresses ``peer_id`` last advertised (heartbeat or node info); [] if unknown."""
-        with self._lock:
-            rec = self._peers.get(peer_id)
-            return list(rec.addrs) if rec is not None else []
-
-    def addrs(self, peer_id: str) -> list[str]:
         """The peer's listen addresses as it signed them (heartbeat, node info), else as remembered."""
         with self._lock:
             rec = self._peers.get(peer_id)
