@@ -66,7 +66,7 @@ class Node:
         return None
 
     async def _lookup_chunk(self, kind: str, cid: str) -> bytes | None:
-        return self.store.get(cid)
+        return self.store.get(cid) if kind == "chunk" else None
 
     async def run(self) -> None:
         async with self.host.run(listen_addrs=[self.listen]), trio.open_nursery() as nursery:
@@ -83,6 +83,9 @@ class Node:
             if self.args.dcutr:
                 self.dcutr = dcutr.HolePuncher(self.host)
                 await nursery.start(self.dcutr.run)
+            if not self.args.public:  # what a node does once AutoNAT has said PRIVATE
+                relay.advertise_circuit_addrs(
+                    self.host, lambda: self.relay_client.circuit_addrs() if self.relay_client else [])
             self.chunks.register()
             self.host.set_stream_handler(ECHO, self._echo)
             emit({"event": "ready", "peer_id": str(self.host.get_id()),
@@ -141,8 +144,9 @@ class Node:
         return {}
 
     async def op_autonat(self, servers: list[str], min_confirmations: int = 2) -> dict[str, Any]:
+        relayed = self.relay_client is not None and bool(self.relay_client.held)
         report = await self.autonat.check([ID.from_base58(s) for s in servers],
-                                          min_confirmations=min_confirmations)
+                                          min_confirmations=min_confirmations, relayed=relayed)
         return {"status": report.status.value, "successes": report.successes, "failures": report.failures,
                 "no_verdict": report.no_verdict, "fix": report.fix, "public_addrs": list(report.public_addrs)}
 
@@ -151,7 +155,6 @@ class Node:
         assert self.nursery is not None
         self.relay_client = relay.RelayClient(self.host, self.dht, want=want, renew_fraction=renew_fraction,
                                               check_interval_s=check_interval)
-        relay.advertise_circuit_addrs(self.host, self.relay_client)
         await self.nursery.start(self.relay_client.run)
         return {}
 
@@ -229,6 +232,11 @@ class Node:
             total += len(data)
         return {"bytes": total, "seconds": time.monotonic() - t0,
                 "kinds": relay.connection_kinds(self.host, ID.from_base58(peer))}
+
+    async def op_observed(self) -> dict[str, Any]:
+        m = self.host._observed_addr_manager
+        return {"observed": [str(a) for a in m.addrs(min_observers=1)], "raw": repr(m._external_addrs),
+                "transport": [str(a) for a in self.host.get_transport_addrs()]}
 
     async def op_provide(self, key: str) -> dict[str, Any]:
         ok = await self.dht.provide(key)

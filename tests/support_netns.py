@@ -244,7 +244,28 @@ class Topology:
                 self._ipt(router, "-A", chain, "-i", "wan", "-j", "DROP")
             self.private_ns.append(host)
 
+    def firewall(self, ns: str, on: bool) -> None:
+        """Drop (or stop dropping) new inbound connections to a public host; established ones pass."""
+        op = "-I" if on else "-D"
+        self._ipt(ns, op, "INPUT", "-i", "eth0", "-p", "tcp", "-m", "conntrack", "--ctstate", "NEW",
+                  "-j", "DROP")
+
     # --- processes ---------------------------------------------------------------------------------
+
+    def spawn(self, ns: str, name: str, argv: list[str], env: dict[str, str] | None = None
+              ) -> subprocess.Popen[str]:
+        """Start ``argv`` (a real executable, not a forking shim) in ``ns``; output goes to its log."""
+        log = open(self.log_path(name), "w")
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, *argv], stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+        self.procs.append(proc)
+        return proc
+
+    def run_in(self, ns: str, argv: list[str], timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+        """Run a command to completion inside ``ns``."""
+        return subprocess.run(["ip", "netns", "exec", ns, *argv], capture_output=True, text=True,
+                              timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
     def agent(self, ns: str, name: str, *args: str) -> Agent:
         """Start an agent; call ``wait_ready()`` on it (start several first: they import in parallel)."""

@@ -35,7 +35,19 @@ def services(runtime: Any) -> None:
     runtime.add_service(LedgerService.for_runtime)
     if runtime.config.metrics.enabled:
         runtime.add_service(MetricsService.for_runtime)
-    runtime.add_service(lambda rt: BlobService.from_swarm(rt.swarm, rt.data_dir, board=rt.board))
+    from intellect_node.node.nat.service import NatService
+
+    # Reachability (docs/nat.md) before blobs: private providers' chunks come over libp2p (its source),
+    # and it serves this node's chunks from the blob store when peers cannot reach our HTTP port.
+    nat: list[NatService] = []
+    runtime.add_service(lambda rt: nat.append(NatService.for_runtime(rt)) or nat[0])
+
+    def blobs(rt: Any) -> Any:
+        svc = BlobService.from_swarm(rt.swarm, rt.data_dir, board=rt.board, extra_sources=[nat[0].source])
+        nat[0].attach_blob_store(lambda: svc.store)
+        return svc
+
+    runtime.add_service(blobs)
 
 
 def build_node_config(*, listen: list[str], bootstrap: list[str], run_id: str | None,

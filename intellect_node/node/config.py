@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from intellect_node.errors import ConfigError, ProtocolError
+from intellect_node.node.nat.config import NatConfig
 from intellect_node.protocol.ids import public_key_from_peer_id
 from intellect_node.protocol.topics import validate_run_id
 
@@ -231,6 +232,9 @@ class NodeConfig(_Section):
 
     rl: RLConfig = Field(default_factory=RLConfig)
     """The RL roles: task, GRPO settings, batching, verification and bans."""
+
+    nat: NatConfig = Field(default_factory=NatConfig)
+    """Reachability behind NAT: AutoNAT, circuit relay, hole punching (docs/nat.md)."""
 
 
 def _loc(loc: tuple[Any, ...]) -> str:

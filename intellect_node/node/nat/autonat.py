@@ -205,7 +205,7 @@ class DialBackAutoNAT(AutoNATService):
         return list(out.values())
 
     async def check(self, servers: Iterable[ID], *, min_confirmations: int = 2,
-                    query_timeout: float = QUERY_TIMEOUT_S) -> ReachabilityReport:
+                    query_timeout: float = QUERY_TIMEOUT_S, relayed: bool = False) -> ReachabilityReport:
         """Ask every server in parallel and return the verdict (never raises for a server's failure)."""
         servers = [s for s in servers if s != self.host.get_id()]
         addrs = [a.to_bytes() for a in self.candidate_addrs()]
@@ -245,5 +245,5 @@ class DialBackAutoNAT(AutoNATService):
         report = ReachabilityReport(
             status=status, public_addrs=tuple(sorted(set(reached))) if status is Reachability.PUBLIC else (),
             successes=successes, failures=failures, no_verdict=no_verdict + (len(servers) if not addrs else 0),
-            listen_port=ports[0] if ports else None, checked_at=time.time())
+            listen_port=ports[0] if ports else None, checked_at=time.time(), relayed=relayed)
         return report.with_fix()

@@ -45,7 +45,9 @@ BUDGET_SHARE = 0.75
 UNKNOWN_RELAY_LIMIT = 128 * 1024
 """go-libp2p's default per-circuit data limit: the safe assumption when the limit is not known."""
 READ_TIMEOUT_S = 60.0
-KINDS = ("chunk", "manifest")
+KINDS = ("chunk", "manifest", "have")
+MAX_HAVE_BYTES = 1 << 20
+"""A have bitmap: one bit per chunk; 1 MiB covers 8 M chunks (32 TiB at 4 MiB each)."""
 
 
 class ChunkRequest(codec.Message, frozen=True):
@@ -189,8 +191,8 @@ class ChunkStreamClient:
                 except Exception:
                     pass
         # Chunks and manifests alike are named by the CID of their bytes (the manifest's ID is the CID
-        # of its signed envelope), so both are checked here.
-        if cid_of(data) != cid:
+        # of its signed envelope), so both are checked here; a have bitmap is checked by its reader.
+        if kind != "have" and cid_of(data) != cid:
             raise IntegrityError(f"{kind} from {self.peer} does not match {cid}")
         return data
 

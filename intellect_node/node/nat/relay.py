@@ -18,6 +18,7 @@ measured latency; automatic relay discovery of py-libp2p is not used (it looked 
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from dataclasses import dataclass, field
@@ -51,7 +52,7 @@ RESERVE_TIMEOUT_S = 8.0
 DIRECT_DIAL_TIMEOUT_S = 4.0
 """Direct addresses of a private peer never answer (a NAT drops the SYN): give up fast, then relay."""
 
-DISCOVERY_TIMEOUT_S = 20.0
+DISCOVERY_TIMEOUT_S = 5.0
 """Bound on one DHT lookup for relays; lookups that dial unreachable (private) peers are slow."""
 
 DEFAULT_WANT = 2
@@ -331,8 +332,19 @@ class RelayClient:
         return out
 
     def data_limit(self, relay_peer: str) -> int | None:
+        """The per-circuit byte limit of ``relay_peer`` as its reservation told us.
+
+        py-libp2p 0.8.1 names an *accepted* circuit ``/p2p/<us>/p2p-circuit/...`` (our own ID where the
+        relay's belongs), so for our own ID the smallest limit among our relays is returned: one of
+        them carries the circuit, and the smallest is safe for all.
+        """
         res = self.held.get(relay_peer)
-        return res.data_limit if res is not None else None
+        if res is not None:
+            return res.data_limit
+        if relay_peer == self.host.get_id().to_base58():
+            limits = [r.data_limit for r in self.held.values() if r.data_limit]
+            return min(limits) if limits else None
+        return None
 
     def snapshot(self) -> RelayClientSnapshot:
         return RelayClientSnapshot(reservations=tuple(self.held.values()),
@@ -340,18 +352,33 @@ class RelayClient:
                                    lost=self.lost)
 
 
-def advertise_circuit_addrs(host: Any, client: "RelayClient") -> None:
-    """Make ``host.get_addrs()`` (identify, DHT provider records) include the client's circuit addresses.
+OWN_ADDRS_VIEW: contextvars.ContextVar[bool] = contextvars.ContextVar("nat_own_addrs_view", default=False)
+"""Set by code that needs the host's real listen addresses from ``get_addrs`` rather than what it
+advertises (DCUtR binds its hole-punch dials to the listen port it finds there)."""
 
-    ``addrs_factory`` cannot carry them: py-libp2p 0.8.1's ``get_addrs`` strips everything from the first
-    ``/p2p/`` component on, which cuts ``<relay>/p2p/<R>/p2p-circuit`` down to the relay's own address
-    (advertising the relay's address as ours). So the bound method is wrapped on this one host instance.
+
+def advertise_circuit_addrs(host: Any, circuits: Callable[[], list[str]], *,
+                            private: Callable[[], bool] = lambda: True) -> None:
+    """Make ``host.get_addrs()`` (identify, DHT provider records) include ``circuits()`` (full circuit
+    addresses ending /p2p/<us>, e.g. ``RelayClient.circuit_addrs``).
+
+    While ``private()`` holds, the node's own direct addresses are left out, as go-libp2p's autorelay
+    does: nobody outside can dial them, and a peer that tries (a DHT lookup does) spends seconds in
+    connect retries before it gives up. Before the first reservation a private node then advertises
+    nothing, which is the truth.
+
+    ``addrs_factory`` cannot carry circuit addresses: py-libp2p 0.8.1's ``get_addrs`` strips everything
+    from the first ``/p2p/`` component on, which cuts ``<relay>/p2p/<R>/p2p-circuit`` down to the relay's
+    own address (advertising the relay's address as ours). So the bound method is wrapped on this one
+    host instance.
     """
     original = host.get_addrs
 
     def get_addrs() -> list[Multiaddr]:
-        own = [a for a in original() if not is_circuit(a)]
-        return own + [Multiaddr(a) for a in client.circuit_addrs(with_peer=True)]
+        relayed = [Multiaddr(a) for a in circuits()]
+        if private() and not OWN_ADDRS_VIEW.get():
+            return relayed
+        return [a for a in original() if not is_circuit(a)] + relayed
 
     host.get_addrs = get_addrs
 
