@@ -34,7 +34,7 @@ async def _serve(routes: list[web.RouteDef]) -> tuple[web.AppRunner, str]:
 class Node:
     """A blob service with its own store, key and HTTP server; providers are whatever the test says."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, read_timeout: float = 15.0) -> None:
         self.providers: list[Provider] = []
         self.rejections: list[tuple[str, str]] = []
         key = SigningKey.generate()
@@ -54,7 +54,7 @@ class Node:
             self.provided.append((cid, len(self.svc.store.missing(cid)) if m else -1))
 
         self.svc = BlobService(BlobStore(root), key, find_providers=find, provide=provide,
-                               penalise=penalise, is_banned=self.book.is_banned)
+                               penalise=penalise, is_banned=self.book.is_banned, read_timeout=read_timeout)
         self.url = ""
         self._runner: web.AppRunner | None = None
 

@@ -107,6 +107,40 @@ def test_provider_sigkilled_mid_transfer(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_provider_frozen_mid_transfer(tmp_path: Path) -> None:
+    """SIGSTOP keeps a provider's sockets open and silent (no reset, notes): the read deadline turns
+    its chunks into failures, they are fetched elsewhere, and the frozen peer is dropped."""
+    data = os.urandom(32 * CHUNK)
+    src = tmp_path / "ckpt.bin"
+    src.write_bytes(data)
+
+    async def main() -> None:
+        origin = await Node(tmp_path / "origin").start()
+        cid, m = await origin.svc.put_file(src, chunk_size=CHUNK)
+        frozen_root = tmp_path / "frozen"
+        _copy_blob(origin.svc.store, Node(frozen_root).svc.store, cid)
+        frozen = await PeerProc.start(frozen_root)
+        f = await Node(tmp_path / "fetcher", read_timeout=1.0).start()
+        f.providers = [StaticProvider(frozen.peer_id, frozen.url), origin.as_provider()]
+
+        def on_progress(p: Progress) -> None:
+            if p.provider == frozen.peer_id and frozen.proc.returncode is None:
+                os.kill(frozen.proc.pid, signal.SIGSTOP)
+
+        try:
+            stats = await f.svc.fetch(cid, out=tmp_path / "out.bin", on_progress=on_progress)
+            assert (tmp_path / "out.bin").read_bytes() == data
+            assert stats.failures.get(frozen.peer_id, 0) >= 1 and not stats.bad
+            assert stats.by_provider[origin.peer_id] == len(m.chunks) - stats.by_provider[frozen.peer_id]
+        finally:
+            frozen.kill()  # SIGKILL ends a stopped process too
+            await frozen.proc.wait()
+            await f.stop()
+            await origin.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 90))
+
+
 def test_download_process_sigkilled_resumes(tmp_path: Path) -> None:
     n_chunks, first_batch = 16, 5
     data = os.urandom(n_chunks * CHUNK)

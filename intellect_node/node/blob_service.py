@@ -56,8 +56,10 @@ class BlobService:
                  provide: Callable[[str], Awaitable[None]] = _no_provide,
                  penalise: Callable[[str, str], None] | None = None,
                  is_banned: Callable[[str], bool] | None = None,
-                 board: Any = None, extra_sources: Sequence[ChunkSource] = ()) -> None:
+                 board: Any = None, extra_sources: Sequence[ChunkSource] = (),
+                 connect_timeout: float = 5.0, read_timeout: float = 15.0) -> None:
         self.store = store
+        self._timeouts = (connect_timeout, read_timeout)
         self.key = key
         self.serve_stats = ServeStats()
         self._find = find_providers
@@ -84,7 +86,8 @@ class BlobService:
 
     async def start(self, *, announce: bool = True) -> None:
         """Open the HTTP client and (re-)announce every blob held, complete or partial."""
-        self._http = HttpChunkSource()
+        # Every remote read has a deadline: a frozen peer (SIGSTOP) keeps its sockets open and silent.
+        self._http = HttpChunkSource(connect_timeout=self._timeouts[0], read_timeout=self._timeouts[1])
         sources: list[ChunkSource] = [*self._extra_sources, self._http]
         self._fetcher = Fetcher(self.store, sources, self._find, self_peer_id=self.key.peer_id,
                                 penalise=self._penalise, is_banned=self._is_banned)
