@@ -57,6 +57,7 @@ GOSSIP_RATE_LIMIT_PER_TOPIC = 200.0
 """Messages per second per forwarder per topic we accept (library default 10, measured dropping)."""
 GOSSIP_MAX_MESSAGE = 512 * 1024
 """Largest gossip payload we publish; libp2p silently drops RPCs over 1 MiB (notes)."""
+ADDRS_REFRESH_S = 5.0
 SUBSCRIPTION_BUFFER = 4096
 """Accepted messages a subscription may hold before our pump forwards them (library default 32)."""
 CONNECT_TIMEOUT_S = 10.0
@@ -180,7 +181,8 @@ class P2PHost:
         self._listen = [parse_multiaddr(a) for a in listen_addrs]
         self._node_info = node_info
         self._nursery: trio.Nursery | None = None
-        self._validators: dict[str, Validator] = {}
+        self.addrs_snapshot: list[str] = []
+        """:meth:`listen_addrs` as of the last refresh, for readers on other threads."""
         kp = create_new_key_pair(key.seed)
         self.host = new_host(
             key_pair=kp,
@@ -211,8 +213,17 @@ class P2PHost:
                     background_trio_service(self.dht), trio.open_nursery() as nursery:
                 self._nursery = nursery
                 await self.pubsub.wait_until_ready()
+                self.addrs_snapshot = self.listen_addrs()
+                nursery.start_soon(self._refresh_addrs)
                 task_status.started()
                 await trio.sleep_forever()
+
+    async def _refresh_addrs(self) -> None:
+        # get_addrs() walks libp2p state that only the trio thread may touch; the asyncio side reads
+        # this snapshot instead (identify may add observed addresses over time).
+        while True:
+            await trio.sleep(ADDRS_REFRESH_S)
+            self.addrs_snapshot = self.listen_addrs()
 
     @property
     def peer_id(self) -> str:

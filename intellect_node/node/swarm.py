@@ -140,8 +140,8 @@ class Swarm:
     # -- addresses and peers -------------------------------------------------------------------------
 
     def listen_addrs(self) -> list[str]:
-        """Full multiaddrs ending ``/p2p/<id>``."""
-        return self._p2p.listen_addrs()
+        """Full multiaddrs ending ``/p2p/<id>`` (refreshed every few seconds on the trio thread)."""
+        return list(self._p2p.addrs_snapshot)
 
     def connected_peers(self) -> list[str]:
         return self._p2p.connected_peers()
