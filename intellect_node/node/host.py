@@ -233,7 +233,7 @@ class P2PHost:
         return [str(a) for a in self.host.get_addrs()]
 
     def connected_peers(self) -> list[str]:
-        return sorted(p.to_base58() for p in self.host.get_connected_peers())
+        return sorted(p.to_base58() for p in self.host.get_connected_peers())  # a list copy (C, atomic)
 
     # -- connections ---------------------------------------------------------------------------------
 
@@ -344,10 +344,11 @@ class P2PHost:
 
     def topic_peers(self, topic: str) -> list[str]:
         """Peers known to be subscribed to ``topic`` (what a publish can reach directly)."""
-        return sorted(p.to_base58() for p in self.pubsub.peer_topics.get(topic, ()))
+        # list() copies the set in one C call, so a reader on another thread never sees it change size.
+        return sorted(p.to_base58() for p in list(self.pubsub.peer_topics.get(topic, ())))
 
     def mesh_peers(self, topic: str) -> list[str]:
-        return sorted(p.to_base58() for p in self.gossipsub.mesh.get(topic, ()))
+        return sorted(p.to_base58() for p in list(self.gossipsub.mesh.get(topic, ())))
 
     # -- DHT -----------------------------------------------------------------------------------------
 
