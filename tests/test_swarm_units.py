@@ -121,6 +121,20 @@ def test_peerbook_liveness_bans_and_remembered_peers(tmp_path: Path) -> None:
     assert PeerBook("me", tmp_path).remembered() == []  # a damaged cache costs only the cache
 
 
+def test_peerbook_stays_bounded_under_a_flood_of_peer_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    from intellect_node.node import peerbook
+
+    monkeypatch.setattr(peerbook, "MAX_PEERS", 50)
+    book = PeerBook("me")
+    book.heard("friend")
+    book.set_connected("friend", True)
+    book.ban("enemy", "bad")
+    for i in range(500):
+        book.record_rejection(f"sybil{i}", "junk")
+    names = {r["peer_id"] for r in book.snapshot()}
+    assert len(names) <= 50 and {"friend", "enemy"} <= names
+
+
 def test_control_file_is_private_and_checked(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no node is running"):
         control.read_control_file(tmp_path)

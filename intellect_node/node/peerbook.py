@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 PEERS_FILE = "peers.json"
 MAX_REMEMBERED = 64
+MAX_PEERS = 4096
+"""Peer records kept in memory; past it the longest-silent idle record is forgotten."""
 MAX_REASONS = 16
 """Recent rejection reasons kept per peer (the count keeps growing)."""
 AUTO_BAN_AFTER = 100
@@ -81,8 +83,18 @@ class PeerBook:
     def _rec(self, peer_id: str) -> PeerRecord:
         rec = self._peers.get(peer_id)
         if rec is None:
+            if len(self._peers) >= MAX_PEERS:
+                self._evict()
             rec = self._peers[peer_id] = PeerRecord(peer_id)
         return rec
+
+    def _evict(self) -> None:
+        """Forget the longest-silent record that is neither connected nor banned (peer IDs are free to
+        make, so a flood of them must not grow memory without bound)."""
+        idle = [r for r in self._peers.values() if not r.connected and r.banned is None]
+        if idle:
+            victim = min(idle, key=lambda r: r.last_heartbeat or 0.0)
+            del self._peers[victim.peer_id]
 
     # -- liveness ----------------------------------------------------------------------------------
 
