@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import multiaddr
@@ -454,10 +454,3 @@ async def _reset(stream: INetStream) -> None:
         await stream.reset()
     except Exception:  # already closed or broken: nothing left to release
         pass
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-TrioFn = Callable[..., Awaitable[Any]]
