@@ -240,6 +240,9 @@ def test_hostile_deltas_refused_before_allocating() -> None:
         bad = _tamper(delta, "v", count=2, data=zstandard.ZstdCompressor().compress(payload))
         with pytest.raises((ProtocolError, IntegrityError)):
             apply_delta(base, bad, expected_hash=h, max_size=MAX)
+    # A tensor may not take the header's metadata key.
+    with pytest.raises(ProtocolError, match="reserved"):
+        apply_delta(base, _tamper(delta, "v", name="__metadata__"), expected_hash=h, max_size=MAX)
     # The names must be sorted and unique.
     d = read_delta(delta, max_size=MAX)
     swapped = codec.encode(msgspec.structs.replace(d, tensors=list(reversed(d.tensors))))

@@ -106,6 +106,8 @@ def _numel(shape: Iterable[int]) -> int:
 def _layout(specs: Iterable[tuple[str, str, tuple[int, ...]]]) -> tuple[bytes, dict[str, TensorInfo], int]:
     """The canonical header bytes, tensor table and total file size for ``(name, dtype, shape)`` specs."""
     ordered = sorted(specs, key=lambda s: (-DTYPES[s[1]][0], s[0]))
+    if any(name == "__metadata__" for name, _, _ in ordered):
+        raise ProtocolError("'__metadata__' is reserved in safetensors and cannot name a tensor")
     entries: dict[str, object] = {"__metadata__": _METADATA}
     spans: list[tuple[str, str, tuple[int, ...], int, int]] = []
     pos = 0
