@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import random
 import shutil
 import sys
@@ -255,12 +256,15 @@ def main() -> None:
     ap.add_argument("--skip-synthetic", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start "
+          "(other processes share the cores: times scale with it, byte counts do not)")
     embedded_section(args)
     if args.skip_synthetic:
         return
     pair = synthetic_section(args)
     if pair is not None:
         asyncio.run(peers_section(pair, args.peers, "the synthetic bf16 model at lr 3e-5"))
+    print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":
