@@ -194,7 +194,9 @@ class P2PHost:
         )
         if self.host.get_id().to_base58() != key.peer_id:
             raise AssertionError("libp2p peer ID differs from the node key's peer ID")
-        self.dht = KadDHT(self.host, DHTMode.SERVER, enable_random_walk=False)
+        # strict_validation: value records only under namespaces with a validator (/pk, /ipns), as
+        # go-libp2p does; otherwise any peer may park arbitrary values in our store (notes).
+        self.dht = KadDHT(self.host, DHTMode.SERVER, enable_random_walk=False, strict_validation=True)
         self.gossipsub = GossipSub(
             protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11], degree=6, degree_low=4, degree_high=12,
             heartbeat_interval=GOSSIP_HEARTBEAT_S, heartbeat_initial_delay=0.1,
