@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 from intellect_node.node.blob_fetch import Progress, StaticProvider
@@ -107,9 +108,11 @@ def test_provider_sigkilled_mid_transfer(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-def test_provider_frozen_mid_transfer(tmp_path: Path) -> None:
-    """SIGSTOP keeps a provider's sockets open and silent (no reset, notes): the read deadline turns
-    its chunks into failures, they are fetched elsewhere, and the frozen peer is dropped."""
+@pytest.mark.parametrize("read_timeout", [1.0, 600.0])
+def test_provider_frozen_mid_transfer(tmp_path: Path, read_timeout: float) -> None:
+    """SIGSTOP keeps a provider's sockets open and silent (no reset, notes). With a short read deadline
+    its requests fail and go elsewhere; with a deadline far past this test's own limit, the end game
+    duplicates its stuck chunks at the origin and the download still completes."""
     data = os.urandom(32 * CHUNK)
     src = tmp_path / "ckpt.bin"
     src.write_bytes(data)
@@ -120,7 +123,7 @@ def test_provider_frozen_mid_transfer(tmp_path: Path) -> None:
         frozen_root = tmp_path / "frozen"
         _copy_blob(origin.svc.store, Node(frozen_root).svc.store, cid)
         frozen = await PeerProc.start(frozen_root)
-        f = await Node(tmp_path / "fetcher", read_timeout=1.0).start()
+        f = await Node(tmp_path / "fetcher", read_timeout=read_timeout).start()
         f.providers = [StaticProvider(frozen.peer_id, frozen.url), origin.as_provider()]
 
         def on_progress(p: Progress) -> None:
@@ -130,7 +133,9 @@ def test_provider_frozen_mid_transfer(tmp_path: Path) -> None:
         try:
             stats = await f.svc.fetch(cid, out=tmp_path / "out.bin", on_progress=on_progress)
             assert (tmp_path / "out.bin").read_bytes() == data
-            assert stats.failures.get(frozen.peer_id, 0) >= 1 and not stats.bad
+            assert not stats.bad  # frozen is not malicious
+            if read_timeout > 60:
+                assert stats.endgame_requests >= 1 and not stats.failures
             assert stats.by_provider[origin.peer_id] == len(m.chunks) - stats.by_provider[frozen.peer_id]
         finally:
             frozen.kill()  # SIGKILL ends a stopped process too

@@ -14,8 +14,10 @@ The fetcher
 Chunk order is a per-fetch random permutation, so peers that start together pull different chunks from
 the origin and then serve them to each other (BitTorrent-style swarming without a rarest-first census).
 
-Shortcuts: no end-game duplication of the last chunks (a slow provider delays the tail by up to its read
-timeout), and no upload-slot choking on the serving side.
+End game: when every missing chunk is in flight, idle workers duplicate requests that have been slow
+for :data:`ENDGAME_AFTER_S`; the first copy wins and cancels the other.
+
+Shortcuts: no rarest-first census and no upload-slot choking on the serving side.
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ MAX_INFLIGHT = 8
 MAX_CONSECUTIVE_FAILURES = 3
 HAVE_REFRESH_S = 0.2
 """How often an idle worker re-asks a partial holder for its bitmap."""
+
+ENDGAME_AFTER_S = 1.0
+"""End game: once every missing chunk is in flight, an idle worker duplicates a request that has been
+running this long at another provider; the first copy to arrive wins and cancels the other. A frozen or
+slow provider then delays the tail by about this much instead of its 15 s read timeout. The threshold
+keeps fast links (a 4 MiB chunk in tens of ms on a LAN) from doubling their last requests."""
 
 STALL_S = 15.0
 """A pass over the current providers ends when no chunk arrived for this long and none is in flight
@@ -106,6 +114,7 @@ class FetchStats:
     bytes_fetched: int = 0
     failures: dict[str, int] = field(default_factory=dict)  # peer ID -> transport failures
     bad: dict[str, str] = field(default_factory=dict)  # peer ID -> why it was dropped as malicious
+    endgame_requests: int = 0  # duplicate requests for chunks slow to arrive elsewhere
     by_provider: dict[str, int] = field(default_factory=dict)  # peer ID -> chunks received
     seconds: float = 0.0
 
@@ -241,7 +250,9 @@ class _Download:
         missing = self.store.missing(cid)
         random.shuffle(missing)
         self.todo: list[int] = missing  # chunks not done and not in flight, in preference order
-        self.inflight: set[int] = set()
+        self.inflight: dict[int, dict[str, asyncio.Task[bool]]] = {}  # chunk -> provider -> request
+        self.started: dict[int, float] = {}  # chunk -> when its first request started
+        self.done: set[int] = set()
         self.done_chunks = len(manifest.chunks) - len(missing)
         self.done_bytes = manifest.total_size - sum(manifest.chunk_length(i) for i in missing)
         self.last_progress = time.monotonic()
@@ -310,7 +321,20 @@ class _Download:
         elif index is not None and peer.have is not None:
             peer.complete = False  # its bitmap was stale; re-ask before trusting it again
 
+    def _pick_endgame(self, peer: _Peer) -> int | None:
+        """Nothing left to start: duplicate a chunk that has been in flight elsewhere for a while."""
+        if self.todo:
+            return None
+        now = time.monotonic()
+        pid = peer.provider.peer_id
+        for i, holders in self.inflight.items():
+            if (len(holders) == 1 and pid not in holders and i not in self.done and self._useful(peer, i)
+                    and now - self.started[i] >= ENDGAME_AFTER_S):
+                return i
+        return None
+
     async def _worker(self, peer: _Peer) -> None:
+        pid = peer.provider.peer_id
         while not self._finished() and not peer.dropped:
             if self._hopeless():
                 return
@@ -319,13 +343,27 @@ class _Download:
                 continue
             async with self.slots:
                 i = self._pick(peer)
+                if i is None and (i := self._pick_endgame(peer)) is not None:
+                    self.stats.endgame_requests += 1
                 if i is not None:
-                    self.inflight.add(i)
+                    # Its own task, so the provider that delivers first can cancel this one.
+                    task = asyncio.ensure_future(self._fetch_one(peer, i))
+                    self.inflight.setdefault(i, {})[pid] = task
+                    self.started.setdefault(i, time.monotonic())
                     try:
-                        ok = await self._fetch_one(peer, i)
+                        ok = await task
+                    except asyncio.CancelledError:
+                        me = asyncio.current_task()
+                        if not task.cancelled() or (me is not None and me.cancelling()):
+                            raise
+                        ok = True  # another provider delivered this chunk first
                     finally:
-                        self.inflight.discard(i)
-                    if not ok:
+                        holders = self.inflight.get(i, {})
+                        holders.pop(pid, None)
+                        if not holders:
+                            self.inflight.pop(i, None)
+                            self.started.pop(i, None)
+                    if not ok and i not in self.inflight and i not in self.done:
                         self.todo.insert(0, i)  # retry it first, elsewhere
                     self._notify()
                     continue
@@ -338,7 +376,10 @@ class _Download:
     async def _fetch_one(self, peer: _Peer, i: int) -> bool:
         chunk = self.m.chunks[i]
         n = self.m.chunk_length(i)
+        if i in self.done:  # an end-game copy that lost the race before it started
+            return True
         if self.store.has_chunk(chunk):  # same content at another index, or another fetch got it
+            self.done.add(i)
             self._commit_progress(peer, i, n, fetched=False)
             return True
         writer = self.store.open_chunk_writer(chunk, n)
@@ -356,6 +397,11 @@ class _Download:
         except BaseException:
             writer.abort()
             raise
+        self.done.add(i)
+        me = asyncio.current_task()
+        for other in self.inflight.get(i, {}).values():
+            if other is not me:
+                other.cancel()  # an end-game duplicate still on its way: not needed any more
         self.last_progress = time.monotonic()
         peer.consecutive_failures = 0
         self.stats.chunks_fetched += 1
