@@ -151,7 +151,9 @@ def run_intellect(src: Path, work: Path, peers: int, chunk_mib: int, *, label: s
                 raise RuntimeError(f"intellect fetch failed: {ev}")
         from_peers = sum(n for ev in done for p, n in ev["by_provider"].items() if p != hello["peer_id"])
         total = sum(sum(ev["by_provider"].values()) for ev in done)
-        print(f"  {label}: {from_peers}/{total} chunks came from other peers", flush=True)
+        dups = sum(ev.get("endgame_requests", 0) for ev in done)
+        print(f"  {label}: {from_peers}/{total} chunks came from other peers; {dups} end-game duplicate "
+              "requests", flush=True)
     finally:
         for k in [*kids, origin]:
             k.close()

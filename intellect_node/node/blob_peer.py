@@ -90,7 +90,8 @@ async def _main(args: argparse.Namespace) -> None:
                     continue
                 _emit({"event": "done", "chunks_fetched": st.chunks_fetched,
                        "chunks_resumed": st.chunks_resumed, "seconds": st.seconds,
-                       "by_provider": st.by_provider, "failures": st.failures, "bad": st.bad})
+                       "by_provider": st.by_provider, "failures": st.failures, "bad": st.bad,
+                       "endgame_requests": st.endgame_requests})
             elif op == "export":
                 await asyncio.to_thread(svc.store.export, cmd["cid"], cmd["out"])
                 _emit({"event": "exported", "out": cmd["out"]})
