@@ -195,6 +195,12 @@ def check_model(model: str, dtype: str) -> list[Check]:
 
 
 def _describe_thresholds(entry: Any) -> str:
+    """``proofs/calibrate.py`` writes {dtype: {"thresholds": {...}, "observed": {...}, ...}}."""
+    if isinstance(entry, dict) and isinstance(entry.get("thresholds"), dict):
+        thr = entry["thresholds"]
+        text = ", ".join(f"{k} ≤ {v:.4g}" if isinstance(v, float) else f"{k} ≤ {v}" for k, v in thr.items())
+        engines = entry.get("engines")
+        return text + (f" (calibrated on {', '.join(engines)})" if isinstance(engines, list) else "")
     if isinstance(entry, dict):
         return ", ".join(f"{k} {v}" for k, v in entry.items() if not isinstance(v, (dict, list)))[:200]
     return str(entry)[:200]
