@@ -31,6 +31,8 @@ from intellect_node.node.status import Notice, Rejection, StatusSnapshot
 
 SPARK = "▁▂▃▄▅▆▇█"
 ROLE_STYLE = {"trainer": "bold magenta", "validator": "bold cyan", "worker": "bold green"}
+TREND_WINDOW = 10
+"""Steps averaged for the trend's numbers (at most half the history, so the two means never overlap)."""
 REACH_STYLE = {"public": "green", "relayed": "yellow", "private": "red", "unknown": "dim"}
 
 
@@ -74,6 +76,10 @@ def clock(ts: float) -> str:
     return _dt.datetime.fromtimestamp(ts).strftime("%H:%M:%S") if ts else "--:--:--"
 
 
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
 def _bar(done: int, total: int, width: int) -> str:
     frac = min(1.0, done / total) if total > 0 else 0.0
     full = int(frac * width)
@@ -108,12 +114,16 @@ def _trend(history_source: StatusSnapshot | None, width: int) -> RenderableType:
         grid.add_row("reward", Text("no trainer steps yet", style="dim"), "")
         grid.add_row("pass", "", "")
     else:
-        spark_w = max(8, width - 7 - 16 - 6)
-        first, last = hist[0], hist[-1]
-        grid.add_row("reward", Text(sparkline([p.reward_mean for p in hist], spark_w), style="magenta"),
-                     f"{last.reward_mean:6.3f} (from {first.reward_mean:.2f})")
-        grid.add_row("pass", Text(sparkline([p.pass_rate for p in hist], spark_w), style="green"),
-                     f"{last.pass_rate:6.1%} (from {first.pass_rate:.0%})")
+        # Per-step values from small batches are noisy: the numbers are means over the last and the
+        # first n steps, so the trend reads at a glance; the sparkline keeps the per-step detail.
+        n = max(1, min(TREND_WINDOW, len(hist) // 2))
+        rewards = [p.reward_mean for p in hist]
+        passes = [p.pass_rate for p in hist]
+        spark_w = max(8, width - 7 - 28 - 6)
+        grid.add_row("reward", Text(sparkline(rewards, spark_w), style="magenta"),
+                     f"last{n} {_mean(rewards[-n:]):6.3f} · first{n} {_mean(rewards[:n]):.3f}")
+        grid.add_row("pass", Text(sparkline(passes, spark_w), style="green"),
+                     f"last{n} {_mean(passes[-n:]):6.1%} · first{n} {_mean(passes[:n]):.1%}")
     step = history_source.training.step if history_source else -1
     return Panel(grid, title=f"training · step {step if step >= 0 else '-'}", title_align="left",
                  box=box.ROUNDED, padding=(0, 1))
@@ -244,8 +254,23 @@ def render_swarm(snaps: Sequence[StatusSnapshot], *, width: int = 80, title: str
         events += _node_events(s, who)
     trainer = next((s for s in snaps if s.training.history), None) or next(
         (s for s in snaps if s.role == "trainer"), None)
-    return Group(head, table, _trend(trainer, width - 4), _events(events, max_events),
+    return Group(head, table, _swarm_line(snaps), _trend(trainer, width - 4), _events(events, max_events),
                  Text(footer, style="dim", no_wrap=True))
+
+
+def _swarm_line(snaps: Sequence[StatusSnapshot]) -> Text:
+    """Totals over the nodes: work judged by validators, throughput, newest policy."""
+    judges = [s for s in snaps if "validator" in s.role.split(",")]
+    acc = sum(s.rollouts.accepted for s in judges)
+    rej = sum(s.rollouts.rejected for s in judges)
+    tok = sum(s.throughput.tokens_per_s for s in snaps)
+    newest = max((s.policy.current for s in snaps), default=-1)
+    t = Text(" swarm ", style="bold")
+    t.append(f"policy v{newest}  " if newest >= 0 else "no policy yet  ")
+    t.append(f"verdicts {acc} accepted, ")
+    t.append(f"{rej} rejected", style="red" if rej else "")
+    t.append(f" ({pct(acc / (acc + rej)) if acc + rej else '-'})  {tok:.0f} tok/s")
+    return t
 
 
 # -- plain lines for logs --------------------------------------------------------------------------
