@@ -56,7 +56,10 @@ DEFAULT_CHECK_FRACTION = 0.05
 DEFAULT_MAX_VOTES = 4
 """Executions of one job before a dispute without a majority is given up as unresolved."""
 DEFAULT_CHECK_GRACE_S = 120.0
-MIN_DEADLINE_S = 60.0
+MIN_DEADLINE_S = 120.0
+DEADLINE_FACTOR = 10.0
+"""Deadlines are a backstop (heartbeats report dead peers within seconds), so they are generous: on a
+2-core machine at load 20, smoke jobs ran 3-4x slower than the estimate and 60 s + 3x expired two."""
 ASSUMED_FLOPS = 5e9
 """Single-thread float32 rate assumed for deadlines: well under a modern core, so slow peers make it."""
 ASSUMED_STEP_OVERHEAD_S = 2e-4
@@ -115,8 +118,8 @@ def estimated_seconds(spec: JobSpec) -> float:
 
 
 def default_deadline_s(spec: JobSpec) -> float:
-    """Time a peer gets for one job: three times the pessimistic estimate, at least a minute."""
-    return MIN_DEADLINE_S + 3 * estimated_seconds(spec)
+    """Time a peer gets for one job: two minutes plus ten times the pessimistic estimate."""
+    return MIN_DEADLINE_S + DEADLINE_FACTOR * estimated_seconds(spec)
 
 
 def execute(spec: JobSpec) -> Any:
