@@ -18,7 +18,8 @@ from safetensors.torch import save as st_save
 from intellect_node.errors import IntegrityError, ProtocolError
 from intellect_node.protocol import codec
 from intellect_node.protocol.policy import DeltaFile
-from intellect_node.trainer.delta import Checkpoint, apply_delta, delta_stats, encode_delta, read_delta
+from intellect_node.trainer.delta import DENSE_KINDS, Checkpoint, apply_delta, delta_stats, encode_delta, \
+    read_delta
 from support_delta import policy_versions
 
 torch.set_num_threads(1)
@@ -58,7 +59,7 @@ def test_special_values_and_every_encoding_kind_round_trip() -> None:
     delta = encode_delta(a, b)
     kinds = {t.name: t.kind for t in read_delta(delta, max_size=MAX).tensors}
     assert kinds["same"] == kinds["scalar"] == kinds["flags"] == kinds["empty"] == "same"
-    assert kinds["dense"] in ("xor", "add") and kinds["sparse"] == "sparse"
+    assert kinds["dense"] in DENSE_KINDS and kinds["sparse"] == "sparse"
     assert kinds["reshaped"] == kinds["new"] == "raw" and "dropped" not in kinds
     out = apply_delta(a, delta, expected_hash=b.content_hash, max_size=MAX)
     assert bytes(out.to_bytes()) == bytes(b.to_bytes())
@@ -68,7 +69,7 @@ def test_special_values_and_every_encoding_kind_round_trip() -> None:
     assert torch.isnan(got[5]) and torch.signbit(got[1000]) and torch.isinf(got[4095])
 
 
-@pytest.mark.parametrize("dense", [("xor",), ("add",)])
+@pytest.mark.parametrize("dense", [("xor",), ("add",), ("add_by_exp",)])
 def test_each_dense_kind_is_bit_exact_across_signs_and_specials(dense: tuple[str, ...]) -> None:
     g = torch.Generator().manual_seed(5)
     for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int64):
@@ -80,6 +81,10 @@ def test_each_dense_kind_is_bit_exact_across_signs_and_specials(dense: tuple[str
             a = torch.randint(-2**62, 2**62, (3000,), generator=g)
             b = a + torch.randint(-3, 4, (3000,), generator=g)
         base, target = Checkpoint.from_state_dict({"t": a}), Checkpoint.from_state_dict({"t": b})
+        if dense == ("add_by_exp",) and not dtype.is_floating_point:
+            with pytest.raises(ValueError, match="no encoding"):  # integers have no exponent to group by
+                encode_delta(base, target, dense=dense)
+            continue
         delta = encode_delta(base, target, dense=dense)
         assert read_delta(delta, max_size=MAX).tensors[0].kind == dense[0]
         out = apply_delta(base, delta, expected_hash=target.content_hash, max_size=MAX)
@@ -197,12 +202,12 @@ def test_tampered_payload_is_caught_by_the_result_hash() -> None:
     base, target = _pair()
     delta = encode_delta(base, target)
     kinds = {t.name: t for t in read_delta(delta, max_size=MAX).tensors}
-    assert kinds["v"].kind == "sparse" and kinds["w"].kind in ("xor", "add")
+    assert kinds["v"].kind == "sparse" and kinds["w"].kind in DENSE_KINDS
     # A well-formed payload that encodes another change: same sizes, other bits.
     other = Checkpoint.from_state_dict({"w": target.to_state_dict()["w"] * 1.0001,
                                         "v": target.to_state_dict()["v"]})
     forged_w = {t.name: t for t in read_delta(encode_delta(base, other), max_size=MAX).tensors}["w"]
-    forged = _tamper(delta, "w", data=forged_w.data, kind=forged_w.kind)
+    forged = _tamper(delta, "w", data=forged_w.data, kind=forged_w.kind, frames=forged_w.frames)
     with pytest.raises(IntegrityError, match="hashes to"):
         apply_delta(base, forged, expected_hash=target.content_hash, max_size=MAX)
     # Flipped bytes inside the compressed payload: a malformed frame or a wrong result, never a crash.
@@ -238,6 +243,17 @@ def test_hostile_deltas_refused_before_allocating() -> None:
         v[:] = gaps
         payload = v.view(np.uint8).reshape(-1, 4).T.tobytes() + b"\x00" * 8
         bad = _tamper(delta, "v", count=2, data=zstandard.ZstdCompressor().compress(payload))
+        with pytest.raises((ProtocolError, IntegrityError)):
+            apply_delta(base, bad, expected_hash=h, max_size=MAX)
+    # Exponent-grouped frames that do not match the groups the base implies.
+    grouped = read_delta(encode_delta(base, target, dense=("add_by_exp",)), max_size=MAX)
+    w = next(t for t in grouped.tensors if t.name == "w")
+    assert w.kind == "add_by_exp" and len(w.frames) > 1
+    g_delta = codec.encode(grouped)
+    for changes in ({"frames": w.frames[:-1]}, {"frames": [*w.frames[:-1], w.frames[-1] + 1]},
+                    {"frames": [0, *w.frames[1:]]}, {"kind": "add_by_exp", "dtype": "I32"},
+                    {"frames": [len(bomb), *w.frames[1:]], "data": bomb + w.data[w.frames[0]:]}):
+        bad = _tamper(g_delta, "w", **changes)
         with pytest.raises((ProtocolError, IntegrityError)):
             apply_delta(base, bad, expected_hash=h, max_size=MAX)
     # A tensor may not take the header's metadata key.

@@ -73,10 +73,11 @@ class PolicyAnnouncement(codec.Message, frozen=True):
 class TensorDelta(codec.Message, frozen=True):
     """One tensor of a delta; ``trainer/delta.py`` says what each kind's ``data`` holds."""
     name: str
-    kind: Literal["same", "xor", "add", "sparse", "raw"]
+    kind: Literal["same", "xor", "add", "add_by_exp", "sparse", "raw"]
     dtype: str
     shape: list[int]
     count: int = 0  # sparse: how many elements changed
+    frames: list[int] = []  # add_by_exp: byte length of each exponent group's zstd frame
     data: bytes = b""
 
 

