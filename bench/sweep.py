@@ -9,7 +9,8 @@ Runs ``intellect-node sweep polysemanticity --grid smoke`` three times on 127.0.
 It prints each sweep's own wall time (from the moment every worker was present to the last accepted
 result; node start-up is excluded and printed apart), the speed-up of 2 workers over 1 beside the ideal
 2x as a ratio, the cost of the spot checks as a ratio of run 2 to run 3 and in extra executions, and
-the per-(n, m) table beside n^2/4m. All three runs must agree job for job (the runs are deterministic);
+the per-(n, m) table beside n^2/4m, and the workers' utilisation (training time over workers x
+sweep time), which separates the swarm's overhead from the machine's speed. All three runs must agree job for job (the runs are deterministic);
 the bench says so or fails. The plot lands in ``--out`` (default ``bench/out/sweep``).
 
     .venv/bin/python bench/sweep.py [--grid smoke] [--out bench/out/sweep]
@@ -47,6 +48,10 @@ def run(out: Path, grid: str, workers: int, fraction: float) -> dict:
     summary["total_s"] = total
     summary["digests"] = {r["job_id"]: (r["polysemantic"], r["sign_hash"]) for r in rows}
     summary["job_s"] = sum(r["seconds"] for r in rows)
+    # Busy time over every execution (checks, tiebreaks and expired duplicates included), from the journal.
+    events = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()[1:]]
+    summary["busy_s"] = sum(e["record"]["seconds"] for e in events if e["e"] == "result")
+    summary["utilisation"] = summary["busy_s"] / (workers * summary["elapsed_s"])
     return summary
 
 
@@ -64,10 +69,15 @@ def main() -> None:
         c = s["counts"]
         print(f"{name:24s} sweep {s['elapsed_s']:7.1f}s  (process total {s['total_s']:6.1f}s)  "
               f"executions {s['executions']:3d} for {c['jobs']} jobs, checks {c['checks']} "
-              f"({c['waived']} waived), mean job {s['job_s'] / c['jobs']:.2f}s")
+              f"({c['waived']} waived), mean job {s['job_s'] / c['jobs']:.2f}s, "
+              f"worker utilisation {s['utilisation']:.0%}")
     one, two, base = runs.values()
     speedup = one["elapsed_s"] / two["elapsed_s"]
     print(f"speed-up 2 workers vs 1: {speedup:.2f}x; ideal 2.00x; ratio to ideal {speedup / 2:.2f}")
+    # Machine-independent view: the share of the sweep's wall time the workers spent training.
+    print(f"worker utilisation (busy time / (workers x sweep time)): 1 worker {one['utilisation']:.0%}, "
+          f"2 workers {two['utilisation']:.0%}; per-job time 1 worker {one['busy_s'] / one['executions']:.2f}s, "
+          f"2 workers {two['busy_s'] / two['executions']:.2f}s (the same jobs: a ratio above 1 is CPU contention)")
     print(f"spot checks at 5%: sweep {two['elapsed_s']:.1f}s vs {base['elapsed_s']:.1f}s without; ratio "
           f"{two['elapsed_s'] / base['elapsed_s']:.2f}; extra executions {two['executions'] - base['executions']} "
           f"({(two['executions'] - base['executions']) / base['executions']:.1%})")
