@@ -24,6 +24,11 @@ def summary(st: dict[str, Any]) -> str:
              f"http        {st.get('http_url') or '-'}"]
     addrs = st.get("listen_addrs") or []
     lines.append("listening   " + ("\n            ".join(addrs) if addrs else "-"))
+    nat = st.get("nat") or {}
+    if nat:  # docs/nat.md: AutoNAT's verdict and what to do about it
+        relays = ", ".join(r.get("relay", "?")[:16] for r in nat.get("relays") or [])
+        lines.append(f"reachable   {nat.get('reachability', '?')}" + (f" via relay {relays}" if relays else "")
+                     + f"\n            {nat.get('fix', '')}")
     peers = st.get("peers") or []
     alive = set(st.get("alive_peers") or [])
     lines.append(f"connected   {len(peers)} peer(s), {len(alive)} alive by heartbeat")

@@ -15,8 +15,8 @@ observe us at, with our listen port: a port-preserving NAT maps the listen port 
     PRIVATE  at least ``min_confirmations`` servers failed to reach us and failures outvote successes
     UNKNOWN  too few verdicts (refusals and time-outs are not verdicts)
 
-Shortcuts: TCP only (the node listens on TCP only); the dial-back stops after the security handshake
-(the peer is proven, no muxer is needed); a verdict is recomputed from scratch at every check rather than
+Shortcuts: TCP only (the node listens on TCP only); the dial-back connection is never registered in
+our swarm (it is upgraded, proven and closed on the spot); a verdict is recomputed from scratch at every check rather than
 kept as a sliding window as go-libp2p does.
 """
 
@@ -37,7 +37,7 @@ from libp2p.peer.id import ID
 
 logger = logging.getLogger(__name__)
 
-DIAL_BACK_TIMEOUT_S = 4.0
+DIAL_BACK_TIMEOUT_S = 5.0
 """Deadline for one dial-back (TCP connect + Noise). A LAN/WAN handshake takes well under 0.1 s; a NAT
 that drops the SYN never answers, so this bounds the time to a PRIVATE verdict."""
 
@@ -47,8 +47,9 @@ QUERY_TIMEOUT_S = 12.0
 MAX_CONCURRENT_DIAL_BACKS = 4
 """Server-side cap: dial-backs are outbound work a stranger can ask of us."""
 
-PER_PEER_COOLDOWN_S = 2.0
-"""A peer may ask for one dial-back per this many seconds; more are refused (not verdicts)."""
+PER_PEER_COOLDOWN_S = 1.0
+"""A peer may ask for one dial-back per this many seconds; more are refused (not verdicts). Below the
+service's fastest re-check period (3 s), so an honest node is never refused."""
 
 MAX_DIAL_BACK_ADDRS = 4
 """Addresses dialled per request at most (after the observed-IP filter)."""
@@ -144,6 +145,7 @@ class DialBackAutoNAT(AutoNATService):
             return await super()._handle_dial(message, observed_ip, is_relayed)
 
     def _refuse(self, peer: ID | None, reason: str, status: int = Message.E_DIAL_REFUSED) -> Message:
+        logger.info("autonat request from %s refused: %s", peer, reason)
         if peer is not None and self._on_reject is not None and status == Message.E_BAD_REQUEST:
             self._on_reject(str(peer), f"autonat: {reason}")
         response = Message()
@@ -156,6 +158,7 @@ class DialBackAutoNAT(AutoNATService):
         """Dial ``peer_id`` on a new TCP connection and prove its identity with Noise; never reuse one."""
         network = self.host.get_network()
         for raw in addrs[:MAX_DIAL_BACK_ADDRS]:
+            t0 = time.monotonic()
             try:
                 maddr = Multiaddr(raw)
                 if "/p2p-circuit" in str(maddr):
@@ -167,16 +170,22 @@ class DialBackAutoNAT(AutoNATService):
                     raw_conn = await transport.dial(maddr)
                     try:
                         secured = await network.upgrader.upgrade_security(raw_conn, True, peer_id)
+                        # Finish the muxer handshake too, then close: a connection abandoned half-way
+                        # left the requester's swarm with a broken entry for us, and its next streams
+                        # to us hung in negotiation (seen with full nodes in namespaces).
+                        muxed = await network.upgrader.upgrade_connection(secured, peer_id)
                     except BaseException:
                         await raw_conn.close()
                         raise
-                    await secured.close()
+                    await muxed.close()
                 self.dial_backs_served += 1
+                logger.debug("autonat dial-back to %s reached it in %.2fs", peer_id, time.monotonic() - t0)
                 return bytes(raw)
             except trio.TooSlowError:
-                logger.debug("autonat dial-back to %s at %s timed out", peer_id, raw)
+                logger.info("autonat dial-back to %s timed out after %.1fs", peer_id, time.monotonic() - t0)
             except Exception as exc:  # per-address edge: any failure means "not reachable there"
-                logger.debug("autonat dial-back to %s failed: %s", peer_id, exc)
+                logger.info("autonat dial-back to %s failed after %.1fs: %r", peer_id,
+                            time.monotonic() - t0, exc)
         return None
 
     # --- client -----------------------------------------------------------------------------------
@@ -215,7 +224,7 @@ class DialBackAutoNAT(AutoNATService):
             try:
                 results[server] = await self.query_server(server, addrs=addrs, timeout=query_timeout)
             except (Exception, trio.TooSlowError) as exc:
-                logger.debug("autonat query to %s failed: %s", server, exc)
+                logger.info("autonat query to %s failed: %r", server, exc)
                 results[server] = None
 
         if addrs:

@@ -39,8 +39,9 @@ log = logging.getLogger(__name__)
 P2P_URL_PREFIX = "p2p://"
 """Blob URL a private node advertises: "fetch my chunks over libp2p" (HTTP cannot reach it)."""
 
-FIRST_CHECK_RETRY_S = 2.0
-"""Re-check interval while the verdict is UNKNOWN (too few peers answered yet)."""
+FIRST_CHECK_RETRY_S = 3.0
+"""First re-check interval while the verdict is UNKNOWN (too few peers answered yet); it doubles up to
+``nat.check_interval``."""
 
 
 class NatService:
@@ -132,13 +133,20 @@ class NatService:
             await self._start_relay_service()
 
     async def _check_loop(self) -> None:
+        retry = FIRST_CHECK_RETRY_S
         while True:
             await self._ensure_servers()
             servers = self._autonat_servers()
             if servers:
                 await self._check(servers)
-            unknown = self.report.status is Reachability.UNKNOWN
-            await trio.sleep(FIRST_CHECK_RETRY_S if unknown else self.cfg.check_interval)
+            if self.report.status is Reachability.UNKNOWN:
+                # No verdict yet: ask again soon, backing off so a node whose peers do not answer does
+                # not keep asking every few seconds (each answer costs the asked peer a dial-back).
+                await trio.sleep(retry)
+                retry = min(retry * 2, self.cfg.check_interval)
+            else:
+                retry = FIRST_CHECK_RETRY_S
+                await trio.sleep(self.cfg.check_interval)
 
     async def _ensure_servers(self) -> None:
         """Connect to peers we hear (heartbeats) until enough AutoNAT servers are connected: a node
