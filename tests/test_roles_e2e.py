@@ -25,10 +25,10 @@ from tests.support_roles import CheatProcess, make_key, role_process, write_conf
 
 pytestmark = pytest.mark.timeout(600)
 
-RL = dict(group_size=8, problems_per_batch=2, groups_per_step=4, max_new_tokens=5, lr=1e-3,
+RL = dict(group_size=8, problems_per_batch=4, groups_per_step=8, max_new_tokens=5, lr=1e-4,
           batches_per_version=1, ban_after=3)
-BEFORE_KILL = 12  # trained steps before the trainer is killed
-TOTAL = 40  # trained steps in all
+BEFORE_KILL = 6  # trained steps before the trainer is killed
+TOTAL = 18  # trained steps in all
 
 
 def _metrics(trainer_dir: Path) -> list[dict[str, Any]]:

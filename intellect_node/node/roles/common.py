@@ -140,8 +140,29 @@ class HintedFetcher:
             self._hints.pop(cid, None)
         return await asyncio.to_thread(read_blob, self.blobs, cid)
 
+    def holding(self, holders: Sequence[str]) -> "_HintedBlobs":
+        """A ``BlobService`` stand-in for ``PolicyFollower``: fetches try ``holders`` (the trainer) first."""
+        return _HintedBlobs(self, list(holders))
+
     def close(self) -> None:
         self._http.close()
+
+
+class _HintedBlobs:
+    """What ``PolicyFollower`` uses of a BlobService (``store``, ``fetch``), with a standing hint."""
+
+    def __init__(self, owner: HintedFetcher, holders: list[str]) -> None:
+        self._owner = owner
+        self._holders = holders
+        self.store = owner.blobs.store
+
+    async def fetch(self, cid: str, *, on_manifest: Any = None, **_: Any) -> Any:
+        o = self._owner
+        o._hints[cid] = list(self._holders)
+        try:
+            return await o._fetcher.fetch(cid, on_manifest=on_manifest)
+        finally:
+            o._hints.pop(cid, None)
 
 
 def group_slices(records: Sequence[RolloutRecord], group_size: int) -> list[slice] | str:

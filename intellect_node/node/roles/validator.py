@@ -87,7 +87,9 @@ class Validator:
     async def start(self) -> None:
         self.blobs = blob_service(self.rt)
         self.fetcher = HintedFetcher(self.blobs, self.rt.swarm)
-        self.follower = PolicyFollower(self.dir / "policy", self.blobs, run_id=self.run_id,
+        # Policy blobs come from the trainer first (it holds every one), the DHT second.
+        policy_blobs: Any = self.fetcher.holding([self.cfg.run.trainer_peer_id])
+        self.follower = PolicyFollower(self.dir / "policy", policy_blobs, run_id=self.run_id,
                                        trainer=self.cfg.run.trainer_peer_id, max_checkpoint_bytes=MAX_POLICY_BYTES,
                                        board=self.rt.board, on_reject=self.rt.swarm.peerbook.record_rejection)
         if self.follower.checkpoint is not None and self.follower.version is not None:

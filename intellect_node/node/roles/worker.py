@@ -29,8 +29,8 @@ from intellect_node.node.engines.base import SamplingConfig
 from intellect_node.node.engines.rollouts import generate_rollouts
 from intellect_node.node.engines.torch_engine import TorchEngine
 from intellect_node.node.policy_sync import PolicyFollower
-from intellect_node.node.roles.common import MAX_POLICY_BYTES, base_model, blob_service, ledger_of, \
-    loaded_from_checkpoint, run_task
+from intellect_node.node.roles.common import MAX_POLICY_BYTES, HintedFetcher, base_model, blob_service, \
+    ledger_of, loaded_from_checkpoint, run_task
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, announcement_validator
 from intellect_node.protocol.rl import NOTICE_KIND, VERDICT_KIND, BatchVerdict, RolloutNotice, seal_notice, \
     verdict_validator
@@ -82,8 +82,11 @@ class Worker:
 
     async def start(self) -> None:
         self.blobs = blob_service(self.rt)
+        self.fetcher = HintedFetcher(self.blobs, self.rt.swarm)
         self.ledger = ledger_of(self.rt)
-        self.follower = PolicyFollower(self.dir / "policy", self.blobs, run_id=self.run_id,
+        # Policy blobs come from the trainer first (it holds every one), the DHT second.
+        policy_blobs: Any = self.fetcher.holding([self.cfg.run.trainer_peer_id])
+        self.follower = PolicyFollower(self.dir / "policy", policy_blobs, run_id=self.run_id,
                                        trainer=self.cfg.run.trainer_peer_id, max_checkpoint_bytes=MAX_POLICY_BYTES,
                                        board=self.rt.board, on_reject=self.rt.swarm.peerbook.record_rejection)
         if self.follower.checkpoint is not None and self.follower.version is not None:
@@ -106,6 +109,8 @@ class Worker:
                     await t
                 except (asyncio.CancelledError, Exception):
                     pass
+        if hasattr(self, "fetcher"):
+            self.fetcher.close()
 
     def status(self) -> dict[str, Any]:
         return {"policy_version": self.version, "batches": self.batches, **self.verdicts}
