@@ -4,8 +4,9 @@ Measures, in one run:
 - time to reachability of a private node joining (first relay reservation held and advertised, found
   through the DHT) beside a public node's time to a PUBLIC AutoNAT verdict;
 - blob chunk throughput over libp2p streams (``/intellect/blob-chunk/1.0.0``, hash-checked) on a direct
-  connection between public hosts (the baseline), through a relay (port-randomising NAT: the punch
-  fails), and over a connection punched by DCUtR through port-preserving NATs;
+  connection between public hosts (the baseline), through a relay (private to private, one behind a
+  port-randomising NAT, so the punch fails), and over a connection punched by DCUtR through
+  port-preserving NATs;
 - the time DCUtR took to give a direct connection.
 
 Each figure is printed beside its baseline from the same run as a ratio. Nodes are
@@ -86,8 +87,9 @@ def main() -> None:
         # Throughput: direct (public to public) baseline, relayed (port-randomising NAT), punched.
         direct, relayed, punched, punch_s = [], [], [], []
         pubs[0].call("connect", addr=pubs[2].addrs[0])
-        circuits2 = privs[2].call("relay_state")["circuit_addrs"]
-        pubs[0].call("dial", addrs=[c for c in circuits2 if pubs[0].peer_id not in c][:1])
+        # Relayed: a private fetcher (a public one would get a direct connection: the private node
+        # dials out to it) and a server behind the port-randomising NAT (the punch fails).
+        privs[0].call("dial", addrs=privs[2].call("relay_state")["circuit_addrs"])
         privs[0].call("dial", addrs=privs[1].call("relay_state")["circuit_addrs"])
         punch = privs[0].call("punch", peer=privs[1].peer_id, timeout=90)
         if not punch["direct"]:
@@ -97,7 +99,7 @@ def main() -> None:
             mbps, kinds = throughput(pubs[0], pubs[2], args.mib)
             assert kinds == ["direct"], kinds
             direct.append(mbps)
-            mbps, kinds = throughput(pubs[0], privs[2], args.mib)
+            mbps, kinds = throughput(privs[0], privs[2], args.mib)
             assert kinds == ["relayed"], kinds
             relayed.append(mbps)
             mbps, kinds = throughput(privs[0], privs[1], args.mib)
