@@ -5,7 +5,9 @@ of proofs and verification as shares of generation time. One run, one thread, sa
     .venv/bin/python bench/rollouts.py [--model DIR] [--new-tokens 128] [--repeats 3]
     .venv-vllm/bin/python bench/rollouts.py --vllm      # adds the vLLM engine (after make test-vllm)
 
-Generation runs past ``<eos>`` (``ignore_eos`` here, ``min_new_tokens`` for transformers) so every row
+Times are process CPU time (``time.process_time``), not wall time: the development machine is shared by
+several engineers, so wall time mostly measures the neighbours; for single-threaded work CPU time is the
+cost. Generation runs past ``<eos>`` (``ignore_eos`` here, ``min_new_tokens`` for transformers) so every row
 produces exactly ``--new-tokens`` tokens; the embedded model would otherwise stop after ~5. Figures are the
 median of ``--repeats`` runs. Aims (issue 3): >= 1.5x ``generate`` at batch 32, proofs <= 3% of
 generation, verification <= 0.2x generation for 128 new tokens.
@@ -39,11 +41,12 @@ LOOSE = Thresholds(exp_mismatches=2, mant_err_mean=0.5, mant_err_median=1.0, log
 
 
 def median_time(fn: Callable[[], object], repeats: int) -> float:
+    """Median CPU seconds of ``fn`` over ``repeats`` runs."""
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
     return statistics.median(times)
 
 
@@ -53,10 +56,10 @@ def prompts_for(engine: TorchEngine, batch: int) -> list[list[int]]:
     return [engine.loaded.tokenizer.prompt_ids((p.prompt + p.prompt)[:15]) for p in problems]
 
 
-def hf_generate(model_dir: Path, prompts: list[list[int]], new: int, repeats: int) -> float:
+def hf_generate(model_dir: Path, dtype: str, prompts: list[list[int]], new: int, repeats: int) -> float:
     from intellect_node.trainer.model import load_hf_model
 
-    hf = load_hf_model(model_dir)
+    hf = load_hf_model(model_dir, dtype=dtype)
     ids = torch.tensor(prompts)
     with torch.inference_mode():
         hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=True)  # warm-up
@@ -71,30 +74,34 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--vllm", action="store_true", help="also measure the vLLM engine")
+    ap.add_argument("--dtype", default="float32", help="float32 | bfloat16 (generation and verification)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    engine = TorchEngine.from_dir(args.model)
+    engine = TorchEngine.from_dir(args.model, dtype=args.dtype)
     model_dir = engine.loaded.path
     new = args.new_tokens
     cfg = SamplingConfig(max_new_tokens=new, ignore_eos=True)
     print(f"model {model_dir} ({engine.dtype}), {new} new tokens, 16-token prompts, 1 thread, "
-          f"median of {args.repeats}")
+          f"median CPU time of {args.repeats}")
     print(f"{'engine':28} {'batch':>5} {'tok/s':>9} {'vs generate':>12}")
     gen_times: dict[int, float] = {}
+    vllm_engine = None
+    if args.vllm:
+        from intellect_node.node.engines.vllm_engine import VllmEngine
+
+        vllm_engine = VllmEngine(model_dir, dtype=engine.dtype)
     for batch in (1, 32):
         prompts = prompts_for(engine, batch)
         keys = list(range(batch))
-        t_hf = hf_generate(model_dir, prompts, new, args.repeats)
+        t_hf = hf_generate(model_dir, engine.dtype, prompts, new, args.repeats)
         engine.generate(prompts, keys, SamplingConfig(max_new_tokens=4))  # warm-up
         t_torch = median_time(lambda: engine.generate(prompts, keys, cfg), args.repeats)
         gen_times[batch] = t_torch
         tokens = batch * new
         print(f"{'transformers generate':28} {batch:>5} {tokens / t_hf:>9.0f} {1.0:>11.2f}x")
         print(f"{'torch engine (static cache)':28} {batch:>5} {tokens / t_torch:>9.0f} {t_hf / t_torch:>11.2f}x")
-        if args.vllm:
-            from intellect_node.node.engines.vllm_engine import VllmEngine
-
-            v = VllmEngine(model_dir, dtype=engine.dtype)
+        if vllm_engine is not None:
+            v = vllm_engine
             v.generate(prompts, keys, SamplingConfig(max_new_tokens=4))
             t_v = median_time(lambda: v.generate(prompts, keys, cfg), args.repeats)
             print(f"{'vllm engine':28} {batch:>5} {tokens / t_v:>9.0f} {t_hf / t_v:>11.2f}x")

@@ -114,14 +114,17 @@ def _find_modulus(idx: np.ndarray) -> int:
     raise ProofError("no modulus makes the top-k indices distinct")
 
 
-def _reduce(a: np.ndarray) -> np.ndarray:
+def _reduce(a: np.ndarray, scratch: np.ndarray) -> np.ndarray:
     """``a`` mod PRIME, in place, for float64 arrays of exact integers below 2^50 in magnitude.
 
     floor(a / p) computed as floor(a * (1/p)) can be off by one, so the result lies in [-p, 2p); callers
     only need a small representative until :func:`interpolate` normalises at the end. Float64 is used
     because numpy's int64 remainder is a division per element, several times slower.
     """
-    a -= np.floor(a * (1.0 / PRIME)) * PRIME
+    np.multiply(a, 1.0 / PRIME, out=scratch)
+    np.floor(scratch, out=scratch)
+    scratch *= PRIME
+    a -= scratch
     return a
 
 
@@ -130,29 +133,33 @@ def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
     ``x`` rows must be distinct residues. Newton divided differences, then the Newton form is expanded
     from the innermost term outwards (Horner on polynomials), touching only the live low-degree part.
-    All intermediate values stay below 2^36, exact in float64.
+    Works on the transposed [n, P] layout so every slice is contiguous, with preallocated buffers; all
+    intermediate values stay below 2^36 in magnitude, exact in float64.
     """
     inv = _signed_inverses_f64()
-    x = x.astype(np.int64) % PRIME
-    xf = x.astype(np.float64)
-    dd = (y.astype(np.int64) % PRIME).astype(np.float64)
-    rows, n = x.shape
+    xi = np.ascontiguousarray((x.astype(np.int64) % PRIME).T)          # [n, P]
+    xf = xi.astype(np.float64)
+    dd = np.ascontiguousarray((y.astype(np.int64) % PRIME).T).astype(np.float64)
+    n = xi.shape[0]
+    tmp, q = np.empty_like(dd), np.empty_like(dd)
     for k in range(1, n):
-        num = dd[:, k:] - dd[:, k - 1:-1]          # |num| < 3p
-        num *= inv[x[:, k:] - x[:, :-k] + PRIME]   # * (x_i - x_{i-k})^-1
-        dd[:, k:] = _reduce(num)
+        m = n - k
+        num = tmp[:m]
+        np.subtract(dd[k:], dd[k - 1:-1], out=num)   # |num| < 3p
+        num *= inv[xi[k:] - xi[:-k] + PRIME]         # * (x_i - x_{i-k})^-1
+        dd[k:] = _reduce(num, q[:m])
     acc = np.zeros_like(dd)
-    acc[:, 0] = dd[:, n - 1]
+    acc[0] = dd[n - 1]
     buf = np.empty_like(dd)
     for i in range(n - 2, -1, -1):
         d = n - 1 - i  # degree of acc after this step
-        new = buf[:, :d + 1]
-        new[:, 1:] = acc[:, :d]
-        new[:, 0] = dd[:, i]
-        new[:, :d] -= xf[:, i:i + 1] * acc[:, :d]   # acc * (X - x_i) + dd_i
-        acc[:, :d + 1] = _reduce(new)
-    out = acc.astype(np.int64) % PRIME
-    return out
+        new = buf[:d + 1]
+        new[1:] = acc[:d]
+        new[0] = dd[i]
+        np.multiply(acc[:d], xf[i], out=q[:d])
+        new[:d] -= q[:d]                               # acc * (X - x_i) + dd_i
+        acc[:d + 1] = _reduce(new, q[:d + 1])
+    return np.ascontiguousarray((acc.astype(np.int64) % PRIME).T)
 
 
 def _chunks(hidden: torch.Tensor, chunk: int) -> list[torch.Tensor]:
@@ -164,14 +171,17 @@ def _chunks(hidden: torch.Tensor, chunk: int) -> list[torch.Tensor]:
 def _topk(flat: torch.Tensor, topk: int) -> tuple[np.ndarray, np.ndarray]:
     """Flat indices and bf16 bit patterns (as non-negative ints) of the top-k magnitudes.
 
-    ``flat`` is one chunk ``[values]`` or several chunks of equal size ``[chunks, values]``.
+    ``flat`` is one chunk ``[values]`` or several chunks of equal size ``[chunks, values]``. The set is
+    what matters (the points of a polynomial), not its order, so a linear-time partition replaces a sort.
     """
     if flat.shape[-1] < topk:
         raise ProofError(f"a chunk has {flat.shape[-1]} values, fewer than top-k {topk}")
-    f32 = flat.detach().float()
-    idx = f32.abs().topk(topk, dim=-1).indices
-    bits = f32.gather(-1, idx).to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
-    return idx.cpu().numpy().astype(np.int64), bits.cpu().numpy().astype(np.int64)
+    f32 = flat.detach().float().cpu()
+    arr = f32.numpy()
+    idx = np.argpartition(np.abs(arr), -topk, axis=-1)[..., -topk:]
+    vals = torch.from_numpy(np.take_along_axis(arr, idx, axis=-1))
+    bits = vals.to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
+    return idx.astype(np.int64), bits.numpy().astype(np.int64)
 
 
 def build_proofs(hidden: torch.Tensor, *, chunk: int = CHUNK, topk: int = TOPK) -> list[bytes]:
@@ -184,13 +194,14 @@ def build_proofs_batch(hiddens: Sequence[torch.Tensor], *, chunk: int = CHUNK,
     """Proofs for many rollouts at once: one top-k per chunk shape, one vectorised interpolation."""
     groups: dict[int, list[tuple[int, int, torch.Tensor]]] = {}  # chunk size -> (rollout, chunk no, values)
     for r, h in enumerate(hiddens):
-        if not torch.isfinite(h).all():
-            raise ProofError("hidden states contain NaN or inf")
         for c, flat in enumerate(_chunks(h, chunk)):
             groups.setdefault(flat.numel(), []).append((r, c, flat))
     keys, xs, ys, mods = [], [], [], []
     for members in groups.values():
-        idx, bits = _topk(torch.stack([f for _, _, f in members]), topk)
+        stacked = torch.stack([f for _, _, f in members])
+        if not torch.isfinite(stacked).all():
+            raise ProofError("hidden states contain NaN or inf")
+        idx, bits = _topk(stacked, topk)
         if ((bits & 0x7F80) == 0x7F80).any():
             raise ProofError("a top-k value overflows bfloat16")
         for (r, c, _), i_row, b_row in zip(members, idx, bits):

@@ -79,9 +79,8 @@ class LlamaRunner:
         self.sin = emb.sin().to(self.device, self.dtype)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * xf.to(x.dtype)
+        # x * rsqrt(mean(x^2) + eps) in float32, then the weight in the model dtype (as transformers does).
+        return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = self.head_dim // 2
@@ -126,8 +125,15 @@ class LlamaRunner:
                 cache.k[li, :, :, start:S] = k
                 cache.v[li, :, :, start:S] = v
                 k, v = cache.k[li, :, :, :S], cache.v[li, :, :, :S]
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=nkv != nq)
-            x = x + F.linear(a.transpose(1, 2).reshape(B, T, nq * d), wo)
+            if T == 1:
+                # Decoding: the query heads sharing a KV head become that head's "query positions", so
+                # no K/V copy for grouped-query attention (the same math as enable_gqa).
+                a = F.scaled_dot_product_attention(q.reshape(B, nkv, nq // nkv, d), k, v, attn_mask=mask)
+                a = a.reshape(B, 1, nq * d)
+            else:
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=nkv != nq)
+                a = a.transpose(1, 2).reshape(B, T, nq * d)
+            x = x + F.linear(a, wo)
             gate, up = F.linear(self._norm(x, ln2), wgu).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, wdown)
         if cache is not None:
