@@ -26,9 +26,9 @@ def test_headless_demo_runs_steps_and_reports(tmp_path: Path) -> None:
     assert all(code == 0 for code in doc["exit_codes"].values()), doc["exit_codes"]
     # each worker's ledger recorded what it submitted, and it was flushed on SIGTERM
     for w in ("worker0", "worker1"):
+        assert not (root / w / "ledger.sqlite-wal").exists()  # checked before a reader opens it
         led = json.loads(run_cli("ledger", "--data-dir", str(root / w), "--json").stdout)
         assert led["summary"]["batches_submitted"] >= 1
-        assert not (root / w / "ledger.sqlite-wal").exists()
 
 
 def test_step_log_keeps_steps_across_polls_and_counts_validator_verdicts() -> None:
