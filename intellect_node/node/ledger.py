@@ -102,7 +102,10 @@ class Ledger:
                 if not self.path.exists():
                     raise ConfigError(f"no ledger at {self.path}; a node writes one once it submits work "
                                       "(check --data-dir)", field="data_dir")
-                self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+                # A read-write handle made query-only rather than mode=ro: a mode=ro reader cannot remove
+                # the -wal/-shm files it creates, so every `ledger` run would leave two files behind.
+                self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+                self._db.execute("PRAGMA query_only=ON")
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
