@@ -48,7 +48,8 @@ from intellect_node.protocol.blob import Manifest
 from intellect_node.protocol.policy import MAX_CHAIN, DeltaLink, PolicyAnnouncement, POLICY_DTYPES, \
     seal_announcement
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.trainer.delta import ZSTD_LEVEL, Checkpoint, apply_delta, delta_size_limit, encode_delta
+from intellect_node.trainer.delta import DENSE_KINDS, ZSTD_LEVEL, Checkpoint, apply_delta, delta_size_limit, \
+    encode_delta
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,8 @@ class PolicyPublisher:
     """The trainer's side. One per run; ``publish`` calls are serialised."""
 
     def __init__(self, root: str | os.PathLike[str], blobs: BlobService, key: SigningKey, run_id: str, *,
-                 full_every: int = DEFAULT_FULL_EVERY, zstd_level: int = ZSTD_LEVEL, board: Any = None) -> None:
+                 full_every: int = DEFAULT_FULL_EVERY, zstd_level: int = ZSTD_LEVEL,
+                 dense_kinds: tuple[str, ...] = DENSE_KINDS, board: Any = None) -> None:
         if not 1 <= full_every <= MAX_CHAIN:
             raise ConfigError(f"full_every must be in [1, {MAX_CHAIN}] (an announcement carries at most "
                               f"{MAX_CHAIN} delta links); got {full_every}", field="full_every")
@@ -91,7 +93,11 @@ class PolicyPublisher:
         self.key = key
         self.run_id = run_id
         self.full_every = full_every
+        if not dense_kinds or not set(dense_kinds) <= set(DENSE_KINDS):
+            raise ConfigError(f"dense_kinds must be a non-empty subset of {DENSE_KINDS}; got {dense_kinds}",
+                              field="dense_kinds")
         self.zstd_level = zstd_level
+        self.dense_kinds = tuple(dense_kinds)
         self._board = board
         self._lock = asyncio.Lock()
         self._prev: Checkpoint | None = None
@@ -136,7 +142,8 @@ class PolicyPublisher:
             prev = self._prev if self._version == version - 1 else None
             links = list(self._links) if prev is not None else []
             if prev is not None:
-                delta = await asyncio.to_thread(encode_delta, prev, ckpt, level=self.zstd_level)
+                delta = await asyncio.to_thread(encode_delta, prev, ckpt, level=self.zstd_level,
+                                                dense=self.dense_kinds)
                 delta_path = self.root / f"v{version:010d}.delta"
                 await asyncio.to_thread(atomic_write_bytes, delta_path, delta)
                 delta_cid, _ = await self.blobs.put_file(delta_path, name=f"{self.run_id}-v{version}.delta")
@@ -200,6 +207,11 @@ class PolicyFollower:
         self.version: int | None = None
         self.checkpoint: Checkpoint | None = None
         self._load_current()
+
+    @property
+    def checkpoint_path(self) -> Path | None:
+        """The held version's canonical safetensors file (any safetensors reader loads it)."""
+        return None if self.version is None else self.root / _ckpt_name(self.version)
 
     def _load_current(self) -> None:
         path = self.root / CURRENT

@@ -321,10 +321,14 @@ def _exponent_groups(base: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarr
     Both sides compute this from the base alone, so the grouping costs no bytes on the wire.
     """
     shift, mask = _EXPONENT_FIELD[dtype]
-    key = (np.right_shift(base, base.dtype.type(shift)) & base.dtype.type(mask)).astype(np.uint16)
-    order = np.argsort(key, kind="stable")  # radix sort for 16-bit keys: linear time
-    counts = np.bincount(key, minlength=mask + 1)
-    return order, counts[counts > 0]
+    # 8-bit keys where the exponent fits: numpy's stable argsort is a radix sort, one pass per key byte.
+    key = (np.right_shift(base, base.dtype.type(shift)) & base.dtype.type(mask)).astype(
+        np.uint8 if mask <= 0xFF else np.uint16)
+    order = np.argsort(key, kind="stable")
+    # Group sizes from the sorted keys; the needles share the keys' dtype so nothing is widened.
+    ends = np.searchsorted(key[order], np.arange(mask + 1, dtype=key.dtype), side="right")
+    sizes = np.diff(ends, prepend=0)
+    return order, sizes[sizes > 0]
 
 
 def _zigzag_inplace(d: np.ndarray) -> np.ndarray:
