@@ -36,6 +36,9 @@ from intellect_node.node.nat.relay import (CircuitDialer, RelayClient, RelayServ
 
 log = logging.getLogger(__name__)
 
+UNKNOWN_CHECKS_BEFORE_RELAYING = 3
+"""AutoNAT rounds without a verdict (with peers asked) after which the node reserves relay slots anyway."""
+
 P2P_URL_PREFIX = "p2p://"
 """Blob URL a private node advertises: "fetch my chunks over libp2p" (HTTP cannot reach it)."""
 
@@ -68,6 +71,7 @@ class NatService:
         self._task: asyncio.Task[Any] | None = None
         self._nursery: trio.Nursery | None = None
         self.checks = 0
+        self._unknown_checks = 0
         self.time_to_reachability_s: float | None = None
         self._t0 = time.monotonic()
 
@@ -189,6 +193,18 @@ class NatService:
         report = await self.autonat.check(servers, min_confirmations=self.cfg.autonat_confirmations,
                                           relayed=relayed)
         self.checks += 1
+        if report.status is Reachability.UNKNOWN:
+            self._unknown_checks += 1
+            if (self._unknown_checks >= UNKNOWN_CHECKS_BEFORE_RELAYING and self.relay_client is None
+                    and self.report.status is not Reachability.PUBLIC):
+                # No verdict after several rounds (peers that cannot dial us back often cannot answer
+                # in time either): hold relay reservations anyway, as insurance. The node keeps
+                # advertising its own addresses too until AutoNAT says PRIVATE.
+                log.info("no reachability verdict after %d checks: reserving relay slots anyway",
+                         self._unknown_checks)
+                await self._start_relay_client()
+        else:
+            self._unknown_checks = 0
         if report.status is Reachability.UNKNOWN and self.report.status is not Reachability.UNKNOWN:
             return  # keep the last verdict until a new one is reached
         if report.status is not self.report.status:
@@ -232,7 +248,7 @@ class NatService:
 
         def changed() -> None:
             held = bool(self.relay_client and self.relay_client.held)
-            self._set_blob_url(private=held)
+            self._set_blob_url(private=held and self.report.status is not Reachability.PUBLIC)
             self.report = replace(self.report, relayed=held).with_fix()
             self._publish()
 
