@@ -38,7 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from intellect_node.trainer.delta import Checkpoint, apply_delta, delta_stats, encode_delta  # noqa: E402
+from intellect_node.trainer.delta import DENSE_KINDS, Checkpoint, apply_delta, delta_stats, \
+    encode_delta  # noqa: E402
 
 LIMIT = 1 << 40
 
@@ -196,13 +197,15 @@ async def peers_section(pair: tuple[Checkpoint, Checkpoint], n_peers: int, label
     tmp = Path(tempfile.mkdtemp(prefix="bench-delta-"))
     try:
         results: dict[str, float] = {}
-        for mode in ("delta", "full"):
+        # "delta": every dense encoding (smallest bytes); "delta-fast": without add_by_exp's sort.
+        for mode, kinds in (("delta", DENSE_KINDS), ("delta-fast", ("xor", "add")), ("full", DENSE_KINDS)):
             root = tmp / mode
             peers = [await BlobPeer(root / f"blobs{i}").start() for i in range(n_peers + 1)]
             mesh(peers)
             trainer, followers = peers[0], peers[1:]
             try:
-                pub = PolicyPublisher(root / "pub", trainer.blobs, trainer.key, "bench", full_every=64)
+                pub = PolicyPublisher(root / "pub", trainer.blobs, trainer.key, "bench", full_every=64,
+                                      dense_kinds=kinds)
                 await pub.publish(0, prev)
                 ann, raw = await pub.publish(1, cur)
                 if mode == "full":  # what systems without deltas send: the whole checkpoint each time
@@ -224,17 +227,18 @@ async def peers_section(pair: tuple[Checkpoint, Checkpoint], n_peers: int, label
                                              for f in fols))
                 dt = time.perf_counter() - t0
                 assert all(g.checkpoint.content_hash == cur.content_hash for g in got)
-                assert all(g.path == mode for g in got), [g.path for g in got]
+                assert all(g.path == mode.split("-")[0] for g in got), [g.path for g in got]
                 moved = sum(g.bytes_fetched for g in got)
                 results[mode] = dt
                 results[f"{mode}_bytes"] = moved
-                print(f"  {mode:<5}: all {n_peers} hold v1 after {dt:6.2f} s; {moved / 1e6:9.2f} MB fetched in all",
+                print(f"  {mode:<10}: all {n_peers} hold v1 after {dt:6.2f} s; {moved / 1e6:9.2f} MB fetched in all",
                       flush=True)
             finally:
                 for p in peers:
                     await p.stop()
-        print(f"  delta/full time ratio {results['delta'] / results['full']:.3f} (loopback: the time is mostly CPU "
-              "on this 2-core machine - fetch, apply or parse, hash, fsync - not bytes on the wire)")
+        print(f"  time ratio to full: delta {results['delta'] / results['full']:.3f}, delta-fast "
+              f"{results['delta-fast'] / results['full']:.3f} (loopback: the time is mostly CPU on this 2-core "
+              "machine - fetch, apply or parse, hash, fsync - not bytes on the wire)")
         print(f"  for scale, computed from the bytes: at 1 Gbit/s per peer one delta takes "
               f"{8 * results['delta_bytes'] / n_peers / 1e9:.2f} s to receive, the full checkpoint "
               f"{8 * results['full_bytes'] / n_peers / 1e9:.2f} s")
