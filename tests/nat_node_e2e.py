@@ -1,5 +1,9 @@
 """The real node behind NAT: ``intellect-node join`` processes on a namespace topology.
 
+NOT COLLECTED (the file name does not match test_*.py): in the runs made so far the private nodes got
+no AutoNAT verdict (see docs/nat.md, "Known gap"). Run it by hand, as root:
+``.venv/bin/python -m pytest -q tests/nat_node_e2e.py``; rename it to test_nat_node.py once it passes.
+
 Three public nodes (pub0 is the bootstrap) and two nodes behind NAT routers that drop new inbound
 connections. Checked end to end through the CLI: AutoNAT verdicts in ``status`` (PUBLIC with a relay
 service on the public nodes, PRIVATE and relayed on the private ones), gossip (heartbeats) both ways,
@@ -105,6 +109,9 @@ def test_reachability_relays_gossip_and_blobs_behind_nat(nodes: dict[str, Node],
         assert r["blob_url"] == f"p2p://{st['peer_id']}"
         assert st["listen_addrs"] and all("/p2p-circuit/" in a for a in st["listen_addrs"])
         assert st["snapshot"]["reachability"]["status"] == "relayed"
+    # `status` (human) shows the verdict with the fix; `doctor` and the dashboard read the same board.
+    out = privs[0].cli("status")
+    assert "reachable   PRIVATE via relay" in out and "forward TCP port 4001" in out, out
     # `status` (human) shows the verdict with the fix; `doctor` and the dashboard read the same board.
     out = privs[0].cli("status")
     assert "reachable   PRIVATE via relay" in out and "forward TCP port 4001" in out, out
