@@ -112,9 +112,6 @@ def test_reachability_relays_gossip_and_blobs_behind_nat(nodes: dict[str, Node],
     # `status` (human) shows the verdict with the fix; `doctor` and the dashboard read the same board.
     out = privs[0].cli("status")
     assert "reachable   PRIVATE via relay" in out and "forward TCP port 4001" in out, out
-    # `status` (human) shows the verdict with the fix; `doctor` and the dashboard read the same board.
-    out = privs[0].cli("status")
-    assert "reachable   PRIVATE via relay" in out and "forward TCP port 4001" in out, out
     # Gossip both ways: the private nodes hear the public ones and are heard by them.
     ids = {n.name: n.status()["peer_id"] for n in pubs + privs}
     until(lambda: {ids["pub1"], ids["priv1"]} <= set(privs[0].status()["alive_peers"]), 60,
