@@ -52,7 +52,9 @@ class VllmEngine:
                        enable_prefix_caching=False)
         self._runner = self._find_runner()
         self._sampling: SamplingConfig | None = None
-        self._rows: dict[int, list[tuple[int, float, torch.Tensor]]] = {}
+        self._steps: list[tuple[torch.Tensor, ...]] = []
+        self._count: dict[int, int] = {}                 # our row -> tokens drawn so far
+        self._req: dict[str, tuple[int, int]] = {}       # vLLM request id -> (our row, noise key)
         self._vocab = int(self._runner.model_config.get_vocab_size())
         self._runner.get_model().logits_processor.register_forward_hook(self._hook)
 
@@ -77,16 +79,21 @@ class VllmEngine:
             raise RuntimeError(f"vLLM produced {rows} logit rows for {len(req_ids)} requests")
         keys, positions, owners = [], [], []
         for rid in req_ids:
-            # vLLM renames requests internally; our row index travels in extra_args instead.
-            extra = self._runner.requests[rid].sampling_params.extra_args
-            owners.append(int(extra["intellect_row"]))
-            keys.append(int(extra["intellect_key"]))
-            positions.append(len(self._rows.setdefault(owners[-1], [])))
+            known = self._req.get(rid)
+            if known is None:
+                # vLLM renames requests internally; our row index travels in extra_args instead.
+                extra = self._runner.requests[rid].sampling_params.extra_args
+                known = self._req[rid] = (int(extra["intellect_row"]), int(extra["intellect_key"]))
+            owner, key = known
+            owners.append(owner)
+            keys.append(key)
+            positions.append(self._count.get(owner, 0))
+            self._count[owner] = positions[-1] + 1
         tok, lp = S.sample(logits[:, :self._vocab].float(), torch.tensor(keys), torch.tensor(positions),
                            cfg.temperature, cfg.top_p)
-        hid = hidden.float().cpu()
-        for i, owner in enumerate(owners):
-            self._rows[owner].append((int(tok[i]), float(lp[i]), hid[i].clone()))
+        # One record per step; rows are regrouped per request after generation (no per-row Python work).
+        self._steps.append((torch.tensor(owners), torch.tensor(positions), tok.cpu(), lp.cpu(),
+                            hidden.detach().to("cpu", torch.float32, copy=True)))
         forced = torch.full_like(logits, float("-inf"))
         forced[torch.arange(rows), tok.to(logits.device)] = 0.0
         return forced
@@ -102,21 +109,25 @@ class VllmEngine:
                                  ignore_eos=sampling.ignore_eos, stop_token_ids=stop,
                                  extra_args={"intellect_key": int(k), "intellect_row": i})
                   for i, k in enumerate(keys)]
-        self._sampling, self._rows = sampling, {}
+        self._sampling, self._steps, self._count, self._req = sampling, [], {}, {}
         try:
             outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
                                      use_tqdm=False)
         finally:
             self._sampling = None
+        owners, positions, toks, lps, hids = (torch.cat(parts) for parts in zip(*self._steps))
+        self._steps = []
         result = []
         for i, (p, out) in enumerate(zip(prompts, outs)):
-            rows = self._rows.get(i, [])
+            sel = (owners == i).nonzero().view(-1)
+            sel = sel[positions[sel].argsort()]
+            drawn = toks[sel].tolist()
             tokens = list(out.outputs[0].token_ids)
-            if not sampling.ignore_eos and len(rows) > len(tokens) and rows[len(tokens)][0] == self.eos_id:
+            if not sampling.ignore_eos and len(drawn) > len(tokens) and drawn[len(tokens)] == self.eos_id:
                 tokens.append(self.eos_id)  # a stop token left out of the output
-            if [t for t, _, _ in rows[:len(tokens)]] != tokens:
+            if drawn[:len(tokens)] != tokens:
                 raise RuntimeError(f"vLLM emitted other tokens than the seeded sampler for {out.request_id}")
-            rows = rows[:len(tokens)]
-            result.append(Generation(prompt_tokens=list(p), tokens=tokens, logprobs=[lp for _, lp, _ in rows],
-                                     hidden=torch.stack([h for _, _, h in rows])))
+            sel = sel[:len(tokens)]
+            result.append(Generation(prompt_tokens=list(p), tokens=tokens, logprobs=lps[sel].tolist(),
+                                     hidden=hids[sel].clone()))
         return result
