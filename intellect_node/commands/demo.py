@@ -94,8 +94,9 @@ class DemoSwarm:
                  extra_config: dict[str, Any] | None = None) -> None:
         from intellect_node.node import identity
 
-        if workers < 1 or validators < 0:
-            raise ConfigError("--workers must be at least 1 and --validators at least 0", field="workers")
+        if workers < 1 or validators < 1:
+            raise ConfigError("--workers and --validators must be at least 1 (the trainer trains only on work "
+                              "a validator accepted)", field="workers")
         self.root = root
         self.run_id = run_id
         self.nodes: list[DemoNode] = [DemoNode("trainer", "trainer", root / "trainer")]
@@ -326,7 +327,9 @@ def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
         workers: int = typer.Option(2, "--workers", min=1, max=8, help="Worker nodes (generate rollouts)."),
-        validators: int = typer.Option(1, "--validators", min=0, max=4, help="Validator nodes (check proofs)."),
+        validators: int = typer.Option(1, "--validators", min=1, max=4,
+                                       help="Validator nodes (check proofs; the trainer trains only on "
+                                            "work they accepted)."),
         headless: bool = typer.Option(False, "--headless", help="No dashboard: run --steps trainer steps, "
                                                                 "then write the report."),
         steps: int = typer.Option(20, "--steps", min=1, max=100_000, help="Trainer steps to run (--headless)."),
