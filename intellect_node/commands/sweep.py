@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import typer
 
@@ -61,7 +61,20 @@ def _spawn_worker(i: int, root: Path, *, bootstrap: str, run_id: str, coordinato
            "--heartbeat-interval", str(LOCAL_HEARTBEAT_S), "--peer-timeout", str(LOCAL_PEER_TIMEOUT_S),
            "--log-file", str(wdir / "worker.log")]
     return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=open(wdir / "stderr.log", "ab"))
+                            stderr=open(wdir / "stderr.log", "ab"), preexec_fn=_die_with_parent())
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking Linux to SIGTERM the child when the coordinator process dies, so a killed
+    coordinator (SIGKILL, OOM) leaves no orphaned workers. The C function is looked up here, in the
+    parent: between fork and exec the child only calls it (no imports, no locks). None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
+    return lambda: prctl(pr_set_pdeathsig, sigterm)
 
 
 def _stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
