@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from conftest import run_cli
 
 
+@pytest.mark.timeout(480)  # four node processes start (torch + libp2p imports) on a shared 2-core machine
 def test_headless_demo_runs_steps_and_reports(tmp_path: Path) -> None:
     report = tmp_path / "report.json"
     root = tmp_path / "swarm"
     r = run_cli("demo", "--headless", "--steps", "2", "--report", str(report), "--dir", str(root),
-                "--timeout", "400", timeout=480)
+                "--timeout", "360", timeout=420)
     assert r.returncode == 0, r.stderr[-4000:]
     doc = json.loads(report.read_text())
     assert [s["step"] for s in doc["steps"]] == sorted({s["step"] for s in doc["steps"]})
