@@ -278,7 +278,7 @@ class PolicyFollower:
             for attempt in range(retries + 1):
                 try:
                     result = await self.obtain(ann)
-                except (TransportError, IntegrityError, ProtocolError) as exc:
+                except (TransportError, IntegrityError, ProtocolError, OSError) as exc:  # OSError: disk
                     log.warning("policy v%d not obtained (try %d of %d): %s", ann.version, attempt + 1,
                                 retries + 1, exc)
                     if attempt == retries or self._pending is not None:
