@@ -96,6 +96,11 @@ def test_inputs_the_scheme_cannot_handle_raise() -> None:
         build_proofs(torch.full((2, 128), 1e39, dtype=torch.float64).float())  # inf
     with pytest.raises(ProofError):
         build_proofs(torch.randn(0, 128))
+    for bad in (float("nan"), float("inf"), float("-inf"), 3.4e38):  # one bad value among normal ones
+        h = torch.randn(40, 128)
+        h[37, 5] = bad
+        with pytest.raises(ProofError):
+            build_proofs(h)
 
 
 def test_verify_rejects_truncated_and_miscounted_proofs() -> None:
