@@ -20,7 +20,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The vLLM tests run under `make test-vllm` in their own environment (.venv-vllm); the main environment
 # has no vLLM, so they are not collected there rather than skipped.
-if importlib.util.find_spec("vllm") is None:
+# (tests/ is on sys.path, so tests/vllm itself would be found as a namespace package: require a real module.)
+_vllm_spec = importlib.util.find_spec("vllm")
+if _vllm_spec is None or _vllm_spec.origin is None:
     collect_ignore = ["vllm"]
 
 
