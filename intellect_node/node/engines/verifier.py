@@ -22,7 +22,7 @@ from intellect_node.errors import ConfigError, ProtocolError
 from intellect_node.node.engines.torch_engine import TorchEngine
 from intellect_node.proofs.sampling import check_sampling, rollout_key
 from intellect_node.proofs.thresholds import Thresholds
-from intellect_node.proofs.toploc import verify_proofs_batch
+from intellect_node.proofs.toploc import ChunkResult, verify_proofs_batch
 from intellect_node.protocol.rollout import RolloutRecord, check_record, verify_rollout_signature
 from intellect_node.trainer.tasks import Problem, resolve_problem
 
@@ -136,19 +136,20 @@ class Verifier:
         """Only the prefill-based checks (TOPLOC, logprobs, sampler) on records that passed the cheap
         ones; :meth:`verify` calls it in batches of ``max_batch``. Benchmarks time it directly."""
         states = self.engine.prefill([(r.prompt_tokens, r.completion_tokens) for r in records])
+        toploc: list[list[ChunkResult] | ProtocolError]
         try:
-            toploc = verify_proofs_batch([h for h, _ in states], [r.proofs for r in records])
-        except ProtocolError:  # one bad proof: check one by one so only its record is rejected
+            toploc = list(verify_proofs_batch([h for h, _ in states], [r.proofs for r in records]))
+        except ProtocolError:  # a malformed proof somewhere: one by one, so only its record is rejected
             toploc = []
             for (h, _), r in zip(states, records):
                 try:
                     toploc.extend(verify_proofs_batch([h], [r.proofs]))
                 except ProtocolError as exc:
-                    toploc.append(exc)  # type: ignore[arg-type]
+                    toploc.append(exc)
         th = self.thresholds
         verdicts = []
         for r, (_, logits), chunks in zip(records, states, toploc):
-            if isinstance(chunks, Exception):
+            if isinstance(chunks, ProtocolError):
                 verdicts.append(self._reject(r, "malformed", str(chunks)))
                 continue
             figs = {"exp_mismatches": float(max(c.exp_mismatches for c in chunks)),
