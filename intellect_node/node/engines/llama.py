@@ -112,15 +112,16 @@ class LlamaRunner:
         k_slot = torch.arange(S, device=self.device).view(1, S)
         allowed = (k_slot <= q_slot).unsqueeze(0) & key_valid[:, :S].unsqueeze(1)   # [B, T, S]
         allowed = allowed | (k_slot == q_slot).unsqueeze(0)
-        mask = allowed.unsqueeze(1)
+        # One additive mask per call, shared by every layer (SDPA would convert a boolean one per layer).
+        mask = torch.zeros(allowed.shape, device=self.device, dtype=self.dtype).masked_fill_(
+            ~allowed, float("-inf")).unsqueeze(1)
         x = self.embed[ids]
         nq, nkv, d = self.n_heads, self.n_kv, self.head_dim
         for li, (ln1, wqkv, wo, ln2, wgu, wdown) in enumerate(self.layers):
             h = self._norm(x, ln1)
             qkv = F.linear(h, wqkv).view(B, T, nq + 2 * nkv, d).transpose(1, 2)
-            q = self._rope(qkv[:, :nq], cos, sin)
-            k = self._rope(qkv[:, nq:nq + nkv], cos, sin)
-            v = qkv[:, nq + nkv:]
+            qk = self._rope(qkv[:, :nq + nkv], cos, sin)  # queries and keys rotated together
+            q, k, v = qk[:, :nq], qk[:, nq:], qkv[:, nq + nkv:]
             if cache is not None:
                 cache.k[li, :, :, start:S] = k
                 cache.v[li, :, :, start:S] = v
