@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from intellect_node.errors import IntegrityError, ProtocolError
 from intellect_node.node.nat import chunk_stream
 from intellect_node.node.nat.autonat import Reachability, decide, fix_text
-from intellect_node.protocol import codec
+from intellect_node.protocol import codec, gossip
 from intellect_node.protocol.ids import cid_of
+from intellect_node.protocol.signing import SigningKey
 
 
 def test_verdict_needs_agreeing_answers_and_says_what_to_do() -> None:
@@ -30,6 +31,25 @@ def test_verdict_needs_agreeing_answers_and_says_what_to_do() -> None:
     private = fix_text(Reachability.PRIVATE, 4001, relayed=True)
     assert "forward TCP port 4001" in private and "a relay is used" in private
     assert "no relay reservation yet" in fix_text(Reachability.PRIVATE, 4001, relayed=False)
+
+
+
+def test_private_node_heartbeat_with_p2p_url_is_accepted_only_for_its_signer() -> None:
+    # A node behind NAT advertises p2p://<own peer ID>; peers once rejected that heartbeat as a bad
+    # URL, so private nodes were never heard (seen in the join-in-namespaces test).
+    key, other = SigningKey(bytes(range(32))), SigningKey(bytes(range(1, 33)))
+    now = 1_800_000_000_000
+
+    def hb(url: str) -> bytes:
+        return key.seal(gossip.HEARTBEAT_DOMAIN, gossip.Heartbeat(
+            run_id="r1", seq=1, time_ms=now, http_url=url,
+            listen_addrs=[f"/ip4/1.2.3.4/tcp/1/p2p/{other.peer_id}/p2p-circuit/p2p/{key.peer_id}"]))
+
+    got, signer = gossip.open_heartbeat(hb(f"p2p://{key.peer_id}"), run_id="r1", now_ms=now)
+    assert got.http_url == f"p2p://{key.peer_id}" and signer == key.peer_id
+    for bad in (f"p2p://{other.peer_id}", "p2p://", "ftp://x"):  # another node's ID, none, other scheme
+        with pytest.raises(ProtocolError, match="bad http_url"):
+            gossip.open_heartbeat(hb(bad), run_id="r1", now_ms=now)
 
 
 @settings(max_examples=200, deadline=None)

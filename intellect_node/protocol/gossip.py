@@ -47,9 +47,15 @@ class NodeInfo(codec.Message, frozen=True):
     roles: list[str] = []
 
 
-def _check_common(run_id: str, http_url: str, listen_addrs: list[str], roles: list[str]) -> None:
+P2P_URL_PREFIX = "p2p://"
+"""A node behind NAT advertises ``p2p://<its own peer ID>``: "fetch my chunks over libp2p" (docs/nat.md)."""
+
+
+def _check_common(run_id: str, http_url: str, listen_addrs: list[str], roles: list[str], signer: str) -> None:
     validate_run_id(run_id)
-    if len(http_url) > MAX_URL_LEN or (http_url and not http_url.startswith(("http://", "https://"))):
+    # The only non-HTTP URL accepted names the signer itself: a node cannot point fetchers at another.
+    if len(http_url) > MAX_URL_LEN or (http_url and not http_url.startswith(("http://", "https://"))
+                                       and http_url != f"{P2P_URL_PREFIX}{signer}"):
         raise ProtocolError(f"bad http_url {http_url[:80]!r}")
     if len(listen_addrs) > MAX_ADDRS or any(len(a) > MAX_ADDR_LEN or not a.startswith("/")
                                             for a in listen_addrs):
@@ -61,7 +67,7 @@ def _check_common(run_id: str, http_url: str, listen_addrs: list[str], roles: li
 def open_heartbeat(data: bytes, *, run_id: str, now_ms: int) -> tuple[Heartbeat, str]:
     """Decode, verify and check a heartbeat for ``run_id``; return it and the signer's peer ID."""
     hb, signer = open_envelope(data, HEARTBEAT_DOMAIN, Heartbeat, max_size=MAX_HEARTBEAT_SIZE)
-    _check_common(hb.run_id, hb.http_url, hb.listen_addrs, hb.roles)
+    _check_common(hb.run_id, hb.http_url, hb.listen_addrs, hb.roles, signer)
     if hb.run_id != run_id:
         raise ProtocolError(f"heartbeat for run {hb.run_id!r}, this node is in {run_id!r}")
     if hb.seq < 0 or abs(hb.time_ms - now_ms) > MAX_CLOCK_SKEW_MS:
@@ -74,5 +80,5 @@ def open_node_info(data: bytes, *, expected_signer: str) -> NodeInfo:
     info, signer = open_envelope(data, NODE_INFO_DOMAIN, NodeInfo, max_size=MAX_NODE_INFO_SIZE)
     if signer != expected_signer:
         raise ProtocolError(f"node info signed by {signer}, but the stream is from {expected_signer}")
-    _check_common(info.run_id, info.http_url, info.listen_addrs, info.roles)
+    _check_common(info.run_id, info.http_url, info.listen_addrs, info.roles, signer)
     return info

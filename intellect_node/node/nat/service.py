@@ -33,14 +33,13 @@ from intellect_node.node.nat.chunk_stream import MAX_HAVE_BYTES, ChunkStreamClie
 from intellect_node.node.nat.dcutr import HolePuncher
 from intellect_node.node.nat.relay import (CircuitDialer, RelayClient, RelayService, RelayServiceLimits,
                                            advertise_circuit_addrs, connection_kinds)
+from intellect_node.protocol.gossip import P2P_URL_PREFIX  # the blob URL a private node advertises
 
 log = logging.getLogger(__name__)
 
 UNKNOWN_CHECKS_BEFORE_RELAYING = 3
 """AutoNAT rounds without a verdict (with peers asked) after which the node reserves relay slots anyway."""
 
-P2P_URL_PREFIX = "p2p://"
-"""Blob URL a private node advertises: "fetch my chunks over libp2p" (HTTP cannot reach it)."""
 
 FIRST_CHECK_RETRY_S = 3.0
 """First re-check interval while the verdict is UNKNOWN (too few peers answered yet); it doubles up to
