@@ -302,7 +302,12 @@ class P2PHost:
 
     async def ban(self, peer: str) -> None:
         pid = ID.from_base58(peer)
-        self.pubsub.add_to_blacklist(pid)
+        # Not ``pubsub.add_to_blacklist``: in py-libp2p 0.8.1 its teardown task resets the peer's stream
+        # and then deletes ``peers[pid]``, which the reset's own handler has usually deleted already; the
+        # KeyError fails the pubsub service and with it the whole libp2p thread (seen in the sweep and
+        # roles tests). Marking the peer blacklisted and closing its connections does the same job: the
+        # connection-closed notifiee removes it from pubsub's tables.
+        self.pubsub.blacklisted_peers.add(pid)
         await self._close_peer(pid)
 
     # -- gossip --------------------------------------------------------------------------------------

@@ -174,10 +174,7 @@ class SweepCoordinatorService:
         if not outcome.accepted and outcome.reason not in ("duplicate", "banned"):
             self.swarm.peerbook.record_rejection(peer, f"sweep result: {outcome.reason}")
         for liar in outcome.banned:
-            # The peerbook ban makes the host drop the liar's gossip and refuse its connections. Not
-            # ``swarm.ban``: py-libp2p 0.8.1's blacklist teardown can raise KeyError inside the pubsub
-            # service (a race with the stream-reset handler) and take the whole libp2p thread down.
-            self.swarm.peerbook.ban(liar, f"sweep: {self.coord.banned.get(liar, 'wrong results')}")
+            await self.swarm.ban(liar, f"sweep: {self.coord.banned.get(liar, 'wrong results')}")
         c = self.coord.counts()
         log.info("sweep %s: %d/%d done, %d in flight, %d banned", self.sweep_id, c["done"], c["jobs"],
                  c["inflight"], c["banned"])

@@ -224,10 +224,7 @@ class Trainer:
     async def _on_verdict(self, msg: tuple[BatchVerdict, str], origin: str) -> None:
         verdict, validator = msg
         if verdict.ban and not self.rt.swarm.is_banned(verdict.worker):
-            # The peerbook ban is what drops the peer's gossip (checked in the gossip validator). The
-            # swarm's connection-closing ban can take the libp2p thread down in py-libp2p 0.8.1 (a
-            # KeyError in pubsub teardown, seen here), so the roles do not use it.
-            self.rt.swarm.peerbook.ban(verdict.worker, f"banned by validator {validator}: {verdict.reason}")
+            await self.rt.swarm.ban(verdict.worker, f"banned by validator {validator}: {verdict.reason}")
             self.counts["banned"] += 1
         if verdict.batch_cid in self.known:
             return

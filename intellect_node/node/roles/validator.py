@@ -254,10 +254,8 @@ class Validator:
                 import msgspec
 
                 verdict = msgspec.structs.replace(verdict, ban=True)
-                # Peerbook ban: the gossip validator drops the worker's later messages (see trainer.py
-                # for why the connection-closing swarm.ban is not used).
-                self.rt.swarm.peerbook.ban(worker, f"{self.rejections[worker]} rejected batches, last: "
-                                                   f"{verdict.reason}")
+                await self.rt.swarm.ban(worker, f"{self.rejections[worker]} rejected batches, last: "
+                                                f"{verdict.reason}")
                 self.counts["banned"] += 1
         self.rt.board.verdict(verdict.accepted, verdict.n_accepted + verdict.n_rejected, reason=verdict.reason,
                               detail=verdict.detail, peer=worker)
