@@ -123,6 +123,9 @@ class DialBackAutoNAT(AutoNATService):
         self._dial_slots = trio.Semaphore(MAX_CONCURRENT_DIAL_BACKS)
         self._last_request: dict[ID, float] = {}
         self.dial_backs_served = 0
+        self.unanswered: dict[ID, int] = {}
+        """Consecutive queries per server that got no answer (stream failure, time-out); the service
+        asks the servers that answer first, so one stuck connection does not stall every round."""
 
     # --- server -----------------------------------------------------------------------------------
 
@@ -223,9 +226,11 @@ class DialBackAutoNAT(AutoNATService):
         async def ask(server: ID) -> None:
             try:
                 results[server] = await self.query_server(server, addrs=addrs, timeout=query_timeout)
+                self.unanswered.pop(server, None)
             except (Exception, trio.TooSlowError) as exc:
                 logger.info("autonat query to %s failed: %r", server, exc)
                 results[server] = None
+                self.unanswered[server] = self.unanswered.get(server, 0) + 1
 
         if addrs:
             async with trio.open_nursery() as nursery:

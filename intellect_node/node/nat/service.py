@@ -179,11 +179,19 @@ class NatService:
         store = self.host.get_peerstore()
         out = []
         for peer in self.host.get_connected_peers():
+            # Only peers we reach directly: a server refuses requests that arrive through a relay (the
+            # spec), and a private peer reached through its relay cannot dial anyone back anyway.
+            if "direct" not in connection_kinds(self.host, peer):
+                continue
             try:
                 if store.supports_protocols(peer, [str(AUTONAT_PROTOCOL_ID)]):
                     out.append(peer)
             except Exception:  # not identified yet
                 continue
+        # Servers that answered last time first: a connection whose streams stall would otherwise be
+        # asked again every round and hold the verdict back (seen with full nodes in namespaces).
+        unanswered = self.autonat.unanswered if self.autonat is not None else {}
+        out.sort(key=lambda p: unanswered.get(p, 0))
         return out[: self.cfg.autonat_servers]
 
     async def _check(self, servers: list[ID]) -> None:
