@@ -9,7 +9,8 @@ the trainer's idle fraction (time waiting for accepted work / wall time) and rol
 between the policy a rollout was sampled from and the weights it updates).
 
 TRL (the reference): GRPOTrainer with the settings that make it a plain GRPO loop comparable to ours
-(notes: bf16 off, constant LR, AdamW, dr_grpo loss, beta 0, CPU, no vLLM), the same group size, prompts per
+(notes: bf16 off, constant LR, AdamW, dr_grpo loss, beta 0, CPU, no vLLM; advantages not divided by the
+group std, like ours), the same group size, prompts per
 step, learning rate, clipping (eps 0.2 both sides, delta 4), gradient-norm clip and completion length.
 Its pass rate is the mean reward TRL logs per step, averaged the same way.
 
@@ -36,7 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-HYPER = dict(group_size=8, problems_per_batch=2, groups_per_step=4, max_new_tokens=5, lr=1e-3,
+HYPER = dict(group_size=8, problems_per_batch=4, groups_per_step=8, max_new_tokens=5, lr=1e-4,
              batches_per_version=1)
 
 
@@ -118,7 +119,8 @@ def run_trl(target: float, window: int, timeout: float, workdir: Path) -> dict[s
         output_dir=str(workdir / "trl"), learning_rate=h["lr"], lr_scheduler_type="constant",
         optim="adamw_torch", per_device_train_batch_size=h["groups_per_step"] * h["group_size"],
         num_generations=h["group_size"], max_completion_length=h["max_new_tokens"], temperature=1.0,
-        beta=0.0, loss_type="dr_grpo", epsilon=0.2, epsilon_high=0.2, delta=4.0, max_grad_norm=0.1,
+        beta=0.0, loss_type="dr_grpo", scale_rewards="none", epsilon=0.2, epsilon_high=0.2, delta=4.0,
+        max_grad_norm=0.1,
         bf16=False, gradient_checkpointing=False, use_cpu=True, use_vllm=False, shuffle_dataset=False,
         report_to="none", save_strategy="no", logging_steps=1, max_steps=100000, seed=0)
     rewards: list[float] = []
