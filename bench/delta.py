@@ -13,7 +13,9 @@ new version over loopback HTTP, delta vs full.
    so each element moves by about the learning rate, as with real gradients), bf16 and fp32.
 3. A trainer and ``--peers`` followers in this process, each with its own blob store and HTTP server on
    127.0.0.1, every follower holding version v-1: the time from the announcement of v until all hold
-   v (fetched, applied, hash-checked, persisted), once by delta and once by the full checkpoint.
+   v (fetched, applied, hash-checked, persisted), by delta (default encodings, or with ``add_by_exp``)
+   and by the full checkpoint; once on bare loopback and once with each follower's downlink emulated
+   at ``--link-mbit`` (chunks are handed over no earlier than such a link would deliver them).
 
 Every figure is printed beside the full-checkpoint baseline measured in the same run, as a ratio.
 """
@@ -38,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from intellect_node.trainer.delta import DENSE_KINDS, Checkpoint, apply_delta, delta_stats, \
+from intellect_node.trainer.delta import ALL_DENSE_KINDS, DENSE_KINDS, Checkpoint, apply_delta, delta_stats, \
     encode_delta  # noqa: E402
 
 LIMIT = 1 << 40
@@ -51,12 +53,18 @@ def measure(prev: Checkpoint, cur: Checkpoint) -> dict[str, Any]:
     out = apply_delta(prev, delta, expected_hash=cur.content_hash, max_size=LIMIT)
     t2 = time.perf_counter()
     assert bytes(out.to_bytes()) == bytes(cur.to_bytes())
+    with_exp = encode_delta(prev, cur, dense=ALL_DENSE_KINDS)  # the opt-in add_by_exp as well
+    t3 = time.perf_counter()
+    assert apply_delta(prev, with_exp, expected_hash=cur.content_hash, max_size=LIMIT).content_hash == \
+        cur.content_hash
+    t4 = time.perf_counter()
     changed = total = 0
     for name in cur.tensors:
         a, b = prev.bits(name), cur.bits(name)
         changed += int((a != b).sum())
         total += a.size
     return {"full": cur.nbytes, "delta": len(delta), "encode_s": t1 - t0, "apply_s": t2 - t1,
+            "exp": len(with_exp), "exp_apply_s": t4 - t3,
             "changed": changed / total, "kinds": delta_stats(delta, max_size=LIMIT)}
 
 
@@ -71,6 +79,9 @@ def report(label: str, rows: list[dict[str, Any]]) -> None:
     print(f"  {label:<28} full {full / 1e6:9.2f} MB  delta {delta / 1e6:9.3f} MB  ratio {delta / full:6.3f}"
           f"  changed {sum(r['changed'] for r in rows) / len(rows):6.1%}  encode {max(r['encode_s'] for r in rows):6.2f} s"
           f"  apply {max(r['apply_s'] for r in rows):6.2f} s  [{top}]", flush=True)
+    exp = sum(r["exp"] for r in rows) / len(rows)
+    print(f"  {'':<28} with add_by_exp: delta {exp / 1e6:9.3f} MB  ratio {exp / full:6.3f}"
+          f"  apply {max(r['exp_apply_s'] for r in rows):6.2f} s", flush=True)
 
 
 # ------------------------------------------------------------------------------------ embedded model
@@ -151,7 +162,7 @@ def synthetic_params(layers: int, hidden: int = 768, inter: int = 2048, vocab: i
 
 def synthetic_section(args: argparse.Namespace) -> tuple[Checkpoint, Checkpoint] | None:
     keep: tuple[Checkpoint, Checkpoint] | None = None
-    for lr in (3e-7, 3e-5):
+    for lr in ((3e-5,) if args.only_peers else (3e-7, 3e-5)):
         params = synthetic_params(args.layers)
         n = sum(v.numel() for v in params.values())
         print(f"\n== synthetic {n / 1e6:.1f}M-parameter model, AdamW lr {lr:g}, {args.synthetic_steps} steps ==",
@@ -168,6 +179,8 @@ def synthetic_section(args: argparse.Namespace) -> tuple[Checkpoint, Checkpoint]
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+                if args.only_peers and name == "fp32":
+                    continue
                 with torch.no_grad():
                     cur = Checkpoint.from_state_dict({k: v.detach().to(dtype) for k, v in params.items()})
                 if name in prev:
@@ -177,14 +190,16 @@ def synthetic_section(args: argparse.Namespace) -> tuple[Checkpoint, Checkpoint]
                 prev[name] = cur
                 gc.collect()
         for name in ("bf16", "fp32"):
-            report(f"synthetic {name} lr {lr:g}", rows[name])
+            if rows[name]:
+                report(f"synthetic {name} lr {lr:g}", rows[name])
         del params, opt, prev, rows
         gc.collect()
     return keep
 
 
 # ------------------------------------------------------------------------------------ peers on loopback
-async def peers_section(pair: tuple[Checkpoint, Checkpoint], n_peers: int, label: str) -> None:
+async def peers_section(pair: tuple[Checkpoint, Checkpoint], n_peers: int, label: str,
+                        link_mbit: float | None) -> None:
     import msgspec
 
     from intellect_node.node.policy_sync import PolicyFollower, PolicyPublisher
@@ -192,15 +207,18 @@ async def peers_section(pair: tuple[Checkpoint, Checkpoint], n_peers: int, label
     from support_delta import BlobPeer, mesh
 
     prev, cur = pair
+    link = f"each peer's downlink emulated at {link_mbit:g} Mbit/s" if link_mbit else "loopback, no link limit"
     print(f"\n== {n_peers} peers on 127.0.0.1 obtain the next version of {label} "
-          f"({cur.nbytes / 1e6:.1f} MB), each holding the previous one ==", flush=True)
+          f"({cur.nbytes / 1e6:.1f} MB), each holding the previous one; {link} ==", flush=True)
+    rate = link_mbit * 1e6 / 8 if link_mbit else None
     tmp = Path(tempfile.mkdtemp(prefix="bench-delta-"))
     try:
         results: dict[str, float] = {}
-        # "delta": every dense encoding (smallest bytes); "delta-fast": without add_by_exp's sort.
-        for mode, kinds in (("delta", DENSE_KINDS), ("delta-fast", ("xor", "add")), ("full", DENSE_KINDS)):
+        # "delta": the default encodings; "delta-exp": with the opt-in add_by_exp (fewer bytes, more CPU).
+        for mode, kinds in (("delta", DENSE_KINDS), ("delta-exp", ALL_DENSE_KINDS), ("full", DENSE_KINDS)):
             root = tmp / mode
-            peers = [await BlobPeer(root / f"blobs{i}").start() for i in range(n_peers + 1)]
+            peers = [await BlobPeer(root / f"blobs{i}", link_rate=rate if i else None).start()
+                     for i in range(n_peers + 1)]
             mesh(peers)
             trainer, followers = peers[0], peers[1:]
             try:
@@ -236,12 +254,8 @@ async def peers_section(pair: tuple[Checkpoint, Checkpoint], n_peers: int, label
             finally:
                 for p in peers:
                     await p.stop()
-        print(f"  time ratio to full: delta {results['delta'] / results['full']:.3f}, delta-fast "
-              f"{results['delta-fast'] / results['full']:.3f} (loopback: the time is mostly CPU on this 2-core "
-              "machine - fetch, apply or parse, hash, fsync - not bytes on the wire)")
-        print(f"  for scale, computed from the bytes: at 1 Gbit/s per peer one delta takes "
-              f"{8 * results['delta_bytes'] / n_peers / 1e9:.2f} s to receive, the full checkpoint "
-              f"{8 * results['full_bytes'] / n_peers / 1e9:.2f} s")
+        print(f"  time ratio to full: delta {results['delta'] / results['full']:.3f}, delta-exp "
+              f"{results['delta-exp'] / results['full']:.3f}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -258,16 +272,21 @@ def main() -> None:
     ap.add_argument("--synthetic-steps", type=int, default=2)
     ap.add_argument("--peers", type=int, default=4)
     ap.add_argument("--skip-synthetic", action="store_true")
+    ap.add_argument("--link-mbit", type=float, default=1000.0,
+                    help="emulated downlink of each peer for the second timing run (Mbit/s)")
+    ap.add_argument("--only-peers", action="store_true", help="skip the embedded section and the fp32 runs")
     args = ap.parse_args()
     torch.set_num_threads(1)
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start "
           "(other processes share the cores: times scale with it, byte counts do not)")
-    embedded_section(args)
+    if not args.only_peers:
+        embedded_section(args)
     if args.skip_synthetic:
         return
     pair = synthetic_section(args)
     if pair is not None:
-        asyncio.run(peers_section(pair, args.peers, "the synthetic bf16 model at lr 3e-5"))
+        for mbit in (None, args.link_mbit):
+            asyncio.run(peers_section(pair, args.peers, "the synthetic bf16 model at lr 3e-5", mbit))
     print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from aiohttp import web
 
 from intellect_node.node.blob_fetch import Provider, StaticProvider
+from intellect_node.node.blob_http import HttpChunkSource
 from intellect_node.node.blob_service import BlobService
 from intellect_node.node.blobs import BlobStore
 from intellect_node.protocol.signing import SigningKey
@@ -37,18 +40,51 @@ def policy_versions(dtype: torch.dtype, n: int, lr: float = 3e-5) -> list[Checkp
     return out
 
 
-class BlobPeer:
-    """A blob service with its own store, key and HTTP server on 127.0.0.1; providers as the test says."""
+class LinkLimitedSource(HttpChunkSource):
+    """HTTP chunk source behind an emulated downlink of ``rate`` bytes/s (benchmarks only): each chunk
+    is handed over no earlier than the link could have delivered it after the chunks before it."""
 
-    def __init__(self, root: Path, key: SigningKey | None = None) -> None:
+    def __init__(self, rate: float) -> None:
+        super().__init__()
+        self.rate = rate
+        self._free_at = 0.0
+
+    async def read_chunk(self, provider: object, cid: str, length: int, sink: Any) -> None:
+        start = max(time.monotonic(), self._free_at)
+        self._free_at = start + length / self.rate
+        held = _Buffer()
+        await super().read_chunk(provider, cid, length, held)
+        delay = self._free_at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        sink.write(held.data)
+
+
+class _Buffer:
+    """A chunk sink that keeps the bytes (the source's pieces are views of a reused buffer)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, piece: bytes | bytearray | memoryview) -> None:
+        self.data += piece
+
+
+class BlobPeer:
+    """A blob service with its own store, key and HTTP server on 127.0.0.1; providers as the test says.
+    ``link_rate`` (bytes/s) emulates a slower downlink for benchmarks."""
+
+    def __init__(self, root: Path, key: SigningKey | None = None, link_rate: float | None = None) -> None:
         self.providers: list[Provider] = []
         self.rejections: list[tuple[str, str]] = []
 
         async def find(cid: str) -> Sequence[Provider]:
             return list(self.providers)
 
+        extra = [LinkLimitedSource(link_rate)] if link_rate else []
         self.blobs = BlobService(BlobStore(root), key or SigningKey.generate(), find_providers=find,
-                                 penalise=lambda peer, why: self.rejections.append((peer, why)))
+                                 penalise=lambda peer, why: self.rejections.append((peer, why)),
+                                 extra_sources=extra)
         self.url = ""
         self._runner: web.AppRunner | None = None
 

@@ -48,7 +48,7 @@ from intellect_node.protocol.blob import Manifest
 from intellect_node.protocol.policy import MAX_CHAIN, DeltaLink, PolicyAnnouncement, POLICY_DTYPES, \
     seal_announcement
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.trainer.delta import DENSE_KINDS, ZSTD_LEVEL, Checkpoint, apply_delta, delta_size_limit, \
+from intellect_node.trainer.delta import ALL_DENSE_KINDS, DENSE_KINDS, ZSTD_LEVEL, Checkpoint, apply_delta, delta_size_limit, \
     encode_delta
 
 log = logging.getLogger(__name__)
@@ -93,8 +93,8 @@ class PolicyPublisher:
         self.key = key
         self.run_id = run_id
         self.full_every = full_every
-        if not dense_kinds or not set(dense_kinds) <= set(DENSE_KINDS):
-            raise ConfigError(f"dense_kinds must be a non-empty subset of {DENSE_KINDS}; got {dense_kinds}",
+        if not dense_kinds or not set(dense_kinds) <= set(ALL_DENSE_KINDS):
+            raise ConfigError(f"dense_kinds must be a non-empty subset of {ALL_DENSE_KINDS}; got {dense_kinds}",
                               field="dense_kinds")
         self.zstd_level = zstd_level
         self.dense_kinds = tuple(dense_kinds)
