@@ -108,8 +108,8 @@ def register(app: typer.Typer) -> None:
         trainer_peer_id: Optional[str] = typer.Option(None, "--trainer-peer-id",
                                                       help="Peer ID of the run's trainer."),
         role: list[str] = typer.Option(
-            [], "--role", help="RL role to run: worker, validator or trainer (repeatable). Settings in the "
-                               "[rl] config section or INTELLECT_NODE_RL__<FIELD>; see docs/training.md."),
+            [], "--role", help="RL role to run: worker, validator or trainer (repeatable). Settings in the rl "
+                               "config section or INTELLECT_NODE_RL__<FIELD>; see docs/training.md."),
         validator_peer_id: list[str] = typer.Option(
             [], "--validator-peer-id", help="Peer ID of a validator whose verdicts the trainer trusts "
                                             "(repeatable)."),
