@@ -79,7 +79,8 @@ def test_chain_anchors_late_joiner_and_restart(tmp_path: Path) -> None:
             ann6, _ = await pub2.publish(6, versions[6])
             assert ann6.full_version == 6 and [link.version for link in ann6.deltas] == [6]
             fa2 = _follower(tmp_path, "a", a, trainer.key.peer_id)
-            assert fa2.version == 5
+            assert fa2.version == 5 and fa2.checkpoint_path is not None
+            assert fa2.checkpoint_path.read_bytes() == bytes(versions[5].to_bytes())
             got = await fa2.obtain(ann6)
             assert got.path == "delta" and bytes(got.checkpoint.to_bytes()) == bytes(versions[6].to_bytes())
             with pytest.raises(ValueError, match="not after"):
