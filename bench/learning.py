@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 HYPER = dict(group_size=8, problems_per_batch=4, groups_per_step=8, max_new_tokens=5, lr=1e-4,
-             batches_per_version=1)
+             batches_per_version=2)
 
 
 def windowed(values: list[float], window: int) -> float:

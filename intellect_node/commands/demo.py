@@ -44,12 +44,14 @@ READY_TIMEOUT_S = 120.0
 """Start-up bound per node: imports of torch and libp2p take seconds on a loaded 2-core machine."""
 POLL_S = 0.5
 DEMO_RL = dict(group_size=8, problems_per_batch=2, groups_per_step=4, max_new_tokens=5, lr=1e-4,
-               batches_per_version=1)
+               batches_per_version=2)
 """Small, fast RL settings for a CPU demo: 8 samples per prompt, 32 per step, the 5 answer tokens (as in
 bench/learning.py). The learning rate was measured here on the embedded model (pass rate, mean of the
 first 10 vs the last 10 steps, 32 samples a step): 1e-4 went 21.6% -> 29.7% in 50 steps, 3e-5 went
 24.1% -> 27.5% in 62 steps, and at 1e-3 the first AdamW step moved every weight by ~1e-3 and took greedy
-accuracy from 27% to 0%, after which every group has equal rewards and nothing trains."""
+accuracy from 27% to 0%, after which every group has equal rewards and nothing trains.
+Two batches per version per worker: each worker generates its next batch while the trainer takes its step
+(with one, the swarm ran strictly in series and the trainer sat idle ~72% of the time)."""
 
 
 @dataclass

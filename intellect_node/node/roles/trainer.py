@@ -106,6 +106,7 @@ class Trainer:
         self.idle_s = 0.0
         self.busy_s = 0.0
         self.last: dict[str, Any] = {}
+        self._timing: dict[str, float] = {}
 
     @classmethod
     def for_runtime(cls, runtime: Any) -> "Trainer":
@@ -318,19 +319,27 @@ class Trainer:
     # -- training --------------------------------------------------------------------------------
 
     def _take(self) -> tuple[list[Accepted], list[Accepted]] | None:
-        """Whole batches holding at least ``groups_per_step`` fresh groups; stale ones split off."""
+        """Whole batches holding at least ``groups_per_step`` fresh groups, newest policy first; stale
+        ones split off.
+
+        Newest first because workers run ahead of the trainer (``batches_per_version`` > 1): taking the
+        oldest would train on rollouts ``async_level`` versions old every step, while the newest are at most
+        a version behind. Older fresh batches stay queued and are used if nothing newer comes in time.
+        """
         floor = self.version - self.cfg.run.async_level
         fresh = [a for a in self.queue if a.version >= floor]
         if sum(len(a.groups) for a in fresh) < self.rl.groups_per_step:
             return None
-        taken, stale, n = [], [], 0
-        while self.queue and n < self.rl.groups_per_step:
-            a = self.queue.popleft()
-            if a.version < floor:
-                stale.append(a)
-                continue
+        stale = [a for a in self.queue if a.version < floor]
+        taken: list[Accepted] = []
+        n = 0
+        for a in sorted(fresh, key=lambda a: (-a.version, a.seq)):
+            if n >= self.rl.groups_per_step:
+                break
             taken.append(a)
             n += len(a.groups)
+        gone = {a.cid for a in taken} | {a.cid for a in stale}
+        self.queue = deque(a for a in self.queue if a.cid not in gone)
         return taken, stale
 
     async def _train_loop(self) -> None:
@@ -367,8 +376,10 @@ class Trainer:
             self._record(None, samples_all, len(groups), 0, sorted(ids))
             return
         samples = [s for g in useful for s in g]
+        t0 = time.monotonic()
         stats = await asyncio.to_thread(train_step, self.model, self.opt, samples, self.gcfg,
                                         temperature=self.rl.temperature)
+        t1 = time.monotonic()
         self.version += 1
         self.step += 1
         ids |= self.pending_consumed
@@ -377,10 +388,14 @@ class Trainer:
         await asyncio.to_thread(save_checkpoint, self.dir / "checkpoints", self.model, self.opt,
                                 TrainerState(version=self.version, consumed=frozenset(self.consumed),
                                              step=self.step))
+        t2 = time.monotonic()
         for cid in ids:  # committed in the checkpoint: the inbox copies are no longer needed
             self._drop_inbox(cid)
         await self._publish_current()
+        t3 = time.monotonic()
         self.rt.board.set_policy(current=self.version, local=self.version)
+        # Where a step's time goes (seconds): the optimizer step, the checkpoint, the publication.
+        self._timing = {"train_s": t1 - t0, "checkpoint_s": t2 - t1, "publish_s": t3 - t2}
         self._record(stats, samples_all, len(groups), len(useful), sorted(ids))
 
     def _record(self, stats: StepStats | None, samples: list[Sample], n_groups: int, n_useful: int,
@@ -400,7 +415,7 @@ class Trainer:
                 "staleness_mean": sum(stale) / max(len(stale), 1), "staleness_max": max(stale, default=0),
                 "accepted": self.counts["accepted_rollouts"], "rejected": self.counts["rejected_rollouts"],
                 "stale": self.counts["stale_rollouts"], "idle_fraction": self.idle_s / total if total else 0.0,
-                "batches": batches}
+                "batches": batches, **(self._timing if stats is not None else {})}
         self.last = line
         path = self.dir / METRICS_FILE
         with open(path, "a") as f:
