@@ -51,6 +51,9 @@ from intellect_node.protocol.topics import INFO_PROTOCOL_ID
 
 log = logging.getLogger(__name__)
 
+REANNOUNCE_DELAYS_S = (0.5, 1.5, 3.0, 10.0)
+"""When a subscription is announced again after subscribing (see ``P2PHost._reannounce``)."""
+
 GOSSIP_HEARTBEAT_S = 1
 """Gossipsub mesh maintenance interval; the library default (120 s) leaves meshes empty for minutes."""
 GOSSIP_RATE_LIMIT_PER_TOPIC = 200.0
@@ -342,6 +345,24 @@ class P2PHost:
 
         assert self._nursery is not None
         self._nursery.start_soon(pump)
+        self._nursery.start_soon(self._reannounce, topic)
+
+    async def _reannounce(self, topic: str) -> None:
+        """Repeat our SUBSCRIBE to every peer a few times after subscribing.
+
+        py-libp2p 0.8.1 sends the announcement only to peers whose outbound queue exists at that instant
+        ("No outbound queue for peer" is skipped, not retried), and a peer whose pubsub stream was being
+        opened may already have had our hello from before the subscription: neither path then tells it,
+        and it never forwards the topic to us (seen: a star of 5 where a leaf stayed unknown to the hub
+        for over 45 s). A repeated SUBSCRIBE is idempotent on the receiver."""
+        packet = rpc_pb2.RPC()
+        packet.subscriptions.extend([rpc_pb2.RPC.SubOpts(subscribe=True, topicid=topic)])
+        raw = packet.SerializeToString()
+        for delay in REANNOUNCE_DELAYS_S:
+            await trio.sleep(delay)
+            if topic not in self.pubsub.topic_ids:
+                return
+            await self.pubsub.message_all_peers(raw)
 
     async def publish(self, topic: str, data: bytes) -> None:
         if len(data) > GOSSIP_MAX_MESSAGE:
