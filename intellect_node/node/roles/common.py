@@ -77,6 +77,18 @@ def base_model(cfg: NodeConfig) -> LoadedModel:
     return load_model(cfg.run.model or None, dtype=cfg.run.dtype)
 
 
+def follow_trainer_policy(runtime: Any, fetcher: "HintedFetcher", directory: Path) -> Any:
+    """A PolicyFollower for the run's trainer (the one peer whose announcements count) in ``directory``.
+
+    Policy blobs come from the trainer first (it holds every one), the DHT second."""
+    from intellect_node.node.policy_sync import PolicyFollower
+
+    trainer = runtime.config.run.trainer_peer_id
+    return PolicyFollower(directory, fetcher.holding([trainer]), run_id=runtime.config.run.run_id,
+                          trainer=trainer, max_checkpoint_bytes=MAX_POLICY_BYTES, board=runtime.board,
+                          on_reject=runtime.swarm.peerbook.record_rejection)
+
+
 def read_blob(blobs: BlobService, cid: str) -> bytes:
     """The content of a complete blob in the local store (call after ``blobs.fetch``)."""
     store = blobs.store

@@ -33,8 +33,7 @@ from typing import Any
 from intellect_node.errors import IntellectNodeError, ProtocolError
 from intellect_node.node.engines.torch_engine import TorchEngine
 from intellect_node.node.engines.verifier import Expectations, Verdict, Verifier
-from intellect_node.node.policy_sync import PolicyFollower
-from intellect_node.node.roles.common import MAX_POLICY_BYTES, HintedFetcher, base_model, blob_service, \
+from intellect_node.node.roles.common import HintedFetcher, follow_trainer_policy, base_model, blob_service, \
     group_slices, loaded_from_checkpoint, model_dir, run_task
 from intellect_node.proofs.thresholds import load_thresholds
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, announcement_validator
@@ -87,11 +86,7 @@ class Validator:
     async def start(self) -> None:
         self.blobs = blob_service(self.rt)
         self.fetcher = HintedFetcher(self.blobs, self.rt.swarm)
-        # Policy blobs come from the trainer first (it holds every one), the DHT second.
-        policy_blobs: Any = self.fetcher.holding([self.cfg.run.trainer_peer_id])
-        self.follower = PolicyFollower(self.dir / "policy", policy_blobs, run_id=self.run_id,
-                                       trainer=self.cfg.run.trainer_peer_id, max_checkpoint_bytes=MAX_POLICY_BYTES,
-                                       board=self.rt.board, on_reject=self.rt.swarm.peerbook.record_rejection)
+        self.follower = follow_trainer_policy(self.rt, self.fetcher, self.dir / "policy")
         if self.follower.checkpoint is not None and self.follower.version is not None:
             await self._add_engine(self.follower.version, self.follower.checkpoint)
         sw = self.rt.swarm
