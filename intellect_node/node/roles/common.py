@@ -77,6 +77,14 @@ def base_model(cfg: NodeConfig) -> LoadedModel:
     return load_model(cfg.run.model or None, dtype=cfg.run.dtype)
 
 
+def require_trainer(cfg: NodeConfig, role: str) -> str:
+    """The run's trainer peer ID, which a worker or validator cannot run without."""
+    if not cfg.run.trainer_peer_id:
+        raise ConfigError(f"a {role} needs the run's trainer: set run.trainer_peer_id (--trainer-peer-id)",
+                          field="run.trainer_peer_id")
+    return cfg.run.trainer_peer_id
+
+
 def follow_trainer_policy(runtime: Any, fetcher: "HintedFetcher", directory: Path) -> Any:
     """A PolicyFollower for the run's trainer (the one peer whose announcements count) in ``directory``.
 

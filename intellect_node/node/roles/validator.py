@@ -33,7 +33,7 @@ from typing import Any
 from intellect_node.errors import IntellectNodeError, ProtocolError
 from intellect_node.node.engines.torch_engine import TorchEngine
 from intellect_node.node.engines.verifier import Expectations, Verdict, Verifier
-from intellect_node.node.roles.common import HintedFetcher, follow_trainer_policy, base_model, blob_service, \
+from intellect_node.node.roles.common import HintedFetcher, follow_trainer_policy, require_trainer, base_model, blob_service, \
     group_slices, loaded_from_checkpoint, model_dir, run_task
 from intellect_node.proofs.thresholds import load_thresholds
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, announcement_validator
@@ -54,10 +54,7 @@ class Validator:
 
     def __init__(self, runtime: Any) -> None:
         cfg = runtime.config
-        if not cfg.run.trainer_peer_id:
-            from intellect_node.errors import ConfigError
-            raise ConfigError("a validator needs the run's trainer: set run.trainer_peer_id "
-                              "(--trainer-peer-id)", field="run.trainer_peer_id")
+        require_trainer(cfg, "validator")
         self.rt = runtime
         self.cfg = cfg
         self.rl = cfg.rl

@@ -28,7 +28,7 @@ from intellect_node.fsutil import atomic_write_bytes
 from intellect_node.node.engines.base import SamplingConfig
 from intellect_node.node.engines.rollouts import generate_rollouts
 from intellect_node.node.engines.torch_engine import TorchEngine
-from intellect_node.node.roles.common import HintedFetcher, follow_trainer_policy, base_model, blob_service, \
+from intellect_node.node.roles.common import HintedFetcher, follow_trainer_policy, require_trainer, base_model, blob_service, \
     ledger_of, loaded_from_checkpoint, run_task
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, announcement_validator
 from intellect_node.protocol.rl import NOTICE_KIND, VERDICT_KIND, BatchVerdict, RolloutNotice, seal_notice, \
@@ -48,10 +48,7 @@ class Worker:
 
     def __init__(self, runtime: Any) -> None:
         cfg = runtime.config
-        if not cfg.run.trainer_peer_id:
-            from intellect_node.errors import ConfigError
-            raise ConfigError("a worker needs the run's trainer: set run.trainer_peer_id (--trainer-peer-id)",
-                              field="run.trainer_peer_id")
+        require_trainer(cfg, "worker")
         self.rt = runtime
         self.cfg = cfg
         self.rl = cfg.rl
