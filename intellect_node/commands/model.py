@@ -35,4 +35,23 @@ def register(app: typer.Typer) -> None:
         if (path / "training.json").exists():
             typer.echo(f"{'training':24} {(path / 'training.json').read_text().strip()}")
 
+    @model.command("eval")
+    def eval_(
+        model_dir: Path = typer.Option(None, "--model", help="Model folder (default: embedded)."),
+        weights: Path = typer.Option(None, "--weights", help="A .safetensors checkpoint to evaluate instead of "
+                                     "the folder's own weights, e.g. DATA/trainer/checkpoints/v00000042/"
+                                     "model.safetensors."),
+        n: int = typer.Option(512, "--n", help="Number of problems."),
+        seed: int = typer.Option(20261129, "--seed", help="Seed of the problem set and sampler keys."),
+        max_new_tokens: int = typer.Option(5, "--max-new-tokens"),
+    ) -> None:
+        """Sampled (temperature 1) pass rate on a fixed set of the embedded task's problems."""
+        import torch
+
+        from intellect_node.trainer.evaluate import evaluate
+
+        torch.set_num_threads(1)
+        rate = evaluate(model_dir, weights, n=n, seed=seed, max_new_tokens=max_new_tokens)
+        typer.echo(f"pass rate {rate:.4f} on {n} problems (seed {seed})")
+
     app.add_typer(model, name="model")
