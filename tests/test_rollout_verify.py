@@ -177,3 +177,29 @@ def test_other_cheap_checks(verifier: Verifier, engine: TorchEngine, honest: lis
     }
     got = [v.reason for v in verifier.verify(list(cases.values()))]
     assert got == list(cases)
+
+
+def test_seeds_are_derived_so_a_worker_cannot_keep_its_luckiest_draws(engine: TorchEngine) -> None:
+    from intellect_node.node.engines.verifier import seed_violation
+
+    # A group of 8: honest generation derives each sample's seed from (run, version, worker, problem, k).
+    problem = embedded_task().get("add3/123456")  # 123+456=: sampled right ~1 time in 4
+    group = [problem] * 8
+    honest = generate_rollouts(engine, engine.loaded.tokenizer, group, key=WORKER, run_id="run", policy_version=3,
+                               checkpoint=CID, sampling=SAMPLING)
+    assert seed_violation(honest, "run", 3, WORKER.peer_id) == ""
+    assert len({r.sampling.seed for r in honest}) == 8
+    # The same group again is the same draw: nothing to choose from.
+    again = generate_rollouts(engine, engine.loaded.tokenizer, group, key=WORKER, run_id="run", policy_version=3,
+                              checkpoint=CID, sampling=SAMPLING)
+    assert [r.completion_tokens for r in again] == [r.completion_tokens for r in honest]
+    # Best-of-n: sample with seeds of the worker's choosing, keep the rewarded ones. Every other check
+    # passes (they are genuine samples of the policy); the seed rule is what rejects them.
+    tries = generate_rollouts(engine, engine.loaded.tokenizer, [problem] * 64, key=WORKER, run_id="run",
+                              policy_version=3, checkpoint=CID, sampling=SAMPLING, seeds=list(range(1, 65)))
+    best = sorted(tries, key=lambda r: -r.reward)[:8]
+    assert sum(r.reward for r in best) > sum(r.reward for r in honest)
+    assert "is not the derived" in seed_violation(best, "run", 3, WORKER.peer_id)
+    # Derived seeds are bound to the worker, version and run: someone else's records do not fit.
+    assert seed_violation(honest, "run", 4, WORKER.peer_id)
+    assert seed_violation(honest, "run", 3, MALLORY.peer_id)

@@ -15,12 +15,20 @@ arithmetic on int64 tensors (wrapping multiplication, logical shifts by masking)
 bit for bit. Shortcuts: temperature must be > 0 (no greedy mode; a small temperature approximates it);
 the nucleus is computed from the same float32 probabilities on both sides, and a token at the nucleus
 boundary is accepted if it is inside a nucleus widened by ``top_p_slack``.
+
+Seeds are not the worker's choice. A worker free to pick seeds could sample a problem many times and
+submit the luckiest completions, which biases the group-relative advantages the trainer learns from.
+In a run, the seed of the k-th sample of a problem's group is :func:`group_seed` of (run, policy version,
+worker, problem, k) and the rollout ID follows from it (:func:`derived_rollout_id`), so a group is a fair
+draw from the policy: the validator recomputes both. A worker can still choose *which* problems to
+submit, but not which samples of a problem.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -28,6 +36,29 @@ _M1 = 0xBF58476D1CE4E5B9 - (1 << 64)  # splitmix64 multipliers as signed int64
 _M2 = 0x94D049BB133111EB - (1 << 64)
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 _MASKS = {s: (1 << (64 - s)) - 1 for s in (11, 27, 30, 31)}
+
+
+def group_seed(run_id: str, policy_version: int, worker: str, problem_id: str, index: int) -> int:
+    """The sampling seed (63 bits) of the ``index``-th sample of ``problem_id``'s group in a run."""
+    h = hashlib.sha256(b"intellect/seed/1\0" + "\0".join((run_id, str(policy_version), worker, problem_id,
+                                                          str(index))).encode("utf-8"))
+    return int.from_bytes(h.digest()[:8], "big") >> 1
+
+
+def batch_seeds(run_id: str, policy_version: int, worker: str, problem_ids: Sequence[str]) -> list[int]:
+    """Seeds of a batch's records in order: the k-th occurrence of a problem in the batch gets index k."""
+    seen: dict[str, int] = {}
+    out = []
+    for pid in problem_ids:
+        k = seen.get(pid, 0)
+        seen[pid] = k + 1
+        out.append(group_seed(run_id, policy_version, worker, pid, k))
+    return out
+
+
+def derived_rollout_id(worker: str, seed: int) -> str:
+    """The rollout ID that goes with a derived seed."""
+    return f"{worker[-12:]}-{seed:016x}"
 
 
 def rollout_key(seed: int, rollout_id: str) -> int:

@@ -1,18 +1,18 @@
 """Turn engine generations into signed rollout records (what a worker submits).
 
 For each problem: tokenize ``<bos> + prompt``, sample with the engine (noise key from the rollout's seed
-and ID), build the TOPLOC proofs from the returned hidden states, score the completion with the task's
+and ID; unless given, the seed of the k-th repeat of a problem is ``group_seed(run, version, worker,
+problem, k)`` for its k-th occurrence in the batch, which validators recompute), build the TOPLOC proofs from the returned hidden states, score the completion with the task's
 checker, and sign the record with the worker's key.
 """
 
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
 from typing import Sequence
 
 from intellect_node.node.engines.base import InferenceEngine, SamplingConfig
-from intellect_node.proofs.sampling import rollout_key
+from intellect_node.proofs.sampling import batch_seeds, derived_rollout_id, rollout_key
 from intellect_node.proofs.toploc import build_proofs_batch
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.rollout import RolloutRecord, SamplingParams, sign_rollout
@@ -33,8 +33,9 @@ def generate_rollouts(engine: InferenceEngine, tokenizer: CharTokenizer, problem
                       rollout_ids: Sequence[str] | None = None) -> list[RolloutRecord]:
     """Sample one rollout per problem (repeat a problem for a GRPO group) and return signed records."""
     n = len(problems)
-    seeds = list(seeds) if seeds is not None else [secrets.randbits(63) for _ in range(n)]
-    ids = list(rollout_ids) if rollout_ids is not None else [f"{key.peer_id[-12:]}-{s:016x}" for s in seeds]
+    seeds = list(seeds) if seeds is not None else \
+        batch_seeds(run_id, policy_version, key.peer_id, [p.problem_id for p in problems])
+    ids = list(rollout_ids) if rollout_ids is not None else [derived_rollout_id(key.peer_id, s) for s in seeds]
     if len(seeds) != n or len(ids) != n or len(set(ids)) != n:
         raise ValueError("need one seed and one distinct rollout id per problem")
     prompts = [tokenizer.prompt_ids(p.prompt) for p in problems]

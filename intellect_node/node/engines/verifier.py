@@ -20,7 +20,7 @@ import torch
 
 from intellect_node.errors import ConfigError, ProtocolError
 from intellect_node.node.engines.torch_engine import TorchEngine
-from intellect_node.proofs.sampling import check_sampling, rollout_key
+from intellect_node.proofs.sampling import batch_seeds, check_sampling, derived_rollout_id, rollout_key
 from intellect_node.proofs.thresholds import Thresholds
 from intellect_node.proofs.toploc import ChunkResult, verify_proofs_batch
 from intellect_node.protocol.rollout import RolloutRecord, check_record, verify_rollout_signature
@@ -38,10 +38,21 @@ REASONS = {
     "prompt_mismatch": "the prompt tokens are not the problem's prompt",
     "termination": "the completion continues past <eos> or stops early without one",
     "reward": "the claimed reward is not the checker's score of the completion",
+    "seed": "a sampling seed or rollout ID is not the one the run derives (proofs/sampling.group_seed)",
     "toploc": "the TOPLOC proofs do not match the recomputed hidden states",
     "logprob": "the claimed logprobs differ from the recomputed ones",
     "sampling": "the tokens are not what the seeded sampler draws from the recomputed logits",
 }
+
+
+def seed_violation(records: Sequence[RolloutRecord], run_id: str, policy_version: int, worker: str) -> str:
+    """Why a batch's seeds are not the ones the run derives (empty if they are). Seeds are derived, not
+    chosen, so a worker cannot resample a problem and keep the luckiest draws (``proofs/sampling.py``)."""
+    seeds = batch_seeds(run_id, policy_version, worker, [r.problem_id for r in records])
+    for r, want in zip(records, seeds):
+        if r.sampling.seed != want or r.rollout_id != derived_rollout_id(worker, want):
+            return f"rollout {r.rollout_id} of {r.problem_id}: seed {r.sampling.seed} is not the derived {want}"
+    return ""
 
 
 @dataclass(frozen=True)

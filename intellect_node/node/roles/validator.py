@@ -7,7 +7,8 @@ dropped there too):
    announced one is refused as ``stale`` (not held against the worker: the network may have been slow);
    one from a version this validator does not hold yet waits for it (bounded);
 2. the blob is fetched (its announced size is checked before any chunk moves), decoded strictly, and
-   every record must be the notice signer's, of this run and of the notice's version, in whole groups;
+   every record must be the notice signer's, of this run and of the notice's version, in whole groups,
+   with the sampling seeds and rollout IDs the run derives (``proofs/sampling.batch_seeds``);
 3. the records go through :class:`~intellect_node.node.engines.verifier.Verifier` with the run's
    expectations (version, checkpoint hash, dtype, sampling settings): signature, sanity (lengths, token
    IDs in the vocabulary, termination, the prompt of the named problem), the reward recomputed from the
@@ -32,7 +33,7 @@ from typing import Any
 
 from intellect_node.errors import IntellectNodeError, ProtocolError
 from intellect_node.node.engines.torch_engine import TorchEngine
-from intellect_node.node.engines.verifier import Expectations, Verdict, Verifier
+from intellect_node.node.engines.verifier import Expectations, Verdict, Verifier, seed_violation
 from intellect_node.node.roles.common import HintedFetcher, follow_trainer_policy, require_trainer, base_model, blob_service, \
     group_slices, loaded_from_checkpoint, model_dir, run_task
 from intellect_node.proofs.thresholds import load_thresholds
@@ -205,6 +206,9 @@ class Validator:
         groups = group_slices(recs, self.rl.group_size)
         if isinstance(groups, str):
             return self._verdict(notice, worker, 0, n, "groups", groups)
+        bad_seed = seed_violation(recs, self.run_id, notice.policy_version, worker)
+        if bad_seed:
+            return self._verdict(notice, worker, 0, n, "seed", bad_seed)
         expect = Expectations(run_id=self.run_id, policy_version=notice.policy_version, checkpoint_cid=ckpt_hash,
                               temperature=self.rl.temperature, top_p=1.0, max_new_tokens=self.rl.max_new_tokens)
         verifier = Verifier(engine, self.thresholds, expect)

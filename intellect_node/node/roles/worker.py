@@ -140,8 +140,22 @@ class Worker:
 
     # -- generation ------------------------------------------------------------------------------
 
-    def sample_problems(self) -> list[Problem]:
-        probs = self.task.sample(self.rng, self.rl.problems_per_batch)
+    def sample_problems(self, used: set[str] | None = None) -> list[Problem]:
+        """``problems_per_batch`` problems, each ``group_size`` times. Problems in ``used`` (already
+        submitted at this policy version) are redrawn a bounded number of times: their seeds are derived
+        from (version, problem), so a repeat would only duplicate the same samples."""
+        probs: list[Problem] = []
+        for _ in range(8):
+            for p in self.task.sample(self.rng, self.rl.problems_per_batch * 2):
+                if (used is None or p.problem_id not in used) and all(q.problem_id != p.problem_id for q in probs):
+                    probs.append(p)
+            if len(probs) >= self.rl.problems_per_batch:
+                break
+        probs = probs[:self.rl.problems_per_batch]
+        if len(probs) < self.rl.problems_per_batch:  # a task smaller than what a version asks for
+            probs += self.task.sample(self.rng, self.rl.problems_per_batch - len(probs))
+        if used is not None:
+            used.update(p.problem_id for p in probs)
         return [p for p in probs for _ in range(self.rl.group_size)]
 
     def make_records(self, engine: TorchEngine, problems: list[Problem], version: int,
@@ -153,6 +167,7 @@ class Worker:
     async def _loop(self) -> None:
         per_version = 0
         version_seen = -1
+        used: set[str] = set()  # problems submitted at version_seen
         last_submit = 0.0
         while True:
             capped = self.version == version_seen and per_version >= self.rl.batches_per_version
@@ -163,9 +178,11 @@ class Worker:
                 continue
             if self.version != version_seen:
                 version_seen, per_version = self.version, 0
+                used = set()
             engine, version, ckpt_hash = self.engine, self.version, self.checkpoint_hash
             t0 = time.monotonic()
-            records = await asyncio.to_thread(self.make_records, engine, self.sample_problems(), version, ckpt_hash)
+            records = await asyncio.to_thread(self.make_records, engine, self.sample_problems(used), version,
+                                            ckpt_hash)
             n_tokens = sum(len(r.completion_tokens) for r in records)
             self.rt.board.rollouts_generated(len(records), tokens=n_tokens)
             try:
