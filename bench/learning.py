@@ -37,13 +37,25 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-HYPER = dict(group_size=8, problems_per_batch=4, groups_per_step=8, max_new_tokens=5, lr=1e-4,
+HYPER = dict(group_size=8, problems_per_batch=4, groups_per_step=8, max_new_tokens=5, lr=2e-4,
              batches_per_version=2)
 
 
 def windowed(values: list[float], window: int) -> float:
     tail = values[-window:]
     return sum(tail) / len(tail) if tail else 0.0
+
+
+def held_out_pass_rates(checkpoints: Path) -> tuple[float, float | None]:
+    """Sampled pass rate on 512 fixed problems (trainer/evaluate.py) of the embedded model and of the
+    trainer's last checkpoint: the low-noise before/after of a run."""
+    from intellect_node.trainer.checkpoint import latest_weights_path
+    from intellect_node.trainer.evaluate import pass_rate, with_weights
+    from intellect_node.trainer.model import load_model
+
+    base = load_model(None)
+    last = latest_weights_path(checkpoints)
+    return pass_rate(base), (pass_rate(with_weights(base, last)) if last is not None else None)
 
 
 def run_swarm(target: float, window: int, timeout: float, workdir: Path) -> dict[str, Any]:
@@ -80,12 +92,14 @@ def run_swarm(target: float, window: int, timeout: float, workdir: Path) -> dict
     finally:
         for p in procs:
             p.close()
+    held_out = held_out_pass_rates(workdir / "trainer" / "trainer" / "checkpoints")
     trained = [json.loads(x) for x in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
     trained = [m for m in trained if m["trained"]]
     first_step_t = trained[0]["time"] if trained else None
     return {"seconds_to_target": reached, "steps": len(trained),
             "start_pass_rate": windowed([m["pass_rate"] for m in trained[:window]], window),
             "final_pass_rate": windowed([m["pass_rate"] for m in trained], window),
+            "held_out_start": held_out[0], "held_out_final": held_out[1],
             "idle_fraction": status.get("idle_fraction"),
             "staleness_mean": sum(m["staleness_mean"] for m in trained) / max(len(trained), 1),
             "staleness_max": max((m["staleness_max"] for m in trained), default=0),
@@ -139,9 +153,18 @@ def run_trl(target: float, window: int, timeout: float, workdir: Path) -> dict[s
     trainer = GRPOTrainer(model=load_hf_model(mdir), reward_funcs=[reward], args=cfg, train_dataset=ds,
                           processing_class=tok, callbacks=[Stop()])
     trainer.train()
+    import dataclasses
+
+    from intellect_node.trainer.evaluate import pass_rate
+    from intellect_node.trainer.model import load_model
+
+    base = load_model(None)
+    final = {k: v.detach().to(torch.float32).clone() for k, v in trainer.model.state_dict().items()}
+    held_out = (pass_rate(base), pass_rate(dataclasses.replace(base, state={k: final[k] for k in base.state})))
     reached = times[-1] if rewards and windowed(rewards, window) >= target else None
     return {"seconds_to_target": reached, "steps": len(rewards),
             "start_pass_rate": windowed(rewards[:window], window), "final_pass_rate": windowed(rewards, window),
+            "held_out_start": held_out[0], "held_out_final": held_out[1],
             "seconds_per_step": (times[-1] - times[0]) / max(len(times) - 1, 1) if times else None}
 
 
