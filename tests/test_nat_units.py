@@ -183,3 +183,61 @@ def _static(providers: list[Any]) -> Any:
         return providers
 
     return find
+
+
+def test_yamux_credits_the_window_per_half_window_not_per_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    # py-libp2p 0.8.1 sent a WINDOW_UPDATE after every read, even each 1-byte read of a varint prefix
+    # (3 frames per small message); under load that flood stalled a relay's busy connections (docs/nat.md).
+    from multiaddr import Multiaddr
+
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+    from libp2p.stream_muxer.yamux import yamux
+    from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
+
+    from intellect_node.node.host import apply_libp2p_fixes
+
+    apply_libp2p_fixes()
+    frames: dict[int, int] = {}
+    write_frame = yamux.Yamux._write_frame
+
+    async def counting(self: Any, data: bytes) -> None:  # observes, then sends for real
+        frames[data[1]] = frames.get(data[1], 0) + 1
+        await write_frame(self, data)
+
+    monkeypatch.setattr(yamux.Yamux, "_write_frame", counting)
+    n_small, bulk = 500, os.urandom(3 * 1024 * 1024)
+    got: list[bytes] = []
+
+    async def main() -> None:
+        a, b = _host(3), _host(4)
+        listen = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
+        done = trio.Event()
+
+        async def handler(stream: Any) -> None:
+            for _ in range(n_small):
+                got.append(await read_varint_prefixed_bytes_limited(stream, 1 << 20))
+            buf = bytearray()
+            while len(buf) < len(bulk):  # more than the 256 KiB window: credits must keep coming
+                buf += await stream.read(1 << 16)
+            got.append(bytes(buf))
+            done.set()
+
+        async with a.run(listen), b.run(listen):
+            a.set_stream_handler("/intellect-test/window/1.0.0", handler)
+            await b.connect(info_from_p2p_addr(a.get_addrs()[0]))
+            s = await b.new_stream(a.get_id(), ["/intellect-test/window/1.0.0"])
+            before = frames.get(yamux.TYPE_WINDOW_UPDATE, 0)
+            for i in range(n_small):
+                await s.write(encode_varint_prefixed(b"m%03d" % i + b"x" * 200))
+            with trio.fail_after(60):
+                while len(got) < n_small:
+                    await trio.sleep(0.01)
+            small_updates = frames.get(yamux.TYPE_WINDOW_UPDATE, 0) - before
+            await s.write(bulk)
+            with trio.fail_after(60):
+                await done.wait()
+            assert small_updates <= 2, small_updates  # ~100 KiB read: at most one credit, not 1500
+
+    trio.run(main)
+    assert [m[:4] for m in got[:n_small]] == [b"m%03d" % i for i in range(n_small)]
+    assert got[-1] == bulk

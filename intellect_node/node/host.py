@@ -82,6 +82,39 @@ Deliver = Callable[[bytes, str, bytes], None]
 """Called on the trio thread for each accepted message: ``(data, origin_peer_id, msg_id)``."""
 
 
+def apply_libp2p_fixes() -> None:
+    """Runtime fixes for py-libp2p 0.8.1 bugs that hurt every node; idempotent, call before hosts run.
+
+    Yamux window updates: the stock ``YamuxStream._auto_tune_and_send_window_update`` sends a
+    WINDOW_UPDATE frame after *every* read (its "partial slack" and "release on read" branches defeat
+    the half-window hysteresis it also has), including each 1-byte read of a varint length prefix:
+    three frames back to the sender per small gossip or DHT message (measured: 6000 for 2000
+    messages), each a Noise message, a syscall and a trip through the peer's read loop, which takes
+    two scheduler checkpoints per frame. On a loaded machine the read loop of a busy connection (a
+    relay's, to the private nodes it serves) fell tens of KB behind its socket, and new streams on it
+    failed multistream negotiation after 10 s in both directions (docs/nat.md). go-yamux credits the
+    receive window only once half of it has been consumed; so does this (and keeps the window
+    auto-tuning)."""
+    from libp2p.stream_muxer.yamux.yamux import YamuxStream
+
+    if getattr(YamuxStream, "_intellect_window_fix", False):
+        return
+
+    async def auto_tune_and_send_window_update(self: YamuxStream, *, bytes_read: int = 0) -> None:
+        async with self.window_lock:
+            buffered = len(self.conn.stream_buffers.get(self.stream_id, b""))
+            # Bytes consumed since the last credit (the sender's window shrank by them).
+            delta = self.target_recv_window - (self.recv_window + buffered)
+            if delta <= 0 or delta < self._grow_threshold():
+                return
+            self.recv_window += delta
+            increment = delta + self._apply_autotune_epoch(buffered)
+        await self.send_window_update(increment)
+
+    YamuxStream._auto_tune_and_send_window_update = auto_tune_and_send_window_update  # type: ignore[method-assign]
+    YamuxStream._intellect_window_fix = True  # type: ignore[attr-defined]
+
+
 def parse_multiaddr(text: str, *, flag: str = "--listen") -> multiaddr.Multiaddr:
     """Parse an operator-given multiaddr; ConfigError naming ``flag`` if it does not parse."""
     try:
@@ -186,6 +219,7 @@ class P2PHost:
         self._nursery: trio.Nursery | None = None
         self.addrs_snapshot: list[str] = []
         """:meth:`listen_addrs` as of the last refresh, for readers on other threads."""
+        apply_libp2p_fixes()
         kp = create_new_key_pair(key.seed)
         self.host = new_host(
             key_pair=kp,

@@ -41,6 +41,9 @@ UNKNOWN_CHECKS_BEFORE_RELAYING = 3
 """AutoNAT rounds without a verdict (with peers asked) after which the node reserves relay slots anyway."""
 
 
+IDENTIFY_PUSH_TIMEOUT_S = 10.0
+"""Bound on one identify push to all connected peers (a peer that does not answer must not hold it)."""
+
 FIRST_CHECK_RETRY_S = 3.0
 """First re-check interval while the verdict is UNKNOWN (too few peers answered yet); it doubles up to
 ``nat.check_interval``."""
@@ -73,6 +76,7 @@ class NatService:
         self._unknown_checks = 0
         self.time_to_reachability_s: float | None = None
         self._t0 = time.monotonic()
+        self._push_pending = False
 
     @classmethod
     def for_runtime(cls, rt: Any) -> "NatService":
@@ -214,9 +218,12 @@ class NatService:
             self._unknown_checks = 0
         if report.status is Reachability.UNKNOWN and self.report.status is not Reachability.UNKNOWN:
             return  # keep the last verdict until a new one is reached
-        if report.status is not self.report.status:
+        changed = report.status is not self.report.status
+        if changed:
             log.info("reachability: %s (%s)", report.status.value, report.fix)
         self.report = report
+        if changed:
+            self._addrs_changed()  # PRIVATE advertises only circuit addresses (relay.advertise_circuit_addrs)
         if report.status is Reachability.PUBLIC:
             if self.cfg.relay_service == "auto" and self.relay_service is None:
                 await self._start_relay_service()
@@ -249,6 +256,7 @@ class NatService:
             max_duration_s=c.relay_max_duration, reservation_ttl_s=c.relay_reservation_ttl))
         await self._nursery.start(self.relay_service.run)
         log.info("serving as a circuit relay")
+        self._addrs_changed()  # peers connected earlier learn that we now speak HOP
 
     async def _start_relay_client(self) -> None:
         assert self._nursery is not None
@@ -257,6 +265,7 @@ class NatService:
             held = bool(self.relay_client and self.relay_client.held)
             self._set_blob_url(private=held and self.report.status is not Reachability.PUBLIC)
             self.report = replace(self.report, relayed=held).with_fix()
+            self._addrs_changed()
             self._publish()
 
         # swarm.p2p's provider walk, not KadDHT.find_providers (which answers from its cache once it
@@ -267,6 +276,23 @@ class NatService:
         advertise_circuit_addrs(self.host, self.relay_client.circuit_addrs,
                                 private=lambda: self.report.status is Reachability.PRIVATE)
         await self._nursery.start(self.relay_client.run)
+
+    def _addrs_changed(self) -> None:
+        """Our advertised addresses or protocols changed: refresh the host's address snapshot now
+        (``status`` reads it; it is otherwise refreshed every few seconds) and tell connected peers with
+        identify push, as go-libp2p does, so they learn our circuit addresses, or that we relay (private
+        nodes look for relays among connected peers first), without waiting for a reconnect."""
+        p2p = self.swarm.p2p
+        p2p.addrs_snapshot = p2p.listen_addrs()
+        if self._nursery is not None and not self._push_pending:
+            self._push_pending = True
+            self._nursery.start_soon(self._push_identify)
+
+    async def _push_identify(self) -> None:
+        await trio.sleep(0)  # several changes in one tick make one push
+        self._push_pending = False
+        with trio.move_on_after(IDENTIFY_PUSH_TIMEOUT_S):
+            await self.host._push_identify_to_all_peers()  # best effort: it never raises
 
     def _set_blob_url(self, *, private: bool) -> None:
         url = f"{P2P_URL_PREFIX}{self.swarm.peer_id}" if private else self._public_url
