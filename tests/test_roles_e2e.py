@@ -2,17 +2,18 @@
 loopback, on the embedded model.
 
 One run checks, in order:
-- the swarm trains: steps happen on accepted work only, with staleness within ``async_level``;
+- the swarm learns: steps happen on accepted work only, with staleness within ``async_level``, and the
+  trainer's final policy samples correct answers clearly more often than the starting model on 512 fixed
+  held-out problems (``trainer/evaluate.py``; the per-step pass rate swings too much to assert on);
 - honest work is never rejected; the cheater's batches (inflated reward, edited tokens, another model,
   in turn) are rejected with the matching reasons and it is banned after ``ban_after`` rejections,
   after which its notices are dropped (no further verdicts) while the run goes on;
 - the trainer, SIGKILLed mid-run and restarted, continues the same version numbering from its
   checkpoint and never trains on a batch twice.
 
-Learning itself (the pass rate rising) is asserted in ``test_grpo_learning.py`` on the same trainer step
-and engine in one process: on the 2-core development machine under load one swarm step took ~50 s
-(process start-up, per-step checkpoint and policy publication, every rollout verified), too slow to run
-enough steps here. ``bench/learning.py`` measures the swarm's learning curve.
+Measured here (loaded 2-core machine): 203 s for the test, held-out pass rate 0.27 -> 0.65 in 40 steps;
+``bench/learning.py`` with the same settings went
+from a 5-step mean pass rate of 0.25 to 0.60 in 39 steps.
 """
 
 from __future__ import annotations
@@ -25,15 +26,19 @@ from typing import Any
 
 import pytest
 
+from intellect_node.trainer.checkpoint import latest_weights_path
+from intellect_node.trainer.evaluate import pass_rate, with_weights
+from intellect_node.trainer.model import load_model
 from tests.conftest import wait_for
 from tests.support_roles import CheatProcess, make_key, role_process, write_config
 
 pytestmark = pytest.mark.timeout(1500)
 
-RL = dict(group_size=8, problems_per_batch=4, groups_per_step=8, max_new_tokens=5, lr=1e-4,
-          batches_per_version=1, ban_after=3)
+RL = dict(group_size=8, problems_per_batch=4, groups_per_step=8, max_new_tokens=5, lr=2e-4,
+          batches_per_version=2, ban_after=3)
 BEFORE_KILL = 3  # trained steps before the trainer is killed
-TOTAL = 6  # trained steps in all
+TOTAL = 40  # trained steps in all
+RISE = 0.20  # held-out pass rate gain required (measured: 0.271 -> 0.645 in 40 steps; in-process 0.24 -> 0.51)
 
 
 def _metrics(trainer_dir: Path) -> list[dict[str, Any]]:
@@ -89,7 +94,7 @@ def test_swarm_learns_rejects_cheats_and_survives_a_trainer_sigkill(tmp_path: Pa
         trainer2.wait_ready(180)
         assert trainer2.status()["trainer"]["version"] == v_ckpt  # same numbering, from the checkpoint
 
-        wait_for(lambda: len(_trained(tmp_path / "trainer")) >= TOTAL, timeout=600, what=f"{TOTAL} trained steps")
+        wait_for(lambda: len(_trained(tmp_path / "trainer")) >= TOTAL, timeout=900, what=f"{TOTAL} trained steps")
         vstat = validator.status()["validator"]
         w_stats = [w.status()["worker"] for w in (w1, w2)]
         cstat = cheat.status()["worker"]
@@ -101,6 +106,14 @@ def test_swarm_learns_rejects_cheats_and_survives_a_trainer_sigkill(tmp_path: Pa
     trained = [m for m in metrics if m["trained"]]
 
     assert all(0.0 <= m["pass_rate"] <= 1.0 and m["samples"] == 64 for m in trained)
+
+    # It learned: the final policy against the starting one, same problems, same sampler keys.
+    base = load_model(None)
+    last = latest_weights_path(tmp_path / "trainer" / "trainer" / "checkpoints")
+    assert last is not None
+    before, final = pass_rate(base), pass_rate(with_weights(base, last))
+    print(f"held-out pass rate {before:.3f} -> {final:.3f} after {len(trained)} steps")
+    assert final >= before + RISE, (before, final)
 
     # Same version numbering across the kill, no version twice, no batch trained twice.
     versions = [m["version"] for m in trained]
