@@ -29,6 +29,7 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
+from intellect_node.node.host import apply_libp2p_fixes
 from intellect_node.node.nat import autonat as autonat_mod
 from intellect_node.node.nat import chunk_stream, dcutr, relay
 
@@ -49,6 +50,7 @@ class Node:
         self.nursery: trio.Nursery | None = None
         self.listen = Multiaddr(f"/ip4/{args.ip}/tcp/{args.port}")
 
+        apply_libp2p_fixes()  # the same py-libp2p fixes as a real node (node/host.py)
         self.host = new_host(key_pair=self.kp,
                              sec_opt={NOISE_ID: NoiseTransport(self.kp, create_x25519().private_key)},
                              listen_addrs=[self.listen])
