@@ -28,7 +28,7 @@ app = typer.Typer(
 )
 
 COMMAND_MODULES = (
-    "keys", "join", "status", "blob", "model", "rollout", "proofs", "sweep", "demo", "ledger", "doctor",
+    "keys", "join", "status", "blob", "model", "tasks", "rollout", "proofs", "sweep", "demo", "ledger", "doctor",
 )
 
 

@@ -70,3 +70,50 @@ def test_offline_filter_keeps_the_band(tmp_path: Path) -> None:
 def test_online_filter_drops_all_equal_groups() -> None:
     groups = [[1.0, 1.0, 1.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.5, 0.25, 0.5]]
     assert informative_groups(groups, float) == [[0.0, 1.0, 0.0], [0.5, 0.25, 0.5]]
+
+
+def test_offline_filter_in_a_run_from_the_cli_to_the_runs_task(tmp_path: Path) -> None:
+    """``tasks solve-rates`` measures with the starting policy; ``rl.solve_rates_file`` narrows the run."""
+    import json
+    import subprocess
+
+    from intellect_node.node.config import load_config
+    from intellect_node.node.roles.common import run_task
+    from intellect_node.trainer.filtering import FilteredTask
+    from tests.conftest import CLI
+
+    rates_path = tmp_path / "rates.json"
+    r = subprocess.run([CLI, "tasks", "solve-rates", "--out", str(rates_path), "--pool", "48", "--samples", "8"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "48 problems of add3" in r.stdout and "rl.solve_rates_file" in r.stdout
+    rates = load_solve_rates(rates_path)
+    assert len(rates) == 48 and all(0.0 <= v <= 1.0 and v * 8 == round(v * 8) for v in rates.values())
+    # The embedded model solves some but not all: the band keeps a real subset.
+    inside = {k for k, v in rates.items() if 0.1 <= v <= 0.8}
+    assert inside and len(set(rates.values())) > 1
+
+    doc = tmp_path / "run.toml"
+    doc.write_text(f'[rl]\nsolve_rates_file = "{rates_path}"\nsolve_rate_band = [0.1, 0.8]\n')
+    task = run_task(load_config(doc, environ={}))
+    assert isinstance(task, FilteredTask) and len(task) == len(inside)
+    assert {p.problem_id for p in task.sample(random.Random(1), 200)} <= inside
+    outside = next((k for k in rates if k not in inside), "add3/999999")
+    assert outside not in task and all(pid in task for pid in inside)
+
+    # Operator mistakes name the field.
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[rl]\nsolve_rate_band = [0.8, 0.1]\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(bad, environ={})
+    assert "solve_rate_band" in str(e.value)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"mytasks/0": 0.5}))
+    other_doc = tmp_path / "other.toml"
+    other_doc.write_text(f'[rl]\nsolve_rates_file = "{other}"\n')
+    with pytest.raises(ConfigError) as e:
+        run_task(load_config(other_doc, environ={}))
+    assert e.value.field == "rl.solve_rates_file" and "measure the rates for this run's task" in str(e.value)
+    r = subprocess.run([CLI, "tasks", "solve-rates", "--out", str(rates_path), "--samples", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--samples" in r.stderr

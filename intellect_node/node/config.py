@@ -163,6 +163,21 @@ class RLConfig(_Section):
     tasks_file: str | None = None
     """JSONL task file (one {"prompt", "answer", "checker"} per line); its task ID is the file's stem."""
 
+    solve_rates_file: str | None = None
+    """Offline filter (INTELLECT-2): a JSON file of {problem_id: solve rate} measured with the starting
+    policy (`intellect-node tasks solve-rates`). When set, the run's problems are those in the file whose
+    rate lies in solve_rate_band; validators reject rollouts of any other problem."""
+
+    solve_rate_band: tuple[float, float] = (0.1, 0.8)
+    """Solve rates kept by the offline filter, inclusive (INTELLECT-2 kept 0.1-0.8)."""
+
+    @field_validator("solve_rate_band")
+    @classmethod
+    def _band(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not 0.0 <= v[0] <= v[1] <= 1.0:
+            raise ValueError(f"{list(v)} must be [low, high] with 0 <= low <= high <= 1, e.g. [0.1, 0.8]")
+        return v
+
     group_size: int = Field(default=16, ge=2, le=256)
     """Completions sampled per prompt; advantages are relative within the group (INTELLECT-2: 16)."""
 

@@ -30,16 +30,22 @@ MAX_POLICY_BYTES = 4 << 30
 
 
 def run_task(cfg: NodeConfig) -> Task:
-    """The run's task: the JSONL file when configured (registered under its stem), else ``rl.task``."""
+    """The run's task: the JSONL file when configured (registered under its stem), else ``rl.task``;
+    narrowed to the offline filter's band when ``rl.solve_rates_file`` is set."""
     if cfg.rl.tasks_file:
         from intellect_node.trainer.jsonl_tasks import load_jsonl_tasks
 
-        task = load_jsonl_tasks(cfg.rl.tasks_file)
+        task: Task = load_jsonl_tasks(cfg.rl.tasks_file)
         if cfg.rl.task not in ("add3", task.task_id):
             raise ConfigError(f"rl.task {cfg.rl.task!r} differs from the task file's ID {task.task_id!r}; "
                               "drop rl.task or rename the file", field="rl.task")
-        return task
-    return get_task(cfg.rl.task)
+    else:
+        task = get_task(cfg.rl.task)
+    if cfg.rl.solve_rates_file:
+        from intellect_node.trainer.filtering import filter_by_rates_file
+
+        task = filter_by_rates_file(task, cfg.rl.solve_rates_file, cfg.rl.solve_rate_band)
+    return task
 
 
 def model_dir(cfg: NodeConfig) -> Path:

@@ -37,6 +37,7 @@ from intellect_node.node.engines.verifier import Expectations, Verdict, Verifier
 from intellect_node.node.roles.common import HintedFetcher, follow_trainer_policy, require_trainer, base_model, blob_service, \
     group_slices, loaded_from_checkpoint, model_dir, run_task
 from intellect_node.proofs.thresholds import load_thresholds
+from intellect_node.trainer.filtering import FilteredTask
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, announcement_validator
 from intellect_node.protocol.rl import MAX_DETAIL_LEN, NOTICE_KIND, VERDICT_KIND, BatchVerdict, \
     RolloutNotice, notice_validator, seal_verdict
@@ -61,7 +62,7 @@ class Validator:
         self.rl = cfg.rl
         self.run_id = cfg.run.run_id
         self.async_level = cfg.run.async_level
-        run_task(cfg)  # registers a JSONL task so problem IDs resolve
+        self.task = run_task(cfg)  # also registers a JSONL task so problem IDs resolve
         self.base = base_model(cfg)
         self.thresholds = load_thresholds(model_dir(cfg), cfg.run.dtype)
         self.dir = Path(runtime.data_dir) / "validator"
@@ -206,6 +207,11 @@ class Validator:
         groups = group_slices(recs, self.rl.group_size)
         if isinstance(groups, str):
             return self._verdict(notice, worker, 0, n, "groups", groups)
+        if isinstance(self.task, FilteredTask):
+            outside = next((r.problem_id for r in recs if r.problem_id not in self.task), None)
+            if outside is not None:
+                return self._verdict(notice, worker, 0, n, "unknown_task",
+                                     f"{outside} is not among the run's offline-filtered problems")
         bad_seed = seed_violation(recs, self.run_id, notice.policy_version, worker)
         if bad_seed:
             return self._verdict(notice, worker, 0, n, "seed", bad_seed)
