@@ -44,6 +44,10 @@ STOP_TIMEOUT_S = 20.0
 """Upper bound on a clean shutdown; each service gets :data:`SERVICE_STOP_TIMEOUT_S` of it."""
 SERVICE_STOP_TIMEOUT_S = 5.0
 LOCK_FILE = "node.lock"
+BOOTSTRAP_RETRY_S = (2.0, 4.0, 8.0, 15.0, 30.0)
+"""Waits between bootstrap attempts while no peer is connected (the last one repeats), e.g. when the
+bootstrap node starts a little later than this one; :data:`BOOTSTRAP_RETRIES` attempts at most."""
+BOOTSTRAP_RETRIES = 20
 
 
 @runtime_checkable
@@ -109,6 +113,7 @@ class NodeRuntime:
         self.http_url = ""
         self.control_url = ""
         self._status_task: asyncio.Task[None] | None = None
+        self._bootstrap_task: asyncio.Task[None] | None = None
         self._started = False
 
     def add_service(self, factory: ServiceFactory) -> None:
@@ -166,6 +171,9 @@ class NodeRuntime:
         if net.bootstrap or self.swarm.peerbook.remembered():
             reached = await self.swarm.bootstrap(list(net.bootstrap))
             log.info("connected to %d of %d bootstrap peers", len(reached), len(net.bootstrap))
+            if not reached and net.bootstrap:
+                self._bootstrap_task = asyncio.create_task(self._retry_bootstrap(list(net.bootstrap)),
+                                                           name="bootstrap-retry")
         self._status_task = asyncio.create_task(self._status_loop(), name="status-peers")
         control.write_control_file(self.data_dir, self.control_url, self._token)
         self.board.set_state("running")
@@ -204,6 +212,19 @@ class NodeRuntime:
                 out[getattr(svc, "name", type(svc).__name__)] = fn()
         return out
 
+    async def _retry_bootstrap(self, addrs: list[str]) -> None:
+        """Dial the bootstrap peers again until one answers or some peer connects to us (bounded)."""
+        assert self.swarm is not None
+        for attempt in range(BOOTSTRAP_RETRIES):
+            await asyncio.sleep(BOOTSTRAP_RETRY_S[min(attempt, len(BOOTSTRAP_RETRY_S) - 1)])
+            if self.swarm.connected_peers():
+                return
+            if await self.swarm.bootstrap(addrs):
+                log.info("reached a bootstrap peer on attempt %d", attempt + 2)
+                return
+        log.warning("no bootstrap peer answered after %d attempts; waiting for peers to dial in",
+                    BOOTSTRAP_RETRIES + 1)
+
     async def _status_loop(self) -> None:
         while True:
             sw = self.swarm
@@ -230,8 +251,9 @@ class NodeRuntime:
         """Undo :meth:`start` in reverse, each step bounded; safe to call twice."""
         self.board.set_state("stopping")
         control.remove_control_file(self.data_dir, self._token)
-        if self._status_task is not None:
-            self._status_task.cancel()
+        for task in (self._status_task, self._bootstrap_task):
+            if task is not None:
+                task.cancel()
         if self.heartbeats is not None:
             await self.heartbeats.stop()
         for svc in reversed(self.services):
