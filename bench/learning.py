@@ -47,10 +47,10 @@ def windowed(values: list[float], window: int) -> float:
 
 
 def held_out_pass_rates(checkpoints: Path) -> tuple[float, float | None]:
-    """Sampled pass rate on 512 fixed problems (trainer/evaluate.py) of the embedded model and of the
+    """Sampled pass rate on 512 fixed problems (node/engines/evaluate.py) of the embedded model and of the
     trainer's last checkpoint: the low-noise before/after of a run."""
     from intellect_node.trainer.checkpoint import latest_weights_path
-    from intellect_node.trainer.evaluate import pass_rate, with_weights
+    from intellect_node.node.engines.evaluate import pass_rate, with_weights
     from intellect_node.trainer.model import load_model
 
     base = load_model(None)
@@ -155,7 +155,7 @@ def run_trl(target: float, window: int, timeout: float, workdir: Path) -> dict[s
     trainer.train()
     import dataclasses
 
-    from intellect_node.trainer.evaluate import pass_rate
+    from intellect_node.node.engines.evaluate import pass_rate
     from intellect_node.trainer.model import load_model
 
     base = load_model(None)

@@ -1,4 +1,4 @@
-"""Held-out evaluation (``trainer/evaluate.py``, ``intellect-node model eval``): deterministic, follows the
+"""Held-out evaluation (``node/engines/evaluate.py``, ``intellect-node model eval``): deterministic, follows the
 weights it is given, and refuses a bad weights file with exit code 2."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from intellect_node.trainer.evaluate import pass_rate, with_weights
+from intellect_node.node.engines.evaluate import pass_rate, with_weights
 from intellect_node.trainer.model import load_model
 from tests.conftest import CLI
 

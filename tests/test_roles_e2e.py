@@ -4,7 +4,7 @@ loopback, on the embedded model.
 One run checks, in order:
 - the swarm learns: steps happen on accepted work only, with staleness within ``async_level``, and the
   trainer's final policy samples correct answers clearly more often than the starting model on 512 fixed
-  held-out problems (``trainer/evaluate.py``; the per-step pass rate swings too much to assert on);
+  held-out problems (``node/engines/evaluate.py``; the per-step pass rate swings too much to assert on);
 - honest work is never rejected; the cheater's batches (inflated reward, edited tokens, another model,
   in turn) are rejected with the matching reasons and it is banned after ``ban_after`` rejections,
   after which its notices are dropped (no further verdicts) while the run goes on;
@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from intellect_node.trainer.checkpoint import latest_weights_path
-from intellect_node.trainer.evaluate import pass_rate, with_weights
+from intellect_node.node.engines.evaluate import pass_rate, with_weights
 from intellect_node.trainer.model import load_model
 from tests.conftest import wait_for
 from tests.support_roles import CheatProcess, make_key, role_process, write_config

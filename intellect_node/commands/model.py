@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
         """Sampled (temperature 1) pass rate on a fixed set of the embedded task's problems."""
         import torch
 
-        from intellect_node.trainer.evaluate import evaluate
+        from intellect_node.node.engines.evaluate import evaluate
 
         torch.set_num_threads(1)
         rate = evaluate(model_dir, weights, n=n, seed=seed, max_new_tokens=max_new_tokens)

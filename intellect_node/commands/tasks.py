@@ -39,7 +39,8 @@ def register(app: typer.Typer) -> None:
         import torch
 
         from intellect_node.node.engines.torch_engine import TorchEngine
-        from intellect_node.trainer.filtering import SolveRateBand, measure_with_engine, save_solve_rates
+        from intellect_node.node.engines.evaluate import solve_rates as measure
+        from intellect_node.trainer.filtering import SolveRateBand, save_solve_rates
         from intellect_node.trainer.tasks import get_task
 
         if samples < 2:
@@ -59,7 +60,7 @@ def register(app: typer.Typer) -> None:
                     else task.sample(random.Random(seed), n))
         problems = list({p.problem_id: p for p in problems}.values())  # a sampled pool may repeat
         engine = TorchEngine.from_dir(model_dir)
-        rates = measure_with_engine(engine, problems, samples, max_new_tokens=max_new_tokens, seed=seed)
+        rates = measure(engine, problems, samples, max_new_tokens=max_new_tokens, seed=seed)
         save_solve_rates(out, rates)
         values = sorted(rates.values())
         kept = sum(1 for r in values if r in keep)

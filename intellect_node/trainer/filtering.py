@@ -18,7 +18,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 from intellect_node.errors import ConfigError
 from intellect_node.fsutil import atomic_write_text
@@ -127,26 +127,6 @@ def filter_by_rates_file(task: Task, path: str | Path, band: tuple[float, float]
             raise ConfigError(f"rl.solve_rates_file {path}: {pid!r} is not a problem of task {task.task_id!r}; "
                               "measure the rates for this run's task", field="rl.solve_rates_file") from None
     return offline_filter(task, rates, SolveRateBand(*band), pool)
-
-
-def measure_with_engine(engine: Any, problems: Sequence[Problem], samples: int, *, max_new_tokens: int,
-                        temperature: float = 1.0, seed: int = 0) -> dict[str, float]:
-    """Solve rates of ``problems`` under ``engine`` (the starting policy), ``samples`` draws each."""
-    from intellect_node.node.engines.base import SamplingConfig
-    from intellect_node.proofs.sampling import rollout_key
-
-    tok = engine.loaded.tokenizer
-    sampling = SamplingConfig(temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens)
-    rng = random.Random(seed)
-
-    def rewards(chunk: Sequence[Problem], n: int) -> list[list[float]]:
-        flat = [p for p in chunk for _ in range(n)]
-        keys = [rollout_key(rng.getrandbits(63), f"solve-rate-{i}") for i in range(len(flat))]
-        gens = engine.generate([tok.prompt_ids(p.prompt) for p in flat], keys, sampling)
-        scores = [p.reward(tok.decode(g.tokens)) for p, g in zip(flat, gens)]
-        return [scores[i * n:(i + 1) * n] for i in range(len(chunk))]
-
-    return measure_solve_rates(problems, rewards, samples, batch=max(1, 256 // samples))
 
 
 def informative_groups(groups: Sequence[Sequence[T]], reward: Callable[[T], float]) -> list[Sequence[T]]:
