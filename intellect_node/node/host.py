@@ -328,6 +328,10 @@ class P2PHost:
         peer = info.peer_id.to_base58()
         if self.peerbook.is_banned(peer):
             raise TransportError(f"{peer} is banned")
+        # An explicit dial (bootstrap, its retries, an operator's connect) must really dial: py-libp2p
+        # 0.8.1 refuses for 60 s to dial a peer whose addresses all failed ("negative cache"), so a
+        # bootstrap peer that came up a few seconds after us stayed unreachable for a minute.
+        self.host.get_network().unblock_peer(info.peer_id)
         try:
             with trio.fail_after(timeout):
                 await self.host.connect(info)
