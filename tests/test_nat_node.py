@@ -41,7 +41,8 @@ PORT = 4001
 
 
 class Node:
-    def __init__(self, topo: Topology, ns: str, name: str, ip: str, root: Path, bootstrap: str | None) -> None:
+    def __init__(self, topo: Topology, ns: str, name: str, ip: str, root: Path,
+                 bootstrap: str | None) -> None:
         self.topo, self.ns, self.name = topo, ns, name
         self.data_dir = root / name
         self.data_dir.mkdir(parents=True)
@@ -94,7 +95,8 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Node]]
         # bootstrap dial until pub0 is up (runtime.BOOTSTRAP_RETRY_S).
         out["pub0"] = Node(topo, topo.public_ns[0], "pub0", topo.public_ip(0), root, None)
         for k in (1, 2):
-            out[f"pub{k}"] = Node(topo, topo.public_ns[k], f"pub{k}", topo.public_ip(k), root, out["pub0"].addr)
+            out[f"pub{k}"] = Node(topo, topo.public_ns[k], f"pub{k}", topo.public_ip(k), root,
+                                  out["pub0"].addr)
         for j in (0, 1):
             out[f"priv{j}"] = Node(topo, topo.private_ns[j], f"priv{j}", topo.private_ip(j), root,
                                    out["pub0"].addr)
@@ -110,8 +112,8 @@ def test_reachability_relays_gossip_and_blobs_behind_nat(nodes: dict[str, Node],
     privs = [nodes["priv0"], nodes["priv1"]]
     # The status board (dashboard, doctor) hears the verdict through the asyncio thread: a moment later.
     for n in pubs:
-        until(lambda: (s := n.status()) and nat(s).get("reachability") == "PUBLIC" and "relay_service" in nat(s)
-              and s["snapshot"]["reachability"]["status"] == "public", 180,
+        until(lambda: (s := n.status()) and nat(s).get("reachability") == "PUBLIC"
+              and "relay_service" in nat(s) and s["snapshot"]["reachability"]["status"] == "public", 180,
               f"{n.name} to be PUBLIC and relaying, on the status board too")
     for n in privs:
         # Two reservations, and only circuit addresses advertised (status reads an address snapshot).

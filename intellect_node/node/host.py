@@ -111,8 +111,8 @@ def apply_libp2p_fixes() -> None:
             increment = delta + self._apply_autotune_epoch(buffered)
         await self.send_window_update(increment)
 
-    YamuxStream._auto_tune_and_send_window_update = auto_tune_and_send_window_update  # type: ignore[method-assign]
-    YamuxStream._intellect_window_fix = True  # type: ignore[attr-defined]
+    setattr(YamuxStream, "_auto_tune_and_send_window_update", auto_tune_and_send_window_update)
+    setattr(YamuxStream, "_intellect_window_fix", True)
 
 
 def parse_multiaddr(text: str, *, flag: str = "--listen") -> multiaddr.Multiaddr:
