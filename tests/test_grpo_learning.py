@@ -22,7 +22,7 @@ from intellect_node.trainer.step import Sample, make_optimizer, train_step
 from intellect_node.trainer.tasks import embedded_task
 
 torch.set_num_threads(1)
-G, P, T, STEPS, LR = 8, 8, 5, 30, 1e-4
+G, P, T, STEPS, LR = 8, 8, 5, 30, 2e-4
 
 
 def _engine(base, model):  # type: ignore[no-untyped-def]
@@ -74,4 +74,4 @@ def test_grpo_raises_the_embedded_models_pass_rate() -> None:
     pass1 = _pass_rate(_engine(base, model), tok, held_out, seed=1)
     print(f"answer probability {prob0:.3f} -> {prob1:.3f}; sampled pass rate {pass0:.3f} -> {pass1:.3f}")
     assert prob1 > prob0 * 1.10, (prob0, prob1)
-    assert pass1 > pass0 + 0.04, (pass0, pass1)
+    assert pass1 > pass0 + 0.15, (pass0, pass1)  # measured: 0.240 -> 0.541 (answer probability 0.25 -> 0.53)
