@@ -122,7 +122,19 @@ class RunConfig(_Section):
     synchronous RL)."""
 
     validator_peer_ids: list[str] = Field(default_factory=list)
-    """Peer IDs whose verdicts the trainer trusts; it trains only on batches one of them accepted."""
+    """Peer IDs whose verdicts the trainer trusts; it trains only on batches they accepted."""
+
+    verdict_quorum: int = Field(default=1, ge=1, le=64)
+    """How many of validator_peer_ids must accept a batch before the trainer trains on it; a rejection by
+    any of them first refuses it. 1 trusts any single validator; 2 or more means one faulty or
+    compromised validator can delay work but not get bad work trained on."""
+
+    @model_validator(mode="after")
+    def _quorum(self) -> "RunConfig":
+        if self.validator_peer_ids and self.verdict_quorum > len(self.validator_peer_ids):
+            raise ValueError(f"verdict_quorum {self.verdict_quorum} exceeds the {len(self.validator_peer_ids)} "
+                             "validator_peer_ids; lower it or list more validators")
+        return self
 
     @field_validator("run_id")
     @classmethod

@@ -1,10 +1,12 @@
 """Trainer role: GRPO on accepted rollouts, bounded staleness, atomic policy publication, resume.
 
 - **Inputs.** The trainer listens to verdicts from the run's validators (``run.validator_peer_ids``).
-  An accepting verdict makes it fetch the batch blob, decode it strictly, check it is the named worker's
-  and in whole groups, recompute every reward from the task (claimed rewards are never used), and
-  *persist* it to ``trainer/inbox`` before queueing it. A verdict carrying ``ban`` bans the worker here
-  too, so its later notices and verdict replays are dropped at the gossip validator.
+  ``run.verdict_quorum`` of them must accept a batch (default 1; a rejection that comes first refuses
+  it, so one faulty validator can delay work but not get bad work trained on). Admission fetches the
+  batch blob, decodes it strictly, checks it is the named worker's and in whole groups, recomputes every
+  reward from the task (claimed rewards are never used), and *persists* it to ``trainer/inbox`` before
+  queueing it. A verdict carrying ``ban`` bans the worker here too, so its later notices and verdict
+  replays are dropped at the gossip validator.
 - **Bounded asynchrony.** The trainer at policy version v trains only on rollouts generated with a
   version >= v - ``run.async_level`` (INTELLECT-2: 2); older ones are refused (counted as stale). It
   takes whichever accepted batches are queued, from any workers, as soon as ``rl.groups_per_step``
@@ -57,6 +59,32 @@ FETCH_TIMEOUT_S = 60.0
 METRICS_FILE = "metrics.jsonl"
 
 
+class VerdictTally:
+    """Votes of the trusted validators on each batch: ``quorum`` distinct acceptances admit it and a
+    rejection that comes first refuses it. The caller decides each batch once and calls :meth:`done`
+    after a successful admission (until then the votes stay, so a failed admission is retried on the next
+    acceptance). Bounded: beyond ``limit`` batches the oldest counts are forgotten."""
+
+    def __init__(self, quorum: int, limit: int = 4096) -> None:
+        self.quorum = quorum
+        self.limit = limit
+        self._votes: dict[str, set[str]] = {}
+
+    def vote(self, cid: str, validator: str, accepted: bool) -> str:
+        """"admit" (the quorum-th distinct acceptance), "refuse" (a rejection) or "wait"."""
+        if not accepted:
+            self._votes.pop(cid, None)
+            return "refuse"
+        votes = self._votes.setdefault(cid, set())
+        votes.add(validator)
+        while len(self._votes) > self.limit:
+            del self._votes[next(iter(self._votes))]
+        return "admit" if len(votes) >= self.quorum else "wait"
+
+    def done(self, cid: str) -> None:
+        self._votes.pop(cid, None)
+
+
 @dataclass
 class Accepted:
     """An accepted batch waiting to be trained on (its samples carry recomputed rewards)."""
@@ -91,6 +119,7 @@ class Trainer:
         self.gcfg = GRPOConfig(group_size=self.rl.group_size, max_grad_norm=self.rl.max_grad_norm,
                                kl_coef=self.rl.kl_coef,
                                token_budget=self.rl.groups_per_step * self.rl.group_size * self.rl.max_new_tokens)
+        self.tally = VerdictTally(cfg.run.verdict_quorum)
         self.queue: deque[Accepted] = deque()
         self.known: set[str] = set()  # batch CIDs accepted (queued, consumed or refused)
         self.consumed: set[str] = set()
@@ -229,6 +258,8 @@ class Trainer:
             self.counts["banned"] += 1
         if verdict.batch_cid in self.known:
             return
+        if self.tally.vote(verdict.batch_cid, validator, verdict.accepted) == "wait":
+            return  # fewer than run.verdict_quorum validators have accepted it so far
         if not verdict.accepted:
             self.known.add(verdict.batch_cid)
             self.counts["rejected_batches"] += 1
@@ -240,6 +271,7 @@ class Trainer:
             return
         if verdict.policy_version < self.version - self.cfg.run.async_level:
             self.known.add(verdict.batch_cid)
+            self.tally.done(verdict.batch_cid)
             self._count_stale(verdict.n_accepted)
             return
         self.known.add(verdict.batch_cid)
@@ -251,6 +283,7 @@ class Trainer:
             self.known.discard(verdict.batch_cid)  # another validator's verdict may bring it again
             log.warning("accepted batch %s could not be admitted: %s", verdict.batch_cid, exc)
             return
+        self.tally.done(verdict.batch_cid)
         self.counts["accepted_batches"] += 1
         self.counts["accepted_rollouts"] += verdict.n_accepted
         self.rt.board.verdict(True, verdict.n_accepted, peer=verdict.worker)
