@@ -34,7 +34,8 @@ def make_key(data_dir: Path) -> str:
 
 
 def write_config(data_dir: Path, *, trainer: str, validators: list[str], model: str, rl: dict[str, Any],
-                 run_id: str = "e2e", bootstrap: list[str] | None = None, async_level: int = 2) -> Path:
+                 run_id: str = "e2e", bootstrap: list[str] | None = None, async_level: int = 2,
+                 verdict_quorum: int = 1) -> Path:
     """``<data_dir>/config.toml`` (read by ``join`` from the data dir)."""
     def val(v: Any) -> str:
         return json.dumps(v)
@@ -45,7 +46,7 @@ def write_config(data_dir: Path, *, trainer: str, validators: list[str], model: 
         lines.append(f"bootstrap = {val(bootstrap)}")
     lines += ["[metrics]", "enabled = false", "[run]", f"run_id = {val(run_id)}", f"trainer_peer_id = {val(trainer)}",
               f"validator_peer_ids = {val(validators)}", f"model = {val(model)}", f"async_level = {async_level}",
-              "[rl]"]
+              f"verdict_quorum = {verdict_quorum}", "[rl]"]
     lines += [f"{k} = {val(v)}" for k, v in rl.items()]
     path = data_dir / "config.toml"
     path.write_text("\n".join(lines) + "\n")

@@ -84,6 +84,10 @@ class VerdictTally:
     def done(self, cid: str) -> None:
         self._votes.pop(cid, None)
 
+    def __len__(self) -> int:
+        """Batches with some acceptances but not yet a decision."""
+        return len(self._votes)
+
 
 @dataclass
 class Accepted:
@@ -182,6 +186,7 @@ class Trainer:
     def status(self) -> dict[str, Any]:
         total = self.idle_s + self.busy_s
         return {"version": self.version, "step": self.step, "queued_batches": len(self.queue),
+                "awaiting_quorum": len(self.tally),
                 "queued_groups": sum(len(a.groups) for a in self.queue), **self.counts,
                 "idle_fraction": self.idle_s / total if total else None, "last_step": self.last}
 
