@@ -59,7 +59,7 @@ def held_out_pass_rates(checkpoints: Path) -> tuple[float, float | None]:
 
 
 def run_swarm(target: float, window: int, timeout: float, workdir: Path) -> dict[str, Any]:
-    from tests.support_roles import make_key, role_process, write_config
+    from tests.support_roles import listen_addr, make_key, start_role
     from intellect_node.trainer.model import embedded_model_dir
 
     model = str(embedded_model_dir())
@@ -68,17 +68,12 @@ def run_swarm(target: float, window: int, timeout: float, workdir: Path) -> dict
     procs = []
     t0 = time.monotonic()
     try:
-        write_config(workdir / "trainer", **common)  # type: ignore[arg-type]
-        trainer = role_process(workdir / "trainer", "trainer")
-        procs.append(trainer)
-        t_addr = trainer.wait_ready(300)["listen_addrs"][0]
-        write_config(workdir / "validator", bootstrap=[t_addr], **common)  # type: ignore[arg-type]
-        validator = role_process(workdir / "validator", "validator")
-        procs.append(validator)
-        v_addr = validator.wait_ready(300)["listen_addrs"][0]
+        trainer = start_role(workdir / "trainer", "trainer", procs, **common)
+        t_addr = listen_addr(trainer, 300)
+        validator = start_role(workdir / "validator", "validator", procs, bootstrap=[t_addr], **common)
+        v_addr = listen_addr(validator, 300)
         for n in ("w1", "w2"):
-            write_config(workdir / n, bootstrap=[t_addr, v_addr], **common)  # type: ignore[arg-type]
-            procs.append(role_process(workdir / n, "worker"))
+            start_role(workdir / n, "worker", procs, bootstrap=[t_addr, v_addr], **common)
         metrics_path = workdir / "trainer" / "trainer" / "metrics.jsonl"
         reached = None
         while time.monotonic() - t0 < timeout:

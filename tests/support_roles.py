@@ -57,6 +57,20 @@ def role_process(data_dir: Path, role: str) -> NodeProcess:
     return NodeProcess(data_dir, "--role", role, env=ENV)
 
 
+def start_role(data_dir: Path, role: str, procs: list[Any], **config: Any) -> NodeProcess:
+    """Write ``data_dir``'s config (``write_config`` keywords), start the node as ``role`` and add it to
+    ``procs``, which the caller closes."""
+    write_config(data_dir, **config)
+    proc = role_process(data_dir, role)
+    procs.append(proc)
+    return proc
+
+
+def listen_addr(proc: NodeProcess, timeout: float = 180) -> str:
+    """The node's first listen address, once it is ready (what others bootstrap from)."""
+    return str(proc.wait_ready(timeout)["listen_addrs"][0])
+
+
 class CheatProcess(NodeProcess):
     """A cheating worker as a child process (same control API as an honest node)."""
 

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from conftest import CLI
+from conftest import CLI, wait_for
 from intellect_node.node import identity
 from support_netns import Topology, http_get_in, netns_unavailable_reason
 
@@ -72,17 +71,6 @@ class Node:
         return json.loads(body)
 
 
-def until(fn: Any, timeout: float, what: str, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Node]]:
     reason = netns_unavailable_reason()
@@ -112,15 +100,16 @@ def test_reachability_relays_gossip_and_blobs_behind_nat(nodes: dict[str, Node],
     privs = [nodes["priv0"], nodes["priv1"]]
     # The status board (dashboard, doctor) hears the verdict through the asyncio thread: a moment later.
     for n in pubs:
-        until(lambda: (s := n.status()) and nat(s).get("reachability") == "PUBLIC"
-              and "relay_service" in nat(s) and s["snapshot"]["reachability"]["status"] == "public", 180,
-              f"{n.name} to be PUBLIC and relaying, on the status board too")
+        wait_for(lambda: (s := n.status()) and nat(s).get("reachability") == "PUBLIC"
+                 and "relay_service" in nat(s) and s["snapshot"]["reachability"]["status"] == "public", 180,
+                 what=f"{n.name} to be PUBLIC and relaying, on the status board too", interval=0.5)
     for n in privs:
         # Two reservations, and only circuit addresses advertised (status reads an address snapshot).
-        st = until(lambda: (s := n.status()) and len(nat(s).get("relays", [])) >= 2 and s["listen_addrs"]
-                   and all("/p2p-circuit/" in a for a in s["listen_addrs"])
-                   and s["snapshot"]["reachability"]["status"] == "relayed" and s, 150,
-                   f"{n.name} to hold two relay reservations and advertise only circuit addresses")
+        st = wait_for(lambda: (s := n.status()) and len(nat(s).get("relays", [])) >= 2 and s["listen_addrs"]
+                      and all("/p2p-circuit/" in a for a in s["listen_addrs"])
+                      and s["snapshot"]["reachability"]["status"] == "relayed" and s, 150,
+                      what=f"{n.name} to hold two relay reservations and advertise only circuit addresses",
+                      interval=0.5)
         r = nat(st)
         assert r["reachability"] == "PRIVATE", r
         assert f"forward TCP port {PORT}" in r["fix"] and "a relay is used" in r["fix"]
@@ -130,10 +119,10 @@ def test_reachability_relays_gossip_and_blobs_behind_nat(nodes: dict[str, Node],
     assert "reachable   PRIVATE via relay" in out and f"forward TCP port {PORT}" in out, out
     # Gossip both ways: the private nodes hear the public ones and each other, and are heard.
     ids = {n.name: n.peer_id for n in pubs + privs}
-    until(lambda: {ids["pub1"], ids["priv1"]} <= set(privs[0].status()["alive_peers"]), 90,
-          "priv0 to hear pub1 and priv1")
-    until(lambda: {ids["priv0"], ids["priv1"]} <= set(pubs[2].status()["alive_peers"]), 90,
-          "pub2 to hear both private nodes")
+    wait_for(lambda: {ids["pub1"], ids["priv1"]} <= set(privs[0].status()["alive_peers"]), 90,
+             what="priv0 to hear pub1 and priv1", interval=0.5)
+    wait_for(lambda: {ids["priv0"], ids["priv1"]} <= set(pubs[2].status()["alive_peers"]), 90,
+             what="pub2 to hear both private nodes", interval=0.5)
     # A blob held only by a private node: found through the DHT, fetched over libp2p by a public node.
     src = os.urandom(3 * 1024 * 1024 + 123)
     for_priv = privs[0].data_dir / "in.bin"

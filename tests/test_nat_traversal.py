@@ -10,11 +10,11 @@ hosts running intellect_node.node.nat). The tests share one topology and run in 
 
 from __future__ import annotations
 
-import time
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
+from conftest import wait_for
 from intellect_node.protocol.ids import cid_of
 from support_netns import Agent, Topology, netns_unavailable_reason
 
@@ -23,17 +23,6 @@ RELAY_BYTES = 4 * 1024 * 1024
 MiB = 1024 * 1024
 
 pytestmark = pytest.mark.timeout(400)
-
-
-def until(fn: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.25)
 
 
 class Net:
@@ -73,7 +62,8 @@ def test_private_hosts_find_relays_through_the_dht_reserve_two_and_renew(net: Ne
     for a in net.privs:
         a.call("relay_client", want=2, check_interval=0.5)
     for a in net.privs:
-        held = until(lambda: (r := relays_of(a)) and len(r) >= 2 and r, 60, f"{a.name} to hold 2 reservations")
+        held = wait_for(lambda: (r := relays_of(a)) and len(r) >= 2 and r, 60,
+                        what=f"{a.name} to hold 2 reservations", interval=0.25)
         assert set(held) <= relay_ids, "reservations are made with relays only"
         st = a.call("relay_state")
         # What the node advertises: circuit addresses through its relays, not its unreachable LAN address.
@@ -83,7 +73,8 @@ def test_private_hosts_find_relays_through_the_dht_reserve_two_and_renew(net: Ne
     # Renewal before expiry: TTL 6 s, renewed at half of it.
     for a in net.privs:
         before = first[a.name]["renewals"]
-        st = until(lambda: (s := a.call("relay_state"))["renewals"] >= before + 2 and s, 20, f"{a.name} to renew")
+        st = wait_for(lambda: (s := a.call("relay_state"))["renewals"] >= before + 2 and s, 20,
+                      what=f"{a.name} to renew", interval=0.25)
         assert max(st["expires"]) > max(first[a.name]["expires"]), "renewal extends the reservation"
         assert len(st["relays"]) == 2
 
@@ -150,8 +141,9 @@ def test_port_randomising_nat_keeps_the_relay_as_the_path_within_its_byte_limit(
     assert priv0.call("echo", peer=priv2.peer_id, size=1024)["kinds"] == ["relayed"]
     # A public peer is reached directly: the private node dials out to it (DCUtR's unilateral upgrade).
     pub0.call("dial", addrs=circuits[:1])
-    assert "direct" in until(lambda: (k := pub0.call("conns", peer=priv2.peer_id)["kinds"]) and
-                             "direct" in k and k, 30, "priv2 to connect directly to public pub0")
+    assert "direct" in wait_for(lambda: (k := pub0.call("conns", peer=priv2.peer_id)["kinds"]) and
+                                "direct" in k and k, 30, what="priv2 to connect directly to public pub0",
+                                interval=0.25)
 
 
 def test_relay_that_dies_is_replaced_within_bounded_time(net: Net) -> None:
@@ -159,8 +151,8 @@ def test_relay_that_dies_is_replaced_within_bounded_time(net: Net) -> None:
     victim = next(p for p in net.pubs if p.peer_id == victim_id)
     victim.kill()
     for a in net.privs:  # the bound (30 s, with 0.5 s checks) is the until's deadline
-        until(lambda: (r := relays_of(a)) and len(r) == 2 and victim_id not in r, 30,
-              f"{a.name} to move its reservation off the dead relay")
+        wait_for(lambda: (r := relays_of(a)) and len(r) == 2 and victim_id not in r, 30,
+                 what=f"{a.name} to move its reservation off the dead relay", interval=0.25)
     # The moved reservation works: pub0 reaches priv0 through a new circuit address.
     circuits = net.privs[0].call("relay_state")["circuit_addrs"]
     assert circuits and all(victim_id not in c for c in circuits)

@@ -4,6 +4,7 @@ before it is trained on, and what a rejection does."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,33 +54,26 @@ def test_a_quorum_of_two_trains_only_on_batches_both_validators_accepted(tmp_pat
     only one validator has accepted; once the second validator is up, it trains."""
     from intellect_node.trainer.model import embedded_model_dir
     from tests.conftest import wait_for
-    from tests.support_roles import make_key, role_process, write_config
+    from tests.support_roles import listen_addr, make_key, start_role
 
     rl = dict(group_size=8, problems_per_batch=4, groups_per_step=4, max_new_tokens=5, batches_per_version=1)
     ids = {n: make_key(tmp_path / n) for n in ("trainer", "va", "vb", "w")}
     common = dict(trainer=ids["trainer"], validators=[ids["va"], ids["vb"]], model=str(embedded_model_dir()),
                   rl=rl, verdict_quorum=2)
-    procs = []
+    procs: list[Any] = []
     try:
-        write_config(tmp_path / "trainer", **common)  # type: ignore[arg-type]
-        trainer = role_process(tmp_path / "trainer", "trainer")
-        procs.append(trainer)
-        t_addr = trainer.wait_ready(180)["listen_addrs"][0]
-        write_config(tmp_path / "va", bootstrap=[t_addr], **common)  # type: ignore[arg-type]
-        va = role_process(tmp_path / "va", "validator")
-        procs.append(va)
+        trainer = start_role(tmp_path / "trainer", "trainer", procs, **common)
+        t_addr = listen_addr(trainer)
+        va = start_role(tmp_path / "va", "validator", procs, bootstrap=[t_addr], **common)
         va.wait_ready(180)
-        write_config(tmp_path / "w", bootstrap=[t_addr], **common)  # type: ignore[arg-type]
-        procs.append(role_process(tmp_path / "w", "worker"))
+        start_role(tmp_path / "w", "worker", procs, bootstrap=[t_addr], **common)
         # Validator A's acceptances reach the trainer, which holds them until a second one comes.
         wait_for(lambda: trainer.status()["trainer"]["awaiting_quorum"] >= 1, timeout=300,
                  what="a batch accepted by validator A alone")
         st = trainer.status()["trainer"]
         assert st["step"] == 0 and st["accepted_batches"] == 0, st
 
-        write_config(tmp_path / "vb", bootstrap=[t_addr], **common)  # type: ignore[arg-type]
-        vb = role_process(tmp_path / "vb", "validator")
-        procs.append(vb)
+        vb = start_role(tmp_path / "vb", "validator", procs, bootstrap=[t_addr], **common)
         wait_for(lambda: trainer.status()["trainer"]["step"] >= 2, timeout=300, what="2 trained steps")
         st = trainer.status()["trainer"]
         a, b = va.status()["validator"], vb.status()["validator"]
