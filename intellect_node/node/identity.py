@@ -2,10 +2,17 @@
 
 The node key is an ed25519 seed of 32 bytes kept in ``<data-dir>/node.key`` (mode 0600). The same seed
 is the libp2p host identity and signs every protocol message the node sends.
+
+The data dir holds that key, the control API's token, the ledger and the logs, so it is private to its
+owner: created 0700, and tightened to 0700 (with a log line) when an older version or the operator left
+it readable by others (:func:`ensure_data_dir`). Files inside that say who the operator worked with
+(ledger, logs) are created 0600 as well (:func:`ensure_private_file`), so they stay private when copied
+out of the dir.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
@@ -16,9 +23,13 @@ from intellect_node.errors import ConfigError
 from intellect_node.fsutil import atomic_write_bytes
 from intellect_node.protocol.signing import SigningKey
 
+log = logging.getLogger(__name__)
+
 KEY_FILE = "node.key"
 ENV_DATA_DIR = "INTELLECT_NODE_DATA_DIR"
 _KEY_MAGIC = b"intellect-node ed25519 v1\n"
+DATA_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
 
 
 def default_data_dir() -> Path:
@@ -37,6 +48,42 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> Path:
     return path
 
 
+def ensure_data_dir(path: Path) -> Path:
+    """Create ``path`` 0700, or tighten an existing one that others can read or enter.
+
+    Parents made on the way keep the default mode (they are the operator's, e.g. ``~/.local/share``).
+    A dir this user cannot chmod (someone else's) is a ConfigError naming ``--data-dir``.
+    """
+    path.mkdir(mode=DATA_DIR_MODE, parents=True, exist_ok=True)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        try:
+            os.chmod(path, DATA_DIR_MODE)
+        except OSError as exc:
+            raise ConfigError(f"--data-dir {path} is readable by others (mode {mode:o}) and cannot be made "
+                              f"private ({exc.strerror}); chown it to this user or pick another --data-dir",
+                              field="data_dir") from exc
+        log.info("data dir %s was mode %o; tightened to %o (it holds the node key and ledger)", path, mode,
+                 DATA_DIR_MODE)
+    return path
+
+
+def ensure_private_file(path: Path) -> None:
+    """Create ``path`` empty with mode 0600 if missing, or tighten it to 0600 if others can read it.
+
+    Called before a library (sqlite3, logging) opens the file, so it never exists with the umask's
+    looser bits. Only regular files are touched (``--log-file /dev/stderr`` stays as it is).
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE_MODE))
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    if stat.S_ISREG(st.st_mode) and mode & 0o077:
+        os.chmod(path, mode & ~0o077)
+
+
 def key_path(data_dir: Path) -> Path:
     return data_dir / KEY_FILE
 
@@ -46,7 +93,7 @@ def init_key(data_dir: Path, *, force: bool = False) -> SigningKey:
     if path.exists() and not force:
         raise ConfigError(f"{path} already exists; pass --force to replace it (the node's peer ID changes)",
                           field="force")
-    data_dir.mkdir(parents=True, exist_ok=True)
+    ensure_data_dir(data_dir)
     key = SigningKey.generate()
     atomic_write_bytes(path, _KEY_MAGIC + key.seed.hex().encode() + b"\n", mode=0o600)
     return key

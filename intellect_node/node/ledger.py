@@ -8,6 +8,10 @@ A verdict is keyed by (batch, validator): gossip may deliver the same verdict tw
 again changes nothing. A verdict for a batch this node never submitted is still recorded (it may come
 from before a crash that lost nothing but the ack) and shows up as ``unknown_batch_verdicts``.
 
+The file and its ``-wal``/``-shm`` companions are 0600: it names every peer this node worked with. SQLite
+gives the companions the main file's mode, so the main file is created 0600 before SQLite opens it (and
+tightened, with its companions, when an older version left them readable by others).
+
 Calls block for one fsync (about a millisecond on an SSD); the roles call them from a worker thread
 (``asyncio.to_thread``) when that matters. One connection guarded by a lock serves all threads.
 
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from intellect_node.errors import ConfigError
+from intellect_node.node.identity import ensure_private_file
 
 LEDGER_FILE = "ledger.sqlite"
 SCHEMA_VERSION = 1
@@ -108,6 +113,10 @@ class Ledger:
                 self._db.execute("PRAGMA query_only=ON")
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
+                for suffix in ("", "-wal", "-shm"):
+                    companion = self.path.with_name(self.path.name + suffix)
+                    if not suffix or companion.exists():
+                        ensure_private_file(companion)
                 self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=FULL")
@@ -122,6 +131,9 @@ class Ledger:
         except sqlite3.DatabaseError as exc:
             raise ConfigError(f"{self.path} is not a readable ledger ({exc}); move it aside and the node "
                               "starts a new one", field="data_dir") from exc
+        except OSError as exc:
+            raise ConfigError(f"{self.path}: cannot create the ledger ({exc.strerror}); check the owner and "
+                              "mode of --data-dir", field="data_dir") from exc
 
     @classmethod
     def in_data_dir(cls, data_dir: Path, **kw: Any) -> "Ledger":

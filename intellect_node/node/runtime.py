@@ -34,7 +34,8 @@ from intellect_node.errors import ConfigError
 from intellect_node.node import control
 from intellect_node.node.config import NodeConfig
 from intellect_node.node.heartbeat import Heartbeats
-from intellect_node.node.identity import load_or_init_key
+from intellect_node.node.identity import ensure_data_dir, load_or_init_key
+from intellect_node.node.ports import check_listen_ports
 from intellect_node.node.status import StatusBoard
 from intellect_node.node.swarm import Swarm
 
@@ -127,8 +128,9 @@ class NodeRuntime:
     async def start(self) -> None:
         self._started = True
         net = self.config.network
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        ensure_data_dir(self.data_dir)  # 0700: key, token, ledger, logs
         self._lock_data_dir()
+        check_listen_ports(net.listen)  # libp2p's SO_REUSEPORT would share a taken port (node/ports.py)
         key = load_or_init_key(self.data_dir)
         self.board.set_state("starting")
 
