@@ -15,6 +15,9 @@ talks to it only through :class:`intellect_node.node.swarm.Swarm`.
   provider for the key, so providers that appear later would never be found. :meth:`P2PHost.find_providers`
   does its own iterative walk (shortcut: it calls the provider store's per-peer query helper, a private
   method of the pinned libp2p 0.8.1).
+- Containment: every inbound stream passes one dispatcher (:mod:`intellect_node.node.libp2p_guard`); a
+  handler's failure resets that stream and is held against its peer, never stopping the host.
+- Every py-libp2p workaround and private touch lives in :mod:`intellect_node.node.libp2p_compat`.
 """
 
 from __future__ import annotations
@@ -38,13 +41,14 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
-from libp2p.pubsub import pubsub as pubsub_module
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
 from intellect_node.errors import ConfigError, ProtocolError, TransportError
+from intellect_node.node import libp2p_compat as compat
+from intellect_node.node.libp2p_compat import apply_fixes as apply_libp2p_fixes  # noqa: F401  (re-exported)
 from intellect_node.node.peerbook import PeerBook
 from intellect_node.protocol.signing import SigningKey
 from intellect_node.protocol.topics import INFO_PROTOCOL_ID
@@ -80,39 +84,6 @@ Validator = Callable[[bytes, str, bytes], bool]
 """Gossip validator run on the trio thread: ``(data, origin_peer_id, msg_id) -> accept``."""
 Deliver = Callable[[bytes, str, bytes], None]
 """Called on the trio thread for each accepted message: ``(data, origin_peer_id, msg_id)``."""
-
-
-def apply_libp2p_fixes() -> None:
-    """Runtime fixes for py-libp2p 0.8.1 bugs that hurt every node; idempotent, call before hosts run.
-
-    Yamux window updates: the stock ``YamuxStream._auto_tune_and_send_window_update`` sends a
-    WINDOW_UPDATE frame after *every* read (its "partial slack" and "release on read" branches defeat
-    the half-window hysteresis it also has), including each 1-byte read of a varint length prefix:
-    three frames back to the sender per small gossip or DHT message (measured: 6000 for 2000
-    messages), each a Noise message, a syscall and a trip through the peer's read loop, which takes
-    two scheduler checkpoints per frame. On a loaded machine the read loop of a busy connection (a
-    relay's, to the private nodes it serves) fell tens of KB behind its socket, and new streams on it
-    failed multistream negotiation after 10 s in both directions (docs/nat.md). go-yamux credits the
-    receive window only once half of it has been consumed; so does this (and keeps the window
-    auto-tuning)."""
-    from libp2p.stream_muxer.yamux.yamux import YamuxStream
-
-    if getattr(YamuxStream, "_intellect_window_fix", False):
-        return
-
-    async def auto_tune_and_send_window_update(self: YamuxStream, *, bytes_read: int = 0) -> None:
-        async with self.window_lock:
-            buffered = len(self.conn.stream_buffers.get(self.stream_id, b""))
-            # Bytes consumed since the last credit (the sender's window shrank by them).
-            delta = self.target_recv_window - (self.recv_window + buffered)
-            if delta <= 0 or delta < self._grow_threshold():
-                return
-            self.recv_window += delta
-            increment = delta + self._apply_autotune_epoch(buffered)
-        await self.send_window_update(increment)
-
-    setattr(YamuxStream, "_auto_tune_and_send_window_update", auto_tune_and_send_window_update)
-    setattr(YamuxStream, "_intellect_window_fix", True)
 
 
 def parse_multiaddr(text: str, *, flag: str = "--listen") -> multiaddr.Multiaddr:
@@ -242,6 +213,10 @@ class P2PHost:
         self.pubsub = Pubsub(self.host, self.gossipsub, strict_signing=True)
         self.host.get_network().register_notifee(_Notifee(self))
         self.host.set_stream_handler(TProtocol(INFO_PROTOCOL_ID), self._serve_info)
+        # Every inbound stream of every protocol (ours, the DHT's, gossipsub's, identify, ping and the
+        # NAT services registered later) passes this one dispatcher: a failure resets that stream, is
+        # held against its peer, and the node serves on (node/libp2p_guard.py).
+        compat.contain_streams(self.host, peerbook.record_rejection, peerbook.is_banned)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -331,7 +306,7 @@ class P2PHost:
         # An explicit dial (bootstrap, its retries, an operator's connect) must really dial: py-libp2p
         # 0.8.1 refuses for 60 s to dial a peer whose addresses all failed ("negative cache"), so a
         # bootstrap peer that came up a few seconds after us stayed unreachable for a minute.
-        self.host.get_network().unblock_peer(info.peer_id)
+        compat.unblock_peer(self.host.get_network(), info.peer_id)
         try:
             with trio.fail_after(timeout):
                 await self.host.connect(info)
@@ -343,12 +318,8 @@ class P2PHost:
 
     async def ban(self, peer: str) -> None:
         pid = ID.from_base58(peer)
-        # Not ``pubsub.add_to_blacklist``: in py-libp2p 0.8.1 its teardown task resets the peer's stream
-        # and then deletes ``peers[pid]``, which the reset's own handler has usually deleted already; the
-        # KeyError fails the pubsub service and with it the whole libp2p thread (seen in the sweep and
-        # roles tests). Marking the peer blacklisted and closing its connections does the same job: the
-        # connection-closed notifiee removes it from pubsub's tables.
-        self.pubsub.blacklisted_peers.add(pid)
+        # Not ``pubsub.add_to_blacklist`` (its teardown can stop the pubsub service: libp2p_compat).
+        compat.blacklist(self.pubsub, pid)
         await self._close_peer(pid)
 
     # -- gossip --------------------------------------------------------------------------------------
@@ -369,8 +340,8 @@ class P2PHost:
         self.pubsub.set_topic_validator(topic, libp2p_validator, False)
         # The library hands accepted messages to a subscription through a channel of 32 and drops what
         # does not fit (logged as a warning); a busy trio thread can fall that far behind in a burst.
-        # The global is read when the channel is made, and our pump drains it without blocking.
-        pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = SUBSCRIPTION_BUFFER
+        # The size is read when the channel is made, and our pump drains it without blocking.
+        compat.set_subscription_buffer(SUBSCRIPTION_BUFFER)
         sub = await self.pubsub.subscribe(topic)
 
         async def pump() -> None:
@@ -393,14 +364,11 @@ class P2PHost:
         opened may already have had our hello from before the subscription: neither path then tells it,
         and it never forwards the topic to us (seen: a star of 5 where a leaf stayed unknown to the hub
         for over 45 s). A repeated SUBSCRIBE is idempotent on the receiver."""
-        packet = rpc_pb2.RPC()
-        packet.subscriptions.extend([rpc_pb2.RPC.SubOpts(subscribe=True, topicid=topic)])
-        raw = packet.SerializeToString()
         for delay in REANNOUNCE_DELAYS_S:
             await trio.sleep(delay)
             if topic not in self.pubsub.topic_ids:
                 return
-            await self.pubsub.message_all_peers(raw)
+            await compat.reannounce_subscription(self.pubsub, topic)
 
     async def publish(self, topic: str, data: bytes) -> None:
         if len(data) > GOSSIP_MAX_MESSAGE:
@@ -427,10 +395,9 @@ class P2PHost:
         Ends when ``count`` providers are known, no candidate is left, :data:`PROVIDER_WALK_MAX_PEERS`
         peers were asked, ``timeout`` passed, or a round of ``ALPHA`` queries brought no new provider
         once some are known (the usual case in a small swarm: the records sit on every close peer)."""
-        from libp2p.kad_dht.kad_dht import _encode_key
         from libp2p.kad_dht.utils import sort_peer_ids_by_distance
 
-        key = _encode_key(cid)
+        key = compat.encode_dht_key(cid)
         store = self.dht.provider_store
         found: dict[ID, PeerInfo] = {p.peer_id: p for p in store.get_providers(key)}
         me = self.host.get_id()
@@ -447,7 +414,7 @@ class P2PHost:
                     asked.add(peer)
                     with trio.move_on_after(PROVIDER_QUERY_TIMEOUT_S):
                         try:
-                            provs, near = await store._get_providers_from_peer_with_closers(peer, key)
+                            provs, near = await compat.providers_from_peer(self.dht, peer, key)
                         except Exception as exc:  # per-peer edge: one bad answer must not end the walk
                             log.debug("provider query to %s failed: %r", peer, exc)
                             return

@@ -1,0 +1,229 @@
+"""Containment: no input from a peer can stop this node's libp2p service.
+
+py-libp2p 0.8.1 runs each connection's tasks (the yamux read loop, the stream accept loop and, under
+it, every inbound stream's handler) inside the ``Swarm`` service; an exception a handler does not catch
+stops the whole service: no more dials, gossip or DHT for every peer (issue #12: six bytes on
+``/meshsub/1.1.0``). Rather than wrap each handler of each protocol by hand, failures are caught where
+the library hands work to code that reads peer input:
+
+- :func:`contain_streams`: the network's one stream dispatcher (every inbound stream of every protocol
+  passes it: multistream negotiation, then the protocol's handler). A failure resets that stream and,
+  when the peer's input was at fault, records the reason against the peer; the node serves on.
+- :func:`contained_connection_task`: a connection task that fails closes its own connection.
+- :func:`contained_peer_task`: pubsub's per-message and per-peer tasks.
+
+"At fault" (:func:`is_peer_fault`): anything but the ordinary ends of a network conversation (EOF,
+reset, closed or broken connection, a timeout). An honest peer that crashes or stalls costs nothing;
+one that sends what does not parse collects rejections, and the peerbook bans it after
+``peerbook.AUTO_BAN_AFTER`` of them. A banned peer's new streams are reset before negotiation.
+
+Cancellation is never caught: ``except Exception`` lets ``trio.Cancelled`` (a BaseException, also
+inside exception groups) through.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from libp2p.io.exceptions import ConnectionClosedError, IncompleteReadError
+from libp2p.network.connection.exceptions import RawConnError
+from libp2p.network.stream.exceptions import StreamError
+from libp2p.protocol_muxer.exceptions import MultiselectError
+from libp2p.stream_muxer.exceptions import MuxedConnError, MuxedStreamError
+
+log = logging.getLogger(__name__)
+
+OnReject = Callable[[str, str], object]
+"""``(peer_id, reason)``: the peerbook's ``record_rejection``."""
+
+_ORDINARY = (StreamError, MuxedStreamError, MuxedConnError, ConnectionClosedError, IncompleteReadError,
+             RawConnError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, EOFError,
+             ConnectionError, TimeoutError)
+"""How a conversation ends when a peer goes away, resets or stalls: not held against it."""
+
+
+def is_peer_fault(exc: BaseException) -> bool:
+    """True when ``exc`` says the peer sent something wrong (not just that it went away)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return any(is_peer_fault(e) for e in exc.exceptions)
+    if isinstance(exc, MultiselectError):
+        return _malformed_negotiation(exc)
+    return not isinstance(exc, _ORDINARY)
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = [e for e in exc.exceptions if is_peer_fault(e)] or list(exc.exceptions)
+        return describe(leaves[0])
+    text = str(exc).strip()
+    cause = exc.__cause__
+    if not text and cause is not None:
+        text = f"{type(cause).__name__}: {cause}"
+    return f"{type(exc).__name__}: {text[:160]}" if text else type(exc).__name__
+
+
+def _malformed_negotiation(exc: MultiselectError) -> bool:
+    """Multistream failures that were the peer's bytes (bad header, unparsable line), not a timeout or a
+    closed stream (the library wraps both in MultiselectError)."""
+    if "mismatch" in str(exc):
+        return True
+    cause: BaseException | None = exc.__cause__
+    while cause is not None and not isinstance(cause, _ORDINARY):
+        if cause.__cause__ is None:
+            # The root: ParseError (varint, length, missing newline) and the like.
+            return type(cause).__name__ != "MultiselectCommunicatorError"
+        cause = cause.__cause__
+    return False
+
+
+@dataclass(frozen=True)
+class Containment:
+    on_reject: OnReject
+    is_banned: Callable[[str], bool]
+
+
+_registry: "weakref.WeakKeyDictionary[Any, Containment]" = weakref.WeakKeyDictionary()
+"""Network (libp2p ``Swarm``) -> how its host records rejections; several hosts share a process in tests."""
+
+
+def containment_of(network: Any) -> Containment | None:
+    try:
+        return _registry.get(network)
+    except TypeError:  # not weak-referenceable: not one of ours
+        return None
+
+
+def _reject(network: Any, peer: str, what: str, exc: BaseException) -> None:
+    c = containment_of(network)
+    reason = f"{what}: {describe(exc)}"
+    if c is not None and peer:
+        try:
+            c.on_reject(peer, reason)
+        except Exception:  # recording must never become the failure
+            log.exception("recording a rejection of %s failed", peer)
+    else:
+        log.info("input from %s refused: %s", peer or "an unknown peer", reason)
+
+
+def _peer_of_stream(stream: Any) -> str:
+    try:
+        return stream.muxed_conn.peer_id.to_base58()
+    except Exception:  # a stream of a half-built connection: nobody to blame
+        return ""
+
+
+async def _reset(stream: Any) -> None:
+    try:
+        await stream.reset()
+    except Exception as exc:  # already closed or the connection died: nothing left to release
+        log.debug("reset: %r", exc)
+
+
+def contain_streams(host: Any, on_reject: OnReject, is_banned: Callable[[str], bool]) -> None:
+    """Route every inbound stream of ``host`` through the containment dispatcher (call once, before
+    the host runs). Uses only public API: ``network.set_stream_handler`` and ``host.get_mux()``."""
+    network = host.get_network()
+    _registry[network] = Containment(on_reject, is_banned)
+    inner = network.common_stream_handler  # the host's dispatcher: negotiate, then the protocol handler
+    mux = host.get_mux()
+    negotiate = mux.negotiate
+
+    async def checked_negotiate(communicator: Any, timeout: Any = None) -> Any:
+        try:
+            return await (negotiate(communicator) if timeout is None else negotiate(communicator, timeout))
+        except MultiselectError as exc:
+            if _malformed_negotiation(exc):
+                # The host swallows MultiselectError silently; ours reaches the dispatcher and is blamed.
+                raise MalformedNegotiation(describe(exc)) from exc
+            raise
+
+    mux.negotiate = checked_negotiate
+
+    async def dispatch(stream: Any) -> None:
+        peer = _peer_of_stream(stream)
+        if peer and is_banned(peer):
+            await _reset(stream)
+            return
+        try:
+            await inner(stream)
+        except Exception as exc:  # per-stream edge: this stream and this peer only
+            await _reset(stream)
+            protocol = _protocol_of(stream)
+            if is_peer_fault(exc):
+                log.debug("stream %s from %s failed", protocol, peer, exc_info=True)
+                _reject(network, peer, protocol, exc)
+            else:
+                log.debug("stream %s from %s ended: %r", protocol, peer, exc)
+
+    network.set_stream_handler(dispatch)
+
+
+class MalformedNegotiation(Exception):
+    """A peer's multistream negotiation did not parse (wrong header, bad length prefix, bad line)."""
+
+
+def _protocol_of(stream: Any) -> str:
+    try:
+        return str(stream.get_protocol() or "multistream")
+    except Exception:  # before negotiation a stream has no protocol
+        return "multistream"
+
+
+def contained_connection_task(fn: Callable[[Any], Awaitable[None]], what: str
+                              ) -> Callable[[Any], Awaitable[None]]:
+    """Wrap a connection's task (``SwarmConn.start``, ``Yamux.start``): a failure closes that connection
+    (and is held against its peer when its input was at fault) instead of stopping the Swarm."""
+
+    async def task(self: Any) -> None:
+        try:
+            await fn(self)
+        except Exception as exc:  # per-connection edge
+            muxed = getattr(self, "muxed_conn", self)
+            pid = getattr(muxed, "peer_id", None)
+            peer = pid.to_base58() if pid is not None else ""
+            log.warning("%s for %s failed, closing that connection: %r", what, peer or "?", exc)
+            if is_peer_fault(exc):
+                _reject(getattr(self, "swarm", None), peer, what, exc)
+            with trio.CancelScope(shield=True), trio.move_on_after(5.0):
+                try:
+                    await self.close()
+                except Exception as close_exc:  # already half torn down
+                    log.debug("closing after %s failure: %r", what, close_exc)
+
+    task.__name__ = getattr(fn, "__name__", "start")
+    task.__doc__ = fn.__doc__
+    return task
+
+
+def contained_peer_task(fn: Callable[..., Awaitable[Any]], what: str) -> Callable[..., Awaitable[Any]]:
+    """Wrap a pubsub/gossipsub method run as a service task for one peer (``fn(self, peer_id, ...)``):
+    a failure is held against that peer instead of stopping the pubsub service."""
+
+    async def task(self: Any, peer: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fn(self, peer, *args, **kwargs)
+        except Exception as exc:  # per-peer edge
+            owner = getattr(self, "pubsub", None) or self
+            try:
+                network = owner.host.get_network()
+            except Exception:  # a router not attached yet
+                network = None
+            try:
+                name = peer.to_base58()
+            except Exception:
+                name = str(peer)
+            if is_peer_fault(exc):
+                log.debug("%s task for %s failed", what, name, exc_info=True)
+                _reject(network, name, what, exc)
+            else:
+                log.debug("%s task for %s ended: %r", what, name, exc)
+            return None
+
+    task.__name__ = getattr(fn, "__name__", "task")
+    task.__doc__ = fn.__doc__
+    return task
