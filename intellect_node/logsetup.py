@@ -51,6 +51,9 @@ def setup_logging(*, level: str = "INFO", json_lines: bool = True, file: Path | 
     if file is not None:
         try:
             file.parent.mkdir(parents=True, exist_ok=True)
+            from intellect_node.node.identity import ensure_private_file
+
+            ensure_private_file(file)  # 0600: logs name peers, addresses and the data dir
             handler: logging.Handler = logging.FileHandler(file, encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"--log-file {file}: cannot open ({exc.strerror}); pick a writable path",

@@ -55,3 +55,46 @@ def test_step_log_keeps_steps_across_polls_and_counts_validator_verdicts() -> No
     assert rollout_counts(snaps) == {"accepted": 64, "rejected": 64, "generated": 128}
     # without validators the workers' own counts are used
     assert rollout_counts([trainer.snapshot(), worker.snapshot()])["accepted"] == 64
+
+
+@pytest.mark.timeout(480)
+def test_ctrl_c_keeps_the_logs_and_says_where(tmp_path: Path) -> None:
+    """Ctrl-C on a demo in its default temporary dir: every node stops, the temporary dir goes, and each
+    node's log is kept (0600, in a 0700 dir under the user log dir) at the path the demo prints."""
+    import os
+    import signal
+    import subprocess
+    import stat
+
+    from conftest import CLI, wait_for
+
+    tmp, state = tmp_path / "tmp", tmp_path / "state"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "XDG_STATE_HOME": str(state)}
+    with open(tmp_path / "stdout", "wb") as out, open(tmp_path / "stderr", "wb") as err:
+        # not a terminal and not --headless: the plain dashboard lines until Ctrl-C
+        demo = subprocess.Popen([CLI, "demo", "--workers", "1", "--run-id", "demo-ctrlc"], stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=err, env=env)
+        try:
+            def all_up() -> bool:
+                assert demo.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
+                dirs = list(tmp.glob("intellect-demo-*/*/control.json"))
+                return len(dirs) == 3
+            wait_for(all_up, timeout=360, interval=0.5, what="trainer, validator and worker up")
+            demo.send_signal(signal.SIGINT)
+            assert demo.wait(120) == 0, (tmp_path / "stderr").read_text()[-3000:]
+        finally:
+            if demo.poll() is None:
+                demo.kill()
+                demo.wait(10)
+    text = (tmp_path / "stderr").read_text()
+    kept = state / "intellect-node" / "log" / "demo" / "demo-ctrlc"
+    assert f"logs kept in {kept}" in text, text[-3000:]
+    assert not list(tmp.glob("intellect-demo-*")), "the temporary dir is removed"
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o700
+    names = {p.name for p in kept.iterdir()}
+    assert {"trainer.log", "validator0.log", "worker0.log", "demo.toml"} <= names, names
+    for name in names - {"demo.toml"}:
+        assert stat.S_IMODE((kept / name).stat().st_mode) == 0o600, name
+    trainer_log = (kept / "trainer.log").read_text()
+    assert '"stopping"' in trainer_log or "stopped in" in trainer_log  # the log runs to the clean stop

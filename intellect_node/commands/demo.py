@@ -16,6 +16,10 @@ verdicts the validators issued (``StatusBoard.verdict``), or, without validators
 Stopping (Ctrl-C, SIGTERM, or the steps reached): SIGTERM to each child by PID, a bounded wait, then
 SIGKILL by PID for any that did not exit. Children run in their own session so a Ctrl-C reaches only the
 demo, which stops them in order; on Linux they also get SIGTERM if the demo itself dies.
+
+Logs outlive the demo: with the default temporary dir, a clean stop moves every node's log (and the
+run's config) to ``<user log dir>/demo/<run-id>/`` (:func:`keep_logs`; ``~/.local/state/intellect-node/log``
+on Linux) before removing the rest, and says where; a failed run keeps the whole dir and names it.
 """
 
 from __future__ import annotations
@@ -61,6 +65,10 @@ class DemoNode:
     proc: Optional[subprocess.Popen[bytes]] = None
     log_path: Path = field(default_factory=Path)
 
+    @property
+    def stderr_path(self) -> Path:
+        return self.data_dir / "stderr.log"
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -103,7 +111,7 @@ class DemoSwarm:
         self.nodes += [DemoNode(f"validator{i}", "validator", root / f"validator{i}") for i in range(validators)]
         self.nodes += [DemoNode(f"worker{i}", "worker", root / f"worker{i}") for i in range(workers)]
         for node in self.nodes:
-            node.data_dir.mkdir(parents=True, exist_ok=True)
+            identity.ensure_data_dir(node.data_dir)
             node.peer_id = identity.load_or_init_key(node.data_dir).peer_id
             node.log_path = node.data_dir / "node.log"
         self.trainer = self.nodes[0]
@@ -139,7 +147,8 @@ class DemoSwarm:
         # The demo is self-contained: the operator's INTELLECT_NODE_* settings are not applied to it.
         env = {k: v for k, v in os.environ.items() if not k.startswith("INTELLECT_NODE_")}
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        errlog = open(node.data_dir / "stderr.log", "ab")
+        # 0600 like the node's own log file (logsetup): logs name peers and addresses.
+        errlog = os.fdopen(os.open(node.stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
         try:
             node.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=errlog, stderr=errlog, env=env,
                                          preexec_fn=_die_with_parent)
@@ -163,7 +172,7 @@ class DemoSwarm:
 
     def _death_note(self, node: DemoNode) -> str:
         code = node.proc.returncode if node.proc else None
-        err = (node.data_dir / "stderr.log")
+        err = node.stderr_path
         tail = err.read_text(errors="replace")[-2000:] if err.exists() else ""
         return (f"{node.name} exited with code {code}.\n{tail or node.log_tail()}\n"
                 f"(logs in {node.data_dir})")
@@ -244,6 +253,31 @@ def rollout_counts(snaps: list[Any]) -> dict[str, int]:
     return {"accepted": sum(s.rollouts.accepted for s in source),
             "rejected": sum(s.rollouts.rejected for s in source),
             "generated": sum(s.rollouts.generated for s in snaps if "worker" in s.role.split(","))}
+
+
+def demo_log_root() -> Path:
+    """Where a stopped demo's logs go: the platform's user log dir (``$XDG_STATE_HOME`` on Linux)."""
+    import platformdirs
+
+    return Path(platformdirs.user_log_dir("intellect-node", appauthor=False)) / "demo"
+
+
+def keep_logs(swarm: DemoSwarm, dest: Path) -> Path:
+    """Move every node's logs and the run's config from the demo's dir to ``dest`` (0700, one file per
+    node and stream: ``trainer.log``, ``trainer.stderr.log``, ...); returns ``dest``.
+
+    Why move rather than leave them: the default dir is a temporary one that is removed after a clean
+    stop (it holds blobs and checkpoints); the logs are what an operator looks at afterwards."""
+    from intellect_node.node.identity import ensure_data_dir
+
+    ensure_data_dir(dest)
+    for node in swarm.nodes:
+        for src, name in ((node.log_path, f"{node.name}.log"), (node.stderr_path, f"{node.name}.stderr.log")):
+            if src.exists():
+                shutil.move(str(src), str(dest / name))
+    if swarm.config_path.exists():
+        shutil.copy2(swarm.config_path, dest / swarm.config_path.name)
+    return dest
 
 
 def run_headless(swarm: DemoSwarm, steps: int, timeout: float, report: Optional[Path]) -> int:
@@ -339,7 +373,8 @@ def register(app: typer.Typer) -> None:
                                                                         "(--headless); exit code 1."),
         model: Optional[str] = typer.Option(None, "--model", help="Model folder (default: the embedded model)."),
         root: Optional[Path] = typer.Option(None, "--dir", help="Keep the nodes' data dirs here (default: a "
-                                                                 "temporary dir, removed afterwards)."),
+                                                                 "temporary dir, removed after a clean stop; "
+                                                                 "the logs move to the user log dir)."),
         run_id: str = typer.Option("", "--run-id", help="Run ID (default: demo-<random>)."),
     ) -> None:
         """Run a whole swarm locally (trainer, validator, two workers) on the embedded model and task.
@@ -354,6 +389,8 @@ def register(app: typer.Typer) -> None:
         rid = run_id or f"demo-{os.urandom(3).hex()}"
         swarm = DemoSwarm(base, workers=workers, validators=validators, run_id=rid, model=model,
                           extra_config={"rl": DEMO_RL})
+        typer.echo(f"run {rid}: node data and logs in {base}" + (" (logs kept after a stop)" if temp else ""),
+                   err=True)
         use_dashboard = not headless and sys.stdout.isatty()
         stopping = {"sig": False}
 
@@ -382,7 +419,13 @@ def register(app: typer.Typer) -> None:
         finally:
             signal.signal(signal.SIGTERM, old)
             if temp and code == 0:
-                shutil.rmtree(base, ignore_errors=True)
-            elif code != 0:
+                try:
+                    kept = keep_logs(swarm, demo_log_root() / rid)
+                except OSError as exc:  # no writable log dir: keep the demo's own dir instead
+                    typer.echo(f"could not move the logs ({exc}); node data and logs kept in {base}", err=True)
+                else:
+                    shutil.rmtree(base, ignore_errors=True)
+                    typer.echo(f"logs kept in {kept}", err=True)
+            else:
                 typer.echo(f"node data and logs kept in {base}", err=True)
         raise typer.Exit(code)

@@ -1,6 +1,6 @@
 """``intellect-node doctor``: check what commonly goes wrong, explain it, and say how to fix it.
 
-Checks, in order: the configuration; the data directory (writable, disk space); the node key; whether a
+Checks, in order: the configuration; the data directory (writable, private, disk space); the node key; whether a
 node is running here (then its view of reachability from AutoNAT and its peers is used); the listen
 addresses (bindable, reachable from elsewhere); the bootstrap peers (a real libp2p dial with Noise, so
 the peer ID is proven); clock skew against peers; torch, CUDA and vLLM; the model's dtype and the
@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import stat
 import sys
 import time
@@ -33,6 +32,7 @@ import typer
 
 from intellect_node.commands.common import DataDirOption, data_dir
 from intellect_node.errors import ConfigError, IntellectNodeError
+from intellect_node.node.ports import check_listen_ports
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
@@ -59,7 +59,7 @@ class Check:
 def check_data_dir(path: Path) -> list[Check]:
     out: list[Check] = []
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
         probe = path / f".doctor-{os.getpid()}"
         probe.write_bytes(b"ok")
         probe.unlink()
@@ -78,7 +78,29 @@ def check_data_dir(path: Path) -> list[Check]:
                          "10 GiB or more is comfortable: policies and their chunks accumulate"))
     else:
         out.append(Check("disk space", OK, f"{gib:.0f} GiB free"))
+    out.append(check_private(path))
     return out
+
+
+PRIVATE_FILES = ("ledger.sqlite", "ledger.sqlite-wal", "ledger.sqlite-shm", "node.log", "stderr.log")
+"""Files in the data dir that name peers and addresses: 0600, like the key (node/identity.py)."""
+
+
+def check_private(path: Path) -> Check:
+    """The data dir 0700 and its ledger and logs 0600; a running node tightens the dir itself."""
+    loose = []
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        loose.append(f"{path} (mode {mode:o})")
+    for name in PRIVATE_FILES:
+        f = path / name
+        if f.is_file() and stat.S_IMODE(f.stat().st_mode) & 0o077:
+            loose.append(f"{name} (mode {stat.S_IMODE(f.stat().st_mode):o})")
+    if not loose:
+        return Check("file modes", OK, "data dir 0700; ledger and logs private")
+    return Check("file modes", WARN, "readable by others: " + ", ".join(loose),
+                 f"chmod 700 {path} && chmod 600 {path}/ledger.sqlite* {path}/*.log (a node started on it "
+                 "tightens the dir and the files it opens)")
 
 
 def check_key(path: Path) -> Check:
@@ -120,14 +142,14 @@ def check_listen(listen: list[str], node_running: bool) -> list[Check]:
             out.append(Check("listen", OK, addr))
         if node_running or port == 0:
             continue
-        family = socket.AF_INET6 if ipobj.version == 6 else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((ip, port))
-            except OSError as exc:
-                out.append(Check("listen port", FAIL, f"cannot bind {ip}:{port}: {exc.strerror}",
-                                 "another process holds the port (`ss -ltnp`): stop it or change "
-                                 "network.listen / --listen"))
+        # The same probe `join` makes (node/ports.py): a bind without SO_REUSEPORT, which py-libp2p's own
+        # listener would have shared with another node.
+        try:
+            check_listen_ports([addr])
+        except ConfigError as exc:
+            out.append(Check("listen port", FAIL, str(exc).split(";")[0],
+                             "another process holds the port (`ss -ltnp`): stop it or change "
+                             "network.listen / --listen"))
     return out
 
 

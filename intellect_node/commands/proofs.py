@@ -1,4 +1,11 @@
-"""``intellect-node proofs``: calibrate the validator's thresholds from honest rollouts."""
+"""``intellect-node proofs``: calibrate the validator's thresholds from honest rollouts.
+
+Where calibration writes: ``--out FILE``, else the ``--model`` folder's ``proof_thresholds.json`` (what
+validators of that model read). It never writes into the installed package: the embedded model's
+thresholds ship with it and every validator of a run must use the same ones, so a local recalibration
+there would silently change this machine's verdicts (and be lost on upgrade). For the embedded model
+without ``--out`` it stops before calibrating and says how to proceed (:func:`thresholds_target`).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,24 @@ from typing import Optional
 import typer
 
 from intellect_node.errors import ConfigError
+
+
+def thresholds_target(model_dir: Optional[Path], out: Optional[Path]) -> Path:
+    """The file calibration will update; ConfigError (exit 2) when that would be inside the package."""
+    if out is not None:
+        return out
+    import intellect_node
+    from intellect_node.proofs.thresholds import THRESHOLDS_FILE
+    from intellect_node.trainer.model import resolve_model_dir
+
+    folder = resolve_model_dir(model_dir)
+    package = Path(intellect_node.__file__).resolve().parent
+    if folder.resolve().is_relative_to(package):
+        raise ConfigError(
+            f"the thresholds in {folder} ship with intellect-node and are not overwritten; pass --out FILE to "
+            "write the calibration elsewhere, or export the model (`intellect-node model export DIR`) and "
+            "calibrate --model DIR, whose proof_thresholds.json validators of that model read", field="out")
+    return folder / THRESHOLDS_FILE
 
 
 def register(app: typer.Typer) -> None:
@@ -27,7 +52,8 @@ def register(app: typer.Typer) -> None:
                                          "verified: torch, vllm (comma-separated)."),
         factor: float = typer.Option(2.0, "--factor", help="Margin: threshold = worst * factor + floor."),
         out: Optional[Path] = typer.Option(None, "--out", help="Thresholds file to update (default: the "
-                                           "model folder's proof_thresholds.json)."),
+                                           "--model folder's proof_thresholds.json; required for the "
+                                           "embedded model, whose shipped file is never overwritten)."),
         seed: int = typer.Option(0, "--seed"),
     ) -> None:
         """Generate honest rollouts, verify them, and write thresholds with margins for this dtype."""
@@ -37,13 +63,14 @@ def register(app: typer.Typer) -> None:
             sizes = []
         if not sizes or min(sizes) < 1:
             raise ConfigError("--batch-sizes must be positive integers, e.g. 1,32", field="batch_sizes")
+        path = thresholds_target(model_dir, out)  # before minutes of calibration, not after
         import torch
 
         from intellect_node.fsutil import atomic_write_text
         from intellect_node.node.engines.base import SamplingConfig
         from intellect_node.node.engines.calibrate import calibrate as run
         from intellect_node.node.engines.torch_engine import TorchEngine
-        from intellect_node.proofs.thresholds import THRESHOLDS_FILE, Margins, merge_into
+        from intellect_node.proofs.thresholds import Margins, merge_into
 
         torch.set_num_threads(1)
         verifier_engine = TorchEngine.from_dir(model_dir, dtype=dtype)
@@ -59,7 +86,6 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError(f"--engines: unknown engine {name!r} (torch, vllm)", field="engines")
         cal = run(verifier_engine, engines, n=n, batch_sizes=sizes, seed=seed, margins=Margins(factor=factor),
                   sampling=SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens))
-        path = out or verifier_engine.loaded.path / THRESHOLDS_FILE
         atomic_write_text(path, json.dumps(merge_into(path, cal), indent=2) + "\n")
         data = cal.to_json()
         typer.echo(f"{'check':18} {'worst honest':>14} {'threshold':>12}")

@@ -16,6 +16,11 @@ milliseconds on one port can both pass; a node started alone (the case that happ
 or a forgotten one) is always caught. Port 0 is not checked (the kernel picks a free port), nor are
 addresses that are not ``/ip4|ip6/<addr>/tcp|udp/<port>`` (DNS names, relay circuits): the host reports
 those itself.
+
+Evidence and test: ``tests/test_files_ports.py`` starts two py-libp2p hosts on one port (both listen)
+and shows the check refusing it. When it can go: once py-libp2p refuses a taken port itself (SO_REUSEPORT
+only on the hole-punching dial sockets, or a check like this one in its listener); the test's second
+``Swarm.start`` then fails, which is the signal.
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ def check_listen_ports(listen: Iterable[str]) -> None:
         if exc.errno == errno.EADDRINUSE:
             raise ConfigError(
                 f"--listen {addr}: {transport} port {port} is already in use by another process (is another "
-                f"node running? `ss -lntup | grep :{port}` shows who); stop it, or pick a free port with "
+                f"node running? `ss -ltnup | grep :{port}` shows who); stop it, or pick a free port with "
                 f"--listen /{'ip6' if ':' in ip else 'ip4'}/{ip}/{transport}/<port> (network.listen), or port 0 "
                 "for any free port", field="listen") from exc
         raise ConfigError(f"--listen {addr}: cannot bind {ip}:{port} ({exc.strerror}); use an address of this "
