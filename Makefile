@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-vllm bench clean
+.PHONY: setup demo test test-loaded test-vllm bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -12,6 +12,11 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q tests
+
+# The same suite beside two CPU-bound processes (started and ended by PID in the script), as on a busy
+# 2-core machine.
+test-loaded: setup
+	@PY=$(PY) bash scripts/test-loaded.sh
 
 # vLLM lives in its own environment (it pins its own torch); not part of `make test`.
 test-vllm:
