@@ -31,9 +31,10 @@ from typing import Callable, Iterable
 import trio
 from multiaddr import Multiaddr
 
-from libp2p.host.autonat.autonat import AutoNATService, _addr_ip
 from libp2p.host.autonat.pb.autonat_pb2 import Message
 from libp2p.peer.id import ID
+
+from intellect_node.node.libp2p_compat import AutoNATBase, addr_ip, observed_external_addrs
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ def decide(successes: int, failures: int, min_confirmations: int) -> Reachabilit
     return Reachability.UNKNOWN
 
 
-class DialBackAutoNAT(AutoNATService):
+class DialBackAutoNAT(AutoNATBase):
     """The AutoNAT server and client, with the dial-back over a fresh connection with a deadline.
 
     ``on_reject(peer_id, reason)`` is called for malformed or abusive requests so the node can record
@@ -129,7 +130,7 @@ class DialBackAutoNAT(AutoNATService):
 
     # --- server -----------------------------------------------------------------------------------
 
-    async def _handle_dial(self, message: Message, observed_ip: str | None, is_relayed: bool) -> Message:
+    async def serve_dial(self, message: Message, observed_ip: str | None, is_relayed: bool) -> Message:
         try:
             requester = ID(message.dial.peer.id)
         except Exception:
@@ -145,7 +146,7 @@ class DialBackAutoNAT(AutoNATService):
         if self._dial_slots.value == 0:
             return self._refuse(None, "too many dial-backs in progress")
         async with self._dial_slots:
-            return await super()._handle_dial(message, observed_ip, is_relayed)
+            return await self.stock_serve_dial(message, observed_ip, is_relayed)
 
     def _refuse(self, peer: ID | None, reason: str, status: int = Message.E_DIAL_REFUSED) -> Message:
         logger.info("autonat request from %s refused: %s", peer, reason)
@@ -157,7 +158,7 @@ class DialBackAutoNAT(AutoNATService):
         response.dialResponse.statusText = reason
         return response
 
-    async def _try_dial(self, peer_id: ID, addrs: list[bytes]) -> bytes | None:
+    async def dial_back(self, peer_id: ID, addrs: list[bytes]) -> bytes | None:
         """Dial ``peer_id`` on a new TCP connection and prove its identity with Noise; never reuse one."""
         network = self.host.get_network()
         for raw in addrs[:MAX_DIAL_BACK_ADDRS]:
@@ -198,17 +199,15 @@ class DialBackAutoNAT(AutoNATService):
         listen = [a for a in self.host.get_transport_addrs() if "/p2p-circuit" not in str(a)]
         out: dict[str, Multiaddr] = {}
         for a in listen:
-            ip = _addr_ip(a)
+            ip = addr_ip(a)
             if ip in (None, "0.0.0.0", "::") or ip.startswith("127."):
                 continue
             out[str(a)] = a
-        manager = getattr(self.host, "_observed_addr_manager", None)
         external_ips: list[str] = []
-        if manager is not None:
-            for obs in manager.addrs(min_observers=1):
-                ip = _addr_ip(obs)
-                if ip and ip not in external_ips:
-                    external_ips.append(ip)
+        for obs in observed_external_addrs(self.host):
+            ip = addr_ip(obs)
+            if ip and ip not in external_ips:
+                external_ips.append(ip)
         for ip in external_ips:
             for a in listen:
                 port = a.value_for_protocol("tcp")

@@ -21,9 +21,9 @@ import trio
 from multiaddr import Multiaddr
 
 from libp2p.peer.id import ID
-from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
 from libp2p.tools.anyio_service import background_trio_service
 
+from intellect_node.node.libp2p_compat import DCUtRBase, observed_external_addrs
 from intellect_node.node.nat.relay import OWN_ADDRS_VIEW, connection_kinds, relay_of_connection
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def relayed_direction(host: Any, peer: ID) -> str | None:
     return None
 
 
-class _RememberingDCUtR(DCUtRProtocol):
+class _RememberingDCUtR(DCUtRBase):
     """Stock DCUtR whose CONNECT never goes out empty.
 
     The stock protocol predicts our dialable address from identify observations (external IP + listen
@@ -80,16 +80,13 @@ class _RememberingDCUtR(DCUtRProtocol):
         self.external_ips: dict[str, None] = {}
 
     def remember_observations(self) -> None:
-        manager = getattr(self.host, "_observed_addr_manager", None)
-        if manager is None:
-            return
-        for obs in manager.addrs(min_observers=1):
+        for obs in observed_external_addrs(self.host):
             try:
                 self.external_ips[obs.value_for_protocol("ip4")] = None
             except Exception:  # an ip6 or odd observation: not used for TCP punching here
                 continue
 
-    async def _auto_drive_loop(self) -> None:
+    async def auto_drive_loop(self) -> None:
         """Punch for relayed connections we *accepted*, as the DCUtR spec has it (the listener B starts).
 
         The stock loop starts a session for every relayed peer on both ends; two concurrent sessions
@@ -97,30 +94,27 @@ class _RememberingDCUtR(DCUtRProtocol):
         to a session whose handshake role does not match the other end's, and the punch times out. Seen
         in namespaces; one initiator per connection fixes it.
         """
-        from libp2p.relay.circuit_v2.dcutr import MAX_HOLE_PUNCH_ATTEMPTS
-
         while True:
             await trio.sleep(AUTO_DRIVE_PERIOD_S)
             for peer in list(self.host.get_network().connections.keys()):
-                if (peer in self._in_progress or peer in self._direct_connections
-                        or self._hole_punch_attempts.get(peer, 0) >= MAX_HOLE_PUNCH_ATTEMPTS):
+                if self.settled(peer):
                     continue
                 if relayed_direction(self.host, peer) == DRIVING_SIDE and not has_direct(self.host, peer):
                     await self.initiate_hole_punch(peer)
 
-    async def _perform_hole_punch(self, peer_id: ID, addrs: list[Multiaddr], as_responder: bool = False) -> bool:
+    async def perform_hole_punch(self, peer_id: ID, addrs: list[Multiaddr], as_responder: bool = False) -> bool:
         # The stock code finds the listen port to dial from in host.get_addrs(), which on a private node
         # lists only circuit addresses (relay.advertise_circuit_addrs): show it the real ones. Without
         # the bound source port the NAT picks a random one and the punch cannot meet.
         token = OWN_ADDRS_VIEW.set(True)
         try:
-            return await super()._perform_hole_punch(peer_id, addrs, as_responder)
+            return await super().perform_hole_punch(peer_id, addrs, as_responder)
         finally:
             OWN_ADDRS_VIEW.reset(token)
 
-    async def _get_observed_addrs(self) -> list[bytes]:
+    async def observed_addrs(self) -> list[bytes]:
         self.remember_observations()
-        addrs = await super()._get_observed_addrs()
+        addrs = await super().observed_addrs()
         if addrs:
             return addrs
         out = []
@@ -166,11 +160,11 @@ class HolePuncher:
         with trio.move_on_after(UPGRADE_TIMEOUT_S):
             if relayed_direction(self.host, peer) not in (DRIVING_SIDE, None):
                 with trio.move_on_after(PEER_START_GRACE_S):
-                    while peer not in proto._in_progress and not has_direct(self.host, peer):
+                    while not proto.in_progress(peer) and not has_direct(self.host, peer):
                         await trio.sleep(0.05)
-            if peer not in proto._in_progress and not has_direct(self.host, peer):
+            if not proto.in_progress(peer) and not has_direct(self.host, peer):
                 await proto.initiate_hole_punch(peer)
-            while peer in proto._in_progress and not has_direct(self.host, peer):
+            while proto.in_progress(peer) and not has_direct(self.host, peer):
                 await trio.sleep(0.1)
         ok = has_direct(self.host, peer)
         if ok:

@@ -41,6 +41,7 @@ from libp2p.relay.circuit_v2.utils import read_delimited_msg, write_delimited_ms
 from libp2p.tools.anyio_service import background_trio_service
 
 from intellect_node.errors import TransportError
+from intellect_node.node.libp2p_compat import HopBase
 from intellect_node.protocol.ids import cid_of
 
 logger = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ class RelayServiceLimits:
     reservation_ttl_s: int = 3600
 
 
-class _HopWithTotalCap(CircuitV2Protocol):
+class _HopWithTotalCap(HopBase):
     """Stock HOP handler plus a cap on circuits across all reservations."""
 
     def __init__(self, host: Any, limits: RelayLimits, max_circuits_total: int) -> None:
@@ -86,15 +87,15 @@ class _HopWithTotalCap(CircuitV2Protocol):
         self.refused_circuits = 0
 
     def active_circuits(self) -> int:
-        return sum(r.active_connections for r in self.resource_manager._reservations.values())
+        return sum(r.active_connections for r in self.reservations())
 
-    async def _handle_connect(self, stream: Any, msg: HopMessage) -> None:
+    async def handle_connect(self, stream: Any, msg: HopMessage) -> None:
         if self.active_circuits() >= self.max_circuits_total:
             self.refused_circuits += 1
-            await self._send_status(stream, StatusCode.RESOURCE_LIMIT_EXCEEDED, "relay is full")
+            await self.send_status(stream, StatusCode.RESOURCE_LIMIT_EXCEEDED, "relay is full")
             await stream.reset()
             return
-        await super()._handle_connect(stream, msg)
+        await super().handle_connect(stream, msg)
 
 
 @dataclass(frozen=True)
@@ -135,9 +136,7 @@ class RelayService:
                 await trio.sleep(self.advertise_interval_s if self._advertised else 1.0)
 
     def snapshot(self) -> RelayServiceSnapshot:
-        rm = self.protocol.resource_manager
-        rm._clean_expired()
-        return RelayServiceSnapshot(reservations=len(rm._reservations),
+        return RelayServiceSnapshot(reservations=len(self.protocol.reservations()),
                                     active_circuits=self.protocol.active_circuits(),
                                     refused_circuits=self.protocol.refused_circuits,
                                     advertised=self._advertised)

@@ -28,6 +28,7 @@ import trio
 from libp2p.peer.id import ID
 
 from intellect_node.errors import IntegrityError, TransportError
+from intellect_node.node.libp2p_compat import push_identify
 from intellect_node.node.nat.autonat import DialBackAutoNAT, Reachability, ReachabilityReport, fix_text
 from intellect_node.node.nat.chunk_stream import MAX_HAVE_BYTES, ChunkStreamClient, ChunkStreamServer
 from intellect_node.node.nat.dcutr import HolePuncher
@@ -292,7 +293,7 @@ class NatService:
         await trio.sleep(0)  # several changes in one tick make one push
         self._push_pending = False
         with trio.move_on_after(IDENTIFY_PUSH_TIMEOUT_S):
-            await self.host._push_identify_to_all_peers()  # best effort: it never raises
+            await push_identify(self.host)  # best effort: it never raises
 
     def _set_blob_url(self, *, private: bool) -> None:
         url = f"{P2P_URL_PREFIX}{self.swarm.peer_id}" if private else self._public_url
