@@ -129,6 +129,12 @@ class RunConfig(_Section):
     any of them first refuses it. 1 trusts any single validator; 2 or more means one faulty or
     compromised validator can delay work but not get bad work trained on."""
 
+    worker_allowlist: list[str] = Field(default_factory=list)
+    """Peer IDs allowed to submit rollouts; empty (the default) is an open run. When set, validators drop
+    other peers' notices and the trainer refuses their batches (reason not_allowed), and a worker whose
+    key is not listed refuses to start. A closed run is the one defence against many fresh keys that
+    costs them nothing to get around (docs/security.md)."""
+
     @model_validator(mode="after")
     def _quorum(self) -> "RunConfig":
         if self.validator_peer_ids and self.verdict_quorum > len(self.validator_peer_ids):
@@ -154,7 +160,7 @@ class RunConfig(_Section):
                 raise ValueError(f"{v!r} is not an ed25519 peer ID (12D3KooW...)") from exc
         return v
 
-    @field_validator("validator_peer_ids")
+    @field_validator("validator_peer_ids", "worker_allowlist")
     @classmethod
     def _validators(cls, v: list[str]) -> list[str]:
         for p in v:
@@ -226,14 +232,77 @@ class RLConfig(_Section):
     """Fraction of each batch's rollouts a validator runs the tensor checks on (the rest get the cheap
     checks: signature, structure, reward recomputed from the task)."""
 
+    verify_first_batches: int = Field(default=4, ge=0, le=1024)
+    """A validator runs the tensor checks on every rollout of a worker's first this many accepted
+    batches, whatever verify_fraction says: a fresh key must first do this much honest work before
+    sampling lets a forged group through unchecked (docs/security.md)."""
+
     ban_after: int = Field(default=3, ge=1)
-    """Rejected batches after which a validator bans the worker for the rest of the run."""
+    """Batches refused for what they hold (a failed check, or rollouts already counted: duplicate) after
+    which a validator bans the worker for the rest of the run; the trainer bans a worker after this many
+    duplicate batches it caught itself."""
 
     full_every: int = Field(default=8, ge=1, le=64)
     """The trainer publishes a full checkpoint every this many policy versions (deltas in between)."""
 
     seed: int | None = None
     """Seed for the worker's problem sampling (None: random)."""
+
+
+class ValidatorConfig(_Section):
+    """How much work one peer can make a validator do (docs/security.md). Local tuning: validators of a
+    run may differ. A refused notice gets no verdict; its reason is recorded against the sender."""
+
+    max_verifications: int = Field(default=2, ge=1, le=64)
+    """Batches decoded and verified at once (each in a thread running torch on one core); 2 suits a
+    2-core machine. Batches of different workers are verified side by side up to this bound."""
+
+    max_jobs: int = Field(default=8, ge=1, le=1024)
+    """Notices being worked on at once (fetching the batch, waiting for a verification slot,
+    verifying) for workers with accepted work, and as many again for the others (new keys cannot take
+    the slots proven workers need). One peer never has more than one batch in flight."""
+
+    peer_queue: int = Field(default=4, ge=1, le=1024)
+    """Notices one peer may have waiting; more are refused (flood) and counted against it."""
+
+    peer_notices_per_min: float = Field(default=60.0, gt=0)
+    """Sustained notices per minute one peer may send (token bucket); more are refused (flood)."""
+
+    peer_notice_burst: int = Field(default=8, ge=1, le=4096)
+    """Notices one peer may send at once before peer_notices_per_min applies."""
+
+    peer_bytes_per_s: int = Field(default=1 << 20, ge=1)
+    """Announced batch bytes per second one peer may have fetched (token bucket holding one largest
+    batch, 64 MiB); more are refused (flood)."""
+
+    new_workers_per_min: float = Field(default=6.0, gt=0)
+    """Peers never seen before that this validator starts verifying per minute; others wait (up to
+    newcomer_wait of them) or are refused (newcomer_limit). Bounds what fresh keys cost (Sybils)."""
+
+    new_worker_burst: int = Field(default=8, ge=1, le=4096)
+    """New peers admitted at once before new_workers_per_min applies (a run starting with many workers)."""
+
+    newcomer_wait: int = Field(default=16, ge=0, le=4096)
+    """New peers that may wait for a slot under new_workers_per_min; beyond, their notices are refused."""
+
+    max_versions_ahead: int = Field(default=2, ge=0, le=1024)
+    """A notice for a policy version more than this beyond the newest announced one is refused (future)
+    and counted against its sender; closer ones wait, per peer, for that version."""
+
+    policy_wait_s: float = Field(default=30.0, gt=0, le=3600)
+    """How long a notice for a version not held yet waits (parked, blocking only its sender's later
+    notices) before its verdict says policy_version."""
+
+    fetch_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    """Deadline to fetch a batch of the announced size 0; fetch_bytes_per_s adds time for larger ones.
+    A blob its announcer cannot serve in time counts against it (unavailable)."""
+
+    fetch_bytes_per_s: int = Field(default=1 << 20, ge=1024)
+    """Slowest transfer rate a batch fetch is given time for (bytes per second of announced size)."""
+
+    strikes_ban_after: int = Field(default=10, ge=1)
+    """Notices a peer could not back (blob unavailable, a flood, a version from the future) after which
+    the validator bans it. Honest peers meet one now and then (a restart between notice and fetch)."""
 
 
 class MetricsConfig(_Section):
@@ -261,6 +330,9 @@ class NodeConfig(_Section):
 
     rl: RLConfig = Field(default_factory=RLConfig)
     """The RL roles: task, GRPO settings, batching, verification and bans."""
+
+    validator: ValidatorConfig = Field(default_factory=ValidatorConfig)
+    """A validator's bounds on the work one peer can impose: rates, queues, deadlines, new identities."""
 
     nat: NatConfig = Field(default_factory=NatConfig)
     """Reachability behind NAT: AutoNAT, circuit relay, hole punching (docs/nat.md)."""

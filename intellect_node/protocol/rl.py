@@ -53,7 +53,9 @@ class BatchVerdict(codec.Message, frozen=True):
     n_accepted: int
     n_rejected: int
     reason: str = ""
-    """Machine-readable reason of the first rejection (``Verifier`` reasons, or "stale", "groups")."""
+    """Machine-readable reason of the first rejection: a ``Verifier`` reason, or "stale", "groups",
+    "duplicate" (rollouts already counted), "unavailable" (the signer did not serve the blob in time),
+    "policy_version" (no such policy to check against)."""
     detail: str = ""
     ban: bool = False
     """The validator banned ``worker`` with this verdict (its rejection count reached the run's limit)."""
@@ -99,13 +101,17 @@ def seal_verdict(key: SigningKey, verdict: BatchVerdict) -> bytes:
     return key.seal(VERDICT_DOMAIN, check_verdict(verdict))
 
 
-def notice_validator(run_id: str) -> Callable[[bytes, str], tuple[RolloutNotice, str]]:
-    """Gossip validator: a notice of this run, signed by the peer that published it."""
+def notice_validator(run_id: str, allowed: frozenset[str] | None = None) -> Callable[[bytes, str],
+                                                                                      tuple[RolloutNotice, str]]:
+    """Gossip validator: a notice of this run, signed by the peer that published it; in a closed run
+    (``allowed``: ``run.worker_allowlist``) only from a listed worker (else ``not_allowed: ...``)."""
 
     def validate(data: bytes, origin: str) -> tuple[RolloutNotice, str]:
         notice, signer = open_envelope(data, NOTICE_DOMAIN, RolloutNotice, max_size=MAX_NOTICE_BYTES)
         if signer != origin:
             raise ProtocolError("notice signed by another peer than its publisher")
+        if allowed is not None and signer not in allowed:
+            raise ProtocolError(f"not_allowed: {signer} is not on the run's worker allowlist")
         if notice.run_id != run_id:
             raise ProtocolError(f"notice for run {notice.run_id[:64]!r}")
         return check_notice(notice), signer

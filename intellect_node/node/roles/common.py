@@ -91,6 +91,15 @@ def require_trainer(cfg: NodeConfig, role: str) -> str:
     return cfg.run.trainer_peer_id
 
 
+def require_allowed(cfg: NodeConfig, peer_id: str) -> None:
+    """A worker of a closed run (``run.worker_allowlist`` set) must be on the list: its batches would
+    all be refused (``not_allowed``), so it is an operator error at start."""
+    allow = cfg.run.worker_allowlist
+    if allow and peer_id not in allow:
+        raise ConfigError(f"this node ({peer_id}) is not on run.worker_allowlist ({len(allow)} peers); ask "
+                          "the run's operator to add it, or join another run", field="run.worker_allowlist")
+
+
 def follow_trainer_policy(runtime: Any, fetcher: "HintedFetcher", directory: Path) -> Any:
     """A PolicyFollower for the run's trainer (the one peer whose announcements count) in ``directory``.
 
@@ -133,14 +142,15 @@ class HintedFetcher:
         self.blobs = blobs
         self.swarm = swarm
         self._http = HttpChunkSource()
-        self._hints: dict[str, list[str]] = {}
+        self._hints: dict[str, list[str]] = {}  # CID -> holders named by the fetches under way
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # CID -> (one fetch at a time, users)
         self._fetcher = Fetcher(blobs.store, [self._http], self._find, self_peer_id=swarm.peer_id,
                                 penalise=swarm.peerbook.record_rejection, is_banned=swarm.peerbook.is_banned)
 
     async def _find(self, cid: str) -> list[Any]:
         from intellect_node.node.blob_fetch import StaticProvider
 
-        hinted = [StaticProvider(p, url) for p in self._hints.get(cid, [])
+        hinted = [StaticProvider(p, url) for p in dict.fromkeys(self._hints.get(cid, []))
                   if (url := self.swarm.peerbook.http_url(p))]
         if hinted:
             return hinted
@@ -156,15 +166,38 @@ class HintedFetcher:
                 raise IntegrityError(f"blob {cid} holds {m.total_size} bytes (announced {size}, "
                                      f"limit {max_size})")
 
-        self._hints[cid] = list(holders)
+        async def fetch_one() -> None:
+            lock, users = self._locks.get(cid, (asyncio.Lock(), 0))
+            self._locks[cid] = (lock, users + 1)
+            try:
+                async with lock:
+                    m = self.blobs.store.manifest(cid)
+                    if m is not None:
+                        check(m)
+                    if m is None or self.blobs.store.missing(cid):
+                        await self._fetcher.fetch(cid, on_manifest=check)
+            finally:
+                lock, users = self._locks[cid]
+                if users > 1:
+                    self._locks[cid] = (lock, users - 1)
+                else:
+                    del self._locks[cid]
+
+        # Concurrent fetches of one CID (two notices naming it) pool their hints and take turns.
+        self._hints.setdefault(cid, []).extend(holders)
         try:
-            m = self.blobs.store.manifest(cid)
-            if m is not None:
-                check(m)
-            await asyncio.wait_for(self._fetcher.fetch(cid, on_manifest=check), timeout)
+            await asyncio.wait_for(fetch_one(), timeout)
         finally:
-            self._hints.pop(cid, None)
+            self._unhint(cid, holders)
         return await asyncio.to_thread(read_blob, self.blobs, cid)
+
+    def _unhint(self, cid: str, holders: Sequence[str]) -> None:
+        left = self._hints.get(cid, [])
+        for h in holders:
+            if h in left:
+                left.remove(h)
+        if not left:
+            self._hints.pop(cid, None)
 
     def holding(self, holders: Sequence[str]) -> "_HintedBlobs":
         """A ``BlobService`` stand-in for ``PolicyFollower``: fetches try ``holders`` (the trainer) first."""
@@ -184,11 +217,11 @@ class _HintedBlobs:
 
     async def fetch(self, cid: str, *, on_manifest: Any = None, **_: Any) -> Any:
         o = self._owner
-        o._hints[cid] = list(self._holders)
+        o._hints.setdefault(cid, []).extend(self._holders)
         try:
             return await o._fetcher.fetch(cid, on_manifest=on_manifest)
         finally:
-            o._hints.pop(cid, None)
+            o._unhint(cid, self._holders)
 
 
 def group_slices(records: Sequence[RolloutRecord], group_size: int) -> list[slice] | str:

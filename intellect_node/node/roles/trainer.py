@@ -2,11 +2,18 @@
 
 - **Inputs.** The trainer listens to verdicts from the run's validators (``run.validator_peer_ids``).
   ``run.verdict_quorum`` of them must accept a batch (default 1; a rejection that comes first refuses
-  it, so one faulty validator can delay work but not get bad work trained on). Admission fetches the
-  batch blob, decodes it strictly, checks it is the named worker's and in whole groups, recomputes every
-  reward from the task (claimed rewards are never used), and *persists* it to ``trainer/inbox`` before
-  queueing it. A verdict carrying ``ban`` bans the worker here too, so its later notices and verdict
-  replays are dropped at the gossip validator.
+  it, so one faulty validator can delay work but not get bad work trained on). Votes are counted per
+  (worker, batch), so a peer naming someone else's batch in its own notice cannot get it refused.
+  Admission fetches the batch blob, decodes it strictly, checks it is the named worker's and in whole
+  groups, recomputes every reward from the task (claimed rewards are never used), and *persists* it to
+  ``trainer/inbox`` before queueing it. A verdict carrying ``ban`` bans the worker here too, so its
+  later notices and verdict replays are dropped at the gossip validator. In a closed run
+  (``run.worker_allowlist``) other workers' batches are refused (``not_allowed``).
+- **Each rollout once.** A batch holding a rollout already admitted (same run, version, worker, problem
+  and sample index, or rollout ID; ``roles/admission.py``) is refused as ``duplicate`` whatever its blob
+  CID, recorded against the worker, and ``rl.ban_after`` such batches ban it. The admitted keys are
+  journaled (``trainer/admitted.jsonl``, fsynced after the inbox copy, before queueing) so a SIGKILLed
+  trainer remembers them; keys of versions older than ``async_level`` are dropped as the trainer moves on.
 - **Bounded asynchrony.** The trainer at policy version v trains only on rollouts generated with a
   version >= v - ``run.async_level`` (INTELLECT-2: 2); older ones are refused (counted as stale). It
   takes whichever accepted batches are queued, from any workers, as soon as ``rl.groups_per_step``
@@ -41,6 +48,7 @@ import torch
 from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError
 from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
 from intellect_node.node.policy_sync import PolicyPublisher
+from intellect_node.node.roles.admission import AdmittedJournal, describe_key, rollout_keys
 from intellect_node.node.roles.common import HintedFetcher, blob_service, group_slices, model_dir, record_to_sample, \
     rescore, run_task
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, seal_announcement
@@ -58,6 +66,17 @@ REANNOUNCE_S = 2.0
 """Seconds between repeats of the newest announcement (gossip is not stored: late joiners need it)."""
 FETCH_TIMEOUT_S = 60.0
 METRICS_FILE = "metrics.jsonl"
+ADMITTED_FILE = "admitted.jsonl"
+
+
+class DuplicateRollouts(ProtocolError):
+    """An accepted batch holds rollouts the trainer already admitted."""
+
+
+def _vote_key(worker: str, cid: str) -> str:
+    """Votes and decisions are per (worker, batch): a verdict on a notice that named another worker's
+    blob must not decide that worker's batch."""
+    return f"{worker}/{cid}"
 
 
 class VerdictTally:
@@ -125,8 +144,11 @@ class Trainer:
                                kl_coef=self.rl.kl_coef,
                                token_budget=self.rl.groups_per_step * self.rl.group_size * self.rl.max_new_tokens)
         self.tally = VerdictTally(cfg.run.verdict_quorum)
+        self.allowed = frozenset(cfg.run.worker_allowlist)
         self.queue: deque[Accepted] = deque()
-        self.known: set[str] = set()  # batch CIDs accepted (queued, consumed or refused)
+        self.known: set[str] = set()  # _vote_key of batches decided (queued, consumed or refused)
+        self.duplicates: dict[str, int] = {}  # worker -> duplicate batches caught here
+        self.admitted = AdmittedJournal(self.dir / ADMITTED_FILE)  # rollout keys admitted, per version
         self.consumed: set[str] = set()
         self.pending_consumed: set[str] = set()  # taken but not yet in a checkpoint (all-uniform groups)
         self.version = 0
@@ -136,7 +158,8 @@ class Trainer:
         self._tasks: list[asyncio.Task[None]] = []
         self._announcement: bytes | None = None
         self.counts = {"accepted_batches": 0, "rejected_batches": 0, "stale_batches": 0,
-                       "accepted_rollouts": 0, "rejected_rollouts": 0, "stale_rollouts": 0, "banned": 0}
+                       "accepted_rollouts": 0, "rejected_rollouts": 0, "stale_rollouts": 0, "banned": 0,
+                       "duplicate_batches": 0, "not_allowed_batches": 0}
         self.idle_s = 0.0
         self.busy_s = 0.0
         self.last: dict[str, Any] = {}
@@ -167,8 +190,8 @@ class Trainer:
             self.version, self.step, self.consumed = state.version, state.step, set(state.consumed)
             log.info("resumed at policy v%d (step %d, %d batches consumed)", self.version, self.step,
                      len(self.consumed))
-        self.known |= self.consumed
         self._reload_inbox()
+        await self.admitted.compact(self.version - self.cfg.run.async_level)
         self.publisher = PolicyPublisher(self.dir / "policy", self.blobs, self.rt.swarm.key, self.run_id,
                                          full_every=self.rl.full_every)
         await self._publish_current()
@@ -190,7 +213,7 @@ class Trainer:
     def status(self) -> dict[str, Any]:
         total = self.idle_s + self.busy_s
         return {"version": self.version, "step": self.step, "queued_batches": len(self.queue),
-                "awaiting_quorum": len(self.tally),
+                "awaiting_quorum": len(self.tally), "admitted_keys": len(self.admitted),
                 "queued_groups": sum(len(a.groups) for a in self.queue), **self.counts,
                 "idle_fraction": self.idle_s / total if total else None, "last_step": self.last}
 
@@ -269,12 +292,19 @@ class Trainer:
         if verdict.ban and not self.rt.swarm.is_banned(verdict.worker):
             await self.rt.swarm.ban(verdict.worker, f"banned by validator {validator}: {verdict.reason}")
             self.counts["banned"] += 1
-        if verdict.batch_cid in self.known:
+        key = _vote_key(verdict.worker, verdict.batch_cid)
+        if key in self.known or verdict.batch_cid in self.consumed:
             return
-        if self.tally.vote(verdict.batch_cid, validator, verdict.accepted) == "wait":
+        if self.allowed and verdict.worker not in self.allowed:
+            self.known.add(key)
+            self.counts["not_allowed_batches"] += 1
+            self.rt.swarm.peerbook.record_rejection(verdict.worker, f"batch {verdict.batch_cid}: not_allowed "
+                                                                    f"(not on run.worker_allowlist)")
+            return
+        if self.tally.vote(key, validator, verdict.accepted) == "wait":
             return  # fewer than run.verdict_quorum validators have accepted it so far
         if not verdict.accepted:
-            self.known.add(verdict.batch_cid)
+            self.known.add(key)
             self.counts["rejected_batches"] += 1
             self.counts["rejected_rollouts"] += verdict.n_accepted + verdict.n_rejected
             self.rt.board.verdict(False, verdict.n_accepted + verdict.n_rejected, reason=verdict.reason,
@@ -283,25 +313,43 @@ class Trainer:
         if self.rt.swarm.is_banned(verdict.worker):
             return
         if verdict.policy_version < self.version - self.cfg.run.async_level:
-            self.known.add(verdict.batch_cid)
-            self.tally.done(verdict.batch_cid)
+            self.known.add(key)
+            self.tally.done(key)
             self._count_stale(verdict.n_accepted)
             return
-        self.known.add(verdict.batch_cid)
+        self.known.add(key)
         try:
             acc = await self._admit(verdict, validator)
         except asyncio.CancelledError:
             raise
+        except DuplicateRollouts as exc:
+            self.tally.done(key)
+            await self._refuse_duplicate(verdict, str(exc))
+            return
         except IntellectNodeError as exc:
-            self.known.discard(verdict.batch_cid)  # another validator's verdict may bring it again
+            self.known.discard(key)  # another validator's verdict may bring it again
             log.warning("accepted batch %s could not be admitted: %s", verdict.batch_cid, exc)
             return
-        self.tally.done(verdict.batch_cid)
+        self.tally.done(key)
         self.counts["accepted_batches"] += 1
         self.counts["accepted_rollouts"] += verdict.n_accepted
         self.rt.board.verdict(True, verdict.n_accepted, peer=verdict.worker)
         self.queue.append(acc)
         self._data.set()
+
+    async def _refuse_duplicate(self, verdict: BatchVerdict, detail: str) -> None:
+        """A batch its validators accepted holds rollouts admitted before: the worker's doing (only it can
+        sign a notice for its records), so it counts against it; ``rl.ban_after`` of them ban it."""
+        w = verdict.worker
+        n = self.duplicates[w] = self.duplicates.get(w, 0) + 1
+        self.counts["duplicate_batches"] += 1
+        self.counts["rejected_rollouts"] += verdict.n_accepted
+        self.rt.swarm.peerbook.record_rejection(w, f"batch {verdict.batch_cid}: duplicate: {detail}")
+        self.rt.board.verdict(False, verdict.n_accepted, reason="duplicate", detail=detail, peer=w)
+        log.warning("batch %s from %s refused: duplicate (%s)", verdict.batch_cid, w, detail)
+        if n >= self.rl.ban_after and not self.rt.swarm.is_banned(w):
+            await self.rt.swarm.ban(w, f"{n} duplicate batches")
+            self.counts["banned"] += 1
 
     def _count_stale(self, n: int) -> None:
         self.counts["stale_batches"] += 1
@@ -312,14 +360,27 @@ class Trainer:
         data = await self.fetcher.fetch(cid, holders=[verdict.worker, validator], max_size=MAX_BATCH_SIZE,
                                         timeout=FETCH_TIMEOUT_S)
         batch = await asyncio.to_thread(decode_batch, data)
-        groups = self._groups(batch, verdict.worker, verdict.policy_version)
-        self._seq += 1
-        # Persist before queueing: a crash from here on re-queues it from the inbox.
-        await asyncio.to_thread(atomic_write_bytes, self.inbox / f"{cid}.batch", data)
-        meta = {"cid": cid, "worker": verdict.worker, "version": verdict.policy_version, "seq": self._seq,
-                "time": time.time()}
-        await asyncio.to_thread(atomic_write_text, self.inbox / f"{cid}.json", json.dumps(meta))
-        return Accepted(cid, verdict.worker, verdict.policy_version, groups, self._seq)
+        version = verdict.policy_version
+        groups = self._groups(batch, verdict.worker, version)
+        keys = rollout_keys(batch.rollouts)
+        # Check and reserve with no await between: two verdicts cannot both pass with the same rollouts.
+        dup = self.admitted.first_seen(version, keys)
+        if dup is not None:
+            raise DuplicateRollouts(f"{describe_key(dup)} at v{version} was admitted before")
+        self.admitted.add(version, keys)
+        try:
+            self._seq += 1
+            # Persist before queueing: a crash from here on re-queues it from the inbox (and its keys
+            # with it, should the journal line below not have made it).
+            await asyncio.to_thread(atomic_write_bytes, self.inbox / f"{cid}.batch", data)
+            meta = {"cid": cid, "worker": verdict.worker, "version": version, "seq": self._seq,
+                    "time": time.time()}
+            await asyncio.to_thread(atomic_write_text, self.inbox / f"{cid}.json", json.dumps(meta))
+            await self.admitted.append(version, verdict.worker, cid, keys)
+        except BaseException:
+            self.admitted.discard(version, keys)
+            raise
+        return Accepted(cid, verdict.worker, version, groups, self._seq)
 
     def _groups(self, batch: RolloutBatch, worker: str, version: int) -> list[list[Sample]]:
         recs = batch.rollouts
@@ -345,14 +406,18 @@ class Trainer:
                     self._drop_inbox(cid)
                     continue
                 batch = decode_batch((self.inbox / f"{cid}.batch").read_bytes())
-                groups = self._groups(batch, str(meta["worker"]), int(meta["version"]))
+                worker, version = str(meta["worker"]), int(meta["version"])
+                groups = self._groups(batch, worker, version)
             except (OSError, ValueError, KeyError, IntellectNodeError) as exc:
                 log.warning("inbox entry %s unreadable (%s); skipped", meta_path.name, exc)
                 continue
-            found.append(Accepted(cid, str(meta["worker"]), int(meta["version"]), groups, int(meta["seq"])))
+            keys = rollout_keys(batch.rollouts)
+            if not self.admitted.holds(version, keys):  # killed between the inbox write and the journal
+                self.admitted.append_now(version, worker, cid, keys)
+            found.append(Accepted(cid, worker, version, groups, int(meta["seq"])))
         for acc in sorted(found, key=lambda a: a.seq):
             self.queue.append(acc)
-            self.known.add(acc.cid)
+            self.known.add(_vote_key(acc.worker, acc.cid))
             self._seq = max(self._seq, acc.seq)
         if found:
             log.info("re-queued %d accepted batches from the inbox", len(found))
@@ -439,6 +504,8 @@ class Trainer:
         t2 = time.monotonic()
         for cid in ids:  # committed in the checkpoint: the inbox copies are no longer needed
             self._drop_inbox(cid)
+        # Rollouts older than async_level are refused as stale from now on: their keys can go.
+        await self.admitted.compact(self.version - self.cfg.run.async_level)
         # Publication overlaps the next optimizer step: the weights are copied now (the next step moves
         # them), one publication runs at a time, in version order. A crash before it finishes is covered
         # by the restart path (_publish_current publishes the checkpointed version first).

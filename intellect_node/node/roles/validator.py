@@ -1,22 +1,34 @@
 """Validator role: verify workers' rollout batches, publish signed verdicts, ban repeat offenders.
 
-For each notice (already signature-checked and run-checked in the gossip validator; banned senders are
-dropped there too):
+A notice (signature- and run-checked in the gossip validator, which also drops banned senders and, in a
+closed run, peers off ``run.worker_allowlist``) first goes through the intake (``roles/intake.py``): per
+peer rates, byte budget and queue, the version window, the new-identity rate. What it refuses gets no
+verdict; the reason is recorded against the sender and ``flood``/``future`` count as strikes. Taken
+notices are worked on as jobs, one per peer at a time, round-robin across peers, at most
+``validator.max_jobs`` at once for workers with accepted work and as many for the rest (so fresh keys
+that tarpit cannot take the slots honest workers need); the tensor work of at most
+``validator.max_verifications`` batches runs at once, in threads. A job:
 
-1. staleness: a batch generated with a policy more than ``run.async_level`` versions behind the newest
-   announced one is refused as ``stale`` (not held against the worker: the network may have been slow);
-   one from a version this validator does not hold yet waits for it (bounded);
-2. the blob is fetched (its announced size is checked before any chunk moves), decoded strictly, and
-   every record must be the notice signer's, of this run and of the notice's version, in whole groups,
-   with the sampling seeds and rollout IDs the run derives (``proofs/sampling.batch_seeds``);
-3. the records go through :class:`~intellect_node.node.engines.verifier.Verifier` with the run's
-   expectations (version, checkpoint hash, dtype, sampling settings): signature, sanity (lengths, token
-   IDs in the vocabulary, termination, the prompt of the named problem), the reward recomputed from the
-   task, TOPLOC, logprob and seeded-sampler checks. ``rl.verify_fraction`` < 1 runs the tensor checks on
-   a random subset of groups; the cheap checks always run on everything;
-4. the verdict is published; a rejected batch counts against the worker, and at ``rl.ban_after``
-   rejections the worker is banned (its connections closed, its later gossip dropped) and the verdict
-   says so, so the trainer and the other nodes ban it too.
+1. staleness: a batch more than ``run.async_level`` versions behind the newest announced one is ``stale``
+   (not held against the worker); one of a version this validator does not hold yet stays parked at the
+   head of its sender's queue (others go on) for up to ``validator.policy_wait_s``;
+2. the blob is fetched from the notice's signer under a deadline scaled to the announced size; a blob it
+   cannot serve in time is ``unavailable`` and counts as a strike (the signer claimed to hold it);
+3. the same bytes from the same worker again (another blob name, same content) are not re-verified: the
+   earlier outcome is reused (``duplicate`` if they were accepted);
+4. strict decoding; every record the signer's, of this run and version, in whole groups, with the seeds
+   and rollout IDs the run derives (``proofs/sampling.batch_seeds``); a rollout already counted (the same
+   run, version, worker, problem and sample index, or rollout ID: ``roles/admission.py``) makes the
+   batch a ``duplicate``, before any tensor work;
+5. :class:`~intellect_node.node.engines.verifier.Verifier` with the run's expectations. ``rl.verify_fraction``
+   < 1 runs the tensor checks on a random subset of groups, except for a worker's first
+   ``rl.verify_first_batches`` accepted batches, which are checked in full (a fresh key earns sampling);
+6. the verdict is published. A refusal for what the batch holds counts against the worker, and at
+   ``rl.ban_after`` of them it is banned (connections closed, later gossip dropped) and the verdict says
+   so, so the trainer and the other nodes ban it too; ``validator.strikes_ban_after`` strikes ban it too.
+
+The same notice again (same worker, same blob) is ignored and not charged: anyone can replay a signed
+gossip message once the gossip layer's seen-cache has forgotten it.
 
 The validator keeps an engine for each of the last ``async_level + 1`` policy versions so it can check
 rollouts from any version the trainer would still accept.
@@ -25,17 +37,23 @@ rollouts from any version the trainer would still accept.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Coroutine
 
-from intellect_node.errors import IntellectNodeError, ProtocolError
+import msgspec
+
+from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError
 from intellect_node.node.engines.torch_engine import TorchEngine
 from intellect_node.node.engines.verifier import Expectations, Verdict, Verifier, seed_violation
+from intellect_node.node.roles.admission import BoundedMap, SeenRollouts, describe_key, rollout_keys
 from intellect_node.node.roles.common import HintedFetcher, follow_trainer_policy, require_trainer, base_model, blob_service, \
     group_slices, loaded_from_checkpoint, model_dir, run_task
+from intellect_node.node.roles.intake import Intake, Limits, Pending
 from intellect_node.proofs.thresholds import load_thresholds
 from intellect_node.trainer.filtering import FilteredTask
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, announcement_validator
@@ -46,9 +64,12 @@ from intellect_node.protocol.topics import topic
 
 log = logging.getLogger(__name__)
 
-WAIT_FOR_POLICY_S = 30.0
-"""How long a batch from a version not held yet waits for that version's announcement and fetch."""
-FETCH_TIMEOUT_S = 60.0
+NOT_HELD = frozenset({"stale", "policy_version"})
+"""Verdict reasons that are not the worker's fault (the swarm moved on; this validator lacks the policy)."""
+STRIKES = frozenset({"unavailable", "future", "flood"})
+"""Refusals of notices the sender could not back: counted toward ``validator.strikes_ban_after``."""
+LATENCY_KEPT = 32
+"""Recent verdict latencies kept per worker (``latency_s`` in the status), for the 64 latest workers."""
 
 
 class Validator:
@@ -60,8 +81,10 @@ class Validator:
         self.rt = runtime
         self.cfg = cfg
         self.rl = cfg.rl
+        self.vcfg = cfg.validator
         self.run_id = cfg.run.run_id
         self.async_level = cfg.run.async_level
+        self.allowed = frozenset(cfg.run.worker_allowlist)
         self.task = run_task(cfg)  # also registers a JSONL task so problem IDs resolve
         self.base = base_model(cfg)
         self.thresholds = load_thresholds(model_dir(cfg), cfg.run.dtype)
@@ -70,12 +93,25 @@ class Validator:
         self.latest_announced = -1
         self._latest: PolicyAnnouncement | None = None
         self._new_policy = asyncio.Event()
-        self._policy_changed = asyncio.Condition()
-        self._queue: asyncio.Queue[tuple[RolloutNotice, str]] = asyncio.Queue(maxsize=1024)
+        self._wake = asyncio.Event()
+        self._slots = asyncio.Semaphore(self.vcfg.max_verifications)
         self._tasks: list[asyncio.Task[None]] = []
+        self._jobs: set[asyncio.Task[None]] = set()
+        self._pools = {"proven": 0, "new": 0}  # jobs running for workers with / without accepted work
+        self.intake = Intake(Limits.from_config(self.vcfg, max_batch_bytes=MAX_BATCH_SIZE), exempt=self.allowed)
+        self.seen = SeenRollouts()
+        self.outcomes: BoundedMap[tuple[str, str], tuple[bool, str, str, str]] = BoundedMap(8192)
+        """(worker, sha256 of the batch) -> (accepted, reason, detail, first CID): resubmissions reuse it."""
+        self.notices: BoundedMap[tuple[str, str], None] = BoundedMap(16384)  # (worker, CID) taken in
+        self.trust: BoundedMap[str, int] = BoundedMap(65536)  # worker -> accepted batches
+        self.latency: BoundedMap[str, deque[float]] = BoundedMap(64)
         self.rejections: dict[str, int] = {}
         self.reasons: dict[str, list[str]] = {}
-        self.counts = {"accepted": 0, "rejected": 0, "stale": 0, "banned": 0}
+        self.strikes: dict[str, int] = {}
+        self.counts = {"accepted": 0, "rejected": 0, "stale": 0, "unchecked": 0, "banned": 0, "duplicate": 0,
+                       "reused": 0, "replayed": 0, "unavailable": 0, "not_allowed": 0, "verified": 0,
+                       "verified_full": 0}
+        self.verify_s = 0.0
         self.rng = random.Random()
 
     @classmethod
@@ -91,20 +127,39 @@ class Validator:
         sw = self.rt.swarm
         sw.subscribe(topic(self.run_id, POLICY_KIND),
                      announcement_validator(self.run_id, self.cfg.run.trainer_peer_id), self._on_announcement)
-        sw.subscribe(topic(self.run_id, NOTICE_KIND), notice_validator(self.run_id), self._on_notice)
+        sw.subscribe(topic(self.run_id, NOTICE_KIND), self._notice_validator(), self._on_notice)
         self._tasks = [asyncio.create_task(self._sync_loop(), name="validator-policy"),
-                       asyncio.create_task(self._loop(), name="validator-loop")]
+                       asyncio.create_task(self._dispatch_loop(), name="validator-loop")]
 
     async def close(self) -> None:
-        for t in self._tasks:
+        tasks = self._tasks + list(self._jobs)
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if hasattr(self, "fetcher"):
             self.fetcher.close()
 
     def status(self) -> dict[str, Any]:
-        return {"versions_held": list(self.engines), "queue": self._queue.qsize(), **self.counts,
-                "rejections_by_worker": dict(self.rejections), "reasons_by_worker": dict(self.reasons)}
+        return {"versions_held": list(self.engines), "queue": self.intake.queued(), **self.counts,
+                "verify_s": round(self.verify_s, 3), "jobs": dict(self._pools), "intake": self.intake.status(),
+                "rejections_by_worker": dict(self.rejections),
+                "reasons_by_worker": {w: list(r) for w, r in self.reasons.items()},
+                "strikes_by_worker": dict(self.strikes),
+                "latency_s": {w: list(d) for w, d in self.latency.items()}}
+
+    def _notice_validator(self) -> Any:
+        """The protocol's notice check plus a count of the closed run's refusals (trio thread)."""
+        check = notice_validator(self.run_id, allowed=self.allowed or None)
+
+        def validate(data: bytes, origin: str) -> tuple[RolloutNotice, str]:
+            try:
+                return check(data, origin)
+            except ProtocolError as exc:
+                if str(exc).startswith("not_allowed"):
+                    self.counts["not_allowed"] += 1
+                raise
+
+        return validate
 
     # -- policy ----------------------------------------------------------------------------------
 
@@ -113,6 +168,8 @@ class Validator:
             self.latest_announced = ann.version
             self._latest = ann
             self._new_policy.set()
+            self.seen.forget_below(self.latest_announced - self.async_level)
+            self._wake.set()
 
     async def _sync_loop(self) -> None:
         while True:
@@ -133,47 +190,105 @@ class Validator:
     async def _add_engine(self, version: int, ckpt: Any) -> None:
         loaded = await asyncio.to_thread(loaded_from_checkpoint, self.base, ckpt)
         engine = await asyncio.to_thread(TorchEngine, loaded)
-        async with self._policy_changed:
-            self.engines[version] = (ckpt.content_hash, engine)
-            while len(self.engines) > self.async_level + 1:
-                self.engines.popitem(last=False)
-            self.latest_announced = max(self.latest_announced, version)
-            self._policy_changed.notify_all()
+        self.engines[version] = (ckpt.content_hash, engine)
+        while len(self.engines) > self.async_level + 1:
+            self.engines.popitem(last=False)
+        self.latest_announced = max(self.latest_announced, version)
+        self.seen.forget_below(self.latest_announced - self.async_level)
+        self._wake.set()
 
-    # -- verification ----------------------------------------------------------------------------
+    def _decidable(self, version: int) -> bool:
+        """A notice of ``version`` can be judged now: its policy is held, or it never will be (older than
+        the newest held, or stale)."""
+        return version in self.engines or version < max(self.engines, default=-1) \
+            or version < self.latest_announced - self.async_level
+
+    # -- intake and dispatch ---------------------------------------------------------------------
 
     def _on_notice(self, msg: tuple[RolloutNotice, str], origin: str) -> None:
         notice, worker = msg
         if self.rt.swarm.is_banned(worker):
             return
-        try:
-            self._queue.put_nowait((notice, worker))
-        except asyncio.QueueFull:
-            log.warning("verification queue full; dropping a notice from %s", worker)
+        if (worker, notice.batch_cid) in self.notices:
+            self.counts["replayed"] += 1
+            return
+        refusal = self.intake.offer(worker, notice, time.monotonic(), self.latest_announced)
+        if refusal is not None:
+            self.rt.swarm.peerbook.record_rejection(
+                worker, f"notice {notice.batch_cid}: {refusal.reason}: {refusal.detail}")
+            if refusal.strike:
+                self._strike(worker, refusal.reason)
+            return
+        self.notices.put((worker, notice.batch_cid), None)
+        self._wake.set()
 
-    async def _loop(self) -> None:
+    def _strike(self, worker: str, reason: str) -> bool:
+        """Count a strike; True (and the ban under way) when it reaches ``strikes_ban_after``."""
+        n = self.strikes[worker] = self.strikes.get(worker, 0) + 1
+        if n < self.vcfg.strikes_ban_after or self.rt.swarm.is_banned(worker):
+            return False
+        self.rt.swarm.peerbook.ban(worker, f"{n} strikes, last: {reason}")  # at once: drop what follows
+        self._spawn(self._ban(worker, f"{n} strikes, last: {reason}"))
+        return True
+
+    async def _ban(self, worker: str, why: str) -> None:
+        self.counts["banned"] += 1
+        self.intake.forget(worker)
+        await self.rt.swarm.ban(worker, why)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._jobs.add(task)
+        task.add_done_callback(self._jobs.discard)
+
+    async def _dispatch_loop(self) -> None:
         while True:
-            notice, worker = await self._queue.get()
-            if self.rt.swarm.is_banned(worker):
-                continue
+            self._wake.clear()
+            now = time.monotonic()
+            for p in self.intake.take(now, self._decidable, self._grant):
+                self._spawn(self._job(p, self._pool(p.worker)))
+            for p in self.intake.expired(now):
+                self._spawn(self._expire(p))
+            delay = self.intake.next_event(now)
             try:
-                verdict = await self.check(notice, worker)
-            except asyncio.CancelledError:
-                raise
-            except IntellectNodeError as exc:  # could not fetch: no verdict, the worker is not blamed
-                log.warning("batch %s from %s not checked: %s", notice.batch_cid, worker, exc)
-                continue
-            await self.publish(verdict, worker)
-
-    async def _engine_for(self, version: int) -> tuple[str, TorchEngine] | None:
-        async with self._policy_changed:
-            try:
-                await asyncio.wait_for(self._policy_changed.wait_for(
-                    lambda: version in self.engines or min(self.engines, default=-1) > version),
-                    WAIT_FOR_POLICY_S)
+                await asyncio.wait_for(self._wake.wait(), 5.0 if delay is None else max(delay, 0.01))
             except asyncio.TimeoutError:
-                return None
-            return self.engines.get(version)
+                pass
+
+    def _pool(self, worker: str) -> str:
+        return "proven" if self.trust.get(worker) else "new"
+
+    def _grant(self, worker: str) -> bool:
+        pool = self._pool(worker)
+        if self._pools[pool] >= self.vcfg.max_jobs:
+            return False
+        self._pools[pool] += 1
+        return True
+
+    async def _job(self, p: Pending, pool: str) -> None:
+        try:
+            verdict = await self.check(p.notice, p.worker)
+            await self.publish(verdict, p.worker, arrived=p.arrived)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the edge of one peer's job: a bug on one batch must not stop the others
+            log.exception("checking batch %s from %s failed", p.notice.batch_cid, p.worker)
+        finally:
+            self._pools[pool] -= 1
+            self.intake.done(p.worker)
+            self._wake.set()
+
+    async def _expire(self, p: Pending) -> None:
+        """A parked notice whose version did not arrive in time. A version nobody announced was a lie
+        (a strike); one announced but not obtained here is this validator's problem."""
+        v = p.notice.policy_version
+        lie = v > self.latest_announced
+        verdict = self._verdict(p.notice, p.worker, 0, p.notice.n_rollouts, "policy_version",
+                                f"no policy v{v} after {self.vcfg.policy_wait_s:.0f} s (newest announced "
+                                f"v{self.latest_announced})")
+        await self.publish(verdict, p.worker, arrived=p.arrived, strike="future" if lie else None)
+
+    # -- verification ----------------------------------------------------------------------------
 
     def _verdict(self, notice: RolloutNotice, worker: str, n_ok: int, n_bad: int, reason: str = "",
                  detail: str = "") -> BatchVerdict:
@@ -181,26 +296,49 @@ class Validator:
                             policy_version=notice.policy_version, accepted=n_bad == 0 and n_ok > 0,
                             n_accepted=n_ok, n_rejected=n_bad, reason=reason[:64], detail=detail[:MAX_DETAIL_LEN])
 
+    def fetch_deadline(self, size: int) -> float:
+        return self.vcfg.fetch_timeout_s + size / self.vcfg.fetch_bytes_per_s
+
     async def check(self, notice: RolloutNotice, worker: str) -> BatchVerdict:
-        n = notice.n_rollouts
-        if notice.policy_version < self.latest_announced - self.async_level:
-            return self._verdict(notice, worker, 0, n, "stale", f"version {notice.policy_version}, newest "
+        n, v = notice.n_rollouts, notice.policy_version
+        if v < self.latest_announced - self.async_level:
+            return self._verdict(notice, worker, 0, n, "stale", f"version {v}, newest "
                                  f"{self.latest_announced}, async_level {self.async_level}")
-        held = await self._engine_for(notice.policy_version)
+        held = self.engines.get(v)
         if held is None:
-            return self._verdict(notice, worker, 0, n, "stale" if notice.policy_version < self.latest_announced
-                                 else "policy_version", f"no policy v{notice.policy_version} to check against")
-        ckpt_hash, engine = held
-        if notice.batch_bytes > MAX_BATCH_SIZE:
-            return self._verdict(notice, worker, 0, n, "malformed", "batch too large")
-        data = await self.fetcher.fetch(notice.batch_cid, holders=[worker], max_size=MAX_BATCH_SIZE,
-                                        size=notice.batch_bytes, timeout=FETCH_TIMEOUT_S)
+            return self._verdict(notice, worker, 0, n, "stale" if v < self.latest_announced else "policy_version",
+                                 f"no policy v{v} to check against")
+        deadline = self.fetch_deadline(notice.batch_bytes)
+        try:
+            data = await self.fetcher.fetch(notice.batch_cid, holders=[worker], max_size=MAX_BATCH_SIZE,
+                                            size=notice.batch_bytes, timeout=deadline)
+        except IntegrityError as exc:  # not the size it announced
+            return self._verdict(notice, worker, 0, n, "malformed", str(exc))
+        except (IntellectNodeError, asyncio.TimeoutError) as exc:
+            return self._verdict(notice, worker, 0, n, "unavailable",
+                                 f"not served within {deadline:.0f} s: {exc or 'timed out'}")
+        digest = hashlib.sha256(data).hexdigest()
+        prior = self.outcomes.get((worker, digest))
+        if prior is not None:  # the same bytes again: no second verification
+            self.counts["reused"] += 1
+            accepted, reason, detail, first = prior
+            if accepted or reason == "duplicate":
+                return self._verdict(notice, worker, 0, n, "duplicate", f"the same batch as {first}")
+            return self._verdict(notice, worker, 0, n, reason, f"the same batch as {first}: {detail}")
+        async with self._slots:
+            verdict = await self._check_content(notice, worker, data, held)
+        self.outcomes.put((worker, digest), (verdict.accepted, verdict.reason, verdict.detail, notice.batch_cid))
+        return verdict
+
+    async def _check_content(self, notice: RolloutNotice, worker: str, data: bytes,
+                             held: tuple[str, TorchEngine]) -> BatchVerdict:
+        n, v = notice.n_rollouts, notice.policy_version
         try:
             batch = await asyncio.to_thread(decode_batch, data)
         except ProtocolError as exc:
             return self._verdict(notice, worker, 0, n, "malformed", str(exc))
         recs = batch.rollouts
-        if batch.run_id != self.run_id or batch.policy_version != notice.policy_version or len(recs) != n:
+        if batch.run_id != self.run_id or batch.policy_version != v or len(recs) != n:
             return self._verdict(notice, worker, 0, n, "malformed", "batch does not match its notice")
         if any(r.worker != worker for r in recs):
             return self._verdict(notice, worker, 0, n, "bad_signature", "records of another worker")
@@ -212,23 +350,43 @@ class Validator:
             if outside is not None:
                 return self._verdict(notice, worker, 0, n, "unknown_task",
                                      f"{outside} is not among the run's offline-filtered problems")
-        bad_seed = seed_violation(recs, self.run_id, notice.policy_version, worker)
+        bad_seed = seed_violation(recs, self.run_id, v, worker)
         if bad_seed:
             return self._verdict(notice, worker, 0, n, "seed", bad_seed)
-        expect = Expectations(run_id=self.run_id, policy_version=notice.policy_version, checkpoint_cid=ckpt_hash,
-                              temperature=self.rl.temperature, top_p=1.0, max_new_tokens=self.rl.max_new_tokens)
-        verifier = Verifier(engine, self.thresholds, expect)
-        full = list(range(len(recs)))
-        if self.rl.verify_fraction < 1.0:
-            k = max(1, round(len(groups) * self.rl.verify_fraction))
-            full = sorted(i for g in self.rng.sample(groups, k) for i in range(g.start, g.stop))
-        verdicts = await asyncio.to_thread(self._verify, verifier, recs, set(full))
-        bad = [v for v in verdicts if not v.accepted]
-        for v in verdicts:
-            self.rt.board.proof_checked(v.accepted, reason=v.reason or "")
-        if bad:
-            return self._verdict(notice, worker, n - len(bad), len(bad), bad[0].reason or "rejected", bad[0].detail)
-        return self._verdict(notice, worker, n, 0)
+        keys = rollout_keys(recs)
+        dup = self.seen.first_seen(v, keys)
+        if dup is not None:
+            return self._verdict(notice, worker, 0, n, "duplicate", f"{describe_key(dup)} at v{v} was already "
+                                                                    "counted")
+        self.seen.add(v, keys)  # reserved now; released below unless accepted
+        accepted = False
+        try:
+            ckpt_hash, engine = held
+            expect = Expectations(run_id=self.run_id, policy_version=v, checkpoint_cid=ckpt_hash,
+                                  temperature=self.rl.temperature, top_p=1.0, max_new_tokens=self.rl.max_new_tokens)
+            verifier = Verifier(engine, self.thresholds, expect)
+            full = list(range(len(recs)))
+            everything = self.rl.verify_fraction >= 1.0 or (self.trust.get(worker) or 0) < self.rl.verify_first_batches
+            if not everything:
+                k = max(1, round(len(groups) * self.rl.verify_fraction))
+                full = sorted(i for g in self.rng.sample(groups, k) for i in range(g.start, g.stop))
+            t0 = time.monotonic()
+            verdicts = await asyncio.to_thread(self._verify, verifier, recs, set(full))
+            self.verify_s += time.monotonic() - t0
+            self.counts["verified"] += 1
+            self.counts["verified_full"] += everything
+            bad = [r for r in verdicts if not r.accepted]
+            for r in verdicts:
+                self.rt.board.proof_checked(r.accepted, reason=r.reason or "")
+            if bad:
+                return self._verdict(notice, worker, n - len(bad), len(bad), bad[0].reason or "rejected",
+                                     bad[0].detail)
+            accepted = True
+            self.trust.put(worker, (self.trust.get(worker) or 0) + 1)
+            return self._verdict(notice, worker, n, 0)
+        finally:
+            if not accepted:
+                self.seen.discard(v, keys)
 
     @staticmethod
     def _verify(verifier: Verifier, recs: list[Any], full: set[int]) -> list[Verdict]:
@@ -242,26 +400,36 @@ class Validator:
                 out.append(v if v is not None else Verdict(r.rollout_id, r.worker, True))
         return out
 
-    async def publish(self, verdict: BatchVerdict, worker: str) -> None:
+    async def publish(self, verdict: BatchVerdict, worker: str, *, arrived: float | None = None,
+                      strike: str | None = None) -> None:
+        """Count, charge and gossip ``verdict``. ``strike``: count it as that strike whatever its reason."""
+        reason = verdict.reason
         if verdict.accepted:
             self.counts["accepted"] += 1
-        elif verdict.reason == "stale":
-            self.counts["stale"] += 1
+        elif strike is None and reason in NOT_HELD:
+            self.counts["stale" if reason == "stale" else "unchecked"] += 1
         else:
-            self.counts["rejected"] += 1
-            self.rejections[worker] = self.rejections.get(worker, 0) + 1
-            self.reasons.setdefault(worker, []).append(verdict.reason)
-            self.rt.swarm.peerbook.record_rejection(worker, f"batch {verdict.batch_cid}: {verdict.reason}")
-            if self.rejections[worker] >= self.rl.ban_after and not self.rt.swarm.is_banned(worker):
-                import msgspec
-
+            self.rt.swarm.peerbook.record_rejection(worker, f"batch {verdict.batch_cid}: {reason}")
+            if strike is not None or reason in STRIKES:
+                self.counts["unavailable"] += reason == "unavailable"
+                banned = self._strike(worker, strike or reason)
+            else:
+                self.counts["rejected"] += 1
+                self.counts["duplicate"] += reason == "duplicate"
+                n = self.rejections[worker] = self.rejections.get(worker, 0) + 1
+                self.reasons.setdefault(worker, []).append(reason)
+                banned = n >= self.rl.ban_after and not self.rt.swarm.is_banned(worker)
+                if banned:
+                    await self._ban(worker, f"{n} rejected batches, last: {reason}")
+            if banned:
                 verdict = msgspec.structs.replace(verdict, ban=True)
-                await self.rt.swarm.ban(worker, f"{self.rejections[worker]} rejected batches, last: "
-                                                f"{verdict.reason}")
-                self.counts["banned"] += 1
-        self.rt.board.verdict(verdict.accepted, verdict.n_accepted + verdict.n_rejected, reason=verdict.reason,
+        if arrived is not None:
+            kept = self.latency.get(worker) or deque(maxlen=LATENCY_KEPT)
+            kept.append(round(time.monotonic() - arrived, 3))
+            self.latency.put(worker, kept)
+        self.rt.board.verdict(verdict.accepted, verdict.n_accepted + verdict.n_rejected, reason=reason,
                               detail=verdict.detail, peer=worker)
         log.info("batch %s from %s v%d: %s%s", verdict.batch_cid[-8:], worker[-6:], verdict.policy_version,
-                 "accepted" if verdict.accepted else f"rejected ({verdict.reason}: {verdict.detail[:80]})",
+                 "accepted" if verdict.accepted else f"rejected ({reason}: {verdict.detail[:80]})",
                  " -> banned" if verdict.ban else "")
         await self.rt.swarm.publish(topic(self.run_id, VERDICT_KIND), seal_verdict(self.rt.swarm.key, verdict))

@@ -11,12 +11,19 @@ configured trainer (checked in the gossip validator); a new version is fetched t
 A worker submits at most ``rl.batches_per_version`` batches per policy version, then waits for the next
 announcement: older work would only be refused as stale once the trainer moves on.
 
+A problem is submitted at most once per policy version: its sampling seeds derive from (run, version,
+worker, problem, sample index), so a second batch of it would repeat the same rollouts, which validators
+and the trainer refuse as ``duplicate`` and count against the worker. The problems used at the current
+version are kept in ``worker/used.json`` (written before generating) so a restarted worker does not
+repeat them either. In a closed run (``run.worker_allowlist``) a worker not on the list refuses to start.
+
 The record-building step is :meth:`Worker.make_records`; tests subclass it to play a cheating worker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -24,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from intellect_node.errors import IntellectNodeError
-from intellect_node.fsutil import atomic_write_bytes
+from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
 from intellect_node.node.engines.base import SamplingConfig
 from intellect_node.node.engines.rollouts import generate_rollouts
 from intellect_node.node.engines.torch_engine import TorchEngine
-from intellect_node.node.roles.common import HintedFetcher, follow_trainer_policy, require_trainer, base_model, blob_service, \
-    ledger_of, loaded_from_checkpoint, run_task
+from intellect_node.node.roles.common import HintedFetcher, follow_trainer_policy, require_allowed, require_trainer, \
+    base_model, blob_service, ledger_of, loaded_from_checkpoint, run_task
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, announcement_validator
 from intellect_node.protocol.rl import NOTICE_KIND, VERDICT_KIND, BatchVerdict, RolloutNotice, seal_notice, \
     verdict_validator
@@ -41,6 +48,9 @@ log = logging.getLogger(__name__)
 
 RESUBMIT_AFTER_S = 10.0
 """A worker capped at ``batches_per_version`` submits one more batch after this long without a new policy."""
+USED_FILE = "used.json"
+SCAN_LIMIT = 1 << 16
+"""Tasks up to this size are scanned for unused problems when random draws keep missing."""
 
 
 class Worker:
@@ -49,6 +59,7 @@ class Worker:
     def __init__(self, runtime: Any) -> None:
         cfg = runtime.config
         require_trainer(cfg, "worker")
+        require_allowed(cfg, runtime.swarm.peer_id)
         self.rt = runtime
         self.cfg = cfg
         self.rl = cfg.rl
@@ -141,9 +152,9 @@ class Worker:
     # -- generation ------------------------------------------------------------------------------
 
     def sample_problems(self, used: set[str] | None = None) -> list[Problem]:
-        """``problems_per_batch`` problems, each ``group_size`` times. Problems in ``used`` (already
-        submitted at this policy version) are redrawn a bounded number of times: their seeds are derived
-        from (version, problem), so a repeat would only duplicate the same samples."""
+        """Up to ``problems_per_batch`` distinct problems not in ``used`` (submitted at this policy
+        version), each ``group_size`` times; added to ``used``. Fewer, or none, when the task has run out
+        of fresh problems for this version (a small task file): a repeat would be a duplicate."""
         probs: list[Problem] = []
         for _ in range(8):
             for p in self.task.sample(self.rng, self.rl.problems_per_batch * 2):
@@ -151,9 +162,19 @@ class Worker:
                     probs.append(p)
             if len(probs) >= self.rl.problems_per_batch:
                 break
+        if len(probs) < self.rl.problems_per_batch and used is not None and len(self.task) <= SCAN_LIMIT:
+            # Random draws keep hitting used problems in a small task: go through the rest of it.
+            have = used | {q.problem_id for q in probs}
+            order = list(range(len(self.task)))
+            self.rng.shuffle(order)
+            for i in order:
+                if len(probs) >= self.rl.problems_per_batch:
+                    break
+                p = self.task.problem(i)
+                if p.problem_id not in have:
+                    probs.append(p)
+                    have.add(p.problem_id)
         probs = probs[:self.rl.problems_per_batch]
-        if len(probs) < self.rl.problems_per_batch:  # a task smaller than what a version asks for
-            probs += self.task.sample(self.rng, self.rl.problems_per_batch - len(probs))
         if used is not None:
             used.update(p.problem_id for p in probs)
         return [p for p in probs for _ in range(self.rl.group_size)]
@@ -164,10 +185,21 @@ class Worker:
         return generate_rollouts(engine, self.tokenizer, problems, key=self.rt.swarm.key, run_id=self.run_id,
                                  policy_version=version, checkpoint=checkpoint, sampling=self.sampling)
 
+    def _load_used(self) -> tuple[int, set[str]]:
+        """The problems used at the version this worker last generated for (``worker/used.json``)."""
+        path = self.dir / USED_FILE
+        try:
+            doc = json.loads(path.read_text())
+            return int(doc["version"]), {str(p) for p in doc["problems"]}
+        except FileNotFoundError:
+            return -1, set()
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # our own file; at worst a repeat is refused
+            log.warning("ignoring unreadable %s: %s", path, exc)
+            return -1, set()
+
     async def _loop(self) -> None:
         per_version = 0
-        version_seen = -1
-        used: set[str] = set()  # problems submitted at version_seen
+        version_seen, used = self._load_used()  # problems submitted at version_seen
         last_submit = 0.0
         while True:
             capped = self.version == version_seen and per_version >= self.rl.batches_per_version
@@ -181,8 +213,14 @@ class Worker:
                 used = set()
             engine, version, ckpt_hash = self.engine, self.version, self.checkpoint_hash
             t0 = time.monotonic()
-            records = await asyncio.to_thread(self.make_records, engine, self.sample_problems(used), version,
-                                            ckpt_hash)
+            problems = self.sample_problems(used)
+            if not problems:  # every problem of the task was submitted at this version: wait for the next
+                per_version, last_submit = self.rl.batches_per_version, time.monotonic()
+                continue
+            # Persisted before generating: a restart at this version must not draw these again.
+            await asyncio.to_thread(atomic_write_text, self.dir / USED_FILE,
+                                    json.dumps({"version": version, "problems": sorted(used)}))
+            records = await asyncio.to_thread(self.make_records, engine, problems, version, ckpt_hash)
             n_tokens = sum(len(r.completion_tokens) for r in records)
             self.rt.board.rollouts_generated(len(records), tokens=n_tokens)
             try:
