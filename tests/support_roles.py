@@ -9,11 +9,16 @@ Modes:
 - ``reward``: claims reward 1.0 for every rollout (inflated reward);
 - ``tokens``: replaces one completion token per rollout, re-signs the record (edited tokens);
 - ``model``: generates with different weights (another model) while naming the announced policy;
-- ``mix``: the three in turn, one per batch.
+- ``mix``: the three in turn, one per batch;
+- ``replay``: honest batches, each followed by two more notices of the same rollouts under other blob
+  names: the same bytes, then the same records with the groups in reverse order (other bytes);
+- ``replay-first``: honest batches, each (from the second on) followed by the first batch's bytes under
+  a new blob name.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -35,8 +40,10 @@ def make_key(data_dir: Path) -> str:
 
 def write_config(data_dir: Path, *, trainer: str, validators: list[str], model: str, rl: dict[str, Any],
                  run_id: str = "e2e", bootstrap: list[str] | None = None, async_level: int = 2,
-                 verdict_quorum: int = 1) -> Path:
-    """``<data_dir>/config.toml`` (read by ``join`` from the data dir)."""
+                 verdict_quorum: int = 1, worker_allowlist: list[str] | None = None,
+                 validator: dict[str, Any] | None = None) -> Path:
+    """``<data_dir>/config.toml`` (read by ``join`` from the data dir). ``validator``: the
+    ``[validator]`` section's settings."""
     def val(v: Any) -> str:
         return json.dumps(v)
 
@@ -46,8 +53,9 @@ def write_config(data_dir: Path, *, trainer: str, validators: list[str], model: 
         lines.append(f"bootstrap = {val(bootstrap)}")
     lines += ["[metrics]", "enabled = false", "[run]", f"run_id = {val(run_id)}", f"trainer_peer_id = {val(trainer)}",
               f"validator_peer_ids = {val(validators)}", f"model = {val(model)}", f"async_level = {async_level}",
-              f"verdict_quorum = {verdict_quorum}", "[rl]"]
+              f"verdict_quorum = {verdict_quorum}", f"worker_allowlist = {val(worker_allowlist or [])}", "[rl]"]
     lines += [f"{k} = {val(v)}" for k, v in rl.items()]
+    lines += ["[validator]"] + [f"{k} = {val(v)}" for k, v in (validator or {}).items()]
     path = data_dir / "config.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -72,16 +80,27 @@ def listen_addr(proc: NodeProcess, timeout: float = 180) -> str:
 
 
 class CheatProcess(NodeProcess):
-    """A cheating worker as a child process (same control API as an honest node)."""
+    """A cheating worker as a child process (same control API as an honest node). ``module``: the test
+    module whose ``__main__`` runs it (``tests.support_hostile`` for the other hostile peers)."""
 
-    def __init__(self, data_dir: Path, mode: str) -> None:
+    def __init__(self, data_dir: Path, mode: str, module: str = "tests.support_roles") -> None:
         self.data_dir = data_dir
         self.args = [mode]
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.support_roles", "cheat", mode, str(data_dir)],
+        argv = ["cheat", mode, str(data_dir)] if module == "tests.support_roles" else [mode, str(data_dir)]
+        self.proc = subprocess.Popen([sys.executable, "-m", module, *argv],
                                      stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **ENV},
                                      cwd=str(REPO))
+
+
+def hostile_process(data_dir: Path, mode: str, procs: list[Any], **config: Any) -> CheatProcess:
+    """Write ``data_dir``'s config and start a ``tests.support_hostile`` peer (``flood``, ``tarpit``,
+    ``stamp``, ``stamp-outsider``) added to ``procs``."""
+    write_config(data_dir, **config)
+    proc = CheatProcess(data_dir, mode, module="tests.support_hostile")
+    procs.append(proc)
+    return proc
 
 
 def _cheat_main(mode: str, data_dir: Path) -> int:
@@ -95,9 +114,44 @@ def _cheat_main(mode: str, data_dir: Path) -> int:
     from intellect_node.node.engines.torch_engine import TorchEngine
     from intellect_node.node.roles.worker import Worker
     from intellect_node.node.runtime import NodeRuntime, run_node
-    from intellect_node.protocol.rollout import sign_rollout
+    from intellect_node.fsutil import atomic_write_bytes
+    from intellect_node.protocol.rl import NOTICE_KIND, RolloutNotice, seal_notice
+    from intellect_node.protocol.rollout import RolloutBatch, encode_batch, sign_rollout
+    from intellect_node.protocol.topics import topic
 
     class Cheater(Worker):
+        copies = 0
+        first: Any = None
+
+        def status(self) -> dict[str, Any]:
+            return {**super().status(), "copies": self.copies}
+
+        async def submit(self, records: Any, version: int, n_tokens: int) -> str:
+            cid = await super().submit(records, version, n_tokens)
+            if mode == "replay":
+                g = self.rl.group_size
+                groups = [records[i:i + g] for i in range(0, len(records), g)]
+                await self._copy(records, version)
+                await self._copy([r for grp in reversed(groups) for r in grp], version)
+            elif mode == "replay-first":
+                if self.first is None:
+                    self.first = (records, version)
+                else:
+                    await self._copy(*self.first)
+            return cid
+
+        async def _copy(self, records: Any, version: int) -> None:
+            """The records again, under a blob name of their own (so another CID), with a notice."""
+            self.copies += 1
+            data = encode_batch(RolloutBatch(run_id=self.run_id, policy_version=version, rollouts=records))
+            path = self.dir / "outbox" / f"copy-{self.copies}.batch"
+            await asyncio.to_thread(atomic_write_bytes, path, data)
+            cid, _ = await self.blobs.put_file(path, name=f"copy-{self.copies}")
+            path.unlink(missing_ok=True)
+            notice = RolloutNotice(run_id=self.run_id, batch_cid=cid, policy_version=version,
+                                   n_rollouts=len(records), batch_bytes=len(data))
+            await self.rt.swarm.publish(topic(self.run_id, NOTICE_KIND), seal_notice(self.rt.swarm.key, notice))
+
         def make_records(self, engine: TorchEngine, problems: Any, version: int, checkpoint: str) -> Any:
             how = mode
             if mode == "mix":  # one of each, in turn
@@ -143,4 +197,4 @@ def _cheat_main(mode: str, data_dir: Path) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "cheat":
         sys.exit(_cheat_main(sys.argv[2], Path(sys.argv[3])))
-    sys.exit(f"usage: {sys.argv[0]} cheat reward|tokens|model DATA_DIR")
+    sys.exit(f"usage: {sys.argv[0]} cheat reward|tokens|model|mix|replay|replay-first DATA_DIR")
