@@ -2,7 +2,8 @@
 
 - A worker that re-submits its rollouts under other blob names (the same bytes, and the same records
   reordered) gets them refused as ``duplicate`` by the validator, without a second verification, and is
-  banned after ``rl.ban_after`` of them; the trainer admits each batch once.
+  banned after ``rl.ban_after`` of them; the trainer admits each batch once. Its first batch is verified
+  in full, the next on ``rl.verify_fraction``'s sample (``rl.verify_first_batches``).
 - Behind a validator that accepts everything (a faulty validator the trainer was told to trust), the
   trainer itself refuses the copies, also after a SIGKILL and restart (its journal of admitted rollouts),
   and refuses a worker off the run's allowlist (``not_allowed``).
@@ -33,7 +34,7 @@ def _model() -> str:
 
 def test_validator_refuses_resubmitted_rollouts_once_verified_and_bans(tmp_path: Path) -> None:
     rl = dict(group_size=4, problems_per_batch=2, groups_per_step=64, max_new_tokens=4, batches_per_version=4,
-              ban_after=3)
+              ban_after=3, verify_fraction=0.5, verify_first_batches=1)
     ids = {n: make_key(tmp_path / n) for n in ("trainer", "validator", "cheat")}
     common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=_model(), rl=rl)
     procs: list[Any] = []
@@ -59,6 +60,7 @@ def test_validator_refuses_resubmitted_rollouts_once_verified_and_bans(tmp_path:
     assert vstat["accepted"] == 2 and vstat["duplicate"] == 3, vstat
     assert vstat["reused"] == 2, vstat  # the exact copies: the earlier verdict, no decoding, no proofs
     assert vstat["verified"] == vstat["accepted"], vstat  # tensor checks ran once per accepted batch only
+    assert vstat["verified_full"] == 1, vstat  # its first batch in full, then verify_fraction's sample
     assert tstat["accepted_batches"] == 2 and tstat["rejected_batches"] == 3, tstat
     assert tstat["duplicate_batches"] == 0, tstat  # the validator caught them first
 

@@ -116,3 +116,29 @@ def test_journal_keeps_every_acknowledged_key_across_sigkill(tmp_path: Path) -> 
             if i // 10 >= floor:
                 assert j.holds(i // 10, [f"k{i}a", f"k{i}b"]), (round_, i, acked)
         path.unlink()
+
+
+def test_the_run_allowlist_is_checked_in_config_gossip_and_at_worker_start(tmp_path: Path) -> None:
+    import pytest
+
+    from intellect_node.errors import ConfigError, ProtocolError
+    from intellect_node.node.config import build_config
+    from intellect_node.node.roles.common import require_allowed
+    from intellect_node.protocol.rl import RolloutNotice, notice_validator, seal_notice
+    from intellect_node.protocol.signing import SigningKey
+
+    member, stranger = SigningKey.generate(), SigningKey.generate()
+    with pytest.raises(ConfigError) as e:
+        build_config({"run": {"worker_allowlist": [member.peer_id, "12D3KooWnope"]}})
+    assert "run.worker_allowlist" in str(e.value) and "12D3KooWnope" in str(e.value)
+    cfg = build_config({"run": {"worker_allowlist": [member.peer_id]}})
+    require_allowed(cfg, member.peer_id)
+    with pytest.raises(ConfigError, match="not on run.worker_allowlist"):
+        require_allowed(cfg, stranger.peer_id)
+    require_allowed(build_config({}), stranger.peer_id)  # an open run
+
+    validate = notice_validator("r", allowed=frozenset({member.peer_id}))
+    n = RolloutNotice(run_id="r", batch_cid=CKPT, policy_version=0, n_rollouts=8, batch_bytes=100)
+    assert validate(seal_notice(member, n), member.peer_id)[1] == member.peer_id
+    with pytest.raises(ProtocolError, match="^not_allowed"):
+        validate(seal_notice(stranger, n), stranger.peer_id)
