@@ -6,6 +6,10 @@ providers resolve to URLs without a round trip). A peer is ``gone`` once ``peer_
 without one; the sweep runs every ``min(interval, peer_timeout / 4)`` s, so a dead or frozen peer is
 marked gone at most ``peer_timeout + sweep period`` after its last heartbeat. Liveness follows
 heartbeats, not connections, because a frozen (SIGSTOPped) peer keeps its TCP connection (notes).
+
+Both loops run under the runtime's task supervisor (``spawn``, see ``node/liveness.py``). While the
+swarm restarts libp2p a failed heartbeat is not logged (the swarm logs the outage once) rather than
+every interval.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from intellect_node.errors import ProtocolError, TransportError
 from intellect_node.node.swarm import Swarm
@@ -23,13 +28,21 @@ from intellect_node.protocol.topics import topic
 log = logging.getLogger(__name__)
 
 PeerListener = Callable[[str], None]
+Spawn = Callable[[str, Callable[[], Awaitable[Any]]], "asyncio.Task[Any]"]
+
+
+def _plain_spawn(name: str, factory: Callable[[], Awaitable[Any]]) -> asyncio.Task[Any]:
+    """Without a runtime (tests of the swarm alone): a plain task, not restarted."""
+    return asyncio.ensure_future(factory())
 
 
 class Heartbeats:
     """Publishes this node's heartbeats and tracks everyone else's in ``swarm.peerbook``."""
 
-    def __init__(self, swarm: Swarm, *, interval: float, peer_timeout: float) -> None:
+    def __init__(self, swarm: Swarm, *, interval: float, peer_timeout: float,
+                 spawn: Spawn | None = None) -> None:
         self.swarm = swarm
+        self._spawn = spawn or _plain_spawn
         self.interval = interval
         self.peer_timeout = peer_timeout
         self.topic = topic(swarm.run_id, "heartbeat")
@@ -38,14 +51,14 @@ class Heartbeats:
         """Called (asyncio loop) when a peer is heard for the first time or again after being gone."""
         self.on_gone: list[PeerListener] = []
         """Called (asyncio loop) when a peer has been silent for ``peer_timeout``."""
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: list[asyncio.Task[Any]] = []
         self._seq = 0
 
     def start(self) -> None:
         self.swarm.peerbook.peer_timeout = self.peer_timeout
         self.swarm.subscribe(self.topic, self._validate, self._on_heartbeat)
-        self._tasks = [asyncio.create_task(self._publish_loop(), name="heartbeat-publish"),
-                       asyncio.create_task(self._sweep_loop(), name="heartbeat-sweep")]
+        self._tasks = [self._spawn("heartbeat-publish", self._publish_loop),
+                       self._spawn("heartbeat-sweep", self._sweep_loop)]
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -87,7 +100,8 @@ class Heartbeats:
                 await self.swarm.publish(self.topic, self.beat())
                 self.sent += 1
             except (TransportError, ProtocolError) as exc:
-                log.warning("heartbeat not sent: %s", exc)
+                if not self.swarm.watch.down_reason:  # during a restart the swarm has said why
+                    log.warning("heartbeat not sent: %s", exc)
             await asyncio.sleep(self.interval)
 
     async def _sweep_loop(self) -> None:

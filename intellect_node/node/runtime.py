@@ -8,10 +8,16 @@ Start order (each step needs the one before):
 4. build the services from their factories (the seam: ``factory(runtime) -> NodeService``), mount their
    bulk and control routes, start serving HTTP, then ``await service.start()``;
 5. heartbeats, bootstrap dials (remembered peers when no bootstrap peer answers);
-6. write ``control.json``: from here on the CLI can reach the node.
+6. write ``control.json``: from here on the CLI can reach the node; tell systemd ``READY=1``.
 
 Stop (SIGINT, SIGTERM or ``POST /v1/stop``) runs the same steps backwards, each under a deadline, so
 the process exits 0 within about :data:`STOP_TIMEOUT_S` seconds even if a peer hangs.
+
+Liveness (``node/liveness.py``): every long-lived loop runs under :meth:`NodeRuntime.spawn`, which
+restarts it when it fails; the swarm's watch restarts libp2p. What is restarting shows as ``degraded``
+on the status board, and a part that cannot be kept working ends the process with
+:data:`~intellect_node.node.liveness.EXIT_UNHEALTHY` (:meth:`NodeRuntime.fail`) after the same clean
+stop. Under systemd the node pings the watchdog only while libp2p answers and every essential task runs.
 """
 
 from __future__ import annotations
@@ -35,7 +41,9 @@ from intellect_node.node import control
 from intellect_node.node.config import NodeConfig
 from intellect_node.node.heartbeat import Heartbeats
 from intellect_node.node.identity import ensure_data_dir, load_or_init_key
+from intellect_node.node.liveness import EXIT_UNHEALTHY, TaskFactory, TaskSupervisor
 from intellect_node.node.ports import check_listen_ports
+from intellect_node.node.sdnotify import Notifier
 from intellect_node.node.status import StatusBoard
 from intellect_node.node.swarm import Swarm
 
@@ -49,6 +57,10 @@ BOOTSTRAP_RETRY_S = (2.0, 4.0, 8.0, 15.0, 30.0)
 """Waits between bootstrap attempts while no peer is connected (the last one repeats), e.g. when the
 bootstrap node starts a little later than this one; :data:`BOOTSTRAP_RETRIES` attempts at most."""
 BOOTSTRAP_RETRIES = 20
+NO_PEERS_DEGRADED_S = 30.0
+"""A node without a single connected peer for this long reads degraded ("no peers for N s")."""
+WATCHDOG_PERIOD_S = 5.0
+"""How often the node tells systemd its status when no watchdog timeout is set (with one: half of it)."""
 
 
 @runtime_checkable
@@ -116,6 +128,44 @@ class NodeRuntime:
         self._status_task: asyncio.Task[None] | None = None
         self._bootstrap_task: asyncio.Task[None] | None = None
         self._started = False
+        self.exit_code = 0
+        """What the process exits with: 0, or :data:`EXIT_UNHEALTHY` after :meth:`fail`."""
+        self.notifier = Notifier()
+        self.supervisor = TaskSupervisor(on_change=self._task_health, on_fatal=self.fail)
+        self._alone_since: float | None = None
+
+    def spawn(self, name: str, factory: TaskFactory, *, essential: bool = True,
+              may_end: bool = False) -> asyncio.Task[None]:
+        """Run the loop ``factory()`` as task ``name`` for the node's lifetime (see ``node/liveness.py``):
+        if it raises, or returns without ``may_end``, it is logged and started again with a back-off
+        (``essential``), and the node exits :data:`EXIT_UNHEALTHY` once it keeps failing. Cancel the
+        returned task to stop it."""
+        return self.supervisor.spawn(name, factory, essential=essential, may_end=may_end)
+
+    def fail(self, reason: str, code: int = EXIT_UNHEALTHY) -> None:
+        """A part of the node cannot be kept working: stop cleanly, then exit with ``code``."""
+        if self.exit_code == 0:
+            self.exit_code = code
+            log.critical("stopping the node (exit code %d): %s", code, reason)
+        self.board.set_degraded("fatal", reason)
+        self.request_stop()
+
+    def _task_health(self, name: str, reason: str) -> None:
+        self.board.set_degraded(f"task {name}", reason)
+        self.board.set_restarts("tasks", self.supervisor.restarts)
+
+    def _libp2p_health(self, reason: str) -> None:
+        self.board.set_degraded("libp2p", reason)
+        if self.swarm is not None:
+            self.board.set_restarts("libp2p", self.swarm.watch.restarts)
+
+    def problem(self) -> str:
+        """"" while libp2p answers and every essential task runs (the watchdog's test), else why not."""
+        if self.swarm is None:
+            return "libp2p not started"
+        if not self.swarm.watch.answering():
+            return self.swarm.watch.down_reason or "libp2p does not answer"
+        return self.supervisor.problem()
 
     def add_service(self, factory: ServiceFactory) -> None:
         """Register a service factory; call before :meth:`start`."""
@@ -144,6 +194,8 @@ class NodeRuntime:
         self.swarm = await Swarm.start(key, run_id=self.config.run.run_id, listen=list(net.listen),
                                        data_dir=self.data_dir, http_url=self.http_url, roles=self.roles,
                                        peer_timeout=net.peer_timeout, announce=list(net.announce))
+        self.swarm.watch.listeners.append(self._libp2p_health)
+        self.swarm.on_fatal = self.fail
         self.board.set_identity(key.peer_id, version=__version__, data_dir=str(self.data_dir),
                                 listen_addrs=self.swarm.listen_addrs(), http_url=self.http_url)
         run = self.config.run
@@ -168,17 +220,21 @@ class NodeRuntime:
             await svc.start()
 
         self.heartbeats = Heartbeats(self.swarm, interval=net.heartbeat_interval,
-                                     peer_timeout=net.peer_timeout)
+                                     peer_timeout=net.peer_timeout, spawn=self.spawn)
         self.heartbeats.start()
         if net.bootstrap or self.swarm.peerbook.remembered():
             reached = await self.swarm.bootstrap(list(net.bootstrap))
             log.info("connected to %d of %d bootstrap peers", len(reached), len(net.bootstrap))
             if not reached and net.bootstrap:
-                self._bootstrap_task = asyncio.create_task(self._retry_bootstrap(list(net.bootstrap)),
-                                                           name="bootstrap-retry")
-        self._status_task = asyncio.create_task(self._status_loop(), name="status-peers")
+                boot = list(net.bootstrap)
+                self._bootstrap_task = self.spawn("bootstrap-retry", lambda: self._retry_bootstrap(boot),
+                                                  essential=False)
+        self._status_task = self.spawn("status-peers", self._status_loop)
         control.write_control_file(self.data_dir, self.control_url, self._token)
         self.board.set_state("running")
+        if self.notifier.enabled:
+            self.notifier.ready(status="running")
+            self.spawn("systemd-watchdog", self._watchdog_loop)
         log.info("node %s up: http %s, control %s", key.peer_id, self.http_url, self.control_url)
 
     def _lock_data_dir(self) -> None:
@@ -196,6 +252,7 @@ class NodeRuntime:
     def status(self) -> dict[str, Any]:
         """What ``GET /v1/status`` serves: identity, connected peers, peerbook, the status snapshot."""
         sw = self.swarm
+        snap = self.board.snapshot()
         out: dict[str, Any] = {
             "peer_id": sw.peer_id if sw else "",
             "listen_addrs": sw.listen_addrs() if sw else [],
@@ -206,7 +263,9 @@ class NodeRuntime:
             "alive_peers": sw.peerbook.alive_peers() if sw else [],
             "known_peers": sw.peerbook.snapshot() if sw else [],
             "gossip": {"delivered": dict(sw.delivered), "dropped": dict(sw.dropped)} if sw else {},
-            "snapshot": self.board.snapshot().to_dict(),
+            "snapshot": snap.to_dict(),
+            "health": {"state": snap.state, "healthy": snap.healthy, "reasons": list(snap.health.reasons),
+                       "restarts": dict(snap.health.restarts), "warnings": [w.message for w in snap.warnings]},
         }
         for svc in self.services:
             fn = getattr(svc, "status", None)
@@ -236,10 +295,40 @@ class NodeRuntime:
                     if rec["state"] == "alive":
                         for r in rec["roles"]:
                             by_role.get(r, []).append(rec["peer_id"])
-                self.board.set_peers(len(sw.connected_peers()), trainers=by_role["trainer"],
+                count = len(sw.connected_peers())
+                self.board.set_peers(count, trainers=by_role["trainer"],
                                      validators=by_role["validator"], workers=by_role["worker"])
+                self._note_peers(count)
                 await asyncio.to_thread(sw.peerbook.save)  # fsync: keep it off the event loop
+            self.board.refreshed()
             await asyncio.sleep(1.0)
+
+    def _note_peers(self, count: int) -> None:
+        now = time.monotonic()
+        if count:
+            self._alone_since = None
+            self.board.set_degraded("peers", "")
+            return
+        if self._alone_since is None:
+            self._alone_since = now
+        alone = now - self._alone_since
+        if alone >= NO_PEERS_DEGRADED_S:
+            self.board.set_degraded("peers", f"no peers for {alone:.0f} s")
+
+    async def _watchdog_loop(self) -> None:
+        """systemd: ``WATCHDOG=1`` only while :meth:`problem` is empty; ``STATUS=`` when it changes."""
+        period = self.notifier.watchdog_s / 2 if self.notifier.watchdog_s else WATCHDOG_PERIOD_S
+        said = "running"
+        while True:
+            why = self.problem()
+            if not why and self.notifier.watchdog_s:
+                self.notifier.watchdog()
+            snap = self.board.snapshot()
+            text = snap.state + (": " + "; ".join(snap.health.reasons) if snap.health.reasons else "")
+            if text != said:
+                self.notifier.status(text)
+                said = text
+            await asyncio.sleep(period)
 
     # -- stop --------------------------------------------------------------------------------------
 
@@ -251,7 +340,9 @@ class NodeRuntime:
 
     async def stop(self) -> None:
         """Undo :meth:`start` in reverse, each step bounded; safe to call twice."""
+        self.notifier.stopping()
         self.board.set_state("stopping")
+        self.supervisor.begin_close()
         control.remove_control_file(self.data_dir, self._token)
         for task in (self._status_task, self._bootstrap_task):
             if task is not None:
@@ -270,6 +361,7 @@ class NodeRuntime:
             except Exception as exc:  # same: the process is on its way out
                 log.warning("HTTP runner did not stop cleanly: %r", exc)
         self._runners = []
+        await self.supervisor.close()  # whatever a service left running
         if self.swarm is not None:
             await self.swarm.close()
         if self._lock_fd is not None:
@@ -299,6 +391,7 @@ async def serve(runtime: NodeRuntime) -> None:
 
 
 def run_node(runtime: NodeRuntime) -> int:
-    """Run a node in this process until a signal; the process's exit code (0 on a clean stop)."""
+    """Run a node in this process until a signal; the process's exit code: 0 on a clean stop,
+    :data:`EXIT_UNHEALTHY` when it stopped because a part could not be kept working."""
     asyncio.run(serve(runtime))
-    return 0
+    return runtime.exit_code

@@ -15,7 +15,15 @@ in worker threads):
   :meth:`verdict` for each verdict it receives;
 - validator: :meth:`proof_checked` for each batch it checks, :meth:`verdict` for each verdict it issues;
 - trainer: :meth:`set_policy`, :meth:`train_step` per optimizer step;
-- anyone: :meth:`warn`. A ``logging.Handler`` (:class:`BoardLogHandler`) forwards WARNING+ records.
+- anyone: :meth:`warn`. A ``logging.Handler`` (:class:`BoardLogHandler`) forwards WARNING+ records;
+  ``join`` installs it for every node, headless or not;
+- runtime (liveness): :meth:`set_degraded` with a reason per part ("" once it works again),
+  :meth:`set_restarts`, and :meth:`refreshed` from its status loop every second.
+
+Health: a ``running`` node with any degraded reason reads ``degraded`` (``snapshot.state``), with the
+reasons in ``snapshot.health.reasons``. ``health.refreshed_at`` is when the runtime's status loop last
+ran; a reader that sees it (or the snapshot's ``ts``) older than :data:`STALE_AFTER_S` must treat the
+numbers as stale, not as a healthy node's (:meth:`StatusSnapshot.freshness`).
 
 Shortcuts: tokens/s is the token count over a sliding window of :data:`RATE_WINDOW_S` seconds (not an
 EMA), so it reads 0 once generation has stopped for that long. Histories are bounded rings; the
@@ -46,6 +54,8 @@ MAX_SHARDS_SHOWN = 8
 """Shard downloads listed in a snapshot (finished ones drop out)."""
 MAX_STATUS_BYTES = 4 * 1024 * 1024
 """Largest status JSON accepted by :meth:`StatusSnapshot.from_json` (real ones are a few KB)."""
+STALE_AFTER_S = 5.0
+"""A snapshot (or its status loop's last refresh) older than this is stale: the loop runs every second."""
 
 
 @dataclass(frozen=True)
@@ -179,6 +189,16 @@ class Notice:
 
 
 @dataclass(frozen=True)
+class Health:
+    """Why a node is not fully working (``reasons``, empty when it is), how often it restarted parts of
+    itself (``restarts``: ``libp2p``, ``tasks``), and when its status loop last ran (0: not yet)."""
+
+    reasons: tuple[str, ...] = ()
+    restarts: dict[str, int] = field(default_factory=dict)
+    refreshed_at: float = 0.0
+
+
+@dataclass(frozen=True)
 class StatusSnapshot:
     """One consistent view of a node. ``seq`` increases with every change on the board."""
 
@@ -198,10 +218,35 @@ class StatusSnapshot:
     throughput: Throughput = field(default_factory=Throughput)
     training: Training = field(default_factory=Training)
     warnings: tuple[Notice, ...] = ()
+    health: Health = field(default_factory=Health)
 
     @property
     def uptime_s(self) -> float:
         return max(0.0, self.ts - self.started_at) if self.started_at else 0.0
+
+    @property
+    def healthy(self) -> bool:
+        return self.state == "running" and not self.health.reasons
+
+    @property
+    def age_s(self) -> float:
+        """Seconds since the node's status loop last refreshed this board (0 before it started)."""
+        return max(0.0, self.ts - self.health.refreshed_at) if self.health.refreshed_at else 0.0
+
+    def freshness(self, now: float) -> str:
+        """"" if this snapshot can be shown as it is at wall time ``now``; else ``unreachable`` (a
+        placeholder for a node that did not answer) or ``stale (N s)`` (old numbers)."""
+        if self.state == "unreachable":
+            return "unreachable"
+        age = max(now - self.ts, self.age_s) if self.ts else 0.0
+        return f"stale ({age:.0f} s)" if age > STALE_AFTER_S else ""
+
+    @classmethod
+    def unreachable(cls, *, role: str = "", peer_id: str = "", detail: str = "",
+                    now: float | None = None) -> "StatusSnapshot":
+        """What a viewer shows for a node whose status cannot be read: no numbers, the reason why."""
+        return cls(ts=time.time() if now is None else now, role=role, state="unreachable",
+                   identity=Identity(peer_id=peer_id), health=Health(reasons=(detail or "status unreadable",)))
 
     def to_json(self) -> bytes:
         """JSON of :meth:`to_dict` (derived values included, so ``curl`` readers need no arithmetic)."""
@@ -211,6 +256,8 @@ class StatusSnapshot:
         """Plain JSON-able dict, with the derived values (staleness, acceptance rate) spelled out."""
         out: dict[str, object] = msgspec.to_builtins(self)
         out["uptime_s"] = round(self.uptime_s, 3)
+        out["healthy"] = self.healthy
+        out["age_s"] = round(self.age_s, 3)
         out["policy"]["staleness"] = self.policy.staleness  # type: ignore[index]
         out["proofs"]["acceptance_rate"] = self.proofs.acceptance_rate  # type: ignore[index]
         out["proofs"]["failed"] = self.proofs.failed  # type: ignore[index]
@@ -251,6 +298,7 @@ class StatusBoard:
         self._rejections: collections.deque[Rejection] = collections.deque(maxlen=RECENT_LEN)
         self._warnings: collections.deque[Notice] = collections.deque(maxlen=RECENT_LEN)
         self._failures: dict[str, int] = {}
+        self._degraded: dict[str, str] = {}
         self._listeners: list[Listener] = []
 
     # -- publishing -------------------------------------------------------------------------------
@@ -283,8 +331,11 @@ class StatusBoard:
         else:
             rate = 0.0
         active = tuple(sorted(self._shards.values(), key=lambda p: p.name))[:MAX_SHARDS_SHOWN]
+        reasons = tuple(self._degraded.values())
         return dataclasses.replace(
             s, ts=self._clock(), seq=self._seq,
+            state="degraded" if s.state == "running" and reasons else s.state,
+            health=dataclasses.replace(s.health, reasons=reasons, restarts=dict(s.health.restarts)),
             shards=dataclasses.replace(s.shards, active=active),
             rollouts=dataclasses.replace(s.rollouts, last_rejections=tuple(self._rejections)),
             proofs=dataclasses.replace(s.proofs, failures_by_reason=dict(self._failures)),
@@ -309,8 +360,33 @@ class StatusBoard:
     # -- setters, one per section -----------------------------------------------------------------
 
     def set_state(self, state: str) -> None:
-        """``starting``, ``running``, ``stopping``, ``stopped``."""
+        """``starting``, ``running``, ``stopping``, ``stopped`` (snapshots of a running node with degraded
+        reasons read ``degraded``)."""
         self._update(lambda s: {"state": state})
+
+    def set_degraded(self, key: str, reason: str) -> None:
+        """Part ``key`` is not working, because ``reason``; ``reason=""`` clears it. No-op if unchanged."""
+        with self._lock:
+            if self._degraded.get(key, "") == reason:
+                return
+
+        def change(s: StatusSnapshot) -> dict[str, object]:
+            if reason:
+                self._degraded[key] = reason[:300]
+            else:
+                self._degraded.pop(key, None)
+            return {}
+        self._update(change)
+
+    def set_restarts(self, part: str, n: int) -> None:
+        """How often ``part`` (``libp2p``, ``tasks``) was restarted since the node started."""
+        self._update(lambda s: {"health": dataclasses.replace(s.health, restarts={**s.health.restarts,
+                                                                                   part: n})})
+
+    def refreshed(self) -> None:
+        """The runtime's status loop ran (its absence for a few seconds makes the snapshot stale)."""
+        now = self._clock()
+        self._update(lambda s: {"health": dataclasses.replace(s.health, refreshed_at=now)})
 
     def set_role(self, role: str) -> None:
         self._update(lambda s: {"role": role})

@@ -14,6 +14,11 @@ adds what the library does not do for us:
   and turns each into ``Provider(peer_id, http_url)`` using the URL from its heartbeat or, failing that,
   a signed node-info request (``/intellect/info/1.0.0``, 5 s deadline).
 - **Bans.** A banned peer's connections are closed, its gossip is refused, it is skipped as a provider.
+- **Restarts.** :class:`~intellect_node.node.liveness.Libp2pWatch` restarts libp2p when it stops
+  working. For that the swarm remembers what it asked of libp2p: subscriptions (with their validator
+  and handler), provided CIDs (the newest :data:`MAX_REPROVIDE`), bootstrap addresses, and the listen
+  addresses as bound (a ``tcp/0`` port stays the port peers know). Services holding trio state of their
+  own re-attach through :attr:`Swarm.on_restart`.
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ import trio
 
 from intellect_node.errors import ProtocolError, TransportError
 from intellect_node.node.bridge import TrioThread
+from intellect_node.node.liveness import Libp2pWatch
 from intellect_node.node.peerbook import PeerBook
+from intellect_node.node.ports import check_listen_ports
 from intellect_node.protocol import gossip
 from intellect_node.protocol.signing import SigningKey
 from intellect_node.protocol.topics import validate_run_id
@@ -46,6 +53,12 @@ STASH_SIZE = 4096
 RESOLVE_TIMEOUT_S = 5.0
 BOOTSTRAP_TIMEOUT_S = 10.0
 MAX_REMEMBERED_DIALS = 8
+MAX_REPROVIDE = 256
+"""Provided CIDs announced again after a libp2p restart, newest first (older ones: policies and batches
+long consumed; their holders still answer ``find_providers`` from other peers' records)."""
+REPROVIDE_CONCURRENCY = 4
+CLOSE_CONNECTIONS_S = 2.0
+"""Bound on closing the connections of a host whose run ends (see :func:`_serve_then_close`)."""
 
 Validate = Callable[[bytes, str], Any]
 Handler = Callable[[Any, str], Any]
@@ -91,26 +104,100 @@ class Swarm:
         """Messages refused by our validators, per topic."""
         self.delivered: dict[str, int] = defaultdict(int)
         self._closed = False
+        self._listen: list[str] = []
+        self._announce: list[str] = []
+        self._subscriptions: list[tuple[str, Any, Any]] = []  # (topic, validator, deliver) for restarts
+        self._provided: OrderedDict[str, None] = OrderedDict()
+        self._bootstrap_addrs: list[str] = []
+        self._resubscribing = False
+        self.on_restart: list[Callable[[], Any]] = []
+        """Called (asyncio loop; plain or async) after libp2p was restarted: services holding trio state
+        of their own (the NAT service) start it again on the new host here."""
+        self.on_fatal: Callable[[str], None] | None = None
+        """Called once libp2p cannot be restored (the runtime then exits non-zero)."""
+        self.watch = Libp2pWatch(self)
 
     @classmethod
     async def start(cls, key: SigningKey, *, run_id: str, listen: list[str], data_dir: Path | None = None,
                     http_url: str = "", roles: list[str] | None = None,
                     peer_timeout: float = 15.0, announce: list[str] | None = None) -> "Swarm":
         """Start libp2p (host, DHT, gossipsub) on ``listen`` and return once it listens."""
-        from intellect_node.node import host as hostmod
-
         quiet_libp2p_logging()
         self = cls(key, run_id, PeerBook(key.peer_id, data_dir, peer_timeout=peer_timeout), http_url,
                    roles or [])
         self.peerbook.on_auto_ban = self._auto_ban
-        p2p = self._p2p = hostmod.P2PHost(key, listen, self.peerbook, self._node_info_bytes, announce)
+        self._listen, self._announce = list(listen), list(announce or [])
+        await self._start_host()
+        # A restart listens again where peers know us: the ports bound now, not "tcp/0" again.
+        self._listen = await self._bridge.call(_bound_addrs, self._p2p) or self._listen
+        log.info("libp2p up as %s on %s", self.peer_id, ", ".join(self.listen_addrs()))
+        self.watch.start()
+        return self
+
+    async def _start_host(self) -> None:
+        from intellect_node.node import host as hostmod
+
+        p2p = self._p2p = hostmod.P2PHost(self.key, self._listen, self.peerbook, self._node_info_bytes,
+                                          self._announce)
 
         async def root(nursery: trio.Nursery, _bridge: TrioThread) -> None:
-            await nursery.start(p2p.serve)
+            await nursery.start(_serve_then_close, p2p)
 
         await self._bridge.start(root)
-        log.info("libp2p up as %s on %s", self.peer_id, ", ".join(self.listen_addrs()))
-        return self
+
+    # -- restarts (driven by liveness.Libp2pWatch) ---------------------------------------------------
+
+    async def restart_host(self, *, join_timeout: float = 3.0) -> None:
+        """Stop what is left of the libp2p run, start a new host on the same key and listen addresses,
+        and subscribe again to every topic. Raises whatever keeps the new host from starting."""
+        self._resubscribing = True
+        try:
+            await self._bridge.astop(join_timeout)
+            # A wedged old thread that was left behind still holds its listen socket, and libp2p binds
+            # with SO_REUSEPORT, so the new host would share the port with a listener that never answers.
+            check_listen_ports(self._listen)
+            for rec in self.peerbook.snapshot():  # the old host's connections are gone with it
+                if rec["connected"]:
+                    self.peerbook.set_connected(rec["peer_id"], False)
+            await self._start_host()
+            i = 0
+            while i < len(self._subscriptions):  # by index: a subscribe() meanwhile is picked up too
+                await self._bridge.call(self._p2p.subscribe, *self._subscriptions[i])
+                i += 1
+        finally:
+            self._resubscribing = False
+
+    async def replay(self, connected_before: list[str]) -> None:
+        """After :meth:`restart_host`: services re-attach, then dial the bootstrap and previously
+        connected peers (remembered ones if none answers), then provide every remembered CID again."""
+        for fn in list(self.on_restart):
+            try:
+                result = fn()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:  # one service failing to re-attach must not keep the others from it
+                log.exception("re-attaching %r after the libp2p restart failed", fn)
+        addrs = list(self._bootstrap_addrs)
+        for peer in connected_before:
+            addrs += self.peerbook.addrs(peer)[:1]
+        reached = await self.bootstrap(list(dict.fromkeys(addrs)), remember=False)  # or remembered peers
+        log.info("after the libp2p restart: %d peers dialed back", len(reached))
+        cids = list(reversed(self._provided))
+        sem = asyncio.Semaphore(REPROVIDE_CONCURRENCY)
+
+        async def again(cid: str) -> None:
+            async with sem:
+                try:
+                    await self.provide(cid)
+                except (TransportError, ProtocolError) as exc:
+                    log.info("providing %s again failed: %s", cid, exc)
+
+        await asyncio.gather(*(again(c) for c in cids))
+
+    def fatal(self, reason: str) -> None:
+        """libp2p cannot be restored: tell the owner (the runtime exits), or just log without one."""
+        if self.on_fatal is not None:
+            self.on_fatal(reason)
 
     @property
     def bridge(self) -> TrioThread:
@@ -126,6 +213,7 @@ class Swarm:
         if self._closed:
             return
         self._closed = True
+        await self.watch.close()
         for t in list(self._tasks):
             t.cancel()
         await asyncio.to_thread(self.peerbook.save, True)
@@ -150,8 +238,12 @@ class Swarm:
         """Dial a ``.../p2p/<id>`` multiaddr; return the peer ID (TransportError if it fails)."""
         return await self._bridge.call(self._p2p.connect, addr)
 
-    async def bootstrap(self, addrs: list[str], *, timeout: float = BOOTSTRAP_TIMEOUT_S) -> list[str]:
-        """Dial ``addrs`` together; if none answers, dial remembered peers. Returns peers reached."""
+    async def bootstrap(self, addrs: list[str], *, timeout: float = BOOTSTRAP_TIMEOUT_S,
+                        remember: bool = True) -> list[str]:
+        """Dial ``addrs`` together; if none answers, dial remembered peers. Returns peers reached.
+        ``addrs`` are dialed again after a libp2p restart (unless ``remember=False``)."""
+        if remember:
+            self._bootstrap_addrs = list(dict.fromkeys(self._bootstrap_addrs + list(addrs)))
         reached = await self._dial_all(addrs, timeout)
         if not reached:
             fallback = [a[0] for _p, a in self.peerbook.remembered()[:MAX_REMEMBERED_DIALS] if a]
@@ -211,14 +303,25 @@ class Swarm:
                 self._stash.popitem(last=False)
             return True
 
+        seen: OrderedDict[bytes, None] = OrderedDict()
+
         def deliver(data: bytes, origin: str, msg_id: bytes) -> None:
             msg = self._stash.pop(msg_id, None)
-            if msg is None or (origin == self.peer_id and not include_own):
+            if msg is None or (origin == self.peer_id and not include_own) or msg_id in seen:
                 return
+            # A restarted host has an empty seen-cache and peers' gossip brings recent messages again.
+            seen[msg_id] = None
+            if len(seen) > STASH_SIZE:
+                seen.popitem(last=False)
             self.delivered[topic] += 1
             self._bridge.to_asyncio(self._dispatch, topic, handler, msg, origin)
 
-        self._bridge.start_soon(self._p2p.subscribe, topic, validator, deliver)
+        self._subscriptions.append((topic, validator, deliver))
+        if not self._resubscribing and not self.watch.down_reason:  # else the restart subscribes it
+            try:
+                self._bridge.start_soon(self._p2p.subscribe, topic, validator, deliver)
+            except TransportError:  # libp2p just went down: the watch restarts it and subscribes then
+                log.info("libp2p is down; %s is subscribed when it is back", topic)
 
     def _dispatch(self, topic: str, handler: Handler, msg: Any, origin: str) -> None:
         try:
@@ -239,7 +342,11 @@ class Swarm:
     # -- DHT -----------------------------------------------------------------------------------------
 
     async def provide(self, cid: str) -> None:
-        """Announce that this node holds ``cid`` (a DHT provider record)."""
+        """Announce that this node holds ``cid`` (a DHT provider record; made again after a restart)."""
+        self._provided[cid] = None
+        self._provided.move_to_end(cid)
+        while len(self._provided) > MAX_REPROVIDE:
+            self._provided.popitem(last=False)
         await self._bridge.call(self._p2p.provide, cid)
 
     async def find_providers(self, cid: str, *, count: int = 20) -> list[Provider]:
@@ -304,3 +411,36 @@ class Swarm:
 
     def is_banned(self, peer: str) -> bool:
         return self.peerbook.is_banned(peer)
+
+
+async def _bound_addrs(p2p: Any) -> list[str]:
+    """On the trio thread: the transport addresses the host listens on, ports as bound."""
+    return [str(a) for a in p2p.host.get_transport_addrs()]
+
+
+async def _serve_then_close(p2p: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Run ``p2p.serve`` and, however it ends, close every connection it holds (bounded, shielded).
+
+    py-libp2p 0.8.1 leaves connections open when its services are cancelled or fail: the sockets stay
+    open in our process and the peer goes on writing gossip into our dead pubsub stream. Worse, a peer
+    that still holds our old pubsub stream skips the new connection of our restarted host
+    (``Pubsub._handle_new_peer``: "already has pubsub stream"), so it would never learn our
+    subscriptions again. Closing the connections makes every peer see us leave at once."""
+    try:
+        await p2p.serve(task_status=task_status)
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_CONNECTIONS_S):
+            # The muxer itself, not libp2p's SwarmConn wrapper: the cancellation that ended the run has
+            # usually begun SwarmConn.close already (it marks itself closed first, then was cancelled),
+            # so a second SwarmConn.close returns at once and the socket stays open.
+            async with trio.open_nursery() as nursery:
+                for peer, conns in list(p2p.host.get_network().connections.items()):
+                    for conn in list(conns):
+                        nursery.start_soon(_close_muxed, peer, conn)
+
+
+async def _close_muxed(peer: Any, conn: Any) -> None:
+    try:
+        await conn.muxed_conn.close()
+    except Exception as exc:  # a half-dead connection fails to close in many ways; it is going anyway
+        log.debug("closing the connection to %s: %r", peer, exc)

@@ -92,6 +92,8 @@ class NatService:
     async def start(self) -> None:
         if not self.cfg.enabled:
             return
+        if self._reattach not in self.swarm.on_restart:  # its trio state dies with a libp2p restart
+            self.swarm.on_restart.append(self._reattach)
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         loop = asyncio.get_running_loop()
 
@@ -120,6 +122,11 @@ class NatService:
                 if not isinstance(exc, asyncio.CancelledError):
                     log.debug("nat service stopped with %r", exc)
             self._task = None
+
+    async def _reattach(self) -> None:
+        """``swarm.on_restart``: libp2p was restarted on a new host; serve and check again on it."""
+        await self.close()
+        await self.start()
 
     # -- trio side -----------------------------------------------------------------------------------
 

@@ -199,8 +199,8 @@ class Trainer:
         trusted = frozenset(self.cfg.run.validator_peer_ids)
         self.rt.swarm.subscribe(topic(self.run_id, VERDICT_KIND), verdict_validator(self.run_id, trusted),
                                 self._on_verdict)
-        self._tasks = [asyncio.create_task(self._train_loop(), name="trainer-loop"),
-                       asyncio.create_task(self._announce_loop(), name="trainer-announce")]
+        self._tasks = [self.rt.spawn("trainer-loop", self._train_loop, may_end=True),  # ends at max_steps
+                       self.rt.spawn("trainer-announce", self._announce_loop)]
 
     async def close(self) -> None:
         tasks = self._tasks + ([self._publishing] if self._publishing is not None else [])

@@ -128,8 +128,8 @@ class Validator:
         sw.subscribe(topic(self.run_id, POLICY_KIND),
                      announcement_validator(self.run_id, self.cfg.run.trainer_peer_id), self._on_announcement)
         sw.subscribe(topic(self.run_id, NOTICE_KIND), self._notice_validator(), self._on_notice)
-        self._tasks = [asyncio.create_task(self._sync_loop(), name="validator-policy"),
-                       asyncio.create_task(self._dispatch_loop(), name="validator-loop")]
+        self._tasks = [self.rt.spawn("validator-policy", self._sync_loop),
+                       self.rt.spawn("validator-loop", self._dispatch_loop)]
 
     async def close(self) -> None:
         tasks = self._tasks + list(self._jobs)

@@ -99,8 +99,8 @@ class Worker:
                      announcement_validator(self.run_id, self.cfg.run.trainer_peer_id), self._on_announcement)
         trusted = frozenset(self.cfg.run.validator_peer_ids) or None
         sw.subscribe(topic(self.run_id, VERDICT_KIND), verdict_validator(self.run_id, trusted), self._on_verdict)
-        self._task = asyncio.create_task(self._loop(), name="worker-loop")
-        self._sync_task = asyncio.create_task(self._sync_loop(), name="worker-policy")
+        self._task = self.rt.spawn("worker-loop", self._loop)
+        self._sync_task = self.rt.spawn("worker-policy", self._sync_loop)
 
     async def close(self) -> None:
         for t in (self._task, self._sync_task):
