@@ -11,6 +11,11 @@ Without a TTY (a pipe, a log file, systemd) :func:`run` prints a plain status li
 
 The sparklines show the last values that fit the width, scaled between their own min and max (the
 numbers beside them give the absolute values).
+
+Status never lies: a ``degraded`` node is drawn in red with its reasons; a snapshot older than
+``STALE_AFTER_S`` (or whose node's status loop stopped refreshing it) is marked ``stale`` and its numbers
+dimmed; a node whose status could not be read (``StatusSnapshot.unreachable``) shows ``unreachable`` and
+no numbers. See :func:`condition`.
 """
 
 from __future__ import annotations
@@ -88,9 +93,34 @@ def _bar(done: int, total: int, width: int) -> str:
 
 # -- shared pieces ---------------------------------------------------------------------------------
 
-def _title(left: str, right: str, width: int) -> Text:
+def _title(left: str, right: str, width: int, style: str = "bold white on blue") -> Text:
     pad = max(1, width - len(left) - len(right))
-    return Text(left + " " * pad + right, style="bold white on blue", overflow="crop", no_wrap=True)
+    return Text(left + " " * pad + right, style=style, overflow="crop", no_wrap=True)
+
+
+def condition(s: StatusSnapshot, now: float) -> tuple[str, str, bool]:
+    """``(label, style, trouble)`` for how a node is doing as seen at wall time ``now``: ``stale`` and
+    ``unreachable`` override what the snapshot says, ``degraded`` is trouble too."""
+    fresh = s.freshness(now)
+    if fresh:
+        return fresh, "bold red", True
+    if s.state == "degraded":
+        return "degraded", "bold red", True
+    return s.state, ("green" if s.state == "running" else "yellow"), False
+
+
+def _trouble_text(s: StatusSnapshot, now: float) -> Text:
+    """One line saying what is wrong, for a node in trouble (see :func:`condition`)."""
+    label, _style, _ = condition(s, now)
+    t = Text(no_wrap=True, overflow="ellipsis")
+    if label == "unreachable":
+        t.append("UNREACHABLE ", style="bold red").append("; ".join(s.health.reasons) or "no status")
+    elif label.startswith("stale"):
+        t.append(f"STALE {label[5:].strip()} ", style="bold red").append("the numbers below are old",
+                                                                        style="red")
+    else:
+        t.append("DEGRADED ", style="bold red").append("; ".join(s.health.reasons), style="red")
+    return t
 
 
 def _policy_text(s: StatusSnapshot) -> Text:
@@ -166,15 +196,23 @@ def _node_events(s: StatusSnapshot, who: str = "") -> list[tuple[float, str, Tex
 
 # -- one node --------------------------------------------------------------------------------------
 
-def render_node(s: StatusSnapshot, *, width: int = 80, footer: str = "Ctrl-C stops the node") -> RenderableType:
-    """Everything about one node, in at most 24 lines at 80 columns."""
+def render_node(s: StatusSnapshot, *, width: int = 80, footer: str = "Ctrl-C stops the node",
+                now: float | None = None) -> RenderableType:
+    """Everything about one node, in at most 24 lines at 80 columns; a node in trouble gets a red title
+    and a line saying what is wrong in place of its identity line."""
+    now = time.time() if now is None else now
     role = s.role or "node"
+    label, _style, trouble = condition(s, now)
     title = _title(f" intellect-node · {role} · run {s.run.run_id or '-'}",
-                   f"{s.state} · up {duration(s.uptime_s)} ", width)
-    ident = Text(no_wrap=True, overflow="ellipsis")
-    ident.append("peer ", style="dim").append(s.identity.peer_id or "-", style="bold")
-    if s.run.model:
-        ident.append("  model ", style="dim").append(f"{s.run.model} {s.run.dtype}")
+                   f"{label} · up {duration(s.uptime_s)} ", width,
+                   style="bold white on red" if trouble else "bold white on blue")
+    if trouble:
+        ident = _trouble_text(s, now)
+    else:
+        ident = Text(no_wrap=True, overflow="ellipsis")
+        ident.append("peer ", style="dim").append(s.identity.peer_id or "-", style="bold")
+        if s.run.model:
+            ident.append("  model ", style="dim").append(f"{s.run.model} {s.run.dtype}")
 
     swarm = Table.grid(padding=(0, 1))
     swarm.add_column(style="dim", no_wrap=True, min_width=7)
@@ -218,8 +256,12 @@ def render_node(s: StatusSnapshot, *, width: int = 80, footer: str = "Ctrl-C sto
 # -- many nodes ------------------------------------------------------------------------------------
 
 def render_swarm(snaps: Sequence[StatusSnapshot], *, width: int = 80, title: str = "intellect-node demo",
-                 footer: str = "Ctrl-C stops every node", max_events: int = 6) -> RenderableType:
-    """One line per node, the trainer's trend, and the recent events of all nodes."""
+                 footer: str = "Ctrl-C stops every node", max_events: int = 6,
+                 now: float | None = None) -> RenderableType:
+    """One line per node, the trainer's trend, and the recent events of all nodes. A node in trouble
+    shows its state in red, its numbers dimmed (stale) or left out (unreachable), and what is wrong
+    among the events."""
+    now = time.time() if now is None else now
     run_id = next((s.run.run_id for s in snaps if s.run.run_id), "-")
     started = min((s.started_at for s in snaps if s.started_at), default=0.0)
     now = max((s.ts for s in snaps), default=0.0)
@@ -241,17 +283,26 @@ def render_swarm(snaps: Sequence[StatusSnapshot], *, width: int = 80, title: str
     events: list[tuple[float, str, Text]] = []
     for s in snaps:
         who = f"{s.role or 'node'} {short_peer(s.identity.peer_id, 4)}"
+        label, style, trouble = condition(s, now)
+        role_cell = Text(s.role or "node", style=ROLE_STYLE.get(s.role, ""))
+        state_cell = Text(label.split(" ")[0], style=style)
+        if label == "unreachable":
+            table.add_row(role_cell, short_peer(s.identity.peer_id, 6), state_cell, *(["-"] * 7))
+            events.append((s.ts, who, _trouble_text(s, now)))
+            continue
         stale = s.policy.staleness
         pol = Text(f"v{s.policy.local}" if s.policy.local >= 0 else "-")
         if stale:
             pol.append(f" -{stale}", style="yellow")
-        table.add_row(Text(s.role or "node", style=ROLE_STYLE.get(s.role, "")), short_peer(s.identity.peer_id, 6),
-                      Text(s.state, style="green" if s.state == "running" else "yellow"), str(s.peers.count), pol,
+        table.add_row(role_cell, short_peer(s.identity.peer_id, 6), state_cell, str(s.peers.count), pol,
                       str(s.rollouts.generated), str(s.rollouts.accepted),
                       Text(str(s.rollouts.rejected), style="red" if s.rollouts.rejected else ""),
                       f"{s.throughput.tokens_per_s:.0f}",
-                      pct(s.proofs.acceptance_rate) if s.proofs.checked else "")
+                      pct(s.proofs.acceptance_rate) if s.proofs.checked else "",
+                      style="dim" if label.startswith("stale") else None)
         events += _node_events(s, who)
+        if trouble:
+            events.append((max(now, s.ts), who, _trouble_text(s, now)))
     trainer = next((s for s in snaps if s.training.history), None) or next(
         (s for s in snaps if s.role == "trainer"), None)
     return Group(head, table, _swarm_line(snaps), _trend(trainer, width - 4), _events(events, max_events),
@@ -275,9 +326,13 @@ def _swarm_line(snaps: Sequence[StatusSnapshot]) -> Text:
 
 # -- plain lines for logs --------------------------------------------------------------------------
 
-def status_line(s: StatusSnapshot) -> str:
-    """One log line per node: what an operator greps for."""
-    parts = [f"{s.role or 'node'} {short_peer(s.identity.peer_id)} {s.state}", f"peers={s.peers.count}",
+def status_line(s: StatusSnapshot, now: float | None = None) -> str:
+    """One log line per node: what an operator greps for (state first, with what is wrong)."""
+    label, _style, trouble = condition(s, time.time() if now is None else now)
+    if label == "unreachable":
+        return f"{s.role or 'node'} {short_peer(s.identity.peer_id)} unreachable: {'; '.join(s.health.reasons)}"
+    state = label.replace(" ", "") + (f" ({'; '.join(s.health.reasons)})" if trouble and s.health.reasons else "")
+    parts = [f"{s.role or 'node'} {short_peer(s.identity.peer_id)} {state}", f"peers={s.peers.count}",
              f"reach={s.reachability.status}", f"policy={s.policy.local}/{s.policy.current}",
              f"gen={s.rollouts.generated}", f"acc={s.rollouts.accepted}", f"rej={s.rollouts.rejected}",
              f"tok/s={s.throughput.tokens_per_s:.1f}"]

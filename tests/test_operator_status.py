@@ -119,3 +119,39 @@ def test_log_handler_forwards_warnings() -> None:
     finally:
         log.removeHandler(h)
     assert [w.message for w in b.snapshot().warnings] == ["disk almost full: 95%"]
+
+
+def test_degraded_reasons_restarts_and_age() -> None:
+    clock = FakeClock()
+    b = StatusBoard(clock=clock, monotonic=clock)
+    b.set_state("running")
+    b.refreshed()
+    assert b.snapshot().state == "running" and b.snapshot().healthy
+    b.set_degraded("libp2p", "libp2p restarting: the libp2p thread ended")
+    b.set_degraded("task validator-loop", "task validator-loop restarting after: RuntimeError: boom")
+    b.set_restarts("libp2p", 1)
+    b.set_restarts("tasks", 2)
+    s = b.snapshot()
+    assert s.state == "degraded" and not s.healthy
+    assert s.health.reasons == ("libp2p restarting: the libp2p thread ended",
+                                "task validator-loop restarting after: RuntimeError: boom")
+    assert s.health.restarts == {"libp2p": 1, "tasks": 2}
+    doc = json.loads(s.to_json())
+    assert doc["state"] == "degraded" and doc["healthy"] is False and doc["health"]["restarts"]["tasks"] == 2
+    assert StatusSnapshot.from_json(s.to_json()) == s
+    seq = b.snapshot().seq
+    b.set_degraded("libp2p", "libp2p restarting: the libp2p thread ended")  # unchanged: no new version
+    assert b.snapshot().seq == seq
+    b.set_degraded("libp2p", "")
+    b.set_degraded("task validator-loop", "")
+    assert b.snapshot().state == "running" and b.snapshot().health.reasons == ()
+    # the status loop stopped refreshing: the numbers age, and a viewer calls them stale
+    clock.t += 7
+    s = b.snapshot()
+    assert s.age_s == 7 and s.freshness(s.ts) == "stale (7 s)" and json.loads(s.to_json())["age_s"] == 7
+    b.refreshed()
+    assert b.snapshot().freshness(clock.t) == ""
+    # a stopping node is not "degraded", whatever its reasons
+    b.set_degraded("peers", "no peers for 31 s")
+    b.set_state("stopping")
+    assert b.snapshot().state == "stopping" and not b.snapshot().healthy

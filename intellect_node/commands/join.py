@@ -133,7 +133,9 @@ def register(app: typer.Typer) -> None:
         log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
         log_file: Optional[Path] = typer.Option(None, "--log-file", help="Write logs here instead of stderr."),
     ) -> None:
-        """Join the swarm and run until Ctrl-C (SIGINT) or SIGTERM; exits 0 after a clean stop.
+        """Join the swarm and run until Ctrl-C (SIGINT) or SIGTERM; exits 0 after a clean stop, 75 when
+        it stopped because libp2p or an essential task could not be kept working (restart it), 2 on a
+        configuration mistake.
 
         On a terminal it shows the dashboard (logs go to <data-dir>/node.log); with --headless, or when
         output is not a terminal, it logs JSON lines to stderr (or --log-file).
@@ -161,12 +163,14 @@ def register(app: typer.Typer) -> None:
         services(runtime)
         for factory in factories:
             runtime.add_service(factory)
+        import logging
+
+        from intellect_node.node.status import BoardLogHandler
+
+        # WARNING+ records reach the status snapshot whether or not a dashboard shows it: a headless
+        # node's `status --json` and /v1/status carry them (they stayed empty before, issue #12).
+        logging.getLogger().addHandler(BoardLogHandler(runtime.board))
         if show_dashboard:
-            import logging
-
-            from intellect_node.node.status import BoardLogHandler
-
-            logging.getLogger().addHandler(BoardLogHandler(runtime.board))
             close_dashboard = _dashboard(runtime)
             try:
                 code = run_node(runtime)

@@ -2,7 +2,9 @@
 
 Talks to the node's control API (``<data-dir>/control.json``). Exits 2 with a hint when no node runs
 there. ``--json`` prints the control API's answer unchanged: at least ``peer_id``, ``listen_addrs``
-(full multiaddrs with ``/p2p/<id>``) and ``peers`` (connected peer IDs).
+(full multiaddrs with ``/p2p/<id>``), ``peers`` (connected peer IDs), ``health`` (``state``: running or
+degraded, ``reasons``, ``restarts``, recent ``warnings``) and the full ``snapshot``. The summary puts
+the state and its reasons first: a degraded node must not read as a healthy one.
 """
 
 from __future__ import annotations
@@ -19,9 +21,16 @@ from intellect_node.node import control
 
 def summary(st: dict[str, Any]) -> str:
     """A readable multi-line summary of a status answer."""
-    lines = [f"peer id     {st.get('peer_id', '?')}",
-             f"run         {st.get('run_id', '?')}   roles: {', '.join(st.get('roles') or []) or '-'}",
-             f"http        {st.get('http_url') or '-'}"]
+    health = st.get("health") or {}
+    state = health.get("state", "?")
+    lines = [f"state       {state.upper() if state not in ('running', '?') else state}"
+             + "".join(f"\n            - {r}" for r in health.get("reasons") or [])]
+    restarts = {k: v for k, v in (health.get("restarts") or {}).items() if v}
+    if restarts:
+        lines.append("restarts    " + ", ".join(f"{k} {v}" for k, v in sorted(restarts.items())))
+    lines += [f"peer id     {st.get('peer_id', '?')}",
+              f"run         {st.get('run_id', '?')}   roles: {', '.join(st.get('roles') or []) or '-'}",
+              f"http        {st.get('http_url') or '-'}"]
     addrs = st.get("listen_addrs") or []
     lines.append("listening   " + ("\n            ".join(addrs) if addrs else "-"))
     nat = st.get("nat") or {}
@@ -41,6 +50,10 @@ def summary(st: dict[str, Any]) -> str:
         if rec.get("rejections"):
             flags.append(f"{rec['rejections']} rejected (last: {rec.get('last_rejection')})")
         lines.append(f"  {rec.get('peer_id')}  {', '.join(flags)}  {rec.get('http_url') or ''}".rstrip())
+    warnings = health.get("warnings") or []
+    if warnings:
+        lines.append(f"warnings    {len(warnings)} recent (newest last)")
+        lines += [f"  {w}" for w in warnings[-5:]]
     return "\n".join(lines)
 
 

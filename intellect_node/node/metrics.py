@@ -10,6 +10,13 @@ Metric names follow Prometheus conventions (``_total`` counters, base units: byt
 token-free, read-only ``GET /v1/status`` (the snapshot JSON) on its own port, by default on 127.0.0.1.
 It has its own port rather than a route on the control API because a Prometheus scrape config needs a
 fixed port and no token, while the control API's port is random and every route on it needs the token.
+``GET /v1/health`` there answers 200 for a healthy node and 503 (with the reasons) otherwise, for load
+balancers and health checks that read status codes.
+
+Health on a scrape: ``intellect_node_healthy`` is 1 only for a running node without degraded reasons,
+``intellect_node_restarts_total{part}`` counts libp2p and essential-task restarts, and
+``intellect_node_status_age_seconds`` is how long ago the node's status loop last refreshed the board
+(alert when it passes a few seconds: the numbers beside it are stale).
 """
 
 from __future__ import annotations
@@ -92,6 +99,18 @@ class StatusCollector(Collector):
         yield GaugeMetricFamily(f"{_PREFIX}_uptime_seconds", "Seconds since the node started.",
                                 value=s.uptime_s)
 
+        yield GaugeMetricFamily(f"{_PREFIX}_healthy", "1 if the node runs with no degraded reason, else 0.",
+                                value=int(s.healthy))
+        restarts = CounterMetricFamily(f"{_PREFIX}_restarts", "Restarts of a part of the node since it started.",
+                                       labels=["part"])
+        for part in ("libp2p", "tasks"):
+            restarts.add_metric([part], s.health.restarts.get(part, 0))
+        yield restarts
+        yield GaugeMetricFamily(f"{_PREFIX}_status_age_seconds",
+                                "Seconds since the node's status loop last refreshed its numbers.", value=s.age_s)
+        yield GaugeMetricFamily(f"{_PREFIX}_warnings_recent", "Warnings among the recent ones kept in the status.",
+                                value=len(s.warnings))
+
 
 def build_registry(board: StatusBoard) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
@@ -115,11 +134,17 @@ def metrics_routes(board: StatusBoard) -> list[web.RouteDef]:
 
 
 def status_routes(board: StatusBoard) -> list[web.RouteDef]:
-    """``GET /v1/status``: the snapshot JSON (what the dashboard renders), without a token."""
+    """``GET /v1/status``: the snapshot JSON (what the dashboard renders), without a token;
+    ``GET /v1/health``: 200 if healthy, else 503, with the state and the reasons."""
     async def handle(_request: web.Request) -> web.Response:
         return web.Response(body=board.snapshot().to_json(), content_type="application/json")
 
-    return [web.get("/v1/status", handle)]
+    async def health(_request: web.Request) -> web.Response:
+        s = board.snapshot()
+        return web.json_response({"state": s.state, "healthy": s.healthy, "reasons": list(s.health.reasons),
+                                  "age_s": round(s.age_s, 3)}, status=200 if s.healthy else 503)
+
+    return [web.get("/v1/status", handle), web.get("/v1/health", health)]
 
 
 class MetricsService:
