@@ -194,8 +194,10 @@ class DemoSwarm:
     def dead(self) -> list[DemoNode]:
         return [n for n in self.nodes if n.proc is not None and n.proc.poll() is not None]
 
-    def snapshots(self) -> list[Any]:
-        """Status snapshot of every node that answers (a starting or stopping node is skipped)."""
+    def snapshots(self, placeholders: bool = False) -> list[Any]:
+        """Status snapshot of every node that answers (a starting or stopping node is skipped, or shown
+        as ``unreachable`` with ``placeholders``: the dashboard must not drop a node that stopped
+        answering)."""
         from intellect_node.node import control
         from intellect_node.node.status import StatusSnapshot
 
@@ -206,7 +208,10 @@ class DemoSwarm:
             try:
                 doc = control.request(node.data_dir, "GET", "/v1/status", timeout=3.0)
                 out.append(StatusSnapshot.from_json(json.dumps(doc["snapshot"])))
-            except (IntellectNodeError, KeyError, TypeError):
+            except (IntellectNodeError, KeyError, TypeError) as exc:
+                if placeholders:
+                    out.append(StatusSnapshot.unreachable(role=node.role, peer_id=node.peer_id,
+                                                          detail=str(exc)[:120]))
                 continue
         return out
 
@@ -339,7 +344,7 @@ def run_dashboard(swarm: DemoSwarm) -> int:
         dead = swarm.dead()
         if dead:
             stop.set()
-        return swarm.snapshots()
+        return swarm.snapshots(placeholders=True)
 
     console = Console()
     try:
