@@ -9,6 +9,11 @@ the library hands work to code that reads peer input:
 - :func:`contain_streams`: the network's one stream dispatcher (every inbound stream of every protocol
   passes it: multistream negotiation, then the protocol's handler). A failure resets that stream and,
   when the peer's input was at fault, records the reason against the peer; the node serves on.
+- :class:`GuardedStream`: many library handlers (Kademlia, identify push, AutoNAT, relay HOP/STOP,
+  DCUtR) catch their own parse errors and only log them, so nothing would ever be held against the
+  sender. For those protocols the dispatcher hands the handler a stream that checks each of the first
+  frames it reads (varint length within the protocol's limit, a protobuf of the protocol's message type)
+  before the handler sees it; a malformed frame resets the stream and is recorded against the peer.
 - :func:`contained_connection_task`: a connection task that fails closes its own connection.
 - :func:`contained_peer_task`: pubsub's per-message and per-peer tasks.
 
@@ -99,8 +104,11 @@ def containment_of(network: Any) -> Containment | None:
 
 
 def _reject(network: Any, peer: str, what: str, exc: BaseException) -> None:
+    _reject_reason(network, peer, f"{what}: {describe(exc)}")
+
+
+def _reject_reason(network: Any, peer: str, reason: str) -> None:
     c = containment_of(network)
-    reason = f"{what}: {describe(exc)}"
     if c is not None and peer:
         try:
             c.on_reject(peer, reason)
@@ -135,12 +143,25 @@ def contain_streams(host: Any, on_reject: OnReject, is_banned: Callable[[str], b
 
     async def checked_negotiate(communicator: Any, timeout: Any = None) -> Any:
         try:
-            return await (negotiate(communicator) if timeout is None else negotiate(communicator, timeout))
+            protocol, handler = await (negotiate(communicator) if timeout is None
+                                       else negotiate(communicator, timeout))
         except MultiselectError as exc:
             if _malformed_negotiation(exc):
                 # The host swallows MultiselectError silently; ours reaches the dispatcher and is blamed.
                 raise MalformedNegotiation(describe(exc)) from exc
             raise
+        framing = framings().get(str(protocol))
+        if framing is None or handler is None:
+            return protocol, handler
+        inner_handler = handler
+
+        async def guarded(stream: Any) -> None:
+            def bad(reason: str) -> None:
+                _reject_reason(network, _peer_of_stream(stream), f"{protocol}: {reason}")
+
+            await inner_handler(GuardedStream(stream, framing, bad))
+
+        return protocol, guarded
 
     mux.negotiate = checked_negotiate
 
@@ -152,13 +173,13 @@ def contain_streams(host: Any, on_reject: OnReject, is_banned: Callable[[str], b
         try:
             await inner(stream)
         except Exception as exc:  # per-stream edge: this stream and this peer only
-            await _reset(stream)
             protocol = _protocol_of(stream)
-            if is_peer_fault(exc):
+            if is_peer_fault(exc):  # recorded before the peer can see the reset and send more
                 log.debug("stream %s from %s failed", protocol, peer, exc_info=True)
                 _reject(network, peer, protocol, exc)
             else:
                 log.debug("stream %s from %s ended: %r", protocol, peer, exc)
+            await _reset(stream)
 
     network.set_stream_handler(dispatch)
 
@@ -227,3 +248,107 @@ def contained_peer_task(fn: Callable[..., Awaitable[Any]], what: str) -> Callabl
     task.__name__ = getattr(fn, "__name__", "task")
     task.__doc__ = fn.__doc__
     return task
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How a protocol's first frames look: varint-prefixed ``message`` protobufs of at most
+    ``max_size`` bytes; ``frames`` of them are checked (None: every frame)."""
+
+    message: type
+    max_size: int
+    frames: int | None
+
+
+_FRAMINGS: dict[str, Framing] = {}
+
+
+def framings() -> dict[str, Framing]:
+    """Checked protocols, with the library's own size limits. Not listed: meshsub (its DecodeError
+    reaches the dispatcher by itself), identify (we only write), ping (any 32 bytes are valid), ours."""
+    if not _FRAMINGS:
+        from libp2p.host.autonat.pb.autonat_pb2 import Message as AutoNATMessage
+        from libp2p.identity.identify.pb.identify_pb2 import Identify
+        from libp2p.kad_dht.pb.kademlia_pb2 import Message as KadMessage
+        from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage, StopMessage
+        from libp2p.relay.circuit_v2.pb.dcutr_pb2 import HolePunch
+
+        _FRAMINGS.update({
+            "/ipfs/kad/1.0.0": Framing(KadMessage, 4 << 20, None),
+            "/ipfs/id/push/1.0.0": Framing(Identify, 1 << 20, 1),
+            "/libp2p/autonat/1.0.0": Framing(AutoNATMessage, 64 << 10, 1),
+            # After its first message a HOP/STOP stream carries the relayed connection's raw bytes.
+            "/libp2p/circuit/relay/0.2.0/hop": Framing(HopMessage, 64 << 10, 1),
+            "/libp2p/circuit/relay/0.2.0/stop": Framing(StopMessage, 64 << 10, 1),
+            "/libp2p/dcutr": Framing(HolePunch, 4 << 10, 2),  # CONNECT, then SYNC
+        })
+    return _FRAMINGS
+
+
+class GuardedStream:
+    """A stream whose first frames are checked before its handler reads them (see the module doc).
+
+    Everything but ``read`` is the wrapped stream's. A frame is read whole from the peer, checked, and
+    then served to the handler from a buffer in whatever slices it asks for (a varint byte by byte,
+    then the body)."""
+
+    def __init__(self, stream: Any, framing: Framing, bad: Callable[[str], None]) -> None:
+        self._stream = stream
+        self._framing = framing
+        self._bad = bad
+        self._left = framing.frames
+        self._buf = bytearray()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    async def read(self, n: int | None = None) -> bytes:
+        if not self._buf and self._left != 0:
+            await self._next_frame()
+        if self._buf:
+            take = len(self._buf) if n is None or n < 0 else min(n, len(self._buf))
+            out = bytes(self._buf[:take])
+            del self._buf[:take]
+            return out
+        return await self._stream.read(n)
+
+    async def _next_frame(self) -> None:
+        from libp2p.network.stream.exceptions import StreamReset
+
+        prefix = bytearray()
+        length = 0
+        for i in range(10):
+            b = await self._stream.read(1)
+            if not b:
+                return  # the peer ended the stream: the handler sees that itself
+            prefix += b
+            length |= (b[0] & 0x7F) << (7 * i)
+            if not b[0] & 0x80:
+                break
+        else:
+            await self._refuse("length prefix longer than 10 bytes")
+            raise StreamReset("malformed frame")
+        if length > self._framing.max_size:
+            await self._refuse(f"frame of {length} bytes over the limit of {self._framing.max_size}")
+            raise StreamReset("malformed frame")
+        body = bytearray()
+        while len(body) < length:
+            chunk = await self._stream.read(length - len(body))
+            if not chunk:
+                break  # truncated by the peer's end of stream: the handler sees the short frame
+            body += chunk
+        if len(body) == length:
+            msg = self._framing.message()
+            try:
+                msg.ParseFromString(bytes(body))
+            except Exception as exc:  # protobuf's DecodeError and friends: the peer's bytes are bad
+                await self._refuse(f"malformed {type(msg).__name__}: {type(exc).__name__}")
+                raise StreamReset("malformed frame") from exc
+        if self._left is not None:
+            self._left -= 1
+        self._buf += prefix + body
+
+    async def _refuse(self, reason: str) -> None:
+        self._left = 0
+        self._bad(reason)
+        await _reset(self._stream)
