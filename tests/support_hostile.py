@@ -5,7 +5,7 @@
 - ``flood``: publishes well-formed, signed notices as fast as gossip carries them (8 a second), in turn
   for a blob it "holds" but serves a byte a second (tarpit), for a version far in the future, and for
   the next version (which parks);
-- ``tarpit``: one notice a second (within the per-peer notice rate), each for a blob it tarpits;
+- ``tarpit``: one notice every 2.5 s (within the per-peer notice rate), each for a blob it tarpits;
 - ``stamp``: a validator that accepts every notice without looking (a faulty or lying validator the
   trainer was told to trust); ``stamp-outsider`` also vouches once for a batch of a worker that is not
   on the run's allowlist.
@@ -30,6 +30,8 @@ log = logging.getLogger("hostile")
 
 TARPIT_SIZE = 30_000
 """Announced size of a tarpit batch (about an honest small batch's)."""
+TARPIT_EVERY_S = 2.5
+"""Seconds between the ``tarpit`` peer's notices."""
 
 
 class Tarpit:
@@ -110,8 +112,8 @@ class Attacker:
                                    n_rollouts=8, batch_bytes=TARPIT_SIZE)
             await sw.publish(topic(run_id, NOTICE_KIND), seal_notice(sw.key, notice))  # paced: 8 a second
             self.sent[kind] = self.sent.get(kind, 0) + 1
-            if self.mode == "tarpit":
-                await asyncio.sleep(1.0)
+            if self.mode == "tarpit":  # a steady trickle: its queue fills slowly, strikes come slowly
+                await asyncio.sleep(TARPIT_EVERY_S)
 
 
 class Stamp:

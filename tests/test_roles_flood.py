@@ -3,8 +3,8 @@
 A trainer, a validator and an honest worker run until the validator has issued a few verdicts on the
 honest worker's batches (the unloaded baseline, measured here, on this machine, now). Then two hostile
 peers join (``tests/support_hostile.py``): one floods well-formed signed notices (8 a second, for blobs
-it tarpits, for versions far in the future and for the next version), the other keeps notices for
-tarpitted blobs coming. The honest worker's next verdicts must come within a few seconds of the
+it tarpits, for versions far in the future and for the next version), the other sends a notice for a
+tarpitted blob every 2.5 s. The honest worker's next verdicts must come within a few seconds of the
 baseline; the attackers' unbacked notices are charged to them (``flood``, ``future``, ``unavailable``)
 and the flooder is banned.
 
@@ -27,8 +27,8 @@ pytestmark = pytest.mark.timeout(900)
 
 RL = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=4, batches_per_version=1)
 VALIDATOR = dict(strikes_ban_after=50)
-"""Enough for the tarpitter to last the measurement (about a strike every 2.5 s); the flooder earns 50
-in seconds."""
+"""Enough for the tarpitter to last the measurement (a strike per 10 s deadline, and later one per notice
+its full queue refuses: about 0.4 a second); the flooder earns 50 in seconds."""
 SAMPLES = 6
 """Honest verdicts measured before and during the attack."""
 SLACK_MEDIAN_S = 2.0
