@@ -102,12 +102,12 @@ class Validator:
         self.seen = SeenRollouts()
         self.outcomes: BoundedMap[tuple[str, str], tuple[bool, str, str, str]] = BoundedMap(8192)
         """(worker, sha256 of the batch) -> (accepted, reason, detail, first CID): resubmissions reuse it."""
-        self.notices: BoundedMap[tuple[str, str], None] = BoundedMap(16384)  # (worker, CID) taken in
+        self.notices = SeenRollouts()  # "worker\0CID" of notices taken in, per version (replays are ignored)
         self.trust: BoundedMap[str, int] = BoundedMap(65536)  # worker -> accepted batches
         self.latency: BoundedMap[str, deque[float]] = BoundedMap(64)
         self.rejections: dict[str, int] = {}
         self.reasons: dict[str, list[str]] = {}
-        self.strikes: dict[str, int] = {}
+        self.strikes: BoundedMap[str, int] = BoundedMap(65536)  # refusals come before the newcomer limit
         self.counts = {"accepted": 0, "rejected": 0, "stale": 0, "unchecked": 0, "banned": 0, "duplicate": 0,
                        "reused": 0, "replayed": 0, "unavailable": 0, "not_allowed": 0, "verified": 0,
                        "verified_full": 0}
@@ -144,7 +144,7 @@ class Validator:
                 "verify_s": round(self.verify_s, 3), "jobs": dict(self._pools), "intake": self.intake.status(),
                 "rejections_by_worker": dict(self.rejections),
                 "reasons_by_worker": {w: list(r) for w, r in self.reasons.items()},
-                "strikes_by_worker": dict(self.strikes),
+                "strikes_by_worker": dict(self.strikes.items()),
                 "latency_s": {w: list(d) for w, d in self.latency.items()}}
 
     def _notice_validator(self) -> Any:
@@ -168,8 +168,14 @@ class Validator:
             self.latest_announced = ann.version
             self._latest = ann
             self._new_policy.set()
-            self.seen.forget_below(self.latest_announced - self.async_level)
+            self._forget_stale()
             self._wake.set()
+
+    def _forget_stale(self) -> None:
+        """Rollouts and notices of versions now stale are refused as such before they are looked up."""
+        floor = self.latest_announced - self.async_level
+        self.seen.forget_below(floor)
+        self.notices.forget_below(floor)
 
     async def _sync_loop(self) -> None:
         while True:
@@ -194,7 +200,7 @@ class Validator:
         while len(self.engines) > self.async_level + 1:
             self.engines.popitem(last=False)
         self.latest_announced = max(self.latest_announced, version)
-        self.seen.forget_below(self.latest_announced - self.async_level)
+        self._forget_stale()
         self._wake.set()
 
     def _decidable(self, version: int) -> bool:
@@ -209,7 +215,8 @@ class Validator:
         notice, worker = msg
         if self.rt.swarm.is_banned(worker):
             return
-        if (worker, notice.batch_cid) in self.notices:
+        taken = [f"{worker}\0{notice.batch_cid}"]
+        if self.notices.first_seen(notice.policy_version, taken) is not None:
             self.counts["replayed"] += 1
             return
         refusal = self.intake.offer(worker, notice, time.monotonic(), self.latest_announced)
@@ -219,12 +226,13 @@ class Validator:
             if refusal.strike:
                 self._strike(worker, refusal.reason)
             return
-        self.notices.put((worker, notice.batch_cid), None)
+        self.notices.add(notice.policy_version, taken)
         self._wake.set()
 
     def _strike(self, worker: str, reason: str) -> bool:
         """Count a strike; True (and the ban under way) when it reaches ``strikes_ban_after``."""
-        n = self.strikes[worker] = self.strikes.get(worker, 0) + 1
+        n = (self.strikes.get(worker) or 0) + 1
+        self.strikes.put(worker, n)
         if n < self.vcfg.strikes_ban_after or self.rt.swarm.is_banned(worker):
             return False
         self.rt.swarm.peerbook.ban(worker, f"{n} strikes, last: {reason}")  # at once: drop what follows
