@@ -36,15 +36,13 @@ def _host(i: int) -> Any:
     return new_host(key_pair=kp, sec_opt={PROTOCOL_ID: Transport(kp, x25519().private_key)})
 
 
-async def _pair(handler: Any) -> Any:
-    """Two real hosts on 127.0.0.1, ``b`` connected to ``a``; yields (a, b, stream from b to a)."""
+def _pair() -> tuple[Any, Any, list[Any], Any]:
+    """Two real hosts to run on 127.0.0.1: (a, b, listen addrs, info_from_p2p_addr)."""
     from multiaddr import Multiaddr
 
     from libp2p.peer.peerinfo import info_from_p2p_addr
 
-    a, b = _host(1), _host(2)
-    listen = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
-    return a, b, listen, info_from_p2p_addr
+    return _host(1), _host(2), [Multiaddr("/ip4/127.0.0.1/tcp/0")], info_from_p2p_addr
 
 
 async def _read_messages(stream: Any, n: int, out: list[Any]) -> None:
@@ -70,7 +68,7 @@ def _interleave_scenario(write: Any) -> list[Any]:
     write_frame = yamux.Yamux._write_frame
 
     async def main() -> None:
-        a, b, listen, info = await _pair(None)
+        a, b, listen, info = _pair()
         done = trio.Event()
 
         async def handler(stream: Any) -> None:
@@ -137,7 +135,7 @@ def _partial_write_scenario(fixed: bool) -> tuple[bytes, BaseException | None, B
     second: list[BaseException | None] = [None]
 
     async def main() -> None:
-        a, b, listen, info = await _pair(None)
+        a, b, listen, info = _pair()
         go, done = trio.Event(), trio.Event()
 
         async def handler(stream: Any) -> None:
@@ -196,8 +194,8 @@ def test_a_partly_written_message_resets_the_stream() -> None:
     assert b"N" not in raw
 
 
-def test_a_failed_pubsub_write_resets_the_stream_and_pubsub_opens_a_new_one(monkeypatch: pytest.MonkeyPatch
-                                                                              ) -> None:
+def test_a_failed_pubsub_write_resets_its_stream_and_pubsub_opens_another(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A peer that stops crediting its window: the write times out, the stream is reset (its reader
     sees a reset, no unparsable frame), pubsub opens a new stream and the next message arrives."""
     monkeypatch.setattr(compat, "WINDOW_WAIT_TIMEOUT_S", 0.5)

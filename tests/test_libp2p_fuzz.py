@@ -135,7 +135,8 @@ def hostile_rpcs(rng: random.Random) -> list[tuple[str, bytes]]:
         # task and stopped the pubsub service.
         ("bad-key", rpc(publish=[pb.Message(from_id=b"\x00garbage", data=b"x", seqno=b"1",
                                              topicIDs=[TOPIC], signature=b"sig", key=b"\x00")])),
-        ("no-signature", rpc(publish=[pb.Message(from_id=junk(), data=b"y", seqno=junk(), topicIDs=[TOPIC])])),
+        ("no-signature", rpc(publish=[pb.Message(from_id=junk(), data=b"y", seqno=junk(),
+                                                 topicIDs=[TOPIC])])),
         ("many-subscriptions", rpc(subscriptions=[pb.RPC.SubOpts(subscribe=True, topicid=f"t{i}")
                                                   for i in range(6000)])),
         ("over-per-peer-topics", rpc(subscriptions=[pb.RPC.SubOpts(subscribe=True, topicid=f"u{i}")
@@ -173,8 +174,16 @@ def test_hostile_gossip_rpcs_leave_the_node_serving_honest_peers(tmp_path: Path)
         async with target_and_honest(tmp_path / "nodes") as (target, honest):
             async with Attackers(target.swarm.listen_addrs()[0]) as attackers:
                 async def fn(host: Any, tid: Any) -> list[str]:
-                    # One stream per RPC: a contained failure resets only the stream it arrived on.
-                    return [await hit(host, tid, MESHSUB[0], payload, timeout=1.0) for _n, payload in cases]
+                    # One stream per RPC, all at once: a contained failure resets only its own stream.
+                    out = [""] * len(cases)
+
+                    async def one(i: int, payload: bytes) -> None:
+                        out[i] = await hit(host, tid, MESHSUB[0], payload, timeout=1.0)
+
+                    async with trio.open_nursery() as nursery:
+                        for i, (_name, payload) in enumerate(cases):
+                            nursery.start_soon(one, i, payload)
+                    return out
 
                 attacker, ends = await attackers.run(fn)
                 await assert_serves(target, honest, "after hostile RPCs", tmp_path)
@@ -211,7 +220,8 @@ async def _raw_tcp_case(host: str, port: int, chunks: list[bytes], *, linger: fl
     return bytes(got)
 
 
-def yamux_frame(typ: int, flags: int, stream_id: int, length: int, body: bytes = b"", version: int = 0) -> bytes:
+def yamux_frame(typ: int, flags: int, stream_id: int, length: int, body: bytes = b"",
+                version: int = 0) -> bytes:
     return struct.pack("!BBHII", version, typ, flags, stream_id, length) + body
 
 

@@ -116,7 +116,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "a failure in a connection's task (stream accept loop, yamux read loop) is raised into the "
         "Swarm service manager and stops every connection",
         "read from the 0.8.1 source (Swarm.add_conn runs both with manager.run_task); defence in depth "
-        "behind stream-containment", "tests/test_libp2p_compat.py::test_a_failing_connection_task_ends_only_its_connection",
+        "behind stream-containment",
+        "tests/test_libp2p_compat.py::test_a_failing_connection_task_ends_only_its_connection",
         "not reported", "upstream runs connection tasks so that their failure closes only that connection"),
     Workaround(
         "pubsub-task-containment", "apply_fixes: Pubsub.push_msg and the per-peer tasks it spawns",
@@ -130,7 +131,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "a write failing on a pubsub stream that was already replaced tears down the replacement "
         "(write_msg calls _handle_dead_peer by peer ID, not by stream)",
         "read from the 0.8.1 source: the replay and flush tasks keep their own reference to the stream",
-        "tests/test_libp2p_compat.py::test_a_failed_pubsub_write_resets_the_stream_and_pubsub_opens_a_new_one",
+        "tests/test_libp2p_compat.py::test_a_failed_pubsub_write_resets_its_stream_and_pubsub_opens_another",
         "not reported", "upstream ties dead-peer handling to the stream that failed"),
     Workaround(
         "negative-dial-cache", "unblock_peer", "a peer whose addresses all failed is refused for 60 s",
@@ -141,7 +142,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "ban-without-add-to-blacklist", "blacklist",
         "Pubsub.add_to_blacklist's teardown deletes peers[pid] after the reset's own handler did: the "
         "KeyError stops the pubsub service", "seen in the sweep and roles tests",
-        "tests/test_swarm_gossip.py::test_ban_closes_and_refuses", "not reported",
+        "tests/test_swarm_gossip.py::test_providers_three_hops_away_resolve_to_http_urls_and_bans_hide_them",
+        "not reported",
         "upstream's teardown tolerates an already removed peer"),
     Workaround(
         "subscription-buffer", "set_subscription_buffer (pubsub SUBSCRIPTION_CHANNEL_SIZE)",
@@ -159,31 +161,37 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "provider-walk", "encode_dht_key, providers_from_peer",
         "KadDHT.find_providers answers from its cache once it holds any record for a key",
         "providers that appear after the first lookup are never found (docs/swarm.md)",
-        "tests/test_swarm_gossip.py::test_late_providers_are_found", "not reported",
+        "tests/test_swarm_gossip.py::test_providers_three_hops_away_resolve_to_http_urls_and_bans_hide_them",
+        "not reported",
         "upstream walks the network when asked (or exposes the per-peer query)"),
     Workaround(
         "autonat-dial-back", "AutoNATBase (hooks _handle_dial, _try_dial; _addr_ip)",
         "the stock server dials back with host.connect, which reuses the request's own connection",
         "NATed and firewalled hosts were told PUBLIC (docs/nat.md)",
-        "tests/test_nat_traversal.py::test_autonat_verdicts", "not reported",
+        "tests/test_nat_traversal.py::test_autonat_says_public_for_public_hosts_private_behind_nat_or_firewall",  # noqa: E501
+        "not reported",
         "upstream dials back over a fresh connection"),
     Workaround(
         "dcutr-driver", "DCUtRBase (hooks _auto_drive_loop, _perform_hole_punch, _get_observed_addrs)",
         "the stock loop punches from both ends at once; the punch binds to a port from get_addrs(); "
         "CONNECT goes out empty once observations' connections closed",
         "every punch timed out in namespaces (docs/nat.md)",
-        "tests/test_nat_traversal.py::test_hole_punch_upgrades_to_direct_and_chunk_flows", "not reported",
+        "tests/test_nat_traversal.py::test_private_host_found_through_dht_then_dcutr_goes_direct",
+        "not reported",
         "upstream drives from the listener only and keeps observations"),
     Workaround(
         "relay-total-cap", "HopBase (hook _handle_connect, _send_status; resource_manager internals)",
         "no cap on circuits across all reservations; reservations not countable through the API",
-        "design (docs/nat.md)", "tests/test_nat_traversal.py::test_relays_found_and_reservations_held",
+        "design (docs/nat.md)",
+        "tests/test_nat_traversal.py::test_private_hosts_find_relays_through_the_dht_reserve_two_and_renew",
         "not reported", "upstream has a total limit and a public count"),
     Workaround(
         "circuit-addrs", "nat.relay.advertise_circuit_addrs (instance get_addrs)",
-        "get_addrs strips everything from the first /p2p/, so an addrs_factory cannot carry circuit addresses",
+        "get_addrs strips everything from the first /p2p/, so an addrs_factory cannot carry "
+        "circuit addresses",
         "a private node advertised its relay's address as its own (docs/nat.md)",
-        "tests/test_nat_traversal.py::test_relays_found_and_reservations_held", "not reported",
+        "tests/test_nat_traversal.py::test_private_hosts_find_relays_through_the_dht_reserve_two_and_renew",
+        "not reported",
         "upstream keeps circuit addresses"),
 )
 
