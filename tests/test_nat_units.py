@@ -194,9 +194,9 @@ def test_yamux_credits_the_window_per_half_window_not_per_read(monkeypatch: pyte
     from libp2p.stream_muxer.yamux import yamux
     from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 
-    from intellect_node.node.host import apply_libp2p_fixes
+    from intellect_node.node.libp2p_compat import apply_fixes
 
-    apply_libp2p_fixes()
+    apply_fixes()
     frames: dict[int, int] = {}
     write_frame = yamux.Yamux._write_frame
 

@@ -52,6 +52,10 @@ _ORDINARY = (StreamError, MuxedStreamError, MuxedConnError, ConnectionClosedErro
 """How a conversation ends when a peer goes away, resets or stalls: not held against it."""
 
 
+_BUG_LIKE = (AttributeError, TypeError, KeyError, IndexError, NameError, AssertionError)
+"""Exceptions that usually mean a bug in a handler rather than bytes that do not parse."""
+
+
 def is_peer_fault(exc: BaseException) -> bool:
     """True when ``exc`` says the peer sent something wrong (not just that it went away)."""
     if isinstance(exc, BaseExceptionGroup):
@@ -175,7 +179,9 @@ def contain_streams(host: Any, on_reject: OnReject, is_banned: Callable[[str], b
         except Exception as exc:  # per-stream edge: this stream and this peer only
             protocol = _protocol_of(stream)
             if is_peer_fault(exc):  # recorded before the peer can see the reset and send more
-                log.debug("stream %s from %s failed", protocol, peer, exc_info=True)
+                # A bug's signature (not a parse error) is logged loudly: honest input may have hit it.
+                level = logging.WARNING if isinstance(exc, _BUG_LIKE) else logging.DEBUG
+                log.log(level, "stream %s from %s failed", protocol, peer, exc_info=True)
                 _reject(network, peer, protocol, exc)
             else:
                 log.debug("stream %s from %s ended: %r", protocol, peer, exc)
