@@ -50,7 +50,7 @@ def setup_logging(*, level: str = "INFO", json_lines: bool = True, file: Path | 
         raise ConfigError(f"--log-level {level!r}: expected one of {', '.join(LEVELS)}", field="log_level")
     if file is not None:
         try:
-            file.parent.mkdir(parents=True, exist_ok=True)
+            file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # often the data dir itself
             from intellect_node.node.identity import ensure_private_file
 
             ensure_private_file(file)  # 0600: logs name peers, addresses and the data dir

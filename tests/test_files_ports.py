@@ -86,6 +86,7 @@ def test_private_files_ledger_and_log_file(tmp_path: Path) -> None:
         logging.getLogger().removeHandler(handler)
         handler.close()
     assert mode(log_file) == 0o600 and "hello" in log_file.read_text()
+    assert mode(log_file.parent) == 0o700  # a log dir it creates (often the data dir) is private too
     ensure_private_file(Path("/dev/null"))  # not a regular file: left alone
     assert stat.S_IMODE(os.stat("/dev/null").st_mode) == 0o666
 
