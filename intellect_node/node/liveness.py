@@ -77,10 +77,18 @@ async def services_down(p2p: Any) -> str:
 
     A service's manager is attached when ``background_trio_service`` starts it; ``is_running`` turns
     false once the manager finished (with or without an error)."""
+    from libp2p.tools.anyio_service import LifecycleError  # libp2p is imported by now (host.py)
+
     services = (("swarm", p2p.host.get_network()), ("pubsub", p2p.pubsub), ("gossipsub", p2p.gossipsub),
                 ("dht", p2p.dht))
-    down = [name for name, svc in services
-            if not getattr(getattr(svc, "_manager", None), "is_running", False)]
+    down = []
+    for name, svc in services:
+        try:
+            running = svc.get_manager().is_running
+        except LifecycleError:  # no manager attached: never started
+            running = False
+        if not running:
+            down.append(name)
     return ", ".join(down)
 
 
@@ -152,7 +160,7 @@ class Libp2pWatch:
         try:
             down = await asyncio.wait_for(bridge.call(services_down, self.swarm.p2p), self.answer_timeout)
         except asyncio.TimeoutError:
-            return f"the libp2p thread did not answer within {self.answer_timeout:.0f}s"
+            return f"the libp2p thread did not answer within {self.answer_timeout:g}s"
         except TransportError as exc:  # the run ended while we asked
             return bridge.last_exit or str(exc)
         return f"libp2p service stopped: {down}" if down else ""
@@ -184,8 +192,8 @@ class Libp2pWatch:
                 self._set(f"libp2p restarting: {why} (attempt {attempt} failed: {last})")
             delay = self.backoff[min(attempt - 1, len(self.backoff) - 1)]
             if time.monotonic() - t0 + delay > self.give_up_after:
-                reason = (f"libp2p could not be restarted within {self.give_up_after:.0f}s "
-                          f"({attempt} attempts; last: {last}); exiting")
+                reason = (f"libp2p could not be restarted ({attempt} attempts in {time.monotonic() - t0:.0f}s; "
+                          f"last: {last}); exiting")
                 log.critical(reason)
                 self.gave_up = True
                 self._set(reason)

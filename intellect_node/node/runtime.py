@@ -320,14 +320,13 @@ class NodeRuntime:
         period = self.notifier.watchdog_s / 2 if self.notifier.watchdog_s else WATCHDOG_PERIOD_S
         said = "running"
         while True:
-            why = self.problem()
-            if not why and self.notifier.watchdog_s:
-                self.notifier.watchdog()
             snap = self.board.snapshot()
             text = snap.state + (": " + "; ".join(snap.health.reasons) if snap.health.reasons else "")
-            if text != said:
+            if text != said:  # before the ping: a reader of both sees the state the ping vouches for
                 self.notifier.status(text)
                 said = text
+            if not self.problem() and self.notifier.watchdog_s:
+                self.notifier.watchdog()
             await asyncio.sleep(period)
 
     # -- stop --------------------------------------------------------------------------------------

@@ -331,7 +331,7 @@ class StatusBoard:
         else:
             rate = 0.0
         active = tuple(sorted(self._shards.values(), key=lambda p: p.name))[:MAX_SHARDS_SHOWN]
-        reasons = tuple(self._degraded.values())
+        reasons = tuple(dict.fromkeys(self._degraded.values()))  # a fatal reason may come from two parts
         return dataclasses.replace(
             s, ts=self._clock(), seq=self._seq,
             state="degraded" if s.state == "running" and reasons else s.state,
