@@ -68,6 +68,8 @@ NOT_HELD = frozenset({"stale", "policy_version"})
 """Verdict reasons that are not the worker's fault (the swarm moved on; this validator lacks the policy)."""
 STRIKES = frozenset({"unavailable", "future", "flood"})
 """Refusals of notices the sender could not back: counted toward ``validator.strikes_ban_after``."""
+HEARD_RECENTLY_S = 10.0
+"""The trainer counts as in earshot this long after its last announcement (it repeats one every 2 s)."""
 LATENCY_KEPT = 32
 """Recent verdict latencies kept per worker (``latency_s`` in the status), for the 64 latest workers."""
 
@@ -91,6 +93,7 @@ class Validator:
         self.dir = Path(runtime.data_dir) / "validator"
         self.engines: OrderedDict[int, tuple[str, TorchEngine]] = OrderedDict()
         self.latest_announced = -1
+        self._heard_trainer = float("-inf")  # when the last announcement (new or repeated) came
         self._latest: PolicyAnnouncement | None = None
         self._new_policy = asyncio.Event()
         self._wake = asyncio.Event()
@@ -164,6 +167,7 @@ class Validator:
     # -- policy ----------------------------------------------------------------------------------
 
     def _on_announcement(self, ann: PolicyAnnouncement, origin: str) -> None:
+        self._heard_trainer = time.monotonic()
         if ann.version > self.latest_announced:
             self.latest_announced = ann.version
             self._latest = ann
@@ -236,7 +240,7 @@ class Validator:
         if n < self.vcfg.strikes_ban_after or self.rt.swarm.is_banned(worker):
             return False
         self.rt.swarm.peerbook.ban(worker, f"{n} strikes, last: {reason}")  # at once: drop what follows
-        self._spawn(self._ban(worker, f"{n} strikes, last: {reason}"))
+        self._spawn(self._ban(worker, f"{n} strikes, last: {reason}"), f"banning {worker}")
         return True
 
     async def _ban(self, worker: str, why: str) -> None:
@@ -244,8 +248,17 @@ class Validator:
         self.intake.forget(worker)
         await self.rt.swarm.ban(worker, why)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
+    def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+        """Run one peer's job (or a ban) beside the others; its failure is logged, never spreads."""
+        async def guarded() -> None:
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the edge of one peer's job: a bug on one batch must not stop the others
+                log.exception("%s failed", what)
+
+        task = asyncio.create_task(guarded())
         self._jobs.add(task)
         task.add_done_callback(self._jobs.discard)
 
@@ -254,9 +267,10 @@ class Validator:
             self._wake.clear()
             now = time.monotonic()
             for p in self.intake.take(now, self._decidable, self._grant):
-                self._spawn(self._job(p, self._pool(p.worker)))
+                self._spawn(self._job(p, self._pool(p.worker)),
+                            f"checking batch {p.notice.batch_cid} from {p.worker}")
             for p in self.intake.expired(now):
-                self._spawn(self._expire(p))
+                self._spawn(self._expire(p), f"expiring batch {p.notice.batch_cid} from {p.worker}")
             delay = self.intake.next_event(now)
             try:
                 await asyncio.wait_for(self._wake.wait(), 5.0 if delay is None else max(delay, 0.01))
@@ -277,20 +291,17 @@ class Validator:
         try:
             verdict = await self.check(p.notice, p.worker)
             await self.publish(verdict, p.worker, arrived=p.arrived)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the edge of one peer's job: a bug on one batch must not stop the others
-            log.exception("checking batch %s from %s failed", p.notice.batch_cid, p.worker)
         finally:
             self._pools[pool] -= 1
             self.intake.done(p.worker)
             self._wake.set()
 
     async def _expire(self, p: Pending) -> None:
-        """A parked notice whose version did not arrive in time. A version nobody announced was a lie
-        (a strike); one announced but not obtained here is this validator's problem."""
+        """A parked notice whose version did not arrive in time. A version the trainer has not announced
+        while we hear it (it repeats its newest every 2 s) was a lie: a strike. One announced but not
+        obtained here, or any while the trainer is out of earshot, is not the worker's fault."""
         v = p.notice.policy_version
-        lie = v > self.latest_announced
+        lie = v > self.latest_announced >= 0 and time.monotonic() - self._heard_trainer < HEARD_RECENTLY_S
         verdict = self._verdict(p.notice, p.worker, 0, p.notice.n_rollouts, "policy_version",
                                 f"no policy v{v} after {self.vcfg.policy_wait_s:.0f} s (newest announced "
                                 f"v{self.latest_announced})")
@@ -371,10 +382,12 @@ class Validator:
         try:
             ckpt_hash, engine = held
             expect = Expectations(run_id=self.run_id, policy_version=v, checkpoint_cid=ckpt_hash,
-                                  temperature=self.rl.temperature, top_p=1.0, max_new_tokens=self.rl.max_new_tokens)
+                                  temperature=self.rl.temperature, top_p=1.0,
+                                  max_new_tokens=self.rl.max_new_tokens)
             verifier = Verifier(engine, self.thresholds, expect)
             full = list(range(len(recs)))
-            everything = self.rl.verify_fraction >= 1.0 or (self.trust.get(worker) or 0) < self.rl.verify_first_batches
+            proven = self.trust.get(worker) or 0
+            everything = self.rl.verify_fraction >= 1.0 or proven < self.rl.verify_first_batches
             if not everything:
                 k = max(1, round(len(groups) * self.rl.verify_fraction))
                 full = sorted(i for g in self.rng.sample(groups, k) for i in range(g.start, g.stop))
