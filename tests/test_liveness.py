@@ -284,6 +284,13 @@ def test_bridge_fails_waiting_calls_when_its_run_ends_and_starts_again() -> None
         await bridge.start(root)  # while the old thread is still blocked
         assert bridge.generation == 3 and await bridge.call(answer) == 42
         await bridge.astop()
-        assert exits == ["the libp2p thread ended: ValueError: the run's end"]  # stops are not exits
+
+        async def cannot_start(nursery: trio.Nursery, _b: TrioThread) -> None:
+            raise OSError("address in use")
+
+        with pytest.raises(OSError, match="address in use"):  # the caller hears of it ...
+            await bridge.start(cannot_start)
+        await asyncio.sleep(0.1)
+        assert exits == ["the libp2p thread ended: ValueError: the run's end"]  # ... on_exit does not
 
     run(main(), 30)

@@ -149,7 +149,7 @@ class TrioThread:
         except asyncio.TimeoutError as exc:
             await self.astop(join_timeout=5.0)
             raise TransportError(f"libp2p services did not start within {timeout:.0f}s") from exc
-        except asyncio.CancelledError:
+        except BaseException:  # root raised, or our caller left: the caller hears of it, not on_exit
             await self.astop(join_timeout=5.0)
             raise
 
