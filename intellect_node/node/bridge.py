@@ -123,6 +123,7 @@ class TrioThread:
                     try:
                         await root(nursery, self)
                     except BaseException as exc:
+                        run.stop_requested = True  # start() raises it to its caller: not an on_exit
                         loop.call_soon_threadsafe(settle, exc)
                         raise
                     loop.call_soon_threadsafe(settle, None)
