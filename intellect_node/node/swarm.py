@@ -419,28 +419,13 @@ async def _bound_addrs(p2p: Any) -> list[str]:
 
 
 async def _serve_then_close(p2p: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    """Run ``p2p.serve`` and, however it ends, close every connection it holds (bounded, shielded).
+    """Run ``p2p.serve`` and, however it ends, close every connection it holds (bounded, shielded), so
+    every peer sees us leave at once and takes our restarted host's new connection (workaround
+    ``close-connections-on-exit`` in ``node/libp2p_compat.py``)."""
+    from intellect_node.node import libp2p_compat as compat
 
-    py-libp2p 0.8.1 leaves connections open when its services are cancelled or fail: the sockets stay
-    open in our process and the peer goes on writing gossip into our dead pubsub stream. Worse, a peer
-    that still holds our old pubsub stream skips the new connection of our restarted host
-    (``Pubsub._handle_new_peer``: "already has pubsub stream"), so it would never learn our
-    subscriptions again. Closing the connections makes every peer see us leave at once."""
     try:
         await p2p.serve(task_status=task_status)
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_CONNECTIONS_S):
-            # The muxer itself, not libp2p's SwarmConn wrapper: the cancellation that ended the run has
-            # usually begun SwarmConn.close already (it marks itself closed first, then was cancelled),
-            # so a second SwarmConn.close returns at once and the socket stays open.
-            async with trio.open_nursery() as nursery:
-                for peer, conns in list(p2p.host.get_network().connections.items()):
-                    for conn in list(conns):
-                        nursery.start_soon(_close_muxed, peer, conn)
-
-
-async def _close_muxed(peer: Any, conn: Any) -> None:
-    try:
-        await conn.muxed_conn.close()
-    except Exception as exc:  # a half-dead connection fails to close in many ways; it is going anyway
-        log.debug("closing the connection to %s: %r", peer, exc)
+            await compat.close_connections(p2p.host)
