@@ -275,9 +275,13 @@ def test_garbage_connections_and_yamux_frames_end_only_their_connection(tmp_path
                                 await trio.sleep(0.05)
                     return attackers.run(fn)
 
-                await asyncio.gather(*(inject(raw) for raw in yamux_cases.values()))
+                injected = await asyncio.gather(*(inject(raw) for raw in yamux_cases.values()))
                 await assert_serves(target, honest, "after garbage yamux frames", tmp_path)
             assert honest.peer_id in target.swarm.connected_peers()
+            # Streams opened with garbage instead of multistream are blamed on the session's peer.
+            syn = dict(zip(yamux_cases, injected))["syn-garbage"][0]
+            count, reasons = target.swarm.peerbook.rejections(syn)
+            assert count >= 10 and all(r.startswith("multistream") for r in reasons), (count, reasons)
 
     run(main(), 180)
 
