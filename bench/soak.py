@@ -7,8 +7,9 @@ Runs the same swarm as ``intellect-node demo --headless`` (trainer, validator, t
 ``--interval`` seconds from ``/proc/<pid>`` (plus its CPU seconds), and the trainer's steps from its status
 snapshot. It prints one line per sample and, at the end, a table over time and, per node and measure,
 the mean of the last quarter of the samples against the first quarter (ratio) and the least-squares
-slope per hour. A measure is called flat when the last quarter's mean is within 10 % (RSS, threads) or
-8 descriptors (fds) of the first's; a leak shows as a ratio that keeps growing with the duration.
+slope per hour. A measure is called flat when the last quarter's mean is within 10 % (RSS), 8
+descriptors (fds) or 4 threads of the first's; a leak shows as a ratio that keeps growing with the
+duration. (Slopes of a short run are noise: RSS moves by tens of MiB as torch frees and reuses memory.)
 
 The first quarter starts after ``--warmup`` seconds (default 60): imports, model loads and the first
 policy fetches grow every process once, which is not a leak. Flat figures of a swarm that stopped
@@ -18,6 +19,10 @@ are taken, so a run cut short still leaves its data. A node that dies ends the s
 a failed soak keeps the nodes' data dirs and logs and names them.
 
     .venv/bin/python bench/soak.py [--duration 3600] [--interval 10] [--out soak.json] [--dir DIR]
+                                   [--set validator.peer_notices_per_min=600 ...]
+
+``--set SECTION.FIELD=VALUE`` (repeatable, VALUE as JSON or a plain string) changes the run's config on
+every node, on top of the demo's RL settings.
 
 Linux only (``/proc``). The bench process itself does no torch work.
 """
@@ -40,7 +45,10 @@ sys.path.insert(0, str(REPO))
 
 MEASURES = ("rss_mb", "fds", "threads")
 FLAT_RATIO = 1.10
-"""Last-quarter mean over first-quarter mean above which RSS or threads count as growing."""
+"""Last-quarter mean over first-quarter mean above which RSS counts as growing."""
+FLAT_THREADS = 4
+"""Threads a node may add between quarters: asyncio's default executor starts its worker threads lazily
+(up to min(32, cores + 4)), so a few appear late in a healthy node; a leak keeps adding them."""
 FLAT_FDS = 8
 """Descriptors a node may legitimately add between quarters (a few more peers' connections, HTTP keep-alive)."""
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -85,7 +93,7 @@ def summarize(samples: list[dict[str, Any]], warmup: float) -> dict[str, dict[st
             first = statistics.fmean(y for _, y in pts[:q])
             last = statistics.fmean(y for _, y in pts[-q:])
             ratio = last / first if first else 1.0
-            flat = (last - first <= FLAT_FDS) if m == "fds" else ratio <= FLAT_RATIO
+            flat = {"fds": last - first <= FLAT_FDS, "threads": last - first <= FLAT_THREADS}.get(m, ratio <= FLAT_RATIO)
             out[name][m] = {"first_quarter": round(first, 2), "last_quarter": round(last, 2),
                             "ratio": round(ratio, 3), "slope_per_h": round(slope_per_hour(*map(list, zip(*pts))), 2),
                             "flat": flat}
@@ -118,6 +126,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("soak.json"), help="samples and summary (JSON)")
     ap.add_argument("--dir", type=Path, default=None, help="keep the nodes' data here (default: temporary)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                    help="config for every node, over the demo's (repeatable)")
     args = ap.parse_args()
     if not Path("/proc/self/statm").exists():
         print("soak needs Linux /proc", file=sys.stderr)
@@ -125,13 +135,24 @@ def main() -> int:
 
     from intellect_node.commands.demo import DEMO_RL, DemoSwarm, StepLog
 
+    extra: dict[str, dict[str, Any]] = {"rl": dict(DEMO_RL)}
+    for item in args.set:
+        key, sep, raw = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not (sep and dot and section and name):
+            ap.error(f"--set {item!r}: expected SECTION.FIELD=VALUE")
+        try:
+            value: Any = json.loads(raw)
+        except ValueError:
+            value = raw
+        extra.setdefault(section, {})[name] = value
     root = args.dir or Path(tempfile.mkdtemp(prefix="intellect-soak-"))
     swarm = DemoSwarm(root, workers=args.workers, validators=1, run_id=f"soak-{os.urandom(3).hex()}", model=None,
-                      extra_config={"rl": DEMO_RL})
+                      extra_config=extra)
     steps = StepLog()
     samples: list[dict[str, Any]] = []
     doc: dict[str, Any] = {"duration_s": args.duration, "interval_s": args.interval, "warmup_s": args.warmup,
-                           "root": str(root), "samples": samples}
+                           "root": str(root), "config": extra, "samples": samples}
     reason = "duration reached"
     t_up = time.monotonic()
     try:
