@@ -89,6 +89,10 @@ def test_libp2p_restart_is_reported_and_an_unrestorable_one_exits_75(tmp_path: P
                       and any("libp2p restarting" in r for r in s["health"]["reasons"]) and s,
                       15, what="degraded while restarting")
         assert st["snapshot"]["state"] == "degraded" and st["snapshot"]["healthy"] is False
+        m = _metrics(st["metrics"]["metrics"])
+        assert m[("intellect_node_healthy", ())] == 0
+        out = subprocess.run([CLI, "status", "--data-dir", str(d)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.startswith("state       DEGRADED\n            - libp2p "), out
         code = proc.wait(60)
         elapsed = time.monotonic() - t0
         text = log_path.read_text()
