@@ -217,3 +217,20 @@ def test_calibrate_refuses_the_shipped_thresholds_without_out(tmp_path: Path) ->
     assert hashlib.sha256(shipped.read_bytes()).hexdigest() == before
     out = tmp_path / "th.json"
     assert thresholds_target(None, out) == out
+
+
+def test_doctor_reports_loose_modes(tmp_path: Path) -> None:
+    from intellect_node.commands import doctor
+
+    d = tmp_path / "node"
+    d.mkdir(mode=0o755)
+    d.chmod(0o755)
+    (d / "node.log").write_text("x")
+    (d / "node.log").chmod(0o644)
+    check = doctor.check_private(d)
+    assert check.status == doctor.WARN and "mode 755" in check.detail and "node.log" in check.detail
+    assert "chmod 700" in check.fix
+    ensure_data_dir(d)
+    ensure_private_file(d / "node.log")
+    assert doctor.check_private(d).status == doctor.OK
+    assert doctor.check_data_dir(d)[-1].name == "file modes"
