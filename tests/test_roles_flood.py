@@ -5,8 +5,8 @@ honest worker's batches (the unloaded baseline, measured here, on this machine, 
 peers join (``tests/support_hostile.py``): one floods well-formed signed notices (8 a second, for blobs
 it tarpits, for versions far in the future and for the next version), the other sends a notice for a
 tarpitted blob every 2.5 s. The honest worker's next verdicts must come within a few seconds of the
-baseline; the attackers' unbacked notices are charged to them (``flood``, ``future``, ``unavailable``)
-and the flooder is banned.
+baseline; the attackers' unbacked notices are charged to them (``future``, ``unavailable``; the excess
+refused as ``busy``/``flood`` is recorded, not a strike) and the flooder is banned.
 
 Before the intake (one loop, one notice at a time) each tarpitted blob held every verdict up for its 60 s
 fetch timeout and each next-version notice for 30 s.
@@ -26,9 +26,9 @@ from tests.support_roles import hostile_process, listen_addr, make_key, start_ro
 pytestmark = pytest.mark.timeout(900)
 
 RL = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=4, batches_per_version=1)
-VALIDATOR = dict(strikes_ban_after=50)
-"""Enough for the tarpitter to last the measurement (a strike per 10 s deadline, and later one per notice
-its full queue refuses: about 0.4 a second); the flooder earns 50 in seconds."""
+VALIDATOR = dict(strikes_ban_after=20)
+"""Enough for the tarpitter to last the measurement (a strike per 10 s deadline); the flooder earns 20 in
+seconds (its notices for far-future versions are strikes)."""
 SAMPLES = 6
 """Honest verdicts measured before and during the attack."""
 SLACK_MEDIAN_S = 2.0
@@ -85,7 +85,8 @@ def test_flooding_and_tarpitting_peers_barely_delay_honest_verdicts(tmp_path: Pa
     assert statistics.median(under) <= statistics.median(baseline) + SLACK_MEDIAN_S, (baseline, under)
     assert max(under) <= max(baseline) + SLACK_MAX_S, (baseline, under)
     # The attacks were real and charged to the attackers, not to the honest worker.
-    assert st["intake"]["refused"].get("future", 0) >= 1 and st["intake"]["refused"].get("flood", 0) >= 1, st
+    refused = st["intake"]["refused"]
+    assert refused.get("future", 0) >= 1 and refused.get("flood", 0) + refused.get("busy", 0) >= 1, st
     assert st["unavailable"] >= 1 and tarpit_stat["attacker"]["tarpit_requests"] >= 1
     assert ids["worker"] not in st["strikes_by_worker"] and ids["worker"] not in st["rejections_by_worker"]
     assert book[ids["flood"]]["banned"], book[ids["flood"]]

@@ -44,11 +44,11 @@ def test_token_bucket_refills_at_its_rate_up_to_its_burst() -> None:
     assert b.take(3, 100.0) and not b.take(1, 100.0)  # capped at the burst
 
 
-def test_rate_queue_and_bytes_budgets_refuse_the_excess_as_strikes() -> None:
+def test_rate_queue_and_bytes_budgets_refuse_the_excess_without_a_strike() -> None:
     it = Intake(LIM, exempt=frozenset({"a"}))
     assert [it.offer("a", _n(i), 0.0, 0) for i in range(3)] == [None, None, None]
     full = it.offer("a", _n(3), 0.0, 0)  # 4th notice within the burst, but the queue holds 3
-    assert full is not None and (full.reason, full.strike) == ("flood", True) and "waiting" in full.detail
+    assert full is not None and (full.reason, full.strike) == ("busy", False) and "waiting" in full.detail
     over = it.offer("a", _n(4), 0.0, 0)  # burst of 4 notices spent
     assert over is not None and over.reason == "flood" and "a minute" in over.detail
     # Bytes: one 10 kB notice empties the bucket; the next must wait 1 s per kB.
@@ -57,7 +57,8 @@ def test_rate_queue_and_bytes_budgets_refuse_the_excess_as_strikes() -> None:
     big = it2.offer("b", _n(1, size=2000), 1.0, 0)
     assert big is not None and "bytes" in big.detail
     assert it2.offer("b", _n(2, size=2000), 3.0, 0) is None
-    assert it.refused == {"flood": 2} and it2.refused == {"flood": 1}
+    assert it.refused == {"busy": 1, "flood": 1} and it2.refused == {"flood": 1}
+    assert not any((full.strike, over.strike, big.strike))
 
 
 def test_one_in_flight_per_peer_round_robin_across_peers() -> None:

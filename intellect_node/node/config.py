@@ -262,18 +262,20 @@ class ValidatorConfig(_Section):
     verifying) for workers with accepted work, and as many again for the others (new keys cannot take
     the slots proven workers need). One peer never has more than one batch in flight."""
 
-    peer_queue: int = Field(default=4, ge=1, le=1024)
-    """Notices one peer may have waiting; more are refused (flood) and counted against it."""
+    peer_queue: int = Field(default=8, ge=1, le=1024)
+    """Notices one peer may have waiting; more are refused (busy: recorded, not a strike, since a
+    validator that falls behind must not ban the honest workers it is slow for)."""
 
-    peer_notices_per_min: float = Field(default=60.0, gt=0)
-    """Sustained notices per minute one peer may send (token bucket); more are refused (flood)."""
+    peer_notices_per_min: float = Field(default=600.0, gt=0)
+    """Sustained notices per minute one peer may send (token bucket); more are refused (flood, not a
+    strike). An honest demo worker sends about 90 a minute (a batch per trainer step of ~0.7 s)."""
 
-    peer_notice_burst: int = Field(default=8, ge=1, le=4096)
+    peer_notice_burst: int = Field(default=32, ge=1, le=4096)
     """Notices one peer may send at once before peer_notices_per_min applies."""
 
     peer_bytes_per_s: int = Field(default=1 << 20, ge=1)
     """Announced batch bytes per second one peer may have fetched (token bucket holding one largest
-    batch, 64 MiB); more are refused (flood)."""
+    batch, 64 MiB); more are refused (flood, not a strike)."""
 
     new_workers_per_min: float = Field(default=6.0, gt=0)
     """Peers never seen before that this validator starts verifying per minute; others wait (up to
@@ -301,7 +303,7 @@ class ValidatorConfig(_Section):
     """Slowest transfer rate a batch fetch is given time for (bytes per second of announced size)."""
 
     strikes_ban_after: int = Field(default=10, ge=1)
-    """Notices a peer could not back (blob unavailable, a flood, a version from the future) after which
+    """Notices a peer could not back (blob unavailable, a version from the future) after which
     the validator bans it. Honest peers meet one now and then (a restart between notice and fetch)."""
 
 

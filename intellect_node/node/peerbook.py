@@ -159,12 +159,14 @@ class PeerBook:
 
     # -- misbehaviour --------------------------------------------------------------------------------
 
-    def record_rejection(self, peer_id: str, reason: str) -> int:
-        """Record why input from ``peer_id`` was refused; returns the peer's rejection count."""
+    def record_rejection(self, peer_id: str, reason: str, *, counts: bool = True) -> int:
+        """Record why input from ``peer_id`` was refused; returns the peer's rejection count.
+        ``counts=False``: keep the reason but do not count it toward the automatic ban (a refusal
+        that an honest peer can meet, e.g. a validator too busy to queue its notice)."""
         auto_ban = False
         with self._lock:
             rec = self._rec(peer_id)
-            rec.rejections += 1
+            rec.rejections += counts
             rec.reasons.append(reason[:200])
             count = rec.rejections
             if self.auto_ban_after is not None and count >= self.auto_ban_after and rec.banned is None:

@@ -5,7 +5,12 @@ so the intake bounds what one peer can impose (docs/security.md):
 
 - **rate and budget**: a token bucket per peer on notices and one on announced batch bytes; a notice
   over either is refused (``flood``);
-- **queue**: at most ``peer_queue`` notices of one peer wait; more are refused (``flood``);
+- **queue**: at most ``peer_queue`` notices of one peer wait; more are refused (``busy``).
+
+  Neither is a strike: an honest worker of a small model on a fast machine sends a notice a second or
+  more, and a validator that falls behind (a loaded machine) must not ban the workers it is slow for.
+  The refusal drops the notice cheaply, which is all a flood can buy; what a sender cannot back (an
+  unavailable blob, a version from the future) is what counts against it.
 - **concurrency**: one batch of a peer in flight at a time; peers are served round-robin, so a peer with
   a full queue waits its turn like everyone else;
 - **versions**: a notice for a policy version more than ``max_versions_ahead`` past the newest announced
@@ -140,11 +145,11 @@ class Intake:
                                           f"v{newest} (at most {lim.max_ahead} ahead)", True)
         peer = self._peer(worker)
         if not peer.notices.take(1, now):
-            return self._refuse("flood", f"over {lim.notices_per_s * 60:.0f} notices a minute", True)
+            return self._refuse("flood", f"over {lim.notices_per_s * 60:.0f} notices a minute", False)
         if not peer.bytes.take(notice.batch_bytes, now):
-            return self._refuse("flood", f"over {lim.bytes_per_s:.0f} announced bytes a second", True)
+            return self._refuse("flood", f"over {lim.bytes_per_s:.0f} announced bytes a second", False)
         if len(peer.queue) >= lim.peer_queue:
-            return self._refuse("flood", f"{len(peer.queue)} notices already waiting", True)
+            return self._refuse("busy", f"{len(peer.queue)} notices already waiting", False)
         if not peer.waiting and worker not in self._known and worker not in self.exempt:
             if not self._newcomers and self._new.take(1, now):  # first come, first served
                 self._know(worker)

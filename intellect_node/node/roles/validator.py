@@ -3,7 +3,8 @@
 A notice (signature- and run-checked in the gossip validator, which also drops banned senders and, in a
 closed run, peers off ``run.worker_allowlist``) first goes through the intake (``roles/intake.py``): per
 peer rates, byte budget and queue, the version window, the new-identity rate. What it refuses gets no
-verdict; the reason is recorded against the sender and ``flood``/``future`` count as strikes. Taken
+verdict; the reason is recorded against the sender and ``future`` counts as a strike (``flood``/``busy``, an
+over-budget or over-full intake, do not: see :mod:`intake`). Taken
 notices are worked on as jobs, one per peer at a time, round-robin across peers, at most
 ``validator.max_jobs`` at once for workers with accepted work and as many for the rest (so fresh keys
 that tarpit cannot take the slots honest workers need); the tensor work of at most
@@ -66,7 +67,7 @@ log = logging.getLogger(__name__)
 
 NOT_HELD = frozenset({"stale", "policy_version"})
 """Verdict reasons that are not the worker's fault (the swarm moved on; this validator lacks the policy)."""
-STRIKES = frozenset({"unavailable", "future", "flood"})
+STRIKES = frozenset({"unavailable", "future"})
 """Refusals of notices the sender could not back: counted toward ``validator.strikes_ban_after``."""
 HEARD_RECENTLY_S = 10.0
 """The trainer counts as in earshot this long after its last announcement (it repeats one every 2 s)."""
@@ -226,7 +227,7 @@ class Validator:
         refusal = self.intake.offer(worker, notice, time.monotonic(), self.latest_announced)
         if refusal is not None:
             self.rt.swarm.peerbook.record_rejection(
-                worker, f"notice {notice.batch_cid}: {refusal.reason}: {refusal.detail}")
+                worker, f"notice {notice.batch_cid}: {refusal.reason}: {refusal.detail}", counts=refusal.strike)
             if refusal.strike:
                 self._strike(worker, refusal.reason)
             return
