@@ -124,6 +124,9 @@ def test_libp2p_shares_a_taken_port_and_the_check_refuses_it() -> None:
 
 def test_port_check_udp_time_wait_and_parsing() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+        # as py-libp2p's QUIC listener sets them (libp2p/transport/quic/listener.py)
+        u.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        u.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         u.bind(("127.0.0.1", 0))
         uport = u.getsockname()[1]
         with pytest.raises(ConfigError, match="udp port"):

@@ -55,7 +55,10 @@ def port_holder_error(ip: str, transport: str, port: int) -> OSError | None:
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
     kind = socket.SOCK_STREAM if transport == "tcp" else socket.SOCK_DGRAM
     with socket.socket(family, kind) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if kind == socket.SOCK_STREAM:
+            # TIME_WAIT leftovers of a killed node must not block its restart. Not for UDP: there the
+            # option would let the probe share a port another socket bound with it (no TIME_WAIT in UDP).
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((ip, port))
         except OSError as exc:
