@@ -330,8 +330,10 @@ def status_line(s: StatusSnapshot, now: float | None = None) -> str:
     """One log line per node: what an operator greps for (state first, with what is wrong)."""
     label, _style, trouble = condition(s, time.time() if now is None else now)
     if label == "unreachable":
-        return f"{s.role or 'node'} {short_peer(s.identity.peer_id)} unreachable: {'; '.join(s.health.reasons)}"
-    state = label.replace(" ", "") + (f" ({'; '.join(s.health.reasons)})" if trouble and s.health.reasons else "")
+        return f"{s.role or 'node'} {short_peer(s.identity.peer_id)} unreachable: " + "; ".join(s.health.reasons)
+    state = label.replace(" ", "")
+    if trouble and s.health.reasons:
+        state += f" ({'; '.join(s.health.reasons)})"
     parts = [f"{s.role or 'node'} {short_peer(s.identity.peer_id)} {state}", f"peers={s.peers.count}",
              f"reach={s.reachability.status}", f"policy={s.policy.local}/{s.policy.current}",
              f"gen={s.rollouts.generated}", f"acc={s.rollouts.accepted}", f"rej={s.rollouts.rejected}",

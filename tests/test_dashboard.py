@@ -153,8 +153,8 @@ def test_stale_and_unreachable_nodes_never_look_healthy() -> None:
     assert s.age_s == 30 and s.freshness(s.ts) == "stale (30 s)"
     assert "stale(30s)" in dashboard.status_line(s, now=s.ts)
     # a node that did not answer: a placeholder with no numbers
-    gone = StatusSnapshot.unreachable(role="validator", peer_id="12D3KooWValidator0001", detail="no answer in 3 s",
-                                      now=fresh.ts)
+    gone = StatusSnapshot.unreachable(role="validator", peer_id="12D3KooWValidator0001",
+                                      detail="no answer in 3 s", now=fresh.ts)
     c = _console()
     c.print(dashboard.render_swarm([fresh, gone], width=80, now=fresh.ts))
     text = _fits(c, 80, 24)

@@ -91,8 +91,9 @@ def test_libp2p_failures_are_restarted_resubscribed_and_reported(tmp_path: Path,
             got_b: list[bytes] = []
             a.swarm.subscribe(TOPIC, lambda d, o: d, lambda m, o: got_a.append(m))
             b.swarm.subscribe(TOPIC, lambda d, o: d, lambda m, o: got_b.append(m))
-            await wait_until(lambda: a.swarm.peer_id in b.swarm.topic_peers(TOPIC)
-                             and b.swarm.peer_id in a.swarm.topic_peers(TOPIC), 20, what="subscriptions known")
+            both = (lambda: a.swarm.peer_id in b.swarm.topic_peers(TOPIC)
+                    and b.swarm.peer_id in a.swarm.topic_peers(TOPIC))
+            await wait_until(both, 20, what="subscriptions known")
             await _delivered(b.swarm, got_a, b"before")
             await a.swarm.provide(CID)
             port = a.swarm.listen_addrs()[0].split("/tcp/")[1].split("/")[0]
@@ -108,8 +109,7 @@ def test_libp2p_failures_are_restarted_resubscribed_and_reported(tmp_path: Path,
             assert a.board.snapshot().health.restarts == {"libp2p": 1}
             assert a.swarm.listen_addrs()[0].split("/tcp/")[1].split("/")[0] == port  # same address
             # re-dialed and re-subscribed: gossip flows both ways again, each message once
-            await wait_until(lambda: a.swarm.peer_id in b.swarm.topic_peers(TOPIC)
-                             and b.swarm.peer_id in a.swarm.topic_peers(TOPIC), 20, what="subscriptions again")
+            await wait_until(both, 20, what="subscriptions again")
             await _delivered(b.swarm, got_a, b"after")
             await _delivered(a.swarm, got_b, b"back")
             assert len(got_a) == len(set(got_a)), got_a
@@ -209,8 +209,8 @@ def test_systemd_watchdog_pings_only_while_healthy(tmp_path: Path, monkeypatch: 
             assert msgs[0] == "READY=1"
             rt.swarm.watch.answer_timeout = 0.5
             rt.swarm.bridge.run_sync_soon(time.sleep, 3.0)  # wedge the trio thread
-            await wait_until(lambda: any(m.startswith("STATUS=degraded: libp2p restarting") for m in msgs), 10,
-                             what="degraded status")
+            await wait_until(lambda: any(m.startswith("STATUS=degraded: libp2p restarting") for m in msgs),
+                             10, what="degraded status")
             await wait_until(lambda: rt.swarm.watch.restarts == 1, 20, what="libp2p restarted")
             await wait_until(lambda: "STATUS=running" in msgs[msgs.index(next(
                 m for m in msgs if m.startswith("STATUS=degraded"))):], 10, what="running status")
@@ -240,7 +240,8 @@ def test_sd_notify_addresses_and_watchdog_pid(tmp_path: Path) -> None:
         assert sock.recv(4096) == b"READY=1\nSTATUS=running"
     finally:
         sock.close()
-    assert Notifier({"NOTIFY_SOCKET": str(tmp_path / "nobody.sock")}).watchdog() is False  # logged, not raised
+    nobody = Notifier({"NOTIFY_SOCKET": str(tmp_path / "nobody.sock")})
+    assert nobody.watchdog() is False  # logged, not raised
 
 
 def test_bridge_fails_waiting_calls_when_its_run_ends_and_starts_again() -> None:

@@ -124,11 +124,13 @@ class Libp2pWatch:
         for t in (self._task, self._replay):
             if t is not None:
                 t.cancel()
-        await asyncio.gather(*(t for t in (self._task, self._replay) if t is not None), return_exceptions=True)
+        await asyncio.gather(*(t for t in (self._task, self._replay) if t is not None),
+                             return_exceptions=True)
 
     def answering(self) -> bool:
         """True while libp2p works and answered a probe recently (what the systemd watchdog needs)."""
-        return not self.down_reason and time.monotonic() - self.last_ok < self.answer_timeout + 2 * self.interval
+        fresh = time.monotonic() - self.last_ok < self.answer_timeout + 2 * self.interval
+        return fresh and not self.down_reason
 
     def _loop_ended(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() or task.exception() is None:
@@ -192,8 +194,9 @@ class Libp2pWatch:
                 self._set(f"libp2p restarting: {why} (attempt {attempt} failed: {last})")
             delay = self.backoff[min(attempt - 1, len(self.backoff) - 1)]
             if time.monotonic() - t0 + delay > self.give_up_after:
-                reason = (f"libp2p could not be restarted ({attempt} attempts in {time.monotonic() - t0:.0f}s; "
-                          f"last: {last}); exiting")
+                spent = time.monotonic() - t0
+                reason = (f"libp2p could not be restarted ({attempt} attempts in {spent:.0f}s; last: {last}); "
+                          "exiting")
                 log.critical(reason)
                 self.gave_up = True
                 self._set(reason)
@@ -303,7 +306,8 @@ class TaskSupervisor:
             while failures and failures[0] < now - self.window:
                 failures.popleft()
             if len(failures) > self.max_failures:
-                reason = f"task {name} failed {len(failures)} times in {self.window:.0f}s (last: {why}); exiting"
+                reason = (f"task {name} failed {len(failures)} times in {self.window:.0f}s (last: {why}); "
+                          "exiting")
                 log.critical(reason)
                 self._mark(name, reason)
                 if self.on_fatal is not None:

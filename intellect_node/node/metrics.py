@@ -101,15 +101,16 @@ class StatusCollector(Collector):
 
         yield GaugeMetricFamily(f"{_PREFIX}_healthy", "1 if the node runs with no degraded reason, else 0.",
                                 value=int(s.healthy))
-        restarts = CounterMetricFamily(f"{_PREFIX}_restarts", "Restarts of a part of the node since it started.",
-                                       labels=["part"])
+        restarts = CounterMetricFamily(f"{_PREFIX}_restarts",
+                                       "Restarts of a part of the node since it started.", labels=["part"])
         for part in ("libp2p", "tasks"):
             restarts.add_metric([part], s.health.restarts.get(part, 0))
         yield restarts
         yield GaugeMetricFamily(f"{_PREFIX}_status_age_seconds",
-                                "Seconds since the node's status loop last refreshed its numbers.", value=s.age_s)
-        yield GaugeMetricFamily(f"{_PREFIX}_warnings_recent", "Warnings among the recent ones kept in the status.",
-                                value=len(s.warnings))
+                                "Seconds since the node's status loop last refreshed its numbers.",
+                                value=s.age_s)
+        yield GaugeMetricFamily(f"{_PREFIX}_warnings_recent",
+                                "Warnings among the recent ones kept in the status.", value=len(s.warnings))
 
 
 def build_registry(board: StatusBoard) -> CollectorRegistry:

@@ -265,7 +265,8 @@ class NodeRuntime:
             "gossip": {"delivered": dict(sw.delivered), "dropped": dict(sw.dropped)} if sw else {},
             "snapshot": snap.to_dict(),
             "health": {"state": snap.state, "healthy": snap.healthy, "reasons": list(snap.health.reasons),
-                       "restarts": dict(snap.health.restarts), "warnings": [w.message for w in snap.warnings]},
+                       "restarts": dict(snap.health.restarts),
+                       "warnings": [w.message for w in snap.warnings]},
         }
         for svc in self.services:
             fn = getattr(svc, "status", None)

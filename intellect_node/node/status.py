@@ -246,7 +246,8 @@ class StatusSnapshot:
                     now: float | None = None) -> "StatusSnapshot":
         """What a viewer shows for a node whose status cannot be read: no numbers, the reason why."""
         return cls(ts=time.time() if now is None else now, role=role, state="unreachable",
-                   identity=Identity(peer_id=peer_id), health=Health(reasons=(detail or "status unreadable",)))
+                   identity=Identity(peer_id=peer_id),
+                   health=Health(reasons=(detail or "status unreadable",)))
 
     def to_json(self) -> bytes:
         """JSON of :meth:`to_dict` (derived values included, so ``curl`` readers need no arithmetic)."""
