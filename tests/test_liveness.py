@@ -207,8 +207,8 @@ def test_systemd_watchdog_pings_only_while_healthy(tmp_path: Path, monkeypatch: 
             assert rt.notifier.watchdog_s == 0.4
             await wait_until(lambda: msgs.count("WATCHDOG=1") >= 3, 10, what="pings while healthy")
             assert msgs[0] == "READY=1"
-            rt.swarm.watch.answer_timeout = 0.5
-            rt.swarm.bridge.run_sync_soon(time.sleep, 3.0)  # wedge the trio thread
+            rt.swarm.watch.answer_timeout = 1.0
+            rt.swarm.bridge.run_sync_soon(time.sleep, 3.5)  # wedge the trio thread
             await wait_until(lambda: any(m.startswith("STATUS=degraded: libp2p restarting") for m in msgs),
                              10, what="degraded status")
             await wait_until(lambda: rt.swarm.watch.restarts == 1, 20, what="libp2p restarted")
