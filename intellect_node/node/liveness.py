@@ -49,9 +49,9 @@ fix it). Exit code 2 stays reserved for operator mistakes, which a restart does 
 PROBE_INTERVAL_S = 1.0
 """How often the watch asks the trio thread whether the libp2p services still run."""
 ANSWER_TIMEOUT_S = 8.0
-"""A trio thread that does not answer a probe within this is taken as wedged. Generous: a healthy
-thread answers in milliseconds, and on a 2-core machine at load 16 we measured bridge calls of up to
-about a second; restarting a working host would cost more than waiting."""
+"""A trio thread that does not answer a probe within this is taken as wedged. Generous on purpose (a
+healthy thread answers in milliseconds; the tests wedge it with 1 s): a slow but working host on a loaded
+machine must not be restarted, which would cost more than waiting. Not measured under load yet."""
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 """Waits between libp2p restart attempts (the last one repeats)."""
 GIVE_UP_S = 20.0
