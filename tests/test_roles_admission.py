@@ -66,7 +66,9 @@ def test_validator_refuses_resubmitted_rollouts_once_verified_and_bans(tmp_path:
 
 
 def _consumed_keys(trainer_dir: Path) -> list[str]:
-    """Rollout keys of every batch the trainer consumed (metrics.jsonl), read from its blob store."""
+    """Rollout keys of every batch the trainer consumed in an optimizer step (metrics.jsonl lines with
+    ``trained``), read from its blob store. A step whose groups all had equal rewards writes a line with
+    ``trained: false`` and hands its batches to the next checkpoint, so they are listed again there."""
     import json
 
     from intellect_node.node.blobs import BlobStore
@@ -80,7 +82,8 @@ def _consumed_keys(trainer_dir: Path) -> list[str]:
     blobs.store = store
     keys: list[str] = []
     for line in (trainer_dir / "trainer" / "metrics.jsonl").read_text().splitlines():
-        for cid in json.loads(line)["batches"]:
+        rec = json.loads(line)
+        for cid in rec["batches"] if rec["trained"] else []:
             batch = decode_batch(read_blob(blobs, cid))
             keys += [f"{batch.policy_version}\0{k}" for k in rollout_keys(batch.rollouts)]
     return keys
