@@ -21,7 +21,7 @@ test-loaded: setup
 # vLLM lives in its own environment (it pins its own torch); not part of `make test`.
 test-vllm:
 	@bash scripts/setup-vllm.sh
-	.venv-vllm/bin/python -m pytest -q tests/vllm
+	.venv-vllm/bin/python -m pytest -q tests/inference/vllm
 
 clean:
 	rm -rf $(VENV) .venv-vllm .pytest_cache

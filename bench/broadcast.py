@@ -3,7 +3,7 @@
 Three transfers of the same file in the same run, each with one origin process and N peer processes
 that start together on a "go" line (process start-up and imports are not timed):
 
-- ``intellect``: ``intellect_node.node.blob_peer`` processes. The origin has published the file (4 MiB
+- ``intellect``: ``intellect_node.blobs.peer`` processes. The origin has published the file (4 MiB
   chunks, signed manifest). Each peer fetches the blob with the origin *and the other peers* as
   providers (swarming: a peer serves what it holds while still downloading), checks every chunk's
   sha2-256 on arrival, commits it (fsync + rename) and finally writes the assembled file.
@@ -125,13 +125,13 @@ def run_intellect(src: Path, work: Path, peers: int, chunk_mib: int, *, label: s
                   origin_only: bool = False) -> tuple[float, float]:
     """(time until every peer holds every chunk, verified; time until each also wrote the file)."""
     root = work / label.replace(" ", "-")
-    origin = Child([PY, "-m", "intellect_node.node.blob_peer", "--root", str(root / "origin")])
+    origin = Child([PY, "-m", "intellect_node.blobs.peer", "--root", str(root / "origin")])
     kids: list[Child] = []
     try:
         hello = origin.read_until({"listening"})
         origin.send({"op": "put", "path": str(src), "chunk_size": chunk_mib * MIB})
         cid = origin.read_until({"put"})["cid"]
-        kids = [Child([PY, "-m", "intellect_node.node.blob_peer", "--root", str(root / f"peer{i}")])
+        kids = [Child([PY, "-m", "intellect_node.blobs.peer", "--root", str(root / f"peer{i}")])
                 for i in range(peers)]
         hellos = _wait_all(kids, {"listening"})
         everyone = [{"peer_id": h["peer_id"], "http_url": h["url"]} for h in [hello, *hellos]]

@@ -87,7 +87,7 @@ def report(label: str, rows: list[dict[str, Any]]) -> None:
 # ------------------------------------------------------------------------------------ embedded model
 def grpo_updates(model_dir: str | None, steps: int, lr: float) -> list[dict[str, torch.Tensor]]:
     from intellect_node.trainer.grpo import GRPOConfig
-    from intellect_node.trainer.model import CharTokenizer, load_hf_model, resolve_model_dir
+    from intellect_node.models.loader import CharTokenizer, load_hf_model, resolve_model_dir
     from intellect_node.trainer.step import Sample, make_optimizer, train_step
     from intellect_node.trainer.tasks import embedded_task
 
@@ -202,9 +202,9 @@ async def peers_section(pair: tuple[Checkpoint, Checkpoint], n_peers: int, label
                         link_mbit: float | None) -> None:
     import msgspec
 
-    from intellect_node.node.policy_sync import PolicyFollower, PolicyPublisher
+    from intellect_node.roles.policy import PolicyFollower, PolicyPublisher
     from intellect_node.protocol.policy import open_announcement, seal_announcement
-    from support_delta import BlobPeer, mesh
+    from tests.support.delta import BlobPeer, mesh
 
     prev, cur = pair
     link = f"each peer's downlink emulated at {link_mbit:g} Mbit/s" if link_mbit else "loopback, no link limit"

@@ -47,11 +47,11 @@ def windowed(values: list[float], window: int) -> float:
 
 
 def held_out_pass_rates(checkpoints: Path) -> tuple[float, float | None]:
-    """Sampled pass rate on 512 fixed problems (node/engines/evaluate.py) of the embedded model and of the
+    """Sampled pass rate on 512 fixed problems (inference/evaluate.py) of the embedded model and of the
     trainer's last checkpoint: the low-noise before/after of a run."""
     from intellect_node.trainer.checkpoint import latest_weights_path
-    from intellect_node.node.engines.evaluate import pass_rate, with_weights
-    from intellect_node.trainer.model import load_model
+    from intellect_node.inference.evaluate import pass_rate, with_weights
+    from intellect_node.models.loader import load_model
 
     base = load_model(None)
     last = latest_weights_path(checkpoints)
@@ -59,8 +59,8 @@ def held_out_pass_rates(checkpoints: Path) -> tuple[float, float | None]:
 
 
 def run_swarm(target: float, window: int, timeout: float, workdir: Path) -> dict[str, Any]:
-    from tests.support_roles import listen_addr, make_key, start_role
-    from intellect_node.trainer.model import embedded_model_dir
+    from tests.support.roles import listen_addr, make_key, start_role
+    from intellect_node.models.loader import embedded_model_dir
 
     model = str(embedded_model_dir())
     ids = {n: make_key(workdir / n) for n in ("trainer", "validator", "w1", "w2")}
@@ -108,7 +108,7 @@ def run_trl(target: float, window: int, timeout: float, workdir: Path) -> dict[s
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from intellect_node.trainer.model import BOS, embedded_model_dir, load_hf_model
+    from intellect_node.models.loader import BOS, embedded_model_dir, load_hf_model
     from intellect_node.trainer.tasks import embedded_task
 
     torch.set_num_threads(1)
@@ -150,8 +150,8 @@ def run_trl(target: float, window: int, timeout: float, workdir: Path) -> dict[s
     trainer.train()
     import dataclasses
 
-    from intellect_node.node.engines.evaluate import pass_rate
-    from intellect_node.trainer.model import load_model
+    from intellect_node.inference.evaluate import pass_rate
+    from intellect_node.models.loader import load_model
 
     base = load_model(None)
     final = {k: v.detach().to(torch.float32).clone() for k, v in trainer.model.state_dict().items()}

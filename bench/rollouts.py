@@ -27,10 +27,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from intellect_node.node.engines.base import SamplingConfig  # noqa: E402
-from intellect_node.node.engines.rollouts import checkpoint_cid, generate_rollouts  # noqa: E402
-from intellect_node.node.engines.torch_engine import TorchEngine  # noqa: E402
-from intellect_node.node.engines.verifier import Expectations, Verifier  # noqa: E402
+from intellect_node.inference.base import SamplingConfig  # noqa: E402
+from intellect_node.inference.rollouts import checkpoint_cid, generate_rollouts  # noqa: E402
+from intellect_node.inference.torch_engine import TorchEngine  # noqa: E402
+from intellect_node.inference.verifier import Expectations, Verifier  # noqa: E402
 from intellect_node.proofs.thresholds import Thresholds  # noqa: E402
 from intellect_node.proofs.toploc import build_proofs_batch  # noqa: E402
 from intellect_node.protocol.signing import SigningKey  # noqa: E402
@@ -57,7 +57,7 @@ def prompts_for(engine: TorchEngine, batch: int) -> list[list[int]]:
 
 
 def hf_generate(model_dir: Path, dtype: str, prompts: list[list[int]], new: int, repeats: int) -> float:
-    from intellect_node.trainer.model import load_hf_model
+    from intellect_node.models.loader import load_hf_model
 
     hf = load_hf_model(model_dir, dtype=dtype)
     ids = torch.tensor(prompts)
@@ -87,7 +87,7 @@ def main() -> None:
     gen_times: dict[int, float] = {}
     vllm_engine = None
     if args.vllm:
-        from intellect_node.node.engines.vllm_engine import VllmEngine
+        from intellect_node.inference.vllm_engine import VllmEngine
 
         vllm_engine = VllmEngine(model_dir, dtype=engine.dtype)
     for batch in (1, 32):

@@ -4,6 +4,7 @@
      +-- ConfigError        operator input is wrong (bad flag, bad field); the CLI exits with code 2
      +-- ProtocolError      bytes from a peer (or a file) do not decode to a valid message
      +-- TransportError     a peer could not be reached, timed out, or broke a stream
+     |    +-- ChunkUnavailable  the provider does not hold that blob part (ask another; no penalty)
      +-- IntegrityError     content did not match its hash (a chunk, a blob, a checkpoint)
      +-- ProofRejected      a rollout or result failed verification (``reason`` says why)
 
@@ -31,6 +32,11 @@ class ProtocolError(IntellectNodeError):
 
 class TransportError(IntellectNodeError):
     """A remote call failed: unreachable, timed out, reset."""
+
+
+class ChunkUnavailable(TransportError):
+    """The provider does not hold that chunk, manifest or bitmap (HTTP 404, or the chunk stream's "not
+    held"): ask someone else, no penalty."""
 
 
 class IntegrityError(IntellectNodeError):

@@ -35,7 +35,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from intellect_node.trainer.model import (  # noqa: E402
+from intellect_node.models.loader import (  # noqa: E402
     BOS, EOS, PAD, VOCAB_SIZE, CharTokenizer, embedded_config, write_tokenizer_files,
 )
 from intellect_node.trainer.tasks import embedded_task  # noqa: E402

@@ -20,10 +20,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The vLLM tests run under `make test-vllm` in their own environment (.venv-vllm); the main environment
 # has no vLLM, so they are not collected there rather than skipped.
-# (tests/ is on sys.path, so tests/vllm itself would be found as a namespace package: require a real module.)
+# (tests/ is on sys.path, so tests/inference/vllm itself would be found as a namespace package: require a real module.)
 _vllm_spec = importlib.util.find_spec("vllm")
 if _vllm_spec is None or _vllm_spec.origin is None:
-    collect_ignore = ["vllm"]
+    collect_ignore = ["inference/vllm"]
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.05,

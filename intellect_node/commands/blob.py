@@ -75,9 +75,9 @@ def register(app: typer.Typer) -> None:
         import fcntl
         import os
 
-        from intellect_node.node.blob_service import BLOBS_DIR
-        from intellect_node.node.blobs import BlobStore
-        from intellect_node.node.identity import load_key
+        from intellect_node.blobs.service import BLOBS_DIR
+        from intellect_node.blobs.store import BlobStore
+        from intellect_node.p2p.identity import load_key
         from intellect_node.node.runtime import LOCK_FILE
 
         key = load_key(d)

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from intellect_node.node.identity import resolve_data_dir
+from intellect_node.p2p.identity import resolve_data_dir
 
 DataDirOption = typer.Option(
     None, "--data-dir", "-d",

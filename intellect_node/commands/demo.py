@@ -100,7 +100,7 @@ class DemoSwarm:
 
     def __init__(self, root: Path, *, workers: int, validators: int, run_id: str, model: str | None,
                  extra_config: dict[str, Any] | None = None) -> None:
-        from intellect_node.node import identity
+        from intellect_node.p2p import identity
 
         if workers < 1 or validators < 1:
             raise ConfigError("--workers and --validators must be at least 1 (the trainer trains only on work "
@@ -273,7 +273,7 @@ def keep_logs(swarm: DemoSwarm, dest: Path) -> Path:
 
     Why move rather than leave them: the default dir is a temporary one that is removed after a clean
     stop (it holds blobs and checkpoints); the logs are what an operator looks at afterwards."""
-    from intellect_node.node.identity import ensure_data_dir
+    from intellect_node.p2p.identity import ensure_data_dir
 
     ensure_data_dir(dest)
     for node in swarm.nodes:

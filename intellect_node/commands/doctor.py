@@ -32,7 +32,7 @@ import typer
 
 from intellect_node.commands.common import DataDirOption, data_dir
 from intellect_node.errors import ConfigError, IntellectNodeError
-from intellect_node.node.ports import check_listen_ports
+from intellect_node.p2p.ports import check_listen_ports
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
@@ -83,7 +83,7 @@ def check_data_dir(path: Path) -> list[Check]:
 
 
 PRIVATE_FILES = ("ledger.sqlite", "ledger.sqlite-wal", "ledger.sqlite-shm", "node.log", "stderr.log")
-"""Files in the data dir that name peers and addresses: 0600, like the key (node/identity.py)."""
+"""Files in the data dir that name peers and addresses: 0600, like the key (p2p/identity.py)."""
 
 
 def check_private(path: Path) -> Check:
@@ -104,7 +104,7 @@ def check_private(path: Path) -> Check:
 
 
 def check_key(path: Path) -> Check:
-    from intellect_node.node import identity
+    from intellect_node.p2p import identity
 
     kp = identity.key_path(path)
     if not kp.exists():
@@ -142,7 +142,7 @@ def check_listen(listen: list[str], node_running: bool) -> list[Check]:
             out.append(Check("listen", OK, addr))
         if node_running or port == 0:
             continue
-        # The same probe `join` makes (node/ports.py): a bind without SO_REUSEPORT, which py-libp2p's own
+        # The same probe `join` makes (p2p/ports.py): a bind without SO_REUSEPORT, which py-libp2p's own
         # listener would have shared with another node.
         try:
             check_listen_ports([addr])
@@ -181,7 +181,7 @@ def check_runtime() -> list[Check]:
 
 
 def check_model(model: str, dtype: str) -> list[Check]:
-    from intellect_node.trainer.model import resolve_model_dir
+    from intellect_node.models.loader import resolve_model_dir
 
     try:
         path = resolve_model_dir(model or None)
@@ -290,7 +290,7 @@ async def _probe(bootstrap: list[str], peer_urls: dict[str, str], run_id: str) -
     out: list[Check] = []
     urls = dict(peer_urls)
     if bootstrap:
-        from intellect_node.node.swarm import Swarm
+        from intellect_node.p2p.swarm import Swarm
         from intellect_node.protocol.signing import SigningKey
 
         # An ephemeral identity: the node's own key may be in use by a running node.

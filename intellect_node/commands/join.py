@@ -27,7 +27,7 @@ FLAG_OF_FIELD = {
 
 def services(runtime: Any) -> None:
     """Add the services every node runs to ``runtime`` (imported here, after argument parsing)."""
-    from intellect_node.node.blob_service import BlobService
+    from intellect_node.blobs.service import BlobService
     from intellect_node.node.ledger import LedgerService
     from intellect_node.node.metrics import MetricsService
 
@@ -35,7 +35,7 @@ def services(runtime: Any) -> None:
     runtime.add_service(LedgerService.for_runtime)
     if runtime.config.metrics.enabled:
         runtime.add_service(MetricsService.for_runtime)
-    from intellect_node.node.nat.service import NatService
+    from intellect_node.p2p.nat.service import NatService
 
     # Reachability (docs/nat.md) before blobs: private providers' chunks come over libp2p (its source),
     # and it serves this node's chunks from the blob store when peers cannot reach our HTTP port.
@@ -156,7 +156,7 @@ def register(app: typer.Typer) -> None:
         setup_logging(level=log_level, json_lines=headless or not show_dashboard, file=log_file)
         from intellect_node.node.runtime import NodeRuntime, run_node
 
-        from intellect_node.node.roles import role_factory
+        from intellect_node.roles import role_factory
 
         factories = [role_factory(r) for r in dict.fromkeys(role)]  # a wrong --role fails before start
         runtime = NodeRuntime(cfg, d, roles=list(dict.fromkeys(role)))

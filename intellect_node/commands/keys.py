@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from intellect_node.commands.common import DataDirOption, data_dir
-from intellect_node.node import identity
+from intellect_node.p2p import identity
 
 
 def register(app: typer.Typer) -> None:

@@ -13,7 +13,7 @@ def register(app: typer.Typer) -> None:
     @model.command("export")
     def export(dir: Path = typer.Argument(..., help="Folder to write the model to (Hugging Face format).")) -> None:
         """Write the embedded model (config, weights, tokenizer, proof thresholds) to DIR."""
-        from intellect_node.trainer.model import export_model
+        from intellect_node.models.loader import export_model
 
         out = export_model(dir)
         typer.echo(f"wrote the embedded model to {out}")
@@ -23,8 +23,8 @@ def register(app: typer.Typer) -> None:
         """Print the model's architecture, size and checkpoint CID."""
         import json
 
-        from intellect_node.node.engines.rollouts import checkpoint_cid
-        from intellect_node.trainer.model import resolve_model_dir
+        from intellect_node.inference.rollouts import checkpoint_cid
+        from intellect_node.models.loader import resolve_model_dir
 
         path = resolve_model_dir(model_dir)
         cfg = json.loads((path / "config.json").read_text())
@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
         """Sampled (temperature 1) pass rate on a fixed set of the embedded task's problems."""
         import torch
 
-        from intellect_node.node.engines.evaluate import evaluate
+        from intellect_node.inference.evaluate import evaluate
 
         torch.set_num_threads(1)
         rate = evaluate(model_dir, weights, n=n, seed=seed, max_new_tokens=max_new_tokens)

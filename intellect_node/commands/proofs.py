@@ -24,7 +24,7 @@ def thresholds_target(model_dir: Optional[Path], out: Optional[Path]) -> Path:
         return out
     import intellect_node
     from intellect_node.proofs.thresholds import THRESHOLDS_FILE
-    from intellect_node.trainer.model import resolve_model_dir
+    from intellect_node.models.loader import resolve_model_dir
 
     folder = resolve_model_dir(model_dir)
     package = Path(intellect_node.__file__).resolve().parent
@@ -67,9 +67,9 @@ def register(app: typer.Typer) -> None:
         import torch
 
         from intellect_node.fsutil import atomic_write_text
-        from intellect_node.node.engines.base import SamplingConfig
-        from intellect_node.node.engines.calibrate import calibrate as run
-        from intellect_node.node.engines.torch_engine import TorchEngine
+        from intellect_node.inference.base import SamplingConfig
+        from intellect_node.inference.calibrate import calibrate as run
+        from intellect_node.inference.torch_engine import TorchEngine
         from intellect_node.proofs.thresholds import Margins, merge_into
 
         torch.set_num_threads(1)
@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
             if name == "torch":
                 engines.append(verifier_engine)
             elif name == "vllm":
-                from intellect_node.node.engines.vllm_engine import VllmEngine
+                from intellect_node.inference.vllm_engine import VllmEngine
 
                 engines.append(VllmEngine(verifier_engine.loaded.path, dtype=dtype))
             else:

@@ -17,7 +17,7 @@ DtypeOption = typer.Option("float32", "--dtype", help="float32 | bfloat16 | floa
 
 def _signing_key(data_dir_opt: Optional[Path]):  # type: ignore[no-untyped-def]
     """The node key when one exists, else an ephemeral key (said so on stderr)."""
-    from intellect_node.node.identity import key_path, load_key
+    from intellect_node.p2p.identity import key_path, load_key
     from intellect_node.protocol.signing import SigningKey
 
     d = data_dir(data_dir_opt)
@@ -60,9 +60,9 @@ def register(app: typer.Typer) -> None:
         import torch
 
         from intellect_node.fsutil import atomic_write_bytes
-        from intellect_node.node.engines.base import SamplingConfig
-        from intellect_node.node.engines.rollouts import checkpoint_cid, generate_rollouts
-        from intellect_node.node.engines.torch_engine import TorchEngine
+        from intellect_node.inference.base import SamplingConfig
+        from intellect_node.inference.rollouts import checkpoint_cid, generate_rollouts
+        from intellect_node.inference.torch_engine import TorchEngine
         from intellect_node.protocol.rollout import RolloutBatch, encode_batch
         from intellect_node.trainer.tasks import embedded_task
 
@@ -100,9 +100,9 @@ def register(app: typer.Typer) -> None:
         """Re-check every rollout by prefill; exit 0 if all are valid, 1 if any is rejected."""
         import torch
 
-        from intellect_node.node.engines.rollouts import checkpoint_cid
-        from intellect_node.node.engines.torch_engine import TorchEngine
-        from intellect_node.node.engines.verifier import Expectations, Verifier
+        from intellect_node.inference.rollouts import checkpoint_cid
+        from intellect_node.inference.torch_engine import TorchEngine
+        from intellect_node.inference.verifier import Expectations, Verifier
         from intellect_node.proofs.thresholds import load_thresholds
         from intellect_node.protocol.rollout import decode_batch
 

@@ -119,7 +119,7 @@ async def _run_sweep(out: Path, coord: Any, journal: Any, *, sweep_id: str, grid
                      join: list[str], listen: list[str], run_id: str) -> tuple[dict[str, Any] | None, str]:
     from intellect_node.commands.join import build_node_config
     from intellect_node.node.runtime import NodeRuntime
-    from intellect_node.node.sweep_node import SweepCoordinatorService
+    from intellect_node.roles.sweep import SweepCoordinatorService
 
     local = not join
     cfg = build_node_config(listen=listen, bootstrap=join, run_id=run_id, trainer_peer_id=None, http_host=None,
@@ -264,7 +264,7 @@ def register(app: typer.Typer) -> None:
                                 heartbeat_interval=heartbeat_interval, peer_timeout=peer_timeout)
         setup_logging(level=log_level, json_lines=True, file=log_file)
         from intellect_node.node.runtime import NodeRuntime, run_node
-        from intellect_node.node.sweep_node import SweepWorker
+        from intellect_node.roles.sweep import SweepWorker
 
         runtime = NodeRuntime(cfg, d, roles=["sweep-worker"])
         runtime.add_service(lambda rt: SweepWorker(rt.swarm, coordinators=set(coordinator)))

@@ -38,8 +38,8 @@ def register(app: typer.Typer) -> None:
 
         import torch
 
-        from intellect_node.node.engines.torch_engine import TorchEngine
-        from intellect_node.node.engines.evaluate import solve_rates as measure
+        from intellect_node.inference.torch_engine import TorchEngine
+        from intellect_node.inference.evaluate import solve_rates as measure
         from intellect_node.trainer.filtering import SolveRateBand, save_solve_rates
         from intellect_node.trainer.tasks import get_task
 

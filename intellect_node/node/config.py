@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from intellect_node.errors import ConfigError, ProtocolError
-from intellect_node.node.nat.config import NatConfig
+from intellect_node.p2p.nat.config import NatConfig
 from intellect_node.protocol.ids import public_key_from_peer_id
 from intellect_node.protocol.topics import validate_run_id
 

@@ -4,7 +4,7 @@ Start order (each step needs the one before):
 
 1. lock the data dir (one node per data dir), load the node key;
 2. bind the bulk HTTP socket and the control socket, so the advertised URL is known;
-3. start the :class:`~intellect_node.node.swarm.Swarm` (libp2p thread) with that URL;
+3. start the :class:`~intellect_node.p2p.swarm.Swarm` (libp2p thread) with that URL;
 4. build the services from their factories (the seam: ``factory(runtime) -> NodeService``), mount their
    bulk and control routes, start serving HTTP, then ``await service.start()``;
 5. heartbeats, bootstrap dials (remembered peers when no bootstrap peer answers);
@@ -13,10 +13,10 @@ Start order (each step needs the one before):
 Stop (SIGINT, SIGTERM or ``POST /v1/stop``) runs the same steps backwards, each under a deadline, so
 the process exits 0 within about :data:`STOP_TIMEOUT_S` seconds even if a peer hangs.
 
-Liveness (``node/liveness.py``): every long-lived loop runs under :meth:`NodeRuntime.spawn`, which
+Liveness (``p2p/liveness.py``): every long-lived loop runs under :meth:`NodeRuntime.spawn`, which
 restarts it when it fails; the swarm's watch restarts libp2p. What is restarting shows as ``degraded``
 on the status board, and a part that cannot be kept working ends the process with
-:data:`~intellect_node.node.liveness.EXIT_UNHEALTHY` (:meth:`NodeRuntime.fail`) after the same clean
+:data:`~intellect_node.p2p.liveness.EXIT_UNHEALTHY` (:meth:`NodeRuntime.fail`) after the same clean
 stop. Under systemd the node pings the watchdog only while libp2p answers and every essential task runs.
 """
 
@@ -39,13 +39,14 @@ from intellect_node import __version__
 from intellect_node.errors import ConfigError
 from intellect_node.node import control
 from intellect_node.node.config import NodeConfig
-from intellect_node.node.heartbeat import Heartbeats
-from intellect_node.node.identity import ensure_data_dir, load_or_init_key
-from intellect_node.node.liveness import EXIT_UNHEALTHY, TaskFactory, TaskSupervisor
-from intellect_node.node.ports import check_listen_ports
+from intellect_node.p2p.heartbeat import Heartbeats
+from intellect_node.p2p.identity import ensure_data_dir, load_or_init_key
+from intellect_node.node.tasks import TaskFactory, TaskSupervisor
+from intellect_node.p2p.liveness import EXIT_UNHEALTHY
+from intellect_node.p2p.ports import check_listen_ports
 from intellect_node.node.sdnotify import Notifier
 from intellect_node.node.status import StatusBoard
-from intellect_node.node.swarm import Swarm
+from intellect_node.p2p.swarm import Swarm
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def _advertised_host(bind_host: str) -> str:
     if bind_host not in ("0.0.0.0", "::"):
         return f"[{bind_host}]" if ":" in bind_host else bind_host
     # Wildcard bind without http_public_url: this machine's first non-loopback address.
-    from intellect_node.node.host import local_ipv4s
+    from intellect_node.p2p.host import local_ipv4s
 
     return local_ipv4s()[0]
 
@@ -136,7 +137,7 @@ class NodeRuntime:
 
     def spawn(self, name: str, factory: TaskFactory, *, essential: bool = True,
               may_end: bool = False) -> asyncio.Task[None]:
-        """Run the loop ``factory()`` as task ``name`` for the node's lifetime (see ``node/liveness.py``):
+        """Run the loop ``factory()`` as task ``name`` for the node's lifetime (see ``p2p/liveness.py``):
         if it raises, or returns without ``may_end``, it is logged and started again with a back-off
         (``essential``), and the node exits :data:`EXIT_UNHEALTHY` once it keeps failing. Cancel the
         returned task to stop it."""
@@ -180,7 +181,7 @@ class NodeRuntime:
         net = self.config.network
         ensure_data_dir(self.data_dir)  # 0700: key, token, ledger, logs
         self._lock_data_dir()
-        check_listen_ports(net.listen)  # libp2p's SO_REUSEPORT would share a taken port (node/ports.py)
+        check_listen_ports(net.listen)  # libp2p's SO_REUSEPORT would share a taken port (p2p/ports.py)
         key = load_or_init_key(self.data_dir)
         self.board.set_state("starting")
 

@@ -14,7 +14,7 @@ The experiment (facts from the paper and its authors' public code; the code here
 Shortcuts and choices, on purpose:
 
 - The gradients and the optimizer steps are written out by hand instead of autograd + ``torch.optim``:
-  the same arithmetic (``tests/test_sweep_model.py`` checks it against autograd and ``torch.optim.AdamW``
+  the same arithmetic (``tests/research/test_sweep_model.py`` checks it against autograd and ``torch.optim.AdamW``
   / ``SGD``) at 4-7 times the speed, which matters when a sweep is thousands of runs.
 - Determinism: the initial weights and every noise sample come from numpy's PCG64 seeded with
   ``(seed, n, m[, stream])``, which gives the same numbers on every platform; each run pins torch to one

@@ -1,0 +1,428 @@
+"""Swarming download of one blob: many providers in parallel, every chunk hash-checked on arrival.
+
+The fetcher
+- gets the signed manifest from any provider (checked against the blob CID and its signature),
+- asks each provider which chunks it holds (``/have`` bitmap; partial holders serve what they have),
+- runs a few workers per provider that take the next missing chunk that provider holds, stream it
+  through a :class:`~intellect_node.blobs.store.ChunkWriter` (hash while writing) and commit it
+  (rename into place once verified), so a killed download resumes from the chunks on disk,
+- sends a chunk that failed elsewhere: a transport failure (reset, timeout, 404) only skips that provider
+  for that chunk, and a provider that fails several times in a row is dropped; bytes that do not match
+  the CID drop the provider for the whole fetch and are reported through ``penalise`` (the peerbook),
+- reports each committed chunk through ``on_progress``.
+
+Chunk order is a per-fetch random permutation, so peers that start together pull different chunks from
+the origin and then serve them to each other (BitTorrent-style swarming without a rarest-first census).
+
+End game: when every missing chunk is in flight, idle workers duplicate requests that have been slow
+for :data:`ENDGAME_AFTER_S`; the first copy wins and cancels the other.
+
+Shortcuts: no rarest-first census and no upload-slot choking on the serving side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Protocol, Sequence
+
+from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError, TransportError
+from intellect_node.blobs.http import ChunkSink, ChunkUnavailable
+from intellect_node.blobs.store import BlobStore
+from intellect_node.protocol.blob import Have, Manifest, decode_have
+
+log = logging.getLogger(__name__)
+
+PER_PROVIDER = 2
+"""Concurrent chunk requests per provider: two keeps a connection busy while the other finishes its
+fsync, without letting one provider hog the whole budget."""
+
+MAX_INFLIGHT = 8
+"""Concurrent chunk requests per fetch, all providers together (bounded memory and sockets)."""
+
+MAX_CONSECUTIVE_FAILURES = 3
+HAVE_REFRESH_S = 0.2
+"""How often an idle worker re-asks a partial holder for its bitmap."""
+
+ENDGAME_AFTER_S = 1.0
+"""End game: once every missing chunk is in flight, an idle worker duplicates a request that has been
+running this long at another provider; the first copy to arrive wins and cancels the other. A frozen or
+slow provider then delays the tail by about this much instead of its 15 s read timeout. The threshold
+keeps fast links (a 4 MiB chunk in tens of ms on a LAN) from doubling their last requests."""
+
+STALL_S = 15.0
+"""A pass over the current providers ends when no chunk arrived for this long and none is in flight
+(partial holders that never gain the missing chunks); the fetch then looks for providers again."""
+
+REDISCOVER_ROUNDS = 5
+"""How many times a fetch looks for providers again when all it knows have dropped out."""
+
+
+class Provider(Protocol):
+    """A peer that may hold a blob: what ``swarm.find_providers`` returns."""
+
+    @property
+    def peer_id(self) -> str: ...
+
+    @property
+    def http_url(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class StaticProvider:
+    """A provider known by address (tests, benchmarks, peers given on the command line)."""
+
+    peer_id: str
+    http_url: str
+
+
+class ChunkSource(Protocol):
+    """How bytes are pulled from one provider. HTTP by default; a libp2p-stream source can be added for
+    peers HTTP cannot reach. Errors: TransportError (incl. ChunkUnavailable) for "try elsewhere",
+    IntegrityError / ProtocolError for "this peer sent bad data"."""
+
+    def accepts(self, provider: Provider) -> bool: ...
+
+    async def get_manifest(self, provider: Provider, cid: str) -> bytes: ...
+
+    async def get_have(self, provider: Provider, manifest_cid: str) -> bytes: ...
+
+    async def read_chunk(self, provider: Provider, cid: str, length: int, sink: ChunkSink) -> None: ...
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One committed chunk."""
+
+    manifest_cid: str
+    index: int
+    chunk_bytes: int
+    provider: str  # peer ID it came from
+    chunks_done: int
+    chunks_total: int
+    bytes_done: int
+    bytes_total: int
+
+
+@dataclass
+class FetchStats:
+    chunks_fetched: int = 0
+    chunks_resumed: int = 0  # already on disk when the fetch started
+    bytes_fetched: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # peer ID -> transport failures
+    bad: dict[str, str] = field(default_factory=dict)  # peer ID -> why it was dropped as malicious
+    endgame_requests: int = 0  # duplicate requests for chunks slow to arrive elsewhere
+    by_provider: dict[str, int] = field(default_factory=dict)  # peer ID -> chunks received
+    seconds: float = 0.0
+
+
+Penalise = Callable[[str, str], None]
+FindProviders = Callable[[str], Awaitable[Sequence[Provider]]]
+
+
+@dataclass
+class _Peer:
+    provider: Provider
+    source: ChunkSource
+    have: Have | None = None
+    complete: bool = False
+    have_at: float = 0.0
+    consecutive_failures: int = 0
+    failed_chunks: set[int] = field(default_factory=set)
+    dropped: bool = False
+
+
+class Fetcher:
+    """Downloads blobs into a :class:`BlobStore`. One instance per node; ``fetch`` may run concurrently
+    for different blobs."""
+
+    def __init__(self, store: BlobStore, sources: Sequence[ChunkSource], find_providers: FindProviders,
+                 *, self_peer_id: str = "", penalise: Penalise | None = None,
+                 is_banned: Callable[[str], bool] | None = None, per_provider: int = PER_PROVIDER,
+                 max_inflight: int = MAX_INFLIGHT) -> None:
+        self.store = store
+        self.sources = list(sources)
+        self._find = find_providers
+        self._self = self_peer_id
+        self._penalise = penalise or (lambda peer, reason: None)
+        self._is_banned = is_banned or (lambda peer: False)
+        self.per_provider = per_provider
+        self.max_inflight = max_inflight
+
+    def _source_for(self, provider: Provider) -> ChunkSource | None:
+        for s in self.sources:
+            if s.accepts(provider):
+                return s
+        return None
+
+    async def _providers(self, cid: str, bad: dict[str, str]) -> list[_Peer]:
+        try:
+            found = await self._find(cid)
+        except IntellectNodeError as exc:  # a failed lookup is one empty round, not the end of the fetch
+            log.info("provider lookup for %s failed: %s", cid, exc)
+            return []
+        seen: set[str] = set()
+        out: list[_Peer] = []
+        for p in found:  # DHT answers can repeat a provider
+            if p.peer_id in seen or p.peer_id == self._self or p.peer_id in bad or self._is_banned(p.peer_id):
+                continue
+            src = self._source_for(p)
+            if src is None:
+                continue
+            seen.add(p.peer_id)
+            out.append(_Peer(p, src))
+        return out
+
+    async def get_manifest(self, cid: str, peers: list[_Peer], stats: FetchStats) -> Manifest:
+        m = self.store.manifest(cid)
+        if m is not None:
+            return m
+        errors: list[str] = []
+        for peer in peers:
+            try:
+                raw = await peer.source.get_manifest(peer.provider, cid)
+                return self.store.put_manifest(cid, raw)
+            except ProtocolError as exc:
+                self._bad(peer, f"bad manifest: {exc}", stats)
+                errors.append(f"{peer.provider.peer_id}: {exc}")
+            except TransportError as exc:
+                errors.append(f"{peer.provider.peer_id}: {exc}")
+        raise TransportError(f"no provider served manifest {cid}: " + ("; ".join(errors) or "no providers"))
+
+    def _bad(self, peer: _Peer, reason: str, stats: FetchStats) -> None:
+        peer.dropped = True
+        stats.bad[peer.provider.peer_id] = reason
+        log.warning("dropping provider %s: %s", peer.provider.peer_id, reason)
+        self._penalise(peer.provider.peer_id, reason)
+
+    async def fetch(self, cid: str, *, on_progress: Callable[[Progress], None] | None = None,
+                    on_manifest: Callable[[Manifest], None] | None = None) -> FetchStats:
+        """Fetch blob ``cid`` completely into the store. Raises TransportError when no provider can
+        supply the remaining chunks after :data:`REDISCOVER_ROUNDS` lookups."""
+        t0 = time.monotonic()
+        stats = FetchStats()
+
+        def got_manifest(m: Manifest) -> None:
+            stats.chunks_resumed = len(m.chunks) - len(self.store.missing(cid))
+            if on_manifest is not None:
+                on_manifest(m)
+
+        m = self.store.manifest(cid)
+        if m is not None:
+            got_manifest(m)
+        for round_ in range(REDISCOVER_ROUNDS):
+            if m is not None and not self.store.missing(cid):
+                break
+            if round_:
+                await asyncio.sleep(min(2.0, 0.25 * 2 ** round_))  # back off between lookups
+            peers = await self._providers(cid, stats.bad)
+            if m is None:
+                try:
+                    m = await self.get_manifest(cid, peers, stats)
+                except TransportError as exc:
+                    log.info("manifest %s: %s", cid, exc)
+                    continue
+                got_manifest(m)
+            if peers:
+                await _Download(self, cid, m, peers, stats, on_progress).run()
+        if m is None or self.store.missing(cid):
+            raise TransportError(f"could not complete blob {cid}: providers exhausted "
+                                 f"(failures {stats.failures}, bad {list(stats.bad)})")
+        stats.seconds = time.monotonic() - t0
+        return stats
+
+
+class _Download:
+    """One pass over the current providers; ends when the blob is complete or no provider can help."""
+
+    def __init__(self, fetcher: Fetcher, cid: str, manifest: Manifest, peers: list[_Peer],
+                 stats: FetchStats, on_progress: Callable[[Progress], None] | None) -> None:
+        self.f = fetcher
+        self.cid = cid
+        self.m = manifest
+        self.peers = peers
+        self.stats = stats
+        self.on_progress = on_progress
+        self.store = fetcher.store
+        missing = self.store.missing(cid)
+        random.shuffle(missing)
+        self.todo: list[int] = missing  # chunks not done and not in flight, in preference order
+        self.inflight: dict[int, dict[str, asyncio.Task[bool]]] = {}  # chunk -> provider -> request
+        self.started: dict[int, float] = {}  # chunk -> when its first request started
+        self.done: set[int] = set()
+        self.done_chunks = len(manifest.chunks) - len(missing)
+        self.done_bytes = manifest.total_size - sum(manifest.chunk_length(i) for i in missing)
+        self.last_progress = time.monotonic()
+        self.slots = asyncio.Semaphore(fetcher.max_inflight)
+        self.changed = asyncio.Event()
+
+    def _finished(self) -> bool:
+        return not self.todo and not self.inflight
+
+    def _notify(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def _useful(self, peer: _Peer, i: int) -> bool:
+        if i in peer.failed_chunks:
+            return False
+        return peer.complete or (peer.have is not None and peer.have.has(i))
+
+    def _pick(self, peer: _Peer) -> int | None:
+        for pos, i in enumerate(self.todo):
+            if self._useful(peer, i):
+                del self.todo[pos]
+                return i
+        return None
+
+    def _hopeless(self) -> bool:
+        """True when nothing left to fetch can come from any live provider (even after a refresh)."""
+        live = [p for p in self.peers if not p.dropped]
+        if not live:
+            return True
+        if self.inflight:
+            return False
+        if time.monotonic() - self.last_progress > STALL_S:
+            return True
+        # Partial holders might still gain chunks; a complete holder that failed a chunk will not.
+        return all(p.complete and all(i in p.failed_chunks for i in self.todo) for p in live)
+
+    async def _refresh_have(self, peer: _Peer) -> None:
+        peer.have_at = time.monotonic()
+        try:
+            raw = await peer.source.get_have(peer.provider, self.cid)
+            have = decode_have(raw, self.cid, len(self.m.chunks))
+        except ChunkUnavailable:  # it does not know the manifest (yet)
+            return
+        except TransportError as exc:
+            self._failure(peer, None, exc)
+            return
+        except ProtocolError as exc:
+            self.f._bad(peer, f"bad have bitmap: {exc}", self.stats)
+            self._notify()
+            return
+        peer.have = have
+        peer.complete = have.held() == len(self.m.chunks)
+        self._notify()
+
+    def _failure(self, peer: _Peer, index: int | None, exc: Exception) -> None:
+        pid = peer.provider.peer_id
+        self.stats.failures[pid] = self.stats.failures.get(pid, 0) + 1
+        if index is not None:
+            peer.failed_chunks.add(index)
+        if not isinstance(exc, ChunkUnavailable):
+            peer.consecutive_failures += 1
+            if peer.consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
+                peer.dropped = True
+                log.info("provider %s dropped after %d failures: %s", pid, peer.consecutive_failures, exc)
+        elif index is not None and peer.have is not None:
+            peer.complete = False  # its bitmap was stale; re-ask before trusting it again
+
+    def _pick_endgame(self, peer: _Peer) -> int | None:
+        """Nothing left to start: duplicate a chunk that has been in flight elsewhere for a while."""
+        if self.todo:
+            return None
+        now = time.monotonic()
+        pid = peer.provider.peer_id
+        for i, holders in self.inflight.items():
+            if (len(holders) == 1 and pid not in holders and i not in self.done and self._useful(peer, i)
+                    and now - self.started[i] >= ENDGAME_AFTER_S):
+                return i
+        return None
+
+    async def _worker(self, peer: _Peer) -> None:
+        pid = peer.provider.peer_id
+        while not self._finished() and not peer.dropped:
+            if self._hopeless():
+                return
+            if not peer.complete and time.monotonic() - peer.have_at >= HAVE_REFRESH_S:
+                await self._refresh_have(peer)
+                continue
+            async with self.slots:
+                i = self._pick(peer)
+                if i is None and (i := self._pick_endgame(peer)) is not None:
+                    self.stats.endgame_requests += 1
+                if i is not None:
+                    # Its own task, so the provider that delivers first can cancel this one.
+                    task = asyncio.ensure_future(self._fetch_one(peer, i))
+                    self.inflight.setdefault(i, {})[pid] = task
+                    self.started.setdefault(i, time.monotonic())
+                    try:
+                        ok = await task
+                    except asyncio.CancelledError:
+                        me = asyncio.current_task()
+                        if not task.cancelled() or (me is not None and me.cancelling()):
+                            raise
+                        ok = True  # another provider delivered this chunk first
+                    finally:
+                        holders = self.inflight.get(i, {})
+                        holders.pop(pid, None)
+                        if not holders:
+                            self.inflight.pop(i, None)
+                            self.started.pop(i, None)
+                    if not ok and i not in self.inflight and i not in self.done:
+                        self.todo.insert(0, i)  # retry it first, elsewhere
+                    self._notify()
+                    continue
+            waiter = self.changed
+            try:
+                await asyncio.wait_for(waiter.wait(), timeout=HAVE_REFRESH_S)
+            except TimeoutError:
+                pass
+
+    async def _fetch_one(self, peer: _Peer, i: int) -> bool:
+        chunk = self.m.chunks[i]
+        n = self.m.chunk_length(i)
+        if i in self.done:  # an end-game copy that lost the race before it started
+            return True
+        if self.store.has_chunk(chunk):  # same content at another index, or another fetch got it
+            self.done.add(i)
+            self._commit_progress(peer, i, n, fetched=False)
+            return True
+        writer = self.store.open_chunk_writer(chunk, n)
+        try:
+            await peer.source.read_chunk(peer.provider, chunk, n, writer)
+            writer.commit()
+        except (IntegrityError, ProtocolError) as exc:
+            writer.abort()
+            self.f._bad(peer, f"chunk {i}: {exc}", self.stats)
+            return False
+        except TransportError as exc:
+            writer.abort()
+            self._failure(peer, i, exc)
+            return False
+        except BaseException:
+            writer.abort()
+            raise
+        self.done.add(i)
+        me = asyncio.current_task()
+        for other in self.inflight.get(i, {}).values():
+            if other is not me:
+                other.cancel()  # an end-game duplicate still on its way: not needed any more
+        self.last_progress = time.monotonic()
+        peer.consecutive_failures = 0
+        self.stats.chunks_fetched += 1
+        self.stats.bytes_fetched += n
+        pid = peer.provider.peer_id
+        self.stats.by_provider[pid] = self.stats.by_provider.get(pid, 0) + 1
+        self._commit_progress(peer, i, n, fetched=True)
+        return True
+
+    def _commit_progress(self, peer: _Peer, i: int, n: int, *, fetched: bool) -> None:
+        self.done_chunks += 1
+        self.done_bytes += n
+        if self.on_progress is not None:
+            self.on_progress(Progress(self.cid, i, n, peer.provider.peer_id if fetched else "",
+                                      self.done_chunks, len(self.m.chunks), self.done_bytes,
+                                      self.m.total_size))
+
+    async def run(self) -> None:
+        if self._finished():
+            return
+        async with asyncio.TaskGroup() as tg:
+            for peer in self.peers:
+                for _ in range(self.f.per_provider):
+                    tg.create_task(self._worker(peer))

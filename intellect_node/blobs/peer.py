@@ -1,0 +1,118 @@
+"""A bare blob peer process: a store served over HTTP, driven by JSON lines on stdin.
+
+``python -m intellect_node.blobs.peer --root DIR [--port 0]`` prints one JSON line
+``{"event": "listening", "url": ..., "peer_id": ...}`` and then answers commands, one JSON object per
+line on stdin, with JSON lines on stdout:
+
+    {"op": "put", "path": "/abs/file", "chunk_size": 4194304}   -> {"event": "put", "cid": ...}
+    {"op": "fetch", "cid": ..., "providers": [{"peer_id": ..., "http_url": ...}], "out": null}
+        -> {"event": "chunk", ...}* then {"event": "done", ...} or {"event": "error", ...}
+    {"op": "export", "cid": ..., "out": "/abs/file"}           -> {"event": "exported", ...}
+    {"op": "stats"}                                              -> {"event": "stats", ...}
+
+It exits when stdin closes. Providers are given, not looked up: this is the blob layer without the DHT,
+used by the benchmark (many processes on 2 cores) and by tests that kill a peer or a download with
+SIGKILL. A full node does the same through ``BlobService`` wired to its swarm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+from aiohttp import web
+
+from intellect_node.errors import IntellectNodeError
+from intellect_node.blobs.fetch import Progress, Provider, StaticProvider
+from intellect_node.blobs.service import BlobService
+from intellect_node.blobs.store import BlobStore
+from intellect_node.protocol.signing import SigningKey
+
+
+def _emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+async def _main(args: argparse.Namespace) -> None:
+    loop = asyncio.get_running_loop()
+    lines: asyncio.Queue[str | None] = asyncio.Queue()
+
+    def read_stdin() -> None:  # a thread: portable, and stdin may be a pipe or a file
+        for line in sys.stdin:
+            loop.call_soon_threadsafe(lines.put_nowait, line)
+        loop.call_soon_threadsafe(lines.put_nowait, None)
+
+    key = SigningKey(bytes.fromhex(args.seed)) if args.seed else SigningKey.generate()
+    providers: list[Provider] = []
+
+    async def find(cid: str) -> Sequence[Provider]:
+        return list(providers)
+
+    rejections: list[tuple[str, str]] = []
+    svc = BlobService(BlobStore(args.root), key, find_providers=find,
+                      penalise=lambda peer, reason: rejections.append((peer, reason)))
+    app = web.Application()
+    app.add_routes(svc.routes())
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    await svc.start()
+    _emit({"event": "listening", "url": f"http://{args.host}:{port}", "peer_id": key.peer_id})
+    threading.Thread(target=read_stdin, daemon=True).start()
+    try:
+        while (line := await lines.get()) is not None:
+            if not line.strip():
+                continue
+            cmd = json.loads(line)
+            op = cmd.get("op")
+            if op == "put":
+                cid, m = await svc.put_file(cmd["path"], chunk_size=int(cmd.get("chunk_size") or 4 << 20))
+                _emit({"event": "put", "cid": cid, "chunks": m.chunks, "size": m.total_size})
+            elif op == "fetch":
+                providers[:] = [StaticProvider(p["peer_id"], p["http_url"]) for p in cmd.get("providers", [])]
+
+                def progress(p: Progress) -> None:
+                    _emit({"event": "chunk", "index": p.index, "provider": p.provider,
+                           "chunks_done": p.chunks_done, "chunks_total": p.chunks_total})
+
+                try:
+                    st = await svc.fetch(cmd["cid"], out=cmd.get("out"), on_progress=progress)
+                except IntellectNodeError as exc:
+                    _emit({"event": "error", "message": str(exc)})
+                    continue
+                _emit({"event": "done", "chunks_fetched": st.chunks_fetched,
+                       "chunks_resumed": st.chunks_resumed, "seconds": st.seconds,
+                       "by_provider": st.by_provider, "failures": st.failures, "bad": st.bad,
+                       "endgame_requests": st.endgame_requests})
+            elif op == "export":
+                await asyncio.to_thread(svc.store.export, cmd["cid"], cmd["out"])
+                _emit({"event": "exported", "out": cmd["out"]})
+            elif op == "stats":
+                _emit({"event": "stats", "chunks_served": svc.serve_stats.chunks,
+                       "bytes_served": svc.serve_stats.bytes, "rejections": rejections})
+            else:
+                _emit({"event": "error", "message": f"unknown op {op!r}"})
+    finally:
+        await svc.close()
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, required=True, help="blob store directory")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--seed", default="", help="hex ed25519 seed (default: a fresh key)")
+    asyncio.run(_main(ap.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

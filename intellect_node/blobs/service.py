@@ -1,0 +1,276 @@
+"""The node's blob service: store + bulk HTTP routes + fetcher + DHT announcements + control routes.
+
+One per node. The runtime builds it with :meth:`BlobService.from_swarm`, mounts :meth:`routes` on the
+bulk HTTP app and :meth:`control_routes` on the token-protected control API, then calls
+:meth:`start`; :meth:`close` on the way out. Without a swarm (tests, benchmarks, ``blob_peer``) it takes
+plain callables for provider lookup and announcements.
+
+Control API (JSON over the control app, which checks the token)::
+
+    POST /v1/blob/put  {"path": "/abs/file", "name": null, "chunk_size": null}  -> {"cid", "size", "chunks"}
+    POST /v1/blob/get  {"cid": "...", "out": "/abs/file" | null}
+         -> NDJSON stream: {"event": "manifest", ...} {"event": "chunk", ...}* {"event": "done", ...}
+            or a final {"event": "error", "message": ...}
+
+Paths are resolved by the CLI (same machine, same user) so the node reads and writes files directly
+instead of pushing 256 MiB through the control socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Sequence
+
+from aiohttp import web
+
+from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError
+from intellect_node.blobs.fetch import ChunkSource, Fetcher, FetchStats, FindProviders, Progress, \
+    Provider
+from intellect_node.blobs.http import HttpChunkSource, ServeStats, blob_routes
+from intellect_node.blobs.store import BlobStore
+from intellect_node.protocol.blob import DEFAULT_CHUNK_SIZE, Manifest
+from intellect_node.protocol.ids import validate_cid
+from intellect_node.protocol.signing import SigningKey
+
+log = logging.getLogger(__name__)
+
+BLOBS_DIR = "blobs"
+
+
+async def _no_providers(cid: str) -> Sequence[Provider]:
+    return []
+
+
+async def _no_provide(cid: str) -> None:
+    return None
+
+
+class BlobService:
+    name = "blobs"  # key of :meth:`status` in the node's status answer
+
+    def __init__(self, store: BlobStore, key: SigningKey, *,
+                 find_providers: FindProviders = _no_providers,
+                 provide: Callable[[str], Awaitable[None]] = _no_provide,
+                 penalise: Callable[[str, str], None] | None = None,
+                 is_banned: Callable[[str], bool] | None = None,
+                 board: Any = None, extra_sources: Sequence[ChunkSource] = (),
+                 connect_timeout: float = 5.0, read_timeout: float = 15.0) -> None:
+        self.store = store
+        self._timeouts = (connect_timeout, read_timeout)
+        self.key = key
+        self.serve_stats = ServeStats()
+        self._find = find_providers
+        self._provide = provide
+        self._penalise = penalise
+        self._is_banned = is_banned
+        self._board = board
+        self._extra_sources = list(extra_sources)
+        self._http: HttpChunkSource | None = None
+        self._fetcher: Fetcher | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._provided: set[str] = set()
+
+    @classmethod
+    def from_swarm(cls, swarm: Any, data_dir: Path, *, board: Any = None,
+                   extra_sources: Sequence[ChunkSource] = ()) -> "BlobService":
+        """Wire to the swarm facade: DHT provider records, peerbook penalties, the node key."""
+        book = swarm.peerbook
+        return cls(BlobStore(data_dir / BLOBS_DIR), swarm.key, find_providers=swarm.find_providers,
+                   provide=swarm.provide, penalise=book.record_rejection,
+                   is_banned=getattr(book, "is_banned", None), board=board, extra_sources=extra_sources)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self, *, announce: bool = True) -> None:
+        """Open the HTTP client and (re-)announce every blob held, complete or partial."""
+        # Every remote read has a deadline: a frozen peer (SIGSTOP) keeps its sockets open and silent.
+        self._http = HttpChunkSource(connect_timeout=self._timeouts[0], read_timeout=self._timeouts[1])
+        sources: list[ChunkSource] = [*self._extra_sources, self._http]
+        self._fetcher = Fetcher(self.store, sources, self._find, self_peer_id=self.key.peer_id,
+                                penalise=self._penalise, is_banned=self._is_banned)
+        if announce:
+            for cid in self.store.manifest_cids():
+                self._announce(cid)
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+        await asyncio.to_thread(self.store.close)
+
+    def _announce(self, cid: str) -> None:
+        """Provide ``cid`` in the DHT in the background (about half a second per record)."""
+        if cid in self._provided:
+            return
+        self._provided.add(cid)
+
+        async def run() -> None:
+            try:
+                await self._provide(cid)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the edge of a background task: log, let a later start retry
+                self._provided.discard(cid)
+                log.warning("could not announce blob %s: %s", cid, exc)
+
+        self._background(run())
+
+    async def settle(self) -> None:
+        """Wait for the background work started so far (DHT announcements, flushes)."""
+        while pending := [t for t in self._tasks if not t.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    def _background(self, coro: Awaitable[None]) -> None:
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    def status(self) -> dict[str, Any]:
+        blobs = []
+        for cid in self.store.manifest_cids():
+            m = self.store.manifest(cid)
+            assert m is not None
+            missing = self.store.missing(cid)
+            blobs.append({"cid": cid, "name": m.name, "size": m.total_size, "chunks": len(m.chunks),
+                          "missing": len(missing)})
+        return {"blobs": blobs, "served_chunks": self.serve_stats.chunks,
+                "served_bytes": self.serve_stats.bytes}
+
+    # -- library API ----------------------------------------------------------------------------
+
+    def routes(self) -> list[web.RouteDef]:
+        return blob_routes(self.store, self.serve_stats)
+
+    async def put_file(self, path: str | Path, *, name: str | None = None,
+                       chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[str, Manifest]:
+        cid, m = await asyncio.to_thread(self.store.add_file, path, self.key, name=name,
+                                         chunk_size=chunk_size)
+        self._announce(cid)
+        if self._board is not None:
+            self._board.shard_done(cid, new_bytes=0)
+        return cid, m
+
+    async def fetch(self, cid: str, *, out: str | Path | None = None,
+                    on_progress: Callable[[Progress], None] | None = None,
+                    on_manifest: Callable[[Manifest], None] | None = None) -> FetchStats:
+        """Fetch a blob into the store (serving and announcing it while it arrives); optionally write it
+        out as one file."""
+        validate_cid(cid)
+        if self._fetcher is None:
+            raise RuntimeError("BlobService.start() was not called")
+        fetcher = self._fetcher
+        name = ""
+
+        def manifest_seen(m: Manifest) -> None:
+            nonlocal name
+            name = m.name
+            if on_manifest is not None:
+                on_manifest(m)  # may refuse the blob (raises): then it is not announced
+            self._announce(cid)  # partial holders serve what they have: swarm from the first chunk
+
+        def progress(p: Progress) -> None:
+            if self._board is not None:
+                self._board.shard_progress(cid, name, p.bytes_done, p.bytes_total, new_bytes=p.chunk_bytes)
+            if on_progress is not None:
+                on_progress(p)
+
+        try:
+            stats = await fetcher.fetch(cid, on_progress=progress, on_manifest=manifest_seen)
+        finally:
+            self._background(asyncio.to_thread(self.store.flush))  # batch fsync, off the transfer path
+        if self._board is not None:
+            self._board.shard_done(cid, new_bytes=0)
+        if out is not None:
+            await asyncio.to_thread(self.store.export, cid, out)
+        return stats
+
+    # -- control API ----------------------------------------------------------------------------
+
+    def control_routes(self) -> list[web.RouteDef]:
+        return [web.post("/v1/blob/put", self._ctl_put), web.post("/v1/blob/get", self._ctl_get)]
+
+    async def _json(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise web.HTTPBadRequest(text=f"body is not JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise web.HTTPBadRequest(text="body must be a JSON object")
+        return body
+
+    async def _ctl_put(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json(request)
+        path = body.get("path")
+        if not isinstance(path, str) or not Path(path).is_absolute():
+            raise web.HTTPBadRequest(text="'path' must be an absolute path")
+        chunk_size = body.get("chunk_size") or DEFAULT_CHUNK_SIZE
+        name = body.get("name") or None
+        try:
+            cid, m = await self.put_file(path, name=name, chunk_size=int(chunk_size))
+        except (ConfigError, ProtocolError, OSError) as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from exc
+        return web.json_response({"cid": cid, "size": m.total_size, "chunks": len(m.chunks), "name": m.name})
+
+    async def _ctl_get(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json(request)
+        cid = body.get("cid")
+        out = body.get("out")
+        try:
+            validate_cid(cid if isinstance(cid, str) else "")
+        except ProtocolError as exc:
+            raise web.HTTPBadRequest(text=f"'cid' is not a blob CID: {exc}") from exc
+        if out is not None and (not isinstance(out, str) or not Path(out).is_absolute()):
+            raise web.HTTPBadRequest(text="'out' must be an absolute path or null")
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+        def on_manifest(m: Manifest) -> None:
+            queue.put_nowait({"event": "manifest", "name": m.name, "publisher": m.publisher,
+                              "bytes_total": m.total_size, "chunks_total": len(m.chunks),
+                              "chunks_done": len(m.chunks) - len(self.store.missing(cid)),
+                              "bytes_done": m.total_size - sum(m.chunk_length(i)
+                                                               for i in self.store.missing(cid))})
+
+        def on_progress(p: Progress) -> None:
+            queue.put_nowait({"event": "chunk", "index": p.index, "provider": p.provider,
+                              "chunks_done": p.chunks_done, "chunks_total": p.chunks_total,
+                              "bytes_done": p.bytes_done, "bytes_total": p.bytes_total})
+
+        async def run() -> dict[str, Any]:
+            try:
+                stats = await self.fetch(cid, out=out, on_progress=on_progress, on_manifest=on_manifest)
+            except IntellectNodeError as exc:
+                return {"event": "error", "message": str(exc)}
+            except OSError as exc:
+                return {"event": "error", "message": f"cannot write {out}: {exc}"}
+            return {"event": "done", "out": out, "chunks_fetched": stats.chunks_fetched,
+                    "chunks_resumed": stats.chunks_resumed, "bytes_fetched": stats.bytes_fetched,
+                    "seconds": round(stats.seconds, 3), "bad_providers": stats.bad,
+                    "providers": stats.by_provider}
+
+        task = asyncio.get_running_loop().create_task(run())
+        try:
+            while True:
+                getter = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    await resp.write((json.dumps(getter.result()) + "\n").encode())
+                    continue
+                getter.cancel()
+                while not queue.empty():
+                    await resp.write((json.dumps(queue.get_nowait()) + "\n").encode())
+                await resp.write((json.dumps(task.result()) + "\n").encode())
+                break
+        finally:
+            if not task.done():  # the client went away: stop the download (chunks so far are kept)
+                task.cancel()
+        await resp.write_eof()
+        return resp

@@ -1,0 +1,194 @@
+"""The validator's check of rollout records: :class:`Verifier` and :func:`verify_rollout`.
+
+Cheap checks first (structure, signature, run, policy version and checkpoint, dtype, sampling settings,
+the prompt against the task, termination, reward), then one batched prefill of prompt + completion on the
+policy the run names, which yields the hidden states and logits behind every completion token, and the
+three tensor checks of ``proofs/``: TOPLOC against the committed top-k, the claimed logprobs against the
+recomputed ones, and the claimed tokens against the seeded Gumbel-max sampler. TOPLOC alone misses a
+single edited token on a small model (see the notes); the sampler check does not.
+
+A verdict is ``accepted`` or carries one machine-readable ``reason`` from :data:`REASONS`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from intellect_node.errors import ConfigError, ProtocolError
+from intellect_node.inference.torch_engine import TorchEngine
+from intellect_node.proofs.sampling import batch_seeds, check_sampling, derived_rollout_id, rollout_key
+from intellect_node.proofs.thresholds import Thresholds
+from intellect_node.proofs.toploc import ChunkResult, verify_proofs_batch
+from intellect_node.protocol.rollout import RolloutRecord, check_record, verify_rollout_signature
+from intellect_node.trainer.tasks import Problem, resolve_problem
+
+REASONS = {
+    "malformed": "the record breaks a structural rule (lengths, ranges, proof count)",
+    "bad_signature": "the signature is not the named worker's over the record",
+    "wrong_run": "the record is for another run",
+    "policy_version": "the policy version is not the one being verified",
+    "checkpoint": "the checkpoint CID is not the policy version's",
+    "dtype": "the record was generated in another dtype than the run's",
+    "sampling_params": "temperature, top-p or max_new_tokens differ from the run's",
+    "unknown_task": "the task or problem ID does not resolve",
+    "prompt_mismatch": "the prompt tokens are not the problem's prompt",
+    "termination": "the completion continues past <eos> or stops early without one",
+    "reward": "the claimed reward is not the checker's score of the completion",
+    "seed": "a sampling seed or rollout ID is not the one the run derives (proofs/sampling.group_seed)",
+    "toploc": "the TOPLOC proofs do not match the recomputed hidden states",
+    "logprob": "the claimed logprobs differ from the recomputed ones",
+    "sampling": "the tokens are not what the seeded sampler draws from the recomputed logits",
+}
+
+
+def seed_violation(records: Sequence[RolloutRecord], run_id: str, policy_version: int, worker: str) -> str:
+    """Why a batch's seeds are not the ones the run derives (empty if they are). Seeds are derived, not
+    chosen, so a worker cannot resample a problem and keep the luckiest draws (``proofs/sampling.py``)."""
+    seeds = batch_seeds(run_id, policy_version, worker, [r.problem_id for r in records])
+    for r, want in zip(records, seeds):
+        if r.sampling.seed != want or r.rollout_id != derived_rollout_id(worker, want):
+            return f"rollout {r.rollout_id} of {r.problem_id}: seed {r.sampling.seed} is not the derived {want}"
+    return ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    rollout_id: str
+    worker: str
+    accepted: bool
+    reason: str | None = None
+    detail: str = ""
+    figures: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Expectations:
+    """What the run prescribes; ``None`` fields are not checked."""
+
+    run_id: str | None = None
+    policy_version: int | None = None
+    checkpoint_cid: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_new_tokens: int | None = None
+
+
+class Verifier:
+    def __init__(self, engine: TorchEngine, thresholds: Thresholds, expect: Expectations = Expectations(), *,
+                 resolve: Callable[[str], Problem] = resolve_problem, max_batch: int = 32) -> None:
+        self.engine = engine
+        self.tokenizer = engine.loaded.tokenizer
+        self.thresholds = thresholds
+        self.expect = expect
+        self.resolve = resolve
+        self.max_batch = max_batch
+
+    def verify(self, records: Sequence[RolloutRecord]) -> list[Verdict]:
+        verdicts: list[Verdict | None] = [self._cheap(r) for r in records]
+        todo = [i for i, v in enumerate(verdicts) if v is None]
+        for start in range(0, len(todo), self.max_batch):
+            idx = todo[start:start + self.max_batch]
+            for i, v in zip(idx, self.verify_tensors([records[i] for i in idx])):
+                verdicts[i] = v
+        return [v for v in verdicts if v is not None]
+
+    def _reject(self, r: RolloutRecord, reason: str, detail: str,
+                figures: dict[str, float] | None = None) -> Verdict:
+        return Verdict(r.rollout_id, r.worker, False, reason, detail, figures or {})
+
+    def _cheap(self, r: RolloutRecord) -> Verdict | None:
+        try:
+            check_record(r)
+        except ProtocolError as exc:
+            return self._reject(r, "malformed", str(exc))
+        vocab = self.engine.runner.vocab_size
+        if max(r.prompt_tokens + r.completion_tokens) >= vocab:
+            return self._reject(r, "malformed", f"token ID >= vocabulary size {vocab}")
+        try:
+            verify_rollout_signature(r)
+        except ProtocolError as exc:
+            return self._reject(r, "bad_signature", str(exc))
+        e = self.expect
+        if e.run_id is not None and r.run_id != e.run_id:
+            return self._reject(r, "wrong_run", f"run {r.run_id!r}, expected {e.run_id!r}")
+        if e.policy_version is not None and r.policy_version != e.policy_version:
+            return self._reject(r, "policy_version", f"version {r.policy_version}, expected {e.policy_version}")
+        if e.checkpoint_cid is not None and r.checkpoint_cid != e.checkpoint_cid:
+            return self._reject(r, "checkpoint", f"checkpoint {r.checkpoint_cid}, expected {e.checkpoint_cid}")
+        if r.dtype != self.engine.dtype:
+            return self._reject(r, "dtype", f"dtype {r.dtype}, run uses {self.engine.dtype}")
+        s = r.sampling
+        for name in ("temperature", "top_p", "max_new_tokens"):
+            want = getattr(e, name)
+            if want is not None and getattr(s, name) != want:
+                return self._reject(r, "sampling_params", f"{name} {getattr(s, name)}, expected {want}")
+        try:
+            problem = self.resolve(r.problem_id)
+        except ConfigError as exc:
+            return self._reject(r, "unknown_task", str(exc))
+        if problem.task_id != r.task_id:
+            return self._reject(r, "unknown_task", f"problem {r.problem_id} is not in task {r.task_id}")
+        if r.prompt_tokens != self.tokenizer.prompt_ids(problem.prompt):
+            return self._reject(r, "prompt_mismatch", f"prompt tokens differ from {r.problem_id}'s prompt")
+        eos = self.tokenizer.eos_id
+        out = r.completion_tokens
+        if eos in out[:-1] or (out[-1] != eos and len(out) != s.max_new_tokens):
+            return self._reject(r, "termination", "tokens after <eos>, or stopped before max_new_tokens")
+        reward = problem.reward(self.tokenizer.decode(out))
+        if not math.isclose(reward, r.reward, abs_tol=1e-9):
+            return self._reject(r, "reward", f"claimed {r.reward}, checker gives {reward}")
+        return None
+
+    def verify_tensors(self, records: list[RolloutRecord]) -> list[Verdict]:
+        """Only the prefill-based checks (TOPLOC, logprobs, sampler) on records that passed the cheap
+        ones; :meth:`verify` calls it in batches of ``max_batch``. Benchmarks time it directly."""
+        states = self.engine.prefill([(r.prompt_tokens, r.completion_tokens) for r in records])
+        toploc: list[list[ChunkResult] | ProtocolError]
+        try:
+            toploc = list(verify_proofs_batch([h for h, _ in states], [r.proofs for r in records]))
+        except ProtocolError:  # a malformed proof somewhere: one by one, so only its record is rejected
+            toploc = []
+            for (h, _), r in zip(states, records):
+                try:
+                    toploc.extend(verify_proofs_batch([h], [r.proofs]))
+                except ProtocolError as exc:
+                    toploc.append(exc)
+        th = self.thresholds
+        verdicts = []
+        for r, (_, logits), chunks in zip(records, states, toploc):
+            if isinstance(chunks, ProtocolError):
+                verdicts.append(self._reject(r, "malformed", str(chunks)))
+                continue
+            figs = {"exp_mismatches": float(max(c.exp_mismatches for c in chunks)),
+                    "mant_err_mean": max(c.mant_err_mean for c in chunks),
+                    "mant_err_median": max(c.mant_err_median for c in chunks)}
+            s = r.sampling
+            sc = check_sampling(logits, torch.tensor(r.completion_tokens), torch.tensor(r.logprobs),
+                                rollout_key(s.seed, r.rollout_id), s.temperature, s.top_p)
+            figs.update(logprob_diff=sc.max_logprob_diff, sampling_gap=sc.max_gap)
+            if (figs["exp_mismatches"] > th.exp_mismatches or figs["mant_err_mean"] > th.mant_err_mean
+                    or figs["mant_err_median"] > th.mant_err_median):
+                verdicts.append(self._reject(r, "toploc", _fmt(figs, "exp_mismatches", "mant_err_mean",
+                                                               "mant_err_median"), figs))
+            elif sc.max_logprob_diff > th.logprob_diff:
+                verdicts.append(self._reject(r, "logprob", f"max |diff| {sc.max_logprob_diff:.3g} at token "
+                                             f"{sc.worst_position}", figs))
+            elif sc.max_gap > th.sampling_gap:
+                verdicts.append(self._reject(r, "sampling", f"gap {sc.max_gap:.3g} at token "
+                                             f"{sc.worst_position}", figs))
+            else:
+                verdicts.append(Verdict(r.rollout_id, r.worker, True, None, "", figs))
+        return verdicts
+
+
+def _fmt(figs: dict[str, float], *names: str) -> str:
+    return ", ".join(f"{n} {figs[n]:.3g}" for n in names)
+
+
+def verify_rollout(record: RolloutRecord, verifier: Verifier) -> Verdict:
+    """Verify one record (the validator role batches with :meth:`Verifier.verify` instead)."""
+    return verifier.verify([record])[0]

@@ -1,0 +1,133 @@
+"""The vLLM engine (extra ``intellect-node[vllm]``; import this module only when vLLM is wanted).
+
+vLLM runs the model; this module makes it sample with the project's seeded sampler and hands back the
+hidden states TOPLOC needs. A forward hook on the model's ``logits_processor`` sees, for every row vLLM
+is about to sample, the final-norm hidden state and the logits. For each row it looks up the request's
+noise key (carried in ``SamplingParams.extra_args``) and its position (rows seen so far for that
+request), draws the token with :func:`proofs.sampling.sample`, records token, logprob and hidden state,
+and returns one-hot logits so that vLLM, asked for greedy decoding, emits exactly that token. vLLM's own
+output tokens are then checked against the recorded ones.
+
+Shortcuts and caveats (facts from shared/notes/inference-and-toploc.md):
+* in-process engine core (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the hook runs in this process;
+* rows are matched to requests through ``model_runner.input_batch.req_ids`` (vLLM internals, so the
+  version is pinned by ``scripts/setup-vllm.sh``); chunked prefill is disabled so every row is a
+  sampled token;
+* ``enforce_eager=True`` (no graph capture) and a small KV cache (``VLLM_CPU_KVCACHE_SPACE=1`` GiB).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from intellect_node.errors import ConfigError
+from intellect_node.inference.base import Generation, SamplingConfig
+from intellect_node.proofs import sampling as S
+from intellect_node.models.loader import CharTokenizer, resolve_model_dir
+
+
+class VllmEngine:
+    name = "vllm"
+
+    def __init__(self, model: str | Path | None = None, dtype: str = "float32", max_model_len: int = 256,
+                 max_num_seqs: int = 64) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        try:
+            from vllm import LLM
+        except ImportError as exc:
+            raise ConfigError("the vLLM engine needs vllm: run `make test-vllm` (or scripts/setup-vllm.sh) "
+                              "and use .venv-vllm", field="engine") from exc
+        path = resolve_model_dir(model)
+        self.dtype = dtype
+        tok = CharTokenizer(path / "tokenizer.json")
+        self.eos_id = tok.eos_id
+        self.llm = LLM(model=str(path), dtype=dtype, max_model_len=max_model_len, enforce_eager=True, seed=0,
+                       skip_tokenizer_init=True, enable_chunked_prefill=False, max_num_seqs=max_num_seqs,
+                       max_num_batched_tokens=max(max_model_len * max_num_seqs, 2048),
+                       enable_prefix_caching=False)
+        self._runner = self._find_runner()
+        self._sampling: SamplingConfig | None = None
+        self._steps: list[tuple[torch.Tensor, ...]] = []
+        self._count: dict[int, int] = {}                 # our row -> tokens drawn so far
+        self._req: dict[str, tuple[int, int]] = {}       # vLLM request id -> (our row, noise key)
+        self._vocab = int(self._runner.model_config.get_vocab_size())
+        self._runner.get_model().logits_processor.register_forward_hook(self._hook)
+
+    def _find_runner(self) -> Any:
+        executor = self.llm.llm_engine.model_executor
+        worker = getattr(executor, "driver_worker", None)
+        worker = getattr(worker, "worker", worker)
+        runner = getattr(worker, "model_runner", None)
+        if runner is None:
+            raise ConfigError("this vLLM version does not expose model_runner; use the version "
+                              "scripts/setup-vllm.sh installs", field="engine")
+        return runner
+
+    def _hook(self, module: Any, args: tuple[Any, ...], logits: torch.Tensor) -> torch.Tensor | None:
+        cfg = self._sampling
+        if cfg is None or logits is None:
+            return None
+        hidden = args[1]
+        rows = logits.shape[0]
+        req_ids = list(self._runner.input_batch.req_ids)[:rows]
+        if len(req_ids) != rows or hidden.shape[0] != rows:
+            raise RuntimeError(f"vLLM produced {rows} logit rows for {len(req_ids)} requests")
+        keys, positions, owners = [], [], []
+        for rid in req_ids:
+            known = self._req.get(rid)
+            if known is None:
+                # vLLM renames requests internally; our row index travels in extra_args instead.
+                extra = self._runner.requests[rid].sampling_params.extra_args
+                known = self._req[rid] = (int(extra["intellect_row"]), int(extra["intellect_key"]))
+            owner, key = known
+            owners.append(owner)
+            keys.append(key)
+            positions.append(self._count.get(owner, 0))
+            self._count[owner] = positions[-1] + 1
+        tok, lp = S.sample(logits[:, :self._vocab].float(), torch.tensor(keys), torch.tensor(positions),
+                           cfg.temperature, cfg.top_p)
+        # One record per step; rows are regrouped per request after generation (no per-row Python work).
+        self._steps.append((torch.tensor(owners), torch.tensor(positions), tok.cpu(), lp.cpu(),
+                            hidden.detach().to("cpu", torch.float32, copy=True)))
+        forced = torch.full_like(logits, float("-inf"))
+        forced[torch.arange(rows), tok.to(logits.device)] = 0.0
+        return forced
+
+    def generate(self, prompts: Sequence[Sequence[int]], keys: Sequence[int],
+                 sampling: SamplingConfig) -> list[Generation]:
+        from vllm import SamplingParams, TokensPrompt
+
+        if len(prompts) != len(keys) or not prompts:
+            raise ConfigError("generate needs one noise key per prompt (and at least one prompt)")
+        stop = [] if sampling.ignore_eos else [self.eos_id]
+        params = [SamplingParams(temperature=0.0, max_tokens=sampling.max_new_tokens, detokenize=False,
+                                 ignore_eos=sampling.ignore_eos, stop_token_ids=stop,
+                                 extra_args={"intellect_key": int(k), "intellect_row": i})
+                  for i, k in enumerate(keys)]
+        self._sampling, self._steps, self._count, self._req = sampling, [], {}, {}
+        try:
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+                                     use_tqdm=False)
+        finally:
+            self._sampling = None
+        owners, positions, toks, lps, hids = (torch.cat(parts) for parts in zip(*self._steps))
+        self._steps = []
+        result = []
+        for i, (p, out) in enumerate(zip(prompts, outs)):
+            sel = (owners == i).nonzero().view(-1)
+            sel = sel[positions[sel].argsort()]
+            drawn = toks[sel].tolist()
+            tokens = list(out.outputs[0].token_ids)
+            if not sampling.ignore_eos and len(drawn) > len(tokens) and drawn[len(tokens)] == self.eos_id:
+                tokens.append(self.eos_id)  # a stop token left out of the output
+            if drawn[:len(tokens)] != tokens:
+                raise RuntimeError(f"vLLM emitted other tokens than the seeded sampler for {out.request_id}")
+            sel = sel[:len(tokens)]
+            result.append(Generation(prompt_tokens=list(p), tokens=tokens, logprobs=lps[sel].tolist(),
+                                     hidden=hids[sel].clone()))
+        return result

@@ -1,0 +1,483 @@
+"""Every py-libp2p workaround, and every touch of its private internals, in one module.
+
+The node pins ``libp2p==0.8.1``. Where that release has a defect we depend on, or where our code must
+reach past its public API, the code lives here and nowhere else, and :data:`WORKAROUNDS` records for
+each one the defect, the evidence, the test that shows it, its upstream status and when it can go
+(docs/libp2p.md renders the same table). A new libp2p version means: run the tests named there, and
+delete what the new version fixed. Importing this module refuses any other version.
+
+What is here:
+
+- :func:`apply_fixes` (class-level patches, idempotent, before any host runs): yamux window credits per
+  half window; yamux writes whole messages atomically and reset a stream whose write failed part-way;
+  connection tasks (yamux read loop, stream accept loop) that fail end their connection, not the swarm;
+  pubsub's per-peer tasks contain their failures; a stale pubsub stream's failure never tears down the
+  stream that replaced it.
+- :func:`contain_streams` (per host): the one choke point through which every inbound stream of every
+  protocol reaches its handler (see :mod:`intellect_node.p2p.guard`).
+- Accessors for private state the node needs (negative dial cache, pubsub blacklist, the subscription
+  buffer, the DHT's per-peer provider query, relay reservations, observed addresses) and base classes
+  that expose the private hooks of AutoNAT, DCUtR and the relay HOP handler under public names.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+import trio
+
+PINNED_VERSION = "0.8.1"
+
+
+def _check_version() -> None:
+    try:
+        found = metadata.version("libp2p")
+    except metadata.PackageNotFoundError:
+        found = "not installed"
+    if found != PINNED_VERSION:
+        raise ImportError(
+            f"intellect-node needs libp2p=={PINNED_VERSION}, found {found}. The workarounds in "
+            "intellect_node/p2p/compat.py patch that release's internals; install it with "
+            f"`pip install libp2p=={PINNED_VERSION}`, or, to move to a new release, re-run the tests "
+            "listed in compat.WORKAROUNDS against it and update the pin.")
+
+
+_check_version()
+
+# Imported only after the version check: on another version these names may not exist.
+from libp2p.abc import INetStream  # noqa: E402
+from libp2p.host.autonat.autonat import AutoNATService, _addr_ip  # noqa: E402
+from libp2p.network.connection.swarm_connection import SwarmConn  # noqa: E402
+from libp2p.network.stream.exceptions import StreamError  # noqa: E402
+from libp2p.peer.id import ID  # noqa: E402
+from libp2p.pubsub import pubsub as _pubsub_module  # noqa: E402
+from libp2p.pubsub.gossipsub import GossipSub  # noqa: E402
+from libp2p.pubsub.pb import rpc_pb2  # noqa: E402
+from libp2p.pubsub.pubsub import Pubsub  # noqa: E402
+from libp2p.relay.circuit_v2 import dcutr as _dcutr_module  # noqa: E402
+from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol  # noqa: E402
+from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol  # noqa: E402
+from libp2p.stream_muxer.exceptions import MuxedStreamError  # noqa: E402
+from libp2p.stream_muxer.yamux import yamux as _yamux  # noqa: E402
+from libp2p.utils.varint import encode_varint_prefixed  # noqa: E402
+
+from intellect_node.p2p import guard as guard  # noqa: E402
+from intellect_node.p2p.guard import contain_streams  # noqa: E402,F401  (re-exported)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Workaround:
+    """One entry of the table: why code here exists and how we will know it can go."""
+
+    name: str
+    where: str
+    defect: str
+    evidence: str
+    test: str
+    """``tests/<file>.py::<test function>`` that shows the defect or the fix (a test checks it exists)."""
+    upstream: str
+    remove_when: str
+
+
+WORKAROUNDS: tuple[Workaround, ...] = (
+    Workaround(
+        "yamux-window-updates", "apply_fixes: YamuxStream._auto_tune_and_send_window_update",
+        "a WINDOW_UPDATE after every read, even each 1-byte read of a varint prefix",
+        "6000 updates for 2000 small messages; a relay's read loop fell tens of KB behind and streams "
+        "failed negotiation after 10 s (docs/nat.md)",
+        "tests/p2p/test_nat_units.py::test_yamux_credits_the_window_per_half_window_not_per_read",
+        "not reported", "upstream credits only after half the window was consumed, as go-yamux does"),
+    Workaround(
+        "yamux-atomic-writes", "apply_fixes: YamuxStream.write",
+        "write() takes the stream's write lock per frame, so a message longer than one frame (64 KiB, or "
+        "the remaining send window) can have a concurrent writer's frame between its frames; a write "
+        "that fails part-way (window timeout, cancellation) leaves a truncated message on an open stream",
+        "honest nodes under load sent 761/765-byte pubsub frames that did not parse (issue #12); pubsub "
+        "writes one stream from its send loop, the subscription replay and the pending flush at once",
+        "tests/p2p/test_libp2p_compat.py::test_stock_yamux_write_interleaves_concurrent_messages",
+        "not reported", "upstream holds a per-stream lock for the whole message and resets a stream "
+        "whose write failed part-way (the test then fails: the stock write no longer interleaves)"),
+    Workaround(
+        "stream-containment", "contain_streams (p2p/guard.py): the network's common stream handler",
+        "an exception a stream handler does not catch escapes to the connection's nursery and stops the "
+        "whole Swarm service: 6 bytes on /meshsub/1.1.0 (protobuf DecodeError), a non-UTF-8 multistream "
+        "line (UnicodeDecodeError)",
+        "`05 ff ff ff ff ff` on /meshsub/1.1.0 took a node off the network until restart (issue #12)",
+        "tests/p2p/test_libp2p_fuzz.py::test_hostile_streams_leave_the_node_serving_honest_peers",
+        "not reported", "upstream's dispatcher contains handler failures to their stream"),
+    Workaround(
+        "connection-containment", "apply_fixes: SwarmConn.start, Yamux.start",
+        "a failure in a connection's task (stream accept loop, yamux read loop) is raised into the "
+        "Swarm service manager and stops every connection",
+        "read from the 0.8.1 source (Swarm.add_conn runs both with manager.run_task); defence in depth "
+        "behind stream-containment",
+        "tests/p2p/test_libp2p_compat.py::test_a_failing_connection_task_ends_only_its_connection",
+        "not reported", "upstream runs connection tasks so that their failure closes only that connection"),
+    Workaround(
+        "pubsub-task-containment", "apply_fixes: Pubsub.push_msg and the per-peer tasks it spawns",
+        "push_msg runs as a service task per received message; a message with an undecodable `key` "
+        "makes signature_validator re-raise, which stops the Pubsub service and the node's libp2p",
+        "one signed-looking gossip message with key=b'\\x00' from any peer (fuzz test)",
+        "tests/p2p/test_libp2p_fuzz.py::test_hostile_gossip_rpcs_leave_the_node_serving_honest_peers",
+        "not reported", "upstream catches failures of per-message and per-peer tasks"),
+    Workaround(
+        "pubsub-stale-stream", "apply_fixes: Pubsub.write_msg",
+        "a write failing on a pubsub stream that was already replaced tears down the replacement "
+        "(write_msg calls _handle_dead_peer by peer ID, not by stream)",
+        "read from the 0.8.1 source: the replay and flush tasks keep their own reference to the stream",
+        "tests/p2p/test_libp2p_compat.py::test_a_failed_pubsub_write_resets_its_stream_and_pubsub_opens_another",
+        "not reported", "upstream ties dead-peer handling to the stream that failed"),
+    Workaround(
+        "negative-dial-cache", "unblock_peer", "a peer whose addresses all failed is refused for 60 s",
+        "a bootstrap peer that came up seconds after us stayed unreachable for a minute",
+        "tests/p2p/test_nat_units.py::test_a_node_started_before_its_bootstrap_peer_joins_once_it_is_up",
+        "by design upstream (it has unblock_peer for this)", "never: explicit dials must dial"),
+    Workaround(
+        "ban-without-add-to-blacklist", "blacklist",
+        "Pubsub.add_to_blacklist's teardown deletes peers[pid] after the reset's own handler did: the "
+        "KeyError stops the pubsub service", "seen in the sweep and roles tests",
+        "tests/p2p/test_swarm_gossip.py::test_providers_three_hops_away_resolve_to_http_urls_and_bans_hide_them",
+        "not reported",
+        "upstream's teardown tolerates an already removed peer"),
+    Workaround(
+        "subscription-buffer", "set_subscription_buffer (pubsub SUBSCRIPTION_CHANNEL_SIZE)",
+        "accepted messages reach a subscription through a channel of 32; the rest are dropped",
+        "bursts lost on a busy trio thread (docs/swarm.md)",
+        "tests/p2p/test_swarm_gossip.py::test_gossip_reaches_every_subscriber_and_bursts_are_not_dropped",
+        "not reported", "upstream makes the size a parameter (then pass it)"),
+    Workaround(
+        "subscription-reannounce", "reannounce_subscription",
+        "SUBSCRIBE goes only to peers whose outbound queue exists at that instant",
+        "a leaf of a 5-star unknown to the hub for over 45 s (docs/swarm.md)",
+        "tests/p2p/test_swarm_gossip.py::test_gossip_reaches_every_subscriber_and_bursts_are_not_dropped",
+        "not reported", "upstream announces to peers whose stream opens after the subscription"),
+    Workaround(
+        "provider-walk", "encode_dht_key, providers_from_peer",
+        "KadDHT.find_providers answers from its cache once it holds any record for a key",
+        "providers that appear after the first lookup are never found (docs/swarm.md)",
+        "tests/p2p/test_swarm_gossip.py::test_providers_three_hops_away_resolve_to_http_urls_and_bans_hide_them",
+        "not reported",
+        "upstream walks the network when asked (or exposes the per-peer query)"),
+    Workaround(
+        "autonat-dial-back", "AutoNATBase (hooks _handle_dial, _try_dial; _addr_ip)",
+        "the stock server dials back with host.connect, which reuses the request's own connection",
+        "NATed and firewalled hosts were told PUBLIC (docs/nat.md)",
+        "tests/p2p/test_nat_traversal.py::test_autonat_says_public_for_public_hosts_private_behind_nat_or_firewall",  # noqa: E501
+        "not reported",
+        "upstream dials back over a fresh connection"),
+    Workaround(
+        "dcutr-driver", "DCUtRBase (hooks _auto_drive_loop, _perform_hole_punch, _get_observed_addrs)",
+        "the stock loop punches from both ends at once; the punch binds to a port from get_addrs(); "
+        "CONNECT goes out empty once observations' connections closed",
+        "every punch timed out in namespaces (docs/nat.md)",
+        "tests/p2p/test_nat_traversal.py::test_private_host_found_through_dht_then_dcutr_goes_direct",
+        "not reported",
+        "upstream drives from the listener only and keeps observations"),
+    Workaround(
+        "relay-total-cap", "HopBase (hook _handle_connect, _send_status; resource_manager internals)",
+        "no cap on circuits across all reservations; reservations not countable through the API",
+        "design (docs/nat.md)",
+        "tests/p2p/test_nat_traversal.py::test_private_hosts_find_relays_through_the_dht_reserve_two_and_renew",
+        "not reported", "upstream has a total limit and a public count"),
+    Workaround(
+        "circuit-addrs", "nat.relay.advertise_circuit_addrs (instance get_addrs)",
+        "get_addrs strips everything from the first /p2p/, so an addrs_factory cannot carry "
+        "circuit addresses",
+        "a private node advertised its relay's address as its own (docs/nat.md)",
+        "tests/p2p/test_nat_traversal.py::test_private_hosts_find_relays_through_the_dht_reserve_two_and_renew",
+        "not reported",
+        "upstream keeps circuit addresses"),
+    Workaround(
+        "close-connections-on-exit", "close_connections (swarm._serve_then_close)",
+        "a host whose services are cancelled or fail leaves its connections open (SwarmConn.close, "
+        "begun by the cancellation, marks itself closed and is cut short): the peer keeps our dead pubsub "
+        "stream and skips the new connection of our restarted host (Pubsub._handle_new_peer: 'already "
+        "has pubsub stream'), so it never learns our subscriptions again",
+        "after a libp2p restart the peer kept the old stream for minutes and no gossip flowed (liveness)",
+        "tests/node/test_liveness.py::test_libp2p_failures_are_restarted_resubscribed_and_reported",
+        "not reported", "upstream closes connections when the Swarm service stops"),
+)
+
+
+# -- class-level fixes -------------------------------------------------------------------------------
+
+WINDOW_WAIT_TIMEOUT_S = 5.0
+"""How long a write waits for the peer to open its receive window (the stock value)."""
+RESET_TIMEOUT_S = 1.0
+"""Bound on sending the RST after a failed write (it is sent even if the writer was cancelled)."""
+
+_STOCK: dict[str, Any] = {}
+"""The original functions we replaced, by name (tests call them to show the defects)."""
+
+
+def stock(name: str) -> Any:
+    """The unpatched library function ``name`` (``"YamuxStream.write"``, ...), for tests."""
+    apply_fixes()
+    return _STOCK[name]
+
+
+def _patch(owner: type, attr: str, fn: Any) -> None:
+    key = f"{owner.__name__}.{attr}"
+    if key not in _STOCK:
+        _STOCK[key] = owner.__dict__[attr]
+    setattr(owner, attr, fn)
+
+
+_applied = False
+
+
+def apply_fixes() -> None:
+    """Install the class-level fixes (see :data:`WORKAROUNDS`); idempotent, call before hosts run."""
+    global _applied
+    if _applied:
+        return
+    _applied = True
+    _patch(_yamux.YamuxStream, "_auto_tune_and_send_window_update", _window_update)
+    _patch(_yamux.YamuxStream, "write", _atomic_write)
+    _patch(SwarmConn, "start", guard.contained_connection_task(SwarmConn.start, "stream accept loop"))
+    _patch(_yamux.Yamux, "start", guard.contained_connection_task(_yamux.Yamux.start, "yamux read loop"))
+    _patch(Pubsub, "write_msg", _write_msg)
+    _patch(Pubsub, "push_msg", guard.contained_peer_task(Pubsub.push_msg, "gossip"))
+    _patch(Pubsub, "_replay_recent_messages",
+           guard.contained_peer_task(Pubsub._replay_recent_messages, "gossip replay"))
+    _patch(GossipSub, "flush_pending_messages",
+           guard.contained_peer_task(GossipSub.flush_pending_messages, "gossip flush"))
+    _patch(GossipSub, "on_peer_subscribed",
+           guard.contained_peer_task(GossipSub.on_peer_subscribed, "gossip subscribe"))
+
+
+async def _window_update(self: Any, *, bytes_read: int = 0) -> None:
+    """Credit the peer's send window once half of it was consumed (go-yamux), keeping auto-tuning.
+
+    The stock version also credits on every read ("partial slack", "release on read"): three frames
+    back to the sender per small message, each a Noise message, a syscall and two scheduler passes in
+    the peer's read loop."""
+    async with self.window_lock:
+        buffered = len(self.conn.stream_buffers.get(self.stream_id, b""))
+        delta = self.target_recv_window - (self.recv_window + buffered)  # consumed since the last credit
+        if delta <= 0 or delta < self._grow_threshold():
+            return
+        self.recv_window += delta
+        increment = delta + self._apply_autotune_epoch(buffered)
+    await self.send_window_update(increment)
+
+
+class _WindowTimeout(MuxedStreamError):
+    pass
+
+
+async def _atomic_write(self: Any, data: bytes) -> None:
+    """``YamuxStream.write`` that sends one whole message before any other writer of the stream.
+
+    The stream's write lock is held from the first frame to the last, window waits included, so frames
+    of concurrent writers never interleave. If the write fails after a frame may have gone out (window
+    timeout, cancellation, a broken connection), the stream is reset: the reader sees a reset instead
+    of a truncated message followed by the next one, and every later write fails at once."""
+    if self.send_closed:
+        raise MuxedStreamError("Stream is closed for sending")
+    attempted = False
+    async with self.rw_lock.write_lock():
+        try:
+            sent, total = 0, len(data)
+            while sent < total:
+                n = await _reserve_window(self, total - sent)
+                header = struct.pack(_yamux.YAMUX_HEADER_FORMAT, 0, _yamux.TYPE_DATA, 0, self.stream_id, n)
+                attempted = True
+                await self.conn._write_frame(header + data[sent:sent + n])
+                sent += n
+        except BaseException as exc:
+            if attempted or isinstance(exc, _WindowTimeout):
+                await _reset_after_failed_write(self)
+            raise
+
+
+async def _reserve_window(self: Any, wanted: int) -> int:
+    """Take up to ``wanted`` bytes (and one frame's worth) of send window, waiting for the peer's credit."""
+    with trio.move_on_after(WINDOW_WAIT_TIMEOUT_S):
+        while True:
+            async with self.window_lock:
+                if self.closed or self.send_closed:
+                    raise MuxedStreamError("Stream is closed")
+                if self.send_window > 0:
+                    n = min(self.send_window, _yamux.MAX_MESSAGE_SIZE - _yamux.HEADER_SIZE, wanted)
+                    self.send_window -= n
+                    return n
+            # WINDOW_UPDATE frames arrive through the connection's read loop; the stock code polls too.
+            await trio.sleep(0.01)
+    raise _WindowTimeout(f"Timed out waiting for window update after {WINDOW_WAIT_TIMEOUT_S:g} seconds.")
+
+
+async def _reset_after_failed_write(stream: Any) -> None:
+    with trio.CancelScope(shield=True), trio.move_on_after(RESET_TIMEOUT_S):
+        try:
+            await stream.reset()
+        except Exception as exc:  # the connection is gone too: the reset is moot
+            log.debug("reset after a failed write: %r", exc)
+    # Marked closed even if the RST could not be sent: this stream must never carry another message.
+    stream.send_closed = stream.closed = True
+
+
+async def _write_msg(self: Pubsub, stream: INetStream, rpc_msg: rpc_pb2.RPC) -> bool:
+    """``Pubsub.write_msg`` whose failure on a stale stream does not tear down the peer's current one.
+
+    The replay and flush tasks write through their own reference to a peer's stream; once that stream
+    failed and pubsub opened a new one, their failures must not remove the new one."""
+    try:
+        await stream.write(encode_varint_prefixed(rpc_msg.SerializeToString()))
+        return True
+    except StreamError as exc:
+        peer = stream.muxed_conn.peer_id
+        log.debug("pubsub write to %s failed: %r", peer, exc)
+        if self.peers.get(peer) is stream:
+            self._handle_dead_peer(peer)
+        return False
+
+
+# -- accessors for private state -------------------------------------------------------------------------
+
+def unblock_peer(network: Any, peer: ID) -> None:
+    """Forget ``peer`` in the 60 s negative dial cache, so an explicit dial really dials."""
+    network.unblock_peer(peer)
+
+
+def blacklist(pubsub: Pubsub, peer: ID) -> None:
+    """Refuse ``peer``'s gossip without ``add_to_blacklist`` (see WORKAROUNDS); close its connections
+    too, and the connection-closed notifiee removes it from pubsub's tables."""
+    pubsub.blacklisted_peers.add(peer)
+
+
+def set_subscription_buffer(size: int) -> None:
+    """Capacity of the channel between pubsub and a new subscription (read when one is created)."""
+    _pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = size
+
+
+async def close_connections(host: Any) -> None:
+    """Close every connection of ``host`` at the muxer (``close-connections-on-exit``); call it shielded
+    and bounded while the host's run ends. Not ``SwarmConn.close``: the cancellation that ended the run
+    has usually begun it already, and a second call returns at once with the socket still open."""
+    async with trio.open_nursery() as nursery:
+        for peer, conns in list(host.get_network().connections.items()):
+            for conn in list(conns):
+                nursery.start_soon(_close_muxed, peer, conn)
+
+
+async def _close_muxed(peer: ID, conn: Any) -> None:
+    try:
+        await conn.muxed_conn.close()
+    except Exception as exc:  # a half-dead connection fails to close in many ways; it is going anyway
+        log.debug("closing the connection to %s: %r", peer, exc)
+
+
+async def reannounce_subscription(pubsub: Pubsub, topic: str) -> None:
+    """Send our SUBSCRIBE for ``topic`` to every peer with a stream now (idempotent on receivers)."""
+    packet = rpc_pb2.RPC()
+    packet.subscriptions.extend([rpc_pb2.RPC.SubOpts(subscribe=True, topicid=topic)])
+    await pubsub.message_all_peers(packet.SerializeToString())
+
+
+def encode_dht_key(text: str) -> bytes:
+    from libp2p.kad_dht.kad_dht import _encode_key
+
+    return _encode_key(text)
+
+
+async def providers_from_peer(dht: Any, peer: ID, key: bytes) -> tuple[list[Any], list[ID]]:
+    """Ask one peer for the providers of ``key``: (providers, closer peers)."""
+    return await dht.provider_store._get_providers_from_peer_with_closers(peer, key)
+
+
+async def push_identify(host: Any) -> None:
+    """Identify push to every connected peer (best effort, never raises)."""
+    from libp2p.identity.identify_push.identify_push import push_identify_to_peers
+
+    try:
+        await push_identify_to_peers(host)
+    except Exception as exc:  # one unreachable peer must not stop the others' update
+        log.debug("identify push: %r", exc)
+
+
+def observed_external_addrs(host: Any) -> list[Any]:
+    """Addresses at least one peer observed us at (identify), or [] without the manager."""
+    manager = getattr(host, "_observed_addr_manager", None)
+    return list(manager.addrs(min_observers=1)) if manager is not None else []
+
+
+addr_ip = _addr_ip
+"""The IP of a multiaddr (None for other kinds), as AutoNAT compares them."""
+
+
+class AutoNATBase(AutoNATService):
+    """AutoNATService with its private hooks under public names: override :meth:`serve_dial` and
+    :meth:`dial_back`; call ``stock_serve_dial`` for the library's request checks."""
+
+    async def _handle_dial(self, message: Any, observed_ip: str | None, is_relayed: bool) -> Any:
+        return await self.serve_dial(message, observed_ip, is_relayed)
+
+    async def _try_dial(self, peer_id: ID, addrs: list[bytes]) -> bytes | None:
+        return await self.dial_back(peer_id, addrs)
+
+    async def serve_dial(self, message: Any, observed_ip: str | None, is_relayed: bool) -> Any:
+        return await self.stock_serve_dial(message, observed_ip, is_relayed)
+
+    async def stock_serve_dial(self, message: Any, observed_ip: str | None, is_relayed: bool) -> Any:
+        return await AutoNATService._handle_dial(self, message, observed_ip, is_relayed)
+
+    async def dial_back(self, peer_id: ID, addrs: list[bytes]) -> bytes | None:
+        return await AutoNATService._try_dial(self, peer_id, addrs)
+
+
+class DCUtRBase(DCUtRProtocol):
+    """DCUtRProtocol with its private hooks and state under public names."""
+
+    MAX_ATTEMPTS = _dcutr_module.MAX_HOLE_PUNCH_ATTEMPTS
+
+    async def _auto_drive_loop(self) -> None:
+        await self.auto_drive_loop()
+
+    async def _perform_hole_punch(self, peer_id: ID, addrs: list[Any], as_responder: bool = False) -> bool:
+        return await self.perform_hole_punch(peer_id, addrs, as_responder)
+
+    async def _get_observed_addrs(self) -> list[bytes]:
+        return await self.observed_addrs()
+
+    async def auto_drive_loop(self) -> None:
+        await DCUtRProtocol._auto_drive_loop(self)
+
+    async def perform_hole_punch(self, peer_id: ID, addrs: list[Any], as_responder: bool = False) -> bool:
+        return await DCUtRProtocol._perform_hole_punch(self, peer_id, addrs, as_responder)
+
+    async def observed_addrs(self) -> list[bytes]:
+        return await DCUtRProtocol._get_observed_addrs(self)
+
+    def in_progress(self, peer: ID) -> bool:
+        return peer in self._in_progress
+
+    def settled(self, peer: ID) -> bool:
+        """A punch to ``peer`` is running, succeeded, or used up its attempts: do not start one."""
+        return (peer in self._in_progress or peer in self._direct_connections
+                or self._hole_punch_attempts.get(peer, 0) >= self.MAX_ATTEMPTS)
+
+
+class HopBase(CircuitV2Protocol):
+    """CircuitV2Protocol (HOP side) with its CONNECT hook and reservation table under public names."""
+
+    async def _handle_connect(self, stream: Any, msg: Any) -> None:
+        await self.handle_connect(stream, msg)
+
+    async def handle_connect(self, stream: Any, msg: Any) -> None:
+        await CircuitV2Protocol._handle_connect(self, stream, msg)
+
+    async def send_status(self, stream: Any, code: Any, message: str) -> None:
+        await self._send_status(stream, code, message)
+
+    def reservations(self) -> list[Any]:
+        """Live reservations (expired ones dropped first)."""
+        rm = self.resource_manager
+        rm._clean_expired()
+        return list(rm._reservations.values())

@@ -1,0 +1,431 @@
+"""The Swarm facade: the asyncio side of the networking core (see docs/architecture.md, "Swarm facade").
+
+Roles use only this class. It owns the trio thread (:mod:`bridge`) running :class:`host.P2PHost` and
+adds what the library does not do for us:
+
+- **Pacing.** gossipsub drops silently: 10 msgs/s per forwarder per topic on stock nodes and a 32-RPC
+  outbound queue per peer (notes). :meth:`Swarm.publish` spaces messages on one topic at least
+  ``1 / PUBLISH_RATE_PER_TOPIC`` s apart and awaits its turn, so a burst is delayed, never dropped.
+- **Validation with blame.** ``subscribe(topic, validate, handler)``: ``validate(data, origin)`` runs
+  inside the gossip validator on the trio thread; a ``ProtocolError`` drops the message (it is not
+  forwarded) and the reason is recorded in the peerbook against the origin (the libp2p-signed
+  publisher). The decoded message goes to ``handler(msg, origin)`` on the asyncio loop.
+- **Providers with URLs.** DHT provider records name peers; :meth:`find_providers` de-duplicates them
+  and turns each into ``Provider(peer_id, http_url)`` using the URL from its heartbeat or, failing that,
+  a signed node-info request (``/intellect/info/1.0.0``, 5 s deadline).
+- **Bans.** A banned peer's connections are closed, its gossip is refused, it is skipped as a provider.
+- **Restarts.** :class:`~intellect_node.p2p.liveness.Libp2pWatch` restarts libp2p when it stops
+  working. For that the swarm remembers what it asked of libp2p: subscriptions (with their validator
+  and handler), provided CIDs (the newest :data:`MAX_REPROVIDE`), bootstrap addresses, and the listen
+  addresses as bound (a ``tcp/0`` port stays the port peers know). Services holding trio state of their
+  own re-attach through :attr:`Swarm.on_restart`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from intellect_node.errors import ProtocolError, TransportError
+from intellect_node.p2p.bridge import TrioThread
+from intellect_node.p2p.liveness import Libp2pWatch
+from intellect_node.p2p.peerbook import PeerBook
+from intellect_node.p2p.ports import check_listen_ports
+from intellect_node.protocol import gossip
+from intellect_node.protocol.signing import SigningKey
+from intellect_node.protocol.topics import validate_run_id
+
+log = logging.getLogger(__name__)
+
+PUBLISH_RATE_PER_TOPIC = 8.0
+"""Messages/s one node publishes on one topic: under the stock gossipsub limit of 10/s (notes)."""
+STASH_SIZE = 4096
+"""Validated-but-not-yet-delivered messages kept between the validator and the subscription pump."""
+RESOLVE_TIMEOUT_S = 5.0
+BOOTSTRAP_TIMEOUT_S = 10.0
+MAX_REMEMBERED_DIALS = 8
+MAX_REPROVIDE = 256
+"""Provided CIDs announced again after a libp2p restart, newest first (older ones: policies and batches
+long consumed; their holders still answer ``find_providers`` from other peers' records)."""
+REPROVIDE_CONCURRENCY = 4
+CLOSE_CONNECTIONS_S = 2.0
+"""Bound on closing the connections of a host whose run ends (see :func:`_serve_then_close`)."""
+
+Validate = Callable[[bytes, str], Any]
+Handler = Callable[[Any, str], Any]
+
+
+@dataclass(frozen=True)
+class Provider:
+    peer_id: str
+    http_url: str
+
+
+def quiet_libp2p_logging(level: int = logging.ERROR) -> None:
+    """py-libp2p logs ~60 harmless WARNINGs per short run (EOFs, dial retries) through Python's
+    last-resort stderr handler; send its records to our handlers instead, from ``level`` up."""
+    root = logging.getLogger("libp2p")
+    root.handlers.clear()
+    root.propagate = True
+    if root.level != logging.DEBUG:  # the CLI's --log-level DEBUG opens it up on purpose
+        root.setLevel(level)
+    for name, lg in list(logging.root.manager.loggerDict.items()):
+        if name.startswith("libp2p.") and isinstance(lg, logging.Logger) and lg.level and lg.level < level:
+            lg.setLevel(level)
+
+
+class Swarm:
+    """One node's view of the swarm. Create with :meth:`start`; stop with :meth:`close`."""
+
+    def __init__(self, key: SigningKey, run_id: str, peerbook: PeerBook, http_url: str,
+                 roles: list[str]) -> None:
+        self.key = key
+        self.peer_id = key.peer_id
+        self.run_id = validate_run_id(run_id)
+        self.peerbook = peerbook
+        self.http_url = http_url
+        self.roles = list(roles)
+        self._bridge = TrioThread(name=f"libp2p-{self.peer_id[-6:]}")
+        self._p2p: Any = None  # host.P2PHost, imported lazily (libp2p costs ~1 s and 85 MB to import)
+        self._next_publish: dict[str, float] = defaultdict(float)
+        self._publish_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._stash: OrderedDict[bytes, Any] = OrderedDict()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.dropped: dict[str, int] = defaultdict(int)
+        """Messages refused by our validators, per topic."""
+        self.delivered: dict[str, int] = defaultdict(int)
+        self._closed = False
+        self._listen: list[str] = []
+        self._announce: list[str] = []
+        self._subscriptions: list[tuple[str, Any, Any]] = []  # (topic, validator, deliver) for restarts
+        self._provided: OrderedDict[str, None] = OrderedDict()
+        self._bootstrap_addrs: list[str] = []
+        self._resubscribing = False
+        self.on_restart: list[Callable[[], Any]] = []
+        """Called (asyncio loop; plain or async) after libp2p was restarted: services holding trio state
+        of their own (the NAT service) start it again on the new host here."""
+        self.on_fatal: Callable[[str], None] | None = None
+        """Called once libp2p cannot be restored (the runtime then exits non-zero)."""
+        self.watch = Libp2pWatch(self)
+
+    @classmethod
+    async def start(cls, key: SigningKey, *, run_id: str, listen: list[str], data_dir: Path | None = None,
+                    http_url: str = "", roles: list[str] | None = None,
+                    peer_timeout: float = 15.0, announce: list[str] | None = None) -> "Swarm":
+        """Start libp2p (host, DHT, gossipsub) on ``listen`` and return once it listens."""
+        quiet_libp2p_logging()
+        self = cls(key, run_id, PeerBook(key.peer_id, data_dir, peer_timeout=peer_timeout), http_url,
+                   roles or [])
+        self.peerbook.on_auto_ban = self._auto_ban
+        self._listen, self._announce = list(listen), list(announce or [])
+        await self._start_host()
+        # A restart listens again where peers know us: the ports bound now, not "tcp/0" again.
+        self._listen = await self._bridge.call(_bound_addrs, self._p2p) or self._listen
+        log.info("libp2p up as %s on %s", self.peer_id, ", ".join(self.listen_addrs()))
+        self.watch.start()
+        return self
+
+    async def _start_host(self) -> None:
+        from intellect_node.p2p import host as hostmod
+
+        p2p = self._p2p = hostmod.P2PHost(self.key, self._listen, self.peerbook, self._node_info_bytes,
+                                          self._announce)
+
+        async def root(nursery: trio.Nursery, _bridge: TrioThread) -> None:
+            await nursery.start(_serve_then_close, p2p)
+
+        await self._bridge.start(root)
+
+    # -- restarts (driven by liveness.Libp2pWatch) ---------------------------------------------------
+
+    async def restart_host(self, *, join_timeout: float = 3.0) -> None:
+        """Stop what is left of the libp2p run, start a new host on the same key and listen addresses,
+        and subscribe again to every topic. Raises whatever keeps the new host from starting."""
+        self._resubscribing = True
+        try:
+            await self._bridge.astop(join_timeout)
+            # A wedged old thread that was left behind still holds its listen socket, and libp2p binds
+            # with SO_REUSEPORT, so the new host would share the port with a listener that never answers.
+            check_listen_ports(self._listen)
+            for rec in self.peerbook.snapshot():  # the old host's connections are gone with it
+                if rec["connected"]:
+                    self.peerbook.set_connected(rec["peer_id"], False)
+            await self._start_host()
+            i = 0
+            while i < len(self._subscriptions):  # by index: a subscribe() meanwhile is picked up too
+                await self._bridge.call(self._p2p.subscribe, *self._subscriptions[i])
+                i += 1
+        finally:
+            self._resubscribing = False
+
+    async def replay(self, connected_before: list[str]) -> None:
+        """After :meth:`restart_host`: services re-attach, then dial the bootstrap and previously
+        connected peers (remembered ones if none answers), then provide every remembered CID again."""
+        for fn in list(self.on_restart):
+            try:
+                result = fn()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:  # one service failing to re-attach must not keep the others from it
+                log.exception("re-attaching %r after the libp2p restart failed", fn)
+        addrs = list(self._bootstrap_addrs)
+        for peer in connected_before:
+            addrs += self.peerbook.addrs(peer)[:1]
+        reached = await self.bootstrap(list(dict.fromkeys(addrs)), remember=False)  # or remembered peers
+        log.info("after the libp2p restart: %d peers dialed back", len(reached))
+        cids = list(reversed(self._provided))
+        sem = asyncio.Semaphore(REPROVIDE_CONCURRENCY)
+
+        async def again(cid: str) -> None:
+            async with sem:
+                try:
+                    await self.provide(cid)
+                except (TransportError, ProtocolError) as exc:
+                    log.info("providing %s again failed: %s", cid, exc)
+
+        await asyncio.gather(*(again(c) for c in cids))
+
+    def fatal(self, reason: str) -> None:
+        """libp2p cannot be restored: tell the owner (the runtime exits), or just log without one."""
+        if self.on_fatal is not None:
+            self.on_fatal(reason)
+
+    @property
+    def bridge(self) -> TrioThread:
+        """The trio thread: ``await swarm.bridge.call(fn, ...)`` runs trio code next to the host."""
+        return self._bridge
+
+    @property
+    def p2p(self) -> Any:
+        """The :class:`host.P2PHost` (``.host``, ``.dht``, ``.pubsub``); touch it only on the trio thread."""
+        return self._p2p
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self.watch.close()
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.to_thread(self.peerbook.save, True)
+        await self._bridge.astop(join_timeout=10.0)
+
+    async def __aenter__(self) -> "Swarm":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- addresses and peers -------------------------------------------------------------------------
+
+    def listen_addrs(self) -> list[str]:
+        """Full multiaddrs ending ``/p2p/<id>`` (refreshed every few seconds on the trio thread)."""
+        return list(self._p2p.addrs_snapshot)
+
+    def connected_peers(self) -> list[str]:
+        return self._p2p.connected_peers()
+
+    async def connect(self, addr: str) -> str:
+        """Dial a ``.../p2p/<id>`` multiaddr; return the peer ID (TransportError if it fails)."""
+        return await self._bridge.call(self._p2p.connect, addr)
+
+    async def bootstrap(self, addrs: list[str], *, timeout: float = BOOTSTRAP_TIMEOUT_S,
+                        remember: bool = True) -> list[str]:
+        """Dial ``addrs`` together; if none answers, dial remembered peers. Returns peers reached.
+        ``addrs`` are dialed again after a libp2p restart (unless ``remember=False``)."""
+        if remember:
+            self._bootstrap_addrs = list(dict.fromkeys(self._bootstrap_addrs + list(addrs)))
+        reached = await self._dial_all(addrs, timeout)
+        if not reached:
+            fallback = [a[0] for _p, a in self.peerbook.remembered()[:MAX_REMEMBERED_DIALS] if a]
+            if fallback:
+                log.info("no bootstrap peer answered; trying %d remembered peers", len(fallback))
+                reached = await self._dial_all(fallback, timeout)
+        return reached
+
+    async def _dial_all(self, addrs: list[str], timeout: float) -> list[str]:
+        async def one(addr: str) -> str | None:
+            try:
+                return await asyncio.wait_for(self.connect(addr), timeout)
+            except (TransportError, asyncio.TimeoutError) as exc:
+                log.warning("cannot reach %s: %s", addr, exc)
+                return None
+
+        results = await asyncio.gather(*(one(a) for a in addrs))
+        return [p for p in results if p]
+
+    def topic_peers(self, topic: str) -> list[str]:
+        """Peers known to subscribe to ``topic`` (reading libp2p state from this thread is a benign race)."""
+        return self._p2p.topic_peers(topic)
+
+    def mesh_peers(self, topic: str) -> list[str]:
+        return self._p2p.mesh_peers(topic)
+
+    # -- gossip --------------------------------------------------------------------------------------
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        """Publish ``data`` (a sealed envelope) on ``topic``, paced so no library queue or limit drops it."""
+        async with self._publish_locks[topic]:
+            wait = self._next_publish[topic] - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._next_publish[topic] = time.monotonic() + 1.0 / PUBLISH_RATE_PER_TOPIC
+            await self._bridge.call(self._p2p.publish, topic, data)
+
+    def subscribe(self, topic: str, validate: Validate, handler: Handler, *, include_own: bool = False) -> None:
+        """Receive ``topic``. ``validate(data, origin)`` returns the decoded message or raises
+        ProtocolError (dropped, not forwarded, blamed on ``origin``); ``handler(msg, origin)`` (plain or
+        async) then runs on the asyncio loop. Own messages are skipped unless ``include_own``."""
+
+        def validator(data: bytes, origin: str, msg_id: bytes) -> bool:
+            try:
+                msg = validate(data, origin)
+            except ProtocolError as exc:
+                self.dropped[topic] += 1
+                self.peerbook.record_rejection(origin, f"{topic}: {exc}")
+                return False
+            except Exception as exc:  # a bug in a validator must not kill the libp2p thread
+                log.exception("validator for %s crashed on a message from %s", topic, origin)
+                self.dropped[topic] += 1
+                self.peerbook.record_rejection(origin, f"{topic}: validator crashed: {exc!r}")
+                return False
+            self._stash[msg_id] = msg
+            while len(self._stash) > STASH_SIZE:
+                self._stash.popitem(last=False)
+            return True
+
+        seen: OrderedDict[bytes, None] = OrderedDict()
+
+        def deliver(data: bytes, origin: str, msg_id: bytes) -> None:
+            msg = self._stash.pop(msg_id, None)
+            if msg is None or (origin == self.peer_id and not include_own) or msg_id in seen:
+                return
+            # A restarted host has an empty seen-cache and peers' gossip brings recent messages again.
+            seen[msg_id] = None
+            if len(seen) > STASH_SIZE:
+                seen.popitem(last=False)
+            self.delivered[topic] += 1
+            self._bridge.to_asyncio(self._dispatch, topic, handler, msg, origin)
+
+        self._subscriptions.append((topic, validator, deliver))
+        if not self._resubscribing and not self.watch.down_reason:  # else the restart subscribes it
+            try:
+                self._bridge.start_soon(self._p2p.subscribe, topic, validator, deliver)
+            except TransportError:  # libp2p just went down: the watch restarts it and subscribes then
+                log.info("libp2p is down; %s is subscribed when it is back", topic)
+
+    def _dispatch(self, topic: str, handler: Handler, msg: Any, origin: str) -> None:
+        try:
+            result = handler(msg, origin)
+        except Exception:  # one handler failing must not stop delivery of the next message
+            log.exception("handler for %s failed on a message from %s", topic, origin)
+            return
+        if inspect.isawaitable(result):
+            task = asyncio.ensure_future(result)
+            self._tasks.add(task)
+            task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("gossip handler failed", exc_info=task.exception())
+
+    # -- DHT -----------------------------------------------------------------------------------------
+
+    async def provide(self, cid: str) -> None:
+        """Announce that this node holds ``cid`` (a DHT provider record; made again after a restart)."""
+        self._provided[cid] = None
+        self._provided.move_to_end(cid)
+        while len(self._provided) > MAX_REPROVIDE:
+            self._provided.popitem(last=False)
+        await self._bridge.call(self._p2p.provide, cid)
+
+    async def find_providers(self, cid: str, *, count: int = 20) -> list[Provider]:
+        """Distinct, unbanned providers of ``cid`` with a resolvable HTTP URL (this node included)."""
+        infos = await self._bridge.call(self._p2p.find_providers, cid, count)
+        peers = list(dict.fromkeys(i.peer_id.to_base58() for i in infos))
+        # Banned peers are out; so are peers whose heartbeats stopped (a cached record of a dead node).
+        peers = [p for p in peers if not self.peerbook.is_banned(p) and self.peerbook.state(p) != "gone"]
+
+        async def url_of(peer: str) -> str:
+            if peer == self.peer_id:
+                return self.http_url
+            url = self.peerbook.http_url(peer)
+            if url:
+                return url
+            try:
+                return await self.resolve(peer)
+            except (TransportError, ProtocolError) as exc:
+                log.info("provider %s of %s has no reachable node info: %s", peer, cid, exc)
+                return ""
+
+        urls = await asyncio.gather(*(url_of(p) for p in peers))
+        return [Provider(p, u) for p, u in zip(peers, urls) if u]
+
+    async def resolve(self, peer: str) -> str:
+        """Ask ``peer`` for its signed node info; cache and return its HTTP base URL."""
+        raw = await self._bridge.call(self._p2p.request_info, peer, gossip.MAX_NODE_INFO_SIZE + 512)
+        try:
+            info = gossip.open_node_info(raw, expected_signer=peer)
+        except ProtocolError as exc:
+            self.peerbook.record_rejection(peer, f"node info: {exc}")
+            raise
+        self.peerbook.set_info(peer, http_url=info.http_url, addrs=info.listen_addrs, roles=info.roles)
+        return info.http_url
+
+    def _node_info_bytes(self) -> bytes:
+        info = gossip.NodeInfo(run_id=self.run_id, time_ms=int(time.time() * 1000), http_url=self.http_url,
+                               listen_addrs=self.listen_addrs()[:gossip.MAX_ADDRS], roles=self.roles)
+        return self.key.seal(gossip.NODE_INFO_DOMAIN, info)
+
+    # -- bans ----------------------------------------------------------------------------------------
+
+    async def ban(self, peer: str, reason: str) -> None:
+        """Ban ``peer``: record why, close its connections, refuse its gossip and provider records."""
+        self.peerbook.ban(peer, reason)
+        try:
+            await self._bridge.call(self._p2p.ban, peer)
+        except ValueError as exc:  # not a peer ID libp2p can parse
+            raise ProtocolError(f"cannot ban {peer!r}: {exc}") from exc
+
+    def _auto_ban(self, peer: str) -> None:
+        async def ban() -> None:
+            try:
+                await self._p2p.ban(peer)
+            except Exception as exc:  # background edge: the peerbook ban already refuses its input
+                log.debug("closing auto-banned %s: %r", peer, exc)
+
+        try:
+            self._bridge.start_soon(ban)
+        except TransportError:  # shutting down
+            pass
+
+    def is_banned(self, peer: str) -> bool:
+        return self.peerbook.is_banned(peer)
+
+
+async def _bound_addrs(p2p: Any) -> list[str]:
+    """On the trio thread: the transport addresses the host listens on, ports as bound."""
+    return [str(a) for a in p2p.host.get_transport_addrs()]
+
+
+async def _serve_then_close(p2p: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Run ``p2p.serve`` and, however it ends, close every connection it holds (bounded, shielded), so
+    every peer sees us leave at once and takes our restarted host's new connection (workaround
+    ``close-connections-on-exit`` in ``p2p/compat.py``)."""
+    from intellect_node.p2p import compat as compat
+
+    try:
+        await p2p.serve(task_status=task_status)
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_CONNECTIONS_S):
+            await compat.close_connections(p2p.host)

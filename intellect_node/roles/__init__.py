@@ -1,0 +1,26 @@
+"""The roles a node can run: ``trainer``, ``worker``, ``validator`` (``--role`` of ``intellect-node join``),
+the sweep coordinator and worker (``sweep``), and policy distribution (``policy``: publisher, follower).
+They compose the layers below them (``p2p``, ``blobs``, ``inference``, ``trainer``, ``proofs``,
+``protocol``) and plug into a node as services; ``node/`` assembles them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+ROLES = ("trainer", "worker", "validator")
+
+
+def role_factory(role: str) -> Callable[[Any], Any]:
+    """The service factory of ``role`` (imported lazily: torch is heavy)."""
+    if role == "trainer":
+        from intellect_node.roles.trainer import Trainer
+        return Trainer.for_runtime
+    if role == "worker":
+        from intellect_node.roles.worker import Worker
+        return Worker.for_runtime
+    if role == "validator":
+        from intellect_node.roles.validator import Validator
+        return Validator.for_runtime
+    from intellect_node.errors import ConfigError
+    raise ConfigError(f"--role {role!r} is not one of {', '.join(ROLES)}", field="role")

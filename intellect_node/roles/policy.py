@@ -1,0 +1,379 @@
+"""Policy distribution: the trainer publishes each version as a delta (and every K versions in full);
+workers obtain a version by the cheapest path that ends with the announced content hash.
+
+Publisher (trainer role)::
+
+    pub = PolicyPublisher(data_dir / "policy", blobs, key, run_id, full_every=8)
+    ann, raw = await pub.publish(version, state_dict_or_checkpoint)
+    await swarm.publish(topic(run_id, "policy"), raw)
+
+For version v it writes the canonical checkpoint atomically, encodes the delta from v-1
+(:func:`intellect_node.trainer.delta.encode_delta`) and puts it in the blob store, puts the full
+checkpoint in the blob store when v is an anchor (the first version, or K versions after the last
+anchor), persists its chain state and only then returns the signed announcement.
+
+Follower (worker / validator roles)::
+
+    fol = PolicyFollower(data_dir / "policy", blobs, run_id=..., trainer=..., max_checkpoint_bytes=...)
+    swarm.subscribe(topic(run_id, "policy"), announcement_validator(run_id, trainer), on_announcement)
+    result = await fol.obtain(ann)         # result.checkpoint, result.path ("delta" | "full" | ...)
+
+It walks the announced delta chain from the version it holds when that version's hash is on the chain;
+otherwise (further behind, a diverged copy) or when a delta fails (malformed, wrong base, result hash
+differs) it fetches the latest full checkpoint and walks the chain from there. A version is used only
+after its bytes hash to the announced hash, whichever path produced them; it is persisted (checkpoint
+file, then the ``CURRENT`` pointer, both atomic) before ``obtain`` returns.
+
+Shortcuts: old chunks stay in the blob store (the blob layer does not collect garbage yet); a delta
+chain that fails from the full checkpoint too leaves the node on its old version until the next
+announcement (the next anchor at the latest) instead of asking the trainer for an extra full copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Mapping
+
+import torch
+
+from intellect_node.errors import ConfigError, IntegrityError, ProtocolError, TransportError
+from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
+from intellect_node.blobs.service import BlobService
+from intellect_node.protocol.blob import Manifest
+from intellect_node.protocol.policy import MAX_CHAIN, DeltaLink, PolicyAnnouncement, POLICY_DTYPES, \
+    seal_announcement
+from intellect_node.protocol.signing import SigningKey
+from intellect_node.trainer.delta import ALL_DENSE_KINDS, DENSE_KINDS, ZSTD_LEVEL, Checkpoint, apply_delta, delta_size_limit, \
+    encode_delta
+
+log = logging.getLogger(__name__)
+
+POLICY_DIR = "policy"
+CURRENT = "CURRENT"
+PUBLISHER_STATE = "publisher.json"
+FOLLOW_RETRIES = 3
+DEFAULT_FULL_EVERY = 8
+"""K: a full checkpoint every 8 versions. A worker that missed up to 7 updates catches up by deltas
+alone; a late joiner fetches one full checkpoint plus at most 7 deltas (each a fraction of it)."""
+
+
+def _ckpt_name(version: int) -> str:
+    return f"v{version:010d}.safetensors"
+
+
+def _policy_dtype(ckpt: Checkpoint) -> str:
+    """The floating-point dtype holding most bytes (what the run config's ``dtype`` refers to)."""
+    by: dict[str, int] = {}
+    for info in ckpt.tensors.values():
+        if info.dtype in POLICY_DTYPES:
+            by[info.dtype] = by.get(info.dtype, 0) + info.nbytes
+    if not by:
+        raise ConfigError("the policy has no F32, BF16 or F16 tensors to publish", field="dtype")
+    return max(by, key=lambda k: by[k])
+
+
+# ============================================================================================ publisher
+class PolicyPublisher:
+    """The trainer's side. One per run; ``publish`` calls are serialised."""
+
+    def __init__(self, root: str | os.PathLike[str], blobs: BlobService, key: SigningKey, run_id: str, *,
+                 full_every: int = DEFAULT_FULL_EVERY, zstd_level: int = ZSTD_LEVEL,
+                 dense_kinds: tuple[str, ...] = DENSE_KINDS, board: Any = None) -> None:
+        if not 1 <= full_every <= MAX_CHAIN:
+            raise ConfigError(f"full_every must be in [1, {MAX_CHAIN}] (an announcement carries at most "
+                              f"{MAX_CHAIN} delta links); got {full_every}", field="full_every")
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.blobs = blobs
+        self.key = key
+        self.run_id = run_id
+        self.full_every = full_every
+        if not dense_kinds or not set(dense_kinds) <= set(ALL_DENSE_KINDS):
+            raise ConfigError(f"dense_kinds must be a non-empty subset of {ALL_DENSE_KINDS}; got {dense_kinds}",
+                              field="dense_kinds")
+        self.zstd_level = zstd_level
+        self.dense_kinds = tuple(dense_kinds)
+        self._board = board
+        self._lock = asyncio.Lock()
+        self._prev: Checkpoint | None = None
+        self._version: int | None = None
+        self._full: tuple[int, str, int] | None = None  # (version, blob cid, size)
+        self._links: list[DeltaLink] = []
+        self._load_state()
+
+    @property
+    def version(self) -> int | None:
+        return self._version
+
+    def _load_state(self) -> None:
+        """Resume the chain after a restart from ``publisher.json`` and the last checkpoint file."""
+        path = self.root / PUBLISHER_STATE
+        if not path.exists():
+            return
+        try:
+            st = json.loads(path.read_text())
+            ckpt = Checkpoint.load(self.root / _ckpt_name(st["version"]), max_size=1 << 62)
+            if ckpt.content_hash != st["hash"]:
+                raise IntegrityError("checkpoint file does not match publisher.json")
+            links = [DeltaLink(**d) for d in st["links"]]
+            full = (int(st["full"][0]), str(st["full"][1]), int(st["full"][2]))
+        except (OSError, ValueError, KeyError, TypeError, ProtocolError, IntegrityError) as exc:
+            # Publishing still works: the next version becomes a fresh anchor.
+            log.warning("policy publisher state in %s unusable (%s); next version is published in full",
+                        self.root, exc)
+            return
+        self._prev, self._version, self._full, self._links = ckpt, int(st["version"]), full, links
+
+    async def publish(self, version: int, policy: Checkpoint | Mapping[str, torch.Tensor], *,
+                      force_full: bool = False) -> tuple[PolicyAnnouncement, bytes]:
+        """Persist and publish ``version``; return the announcement and its signed envelope bytes."""
+        async with self._lock:
+            if self._version is not None and version <= self._version:
+                raise ValueError(f"policy version {version} is not after the last published {self._version}")
+            ckpt = policy if isinstance(policy, Checkpoint) else \
+                await asyncio.to_thread(Checkpoint.from_state_dict, policy)
+            path = self.root / _ckpt_name(version)
+            await asyncio.to_thread(ckpt.save, path)
+            prev = self._prev if self._version == version - 1 else None
+            links = list(self._links) if prev is not None else []
+            if prev is not None:
+                delta = await asyncio.to_thread(encode_delta, prev, ckpt, level=self.zstd_level,
+                                                dense=self.dense_kinds)
+                delta_path = self.root / f"v{version:010d}.delta"
+                await asyncio.to_thread(atomic_write_bytes, delta_path, delta)
+                delta_cid, _ = await self.blobs.put_file(delta_path, name=f"{self.run_id}-v{version}.delta")
+                delta_path.unlink()  # the blob store holds it now
+                links.append(DeltaLink(version=version, base_hash=prev.content_hash,
+                                       target_hash=ckpt.content_hash, delta_cid=delta_cid,
+                                       delta_size=len(delta)))
+            full = self._full
+            if prev is None or force_full or full is None or version - full[0] >= self.full_every:
+                full_cid, m = await self.blobs.put_file(path, name=f"{self.run_id}-v{version}.safetensors")
+                full = (version, full_cid, m.total_size)
+                links = links[-1:]  # a full version keeps only the delta from its predecessor
+            ann = PolicyAnnouncement(run_id=self.run_id, version=version, dtype=_policy_dtype(ckpt),
+                                     checkpoint_hash=ckpt.content_hash, checkpoint_size=ckpt.nbytes,
+                                     full_version=full[0], full_cid=full[1], full_size=full[2],
+                                     deltas=links)
+            raw = seal_announcement(self.key, ann)
+            state = {"version": version, "hash": ckpt.content_hash, "full": list(full),
+                     "links": [{f: getattr(link, f) for f in DeltaLink.__struct_fields__} for link in links]}
+            await asyncio.to_thread(atomic_write_text, self.root / PUBLISHER_STATE, json.dumps(state))
+            old = self._version
+            self._prev, self._version, self._full, self._links = ckpt, version, full, links
+            if old is not None:  # the blob store keeps what peers may still fetch
+                (self.root / _ckpt_name(old)).unlink(missing_ok=True)
+            if self._board is not None:
+                self._board.set_policy(current=version, local=version)
+            return ann, raw
+
+
+# ============================================================================================ follower
+@dataclass
+class ObtainResult:
+    version: int
+    checkpoint: Checkpoint
+    path: str  # "current" (already held), "delta", "full" (full checkpoint, then any deltas), "stale"
+    bytes_fetched: int = 0
+    deltas_applied: int = 0
+    fallback: str = ""  # why the delta path was not taken or failed; empty when it was not needed
+    rejected: list[str] = field(default_factory=list)
+
+
+class PolicyFollower:
+    """A worker's side. Holds one version (in memory and on disk); ``obtain`` calls are serialised."""
+
+    def __init__(self, root: str | os.PathLike[str], blobs: BlobService, *, run_id: str, trainer: str,
+                 max_checkpoint_bytes: int, board: Any = None,
+                 on_reject: Callable[[str, str], None] | None = None) -> None:
+        if max_checkpoint_bytes <= 0:
+            raise ConfigError("max_checkpoint_bytes must be positive", field="max_checkpoint_bytes")
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.blobs = blobs
+        self.run_id = run_id
+        self.trainer = trainer
+        self.max_checkpoint_bytes = max_checkpoint_bytes
+        self._board = board
+        self._on_reject = on_reject or (lambda peer, reason: None)
+        self._lock = asyncio.Lock()
+        self._pending: PolicyAnnouncement | None = None
+        self._wake = asyncio.Event()
+        self.version: int | None = None
+        self.checkpoint: Checkpoint | None = None
+        self._load_current()
+
+    @property
+    def checkpoint_path(self) -> Path | None:
+        """The held version's canonical safetensors file (any safetensors reader loads it)."""
+        return None if self.version is None else self.root / _ckpt_name(self.version)
+
+    def _load_current(self) -> None:
+        path = self.root / CURRENT
+        if not path.exists():
+            return
+        try:
+            cur = json.loads(path.read_text())
+            ckpt = Checkpoint.load(self.root / _ckpt_name(int(cur["version"])), max_size=self.max_checkpoint_bytes)
+            if ckpt.content_hash != cur["hash"]:
+                raise IntegrityError("checkpoint file does not match CURRENT")
+        except (OSError, ValueError, KeyError, TypeError, ProtocolError, IntegrityError) as exc:
+            log.warning("held policy in %s unusable (%s); starting without one", self.root, exc)
+            return
+        self.version, self.checkpoint = int(cur["version"]), ckpt
+        if self._board is not None:
+            self._board.set_policy(local=self.version)
+
+    async def obtain(self, ann: PolicyAnnouncement) -> ObtainResult:
+        """Hold version ``ann.version`` (already verified: see ``protocol.policy.open_announcement``).
+
+        Raises TransportError when the blobs cannot be fetched and IntegrityError when no path produced
+        the announced hash; the node then keeps the version it had.
+        """
+        if ann.run_id != self.run_id:
+            raise ProtocolError(f"announcement for run {ann.run_id!r}, this node follows {self.run_id!r}")
+        async with self._lock:
+            if self._board is not None:
+                self._board.set_policy(current=ann.version)
+            held, ckpt = self.version, self.checkpoint
+            if held is not None and ckpt is not None:
+                if held > ann.version:
+                    return ObtainResult(held, ckpt, "stale")
+                if held == ann.version and ckpt.content_hash == ann.checkpoint_hash:
+                    return ObtainResult(held, ckpt, "current")
+            result = await self._by_delta(ann)
+            if result.path != "delta":
+                result = await self._by_full(ann, result)
+            await asyncio.to_thread(self._persist, result.version, result.checkpoint)
+            self.version, self.checkpoint = result.version, result.checkpoint
+            if self._board is not None:
+                self._board.set_policy(local=result.version)
+            return result
+
+    def offer(self, ann: PolicyAnnouncement) -> None:
+        """Hand over a (validated) announcement from the gossip handler; :meth:`follow` obtains the newest
+        one offered and skips versions superseded while it was busy."""
+        if self._pending is None or ann.version > self._pending.version:
+            self._pending = ann
+            self._wake.set()
+
+    async def follow(self, on_new: Callable[[ObtainResult], Awaitable[None] | None], *,
+                     retries: int = FOLLOW_RETRIES, backoff_s: float = 1.0) -> None:
+        """Run until cancelled: obtain each newest offered version and pass the result to ``on_new``.
+
+        A version that cannot be obtained is retried ``retries`` times (``backoff_s`` doubling between
+        tries) unless a newer one is offered meanwhile; then it is given up (logged) until the next offer.
+        """
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            ann, self._pending = self._pending, None
+            if ann is None or (self.version is not None and ann.version <= self.version):
+                continue
+            for attempt in range(retries + 1):
+                try:
+                    result = await self.obtain(ann)
+                except (TransportError, IntegrityError, ProtocolError, OSError) as exc:  # OSError: disk
+                    log.warning("policy v%d not obtained (try %d of %d): %s", ann.version, attempt + 1,
+                                retries + 1, exc)
+                    if attempt == retries or self._pending is not None:
+                        break
+                    try:  # a newer offer ends the wait early
+                        await asyncio.wait_for(self._wake.wait(), timeout=backoff_s * 2 ** attempt)
+                    except TimeoutError:
+                        pass
+                    if self._pending is not None:
+                        break
+                    continue
+                ret = on_new(result)
+                if ret is not None:
+                    await ret
+                break
+
+    async def _by_delta(self, ann: PolicyAnnouncement) -> ObtainResult:
+        """Walk the chain from the held version; a result with path "" and ``fallback`` set on failure."""
+        out = ObtainResult(ann.version, Checkpoint(bytearray(), {}), "")
+        held, ckpt = self.version, self.checkpoint
+        if held is None or ckpt is None:
+            out.fallback = "no policy held"
+            return out
+        try:
+            link = ann.link(held + 1)
+        except KeyError:
+            out.fallback = f"held version {held} is not on the announced chain"
+            return out
+        if link.base_hash != ckpt.content_hash:
+            out.fallback = f"held version {held} differs from the trainer's (hash {ckpt.content_hash})"
+            return out
+        try:
+            out.checkpoint = await self._walk(ann, held, ckpt, out)
+        except (ProtocolError, IntegrityError) as exc:
+            out.fallback = f"delta failed: {exc}"
+            out.rejected.append(out.fallback)
+            self._on_reject(self.trainer, out.fallback)
+            log.warning("policy v%d: %s; fetching the full checkpoint", ann.version, exc)
+            return out
+        out.path = "delta"
+        return out
+
+    async def _by_full(self, ann: PolicyAnnouncement, out: ObtainResult) -> ObtainResult:
+        data = await self._fetch(ann.full_cid, ann.full_size, self.max_checkpoint_bytes, out)
+        full = await asyncio.to_thread(Checkpoint.parse, data, max_size=self.max_checkpoint_bytes)
+        if full.content_hash != ann.full_hash:
+            raise IntegrityError(f"full checkpoint v{ann.full_version} hashes to {full.content_hash}, "
+                                 f"announced {ann.full_hash}")
+        out.checkpoint = await self._walk(ann, ann.full_version, full, out)
+        out.path = "full"
+        return out
+
+    async def _walk(self, ann: PolicyAnnouncement, version: int, ckpt: Checkpoint,
+                    out: ObtainResult) -> Checkpoint:
+        limit = delta_size_limit(self.max_checkpoint_bytes)
+        while version < ann.version:
+            link = ann.link(version + 1)
+            data = await self._fetch(link.delta_cid, link.delta_size, limit, out)
+            ckpt = await asyncio.to_thread(apply_delta, ckpt, data, expected_hash=link.target_hash,
+                                           max_size=self.max_checkpoint_bytes)
+            version += 1
+            out.deltas_applied += 1
+        return ckpt
+
+    async def _fetch(self, cid: str, size: int, limit: int, out: ObtainResult) -> bytearray:
+        """Fetch blob ``cid`` (which the trainer announced as ``size`` bytes) and return its content."""
+        if size > limit:
+            raise IntegrityError(f"blob {cid} of {size} bytes is over the limit of {limit}")
+
+        def check(m: Manifest) -> None:  # before any chunk is downloaded
+            if m.total_size != size:
+                raise IntegrityError(f"blob {cid} holds {m.total_size} bytes, announced {size}")
+
+        stats = await self.blobs.fetch(cid, on_manifest=check)
+        out.bytes_fetched += stats.bytes_fetched
+        return await asyncio.to_thread(self._read_blob, cid)
+
+    def _read_blob(self, cid: str) -> bytearray:
+        store = self.blobs.store
+        m = store.manifest(cid)
+        if m is None or store.missing(cid):
+            raise TransportError(f"blob {cid} is not complete after its fetch")
+        buf = bytearray(m.total_size)
+        pos = 0
+        for c in m.chunks:
+            piece = store.chunk_path(c).read_bytes()
+            buf[pos:pos + len(piece)] = piece
+            pos += len(piece)
+        if pos != m.total_size:
+            raise IntegrityError(f"blob {cid}: chunks on disk hold {pos} of {m.total_size} bytes")
+        return buf
+
+    def _persist(self, version: int, ckpt: Checkpoint) -> None:
+        old = self.version
+        ckpt.save(self.root / _ckpt_name(version))
+        atomic_write_text(self.root / CURRENT, json.dumps({"version": version, "hash": ckpt.content_hash}))
+        if old is not None and old != version:
+            (self.root / _ckpt_name(old)).unlink(missing_ok=True)

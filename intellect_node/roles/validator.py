@@ -1,0 +1,457 @@
+"""Validator role: verify workers' rollout batches, publish signed verdicts, ban repeat offenders.
+
+A notice (signature- and run-checked in the gossip validator, which also drops banned senders and, in a
+closed run, peers off ``run.worker_allowlist``) first goes through the intake (``roles/intake.py``): per
+peer rates, byte budget and queue, the version window, the new-identity rate. What it refuses gets no
+verdict; the reason is recorded against the sender and ``future`` counts as a strike (``flood``/``busy``, an
+over-budget or over-full intake, do not: see :mod:`intake`). Taken
+notices are worked on as jobs, one per peer at a time, round-robin across peers, at most
+``validator.max_jobs`` at once for workers with accepted work and as many for the rest (so fresh keys
+that tarpit cannot take the slots honest workers need); the tensor work of at most
+``validator.max_verifications`` batches runs at once, in threads. A job:
+
+1. staleness: a batch more than ``run.async_level`` versions behind the newest announced one is ``stale``
+   (not held against the worker); one of a version this validator does not hold yet stays parked at the
+   head of its sender's queue (others go on) for up to ``validator.policy_wait_s``;
+2. the blob is fetched from the notice's signer under a deadline scaled to the announced size; a blob it
+   cannot serve in time is ``unavailable`` and counts as a strike (the signer claimed to hold it);
+3. the same bytes from the same worker again (another blob name, same content) are not re-verified: the
+   earlier outcome is reused (``duplicate`` if they were accepted);
+4. strict decoding; every record the signer's, of this run and version, in whole groups, with the seeds
+   and rollout IDs the run derives (``proofs/sampling.batch_seeds``); a rollout already counted (the same
+   run, version, worker, problem and sample index, or rollout ID: ``roles/admission.py``) makes the
+   batch a ``duplicate``, before any tensor work;
+5. :class:`~intellect_node.inference.verifier.Verifier` with the run's expectations. ``rl.verify_fraction``
+   < 1 runs the tensor checks on a random subset of groups, except for a worker's first
+   ``rl.verify_first_batches`` accepted batches, which are checked in full (a fresh key earns sampling);
+6. the verdict is published. A refusal for what the batch holds counts against the worker, and at
+   ``rl.ban_after`` of them it is banned (connections closed, later gossip dropped) and the verdict says
+   so, so the trainer and the other nodes ban it too; ``validator.strikes_ban_after`` strikes ban it too.
+
+The same notice again (same worker, same blob) is ignored and not charged: anyone can replay a signed
+gossip message once the gossip layer's seen-cache has forgotten it.
+
+The validator keeps an engine for each of the last ``async_level + 1`` policy versions so it can check
+rollouts from any version the trainer would still accept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import random
+import time
+from collections import OrderedDict, deque
+from pathlib import Path
+from typing import Any, Coroutine
+
+import msgspec
+
+from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError
+from intellect_node.inference.torch_engine import TorchEngine
+from intellect_node.inference.verifier import Expectations, Verdict, Verifier, seed_violation
+from intellect_node.roles.admission import BoundedMap, SeenRollouts, describe_key, rollout_keys
+from intellect_node.roles.common import HintedFetcher, follow_trainer_policy, require_trainer, base_model, blob_service, \
+    group_slices, loaded_from_checkpoint, model_dir, run_task
+from intellect_node.roles.intake import Intake, Limits, Pending
+from intellect_node.proofs.thresholds import load_thresholds
+from intellect_node.trainer.filtering import FilteredTask
+from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, announcement_validator
+from intellect_node.protocol.rl import MAX_DETAIL_LEN, NOTICE_KIND, VERDICT_KIND, BatchVerdict, \
+    RolloutNotice, notice_validator, seal_verdict
+from intellect_node.protocol.rollout import MAX_BATCH_SIZE, decode_batch
+from intellect_node.protocol.topics import topic
+
+log = logging.getLogger(__name__)
+
+NOT_HELD = frozenset({"stale", "policy_version"})
+"""Verdict reasons that are not the worker's fault (the swarm moved on; this validator lacks the policy)."""
+STRIKES = frozenset({"unavailable", "future"})
+"""Refusals of notices the sender could not back: counted toward ``validator.strikes_ban_after``."""
+HEARD_RECENTLY_S = 10.0
+"""The trainer counts as in earshot this long after its last announcement (it repeats one every 2 s)."""
+LATENCY_KEPT = 32
+"""Recent verdict latencies kept per worker (``latency_s`` in the status), for the 64 latest workers."""
+
+
+class Validator:
+    name = "validator"
+
+    def __init__(self, runtime: Any) -> None:
+        cfg = runtime.config
+        require_trainer(cfg, "validator")
+        self.rt = runtime
+        self.cfg = cfg
+        self.rl = cfg.rl
+        self.vcfg = cfg.validator
+        self.run_id = cfg.run.run_id
+        self.async_level = cfg.run.async_level
+        self.allowed = frozenset(cfg.run.worker_allowlist)
+        self.task = run_task(cfg)  # also registers a JSONL task so problem IDs resolve
+        self.base = base_model(cfg)
+        self.thresholds = load_thresholds(model_dir(cfg), cfg.run.dtype)
+        self.dir = Path(runtime.data_dir) / "validator"
+        self.engines: OrderedDict[int, tuple[str, TorchEngine]] = OrderedDict()
+        self.latest_announced = -1
+        self._heard_trainer = float("-inf")  # when the last announcement (new or repeated) came
+        self._latest: PolicyAnnouncement | None = None
+        self._new_policy = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._slots = asyncio.Semaphore(self.vcfg.max_verifications)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._jobs: set[asyncio.Task[None]] = set()
+        self._pools = {"proven": 0, "new": 0}  # jobs running for workers with / without accepted work
+        self.intake = Intake(Limits.from_config(self.vcfg, max_batch_bytes=MAX_BATCH_SIZE), exempt=self.allowed)
+        self.seen = SeenRollouts()
+        self.outcomes: BoundedMap[tuple[str, str], tuple[bool, str, str, str]] = BoundedMap(8192)
+        """(worker, sha256 of the batch) -> (accepted, reason, detail, first CID): resubmissions reuse it."""
+        self.notices = SeenRollouts()  # "worker\0CID" of notices taken in, per version (replays are ignored)
+        self.trust: BoundedMap[str, int] = BoundedMap(65536)  # worker -> accepted batches
+        self.latency: BoundedMap[str, deque[float]] = BoundedMap(64)
+        self.rejections: dict[str, int] = {}
+        self.reasons: dict[str, list[str]] = {}
+        self.strikes: BoundedMap[str, int] = BoundedMap(65536)  # refusals come before the newcomer limit
+        self.counts = {"accepted": 0, "rejected": 0, "stale": 0, "unchecked": 0, "banned": 0, "duplicate": 0,
+                       "reused": 0, "replayed": 0, "unavailable": 0, "not_allowed": 0, "verified": 0,
+                       "verified_full": 0}
+        self.verify_s = 0.0
+        self.rng = random.Random()
+
+    @classmethod
+    def for_runtime(cls, runtime: Any) -> "Validator":
+        return cls(runtime)
+
+    async def start(self) -> None:
+        self.blobs = blob_service(self.rt)
+        self.fetcher = HintedFetcher(self.blobs, self.rt.swarm)
+        self.follower = follow_trainer_policy(self.rt, self.fetcher, self.dir / "policy")
+        if self.follower.checkpoint is not None and self.follower.version is not None:
+            await self._add_engine(self.follower.version, self.follower.checkpoint)
+        sw = self.rt.swarm
+        sw.subscribe(topic(self.run_id, POLICY_KIND),
+                     announcement_validator(self.run_id, self.cfg.run.trainer_peer_id), self._on_announcement)
+        sw.subscribe(topic(self.run_id, NOTICE_KIND), self._notice_validator(), self._on_notice)
+        self._tasks = [self.rt.spawn("validator-policy", self._sync_loop),
+                       self.rt.spawn("validator-loop", self._dispatch_loop)]
+
+    async def close(self) -> None:
+        tasks = self._tasks + list(self._jobs)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if hasattr(self, "fetcher"):
+            self.fetcher.close()
+
+    def status(self) -> dict[str, Any]:
+        return {"versions_held": list(self.engines), "queue": self.intake.queued(), **self.counts,
+                "verify_s": round(self.verify_s, 3), "jobs": dict(self._pools), "intake": self.intake.status(),
+                "rejections_by_worker": dict(self.rejections),
+                "reasons_by_worker": {w: list(r) for w, r in self.reasons.items()},
+                "strikes_by_worker": dict(self.strikes.items()),
+                "latency_s": {w: list(d) for w, d in self.latency.items()}}
+
+    def _notice_validator(self) -> Any:
+        """The protocol's notice check plus a count of the closed run's refusals (trio thread)."""
+        check = notice_validator(self.run_id, allowed=self.allowed or None)
+
+        def validate(data: bytes, origin: str) -> tuple[RolloutNotice, str]:
+            try:
+                return check(data, origin)
+            except ProtocolError as exc:
+                if str(exc).startswith("not_allowed"):
+                    self.counts["not_allowed"] += 1
+                raise
+
+        return validate
+
+    # -- policy ----------------------------------------------------------------------------------
+
+    def _on_announcement(self, ann: PolicyAnnouncement, origin: str) -> None:
+        self._heard_trainer = time.monotonic()
+        if ann.version > self.latest_announced:
+            self.latest_announced = ann.version
+            self._latest = ann
+            self._new_policy.set()
+            self._forget_stale()
+            self._wake.set()
+
+    def _forget_stale(self) -> None:
+        """Rollouts and notices of versions now stale are refused as such before they are looked up."""
+        floor = self.latest_announced - self.async_level
+        self.seen.forget_below(floor)
+        self.notices.forget_below(floor)
+
+    async def _sync_loop(self) -> None:
+        while True:
+            await self._new_policy.wait()
+            self._new_policy.clear()
+            ann = self._latest
+            if ann is None or ann.version in self.engines:
+                continue
+            try:
+                res = await self.follower.obtain(ann)
+            except IntellectNodeError as exc:
+                log.warning("could not obtain policy v%d: %s", ann.version, exc)
+                await asyncio.sleep(0.5)
+                self._new_policy.set()
+                continue
+            await self._add_engine(res.version, res.checkpoint)
+
+    async def _add_engine(self, version: int, ckpt: Any) -> None:
+        loaded = await asyncio.to_thread(loaded_from_checkpoint, self.base, ckpt)
+        engine = await asyncio.to_thread(TorchEngine, loaded)
+        self.engines[version] = (ckpt.content_hash, engine)
+        while len(self.engines) > self.async_level + 1:
+            self.engines.popitem(last=False)
+        self.latest_announced = max(self.latest_announced, version)
+        self._forget_stale()
+        self._wake.set()
+
+    def _decidable(self, version: int) -> bool:
+        """A notice of ``version`` can be judged now: its policy is held, or it never will be (older than
+        the newest held, or stale)."""
+        return version in self.engines or version < max(self.engines, default=-1) \
+            or version < self.latest_announced - self.async_level
+
+    # -- intake and dispatch ---------------------------------------------------------------------
+
+    def _on_notice(self, msg: tuple[RolloutNotice, str], origin: str) -> None:
+        notice, worker = msg
+        if self.rt.swarm.is_banned(worker):
+            return
+        taken = [f"{worker}\0{notice.batch_cid}"]
+        if self.notices.first_seen(notice.policy_version, taken) is not None:
+            self.counts["replayed"] += 1
+            return
+        refusal = self.intake.offer(worker, notice, time.monotonic(), self.latest_announced)
+        if refusal is not None:
+            self.rt.swarm.peerbook.record_rejection(
+                worker, f"notice {notice.batch_cid}: {refusal.reason}: {refusal.detail}", counts=refusal.strike)
+            if refusal.strike:
+                self._strike(worker, refusal.reason)
+            return
+        self.notices.add(notice.policy_version, taken)
+        self._wake.set()
+
+    def _strike(self, worker: str, reason: str) -> bool:
+        """Count a strike; True (and the ban under way) when it reaches ``strikes_ban_after``."""
+        n = (self.strikes.get(worker) or 0) + 1
+        self.strikes.put(worker, n)
+        if n < self.vcfg.strikes_ban_after or self.rt.swarm.is_banned(worker):
+            return False
+        self.rt.swarm.peerbook.ban(worker, f"{n} strikes, last: {reason}")  # at once: drop what follows
+        self._spawn(self._ban(worker, f"{n} strikes, last: {reason}"), f"banning {worker}")
+        return True
+
+    async def _ban(self, worker: str, why: str) -> None:
+        self.counts["banned"] += 1
+        self.intake.forget(worker)
+        await self.rt.swarm.ban(worker, why)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+        """Run one peer's job (or a ban) beside the others; its failure is logged, never spreads."""
+        async def guarded() -> None:
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the edge of one peer's job: a bug on one batch must not stop the others
+                log.exception("%s failed", what)
+
+        task = asyncio.create_task(guarded())
+        self._jobs.add(task)
+        task.add_done_callback(self._jobs.discard)
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            self._wake.clear()
+            now = time.monotonic()
+            for p in self.intake.take(now, self._decidable, self._grant):
+                self._spawn(self._job(p, self._pool(p.worker)),
+                            f"checking batch {p.notice.batch_cid} from {p.worker}")
+            for p in self.intake.expired(now):
+                self._spawn(self._expire(p), f"expiring batch {p.notice.batch_cid} from {p.worker}")
+            delay = self.intake.next_event(now)
+            try:
+                await asyncio.wait_for(self._wake.wait(), 5.0 if delay is None else max(delay, 0.01))
+            except asyncio.TimeoutError:
+                pass
+
+    def _pool(self, worker: str) -> str:
+        return "proven" if self.trust.get(worker) else "new"
+
+    def _grant(self, worker: str) -> bool:
+        pool = self._pool(worker)
+        if self._pools[pool] >= self.vcfg.max_jobs:
+            return False
+        self._pools[pool] += 1
+        return True
+
+    async def _job(self, p: Pending, pool: str) -> None:
+        try:
+            verdict = await self.check(p.notice, p.worker)
+            await self.publish(verdict, p.worker, arrived=p.arrived)
+        finally:
+            self._pools[pool] -= 1
+            self.intake.done(p.worker)
+            self._wake.set()
+
+    async def _expire(self, p: Pending) -> None:
+        """A parked notice whose version did not arrive in time. A version the trainer has not announced
+        while we hear it (it repeats its newest every 2 s) was a lie: a strike. One announced but not
+        obtained here, or any while the trainer is out of earshot, is not the worker's fault."""
+        v = p.notice.policy_version
+        lie = v > self.latest_announced >= 0 and time.monotonic() - self._heard_trainer < HEARD_RECENTLY_S
+        verdict = self._verdict(p.notice, p.worker, 0, p.notice.n_rollouts, "policy_version",
+                                f"no policy v{v} after {self.vcfg.policy_wait_s:.0f} s (newest announced "
+                                f"v{self.latest_announced})")
+        await self.publish(verdict, p.worker, arrived=p.arrived, strike="future" if lie else None)
+
+    # -- verification ----------------------------------------------------------------------------
+
+    def _verdict(self, notice: RolloutNotice, worker: str, n_ok: int, n_bad: int, reason: str = "",
+                 detail: str = "") -> BatchVerdict:
+        return BatchVerdict(run_id=self.run_id, batch_cid=notice.batch_cid, worker=worker,
+                            policy_version=notice.policy_version, accepted=n_bad == 0 and n_ok > 0,
+                            n_accepted=n_ok, n_rejected=n_bad, reason=reason[:64], detail=detail[:MAX_DETAIL_LEN])
+
+    def fetch_deadline(self, size: int) -> float:
+        return self.vcfg.fetch_timeout_s + size / self.vcfg.fetch_bytes_per_s
+
+    async def check(self, notice: RolloutNotice, worker: str) -> BatchVerdict:
+        n, v = notice.n_rollouts, notice.policy_version
+        if v < self.latest_announced - self.async_level:
+            return self._verdict(notice, worker, 0, n, "stale", f"version {v}, newest "
+                                 f"{self.latest_announced}, async_level {self.async_level}")
+        held = self.engines.get(v)
+        if held is None:
+            return self._verdict(notice, worker, 0, n, "stale" if v < self.latest_announced else "policy_version",
+                                 f"no policy v{v} to check against")
+        deadline = self.fetch_deadline(notice.batch_bytes)
+        try:
+            data = await self.fetcher.fetch(notice.batch_cid, holders=[worker], max_size=MAX_BATCH_SIZE,
+                                            size=notice.batch_bytes, timeout=deadline)
+        except IntegrityError as exc:  # not the size it announced
+            return self._verdict(notice, worker, 0, n, "malformed", str(exc))
+        except (IntellectNodeError, asyncio.TimeoutError) as exc:
+            return self._verdict(notice, worker, 0, n, "unavailable",
+                                 f"not served within {deadline:.0f} s: {exc or 'timed out'}")
+        digest = hashlib.sha256(data).hexdigest()
+        prior = self.outcomes.get((worker, digest))
+        if prior is not None:  # the same bytes again: no second verification
+            self.counts["reused"] += 1
+            accepted, reason, detail, first = prior
+            if accepted or reason == "duplicate":
+                return self._verdict(notice, worker, 0, n, "duplicate", f"the same batch as {first}")
+            return self._verdict(notice, worker, 0, n, reason, f"the same batch as {first}: {detail}")
+        async with self._slots:
+            verdict = await self._check_content(notice, worker, data, held)
+        self.outcomes.put((worker, digest), (verdict.accepted, verdict.reason, verdict.detail, notice.batch_cid))
+        return verdict
+
+    async def _check_content(self, notice: RolloutNotice, worker: str, data: bytes,
+                             held: tuple[str, TorchEngine]) -> BatchVerdict:
+        n, v = notice.n_rollouts, notice.policy_version
+        try:
+            batch = await asyncio.to_thread(decode_batch, data)
+        except ProtocolError as exc:
+            return self._verdict(notice, worker, 0, n, "malformed", str(exc))
+        recs = batch.rollouts
+        if batch.run_id != self.run_id or batch.policy_version != v or len(recs) != n:
+            return self._verdict(notice, worker, 0, n, "malformed", "batch does not match its notice")
+        if any(r.worker != worker for r in recs):
+            return self._verdict(notice, worker, 0, n, "bad_signature", "records of another worker")
+        groups = group_slices(recs, self.rl.group_size)
+        if isinstance(groups, str):
+            return self._verdict(notice, worker, 0, n, "groups", groups)
+        if isinstance(self.task, FilteredTask):
+            outside = next((r.problem_id for r in recs if r.problem_id not in self.task), None)
+            if outside is not None:
+                return self._verdict(notice, worker, 0, n, "unknown_task",
+                                     f"{outside} is not among the run's offline-filtered problems")
+        bad_seed = seed_violation(recs, self.run_id, v, worker)
+        if bad_seed:
+            return self._verdict(notice, worker, 0, n, "seed", bad_seed)
+        keys = rollout_keys(recs)
+        dup = self.seen.first_seen(v, keys)
+        if dup is not None:
+            return self._verdict(notice, worker, 0, n, "duplicate", f"{describe_key(dup)} at v{v} was already "
+                                                                    "counted")
+        self.seen.add(v, keys)  # reserved now; released below unless accepted
+        accepted = False
+        try:
+            ckpt_hash, engine = held
+            expect = Expectations(run_id=self.run_id, policy_version=v, checkpoint_cid=ckpt_hash,
+                                  temperature=self.rl.temperature, top_p=1.0,
+                                  max_new_tokens=self.rl.max_new_tokens)
+            verifier = Verifier(engine, self.thresholds, expect)
+            full = list(range(len(recs)))
+            proven = self.trust.get(worker) or 0
+            everything = self.rl.verify_fraction >= 1.0 or proven < self.rl.verify_first_batches
+            if not everything:
+                k = max(1, round(len(groups) * self.rl.verify_fraction))
+                full = sorted(i for g in self.rng.sample(groups, k) for i in range(g.start, g.stop))
+            t0 = time.monotonic()
+            verdicts = await asyncio.to_thread(self._verify, verifier, recs, set(full))
+            self.verify_s += time.monotonic() - t0
+            self.counts["verified"] += 1
+            self.counts["verified_full"] += everything
+            bad = [r for r in verdicts if not r.accepted]
+            for r in verdicts:
+                self.rt.board.proof_checked(r.accepted, reason=r.reason or "")
+            if bad:
+                return self._verdict(notice, worker, n - len(bad), len(bad), bad[0].reason or "rejected",
+                                     bad[0].detail)
+            accepted = True
+            self.trust.put(worker, (self.trust.get(worker) or 0) + 1)
+            return self._verdict(notice, worker, n, 0)
+        finally:
+            if not accepted:
+                self.seen.discard(v, keys)
+
+    @staticmethod
+    def _verify(verifier: Verifier, recs: list[Any], full: set[int]) -> list[Verdict]:
+        if len(full) == len(recs):
+            return verifier.verify(recs)
+        # Cheap checks (signature, sanity, reward) on all; tensor checks on the sampled groups only.
+        out = verifier.verify([recs[i] for i in sorted(full)])
+        for i, r in enumerate(recs):
+            if i not in full:
+                v = verifier._cheap(r)
+                out.append(v if v is not None else Verdict(r.rollout_id, r.worker, True))
+        return out
+
+    async def publish(self, verdict: BatchVerdict, worker: str, *, arrived: float | None = None,
+                      strike: str | None = None) -> None:
+        """Count, charge and gossip ``verdict``. ``strike``: count it as that strike whatever its reason."""
+        reason = verdict.reason
+        if verdict.accepted:
+            self.counts["accepted"] += 1
+        elif strike is None and reason in NOT_HELD:
+            self.counts["stale" if reason == "stale" else "unchecked"] += 1
+        else:
+            self.rt.swarm.peerbook.record_rejection(worker, f"batch {verdict.batch_cid}: {reason}")
+            if strike is not None or reason in STRIKES:
+                self.counts["unavailable"] += reason == "unavailable"
+                banned = self._strike(worker, strike or reason)
+            else:
+                self.counts["rejected"] += 1
+                self.counts["duplicate"] += reason == "duplicate"
+                n = self.rejections[worker] = self.rejections.get(worker, 0) + 1
+                self.reasons.setdefault(worker, []).append(reason)
+                banned = n >= self.rl.ban_after and not self.rt.swarm.is_banned(worker)
+                if banned:
+                    await self._ban(worker, f"{n} rejected batches, last: {reason}")
+            if banned:
+                verdict = msgspec.structs.replace(verdict, ban=True)
+        if arrived is not None:
+            kept = self.latency.get(worker) or deque(maxlen=LATENCY_KEPT)
+            kept.append(round(time.monotonic() - arrived, 3))
+            self.latency.put(worker, kept)
+        self.rt.board.verdict(verdict.accepted, verdict.n_accepted + verdict.n_rejected, reason=reason,
+                              detail=verdict.detail, peer=worker)
+        log.info("batch %s from %s v%d: %s%s", verdict.batch_cid[-8:], worker[-6:], verdict.policy_version,
+                 "accepted" if verdict.accepted else f"rejected ({reason}: {verdict.detail[:80]})",
+                 " -> banned" if verdict.ban else "")
+        await self.rt.swarm.publish(topic(self.run_id, VERDICT_KIND), seal_verdict(self.rt.swarm.key, verdict))

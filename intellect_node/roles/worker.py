@@ -1,0 +1,263 @@
+"""Worker role: follow the trainer's policy, generate rollouts with proofs, publish them.
+
+Loop: wait until a policy is held -> sample ``problems_per_batch`` problems of the run's task, each
+``group_size`` times -> generate with the engine (seeded sampler, TOPLOC proofs, rewards from the task,
+every record signed) -> record the batch in the ledger -> put the encoded
+:class:`~intellect_node.protocol.rollout.RolloutBatch` in the blob store -> gossip a signed
+:class:`~intellect_node.protocol.rl.RolloutNotice`. Policy announcements are accepted only from the run's
+configured trainer (checked in the gossip validator); a new version is fetched through the swarm
+(delta or full, hash-checked, ``roles/policy.py``) while generation continues on the old one.
+
+A worker submits at most ``rl.batches_per_version`` batches per policy version, then waits for the next
+announcement: older work would only be refused as stale once the trainer moves on.
+
+A problem is submitted at most once per policy version: its sampling seeds derive from (run, version,
+worker, problem, sample index), so a second batch of it would repeat the same rollouts, which validators
+and the trainer refuse as ``duplicate`` and count against the worker. The problems used at the current
+version are kept in ``worker/used.json`` (written before generating) so a restarted worker does not
+repeat them either. In a closed run (``run.worker_allowlist``) a worker not on the list refuses to start.
+
+The record-building step is :meth:`Worker.make_records`; tests subclass it to play a cheating worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from intellect_node.errors import IntellectNodeError
+from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
+from intellect_node.inference.base import SamplingConfig
+from intellect_node.inference.rollouts import generate_rollouts
+from intellect_node.inference.torch_engine import TorchEngine
+from intellect_node.roles.common import HintedFetcher, follow_trainer_policy, require_allowed, require_trainer, \
+    base_model, blob_service, ledger_of, loaded_from_checkpoint, run_task
+from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, announcement_validator
+from intellect_node.protocol.rl import NOTICE_KIND, VERDICT_KIND, BatchVerdict, RolloutNotice, seal_notice, \
+    verdict_validator
+from intellect_node.protocol.rollout import RolloutBatch, RolloutRecord, encode_batch
+from intellect_node.protocol.topics import topic
+from intellect_node.trainer.tasks import Problem
+
+log = logging.getLogger(__name__)
+
+RESUBMIT_AFTER_S = 10.0
+"""A worker capped at ``batches_per_version`` submits one more batch after this long without a new policy."""
+USED_FILE = "used.json"
+SCAN_LIMIT = 1 << 16
+"""Tasks up to this size are scanned for unused problems when random draws keep missing."""
+
+
+class Worker:
+    name = "worker"
+
+    def __init__(self, runtime: Any) -> None:
+        cfg = runtime.config
+        require_trainer(cfg, "worker")
+        require_allowed(cfg, runtime.swarm.peer_id)
+        self.rt = runtime
+        self.cfg = cfg
+        self.rl = cfg.rl
+        self.run_id = cfg.run.run_id
+        self.task = run_task(cfg)
+        self.base = base_model(cfg)
+        self.tokenizer = self.base.tokenizer
+        self.sampling = SamplingConfig(temperature=self.rl.temperature, top_p=1.0,
+                                       max_new_tokens=self.rl.max_new_tokens)
+        self.rng = random.Random(self.rl.seed)
+        self.dir = Path(runtime.data_dir) / "worker"
+        self.engine: TorchEngine | None = None
+        self.version = -1
+        self.checkpoint_hash = ""
+        self._latest: PolicyAnnouncement | None = None
+        self._new_policy = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._sync_task: asyncio.Task[None] | None = None
+        self.batches = 0
+        self.verdicts: dict[str, int] = {"accepted": 0, "rejected": 0, "stale": 0}
+
+    @classmethod
+    def for_runtime(cls, runtime: Any) -> "Worker":
+        return cls(runtime)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.blobs = blob_service(self.rt)
+        self.fetcher = HintedFetcher(self.blobs, self.rt.swarm)
+        self.ledger = ledger_of(self.rt)
+        self.follower = follow_trainer_policy(self.rt, self.fetcher, self.dir / "policy")
+        if self.follower.checkpoint is not None and self.follower.version is not None:
+            await self._load(self.follower.version, self.follower.checkpoint)
+        sw = self.rt.swarm
+        sw.subscribe(topic(self.run_id, POLICY_KIND),
+                     announcement_validator(self.run_id, self.cfg.run.trainer_peer_id), self._on_announcement)
+        trusted = frozenset(self.cfg.run.validator_peer_ids) or None
+        sw.subscribe(topic(self.run_id, VERDICT_KIND), verdict_validator(self.run_id, trusted), self._on_verdict)
+        self._task = self.rt.spawn("worker-loop", self._loop)
+        self._sync_task = self.rt.spawn("worker-policy", self._sync_loop)
+
+    async def close(self) -> None:
+        for t in (self._task, self._sync_task):
+            if t is not None:
+                t.cancel()
+        for t in (self._task, self._sync_task):
+            if t is not None:
+                try:
+                    await t
+                except (asyncio.CancelledError, Exception):
+                    pass
+        if hasattr(self, "fetcher"):
+            self.fetcher.close()
+
+    def status(self) -> dict[str, Any]:
+        return {"policy_version": self.version, "batches": self.batches, **self.verdicts}
+
+    # -- policy ----------------------------------------------------------------------------------
+
+    def _on_announcement(self, ann: PolicyAnnouncement, origin: str) -> None:
+        if self._latest is None or ann.version > self._latest.version:
+            self._latest = ann
+            self._new_policy.set()
+
+    async def _sync_loop(self) -> None:
+        """Obtain the newest announced version; one at a time, newest wins."""
+        while True:
+            await self._new_policy.wait()
+            self._new_policy.clear()
+            ann = self._latest
+            if ann is None or ann.version <= self.version:
+                continue
+            try:
+                res = await self.follower.obtain(ann)
+            except IntellectNodeError as exc:
+                log.warning("could not obtain policy v%d: %s", ann.version, exc)
+                await asyncio.sleep(0.5)
+                self._new_policy.set()  # retry (a newer announcement may have replaced it)
+                continue
+            await self._load(res.version, res.checkpoint)
+            log.info("policy v%d loaded (%s, %d bytes fetched)", res.version, res.path, res.bytes_fetched)
+
+    async def _load(self, version: int, ckpt: Any) -> None:
+        loaded = await asyncio.to_thread(loaded_from_checkpoint, self.base, ckpt)
+        self.engine = await asyncio.to_thread(TorchEngine, loaded)
+        self.version, self.checkpoint_hash = version, ckpt.content_hash
+        self.rt.board.set_policy(local=version)
+
+    # -- generation ------------------------------------------------------------------------------
+
+    def sample_problems(self, used: set[str] | None = None) -> list[Problem]:
+        """Up to ``problems_per_batch`` distinct problems not in ``used`` (submitted at this policy
+        version), each ``group_size`` times; added to ``used``. Fewer, or none, when the task has run out
+        of fresh problems for this version (a small task file): a repeat would be a duplicate."""
+        probs: list[Problem] = []
+        for _ in range(8):
+            for p in self.task.sample(self.rng, self.rl.problems_per_batch * 2):
+                if (used is None or p.problem_id not in used) and all(q.problem_id != p.problem_id for q in probs):
+                    probs.append(p)
+            if len(probs) >= self.rl.problems_per_batch:
+                break
+        if len(probs) < self.rl.problems_per_batch and used is not None and len(self.task) <= SCAN_LIMIT:
+            # Random draws keep hitting used problems in a small task: go through the rest of it.
+            have = used | {q.problem_id for q in probs}
+            order = list(range(len(self.task)))
+            self.rng.shuffle(order)
+            for i in order:
+                if len(probs) >= self.rl.problems_per_batch:
+                    break
+                p = self.task.problem(i)
+                if p.problem_id not in have:
+                    probs.append(p)
+                    have.add(p.problem_id)
+        probs = probs[:self.rl.problems_per_batch]
+        if used is not None:
+            used.update(p.problem_id for p in probs)
+        return [p for p in probs for _ in range(self.rl.group_size)]
+
+    def make_records(self, engine: TorchEngine, problems: list[Problem], version: int,
+                     checkpoint: str) -> list[RolloutRecord]:
+        """Generate and sign one batch's records (runs in a worker thread)."""
+        return generate_rollouts(engine, self.tokenizer, problems, key=self.rt.swarm.key, run_id=self.run_id,
+                                 policy_version=version, checkpoint=checkpoint, sampling=self.sampling)
+
+    def _load_used(self) -> tuple[int, set[str]]:
+        """The problems used at the version this worker last generated for (``worker/used.json``)."""
+        path = self.dir / USED_FILE
+        try:
+            doc = json.loads(path.read_text())
+            return int(doc["version"]), {str(p) for p in doc["problems"]}
+        except FileNotFoundError:
+            return -1, set()
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # our own file; at worst a repeat is refused
+            log.warning("ignoring unreadable %s: %s", path, exc)
+            return -1, set()
+
+    async def _loop(self) -> None:
+        per_version = 0
+        version_seen, used = self._load_used()  # problems submitted at version_seen
+        last_submit = 0.0
+        while True:
+            capped = self.version == version_seen and per_version >= self.rl.batches_per_version
+            # A trainer that gets no signal (every group's rewards equal) does not move on; after a
+            # while, keep feeding it rather than waiting for a version that needs our rollouts to exist.
+            if self.engine is None or (capped and time.monotonic() - last_submit < RESUBMIT_AFTER_S):
+                await asyncio.sleep(0.05)
+                continue
+            if self.version != version_seen:
+                version_seen, per_version = self.version, 0
+                used = set()
+            engine, version, ckpt_hash = self.engine, self.version, self.checkpoint_hash
+            t0 = time.monotonic()
+            problems = self.sample_problems(used)
+            if not problems:  # every problem of the task was submitted at this version: wait for the next
+                per_version, last_submit = self.rl.batches_per_version, time.monotonic()
+                continue
+            # Persisted before generating: a restart at this version must not draw these again.
+            await asyncio.to_thread(atomic_write_text, self.dir / USED_FILE,
+                                    json.dumps({"version": version, "problems": sorted(used)}))
+            records = await asyncio.to_thread(self.make_records, engine, problems, version, ckpt_hash)
+            n_tokens = sum(len(r.completion_tokens) for r in records)
+            self.rt.board.rollouts_generated(len(records), tokens=n_tokens)
+            try:
+                await self.submit(records, version, n_tokens)
+            except IntellectNodeError as exc:
+                log.warning("could not submit a batch: %s", exc)
+                await asyncio.sleep(0.5)
+                continue
+            per_version += 1
+            last_submit = time.monotonic()
+            log.debug("batch of %d rollouts at v%d in %.2fs", len(records), version, time.monotonic() - t0)
+
+    async def submit(self, records: list[RolloutRecord], version: int, n_tokens: int) -> str:
+        data = encode_batch(RolloutBatch(run_id=self.run_id, policy_version=version, rollouts=records))
+        path = self.dir / "outbox" / f"{records[0].rollout_id}.batch"
+        await asyncio.to_thread(atomic_write_bytes, path, data)
+        cid, _ = await self.blobs.put_file(path, name=f"{self.run_id}-rollouts-v{version}")
+        path.unlink(missing_ok=True)  # the blob store holds it now
+        if self.ledger is not None:
+            await asyncio.to_thread(self.ledger.record_submission, cid, run_id=self.run_id, policy_version=version,
+                                    n_rollouts=len(records), n_tokens=n_tokens, cid=cid)
+        notice = RolloutNotice(run_id=self.run_id, batch_cid=cid, policy_version=version,
+                               n_rollouts=len(records), batch_bytes=len(data))
+        await self.rt.swarm.publish(topic(self.run_id, NOTICE_KIND), seal_notice(self.rt.swarm.key, notice))
+        self.batches += 1
+        self.rt.board.rollouts_submitted(len(records))
+        return cid
+
+    async def _on_verdict(self, msg: tuple[BatchVerdict, str], origin: str) -> None:
+        verdict, validator = msg
+        if verdict.worker != self.rt.swarm.peer_id:
+            return
+        kind = "accepted" if verdict.accepted else "stale" if verdict.reason == "stale" else "rejected"
+        self.verdicts[kind] += 1
+        n = verdict.n_accepted + verdict.n_rejected
+        self.rt.board.verdict(verdict.accepted, n, reason=verdict.reason, detail=verdict.detail, peer=validator)
+        if self.ledger is not None:
+            await asyncio.to_thread(self.ledger.record_verdict, verdict.batch_cid, validator=validator,
+                                    run_id=self.run_id, n_accepted=verdict.n_accepted,
+                                    n_rejected=verdict.n_rejected, reason=verdict.reason, detail=verdict.detail)

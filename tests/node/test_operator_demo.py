@@ -1,0 +1,100 @@
+"""`intellect-node demo --headless`: a real local swarm (trainer, validator, two workers as processes)
+runs N trainer steps and writes the report; every child exits 0."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+@pytest.mark.timeout(480)  # four node processes start (torch + libp2p imports) on a shared 2-core machine
+def test_headless_demo_runs_steps_and_reports(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    root = tmp_path / "swarm"
+    r = run_cli("demo", "--headless", "--steps", "2", "--report", str(report), "--dir", str(root),
+                "--timeout", "360", timeout=420)
+    assert r.returncode == 0, r.stderr[-4000:]
+    doc = json.loads(report.read_text())
+    assert [s["step"] for s in doc["steps"]] == sorted({s["step"] for s in doc["steps"]})
+    assert len(doc["steps"]) == 2
+    for s in doc["steps"]:
+        assert 0.0 <= s["pass_rate"] <= 1.0 and isinstance(s["reward_mean"], float)
+    assert doc["rollouts"]["accepted"] > 0 and doc["rollouts"]["rejected"] >= 0
+    assert doc["stopped_because"] == "steps reached"
+    assert set(doc["exit_codes"]) == {"trainer", "validator0", "worker0", "worker1"}
+    assert all(code == 0 for code in doc["exit_codes"].values()), doc["exit_codes"]
+    # each worker's ledger recorded what it submitted, and it was flushed on SIGTERM
+    for w in ("worker0", "worker1"):
+        assert not (root / w / "ledger.sqlite-wal").exists()  # checked before a reader opens it
+        led = json.loads(run_cli("ledger", "--data-dir", str(root / w), "--json").stdout)
+        assert led["summary"]["batches_submitted"] >= 1
+
+
+def test_step_log_keeps_steps_across_polls_and_counts_validator_verdicts() -> None:
+    from intellect_node.commands.demo import StepLog, rollout_counts
+    from intellect_node.node.status import StatusBoard
+
+    trainer, validator, worker = StatusBoard(role="trainer"), StatusBoard(role="validator"), StatusBoard(role="worker")
+    log = StepLog()
+    for step in range(5):
+        trainer.train_step(step, reward_mean=step / 10, pass_rate=step / 5)
+        if step % 2:
+            log.update([trainer.snapshot()])
+    log.update([trainer.snapshot()])
+    assert [s["step"] for s in log.ordered()] == [0, 1, 2, 3, 4]
+    assert log.ordered()[3] == {"step": 3, "pass_rate": 0.6, "reward_mean": 0.3}
+    validator.verdict(True, 64)
+    validator.verdict(False, 64, reason="toploc")
+    worker.rollouts_generated(128)
+    worker.verdict(True, 64)
+    snaps = [trainer.snapshot(), validator.snapshot(), worker.snapshot()]
+    assert rollout_counts(snaps) == {"accepted": 64, "rejected": 64, "generated": 128}
+    # without validators the workers' own counts are used
+    assert rollout_counts([trainer.snapshot(), worker.snapshot()])["accepted"] == 64
+
+
+@pytest.mark.timeout(480)
+def test_ctrl_c_keeps_the_logs_and_says_where(tmp_path: Path) -> None:
+    """Ctrl-C on a demo in its default temporary dir: every node stops, the temporary dir goes, and each
+    node's log is kept (0600, in a 0700 dir under the user log dir) at the path the demo prints."""
+    import os
+    import signal
+    import subprocess
+    import stat
+
+    from tests.conftest import CLI, wait_for
+
+    tmp, state = tmp_path / "tmp", tmp_path / "state"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "XDG_STATE_HOME": str(state)}
+    with open(tmp_path / "stdout", "wb") as out, open(tmp_path / "stderr", "wb") as err:
+        # not a terminal and not --headless: the plain dashboard lines until Ctrl-C
+        demo = subprocess.Popen([CLI, "demo", "--workers", "1", "--run-id", "demo-ctrlc"], stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=err, env=env)
+        try:
+            def all_up() -> bool:
+                assert demo.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
+                dirs = list(tmp.glob("intellect-demo-*/*/control.json"))
+                return len(dirs) == 3
+            wait_for(all_up, timeout=360, interval=0.5, what="trainer, validator and worker up")
+            demo.send_signal(signal.SIGINT)
+            assert demo.wait(120) == 0, (tmp_path / "stderr").read_text()[-3000:]
+        finally:
+            if demo.poll() is None:
+                demo.kill()
+                demo.wait(10)
+    text = (tmp_path / "stderr").read_text()
+    kept = state / "intellect-node" / "log" / "demo" / "demo-ctrlc"
+    assert f"logs kept in {kept}" in text, text[-3000:]
+    assert not list(tmp.glob("intellect-demo-*")), "the temporary dir is removed"
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o700
+    names = {p.name for p in kept.iterdir()}
+    assert {"trainer.log", "validator0.log", "worker0.log", "demo.toml"} <= names, names
+    for name in names - {"demo.toml"}:
+        assert stat.S_IMODE((kept / name).stat().st_mode) == 0o600, name
+    trainer_log = (kept / "trainer.log").read_text()
+    assert '"stopping"' in trainer_log or "stopped in" in trainer_log  # the log runs to the clean stop

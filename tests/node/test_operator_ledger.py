@@ -1,0 +1,124 @@
+"""The ledger: durable before acknowledged, idempotent verdicts, summaries, and the `ledger` command."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from intellect_node.errors import ConfigError
+from intellect_node.node.ledger import Ledger
+
+
+def _fill(led: Ledger) -> None:
+    led.record_submission("b1", run_id="r1", policy_version=3, n_rollouts=16, n_tokens=512)
+    led.record_submission("b2", run_id="r1", policy_version=4, n_rollouts=16, n_tokens=500)
+    led.record_submission("b3", run_id="r2", policy_version=0, n_rollouts=8, n_tokens=100)
+    led.record_verdict("b1", validator="V1", run_id="r1", n_accepted=16, n_rejected=0)
+    led.record_verdict("b2", validator="V1", run_id="r1", n_accepted=0, n_rejected=16, reason="toploc_mismatch",
+                       detail="exp mismatches 41 > 10")
+    led.record_verdict("zz", validator="V1", run_id="r1", n_accepted=0, n_rejected=4, reason="stale_policy")
+
+
+def test_summary_pending_unknown_and_per_run(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "ledger.sqlite") as led:
+        _fill(led)
+        s = led.summary()
+        assert (s.batches_submitted, s.rollouts_submitted, s.tokens_submitted) == (3, 40, 1112)
+        assert (s.rollouts_accepted, s.rollouts_rejected, s.verdicts_received) == (16, 20, 3)
+        assert s.batches_pending == 1 and s.unknown_batch_verdicts == 1
+        assert s.rejection_reasons == {"toploc_mismatch": 16, "stale_policy": 4}
+        assert s.runs == ("r1", "r2") and s.acceptance_rate == pytest.approx(16 / 36)
+        r2 = led.summary(run_id="r2")
+        assert r2.batches_submitted == 1 and r2.batches_pending == 1 and r2.verdicts_received == 0
+        recent = led.recent(2)
+        assert [r["batch_id"] for r in recent] == ["b3", "b2"]
+        assert recent[1]["rejected"] == 16 and recent[1]["reasons"] == "toploc_mismatch"
+
+
+def test_redelivered_verdicts_and_resubmissions_count_once(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "l.sqlite") as led:
+        assert led.record_submission("b", run_id="r", policy_version=1, n_rollouts=4, n_tokens=9)
+        assert not led.record_submission("b", run_id="r", policy_version=1, n_rollouts=4, n_tokens=9)
+        assert led.record_verdict("b", validator="V", run_id="r", n_accepted=4, n_rejected=0)
+        assert not led.record_verdict("b", validator="V", run_id="r", n_accepted=0, n_rejected=4, reason="x")
+        assert led.record_verdict("b", validator="V2", run_id="r", n_accepted=4, n_rejected=0)
+        s = led.summary()
+        assert s.rollouts_accepted == 8 and s.rollouts_rejected == 0 and s.verdicts_received == 2
+
+
+def test_wal_mode_and_concurrent_writers(tmp_path: Path) -> None:
+    path = tmp_path / "l.sqlite"
+    led = Ledger(path)
+
+    def write(k: int) -> None:
+        for i in range(50):
+            led.record_submission(f"{k}-{i}", run_id="r", policy_version=i, n_rollouts=1, n_tokens=1)
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    # a reader (the CLI) sees the writes while the writer still holds the file open
+    with Ledger(path, readonly=True) as reader:
+        assert reader.summary().batches_submitted == 200
+    led.close()
+
+
+_KILLED_WRITER = """
+import os, sys
+from intellect_node.node.ledger import Ledger
+led = Ledger(sys.argv[1])
+led.record_submission("acked", run_id="r", policy_version=1, n_rollouts=2, n_tokens=3)
+led.record_verdict("acked", validator="V", run_id="r", n_accepted=2, n_rejected=0)
+print("ACK", flush=True)           # what a worker does after the record call returns
+sys.stdin.readline()               # then it is killed without any shutdown
+"""
+
+
+def test_recorded_means_on_disk_even_if_killed_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(path)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ACK"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    with Ledger(path, readonly=True) as led:
+        s = led.summary()
+    assert s.batches_submitted == 1 and s.rollouts_accepted == 2
+
+
+def test_bad_ledger_files_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no ledger"):
+        Ledger(tmp_path / "missing.sqlite", readonly=True)
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(ConfigError, match="not a readable ledger"):
+        Ledger(junk)
+
+
+def test_ledger_command_text_and_json(data_dir: Path) -> None:
+    with Ledger.in_data_dir(data_dir) as led:
+        _fill(led)
+    r = run_cli("ledger", "--data-dir", str(data_dir), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["summary"]["rollouts_accepted"] == 16 and doc["summary"]["batches_pending"] == 1
+    assert [b["batch_id"] for b in doc["recent"]] == ["b3", "b2", "b1"]
+    text = run_cli("ledger", "--data-dir", str(data_dir), "--run", "r1")
+    assert text.returncode == 0, text.stderr
+    assert "toploc_mismatch" in text.stdout and "pending" in text.stdout.lower()
+    missing = run_cli("ledger", "--data-dir", str(data_dir / "nope"))
+    assert missing.returncode == 2 and "no ledger" in missing.stderr

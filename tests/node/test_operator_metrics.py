@@ -1,0 +1,97 @@
+"""/metrics is exported from the StatusBoard: served over real HTTP and parsed back with Prometheus' parser."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from intellect_node.node.metrics import metrics_routes, status_routes
+from intellect_node.node.status import StatusBoard
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+async def _scrape(board: StatusBoard, path: str = "/metrics") -> tuple[str, str]:
+    app = web.Application()
+    app.add_routes(metrics_routes(board) + status_routes(board))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}{path}") as resp:
+                return await resp.text(), f"{resp.status} {resp.headers['Content-Type']}"
+    finally:
+        await runner.cleanup()
+
+
+def test_metrics_over_http_follow_the_board() -> None:
+    b = StatusBoard(role="validator")
+    b.set_identity("12D3KooWX", version="0.1.0")
+    b.set_peers(4, trainers=["T"], validators=["V1", "V2"])
+    b.set_policy(current=9, local=7)
+    b.rollouts_generated(10, tokens=320)
+    b.verdict(True, 6)
+    b.verdict(False, 4, reason="toploc_mismatch")
+    b.proof_checked(True)
+    b.proof_checked(False, reason="toploc_mismatch")
+    b.proof_checked(False, reason="toploc_mismatch")
+    b.shard_done("c", new_bytes=4096)
+    b.train_step(3, reward_mean=0.75, pass_rate=0.5)
+    text, ctype = asyncio.run(_scrape(b))
+    assert ctype.startswith("200 text/plain")
+    m = _samples(text)
+    assert m[("intellect_node_peers", (("role", "any"),))] == 4
+    assert m[("intellect_node_peers", (("role", "validator"),))] == 2
+    assert m[("intellect_node_policy_version", (("which", "current"),))] == 9
+    assert m[("intellect_node_policy_staleness_steps", ())] == 2
+    assert m[("intellect_node_rollouts_total", (("verdict", "accepted"),))] == 6
+    assert m[("intellect_node_rollouts_total", (("verdict", "rejected"),))] == 4
+    assert m[("intellect_node_proof_failures_total", (("reason", "toploc_mismatch"),))] == 2
+    assert m[("intellect_node_shard_bytes_downloaded_total", ())] == 4096
+    assert m[("intellect_node_tokens_generated_total", ())] == 320
+    assert m[("intellect_node_pass_rate", ())] == 0.5
+    assert m[("intellect_node_node_info", (("peer_id", "12D3KooWX"), ("role", "validator"), ("run_id", ""),
+                                           ("state", "starting"), ("version", "0.1.0")))] == 1
+    # a later scrape sees later counts (no cached registry state)
+    b.verdict(True, 1)
+    m2 = _samples(asyncio.run(_scrape(b))[0])
+    assert m2[("intellect_node_rollouts_total", (("verdict", "accepted"),))] == 7
+
+
+def test_health_metrics_and_health_endpoint() -> None:
+    from tests.support.operator import FakeClock
+
+    clock = FakeClock()
+    b = StatusBoard(role="worker", clock=clock, monotonic=clock)
+    b.set_state("running")
+    b.refreshed()
+    m = _samples(asyncio.run(_scrape(b))[0])
+    assert m[("intellect_node_healthy", ())] == 1 and m[("intellect_node_status_age_seconds", ())] == 0
+    assert m[("intellect_node_restarts_total", (("part", "libp2p"),))] == 0
+    body, status = asyncio.run(_scrape(b, "/v1/health"))
+    assert status.startswith("200") and '"healthy": true' in body
+
+    b.set_degraded("libp2p", "libp2p restarting: the libp2p thread ended")
+    b.set_restarts("libp2p", 2)
+    b.warn("the libp2p thread ended: DecodeError: Error parsing message")
+    clock.t += 9
+    m = _samples(asyncio.run(_scrape(b))[0])
+    assert m[("intellect_node_healthy", ())] == 0 and m[("intellect_node_status_age_seconds", ())] == 9
+    assert m[("intellect_node_restarts_total", (("part", "libp2p"),))] == 2
+    assert m[("intellect_node_warnings_recent", ())] == 1
+    info = next(k for k in m if k[0] == "intellect_node_node_info")
+    assert ("state", "degraded") in info[1]
+    body, status = asyncio.run(_scrape(b, "/v1/health"))
+    assert status.startswith("503") and "libp2p restarting" in body

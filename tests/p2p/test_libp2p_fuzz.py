@@ -1,0 +1,327 @@
+"""No peer input can stop a node's networking (issue #12).
+
+A real target node (runtime with DHT, gossipsub, blob HTTP and the NAT services, relay service on) and
+an honest peer on 127.0.0.1; attacker hosts with fresh identities open real streams of every protocol
+the node speaks and send malformed, truncated, oversized and seeded random input, hostile pubsub RPCs,
+raw TCP garbage at the multistream and Noise stages, and garbage yamux frames inside a valid Noise
+session. After each family the target must still serve the honest peer (gossip both ways, a fresh blob
+found through the DHT and fetched over HTTP) and the attackers' input must be on record against them.
+Inputs are seeded and bounded; nothing here waits on a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import struct
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from tests.support.fuzz import TOPIC, Attackers, assert_serves, hit, target_and_honest
+from tests.support.swarm import run
+
+SEED = 12
+
+MESHSUB = ["/meshsub/1.1.0", "/meshsub/1.2.0"]
+KAD = "/ipfs/kad/1.0.0"
+IDENTIFY, IDENTIFY_PUSH, PING = "/ipfs/id/1.0.0", "/ipfs/id/push/1.0.0", "/ipfs/ping/1.0.0"
+AUTONAT = "/libp2p/autonat/1.0.0"
+HOP, STOP = "/libp2p/circuit/relay/0.2.0/hop", "/libp2p/circuit/relay/0.2.0/stop"
+DCUTR = "/libp2p/dcutr"
+INFO, CHUNKS = "/intellect/info/1.0.0", "/intellect/blob-chunk/1.0.0"
+SPOKEN = [*MESHSUB, KAD, IDENTIFY, IDENTIFY_PUSH, PING, AUTONAT, HOP, STOP, DCUTR, INFO, CHUNKS]
+NOT_SPOKEN = ["/meshsub/1.0.0", "/floodsub/1.0.0"]
+"""Offered by other libp2p nodes; ours refuse them in negotiation (we speak meshsub 1.1 and 1.2)."""
+
+SIX_BYTES = bytes.fromhex("05ffffffffff")
+"""The issue's reproduction: varint 5, then five 0xff bytes that do not parse as a pubsub RPC."""
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def stream_cases(rng: random.Random) -> list[tuple[str, bytes]]:
+    """Malformed, truncated, oversized and random inputs for one protocol's stream."""
+    cases = [
+        ("six-bytes", SIX_BYTES),
+        ("truncated", _varint(100) + b"abc"),
+        ("huge-length", _varint(1 << 40) + b"x" * 16),
+        ("bad-varint", b"\xff" * 12),
+        ("oversized", _varint(1_300_000) + rng.randbytes(1_300_000)),
+        ("empty", b""),
+    ]
+    for i in range(4):  # random bodies behind a correct length prefix: they reach the decoders
+        body = rng.randbytes(rng.randrange(1, 3000))
+        cases.append((f"random-framed-{i}", _varint(len(body)) + body))
+    for i in range(2):
+        cases.append((f"random-{i}", rng.randbytes(rng.randrange(1, 3000))))
+    return cases
+
+
+PARSED = {*MESHSUB, KAD, IDENTIFY_PUSH, AUTONAT, HOP, STOP, CHUNKS}
+"""Protocols whose input is parsed, so malformed input is held against the sender. Identify and our
+node info only write; ping echoes any 32 bytes; DCUtR closes a stream that arrives on a direct
+connection before reading it (nothing to punch)."""
+
+
+def test_hostile_streams_leave_the_node_serving_honest_peers(tmp_path: Path) -> None:
+    rng = random.Random(SEED)
+    plan = {proto: stream_cases(rng) for proto in SPOKEN + NOT_SPOKEN}
+
+    async def main() -> None:
+        async with target_and_honest(tmp_path / "nodes") as (target, honest):
+            await assert_serves(target, honest, "before", tmp_path)
+            book = target.swarm.peerbook
+            async with Attackers(target.swarm.listen_addrs()[0]) as attackers:
+
+                def attack(proto: str, cases: list[tuple[str, bytes]]) -> Any:
+                    async def fn(host: Any, tid: Any) -> list[str]:
+                        # Two lanes: ping serves at most two streams per peer at once (it resets more).
+                        out: list[str] = [""] * len(cases)
+                        lanes = trio.Semaphore(2)
+
+                        async def one(i: int, payload: bytes) -> None:
+                            async with lanes:
+                                out[i] = await hit(host, tid, proto, payload)
+
+                        async with trio.open_nursery() as nursery:
+                            for i, (_name, payload) in enumerate(cases):
+                                nursery.start_soon(one, i, payload)
+                        return out
+
+                    return attackers.run(fn)
+
+                # One attacker identity per protocol, all at once.
+                results = await asyncio.gather(*(attack(p, c) for p, c in plan.items()))
+                await assert_serves(target, honest, "after hostile streams", tmp_path)
+            for (proto, cases), (attacker, ends) in zip(plan.items(), results):
+                count, reasons = book.rejections(attacker)
+                if proto in NOT_SPOKEN:
+                    assert set(ends) == {"refused"}, (proto, ends)
+                    continue
+                assert "refused" not in ends, (proto, ends)  # every handler got its input
+                if proto in PARSED:
+                    assert count >= 3 and all(r.startswith(proto) or r.startswith("chunk-stream")
+                                              for r in reasons), (proto, count, reasons)
+                else:
+                    assert count == 0, (proto, reasons)  # input they do not parse is not held against anyone
+            six = book.rejections(results[0][0])[1]
+            assert any("DecodeError" in r for r in six), six  # the issue's six bytes, contained and blamed
+
+    run(main(), 240)
+
+
+def hostile_rpcs(rng: random.Random) -> list[tuple[str, bytes]]:
+    """Well-framed pubsub RPCs with hostile content."""
+    from libp2p.pubsub.pb import rpc_pb2 as pb
+
+    def rpc(**kw: Any) -> bytes:
+        raw = pb.RPC(**kw).SerializeToString()
+        return _varint(len(raw)) + raw
+
+    def junk(n: int = 40) -> bytes:
+        return rng.randbytes(rng.randrange(0, n))
+
+    cases = [
+        # An undecodable key on a message of a topic we subscribe: stock push_msg raised in a service
+        # task and stopped the pubsub service.
+        ("bad-key", rpc(publish=[pb.Message(from_id=b"\x00garbage", data=b"x", seqno=b"1",
+                                             topicIDs=[TOPIC], signature=b"sig", key=b"\x00")])),
+        ("no-signature", rpc(publish=[pb.Message(from_id=junk(), data=b"y", seqno=junk(),
+                                                 topicIDs=[TOPIC])])),
+        ("many-subscriptions", rpc(subscriptions=[pb.RPC.SubOpts(subscribe=True, topicid=f"t{i}")
+                                                  for i in range(6000)])),
+        ("over-per-peer-topics", rpc(subscriptions=[pb.RPC.SubOpts(subscribe=True, topicid=f"u{i}")
+                                                    for i in range(150)])),
+        ("ihave-flood", rpc(control=pb.ControlMessage(ihave=[pb.ControlIHave(
+            topicID=TOPIC, messageIDs=[junk(60) for _ in range(5000)])]))),
+        ("iwant-flood", rpc(control=pb.ControlMessage(iwant=[pb.ControlIWant(
+            messageIDs=[junk(60) for _ in range(5000)])]))),
+        ("graft-unknown", rpc(control=pb.ControlMessage(graft=[pb.ControlGraft(topicID=f"g{i}")
+                                                               for i in range(200)]))),
+        ("prune-garbage-peers", rpc(control=pb.ControlMessage(prune=[pb.ControlPrune(
+            topicID=TOPIC, backoff=(1 << 64) - 1,
+            peers=[pb.PeerInfo(peerID=junk(), signedPeerRecord=junk(200)) for _ in range(50)])]))),
+        ("sender-record", rpc(senderRecord=junk(500), subscriptions=[pb.RPC.SubOpts(subscribe=True,
+                                                                                    topicid=TOPIC)])),
+        ("many-topic-ids", rpc(publish=[pb.Message(from_id=junk(), data=b"z", seqno=b"2",
+                                                   topicIDs=[TOPIC] + [f"x{i}" for i in range(5000)],
+                                                   signature=junk(), key=junk())])),
+    ]
+    for i in range(20):  # seeded random mixtures
+        msgs = [pb.Message(from_id=junk(), data=junk(200), seqno=junk(9), topicIDs=[TOPIC, junk(8).hex()],
+                           signature=junk(70), key=junk(40)) for _ in range(rng.randrange(0, 4))]
+        ctl = pb.ControlMessage(
+            ihave=[pb.ControlIHave(topicID=TOPIC, messageIDs=[junk() for _ in range(rng.randrange(0, 9))])],
+            prune=[pb.ControlPrune(topicID=TOPIC, backoff=rng.randrange(0, 1 << 63),
+                                   peers=[pb.PeerInfo(peerID=junk(), signedPeerRecord=junk(90))])])
+        cases.append((f"mixed-{i}", rpc(publish=msgs, control=ctl, senderRecord=junk(120))))
+    return cases
+
+
+def test_hostile_gossip_rpcs_leave_the_node_serving_honest_peers(tmp_path: Path) -> None:
+    cases = hostile_rpcs(random.Random(SEED))
+
+    async def main() -> None:
+        async with target_and_honest(tmp_path / "nodes") as (target, honest):
+            async with Attackers(target.swarm.listen_addrs()[0]) as attackers:
+                async def fn(host: Any, tid: Any) -> list[str]:
+                    # One stream per RPC, all at once: a contained failure resets only its own stream.
+                    out = [""] * len(cases)
+
+                    async def one(i: int, payload: bytes) -> None:
+                        out[i] = await hit(host, tid, MESHSUB[0], payload, timeout=1.0)
+
+                    async with trio.open_nursery() as nursery:
+                        for i, (_name, payload) in enumerate(cases):
+                            nursery.start_soon(one, i, payload)
+                    return out
+
+                attacker, ends = await attackers.run(fn)
+                await assert_serves(target, honest, "after hostile RPCs", tmp_path)
+            assert "refused" not in ends, ends
+            count, reasons = target.swarm.peerbook.rejections(attacker)
+            assert any(r.startswith("gossip:") for r in reasons), reasons  # the bad key, blamed on its sender
+
+    run(main(), 180)
+
+
+async def _raw_tcp_case(host: str, port: int, chunks: list[bytes], *, linger: float = 1.0) -> bytes:
+    """Send ``chunks`` over a plain TCP connection (reading what comes back between them), then read for
+    up to ``linger`` s and close. The target closing or resetting on us is a fine outcome."""
+    reader, writer = await asyncio.open_connection(host, port)
+    got = bytearray()
+    try:
+        for chunk in chunks:
+            writer.write(chunk)
+            await writer.drain()
+            try:
+                got += await asyncio.wait_for(reader.read(4096), 0.3)
+            except asyncio.TimeoutError:
+                pass
+        while data := await asyncio.wait_for(reader.read(4096), linger):
+            got += data
+    except (asyncio.TimeoutError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except ConnectionError:
+            pass
+    return bytes(got)
+
+
+def yamux_frame(typ: int, flags: int, stream_id: int, length: int, body: bytes = b"",
+                version: int = 0) -> bytes:
+    return struct.pack("!BBHII", version, typ, flags, stream_id, length) + body
+
+
+def test_garbage_connections_and_yamux_frames_end_only_their_connection(tmp_path: Path) -> None:
+    rng = random.Random(SEED)
+    ms = b"\x13/multistream/1.0.0\n"
+    noise = b"\x07/noise\n"
+    tcp_cases = [
+        [rng.randbytes(2000)],
+        [ms, rng.randbytes(500)],
+        [ms, b"\x03\xff\xfe\n"],                      # not UTF-8
+        [b"\xff" * 12],                                # a length prefix that never ends
+        [ms, b"\x7f" + b"a" * 20],                       # a line that never ends
+        [ms, noise, rng.randbytes(300)],                # garbage Noise handshake
+        [ms, noise, b"\x00\x20" + rng.randbytes(32)],   # a framed Noise message that is not one
+        [ms, noise, b"\xff\xff" + rng.randbytes(1000)], # a Noise frame longer than what follows
+        [ms[:7]],                                       # half a header, then gone
+    ]
+    yamux_cases = {
+        "random": rng.randbytes(3000),
+        "unknown-type": yamux_frame(9, 0, 1, 10, b"x" * 10),
+        "bad-version": yamux_frame(0, 0, 1, 4, b"abcd", version=5),
+        "oversized-data": yamux_frame(0, 0, 1, 1 << 31),
+        "window-overflow": yamux_frame(1, 0x1, 101, 0xFFFFFFFF) + yamux_frame(1, 0, 101, 0xFFFFFFFF),
+        "syn-garbage": b"".join(yamux_frame(0, 0x1, 201 + 2 * i, 16, rng.randbytes(16)) for i in range(200)),
+        "data-beyond-window": yamux_frame(1, 0x1, 301, 0) + b"".join(
+            yamux_frame(0, 0, 301, 60_000, bytes(60_000)) for _ in range(8)),
+        "ping-flood": b"".join(yamux_frame(2, 0x1, 0, i) for i in range(2000)),
+        "go-away": yamux_frame(3, 0, 0, 1),
+    }
+
+    async def main() -> None:
+        async with target_and_honest(tmp_path / "nodes") as (target, honest):
+            addr = target.swarm.listen_addrs()[0]
+            port = int(addr.split("/tcp/")[1].split("/")[0])
+            await asyncio.gather(*(_raw_tcp_case("127.0.0.1", port, c) for c in tcp_cases),
+                                 *(_raw_tcp_case("127.0.0.1", port, [rng.randbytes(300)]) for _ in range(30)))
+            await assert_serves(target, honest, "after garbage connections", tmp_path)
+            async with Attackers(addr) as attackers:
+                def inject(raw: bytes) -> Any:
+                    async def fn(host: Any, tid: Any) -> None:
+                        # Below yamux: the attacker writes through its Noise session, the target's yamux
+                        # read loop parses it.
+                        conn = host.get_network().get_connections(tid)[0]
+                        with trio.move_on_after(3):
+                            try:
+                                await conn.muxed_conn.secured_conn.write(raw)
+                            except Exception:  # the target may close on us half-way
+                                pass
+                            while tid in host.get_network().connections:
+                                await trio.sleep(0.05)
+                    return attackers.run(fn)
+
+                injected = await asyncio.gather(*(inject(raw) for raw in yamux_cases.values()))
+                await assert_serves(target, honest, "after garbage yamux frames", tmp_path)
+            assert honest.peer_id in target.swarm.connected_peers()
+            # Streams opened with garbage instead of multistream are blamed on the session's peer.
+            syn = dict(zip(yamux_cases, injected))["syn-garbage"][0]
+            count, reasons = target.swarm.peerbook.rejections(syn)
+            assert count >= 10 and all(r.startswith("multistream") for r in reasons), (count, reasons)
+
+    run(main(), 180)
+
+
+def test_a_peer_that_keeps_sending_garbage_is_banned_and_refused(tmp_path: Path) -> None:
+    from intellect_node.p2p.peerbook import AUTO_BAN_AFTER
+
+    async def main() -> None:
+        async with target_and_honest(tmp_path / "nodes") as (target, honest):
+            book = target.swarm.peerbook
+            async with Attackers(target.swarm.listen_addrs()[0]) as attackers:
+                async def fn(host: Any, tid: Any) -> tuple[int, str, bool]:
+                    me = host.get_id().to_base58()
+                    sent = 0
+                    while not book.is_banned(me) and sent < AUTO_BAN_AFTER + 20:
+                        await hit(host, tid, MESHSUB[0], SIX_BYTES, timeout=1.0)
+                        sent += 1
+                    with trio.fail_after(10):  # the ban closes its connection
+                        while tid in host.get_network().connections:
+                            await trio.sleep(0.05)
+                    try:  # and it is refused when it comes back
+                        with trio.fail_after(10):
+                            await host.connect(_info(attackers.target_addr))
+                        after = await hit(host, tid, MESHSUB[0], SIX_BYTES, timeout=1.0)
+                    except Exception as exc:  # refused already at the connection
+                        after = type(exc).__name__
+                    return sent, after, book.is_banned(me)
+
+                attacker, (sent, after, banned) = await attackers.run(fn)
+            assert banned and sent == AUTO_BAN_AFTER, (sent, banned)
+            assert after != "eof", after  # its stream was reset or refused, not served
+            assert book.rejections(attacker)[0] == AUTO_BAN_AFTER  # nothing it sent after the ban was read
+            await assert_serves(target, honest, "after a ban", tmp_path)
+
+    run(main(), 180)
+
+
+def _info(addr: str) -> Any:
+    from multiaddr import Multiaddr
+
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+
+    return info_from_p2p_addr(Multiaddr(addr))

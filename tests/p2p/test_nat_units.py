@@ -1,0 +1,285 @@
+"""NAT parts that need no namespaces: the AutoNAT verdict, the chunk-stream protocol between two real
+libp2p hosts on loopback (honest, tampered and hostile peers, the relay budget), and the NAT service in
+a real node runtime serving a blob over libp2p to a ``p2p://`` provider fetch."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from intellect_node.errors import IntegrityError, ProtocolError
+from intellect_node.p2p.nat import chunk_stream
+from intellect_node.p2p.nat.autonat import Reachability, decide, fix_text
+from intellect_node.protocol import codec, gossip
+from intellect_node.protocol.ids import cid_of
+from intellect_node.protocol.signing import SigningKey
+
+
+def test_verdict_needs_agreeing_answers_and_says_what_to_do() -> None:
+    assert decide(2, 0, 2) is Reachability.PUBLIC
+    assert decide(0, 3, 2) is Reachability.PRIVATE
+    assert decide(1, 0, 2) is Reachability.UNKNOWN  # one answer is not enough
+    assert decide(2, 2, 2) is Reachability.UNKNOWN  # a tie is no verdict
+    assert decide(3, 1, 2) is Reachability.PUBLIC
+    private = fix_text(Reachability.PRIVATE, 4001, relayed=True)
+    assert "forward TCP port 4001" in private and "a relay is used" in private
+    assert "no relay reservation yet" in fix_text(Reachability.PRIVATE, 4001, relayed=False)
+
+
+
+def test_private_node_heartbeat_with_p2p_url_is_accepted_only_for_its_signer() -> None:
+    # A node behind NAT advertises p2p://<own peer ID>; peers once rejected that heartbeat as a bad
+    # URL, so private nodes were never heard (seen in the join-in-namespaces test).
+    key, other = SigningKey(bytes(range(32))), SigningKey(bytes(range(1, 33)))
+    now = 1_800_000_000_000
+
+    def hb(url: str) -> bytes:
+        return key.seal(gossip.HEARTBEAT_DOMAIN, gossip.Heartbeat(
+            run_id="r1", seq=1, time_ms=now, http_url=url,
+            listen_addrs=[f"/ip4/1.2.3.4/tcp/1/p2p/{other.peer_id}/p2p-circuit/p2p/{key.peer_id}"]))
+
+    got, signer = gossip.open_heartbeat(hb(f"p2p://{key.peer_id}"), run_id="r1", now_ms=now)
+    assert got.http_url == f"p2p://{key.peer_id}" and signer == key.peer_id
+    for bad in (f"p2p://{other.peer_id}", "p2p://", "ftp://x"):  # another node's ID, none, other scheme
+        with pytest.raises(ProtocolError, match="bad http_url"):
+            gossip.open_heartbeat(hb(bad), run_id="r1", now_ms=now)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300))
+def test_chunk_stream_messages_decode_strictly(data: bytes) -> None:
+    for t in (chunk_stream.ChunkRequest, chunk_stream.ChunkResponse):
+        try:
+            codec.decode(data, t, max_size=chunk_stream.MAX_REQUEST)
+        except ProtocolError:
+            pass
+
+
+class _Conn:
+    def __init__(self, addr: str) -> None:
+        self.addr = addr
+
+    def get_transport_addresses(self) -> list[str]:
+        return [self.addr]
+
+
+def test_relay_budget_is_three_quarters_of_the_known_limit_and_128k_when_unknown() -> None:
+    relay = "12D3KooWLPq2K2XR348udqwMRu1Ep3HrvUJMCjUcUAbxRsxNVenp"
+    srv = chunk_stream.ChunkStreamServer(None, None, relay_limits=lambda r: 4 << 20 if r == relay else None)
+    relayed = _Conn(f"/p2p/{relay}/p2p-circuit/p2p/12D3KooWSeyV2Z8qh4kpc2MhzrYkRqxrYrNTZ9FGaw1hPGtW1MhD")
+    assert srv.budget_left(relayed) == 3 << 20
+    other = _Conn("/p2p/12D3KooWJonFBTWvYjixNLtsGgQFe3nrQfJF2uXCe6WVaMBAkRBj/p2p-circuit/p2p/x")
+    assert srv.budget_left(other) == int(chunk_stream.UNKNOWN_RELAY_LIMIT * chunk_stream.BUDGET_SHARE)
+    assert srv.budget_left(_Conn("/ip4/10.0.0.1/tcp/4001")) is None  # direct: no budget
+
+
+def _host(i: int) -> Any:
+    from libp2p import new_host
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.crypto.x25519 import create_new_key_pair as x25519
+    from libp2p.security.noise.transport import PROTOCOL_ID, Transport
+
+    kp = create_new_key_pair(hashlib.sha256(f"nat-unit-{i}-{os.getpid()}".encode()).digest())
+    return new_host(key_pair=kp, sec_opt={PROTOCOL_ID: Transport(kp, x25519().private_key)})
+
+
+def test_chunks_over_a_libp2p_stream_honest_tampered_and_hostile() -> None:
+    from multiaddr import Multiaddr
+
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+
+    good = os.urandom(300_000)
+    cid = cid_of(good)
+    store: dict[str, bytes] = {cid: good}
+    rejected: list[tuple[str, str]] = []
+
+    async def lookup(kind: str, c: str) -> bytes | None:
+        return store.get(c) if kind == "chunk" else None
+
+    async def main() -> None:
+        a, b = _host(1), _host(2)
+        listen = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
+        async with a.run(listen), b.run(listen):
+            chunk_stream.ChunkStreamServer(a, lookup, on_reject=lambda p, r: rejected.append((p, r))).register()
+            await b.connect(info_from_p2p_addr(a.get_addrs()[0]))
+            client = chunk_stream.ChunkStreamClient(b, a.get_id(), timeout=10)
+            assert await client.get_chunk(cid) == good
+            assert await client.get("chunk", cid_of(b"absent")) is None
+            # A tampered store: the bytes no longer match the CID they are served under.
+            store[cid] = good[:-1] + bytes([good[-1] ^ 1])
+            with pytest.raises(IntegrityError):
+                await client.get_chunk(cid)
+            # More than the caller allows: refused before reading the body.
+            store[cid] = good
+            with pytest.raises(ProtocolError):
+                await client.get("chunk", cid, max_size=1000)
+            # A hostile requester: an oversize frame and garbage are rejected and blamed, the server lives.
+            from intellect_node.p2p.nat.chunk_stream import PROTOCOL_ID
+
+            for junk in (b"\xff\xff\xff\xff", b"\x00\x00\x00\x05hello"):
+                s = await b.new_stream(a.get_id(), [PROTOCOL_ID])
+                await s.write(junk)
+                with trio.fail_after(10):
+                    try:
+                        await s.read(10)
+                    except Exception:  # the server resets the stream: what we want
+                        pass
+            assert await client.get_chunk(cid) == good
+
+    trio.run(main)
+    assert len(rejected) == 2 and all("chunk-stream" in r for _, r in rejected)
+
+
+def test_node_runtime_serves_a_blob_to_a_p2p_provider_fetch(tmp_path: Path) -> None:
+    """The NAT service inside real node runtimes (loopback, so AutoNAT has no verdict): a fetch from a
+    ``p2p://`` provider goes over the libp2p chunk stream and is hash-checked into the store."""
+    from tests.support.swarm import run, runtime_nodes
+
+    from intellect_node.blobs.fetch import StaticProvider
+    from intellect_node.blobs.service import BlobService
+    from intellect_node.p2p.nat.service import NatService
+
+    holder: dict[int, Any] = {}
+
+    def nat_factory(rt: Any) -> Any:
+        svc = NatService.for_runtime(rt)
+        holder[id(rt)] = svc
+        return svc
+
+    def blob_factory(rt: Any) -> Any:
+        nat = holder[id(rt)]
+        svc = BlobService.from_swarm(rt.swarm, rt.data_dir, board=rt.board, extra_sources=[nat.source])
+        nat.attach_blob_store(lambda: svc.store)
+        return svc
+
+    src = tmp_path / "blob.bin"
+    src.write_bytes(os.urandom(2 * 1024 * 1024 + 5))
+
+    async def main() -> None:
+        async with runtime_nodes(tmp_path / "nodes", 2, {0: [1]}, services=[nat_factory, blob_factory]) as rts:
+            blobs = [next(s for s in rt.services if isinstance(s, BlobService)) for rt in rts]
+            cid, _ = await blobs[0].put_file(str(src), chunk_size=1 << 20)
+            peer0 = rts[0].swarm.peer_id
+            fetcher = blobs[1]
+            # Only the p2p source can take this provider: HTTP is not offered.
+            fetcher._fetcher._find = _static([StaticProvider(peer0, f"p2p://{peer0}")])
+            await fetcher.fetch(cid, out=str(tmp_path / "out.bin"))
+            assert (tmp_path / "out.bin").read_bytes() == src.read_bytes()
+            st = rts[0].status()["nat"]
+            assert st["reachability"] == "UNKNOWN" and st["chunk_stream"]["served_bytes"] >= src.stat().st_size
+
+    run(main(), timeout=120)
+
+
+def _static(providers: list[Any]) -> Any:
+    async def find(cid: str) -> list[Any]:
+        return providers
+
+    return find
+
+
+def test_yamux_credits_the_window_per_half_window_not_per_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    # py-libp2p 0.8.1 sent a WINDOW_UPDATE after every read, even each 1-byte read of a varint prefix
+    # (3 frames per small message); under load that flood stalled a relay's busy connections (docs/nat.md).
+    from multiaddr import Multiaddr
+
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+    from libp2p.stream_muxer.yamux import yamux
+    from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
+
+    from intellect_node.p2p.compat import apply_fixes
+
+    apply_fixes()
+    frames: dict[int, int] = {}
+    write_frame = yamux.Yamux._write_frame
+
+    async def counting(self: Any, data: bytes) -> None:  # observes, then sends for real
+        frames[data[1]] = frames.get(data[1], 0) + 1
+        await write_frame(self, data)
+
+    monkeypatch.setattr(yamux.Yamux, "_write_frame", counting)
+    n_small, bulk = 500, os.urandom(3 * 1024 * 1024)
+    got: list[bytes] = []
+
+    async def main() -> None:
+        a, b = _host(3), _host(4)
+        listen = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
+        done = trio.Event()
+
+        async def handler(stream: Any) -> None:
+            for _ in range(n_small):
+                got.append(await read_varint_prefixed_bytes_limited(stream, 1 << 20))
+            buf = bytearray()
+            while len(buf) < len(bulk):  # more than the 256 KiB window: credits must keep coming
+                buf += await stream.read(1 << 16)
+            got.append(bytes(buf))
+            done.set()
+
+        async with a.run(listen), b.run(listen):
+            a.set_stream_handler("/intellect-test/window/1.0.0", handler)
+            await b.connect(info_from_p2p_addr(a.get_addrs()[0]))
+            s = await b.new_stream(a.get_id(), ["/intellect-test/window/1.0.0"])
+            before = frames.get(yamux.TYPE_WINDOW_UPDATE, 0)
+            for i in range(n_small):
+                await s.write(encode_varint_prefixed(b"m%03d" % i + b"x" * 200))
+            with trio.fail_after(60):
+                while len(got) < n_small:
+                    await trio.sleep(0.01)
+            small_updates = frames.get(yamux.TYPE_WINDOW_UPDATE, 0) - before
+            await s.write(bulk)
+            with trio.fail_after(60):
+                await done.wait()
+            assert small_updates <= 2, small_updates  # ~100 KiB read: at most one credit, not 1500
+
+    trio.run(main)
+    assert [m[:4] for m in got[:n_small]] == [b"m%03d" % i for i in range(n_small)]
+    assert got[-1] == bulk
+
+
+def test_a_node_started_before_its_bootstrap_peer_joins_once_it_is_up(tmp_path: Path) -> None:
+    # Nodes behind NAT and their bootstrap node often start together (the NAT node test starts five at
+    # once); the first dial fails, the runtime retries it (runtime.BOOTSTRAP_RETRY_S), and py-libp2p's
+    # 60 s dial negative cache must not refuse those retries (host.P2PHost.connect clears it).
+    import socket
+
+    from tests.support.swarm import run
+
+    from intellect_node.p2p import identity
+    from intellect_node.node.config import build_config
+    from intellect_node.node.runtime import NodeRuntime
+
+    with socket.socket() as s:  # a free port for the bootstrap node, known before it starts
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    boot_key = identity.init_key(tmp_path / "boot")
+    boot_addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{boot_key.peer_id}"
+
+    def cfg(listen: str, bootstrap: list[str]) -> Any:
+        return build_config(network={"listen": [listen], "bootstrap": bootstrap, "http_host": "127.0.0.1",
+                                     "heartbeat_interval": 2.0}, run={"run_id": "test"})
+
+    async def main() -> None:
+        import asyncio
+
+        late = NodeRuntime(cfg(f"/ip4/127.0.0.1/tcp/{port}", []), tmp_path / "boot")
+        early = NodeRuntime(cfg("/ip4/127.0.0.1/tcp/0", [boot_addr]), tmp_path / "early")
+        await early.start()
+        try:
+            # The dial failed, which also put the peer into py-libp2p's negative cache for 60 s.
+            assert early.swarm is not None and not early.swarm.connected_peers()
+            await late.start()
+            deadline = asyncio.get_running_loop().time() + 30
+            while boot_key.peer_id not in early.swarm.connected_peers():
+                assert asyncio.get_running_loop().time() < deadline, "the bootstrap dial was not retried"
+                await asyncio.sleep(0.1)
+        finally:
+            await asyncio.gather(early.stop(), late.stop(), return_exceptions=True)
+
+    run(main(), timeout=90)

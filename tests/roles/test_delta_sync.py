@@ -1,0 +1,218 @@
+"""Publisher and followers over real blob services on 127.0.0.1: deltas, anchors, late joiners,
+corrupted and wrong-base deltas falling back to the full checkpoint, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import msgspec
+import pytest
+import torch
+
+from intellect_node.errors import IntegrityError
+from intellect_node.fsutil import atomic_write_bytes
+from intellect_node.roles.policy import PolicyFollower, PolicyPublisher
+from intellect_node.node.status import StatusBoard
+from intellect_node.protocol import codec
+from intellect_node.protocol.policy import DeltaFile, PolicyAnnouncement, open_announcement, \
+    seal_announcement
+from intellect_node.trainer.delta import Checkpoint, encode_delta, read_delta
+from tests.support.delta import BlobPeer, mesh, policy_versions
+
+torch.set_num_threads(1)
+RUN = "delta-test"
+LIMIT = 1 << 24
+
+
+async def _peers(tmp: Path, n: int) -> list[BlobPeer]:
+    peers = [await BlobPeer(tmp / f"blobs{i}").start() for i in range(n)]
+    mesh(peers)
+    return peers
+
+
+def _follower(tmp: Path, name: str, peer: BlobPeer, trainer: str, **kw: object) -> PolicyFollower:
+    return PolicyFollower(tmp / name, peer.blobs, run_id=RUN, trainer=trainer, max_checkpoint_bytes=LIMIT,
+                          **kw)  # type: ignore[arg-type]
+
+
+def test_chain_anchors_late_joiner_and_restart(tmp_path: Path) -> None:
+    versions = policy_versions(torch.bfloat16, 7)
+
+    async def main() -> None:
+        trainer, a, b, c = peers = await _peers(tmp_path, 4)
+        try:
+            pub = PolicyPublisher(tmp_path / "pub", trainer.blobs, trainer.key, RUN, full_every=3)
+            fa = _follower(tmp_path, "a", a, trainer.key.peer_id)
+            anns: list[PolicyAnnouncement] = []
+            for v in range(6):
+                ann, raw = await pub.publish(v, versions[v].to_state_dict())
+                assert open_announcement(raw, run_id=RUN, trainer=trainer.key.peer_id) == ann
+                anns.append(ann)
+                got = await fa.obtain(ann)
+                assert bytes(got.checkpoint.to_bytes()) == bytes(versions[v].to_bytes())
+                assert got.path == ("full" if v == 0 else "delta")
+                if v:  # a delta costs a fraction of the checkpoint on the wire
+                    assert 0 < got.bytes_fetched < versions[v].nbytes / 2
+            assert [x.full_version for x in anns] == [0, 0, 0, 3, 3, 3]
+            assert [[link.version for link in x.deltas] for x in anns] == [[], [1], [1, 2], [3], [3, 4], [3, 4, 5]]
+            assert (await fa.obtain(anns[5])).path == "current"
+            assert (await fa.obtain(anns[4])).path == "stale"
+
+            # A late joiner starts from the latest full checkpoint (v3) and walks two deltas.
+            board = StatusBoard(role="worker")
+            late = await _follower(tmp_path, "b", b, trainer.key.peer_id, board=board).obtain(anns[5])
+            assert board.snapshot().policy.local == board.snapshot().policy.current == 5
+            assert late.path == "full" and late.deltas_applied == 2 and late.fallback == "no policy held"
+            assert bytes(late.checkpoint.to_bytes()) == bytes(versions[5].to_bytes())
+
+            # A worker further behind than the chain (v1, chain 3..5) also goes through v3's full copy.
+            fc = _follower(tmp_path, "c", c, trainer.key.peer_id)
+            await fc.obtain(anns[1])
+            behind = await fc.obtain(anns[5])
+            assert behind.path == "full" and "not on the announced chain" in behind.fallback
+            assert bytes(behind.checkpoint.to_bytes()) == bytes(versions[5].to_bytes())
+
+            # Both sides restart from disk and carry on with the same chain.
+            pub2 = PolicyPublisher(tmp_path / "pub", trainer.blobs, trainer.key, RUN, full_every=3)
+            assert pub2.version == 5
+            ann6, _ = await pub2.publish(6, versions[6])
+            assert ann6.full_version == 6 and [link.version for link in ann6.deltas] == [6]
+            fa2 = _follower(tmp_path, "a", a, trainer.key.peer_id)
+            assert fa2.version == 5 and fa2.checkpoint_path is not None
+            assert fa2.checkpoint_path.read_bytes() == bytes(versions[5].to_bytes())
+            got = await fa2.obtain(ann6)
+            assert got.path == "delta" and bytes(got.checkpoint.to_bytes()) == bytes(versions[6].to_bytes())
+            with pytest.raises(ValueError, match="not after"):
+                await pub2.publish(6, versions[6])
+        finally:
+            for p in peers:
+                await p.stop()
+
+    asyncio.run(main())
+
+
+def _forged_delta_announcement(trainer: BlobPeer, tmp: Path, ann: PolicyAnnouncement,
+                               delta: bytes) -> tuple[PolicyAnnouncement, bytes]:
+    """Put ``delta`` in the trainer's store and re-announce ``ann`` with it as the last link."""
+    path = tmp / "forged.delta"
+    atomic_write_bytes(path, delta)
+    cid, _ = trainer.blobs.store.add_file(path, trainer.key)
+    link = msgspec.structs.replace(ann.deltas[-1], delta_cid=cid, delta_size=len(delta))
+    forged = msgspec.structs.replace(ann, deltas=[*ann.deltas[:-1], link])
+    return forged, seal_announcement(trainer.key, forged)
+
+
+def test_corrupted_or_wrong_base_delta_falls_back_to_full(tmp_path: Path) -> None:
+    versions = policy_versions(torch.float32, 3)
+    other_base = Checkpoint.from_state_dict({k: v + 1 for k, v in versions[1].to_state_dict().items()})
+
+    async def main() -> None:
+        trainer, w = peers = await _peers(tmp_path, 2)
+        try:
+            pub = PolicyPublisher(tmp_path / "pub", trainer.blobs, trainer.key, RUN, full_every=1)
+            anns = [(await pub.publish(v, versions[v]))[0] for v in range(3)]
+            good = encode_delta(versions[1], versions[2])
+            d = codec.decode(good, DeltaFile, max_size=LIMIT)
+            t0 = d.tensors[0]
+            flipped = bytearray(t0.data)
+            flipped[len(flipped) // 2] ^= 0x10
+            corrupted = codec.encode(msgspec.structs.replace(
+                d, tensors=[msgspec.structs.replace(t0, data=bytes(flipped)), *d.tensors[1:]]))
+            # A delta made against another base, relabelled as if it started from v1.
+            wrong_base = encode_delta(other_base, versions[2])
+            assert read_delta(wrong_base, max_size=LIMIT).base_hash != versions[1].content_hash
+            for name, bad in (("corrupted", corrupted), ("wrong-base", wrong_base)):
+                rejections: list[tuple[str, str]] = []
+                fol = _follower(tmp_path, name, w, trainer.key.peer_id,
+                                on_reject=lambda peer, why: rejections.append((peer, why)))
+                assert (await fol.obtain(anns[1])).path in ("full", "delta")
+                forged, _ = _forged_delta_announcement(trainer, tmp_path, anns[2], bad)
+                got = await fol.obtain(forged)
+                assert got.path == "full" and got.fallback.startswith("delta failed"), (name, got.fallback)
+                assert bytes(got.checkpoint.to_bytes()) == bytes(versions[2].to_bytes())
+                assert rejections and rejections[0][0] == trainer.key.peer_id
+        finally:
+            for p in peers:
+                await p.stop()
+
+    asyncio.run(main())
+
+
+def test_diverged_copy_and_hopeless_chain(tmp_path: Path) -> None:
+    versions = policy_versions(torch.bfloat16, 3)
+
+    async def main() -> None:
+        trainer, w = peers = await _peers(tmp_path, 2)
+        try:
+            pub = PolicyPublisher(tmp_path / "pub", trainer.blobs, trainer.key, RUN, full_every=8)
+            anns = [(await pub.publish(v, versions[v]))[0] for v in range(3)]
+            fol = _follower(tmp_path, "w", w, trainer.key.peer_id)
+            await fol.obtain(anns[0])
+            # The worker's copy of v1 is not the trainer's (a local bug, a disk error that still parses).
+            mine = Checkpoint.from_state_dict({k: v * 2 for k, v in versions[1].to_state_dict().items()})
+            fol.version, fol.checkpoint = 1, mine
+            got = await fol.obtain(anns[2])
+            assert got.path == "full" and "differs" in got.fallback and got.deltas_applied == 2
+            assert bytes(got.checkpoint.to_bytes()) == bytes(versions[2].to_bytes())
+
+            # With the only full copy far back and the last delta corrupted, no path reaches v2: the
+            # node says so and keeps what it holds.
+            fresh = _follower(tmp_path, "fresh", w, trainer.key.peer_id)
+            await fresh.obtain(anns[1])
+            d = codec.decode(encode_delta(versions[1], versions[2]), DeltaFile, max_size=LIMIT)
+            bad = codec.encode(msgspec.structs.replace(d, target_hash=versions[0].content_hash))
+            forged, _ = _forged_delta_announcement(trainer, tmp_path, anns[2], bad)
+            with pytest.raises(IntegrityError):
+                await fresh.obtain(forged)
+            assert fresh.version == 1 and fresh.checkpoint is not None
+            assert fresh.checkpoint.content_hash == versions[1].content_hash
+
+            # A follower whose size limit is below the checkpoint refuses before downloading it.
+            small = PolicyFollower(tmp_path / "small", w.blobs, run_id=RUN, trainer=trainer.key.peer_id,
+                                   max_checkpoint_bytes=versions[0].nbytes - 1)
+            with pytest.raises(IntegrityError, match="over the limit"):
+                await small.obtain(anns[2])
+        finally:
+            for p in peers:
+                await p.stop()
+
+    asyncio.run(main())
+
+
+async def _until(pred, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not pred():
+        assert loop.time() < deadline, "timed out waiting"
+        await asyncio.sleep(0.02)
+
+
+def test_follow_retries_then_takes_the_newest_offer(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    versions = policy_versions(torch.bfloat16, 4)
+
+    async def main() -> None:
+        trainer, w = peers = await _peers(tmp_path, 2)
+        task = None
+        try:
+            pub = PolicyPublisher(tmp_path / "pub", trainer.blobs, trainer.key, RUN, full_every=8)
+            anns = [(await pub.publish(v, versions[v]))[0] for v in range(4)]
+            fol = _follower(tmp_path, "w", w, trainer.key.peer_id)
+            got: list[tuple[int, str]] = []
+            task = asyncio.create_task(fol.follow(lambda r: got.append((r.version, r.path)), retries=1,
+                                                  backoff_s=0.05))
+            # An announcement whose full checkpoint is over this node's limit: tried twice, given up.
+            fol.offer(msgspec.structs.replace(anns[1], full_size=LIMIT + 1))
+            await _until(lambda: sum("not obtained" in r.message for r in caplog.records) == 2)
+            for ann in (anns[0], anns[2], anns[3], anns[1]):  # only the newest is worth obtaining
+                fol.offer(ann)
+            await _until(lambda: fol.version == 3)
+            assert got == [(3, "full")]
+            assert bytes(fol.checkpoint.to_bytes()) == bytes(versions[3].to_bytes())  # type: ignore[union-attr]
+        finally:
+            if task is not None:
+                task.cancel()
+            for p in peers:
+                await p.stop()
+
+    asyncio.run(main())

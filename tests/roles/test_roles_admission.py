@@ -1,0 +1,131 @@
+"""Each rollout is admitted once, with real processes on loopback (issue #12, part 3).
+
+- A worker that re-submits its rollouts under other blob names (the same bytes, and the same records
+  reordered) gets them refused as ``duplicate`` by the validator, without a second verification, and is
+  banned after ``rl.ban_after`` of them; the trainer admits each batch once. Its first batch is verified
+  in full, the next on ``rl.verify_fraction``'s sample (``rl.verify_first_batches``).
+- Behind a validator that accepts everything (a faulty validator the trainer was told to trust), the
+  trainer itself refuses the copies, also after a SIGKILL and restart (its journal of admitted rollouts),
+  and refuses a worker off the run's allowlist (``not_allowed``).
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from intellect_node.roles.admission import rollout_keys
+from intellect_node.roles.common import read_blob
+from intellect_node.protocol.rollout import decode_batch
+from tests.conftest import wait_for
+from tests.support.roles import CheatProcess, hostile_process, listen_addr, make_key, start_role, write_config
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def _model() -> str:
+    from intellect_node.models.loader import embedded_model_dir
+
+    return str(embedded_model_dir())
+
+
+def test_validator_refuses_resubmitted_rollouts_once_verified_and_bans(tmp_path: Path) -> None:
+    rl = dict(group_size=4, problems_per_batch=2, groups_per_step=64, max_new_tokens=4, batches_per_version=4,
+              ban_after=3, verify_fraction=0.5, verify_first_batches=1)
+    ids = {n: make_key(tmp_path / n) for n in ("trainer", "validator", "cheat")}
+    common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=_model(), rl=rl)
+    procs: list[Any] = []
+    try:
+        trainer = start_role(tmp_path / "trainer", "trainer", procs, **common)
+        t_addr = listen_addr(trainer)
+        validator = start_role(tmp_path / "validator", "validator", procs, bootstrap=[t_addr], **common)
+        v_addr = listen_addr(validator)
+        write_config(tmp_path / "cheat", bootstrap=[t_addr, v_addr], **common)  # type: ignore[arg-type]
+        cheat = CheatProcess(tmp_path / "cheat", "replay")
+        procs.append(cheat)
+        wait_for(lambda: validator.status()["validator"]["banned"] >= 1, timeout=400, what="the replayer banned")
+        wait_for(lambda: trainer.status()["trainer"]["banned"] >= 1, timeout=60, what="the ban at the trainer")
+        vstat = validator.status()["validator"]
+        tstat = trainer.status()["trainer"]
+    finally:
+        for p in procs:
+            p.close()
+    w = ids["cheat"]
+    # batch 1 accepted; its exact copy and its reordered copy refused; batch 2 accepted; its copy refused
+    # and the third duplicate bans.
+    assert vstat["reasons_by_worker"][w] == ["duplicate"] * 3, vstat
+    assert vstat["accepted"] == 2 and vstat["duplicate"] == 3, vstat
+    assert vstat["reused"] == 2, vstat  # the exact copies: the earlier verdict, no decoding, no proofs
+    assert vstat["verified"] == vstat["accepted"], vstat  # tensor checks ran once per accepted batch only
+    assert vstat["verified_full"] == 1, vstat  # its first batch in full, then verify_fraction's sample
+    assert tstat["accepted_batches"] == 2 and tstat["rejected_batches"] == 3, tstat
+    assert tstat["duplicate_batches"] == 0, tstat  # the validator caught them first
+
+
+def _consumed_keys(trainer_dir: Path) -> list[str]:
+    """Rollout keys of every batch the trainer consumed in an optimizer step (metrics.jsonl lines with
+    ``trained``), read from its blob store. A step whose groups all had equal rewards writes a line with
+    ``trained: false`` and hands its batches to the next checkpoint, so they are listed again there."""
+    import json
+
+    from intellect_node.blobs.store import BlobStore
+
+    store = BlobStore(trainer_dir / "blobs")
+
+    class Blobs:  # what read_blob uses of a BlobService
+        pass
+
+    blobs: Any = Blobs()
+    blobs.store = store
+    keys: list[str] = []
+    for line in (trainer_dir / "trainer" / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        for cid in rec["batches"] if rec["trained"] else []:
+            batch = decode_batch(read_blob(blobs, cid))
+            keys += [f"{batch.policy_version}\0{k}" for k in rollout_keys(batch.rollouts)]
+    return keys
+
+
+def test_trainer_refuses_copies_behind_a_lying_validator_across_a_sigkill(tmp_path: Path) -> None:
+    rl = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=4, batches_per_version=1,
+              max_steps=3, ban_after=1000)
+    ids = {n: make_key(tmp_path / n) for n in ("trainer", "stamp", "cheat")}
+    common = dict(trainer=ids["trainer"], validators=[ids["stamp"]], model=_model(), rl=rl, async_level=8,
+                  worker_allowlist=[ids["cheat"]])
+    procs: list[Any] = []
+    try:
+        trainer = start_role(tmp_path / "trainer", "trainer", procs, **common)
+        t_addr = listen_addr(trainer)
+        stamp = hostile_process(tmp_path / "stamp", "stamp-outsider", procs, bootstrap=[t_addr], **common)
+        s_addr = listen_addr(stamp)
+        write_config(tmp_path / "cheat", bootstrap=[t_addr, s_addr], **common)  # type: ignore[arg-type]
+        cheat = CheatProcess(tmp_path / "cheat", "replay-first")
+        procs.append(cheat)
+
+        def before() -> dict[str, Any]:
+            st = trainer.status()["trainer"]
+            return st if st["step"] >= 1 and st["duplicate_batches"] >= 1 and st["not_allowed_batches"] >= 1 \
+                else {}
+
+        st1: Any = wait_for(before, timeout=400, what="a step, a refused copy and a refused stranger")
+        # The copy of batch 1 came after batch 1 was consumed and its inbox entry dropped: the journal
+        # is what remembers it now. Kill the trainer and check the restarted one still does.
+        trainer.signal(signal.SIGKILL)
+        trainer.wait(30)
+        trainer2 = start_role(tmp_path / "trainer", "trainer", procs, bootstrap=[s_addr], **common)
+        trainer2.wait_ready(180)
+        st2: Any = wait_for(lambda: (s := trainer2.status())["trainer"]["duplicate_batches"] >= 1 and s,
+                            timeout=300, what="a copy refused after the restart")
+        cstat = cheat.status()["worker"]
+    finally:
+        for p in procs:
+            p.close()
+    assert st1["banned"] == 0 and st2["trainer"]["banned"] == 0  # ban_after 1000: refused, not banned yet
+    book = {r["peer_id"]: r for r in st2["known_peers"]}
+    assert "duplicate" in (book[ids["cheat"]]["last_rejection"] or ""), book[ids["cheat"]]
+    assert cstat["copies"] >= 2, cstat
+    keys = _consumed_keys(tmp_path / "trainer")
+    assert keys and len(keys) == len(set(keys)), "a rollout was trained on twice"

@@ -1,0 +1,134 @@
+"""The swarm learns: trainer, validator, two honest workers and a cheating worker as real processes on
+loopback, on the embedded model.
+
+One run checks, in order:
+- the swarm learns: steps happen on accepted work only, with staleness within ``async_level``, and the
+  trainer's final policy samples correct answers clearly more often than the starting model on 512 fixed
+  held-out problems (``inference/evaluate.py``; the per-step pass rate swings too much to assert on);
+- honest work is never rejected; the cheater's batches (inflated reward, edited tokens, another model,
+  in turn) are rejected with the matching reasons and it is banned after ``ban_after`` rejections,
+  after which its notices are dropped (no further verdicts) while the run goes on;
+- the trainer, SIGKILLed mid-run and restarted, continues the same version numbering from its
+  checkpoint and never trains on a batch twice.
+
+Measured here (loaded 2-core machine): 203 s for the test, held-out pass rate 0.27 -> 0.65 in 40 steps;
+``bench/learning.py`` with the same settings went
+from a 5-step mean pass rate of 0.25 to 0.60 in 39 steps.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from intellect_node.trainer.checkpoint import latest_weights_path
+from intellect_node.inference.evaluate import pass_rate, with_weights
+from intellect_node.models.loader import load_model
+from tests.conftest import wait_for
+from tests.support.roles import CheatProcess, listen_addr, make_key, start_role, write_config
+
+pytestmark = pytest.mark.timeout(1500)
+
+RL = dict(group_size=8, problems_per_batch=4, groups_per_step=8, max_new_tokens=5, lr=2e-4,
+          batches_per_version=2, ban_after=3)
+BEFORE_KILL = 3  # trained steps before the trainer is killed
+TOTAL = 40  # trained steps in all
+RISE = 0.20  # held-out pass rate gain required (measured: 0.27 -> 0.62-0.65 in 40 steps)
+
+
+def _metrics(trainer_dir: Path) -> list[dict[str, Any]]:
+    path = trainer_dir / "trainer" / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _trained(trainer_dir: Path) -> list[dict[str, Any]]:
+    return [m for m in _metrics(trainer_dir) if m["trained"]]
+
+
+def _latest_version(trainer_dir: Path) -> int:
+    name = (trainer_dir / "trainer" / "checkpoints" / "LATEST").read_text().strip()
+    return int(name[1:])
+
+
+def test_swarm_learns_rejects_cheats_and_survives_a_trainer_sigkill(tmp_path: Path) -> None:
+    from intellect_node.models.loader import embedded_model_dir
+
+    model = str(embedded_model_dir())
+    names = ["trainer", "validator", "w1", "w2", "cheat"]
+    ids = {n: make_key(tmp_path / n) for n in names}
+    common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=model, rl=RL)
+    procs: list[Any] = []
+    try:
+        trainer = start_role(tmp_path / "trainer", "trainer", procs, **common)
+        t_addr = listen_addr(trainer)
+        validator = start_role(tmp_path / "validator", "validator", procs, bootstrap=[t_addr], **common)
+        v_addr = listen_addr(validator)
+        w1, w2 = [start_role(tmp_path / n, "worker", procs, bootstrap=[t_addr, v_addr], **common)
+                  for n in ("w1", "w2")]
+        write_config(tmp_path / "cheat", bootstrap=[t_addr, v_addr], **common)  # type: ignore[arg-type]
+        cheat = CheatProcess(tmp_path / "cheat", "mix")
+        procs.append(cheat)
+
+        wait_for(lambda: len(_trained(tmp_path / "trainer")) >= BEFORE_KILL, timeout=600,
+                 what=f"{BEFORE_KILL} trained steps")
+        trainer.signal(signal.SIGKILL)
+        trainer.wait(30)
+        v_ckpt = _latest_version(tmp_path / "trainer")
+        n_before = len(_metrics(tmp_path / "trainer"))
+
+        # Restart on the same data dir; the old address is gone, so bootstrap through the validator.
+        trainer2 = start_role(tmp_path / "trainer", "trainer", procs, bootstrap=[v_addr], **common)
+        trainer2.wait_ready(180)
+        # Same numbering, from the checkpoint (it may already have trained on the re-queued inbox).
+        assert trainer2.status()["trainer"]["version"] >= v_ckpt
+        assert f"resumed at policy v{v_ckpt} " in trainer2.log_path.read_text(errors="replace")
+
+        wait_for(lambda: len(_trained(tmp_path / "trainer")) >= TOTAL, timeout=900, what=f"{TOTAL} trained steps")
+        vstat = validator.status()["validator"]
+        w_stats = [w.status()["worker"] for w in (w1, w2)]
+        cstat = cheat.status()["worker"]
+    finally:
+        for p in procs:
+            p.close()
+
+    metrics = _metrics(tmp_path / "trainer")
+    trained = [m for m in metrics if m["trained"]]
+
+    assert all(0.0 <= m["pass_rate"] <= 1.0 and m["samples"] == 64 for m in trained)
+
+    # It learned: the final policy against the starting one, same problems, same sampler keys.
+    base = load_model(None)
+    last = latest_weights_path(tmp_path / "trainer" / "trainer" / "checkpoints")
+    assert last is not None
+    before, final = pass_rate(base), pass_rate(with_weights(base, last))
+    print(f"held-out pass rate {before:.3f} -> {final:.3f} after {len(trained)} steps")
+    assert final >= before + RISE, (before, final)
+
+    # Same version numbering across the kill, no version twice, no batch trained twice.
+    versions = [m["version"] for m in trained]
+    assert versions == sorted(set(versions)), versions
+    after = [m for m in metrics[n_before:] if m["trained"]]
+    assert after and after[0]["version"] == v_ckpt + 1
+    seen: set[str] = set()
+    for m in metrics:
+        assert not seen & set(m["batches"]), "a batch was trained twice"
+        seen |= set(m["batches"])
+    assert all(m["staleness_max"] <= 2 for m in trained)  # async_level 2
+
+    # Honest work is never rejected; the cheater is rejected for what it did and banned.
+    rejected_workers = set(vstat["rejections_by_worker"])
+    assert rejected_workers == {ids["cheat"]}, vstat
+    assert all(s["rejected"] == 0 and s["accepted"] > 0 for s in w_stats), w_stats
+    reasons = vstat["reasons_by_worker"][ids["cheat"]]
+    assert len(reasons) == RL["ban_after"] and reasons[0] == "reward", reasons
+    assert set(reasons[1:]) <= {"toploc", "logprob", "sampling"}, reasons
+    assert vstat["banned"] == 1
+    # Banned: its later batches drew no verdicts (dropped at the gossip validator), the run went on.
+    assert cstat["batches"] > RL["ban_after"] and cstat["rejected"] <= RL["ban_after"], cstat

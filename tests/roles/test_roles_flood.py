@@ -1,0 +1,94 @@
+"""A validator cannot be stalled by cheap notices (issue #12, part 4), with real processes on loopback.
+
+A trainer, a validator and an honest worker run until the validator has issued a few verdicts on the
+honest worker's batches (the unloaded baseline, measured here, on this machine, now). Then two hostile
+peers join (``tests/support/hostile.py``): one floods well-formed signed notices (8 a second, for blobs
+it tarpits, for versions far in the future and for the next version), the other sends a notice for a
+tarpitted blob every 2.5 s. The honest worker's next verdicts must come within a few seconds of the
+baseline; the attackers' unbacked notices are charged to them (``future``, ``unavailable``; the excess
+refused as ``busy``/``flood`` is recorded, not a strike) and the flooder is banned.
+
+Before the intake (one loop, one notice at a time) each tarpitted blob held every verdict up for its 60 s
+fetch timeout and each next-version notice for 30 s.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.support.roles import hostile_process, listen_addr, make_key, start_role
+
+pytestmark = pytest.mark.timeout(900)
+
+RL = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=4, batches_per_version=1)
+VALIDATOR = dict(strikes_ban_after=20)
+"""Enough for the tarpitter to last the measurement (a strike per 10 s deadline); the flooder earns 20 in
+seconds (its notices for far-future versions are strikes)."""
+SAMPLES = 6
+"""Honest verdicts measured before and during the attack."""
+SLACK_MEDIAN_S = 2.0
+SLACK_MAX_S = 4.0
+"""How much later than the baseline an honest verdict may come under attack ("a few seconds")."""
+
+
+def test_flooding_and_tarpitting_peers_barely_delay_honest_verdicts(tmp_path: Path) -> None:
+    from intellect_node.models.loader import embedded_model_dir
+
+    ids = {n: make_key(tmp_path / n) for n in ("trainer", "validator", "worker", "flood", "tarpit")}
+    common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=str(embedded_model_dir()), rl=RL,
+                  validator=VALIDATOR)
+    procs: list[Any] = []
+
+    def vstat() -> dict[str, Any]:
+        return validator.status()["validator"]
+
+    def honest() -> list[float]:
+        return list(vstat()["latency_s"].get(ids["worker"], []))
+
+    try:
+        trainer = start_role(tmp_path / "trainer", "trainer", procs, **common)
+        t_addr = listen_addr(trainer)
+        validator = start_role(tmp_path / "validator", "validator", procs, bootstrap=[t_addr], **common)
+        v_addr = listen_addr(validator)
+        start_role(tmp_path / "worker", "worker", procs, bootstrap=[t_addr, v_addr], **common)
+        # The baseline skips the first verdict (it waited for the validator's first policy).
+        wait_for(lambda: len(honest()) >= SAMPLES + 1, timeout=300, what="baseline verdicts")
+        baseline = honest()[1:SAMPLES + 1]
+
+        flood = hostile_process(tmp_path / "flood", "flood", procs, bootstrap=[t_addr, v_addr], **common)
+        tarpit = hostile_process(tmp_path / "tarpit", "tarpit", procs, bootstrap=[t_addr, v_addr], **common)
+
+        def attacked() -> bool:
+            strikes = vstat()["strikes_by_worker"]
+            return strikes.get(ids["flood"], 0) >= 1 and vstat()["unavailable"] >= 1
+        wait_for(attacked, timeout=120, what="both attacks under way (a flood refused, a tarpit timed out)")
+        n0 = len(honest())  # the status keeps a worker's 32 latest; this test stays well below
+        wait_for(lambda: len(honest()) >= n0 + SAMPLES, timeout=300, what="honest verdicts under attack")
+        st = vstat()
+        under = list(st["latency_s"][ids["worker"]])[n0:n0 + SAMPLES]
+        tarpit_stat = tarpit.status()
+        flood_stat = flood.status()
+        book = {r["peer_id"]: r for r in validator.status()["known_peers"]}
+    finally:
+        for p in procs:
+            p.close()
+
+    print(f"honest verdict latency (s): baseline {baseline}, under attack {under}")
+    print(f"attackers sent {flood_stat['attacker']['sent']} / {tarpit_stat['attacker']['sent']}; "
+          f"validator intake {st['intake']}, strikes {st['strikes_by_worker']}")
+    assert len(under) >= SAMPLES
+    assert statistics.median(under) <= statistics.median(baseline) + SLACK_MEDIAN_S, (baseline, under)
+    assert max(under) <= max(baseline) + SLACK_MAX_S, (baseline, under)
+    # The attacks were real and charged to the attackers, not to the honest worker.
+    refused = st["intake"]["refused"]
+    assert refused.get("future", 0) >= 1 and refused.get("flood", 0) + refused.get("busy", 0) >= 1, st
+    assert st["unavailable"] >= 1 and tarpit_stat["attacker"]["tarpit_requests"] >= 1
+    assert ids["worker"] not in st["strikes_by_worker"] and ids["worker"] not in st["rejections_by_worker"]
+    assert book[ids["flood"]]["banned"], book[ids["flood"]]
+    assert st["strikes_by_worker"].get(ids["tarpit"], 0) >= 1, st
+

@@ -1,0 +1,1 @@
+"""Test helpers, imported as ``tests.support.<area>`` (one way only)."""

@@ -1,0 +1,200 @@
+"""RL-role test helpers: node configs with pre-made keys, role processes, and cheating workers.
+
+Honest nodes run the real CLI (``intellect-node join --role ...``). A cheating worker runs
+``python -m tests.support.roles cheat MODE --data-dir D`` : the real node runtime and worker role with
+:meth:`Worker.make_records` overridden, so its batches go out through the same blob store, notices and
+signatures as an honest worker's. Cheating code lives here, not in the product.
+
+Modes:
+- ``reward``: claims reward 1.0 for every rollout (inflated reward);
+- ``tokens``: replaces one completion token per rollout, re-signs the record (edited tokens);
+- ``model``: generates with different weights (another model) while naming the announced policy;
+- ``mix``: the three in turn, one per batch;
+- ``replay``: honest batches, each followed by two more notices of the same rollouts under other blob
+  names: the same bytes, then the same records with the groups in reverse order (other bytes);
+- ``replay-first``: honest batches, each (from the second on) followed by the first batch's bytes under
+  a new blob name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.support.swarm import REPO, NodeProcess
+
+ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+
+def make_key(data_dir: Path) -> str:
+    from intellect_node.p2p.identity import init_key
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return init_key(data_dir).peer_id
+
+
+def write_config(data_dir: Path, *, trainer: str, validators: list[str], model: str, rl: dict[str, Any],
+                 run_id: str = "e2e", bootstrap: list[str] | None = None, async_level: int = 2,
+                 verdict_quorum: int = 1, worker_allowlist: list[str] | None = None,
+                 validator: dict[str, Any] | None = None) -> Path:
+    """``<data_dir>/config.toml`` (read by ``join`` from the data dir). ``validator``: the
+    ``[validator]`` section's settings."""
+    def val(v: Any) -> str:
+        return json.dumps(v)
+
+    lines = ["[network]", 'listen = ["/ip4/127.0.0.1/tcp/0"]', 'http_host = "127.0.0.1"',
+             "heartbeat_interval = 1.0", "peer_timeout = 10.0"]
+    if bootstrap:
+        lines.append(f"bootstrap = {val(bootstrap)}")
+    lines += ["[metrics]", "enabled = false", "[run]", f"run_id = {val(run_id)}", f"trainer_peer_id = {val(trainer)}",
+              f"validator_peer_ids = {val(validators)}", f"model = {val(model)}", f"async_level = {async_level}",
+              f"verdict_quorum = {verdict_quorum}", f"worker_allowlist = {val(worker_allowlist or [])}", "[rl]"]
+    lines += [f"{k} = {val(v)}" for k, v in rl.items()]
+    lines += ["[validator]"] + [f"{k} = {val(v)}" for k, v in (validator or {}).items()]
+    path = data_dir / "config.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def role_process(data_dir: Path, role: str) -> NodeProcess:
+    return NodeProcess(data_dir, "--role", role, env=ENV)
+
+
+def start_role(data_dir: Path, role: str, procs: list[Any], **config: Any) -> NodeProcess:
+    """Write ``data_dir``'s config (``write_config`` keywords), start the node as ``role`` and add it to
+    ``procs``, which the caller closes."""
+    write_config(data_dir, **config)
+    proc = role_process(data_dir, role)
+    procs.append(proc)
+    return proc
+
+
+def listen_addr(proc: NodeProcess, timeout: float = 180) -> str:
+    """The node's first listen address, once it is ready (what others bootstrap from)."""
+    return str(proc.wait_ready(timeout)["listen_addrs"][0])
+
+
+class CheatProcess(NodeProcess):
+    """A cheating worker as a child process (same control API as an honest node). ``module``: the test
+    module whose ``__main__`` runs it (``tests.support.hostile`` for the other hostile peers)."""
+
+    def __init__(self, data_dir: Path, mode: str, module: str = "tests.support.roles") -> None:
+        self.data_dir = data_dir
+        self.args = [mode]
+        self.log_path = data_dir.parent / f"{data_dir.name}.log"
+        self._log = open(self.log_path, "ab")
+        argv = ["cheat", mode, str(data_dir)] if module == "tests.support.roles" else [mode, str(data_dir)]
+        self.proc = subprocess.Popen([sys.executable, "-m", module, *argv],
+                                     stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **ENV},
+                                     cwd=str(REPO))
+
+
+def hostile_process(data_dir: Path, mode: str, procs: list[Any], **config: Any) -> CheatProcess:
+    """Write ``data_dir``'s config and start a ``tests.support.hostile`` peer (``flood``, ``tarpit``,
+    ``stamp``, ``stamp-outsider``) added to ``procs``."""
+    write_config(data_dir, **config)
+    proc = CheatProcess(data_dir, mode, module="tests.support.hostile")
+    procs.append(proc)
+    return proc
+
+
+def _cheat_main(mode: str, data_dir: Path) -> int:
+    import dataclasses
+
+    import msgspec
+    import torch
+
+    from intellect_node.commands.join import build_node_config, services
+    from intellect_node.logsetup import setup_logging
+    from intellect_node.inference.torch_engine import TorchEngine
+    from intellect_node.roles.worker import Worker
+    from intellect_node.node.runtime import NodeRuntime, run_node
+    from intellect_node.fsutil import atomic_write_bytes
+    from intellect_node.protocol.rl import NOTICE_KIND, RolloutNotice, seal_notice
+    from intellect_node.protocol.rollout import RolloutBatch, encode_batch, sign_rollout
+    from intellect_node.protocol.topics import topic
+
+    class Cheater(Worker):
+        copies = 0
+        first: Any = None
+
+        def status(self) -> dict[str, Any]:
+            return {**super().status(), "copies": self.copies}
+
+        async def submit(self, records: Any, version: int, n_tokens: int) -> str:
+            cid = await super().submit(records, version, n_tokens)
+            if mode == "replay":
+                g = self.rl.group_size
+                groups = [records[i:i + g] for i in range(0, len(records), g)]
+                await self._copy(records, version)
+                await self._copy([r for grp in reversed(groups) for r in grp], version)
+            elif mode == "replay-first":
+                if self.first is None:
+                    self.first = (records, version)
+                else:
+                    await self._copy(*self.first)
+            return cid
+
+        async def _copy(self, records: Any, version: int) -> None:
+            """The records again, under a blob name of their own (so another CID), with a notice."""
+            self.copies += 1
+            data = encode_batch(RolloutBatch(run_id=self.run_id, policy_version=version, rollouts=records))
+            path = self.dir / "outbox" / f"copy-{self.copies}.batch"
+            await asyncio.to_thread(atomic_write_bytes, path, data)
+            cid, _ = await self.blobs.put_file(path, name=f"copy-{self.copies}")
+            path.unlink(missing_ok=True)
+            notice = RolloutNotice(run_id=self.run_id, batch_cid=cid, policy_version=version,
+                                   n_rollouts=len(records), batch_bytes=len(data))
+            await self.rt.swarm.publish(topic(self.run_id, NOTICE_KIND), seal_notice(self.rt.swarm.key, notice))
+
+        def make_records(self, engine: TorchEngine, problems: Any, version: int, checkpoint: str) -> Any:
+            how = mode
+            if mode == "mix":  # one of each, in turn
+                self._turn = getattr(self, "_turn", -1) + 1
+                how = ("reward", "tokens", "model")[self._turn % 3]
+            if how == "model":
+                # Another model: the announced policy's weights with noise (same architecture, so the
+                # records look fine structurally and only the tensor checks can tell).
+                if not hasattr(self, "_other"):
+                    loaded = engine.loaded
+                    g = torch.Generator().manual_seed(1)
+                    state = {k: v + 0.05 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
+                             for k, v in loaded.state.items()}
+                    self._other = TorchEngine(dataclasses.replace(loaded, state=state))
+                engine = self._other
+            recs = super().make_records(engine, problems, version, checkpoint)
+            key = self.rt.swarm.key
+            if how == "reward":
+                return [sign_rollout(msgspec.structs.replace(r, reward=1.0), key) for r in recs]
+            if how == "tokens":
+                out = []
+                for r in recs:
+                    toks = list(r.completion_tokens)
+                    i = 0
+                    toks[i] = self.tokenizer.encode("9")[0] if toks[i] != self.tokenizer.encode("9")[0] \
+                        else self.tokenizer.encode("8")[0]
+                    # Claim the reward the edited text earns, so only the proof checks can tell.
+                    reward = self.task.get(r.problem_id).reward(self.tokenizer.decode(toks))
+                    out.append(sign_rollout(msgspec.structs.replace(r, completion_tokens=toks, reward=reward), key))
+                return out
+            return recs
+
+    setup_logging(level="INFO", json_lines=True, file=None)
+    cfg = build_node_config(listen=[], bootstrap=[], run_id=None, trainer_peer_id=None, http_host=None,
+                            http_port=None, http_public_url=None, control_port=None, heartbeat_interval=None,
+                            peer_timeout=None, data_dir=data_dir)
+    runtime = NodeRuntime(cfg, data_dir, roles=["worker"])
+    services(runtime)
+    runtime.add_service(Cheater.for_runtime)
+    return run_node(runtime)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "cheat":
+        sys.exit(_cheat_main(sys.argv[2], Path(sys.argv[3])))
+    sys.exit(f"usage: {sys.argv[0]} cheat reward|tokens|model|mix|replay|replay-first DATA_DIR")

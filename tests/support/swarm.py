@@ -1,0 +1,202 @@
+"""Swarm test helpers: N real libp2p nodes on 127.0.0.1 wired from an adjacency map.
+
+In-process (fast; each node has its own trio thread, all share one asyncio loop)::
+
+    async with swarm_nodes(6, line(6)) as nodes:          # list[Swarm]
+        ...
+    async with runtime_nodes(tmp_path, 6, line(6), services=[factory]) as rts:   # list[NodeRuntime]
+        ...
+
+``run(coro)`` runs a coroutine from a plain (sync) pytest test with an overall deadline.
+As processes through the real CLI: :class:`NodeProcess` (``intellect-node join``), killed by PID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+Edges = dict[int, list[int]]
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = str(Path(sys.executable).with_name("intellect-node"))
+
+
+def run(coro: Awaitable[T], timeout: float = 60.0) -> T:
+    """Run ``coro`` to completion from sync code; fail (not hang) after ``timeout`` seconds."""
+
+    async def bounded() -> T:
+        return await asyncio.wait_for(coro, timeout)
+
+    return asyncio.run(bounded())
+
+
+def line(n: int) -> Edges:
+    """0 - 1 - 2 - ... - n-1"""
+    return {i: [i + 1] for i in range(n - 1)}
+
+
+def star(n: int) -> Edges:
+    """0 in the middle, 1..n-1 around it."""
+    return {0: list(range(1, n))}
+
+
+def ring(n: int) -> Edges:
+    return {i: [(i + 1) % n] for i in range(n)}
+
+
+def _pairs(edges: Edges) -> list[tuple[int, int]]:
+    out = set()
+    for a, bs in edges.items():
+        for b in bs:
+            if a != b:
+                out.add((min(a, b), max(a, b)))
+    return sorted(out)
+
+
+async def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.05,
+                     what: str = "condition") -> object:
+    """asyncio twin of conftest.wait_for: poll until truthy, AssertionError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def wire(nodes: list[Any], edges: Edges, timeout: float = 20.0) -> None:
+    """Connect the pairs in ``edges`` (each node a Swarm) and wait until both ends see the link."""
+    pairs = _pairs(edges)
+    await asyncio.gather(*(nodes[a].connect(nodes[b].listen_addrs()[0]) for a, b in pairs))
+    await wait_until(lambda: all(nodes[b].peer_id in nodes[a].connected_peers()
+                                 and nodes[a].peer_id in nodes[b].connected_peers() for a, b in pairs),
+                     timeout, what="all links up")
+
+
+@contextlib.asynccontextmanager
+async def swarm_nodes(n: int, edges: Edges | None = None, *, run_id: str = "test",
+                      http_urls: Iterable[str] | None = None,
+                      data_dirs: Iterable[Path] | None = None) -> AsyncIterator[list[Any]]:
+    """``n`` started :class:`Swarm` s (no HTTP, no heartbeats) wired by ``edges``; closed on exit."""
+    from intellect_node.p2p.swarm import Swarm
+    from intellect_node.protocol.signing import SigningKey
+
+    urls = list(http_urls) if http_urls is not None else [f"http://127.0.0.1:{10000 + i}" for i in range(n)]
+    dirs = list(data_dirs) if data_dirs is not None else [None] * n
+    nodes: list[Any] = []
+    try:
+        nodes.extend(await asyncio.gather(*(
+            Swarm.start(SigningKey.generate(), run_id=run_id, listen=["/ip4/127.0.0.1/tcp/0"],
+                        http_url=urls[i], data_dir=dirs[i]) for i in range(n))))
+        if edges:
+            await wire(nodes, edges)
+        yield nodes
+    finally:
+        await asyncio.gather(*(s.close() for s in nodes), return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def runtime_nodes(root: Path, n: int, edges: Edges | None = None, *, run_id: str = "test",
+                        services: Iterable[Callable[[Any], Any]] = (), heartbeat_interval: float = 2.0,
+                        peer_timeout: float = 8.0, roles: list[list[str]] | None = None
+                        ) -> AsyncIterator[list[Any]]:
+    """``n`` full :class:`NodeRuntime` s (HTTP, control API, heartbeats, ``services``) in
+    ``root/node<i>``, wired by ``edges``; stopped on exit. ``rts[i].swarm`` is node i's Swarm.
+
+    All nodes share one process and one GIL: py-libp2p costs ~20 ms of CPU per gossip message per node,
+    so frequent heartbeats starve the DHT on a busy machine (seen: 30 s provides at 0.5 s heartbeats on
+    six nodes). Keep ``heartbeat_interval`` at a second or more unless the test is about heartbeats."""
+    from intellect_node.node.config import build_config
+    from intellect_node.node.runtime import NodeRuntime
+
+    cfg = build_config(network={"heartbeat_interval": heartbeat_interval, "peer_timeout": peer_timeout,
+                                "http_host": "127.0.0.1"}, run={"run_id": run_id})
+    rts = [NodeRuntime(cfg, root / f"node{i}", roles=(roles[i] if roles else []), services=list(services))
+           for i in range(n)]
+    started: list[Any] = []
+    try:
+        for rt in rts:  # sequential: each start binds ports and may spawn service tasks
+            await rt.start()
+            started.append(rt)
+        if edges:
+            await wire([rt.swarm for rt in rts], edges)
+        yield rts
+    finally:
+        await asyncio.gather(*(rt.stop() for rt in started), return_exceptions=True)
+
+
+class NodeProcess:
+    """``intellect-node join`` as a child process (the way a user runs it); stop it by PID only."""
+
+    def __init__(self, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.args = ["join", "--data-dir", str(data_dir), "--headless", *args]
+        self.log_path = data_dir.parent / f"{data_dir.name}.log"
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([CLI, *self.args], stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=full_env, cwd=str(REPO))
+
+    def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:
+        """Wait for control.json and a status answer; return the status."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"node exited with {self.proc.returncode}:\n{self.log()}")
+            if (self.data_dir / "control.json").exists():
+                try:
+                    return self.status()
+                except Exception:  # not answering yet
+                    pass
+            time.sleep(0.1)
+        raise AssertionError(f"node not ready after {timeout}s:\n{self.log()}")
+
+    def status(self) -> dict[str, Any]:
+        from intellect_node.node import control
+
+        return control.request(self.data_dir, "GET", "/v1/status", timeout=5.0)
+
+    def cli_status(self) -> dict[str, Any]:
+        out = subprocess.run([CLI, "status", "--data-dir", str(self.data_dir), "--json"], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    @property
+    def peer_id(self) -> str:
+        return self.status()["peer_id"]
+
+    def addr(self) -> str:
+        return self.status()["listen_addrs"][0]
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        return self.proc.wait(timeout)
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.signal(signal.SIGKILL)
+            self.proc.wait(10)
+        self._log.close()

@@ -1,0 +1,103 @@
+"""Checkpoints: exact round trip, and a SIGKILLed writer always leaves a complete, consistent checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from intellect_node.errors import IntegrityError
+from intellect_node.trainer.checkpoint import TrainerState, latest_dir, load_checkpoint, save_checkpoint
+from intellect_node.trainer.grpo import GRPOConfig
+from intellect_node.trainer.step import Sample, make_optimizer, train_step
+from tests.conftest import REPO, wait_for
+from tests.support.grpo import tiny_llama
+
+torch.set_num_threads(1)
+
+
+def test_round_trip_restores_weights_optimizer_version_and_consumed(tmp_path: Path) -> None:
+    m = tiny_llama(seed=3)
+    opt = make_optimizer(m, 1e-2)
+    samples = [Sample((1, 3), (4, 5), (-2.0, -2.5), float(i % 2)) for i in range(4)]
+    train_step(m, opt, samples, GRPOConfig(group_size=4, token_budget=8, max_grad_norm=1.0))
+    save_checkpoint(tmp_path, m, opt, TrainerState(version=5, consumed=frozenset({"b1", "b2"}), step=5))
+    m2 = tiny_llama(seed=4)
+    opt2 = make_optimizer(m2, 1e-2)
+    st = load_checkpoint(tmp_path, m2, opt2)
+    assert st is not None and st.version == 5 and st.consumed == {"b1", "b2"} and st.step == 5
+    for pa, pb in zip(m.parameters(), m2.parameters()):
+        assert torch.equal(pa, pb)
+    # The optimizer state came back too: the next step is identical on both.
+    train_step(m, opt, samples, GRPOConfig(group_size=4, token_budget=8, max_grad_norm=1.0))
+    train_step(m2, opt2, samples, GRPOConfig(group_size=4, token_budget=8, max_grad_norm=1.0))
+    for pa, pb in zip(m.parameters(), m2.parameters()):
+        assert torch.equal(pa, pb)
+
+
+def test_no_checkpoint_and_corrupt_latest(tmp_path: Path) -> None:
+    assert load_checkpoint(tmp_path, tiny_llama()) is None
+    (tmp_path / "LATEST").write_text("../etc\n")
+    with pytest.raises(IntegrityError):
+        load_checkpoint(tmp_path, tiny_llama())
+
+
+def test_old_checkpoints_pruned(tmp_path: Path) -> None:
+    m = tiny_llama()
+    for v in range(1, 5):
+        save_checkpoint(tmp_path, m, None, TrainerState(version=v), keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["v00000003", "v00000004"]
+    assert latest_dir(tmp_path) == tmp_path / "v00000004"
+
+
+WRITER = textwrap.dedent("""
+    import sys, torch
+    torch.set_num_threads(1)
+    from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+    from tests.support.grpo import tiny_llama
+    root = sys.argv[1]
+    m = tiny_llama(hidden=64)
+    st = load_checkpoint(root, m)
+    v = 0 if st is None else st.version
+    while v < 10_000:
+        v += 1
+        with torch.no_grad():
+            for p in m.parameters():
+                p.fill_(float(v))          # weights encode the version they belong to
+        save_checkpoint(root, m, None, TrainerState(version=v, consumed=frozenset(f"b{i}" for i in range(v)),
+                                                     step=v))
+""")
+
+
+def test_sigkill_at_any_moment_leaves_a_consistent_checkpoint(tmp_path: Path) -> None:
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    root = tmp_path / "ckpt"
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    last = 0
+    for round_ in range(4):
+        proc = subprocess.Popen([sys.executable, str(script), str(root)], env=env, cwd=REPO)
+        try:
+            wait_for(lambda: (latest_dir(root) is not None
+                              and int(latest_dir(root).name[1:]) >= last + 2), timeout=60,  # type: ignore[union-attr]
+                     what="the writer to commit two more checkpoints")
+            time.sleep(0.01 * round_)  # vary where in the write the kill lands
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        m = tiny_llama(hidden=64)
+        st = load_checkpoint(root, m)
+        assert st is not None and st.version >= last + 2
+        # Weights, version and consumed set were committed together.
+        assert all(torch.all(p == float(st.version)) for p in m.parameters())
+        assert st.consumed == {f"b{i}" for i in range(st.version)}
+        assert json.loads((latest_dir(root) / "state.json").read_text())["version"] == st.version  # type: ignore[operator]
+        last = st.version
