@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
+from tests.support.common import CLI
 from tests.support.swarm import line, run, runtime_nodes
 
 from intellect_node.blobs.service import BlobService
 
-CLI = str(Path(sys.executable).with_name("intellect-node"))
 CHUNK = 64 * 1024
 SLOW_HEARTBEATS = {"heartbeat_interval": 5.0, "peer_timeout": 20.0}
 """These tests need no fast liveness; 0.5 s heartbeats on six in-process nodes slowed DHT provide

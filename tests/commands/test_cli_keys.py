@@ -3,7 +3,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from tests.conftest import run_cli
+from tests.support.common import run_cli
 
 
 def test_keys_init_show_force(data_dir: Path) -> None:

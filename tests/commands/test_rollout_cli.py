@@ -18,7 +18,7 @@ from intellect_node.inference.torch_engine import TorchEngine
 from intellect_node.protocol.rollout import RolloutBatch, decode_batch, encode_batch
 from intellect_node.protocol.signing import SigningKey
 from intellect_node.trainer.tasks import embedded_task
-from tests.conftest import run_cli
+from tests.support.common import run_cli
 from tests.support.rollouts import random_model, resign
 
 

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from intellect_node.inference.evaluate import pass_rate, with_weights
 from intellect_node.models.loader import load_model
-from tests.conftest import CLI
+from tests.support.common import CLI
 
 
 def test_same_policy_same_number_and_weights_file_is_what_is_evaluated(tmp_path: Path) -> None:

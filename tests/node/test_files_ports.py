@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CLI, run_cli, wait_for
+from tests.support.common import CLI, run_cli
+from tests.support.wait import wait_for
 from intellect_node.errors import ConfigError
 from intellect_node.p2p.identity import ensure_data_dir, ensure_private_file, init_key
 from intellect_node.node.ledger import Ledger

@@ -21,7 +21,8 @@ from intellect_node.errors import TransportError
 from intellect_node.p2p.bridge import TrioThread
 from intellect_node.p2p.liveness import EXIT_UNHEALTHY
 from intellect_node.node.sdnotify import Notifier
-from tests.support.swarm import line, run, runtime_nodes, wait_until
+from tests.support.swarm import line, run, runtime_nodes
+from tests.support.wait import wait_until
 
 TOPIC = "/intellect/test/liveness/1"
 CID = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"

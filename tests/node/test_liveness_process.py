@@ -17,10 +17,11 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import CLI, REPO, wait_for
+from tests.support.common import CLI, REPO
+from tests.support.wait import wait_for
 from intellect_node.p2p.liveness import EXIT_UNHEALTHY
 
-LAUNCHER = str(REPO / "tests" / "support_liveness.py")
+LAUNCHER = str(REPO / "tests" / "support" / "liveness.py")
 
 
 def _free_port() -> int:

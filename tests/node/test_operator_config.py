@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.support.common import REPO, run_cli
 from intellect_node.errors import ConfigError
 from intellect_node.node.config import build_config, example_toml, field_docs, load_config
 

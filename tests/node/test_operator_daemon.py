@@ -10,7 +10,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import run_cli, wait_for
+from tests.support.common import run_cli
+from tests.support.wait import wait_for
 from intellect_node.node.status import StatusSnapshot
 from tests.support.swarm import NodeProcess
 

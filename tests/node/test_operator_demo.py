@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.support.common import run_cli
 
 
 @pytest.mark.timeout(480)  # four node processes start (torch + libp2p imports) on a shared 2-core machine
@@ -66,7 +66,8 @@ def test_ctrl_c_keeps_the_logs_and_says_where(tmp_path: Path) -> None:
     import subprocess
     import stat
 
-    from tests.conftest import CLI, wait_for
+    from tests.support.common import CLI
+    from tests.support.wait import wait_for
 
     tmp, state = tmp_path / "tmp", tmp_path / "state"
     tmp.mkdir()

@@ -8,7 +8,7 @@ import socket
 from dataclasses import asdict
 from pathlib import Path
 
-from tests.conftest import run_cli
+from tests.support.common import run_cli
 from intellect_node.commands import doctor
 
 

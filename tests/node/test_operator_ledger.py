@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.support.common import run_cli
 from intellect_node.errors import ConfigError
 from intellect_node.node.ledger import Ledger
 

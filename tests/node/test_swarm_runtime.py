@@ -12,7 +12,8 @@ import pytest
 from aiohttp import web
 
 from intellect_node.node import control
-from tests.support.swarm import line, run, runtime_nodes, wait_until
+from tests.support.swarm import line, run, runtime_nodes
+from tests.support.wait import wait_until
 
 
 class EchoService:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,9 +19,10 @@ import trio
 import trio.testing
 
 from intellect_node.p2p import compat as compat
-from tests.support.swarm import run, swarm_nodes, wait_until
+from tests.support.common import REPO
+from tests.support.swarm import run, swarm_nodes
+from tests.support.wait import wait_until
 
-REPO = Path(__file__).resolve().parents[2]
 PROTO = "/intellect-test/frames/1.0.0"
 
 

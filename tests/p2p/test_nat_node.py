@@ -24,7 +24,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.conftest import CLI, wait_for
+from tests.support.common import CLI
+from tests.support.wait import wait_for
 from intellect_node.p2p import identity
 from tests.support.netns import Topology, http_get_in, netns_unavailable_reason
 

@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.support.wait import wait_for
 from intellect_node.protocol.ids import cid_of
 from tests.support.netns import Agent, Topology, netns_unavailable_reason
 

@@ -10,7 +10,8 @@ from intellect_node.protocol import codec
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.signing import Envelope, SigningKey, open_envelope
 from intellect_node.protocol.topics import topic
-from tests.support.swarm import line, run, star, swarm_nodes, wait_until
+from tests.support.swarm import line, run, star, swarm_nodes
+from tests.support.wait import wait_until
 
 DOMAIN = "intellect/test-note/1"
 MAX_NOTE = 1024

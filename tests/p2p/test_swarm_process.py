@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli, wait_for
+from tests.support.common import run_cli
+from tests.support.wait import wait_for
 from intellect_node.commands.join import build_node_config
 from intellect_node.errors import ConfigError
 from intellect_node.protocol.signing import SigningKey

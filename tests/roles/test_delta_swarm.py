@@ -14,7 +14,8 @@ from intellect_node.roles.policy import ObtainResult, PolicyFollower, PolicyPubl
 from intellect_node.protocol.policy import announcement_validator
 from intellect_node.protocol.topics import topic
 from tests.support.delta import policy_versions
-from tests.support.swarm import line, run, runtime_nodes, wait_until
+from tests.support.swarm import line, run, runtime_nodes
+from tests.support.wait import wait_until
 
 torch.set_num_threads(1)
 RUN = "test"

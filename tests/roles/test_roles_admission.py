@@ -20,7 +20,7 @@ import pytest
 from intellect_node.roles.admission import rollout_keys
 from intellect_node.roles.common import read_blob
 from intellect_node.protocol.rollout import decode_batch
-from tests.conftest import wait_for
+from tests.support.wait import wait_for
 from tests.support.roles import CheatProcess, hostile_process, listen_addr, make_key, start_role, write_config
 
 pytestmark = pytest.mark.timeout(900)

@@ -15,7 +15,7 @@ from intellect_node.roles.admission import AdmittedJournal, BoundedMap, SeenRoll
     rollout_keys
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.rollout import RolloutRecord, SamplingParams
-from tests.conftest import REPO
+from tests.support.common import REPO
 
 CKPT = cid_of(b"ckpt")
 

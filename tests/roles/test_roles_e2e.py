@@ -29,7 +29,7 @@ import pytest
 from intellect_node.trainer.checkpoint import latest_weights_path
 from intellect_node.inference.evaluate import pass_rate, with_weights
 from intellect_node.models.loader import load_model
-from tests.conftest import wait_for
+from tests.support.wait import wait_for
 from tests.support.roles import CheatProcess, listen_addr, make_key, start_role, write_config
 
 pytestmark = pytest.mark.timeout(1500)

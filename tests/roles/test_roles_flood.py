@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.support.wait import wait_for
 from tests.support.roles import hostile_process, listen_addr, make_key, start_role
 
 pytestmark = pytest.mark.timeout(900)

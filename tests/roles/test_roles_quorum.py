@@ -53,7 +53,7 @@ def test_a_quorum_of_two_trains_only_on_batches_both_validators_accepted(tmp_pat
     """Real processes on loopback: with ``verdict_quorum = 2`` the trainer does not train on batches that
     only one validator has accepted; once the second validator is up, it trains."""
     from intellect_node.models.loader import embedded_model_dir
-    from tests.conftest import wait_for
+    from tests.support.wait import wait_for
     from tests.support.roles import listen_addr, make_key, start_role
 
     rl = dict(group_size=8, problems_per_batch=4, groups_per_step=4, max_new_tokens=5, batches_per_version=1)

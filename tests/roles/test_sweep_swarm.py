@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.conftest import run_cli, wait_for
+from tests.support.common import run_cli
+from tests.support.wait import wait_for
 
 from intellect_node.node import control
 from intellect_node.p2p.identity import load_key

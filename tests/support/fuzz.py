@@ -22,7 +22,8 @@ from typing import Any
 
 import trio
 
-from tests.support.swarm import runtime_nodes, wait_until
+from tests.support.swarm import runtime_nodes
+from tests.support.wait import wait_until
 
 TOPIC = "/intellect/test/fuzz/1"
 

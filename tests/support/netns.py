@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support.common import REPO
+
 PUBLIC_NET = "100.64.77"
-REPO = Path(__file__).resolve().parents[2]
-AGENT = str(REPO / "tests" / "support_nat_agent.py")
+AGENT = str(REPO / "tests" / "support" / "nat_agent.py")
 
 
 def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

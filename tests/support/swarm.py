@@ -19,17 +19,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tests.support.common import CLI, REPO
+from tests.support.wait import wait_until
+
 T = TypeVar("T")
 Edges = dict[int, list[int]]
-
-REPO = Path(__file__).resolve().parents[2]
-CLI = str(Path(sys.executable).with_name("intellect-node"))
 
 
 def run(coro: Awaitable[T], timeout: float = 60.0) -> T:
@@ -62,19 +61,6 @@ def _pairs(edges: Edges) -> list[tuple[int, int]]:
             if a != b:
                 out.add((min(a, b), max(a, b)))
     return sorted(out)
-
-
-async def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.05,
-                     what: str = "condition") -> object:
-    """asyncio twin of conftest.wait_for: poll until truthy, AssertionError after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(interval)
 
 
 async def wire(nodes: list[Any], edges: Edges, timeout: float = 20.0) -> None:

@@ -38,7 +38,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import CLI, wait_for
+from tests.support.common import CLI
+from tests.support.wait import wait_for
 from tests.support.netns import Topology, http_get_in, netns_unavailable_reason
 from tests.support.roles import ENV, make_key, write_config
 

@@ -18,7 +18,8 @@ from intellect_node.errors import IntegrityError
 from intellect_node.trainer.checkpoint import TrainerState, latest_dir, load_checkpoint, save_checkpoint
 from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.trainer.step import Sample, make_optimizer, train_step
-from tests.conftest import REPO, wait_for
+from tests.support.common import REPO
+from tests.support.wait import wait_for
 from tests.support.grpo import tiny_llama
 
 torch.set_num_threads(1)

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from intellect_node.trainer.distributed import samples_from_json, samples_to_json
 from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.trainer.step import Sample, train_step
-from tests.conftest import REPO
+from tests.support.common import REPO
 from tests.support.grpo import sample_group, tiny_llama
 
 torch.set_num_threads(1)

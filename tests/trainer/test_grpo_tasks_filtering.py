@@ -80,7 +80,7 @@ def test_offline_filter_in_a_run_from_the_cli_to_the_runs_task(tmp_path: Path) -
     from intellect_node.node.config import load_config
     from intellect_node.roles.common import run_task
     from intellect_node.trainer.filtering import FilteredTask
-    from tests.conftest import CLI
+    from tests.support.common import CLI
 
     rates_path = tmp_path / "rates.json"
     r = subprocess.run([CLI, "tasks", "solve-rates", "--out", str(rates_path), "--pool", "48", "--samples", "8"],
