@@ -13,6 +13,7 @@ import pytest
 from intellect_node.errors import ConfigError, ProtocolError
 from intellect_node.protocol.sweep import job_id
 from intellect_node.research import sweep as S
+from intellect_node.research.sweep.coordinator import _digest_of as digest_of
 
 SALT = b"test-salt"
 
@@ -113,7 +114,7 @@ def test_forger_caught_by_spot_check_banned_and_redone() -> None:
     assert coord.finished() and coord.counts()["done"] == 40
     for row in coord.rows():
         assert "mallory" not in row["peers"]
-        assert (row["polysemantic"], row["sign_hash"]) == S._digest_of(truth(row["job_id"]))
+        assert (row["polysemantic"], row["sign_hash"]) == digest_of(truth(row["job_id"]))
     # Mallory's results after the ban are refused; it gets no more work.
     assert coord.claim("mallory", [], 1, 2000.0) == []
     assert coord.result("mallory", g[1].job_id, truth(g[1].job_id), 2000.0).reason == "banned"

@@ -1,4 +1,4 @@
-"""Sweeps of many small training runs: grids, job IDs, the coordinator state machine, the journal, results.
+"""The sweep coordinator: which peer runs which job, spot checks, disputes, bans, as a pure state machine.
 
 The coordinator (:class:`Coordinator`) is a pure state machine in the style of prime-rl's schedulers: it
 owns no tasks, sockets or clocks. The node layer feeds it claims, results and the time, sends the grants
@@ -32,109 +32,27 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
-import logging
 import math
-import os
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import msgspec
 
 from intellect_node.errors import ConfigError, ProtocolError
-from intellect_node.fsutil import atomic_write_text
 from intellect_node.protocol import sweep as wire
 from intellect_node.protocol.sweep import JobSpec, job_id
+from intellect_node.research.sweep.grids import default_deadline_s
 
-log = logging.getLogger(__name__)
-
-GRIDS = ("smoke", "paper", "noise", "tiny")
 DEFAULT_CHECK_FRACTION = 0.05
 """Share of jobs re-executed by a second peer (issue 6's default)."""
 DEFAULT_MAX_VOTES = 4
 """Executions of one job before a dispute without a majority is given up as unresolved."""
 DEFAULT_CHECK_GRACE_S = 120.0
-MIN_DEADLINE_S = 120.0
-DEADLINE_FACTOR = 10.0
-"""Deadlines are a backstop (heartbeats report dead peers within seconds), so they are generous: on a
-2-core machine at load 20, smoke jobs ran 3-4x slower than the estimate and 60 s + 3x expired two."""
-ASSUMED_FLOPS = 5e9
-"""Single-thread float32 rate assumed for deadlines: well under a modern core, so slow peers make it."""
-ASSUMED_STEP_OVERHEAD_S = 2e-4
-"""Python and dispatch cost per training step, measured at about 1e-4 s on a loaded 2-core machine."""
 
 PRIMARY, CHECK, TIEBREAK = "primary", "check", "tiebreak"
 Digest = tuple[int, str]
 
-
-# -- grids -------------------------------------------------------------------------------------------
-
-def poly_job(n: int, m: int, seed: int, *, steps: int = 7500) -> JobSpec:
-    """The main experiment's settings (AdamW lr 1e-3, torch's default decay 0.01, L1 1e-3)."""
-    return JobSpec(variant="poly", n=n, m=m, seed=seed, steps=steps, lr=1e-3, l1=1e-3, weight_decay=0.01)
-
-
-def noise_job(noise: str, sigma: float, seed: int, *, steps: int = 100_000,
-              record_every: int = 1000) -> JobSpec:
-    """The noise variant's settings (n 8, m 16, SGD lr 0.02, no L1)."""
-    return JobSpec(variant="noise", n=8, m=16, seed=seed, steps=steps, lr=0.02, l1=0.0, noise=noise,
-                   sigma=sigma, record_every=record_every)
-
-
-def grid(name: str) -> list[JobSpec]:
-    """The jobs of a named grid.
-
-    - ``smoke``: n 64, m in {64, 128, 256, 512}, seeds 0-9 (40 jobs, minutes on one core);
-    - ``paper``: n 256, m 256..4096 in steps of 256, 16 seeds (256 jobs, hours: for a real swarm);
-    - ``noise``: Bernoulli and Gaussian noise at sigma 0.07, 0.1, 0.15, plus a noiseless baseline,
-      5 instances each (35 jobs);
-    - ``tiny``: n 16, m in {16, 32}, 3 seeds, 1500 steps: for tests and demos, not a result.
-    """
-    if name == "smoke":
-        return [poly_job(64, m, s) for m in (64, 128, 256, 512) for s in range(10)]
-    if name == "paper":
-        return [poly_job(256, m, s) for m in range(256, 4097, 256) for s in range(16)]
-    if name == "noise":
-        kinds = [(k, sg) for k in ("bernoulli", "gaussian") for sg in (0.07, 0.1, 0.15)] + [("none", 0.0)]
-        return [noise_job(k, sg, s) for k, sg in kinds for s in range(5)]
-    if name == "tiny":
-        return [poly_job(16, m, s, steps=1500) for m in (16, 32) for s in range(3)]
-    raise ConfigError(f"--grid {name!r} is not a grid; use one of {', '.join(GRIDS)}", field="grid")
-
-
-def theory(n: int, m: int) -> float:
-    """Expected polysemantic neurons, n^2 / (4m): collisions of n features on m neurons, of which the
-    opposite-sign half survive the ReLU (the paper's estimate)."""
-    return n * n / (4 * m)
-
-
-def estimated_seconds(spec: JobSpec) -> float:
-    """A pessimistic single-thread run time: matmul flops at :data:`ASSUMED_FLOPS` plus step overhead."""
-    n, m = spec.n, spec.m
-    per_step = (6 if spec.variant == "noise" else 4) * n * n * m + 20 * n * m
-    return spec.steps * (per_step / ASSUMED_FLOPS + ASSUMED_STEP_OVERHEAD_S)
-
-
-def default_deadline_s(spec: JobSpec) -> float:
-    """Time a peer gets for one job: two minutes plus ten times the pessimistic estimate."""
-    return MIN_DEADLINE_S + DEADLINE_FACTOR * estimated_seconds(spec)
-
-
-def execute(spec: JobSpec) -> Any:
-    """Run one job here (torch, one thread) and return its ``RunResult``; for workers, never the loop."""
-    from intellect_node.research import polysemanticity as poly
-
-    wire.check_spec(spec)
-    if spec.variant == "poly":
-        return poly.run_polysemanticity(spec.n, spec.m, spec.seed, steps=spec.steps, lr=spec.lr, l1=spec.l1,
-                                        weight_decay=spec.weight_decay)
-    return poly.run_noise(spec.n, spec.m, spec.seed, noise=spec.noise, sigma=spec.sigma,  # type: ignore[arg-type]
-                          steps=spec.steps, lr=spec.lr, l1=spec.l1, record_every=spec.record_every)
-
-
-# -- the coordinator ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Grant:
@@ -439,171 +357,3 @@ class Coordinator:
                 row["votes"] = {p: list(vote.digest) for p, vote in votes.items()}
             out.append(row)
         return out
-
-
-# -- the journal -------------------------------------------------------------------------------------
-
-class Journal:
-    """Append-only JSON lines: a header, then events. Each append is flushed and fsynced before return."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self._f: Any = None
-
-    def create(self, header: dict[str, Any]) -> None:
-        if self.path.exists():
-            raise ConfigError(f"{self.path} exists: pass --resume to continue that sweep, or another --out",
-                              field="out")
-        atomic_write_text(self.path, json.dumps(header, sort_keys=True) + "\n")
-
-    def load(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """The header and events; a torn last line (a crash mid-append) is dropped, anything else fails."""
-        if not self.path.exists():
-            raise ConfigError(f"--resume: no journal at {self.path}; start the sweep without --resume",
-                              field="resume")
-        lines = self.path.read_text().splitlines()
-        events = []
-        for i, line in enumerate(lines):
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                if i == len(lines) - 1 and i > 0:
-                    log.warning("dropping a torn last line of %s", self.path)
-                    break
-                raise ProtocolError(f"{self.path}:{i + 1} is not JSON: {exc}") from exc
-        if not events or events[0].get("e") != "header":
-            raise ProtocolError(f"{self.path} does not start with a sweep header")
-        return events[0], events[1:]
-
-    def append(self, events: Sequence[dict[str, Any]]) -> None:
-        if not events:
-            return
-        if self._f is None:
-            self._f = open(self.path, "a", encoding="utf-8")
-        self._f.write("".join(json.dumps(ev, sort_keys=True) + "\n" for ev in events))
-        self._f.flush()
-        os.fsync(self._f.fileno())
-
-    def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
-
-
-# -- aggregation -------------------------------------------------------------------------------------
-
-def _mean_std(xs: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (ddof 1; 0 for a single value)."""
-    mean = sum(xs) / len(xs)
-    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
-    return mean, std
-
-
-def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Per (n, m): mean, std, seeds, counts, theory (poly); per (noise, sigma): fourth-norm curves (noise)."""
-    done = [r for r in rows if r["status"] == "done"]
-    poly: dict[tuple[int, int], list[dict[str, Any]]] = {}
-    noise: dict[tuple[str, float], list[dict[str, Any]]] = {}
-    for r in done:
-        if r["variant"] == "poly":
-            poly.setdefault((r["n"], r["m"]), []).append(r)
-        else:
-            noise.setdefault((r["noise"], r["sigma"]), []).append(r)
-    configs = []
-    for (n, m), rs in sorted(poly.items()):
-        rs.sort(key=lambda r: r["seed"])
-        mean, std = _mean_std([r["polysemantic"] for r in rs])
-        configs.append({"n": n, "m": m, "mean": mean, "std": std, "seeds": [r["seed"] for r in rs],
-                        "counts": [r["polysemantic"] for r in rs], "theory": theory(n, m)})
-    curves = []
-    for (kind, sigma), rs in sorted(noise.items()):
-        rs.sort(key=lambda r: r["seed"])
-        steps = [s for s, _ in rs[0]["fourth_norm"]]
-        per_step = list(zip(*[[v for _, v in r["fourth_norm"]] for r in rs]))
-        finals = [r["fourth_norm"][-1][1] for r in rs]
-        mean, std = _mean_std(finals)
-        curves.append({"noise": kind, "sigma": sigma, "seeds": [r["seed"] for r in rs], "steps": steps,
-                       "mean_curve": [sum(v) / len(v) for v in per_step], "final_mean": mean, "final_std": std})
-    return {"configs": configs, "noise_curves": curves,
-            "jobs": len(rows), "done": len(done),
-            "unresolved": [r["job_id"] for r in rows if r["status"] == "unresolved"],
-            "open": [r["job_id"] for r in rows if r["status"] == "open"],
-            "checks": {k: sum(1 for r in done if r.get("check") == k) for k in ("agreed", "waived")}}
-
-
-def table(summary: dict[str, Any]) -> str:
-    """The per-(n, m) table in Markdown (mean +/- std beside n^2/4m)."""
-    lines = ["| n | m | seeds | polysemantic (mean ± std) | theory n²/4m |", "|---|---|---|---|---|"]
-    for c in summary["configs"]:
-        lines.append(f"| {c['n']} | {c['m']} | {len(c['seeds'])} | {c['mean']:.2f} ± {c['std']:.2f} | "
-                     f"{c['theory']:.2f} |")
-    for c in summary["noise_curves"]:
-        lines.append(f"| noise {c['noise']} σ={c['sigma']} | | {len(c['seeds'])} | fourth norm "
-                     f"{c['final_mean']:.3f} ± {c['final_std']:.3f} | |")
-    return "\n".join(lines)
-
-
-def plot(summary: dict[str, Any], path: Path) -> None:
-    """log-log counts vs m with the theory line (poly); fourth norm vs steps per configuration (noise)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    has_poly, has_noise = bool(summary["configs"]), bool(summary["noise_curves"])
-    fig, axes = plt.subplots(1, has_poly + has_noise or 1, figsize=(6 * (has_poly + has_noise or 1), 4.5),
-                             squeeze=False)
-    ax_iter = iter(axes[0])
-    if has_poly:
-        ax = next(ax_iter)
-        cs = summary["configs"]
-        for n in sorted({c["n"] for c in cs}):
-            sub = [c for c in cs if c["n"] == n]
-            ms = [c["m"] for c in sub]
-            for c in sub:  # every seed, slightly transparent; zero counts cannot go on a log axis
-                pts = [x for x in c["counts"] if x > 0]
-                ax.scatter([c["m"]] * len(pts), pts, s=10, alpha=0.3, color="tab:blue")
-            pos = [c for c in sub if c["mean"] > 0]  # a log axis cannot show 0; the table does
-            if pos:
-                # Lower bars stop short of 0 for the same reason.
-                lower = [min(c["std"], 0.9 * c["mean"]) for c in pos]
-                ax.errorbar([c["m"] for c in pos], [c["mean"] for c in pos], yerr=[lower, [c["std"] for c in pos]],
-                            fmt="o-", capsize=3, color="tab:blue", label=f"measured mean ± std (n={n})")
-            ax.plot(ms, [theory(n, m) for m in ms], "k--", label="theory n²/(4m)")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("neurons m")
-        ax.set_ylabel("polysemantic neurons")
-        ax.set_title("Incidental polysemanticity")
-        ax.legend()
-    if has_noise:
-        ax = next(ax_iter)
-        for c in summary["noise_curves"]:
-            style = {"bernoulli": "-", "gaussian": "--", "none": ":"}.get(c["noise"], "-")
-            ax.plot(c["steps"], c["mean_curve"], style, label=f"{c['noise']} σ={c['sigma']}")
-        ax.set_xlabel("step")
-        ax.set_ylabel("mean over features of Σ_h W⁴")
-        ax.set_title("Noise variant: fourth norm (mean over instances)")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
-
-
-def write_outputs(out: Path, coord: Coordinator, *, meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write ``results.jsonl``, ``summary.json`` and ``plot.png`` into ``out``; return the summary."""
-    return write_report(out, coord.rows(), dict(coord.banned), meta=meta)
-
-
-def write_report(out: Path, rows: list[dict[str, Any]], banned: dict[str, str], *,
-                 meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """:func:`write_outputs` from a snapshot of the rows (safe off the thread that owns the coordinator)."""
-    atomic_write_text(out / "results.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
-    summary = summarize(rows)
-    summary.update(meta or {})
-    summary["banned"] = banned
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    plot(summary, out / "plot.png")
-    return summary
