@@ -29,9 +29,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol, Sequence
 
-from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError, TransportError
 from intellect_node.blobs.http import ChunkSink, ChunkUnavailable
 from intellect_node.blobs.store import BlobStore
+from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError, TransportError
 from intellect_node.protocol.blob import Have, Manifest, decode_have
 
 log = logging.getLogger(__name__)

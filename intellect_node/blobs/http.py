@@ -28,10 +28,14 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from intellect_node.errors import ChunkUnavailable, IntegrityError, ProtocolError, TransportError
 from intellect_node.blobs.store import BlobStore
-from intellect_node.protocol.blob import HTTP_PREFIX, MAX_CHUNK_SIZE, MAX_HAVE_SIZE, \
-    MAX_MANIFEST_ENVELOPE_SIZE
+from intellect_node.errors import ChunkUnavailable, IntegrityError, ProtocolError, TransportError
+from intellect_node.protocol.blob import (
+    HTTP_PREFIX,
+    MAX_CHUNK_SIZE,
+    MAX_HAVE_SIZE,
+    MAX_MANIFEST_ENVELOPE_SIZE,
+)
 from intellect_node.protocol.ids import validate_cid
 
 OCTET = "application/octet-stream"

@@ -27,10 +27,10 @@ from typing import Any, Sequence
 
 from aiohttp import web
 
-from intellect_node.errors import IntellectNodeError
 from intellect_node.blobs.fetch import Progress, Provider, StaticProvider
 from intellect_node.blobs.service import BlobService
 from intellect_node.blobs.store import BlobStore
+from intellect_node.errors import IntellectNodeError
 from intellect_node.protocol.signing import SigningKey
 
 

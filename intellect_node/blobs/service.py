@@ -26,11 +26,10 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from aiohttp import web
 
-from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError
-from intellect_node.blobs.fetch import ChunkSource, Fetcher, FetchStats, FindProviders, Progress, \
-    Provider
+from intellect_node.blobs.fetch import ChunkSource, Fetcher, FetchStats, FindProviders, Progress, Provider
 from intellect_node.blobs.http import HttpChunkSource, ServeStats, blob_routes
 from intellect_node.blobs.store import BlobStore
+from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError
 from intellect_node.protocol.blob import DEFAULT_CHUNK_SIZE, Manifest
 from intellect_node.protocol.ids import validate_cid
 from intellect_node.protocol.signing import SigningKey

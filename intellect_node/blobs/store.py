@@ -36,8 +36,16 @@ from pathlib import Path
 
 from intellect_node.errors import ConfigError, IntegrityError, ProtocolError
 from intellect_node.fsutil import atomic_replace_file, atomic_write_bytes, fsync_dir
-from intellect_node.protocol.blob import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MAX_CHUNKS, MIN_CHUNK_SIZE, \
-    Manifest, encode_have, open_manifest, seal_manifest
+from intellect_node.protocol.blob import (
+    DEFAULT_CHUNK_SIZE,
+    MAX_CHUNK_SIZE,
+    MAX_CHUNKS,
+    MIN_CHUNK_SIZE,
+    Manifest,
+    encode_have,
+    open_manifest,
+    seal_manifest,
+)
 from intellect_node.protocol.ids import cid_from_digest, digest_from_cid, validate_cid
 from intellect_node.protocol.signing import SigningKey
 

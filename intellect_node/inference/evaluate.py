@@ -23,8 +23,8 @@ import torch
 from intellect_node.errors import ConfigError
 from intellect_node.inference.base import SamplingConfig
 from intellect_node.inference.torch_engine import TorchEngine
-from intellect_node.proofs.sampling import rollout_key
 from intellect_node.models.loader import LoadedModel, load_model, torch_dtype
+from intellect_node.proofs.sampling import rollout_key
 from intellect_node.trainer.filtering import measure_solve_rates
 from intellect_node.trainer.tasks import Problem, Task, embedded_task
 

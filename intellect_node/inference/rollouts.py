@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Sequence
 
 from intellect_node.inference.base import InferenceEngine, SamplingConfig
+from intellect_node.models.loader import CharTokenizer
 from intellect_node.proofs.sampling import batch_seeds, derived_rollout_id, rollout_key
 from intellect_node.proofs.toploc import build_proofs_batch
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.rollout import RolloutRecord, SamplingParams, sign_rollout
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.models.loader import CharTokenizer
 from intellect_node.trainer.tasks import Problem
 
 

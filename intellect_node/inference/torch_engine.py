@@ -14,8 +14,8 @@ import torch
 from intellect_node.errors import ConfigError
 from intellect_node.inference.base import Generation, SamplingConfig
 from intellect_node.inference.llama import LlamaRunner, left_pad
-from intellect_node.proofs import sampling as S
 from intellect_node.models.loader import LoadedModel, load_model
+from intellect_node.proofs import sampling as S
 
 
 class TorchEngine:

@@ -26,8 +26,8 @@ import torch
 
 from intellect_node.errors import ConfigError
 from intellect_node.inference.base import Generation, SamplingConfig
-from intellect_node.proofs import sampling as S
 from intellect_node.models.loader import CharTokenizer, resolve_model_dir
+from intellect_node.proofs import sampling as S
 
 
 class VllmEngine:

@@ -41,7 +41,7 @@ def decode(data: bytes | bytearray | memoryview, type_: type[T], *, max_size: in
     if dec is None:
         dec = _DECODERS[type_] = msgspec.msgpack.Decoder(type_)
     try:
-        obj = dec.decode(data)
+        obj: T = dec.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ProtocolError(f"cannot decode {getattr(type_, '__name__', type_)}: {exc}") from exc
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # defensive: msgspec edge cases

@@ -114,8 +114,8 @@ class Result(codec.Message, frozen=True):
 
 
 SweepMessage = Union[Offer, Claim, Grant, Result]
-_DOMAIN_TYPES: dict[str, type] = {OFFER_DOMAIN: Offer, CLAIM_DOMAIN: Claim, GRANT_DOMAIN: Grant,
-                                  RESULT_DOMAIN: Result}
+_DOMAIN_TYPES: dict[str, type[SweepMessage]] = {OFFER_DOMAIN: Offer, CLAIM_DOMAIN: Claim, GRANT_DOMAIN: Grant,
+                                                RESULT_DOMAIN: Result}
 _TYPE_DOMAINS = {t: d for d, t in _DOMAIN_TYPES.items()}
 
 

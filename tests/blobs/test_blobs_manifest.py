@@ -10,11 +10,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from intellect_node.errors import ConfigError, IntegrityError, ProtocolError
 from intellect_node.blobs.store import BlobStore
+from intellect_node.errors import ConfigError, IntegrityError, ProtocolError
 from intellect_node.protocol import codec
-from intellect_node.protocol.blob import MANIFEST_DOMAIN, MAX_CHUNKS, Have, Manifest, decode_have, \
-    encode_have, open_manifest, seal_manifest
+from intellect_node.protocol.blob import (
+    MANIFEST_DOMAIN,
+    MAX_CHUNKS,
+    Have,
+    Manifest,
+    decode_have,
+    encode_have,
+    open_manifest,
+    seal_manifest,
+)
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.signing import Envelope, SigningKey
 

@@ -8,10 +8,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from intellect_node.blobs.service import BlobService
 from tests.support.common import CLI
 from tests.support.swarm import line, run, runtime_nodes
-
-from intellect_node.blobs.service import BlobService
 
 CHUNK = 64 * 1024
 SLOW_HEARTBEATS = {"heartbeat_interval": 5.0, "peer_timeout": 20.0}

@@ -38,9 +38,8 @@ def _host(i: int) -> Any:
 
 def _pair() -> tuple[Any, Any, list[Any], Any]:
     """Two real hosts to run on 127.0.0.1: (a, b, listen addrs, info_from_p2p_addr)."""
-    from multiaddr import Multiaddr
-
     from libp2p.peer.peerinfo import info_from_p2p_addr
+    from multiaddr import Multiaddr
 
     return _host(1), _host(2), [Multiaddr("/ip4/127.0.0.1/tcp/0")], info_from_p2p_addr
 
@@ -242,10 +241,9 @@ def test_a_failing_connection_task_ends_only_its_connection() -> None:
     """Without containment a dispatcher failure (what any handler bug looked like) stops the Swarm
     service; with it only the failing connection closes and the other peers are still served."""
     compat.apply_fixes()
-    from multiaddr import Multiaddr
-
     from libp2p.host.ping import ID as PING
     from libp2p.peer.peerinfo import info_from_p2p_addr
+    from multiaddr import Multiaddr
 
     async def main() -> None:
         target, bad, good = _host(11), _host(12), _host(13)

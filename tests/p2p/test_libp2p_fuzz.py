@@ -320,8 +320,7 @@ def test_a_peer_that_keeps_sending_garbage_is_banned_and_refused(tmp_path: Path)
 
 
 def _info(addr: str) -> Any:
-    from multiaddr import Multiaddr
-
     from libp2p.peer.peerinfo import info_from_p2p_addr
+    from multiaddr import Multiaddr
 
     return info_from_p2p_addr(Multiaddr(addr))

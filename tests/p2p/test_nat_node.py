@@ -24,10 +24,10 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.support.common import CLI
-from tests.support.wait import wait_for
 from intellect_node.p2p import identity
+from tests.support.common import CLI
 from tests.support.netns import Topology, http_get_in, netns_unavailable_reason
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.timeout(420)
 

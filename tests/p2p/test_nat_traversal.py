@@ -14,9 +14,9 @@ from typing import Iterator
 
 import pytest
 
-from tests.support.wait import wait_for
 from intellect_node.protocol.ids import cid_of
 from tests.support.netns import Agent, Topology, netns_unavailable_reason
+from tests.support.wait import wait_for
 
 RESERVATION_TTL = 6
 RELAY_BYTES = 4 * 1024 * 1024

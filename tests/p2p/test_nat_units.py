@@ -91,9 +91,8 @@ def _host(i: int) -> Any:
 
 
 def test_chunks_over_a_libp2p_stream_honest_tampered_and_hostile() -> None:
-    from multiaddr import Multiaddr
-
     from libp2p.peer.peerinfo import info_from_p2p_addr
+    from multiaddr import Multiaddr
 
     good = os.urandom(300_000)
     cid = cid_of(good)
@@ -140,11 +139,10 @@ def test_chunks_over_a_libp2p_stream_honest_tampered_and_hostile() -> None:
 def test_node_runtime_serves_a_blob_to_a_p2p_provider_fetch(tmp_path: Path) -> None:
     """The NAT service inside real node runtimes (loopback, so AutoNAT has no verdict): a fetch from a
     ``p2p://`` provider goes over the libp2p chunk stream and is hash-checked into the store."""
-    from tests.support.swarm import run, runtime_nodes
-
     from intellect_node.blobs.fetch import StaticProvider
     from intellect_node.blobs.service import BlobService
     from intellect_node.p2p.nat.service import NatService
+    from tests.support.swarm import run, runtime_nodes
 
     holder: dict[int, Any] = {}
 
@@ -188,11 +186,10 @@ def _static(providers: list[Any]) -> Any:
 def test_yamux_credits_the_window_per_half_window_not_per_read(monkeypatch: pytest.MonkeyPatch) -> None:
     # py-libp2p 0.8.1 sent a WINDOW_UPDATE after every read, even each 1-byte read of a varint prefix
     # (3 frames per small message); under load that flood stalled a relay's busy connections (docs/nat.md).
-    from multiaddr import Multiaddr
-
     from libp2p.peer.peerinfo import info_from_p2p_addr
     from libp2p.stream_muxer.yamux import yamux
     from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
+    from multiaddr import Multiaddr
 
     from intellect_node.p2p.compat import apply_fixes
 
@@ -249,11 +246,10 @@ def test_a_node_started_before_its_bootstrap_peer_joins_once_it_is_up(tmp_path: 
     # 60 s dial negative cache must not refuse those retries (host.P2PHost.connect clears it).
     import socket
 
-    from tests.support.swarm import run
-
-    from intellect_node.p2p import identity
     from intellect_node.node.config import build_config
     from intellect_node.node.runtime import NodeRuntime
+    from intellect_node.p2p import identity
+    from tests.support.swarm import run
 
     with socket.socket() as s:  # a free port for the bootstrap node, known before it starts
         s.bind(("127.0.0.1", 0))

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.common import run_cli
-from tests.support.wait import wait_for
 from intellect_node.commands.join import build_node_config
 from intellect_node.errors import ConfigError
 from intellect_node.protocol.signing import SigningKey
+from tests.support.common import run_cli
 from tests.support.swarm import NodeProcess
+from tests.support.wait import wait_for
 
 HB = ["--heartbeat-interval", "0.5", "--peer-timeout", "2"]
 

@@ -10,7 +10,14 @@ from hypothesis import strategies as st
 
 from intellect_node.errors import ProtocolError
 from intellect_node.proofs.toploc import (
-    PRIME, PROOF_BYTES, ProofError, ProofPoly, build_proofs, build_proofs_batch, interpolate, verify_proofs,
+    PRIME,
+    PROOF_BYTES,
+    ProofError,
+    ProofPoly,
+    build_proofs,
+    build_proofs_batch,
+    interpolate,
+    verify_proofs,
 )
 
 

@@ -10,8 +10,14 @@ from hypothesis import strategies as st
 from intellect_node.errors import ProtocolError
 from intellect_node.protocol import codec
 from intellect_node.protocol.ids import cid_of
-from intellect_node.protocol.rl import BatchVerdict, RolloutNotice, notice_validator, seal_notice, seal_verdict, \
-    verdict_validator
+from intellect_node.protocol.rl import (
+    BatchVerdict,
+    RolloutNotice,
+    notice_validator,
+    seal_notice,
+    seal_verdict,
+    verdict_validator,
+)
 from intellect_node.protocol.signing import Envelope, SigningKey
 
 WORKER, VALIDATOR, MALLORY = SigningKey.generate(), SigningKey.generate(), SigningKey.generate()

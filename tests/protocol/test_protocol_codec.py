@@ -11,8 +11,12 @@ from hypothesis import strategies as st
 
 from intellect_node.errors import ProtocolError
 from intellect_node.protocol import codec
-from intellect_node.protocol.ids import cid_of, digest_from_cid, peer_id_from_public_key, \
-    public_key_from_peer_id
+from intellect_node.protocol.ids import (
+    cid_of,
+    digest_from_cid,
+    peer_id_from_public_key,
+    public_key_from_peer_id,
+)
 from intellect_node.protocol.signing import Envelope, SigningKey, open_envelope
 
 

@@ -29,10 +29,9 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 import trio
-from multiaddr import Multiaddr
-
 from libp2p.host.autonat.pb.autonat_pb2 import Message
 from libp2p.peer.id import ID
+from multiaddr import Multiaddr
 
 from intellect_node.p2p.compat import AutoNATBase, addr_ip, observed_external_addrs
 

@@ -26,7 +26,6 @@ import weakref
 from typing import Any, Awaitable, Callable
 
 import trio
-
 from libp2p.peer.id import ID
 
 from intellect_node.errors import IntegrityError, ProtocolError, TransportError

@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
-from multiaddr import Multiaddr
-
 from libp2p.peer.id import ID
 from libp2p.tools.anyio_service import background_trio_service
+from multiaddr import Multiaddr
 
 from intellect_node.p2p.compat import DCUtRBase, observed_external_addrs
 from intellect_node.p2p.nat.relay import OWN_ADDRS_VIEW, connection_kinds, relay_of_connection

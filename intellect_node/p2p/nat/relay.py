@@ -21,12 +21,10 @@ from __future__ import annotations
 import contextvars
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import trio
-from multiaddr import Multiaddr
-
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
@@ -39,6 +37,7 @@ from libp2p.relay.circuit_v2.resources import RelayLimits
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.relay.circuit_v2.utils import read_delimited_msg, write_delimited_msg
 from libp2p.tools.anyio_service import background_trio_service
+from multiaddr import Multiaddr
 
 from intellect_node.errors import TransportError
 from intellect_node.p2p.compat import HopBase

@@ -32,8 +32,14 @@ from intellect_node.p2p.compat import push_identify
 from intellect_node.p2p.nat.autonat import DialBackAutoNAT, Reachability, ReachabilityReport, fix_text
 from intellect_node.p2p.nat.chunk_stream import MAX_HAVE_BYTES, ChunkStreamClient, ChunkStreamServer
 from intellect_node.p2p.nat.dcutr import HolePuncher
-from intellect_node.p2p.nat.relay import (CircuitDialer, RelayClient, RelayService, RelayServiceLimits,
-                                           advertise_circuit_addrs, connection_kinds)
+from intellect_node.p2p.nat.relay import (
+    CircuitDialer,
+    RelayClient,
+    RelayService,
+    RelayServiceLimits,
+    advertise_circuit_addrs,
+    connection_kinds,
+)
 from intellect_node.protocol.gossip import P2P_URL_PREFIX  # the blob URL a private node advertises
 
 log = logging.getLogger(__name__)
