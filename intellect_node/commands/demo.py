@@ -15,7 +15,9 @@ verdicts the validators issued (``StatusBoard.verdict``), or, without validators
 
 Stopping (Ctrl-C, SIGTERM, or the steps reached): SIGTERM to each child by PID, a bounded wait, then
 SIGKILL by PID for any that did not exit. Children run in their own session so a Ctrl-C reaches only the
-demo, which stops them in order; on Linux they also get SIGTERM if the demo itself dies.
+demo, which stops them in order; on Linux they also get SIGTERM if the demo itself dies. Starting,
+waiting for and stopping the children is ``node/processes.py``'s, shared with the sweep command and the
+tests.
 
 Logs outlive the demo: with the default temporary dir, a clean stop moves every node's log (and the
 run's config) to ``<user log dir>/demo/<run-id>/`` (:func:`keep_logs`; ``~/.local/state/intellect-node/log``
@@ -24,12 +26,10 @@ on Linux) before removing the rest, and says where; a failed run keeps the whole
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -41,9 +41,15 @@ from typing import Any, Optional
 import typer
 
 from intellect_node.errors import ConfigError, IntellectNodeError
+from intellect_node.node.processes import (
+    STOP_GRACE_S,
+    NodeProcess,
+    child_env,
+    cli_argv,
+    stop_all,
+    write_config,
+)
 
-STOP_GRACE_S = 30.0
-"""How long children get to stop after SIGTERM (a node's own bound is 20 s) before SIGKILL."""
 READY_TIMEOUT_S = 120.0
 """Start-up bound per node: imports of torch and libp2p take seconds on a loaded 2-core machine."""
 POLL_S = 0.5
@@ -62,7 +68,7 @@ class DemoNode:
     role: str
     data_dir: Path
     peer_id: str = ""
-    proc: Optional[subprocess.Popen[bytes]] = None
+    proc: Optional[NodeProcess] = None
     log_path: Path = field(default_factory=Path)
 
     @property
@@ -70,29 +76,7 @@ class DemoNode:
         return self.data_dir / "stderr.log"
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-
-def _die_with_parent() -> None:
-    """Child side, before exec: a new session (Ctrl-C goes to the demo only) and, on Linux, SIGTERM when
-    the demo dies, so no node outlives it."""
-    os.setsid()
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: Ctrl-C and SIGTERM to the demo still stop every child
-
-
-def _cli() -> list[str]:
-    exe = Path(sys.executable).with_name("intellect-node")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "intellect_node.cli"]
+        return self.proc is not None and self.proc.alive()
 
 
 class DemoSwarm:
@@ -131,51 +115,27 @@ class DemoSwarm:
                                            "heartbeat_interval": 1.0, "peer_timeout": 10.0}, "run": run}
         for section, values in extra.items():
             doc.setdefault(section, {}).update(values)
-        lines: list[str] = []
-        for section, values in doc.items():
-            lines.append(f"[{section}]")
-            lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
-            lines.append("")
-        self.config_path.write_text("\n".join(lines))
+        write_config(self.config_path, doc)
         load_config(self.config_path, environ={})  # fail here, naming the field, not in four children
 
     def _spawn(self, node: DemoNode, bootstrap: list[str]) -> None:
-        args = [*_cli(), "join", "--headless", "--role", node.role, "--data-dir", str(node.data_dir),
+        args = [*cli_argv(), "join", "--headless", "--role", node.role, "--data-dir", str(node.data_dir),
                 "--config", str(self.config_path), "--log-file", str(node.log_path)]
         for addr in bootstrap:
             args += ["--bootstrap", addr]
         # The demo is self-contained: the operator's INTELLECT_NODE_* settings are not applied to it.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("INTELLECT_NODE_")}
-        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        # 0600 like the node's own log file (logsetup): logs name peers and addresses.
-        errlog = os.fdopen(os.open(node.stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
-        try:
-            node.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=errlog, stderr=errlog, env=env,
-                                         preexec_fn=_die_with_parent)
-        finally:
-            errlog.close()
+        env = child_env({"MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}, drop_prefix="INTELLECT_NODE_")
+        node.proc = NodeProcess(args, node.data_dir, name=node.name, output=node.stderr_path, env=env,
+                                log_file=node.log_path, new_session=True)
 
     def _wait_ready(self, node: DemoNode, deadline: float) -> dict[str, Any]:
-        from intellect_node.node import control
-
-        while time.monotonic() < deadline:
-            if not node.alive():
-                raise IntellectNodeError(self._death_note(node))
-            if (node.data_dir / control.CONTROL_FILE).exists():
-                try:
-                    return dict(control.request(node.data_dir, "GET", "/v1/status", timeout=5.0))
-                except IntellectNodeError:
-                    pass  # written but not answering yet
-            time.sleep(0.2)
-        raise IntellectNodeError(f"{node.name} did not start within {READY_TIMEOUT_S:.0f}s; log:\n"
-                                 f"{node.log_tail()}")
+        assert node.proc is not None
+        return node.proc.wait_ready(max(0.0, deadline - time.monotonic()))
 
     def _death_note(self, node: DemoNode) -> str:
-        code = node.proc.returncode if node.proc else None
-        err = node.stderr_path
-        tail = err.read_text(errors="replace")[-2000:] if err.exists() else ""
-        return (f"{node.name} exited with code {code}.\n{tail or node.log_tail()}\n"
-                f"(logs in {node.data_dir})")
+        if node.proc is None:
+            return f"{node.name} was not started (logs in {node.data_dir})"
+        return node.proc.death_note()
 
     def start(self, progress: Any = None) -> None:
         """Trainer first (everyone bootstraps to it), then the others in parallel."""
@@ -192,21 +152,20 @@ class DemoSwarm:
             self._wait_ready(node, deadline)
 
     def dead(self) -> list[DemoNode]:
-        return [n for n in self.nodes if n.proc is not None and n.proc.poll() is not None]
+        return [n for n in self.nodes if n.proc is not None and not n.proc.alive()]
 
     def snapshots(self, placeholders: bool = False) -> list[Any]:
         """Status snapshot of every node that answers (a starting or stopping node is skipped, or shown
         as ``unreachable`` with ``placeholders``: the dashboard must not drop a node that stopped
         answering)."""
-        from intellect_node.node import control
         from intellect_node.node.status import StatusSnapshot
 
         out = []
         for node in self.nodes:
-            if not node.alive():
+            if node.proc is None or not node.proc.alive():
                 continue
             try:
-                doc = control.request(node.data_dir, "GET", "/v1/status", timeout=3.0)
+                doc = node.proc.status(timeout=3.0)
                 out.append(StatusSnapshot.from_json(json.dumps(doc["snapshot"])))
             except (IntellectNodeError, KeyError, TypeError) as exc:
                 if placeholders:
@@ -217,22 +176,9 @@ class DemoSwarm:
 
     def stop(self) -> dict[str, int | None]:
         """SIGTERM every child (workers first, trainer last), wait, SIGKILL the rest; exit codes by name."""
-        for node in reversed(self.nodes):
-            if node.alive():
-                assert node.proc is not None
-                os.kill(node.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        codes: dict[str, int | None] = {}
-        for node in reversed(self.nodes):
-            if node.proc is None:
-                continue
-            try:
-                codes[node.name] = node.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.kill(node.proc.pid, signal.SIGKILL)
-                node.proc.wait(10)
-                codes[node.name] = None
-        return codes
+        started = [n for n in reversed(self.nodes) if n.proc is not None]
+        codes = stop_all([n.proc for n in started if n.proc is not None], STOP_GRACE_S)
+        return {n.name: code for n, code in zip(started, codes)}
 
 
 class StepLog:

@@ -2,8 +2,8 @@
 
 Flags map onto :class:`~intellect_node.node.config.NodeConfig` and override ``--config FILE`` and
 ``INTELLECT_NODE_<SECTION>__<FIELD>`` variables; a wrong value exits 2 naming the field, where it was set
-(flag, variable or file) and the fix. The services a node runs (blob store/HTTP today; roles later) are listed in
-:func:`services`: that is the seam where other parts add themselves.
+(flag, variable or file) and the fix. What the node runs (the common services and its ``--role`` s) is put
+together by :mod:`intellect_node.node.assembly`.
 """
 
 from __future__ import annotations
@@ -23,31 +23,6 @@ FLAG_OF_FIELD = {
     "run.run_id": "--run-id", "run.trainer_peer_id": "--trainer-peer-id",
     "run.validator_peer_ids": "--validator-peer-id",
 }
-
-
-def services(runtime: Any) -> None:
-    """Add the services every node runs to ``runtime`` (imported here, after argument parsing)."""
-    from intellect_node.blobs.service import BlobService
-    from intellect_node.node.ledger import LedgerService
-    from intellect_node.node.metrics import MetricsService
-
-    # The ledger first: services close in reverse, so it is flushed after the roles that write to it.
-    runtime.add_service(LedgerService.for_runtime)
-    if runtime.config.metrics.enabled:
-        runtime.add_service(MetricsService.for_runtime)
-    from intellect_node.p2p.nat.service import NatService
-
-    # Reachability (docs/nat.md) before blobs: private providers' chunks come over libp2p (its source),
-    # and it serves this node's chunks from the blob store when peers cannot reach our HTTP port.
-    nat: list[NatService] = []
-    runtime.add_service(lambda rt: nat.append(NatService.for_runtime(rt)) or nat[0])
-
-    def blobs(rt: Any) -> Any:
-        svc = BlobService.from_swarm(rt.swarm, rt.data_dir, board=rt.board, extra_sources=[nat[0].source])
-        nat[0].attach_blob_store(lambda: svc.store)
-        return svc
-
-    runtime.add_service(blobs)
 
 
 def build_node_config(*, listen: list[str], bootstrap: list[str], run_id: str | None,
@@ -154,15 +129,10 @@ def register(app: typer.Typer) -> None:
         if show_dashboard and log_file is None:
             log_file = d / "node.log"  # the dashboard owns the screen; WARNINGs also appear on it
         setup_logging(level=log_level, json_lines=headless or not show_dashboard, file=log_file)
-        from intellect_node.node.runtime import NodeRuntime, run_node
+        from intellect_node.node.assembly import build_node
+        from intellect_node.node.runtime import run_node
 
-        from intellect_node.roles import role_factory
-
-        factories = [role_factory(r) for r in dict.fromkeys(role)]  # a wrong --role fails before start
-        runtime = NodeRuntime(cfg, d, roles=list(dict.fromkeys(role)))
-        services(runtime)
-        for factory in factories:
-            runtime.add_service(factory)
+        runtime = build_node(cfg, d, roles=role)  # a wrong --role fails here, before anything starts
         import logging
 
         from intellect_node.node.status import BoardLogHandler

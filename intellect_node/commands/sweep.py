@@ -6,22 +6,20 @@ K worker nodes as child processes on 127.0.0.1, runs the grid, and writes ``DIR/
 running swarm and waits for its sweep workers (``intellect-node sweep worker --bootstrap ...``).
 ``--resume`` continues from ``DIR/journal.jsonl`` after an interruption.
 
-``INTELLECT_NODE_SWEEP_FORGERS=0,2`` (test-only) starts local workers 0 and 2 as forgers: they return
-invented results without training, so the tests can watch the spot checks catch and ban them.
+Local workers are child processes of the coordinator (``node/processes.py``): each in
+``DIR/workers/w<i>``, stopped by PID when the sweep ends, and sent SIGTERM by the kernel if the
+coordinator dies. Both nodes are put together by ``node/assembly.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import secrets
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import typer
 
@@ -30,7 +28,6 @@ from intellect_node.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-FORGERS_ENV = "INTELLECT_NODE_SWEEP_FORGERS"
 LOCAL_HEARTBEAT_S = 1.0
 LOCAL_PEER_TIMEOUT_S = 15.0
 """Generous for loopback: on a loaded 2-core machine heartbeats can stall for several seconds."""
@@ -41,54 +38,24 @@ WORKER_STOP_S = 15.0
 MAX_LOCAL_WORKERS = 64
 
 
-def _forgers() -> set[int]:
-    raw = os.environ.get(FORGERS_ENV, "").strip()
-    try:
-        return {int(x) for x in raw.split(",") if x.strip()}
-    except ValueError as exc:
-        raise ConfigError(f"{FORGERS_ENV}={raw!r}: expected worker indices like 0,2", field=FORGERS_ENV) from exc
+def local_worker_argv(index: int, flags: list[str]) -> list[str]:
+    """The command line of local worker ``index``: ``intellect-node sweep worker FLAGS``. Looked up at
+    each start, so a test's launcher can start some workers its own way (tests/support/sweep.py starts
+    dishonest ones: the product ships no switch that makes a worker cheat)."""
+    from intellect_node.node.processes import cli_argv
+
+    return [*cli_argv(), "sweep", "worker", *flags]
 
 
-def _spawn_worker(i: int, root: Path, *, bootstrap: str, run_id: str, coordinator: str,
-                  forge: bool) -> subprocess.Popen[bytes]:
+def _spawn_worker(i: int, root: Path, *, bootstrap: str, run_id: str, coordinator: str) -> Any:
+    from intellect_node.node.processes import NodeProcess, child_env
+
     wdir = root / "workers" / f"w{i}"
-    wdir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop(FORGERS_ENV, None)
-    env["INTELLECT_NODE_SWEEP_FORGE"] = "1" if forge else "0"
-    cmd = [sys.executable, "-m", "intellect_node.cli", "sweep", "worker", "--data-dir", str(wdir),
-           "--bootstrap", bootstrap, "--run-id", run_id, "--coordinator", coordinator,
-           "--heartbeat-interval", str(LOCAL_HEARTBEAT_S), "--peer-timeout", str(LOCAL_PEER_TIMEOUT_S),
-           "--log-file", str(wdir / "worker.log")]
-    return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=open(wdir / "stderr.log", "ab"), preexec_fn=_die_with_parent())
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` asking Linux to SIGTERM the child when the coordinator process dies, so a killed
-    coordinator (SIGKILL, OOM) leaves no orphaned workers. The C function is looked up here, in the
-    parent: between fork and exec the child only calls it (no imports, no locks). None elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
-    return lambda: prctl(pr_set_pdeathsig, sigterm)
-
-
-def _stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM each child we started (by PID), then SIGKILL what is still there after the grace period."""
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + WORKER_STOP_S
-    for p in procs:
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
+    flags = ["--data-dir", str(wdir), "--bootstrap", bootstrap, "--run-id", run_id,
+             "--coordinator", coordinator, "--heartbeat-interval", str(LOCAL_HEARTBEAT_S), "--peer-timeout", str(LOCAL_PEER_TIMEOUT_S),
+             "--log-file", str(wdir / "worker.log")]
+    return NodeProcess(local_worker_argv(i, flags), wdir, name=f"w{i}", output=wdir / "stderr.log",
+                       env=child_env(), log_file=wdir / "worker.log")
 
 
 def _open_sweep(out: Path, *, grid_name: str, resume: bool, check_fraction: float, check_grace: float,
@@ -118,7 +85,8 @@ def _open_sweep(out: Path, *, grid_name: str, resume: bool, check_fraction: floa
 async def _run_sweep(out: Path, coord: Any, journal: Any, *, sweep_id: str, grid_name: str, workers: int,
                      join: list[str], listen: list[str], run_id: str) -> tuple[dict[str, Any] | None, str]:
     from intellect_node.commands.join import build_node_config
-    from intellect_node.node.runtime import NodeRuntime
+    from intellect_node.node.assembly import sweep_coordinator_node
+    from intellect_node.node.processes import NodeProcess, stop_all
     from intellect_node.roles.sweep import SweepCoordinatorService
 
     local = not join
@@ -126,7 +94,6 @@ async def _run_sweep(out: Path, coord: Any, journal: Any, *, sweep_id: str, grid
                             http_port=0, http_public_url=None, control_port=0,
                             heartbeat_interval=LOCAL_HEARTBEAT_S if local else None,
                             peer_timeout=LOCAL_PEER_TIMEOUT_S if local else None)
-    runtime = NodeRuntime(cfg, out / "coordinator", roles=["sweep-coordinator"])
     services: list[SweepCoordinatorService] = []
 
     def factory(rt: Any) -> SweepCoordinatorService:
@@ -136,24 +103,24 @@ async def _run_sweep(out: Path, coord: Any, journal: Any, *, sweep_id: str, grid
         services.append(svc)
         return svc
 
-    runtime.add_service(factory)
+    runtime = sweep_coordinator_node(cfg, out / "coordinator", factory)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, runtime.request_stop)
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[NodeProcess] = []
     outcome = "interrupted"
     try:
         await runtime.start()
         svc = services[0]
         if local:
             addr = runtime.swarm.listen_addrs()[0]
-            forgers = _forgers()
-            procs = [_spawn_worker(i, out, bootstrap=addr, run_id=run_id, coordinator=runtime.swarm.peer_id,
-                                   forge=i in forgers) for i in range(workers)]
+            # From this (the main) thread: the kernel's SIGTERM-on-parent-death follows the starting thread.
+            procs = [_spawn_worker(i, out, bootstrap=addr, run_id=run_id, coordinator=runtime.swarm.peer_id)
+                     for i in range(workers)]
             log.info("started %d local workers (pids %s)", workers, ", ".join(str(p.pid) for p in procs))
         stop = asyncio.ensure_future(runtime.wait_stopped())
         while not svc.done.is_set() and not stop.done():
-            if procs and all(p.poll() is not None for p in procs):
+            if procs and not any(p.alive() for p in procs):
                 outcome = "workers exited"
                 break
             await asyncio.wait([stop, asyncio.ensure_future(svc.done.wait())], timeout=0.5,
@@ -165,7 +132,7 @@ async def _run_sweep(out: Path, coord: Any, journal: Any, *, sweep_id: str, grid
     finally:
         # The coordinator first: workers then lose one peer, instead of it re-dialling each dead worker.
         await runtime.stop()
-        await asyncio.to_thread(_stop_workers, procs)
+        await asyncio.to_thread(stop_all, procs, WORKER_STOP_S)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
 
@@ -263,11 +230,9 @@ def register(app: typer.Typer) -> None:
                                 http_host=None, http_port=0, http_public_url=None, control_port=0,
                                 heartbeat_interval=heartbeat_interval, peer_timeout=peer_timeout)
         setup_logging(level=log_level, json_lines=True, file=log_file)
-        from intellect_node.node.runtime import NodeRuntime, run_node
-        from intellect_node.roles.sweep import SweepWorker
+        from intellect_node.node.assembly import sweep_worker_node
+        from intellect_node.node.runtime import run_node
 
-        runtime = NodeRuntime(cfg, d, roles=["sweep-worker"])
-        runtime.add_service(lambda rt: SweepWorker(rt.swarm, coordinators=set(coordinator)))
-        raise typer.Exit(run_node(runtime))
+        raise typer.Exit(run_node(sweep_worker_node(cfg, d, coordinators=set(coordinator))))
 
     app.add_typer(sweep, name="sweep")

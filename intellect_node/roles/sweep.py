@@ -15,8 +15,7 @@ local worker starts with a job.
 
 Worker: claims when idle, runs granted jobs one at a time in a daemon thread (torch, one thread; never
 on the event loop, and a daemon thread so a node stops without waiting out a long run), and publishes
-signed results. ``forge=True`` (environment ``INTELLECT_NODE_SWEEP_FORGE=1``) is a *test-only* switch
-that makes the worker return invented results without training: the dishonest peer of the tests.
+signed results. It ships no way to cheat: the tests' dishonest workers subclass it in tests/support.
 """
 
 from __future__ import annotations
@@ -24,8 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
-import secrets
 import threading
 import time
 from collections import deque
@@ -39,8 +36,6 @@ from intellect_node.research import sweep as research
 
 log = logging.getLogger(__name__)
 
-FORGE_ENV = "INTELLECT_NODE_SWEEP_FORGE"
-"""Test-only: a worker started with this set to 1 forges every result (see the module docstring)."""
 OFFER_WINDOW = 16
 """Specs per offer (about 100 bytes each): enough for every idle worker to pick from."""
 CLAIM_RETRY_S = 3.0
@@ -225,15 +220,6 @@ class SweepCoordinatorService:
 
 # -- worker ------------------------------------------------------------------------------------------
 
-def forged_result(spec: wire.JobSpec) -> Any:
-    """Test-only: what a lazy cheat returns instead of training (plausible count, random hash)."""
-    from intellect_node.research.polysemanticity import RunResult
-
-    curve = tuple((s * spec.record_every, 0.5) for s in range(wire.curve_points(spec)))
-    return RunResult(polysemantic=secrets.randbelow(min(spec.m, 8) + 1), sign_hash=secrets.token_hex(32),
-                     final_loss=0.1, fourth_norm=curve)
-
-
 def _warm_up() -> None:
     from intellect_node.research import polysemanticity  # noqa: F401  (imports torch)
 
@@ -241,14 +227,11 @@ def _warm_up() -> None:
 class SweepWorker:
     name = "sweep_worker"
 
-    def __init__(self, swarm: Any, *, coordinators: set[str] | None = None, forge: bool | None = None,
+    def __init__(self, swarm: Any, *, coordinators: set[str] | None = None,
                  execute: Callable[[wire.JobSpec], Any] = research.execute,
                  runner: Callable[[Callable[[], Any]], Awaitable[Any]] = run_in_daemon_thread) -> None:
         self.swarm = swarm
         self.coordinators = set(coordinators or ())  # empty: follow any coordinator's sweep
-        self.forge = os.environ.get(FORGE_ENV) == "1" if forge is None else forge
-        if self.forge:
-            log.warning("%s=1: this worker FORGES its results (test-only)", FORGE_ENV)
         self._execute = execute
         self._runner = runner
         self.topic = topic(swarm.run_id, "sweep")
@@ -273,7 +256,7 @@ class SweepWorker:
 
     def status(self) -> dict[str, Any]:
         return {"sweep": self.sweep[1] if self.sweep else None, "jobs_done": self.jobs_done,
-                "queued": len(self._queue), "busy": self.busy, "forging": self.forge}
+                "queued": len(self._queue), "busy": self.busy}
 
     def _on_message(self, item: tuple[wire.SweepMessage, str], origin: str) -> None:
         msg, signer = item
@@ -325,7 +308,7 @@ class SweepWorker:
         spec, t0 = a.job, time.monotonic()
         self.busy = True
         try:
-            result = forged_result(spec) if self.forge else await self._runner(lambda: self._execute(spec))
+            result = await self._runner(lambda: self._execute(spec))
         except (IntellectNodeError, ValueError, RuntimeError) as exc:
             log.error("job %s failed here: %s", wire.job_id(spec), exc)  # its grant expires; another peer runs it
             return

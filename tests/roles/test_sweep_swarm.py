@@ -1,5 +1,5 @@
 """A sweep on a real local swarm: the CLI starts a coordinator node and 3 worker processes on 127.0.0.1,
-one of which forges its results (the test-only ``INTELLECT_NODE_SWEEP_FORGERS``). The spot checks catch
+one of which forges its results (started by ``tests.support.sweep``). The spot checks catch
 it, it is banned, its jobs are redone, and the swarm's results equal the same runs done here."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from tests.support.common import run_cli
+from tests.support.sweep import run_with_forgers
 from tests.support.wait import wait_for
 
 from intellect_node.node import control
@@ -23,8 +24,8 @@ from intellect_node.research import sweep as S
 @pytest.mark.timeout(600)
 def test_forger_caught_banned_and_redone_on_a_local_swarm(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
-    proc = run_cli("sweep", "polysemanticity", "--grid", "tiny", "--workers", "3", "--out", str(out),
-                   "--check-fraction", "1.0", env={"INTELLECT_NODE_SWEEP_FORGERS": "0"}, timeout=540)
+    proc = run_with_forgers([0], "sweep", "polysemanticity", "--grid", "tiny", "--workers", "3", "--out", str(out),
+                            "--check-fraction", "1.0", timeout=540)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     forger = load_key(out / "workers" / "w0").peer_id
     honest = {load_key(out / "workers" / f"w{i}").peer_id for i in (1, 2)}

@@ -1,0 +1,246 @@
+"""Nodes as child processes: start one, wait until it answers, read its status, signal it, stop it.
+
+The one supervisor of child nodes: ``intellect-node demo`` (a swarm of ``join`` processes),
+``intellect-node sweep`` (its local sweep workers), the tests and ``bench/`` all start their children
+here, so they agree on how a child is started, when it counts as ready and how it is ended::
+
+    node = NodeProcess.join(data_dir, "--role", "worker", output=data_dir / "stderr.log")
+    status = node.wait_ready(120)      # control.json written and GET /v1/status answered
+    node.signal(signal.SIGTERM); node.wait(30)
+    stop_all([node, ...])              # SIGTERM to all, one shared grace period, then SIGKILL
+
+Ownership: a supervisor ends only the children it started, by the PID it holds (the ``Popen`` handle),
+never by name. The child's stdout and stderr go to one ``output`` file (0600: logs name peers and
+addresses); the node's own log goes wherever its ``--log-file`` says.
+
+Dying with the parent: a parent killed with SIGKILL (or by the OOM killer) runs no clean-up, so on Linux
+each child asks the kernel for SIGTERM when its parent goes (``prctl(PR_SET_PDEATHSIG)``, set between
+fork and exec, see :func:`die_with_parent`). The kernel sends it when the *thread* that started the child
+ends, so start children from a thread that lives as long as they should (the main thread; never from
+``asyncio.to_thread``). Elsewhere there is no such request: a clean stop still ends every child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from intellect_node.errors import IntellectNodeError
+
+STOP_GRACE_S = 30.0
+"""How long children get between SIGTERM and SIGKILL (a node's own clean stop is bounded at 20 s)."""
+KILL_WAIT_S = 10.0
+"""How long to wait for a SIGKILLed child to be reaped (the kernel's side; seconds on a loaded host)."""
+READY_POLL_S = 0.1
+"""Between looks for ``control.json`` while a child starts (a start takes seconds: torch, libp2p)."""
+PR_SET_PDEATHSIG = 1
+"""From <linux/prctl.h>."""
+
+
+def cli_argv() -> list[str]:
+    """How to run ``intellect-node``: the console script next to this interpreter when there is one
+    (what an operator runs), else ``python -m intellect_node.cli`` with this interpreter."""
+    exe = Path(sys.executable).with_name("intellect-node")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "intellect_node.cli"]
+
+
+def child_env(extra: Mapping[str, str] | None = None, *, drop_prefix: str = "") -> dict[str, str]:
+    """This process's environment for a child: one torch thread per process (several nodes share the
+    machine's cores), variables starting with ``drop_prefix`` left out (a self-contained swarm does not
+    take the operator's ``INTELLECT_NODE_*`` settings), then ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not (drop_prefix and k.startswith(drop_prefix))}
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that asks Linux to SIGTERM the child when the parent dies; None elsewhere (or
+    where libc has no ``prctl``).
+
+    The C function is looked up here, in the parent: between fork and exec a child of a threaded parent
+    (the libp2p thread, the dashboard) may only make plain system calls, no ``dlopen`` and no imports
+    that could wait on a lock another thread held at fork. If the parent died before the request was
+    made, the signal would never come: the child sees it has been re-parented and exits at once."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent, sigterm = os.getpid(), int(signal.SIGTERM)
+
+    def in_child() -> None:
+        prctl(PR_SET_PDEATHSIG, sigterm)
+        if os.getppid() != parent:
+            os._exit(1)
+    return in_child
+
+
+def write_config(path: Path, doc: Mapping[str, Mapping[str, Any]]) -> Path:
+    """Write a node config file (``--config``, or ``<data-dir>/config.toml``) from ``{section: {field:
+    value}}``. Values are written as JSON, which TOML reads the same for the strings, numbers, booleans
+    and lists a config holds; the file is checked by the node that reads it (``node/config.py``)."""
+    lines: list[str] = []
+    for section, values in doc.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+        lines.append("")
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _open_output(path: Path) -> Any:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+
+
+class NodeProcess:
+    """One child process running a node (``intellect-node join``, ``sweep worker``, a test's own node
+    module) with data dir ``data_dir``; started on construction. ``proc`` is the ``Popen`` handle.
+
+    ``output``: the child's stdout and stderr (appended). ``log_file``: the node's own log, if it was
+    given one (``--log-file``), shown in :meth:`death_note`. ``new_session``: the child gets a session of
+    its own, so a Ctrl-C at the terminal reaches only the parent, which then stops its children in order.
+    """
+
+    def __init__(self, argv: Sequence[str], data_dir: Path, *, output: Path, name: str = "",
+                 env: Mapping[str, str] | None = None, cwd: Path | None = None, log_file: Path | None = None,
+                 new_session: bool = False) -> None:
+        self.argv = list(argv)
+        self.data_dir = data_dir
+        self.name = name or data_dir.name
+        self.output = output
+        self.log_file = log_file
+        data_dir.mkdir(parents=True, exist_ok=True)
+        out = _open_output(output)
+        try:
+            self.proc: subprocess.Popen[bytes] = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None, cwd=str(cwd) if cwd else None,
+                start_new_session=new_session, preexec_fn=die_with_parent())
+        finally:
+            out.close()  # the child holds its own descriptor
+
+    @classmethod
+    def join(cls, data_dir: Path, *args: str, output: Path, **kw: Any) -> "NodeProcess":
+        """``intellect-node join --headless --data-dir DATA_DIR *args`` (JSON log lines, no dashboard)."""
+        return cls([*cli_argv(), "join", "--headless", "--data-dir", str(data_dir), *args], data_dir,
+                   output=output, **kw)
+
+    # -- state ---------------------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def status(self, timeout: float = 5.0) -> dict[str, Any]:
+        """The node's ``GET /v1/status`` answer (its control API); ConfigError when it does not answer."""
+        from intellect_node.node import control
+
+        return dict(control.request(self.data_dir, "GET", "/v1/status", timeout=timeout))
+
+    @property
+    def peer_id(self) -> str:
+        return str(self.status()["peer_id"])
+
+    def addr(self) -> str:
+        """The node's first listen address (what others bootstrap from)."""
+        return str(self.status()["listen_addrs"][0])
+
+    def wait_ready(self, timeout: float) -> dict[str, Any]:
+        """Wait until the node is up (``control.json`` written and its status answered) and return the
+        status; IntellectNodeError, with the child's last words, if it exits or ``timeout`` s pass."""
+        from intellect_node.node import control
+
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.alive():
+                raise IntellectNodeError(self.death_note())
+            if (self.data_dir / control.CONTROL_FILE).exists():
+                try:
+                    return self.status()
+                except IntellectNodeError:
+                    pass  # written but not answering yet
+            if time.monotonic() > deadline:
+                raise IntellectNodeError(f"{self.name} did not start within {timeout:.0f}s; log:\n"
+                                         f"{self.log_tail()}")
+            time.sleep(READY_POLL_S)
+
+    # -- signals -------------------------------------------------------------------------------------
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the child (by PID) if it still runs."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self, grace: float = STOP_GRACE_S) -> int | None:
+        """SIGTERM, up to ``grace`` s for a clean exit, then SIGKILL; the exit code (None if killed)."""
+        return stop_all([self], grace)[0]
+
+    def kill(self) -> None:
+        """SIGKILL now (tests and benches tearing down: nothing of the child's is kept)."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(KILL_WAIT_S)
+
+    # -- what it said --------------------------------------------------------------------------------
+
+    def output_text(self, chars: int = 4000) -> str:
+        """The end of the child's stdout/stderr."""
+        try:
+            return self.output.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The end of the node's own log (``log_file``), else of its output."""
+        if self.log_file is None:
+            return self.output_text()
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def death_note(self) -> str:
+        """Why the child is gone, for the operator: exit code, its last output, where its logs are."""
+        tail = self.output_text(2000)
+        return (f"{self.name} exited with code {self.proc.poll()}.\n{tail or self.log_tail()}\n"
+                f"(logs in {self.data_dir})")
+
+
+def stop_all(nodes: Iterable[NodeProcess], grace: float = STOP_GRACE_S) -> list[int | None]:
+    """Stop children in the order given: SIGTERM to every one first (they stop in parallel), then one
+    shared ``grace`` period, then SIGKILL for any still there. Exit codes in the same order; None for a
+    child that had to be killed."""
+    nodes = list(nodes)
+    for node in nodes:
+        node.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    codes: list[int | None] = []
+    for node in nodes:
+        try:
+            codes.append(node.proc.wait(max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            node.kill()
+            codes.append(None)
+    return codes
