@@ -40,13 +40,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from intellect_node.trainer.delta import ALL_DENSE_KINDS, DENSE_KINDS, Checkpoint, apply_delta, delta_stats, \
+from intellect_node.trainer.delta import ALL_DENSE_KINDS, DENSE_KINDS, apply_delta, delta_stats, \
     encode_delta  # noqa: E402
+from intellect_node.trainer.policy_weights import PolicyWeights  # noqa: E402
 
 LIMIT = 1 << 40
 
 
-def measure(prev: Checkpoint, cur: Checkpoint) -> dict[str, Any]:
+def measure(prev: PolicyWeights, cur: PolicyWeights) -> dict[str, Any]:
     t0 = time.perf_counter()
     delta = encode_delta(prev, cur)
     t1 = time.perf_counter()
@@ -135,7 +136,7 @@ def embedded_section(args: argparse.Namespace) -> None:
         n = sum(v.numel() for v in states[0].values())
         print(f"  {n / 1e6:.2f}M parameters")
         for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
-            ck = [Checkpoint.from_state_dict({k: v.to(dtype) for k, v in s.items()}) for s in states]
+            ck = [PolicyWeights.from_state_dict({k: v.to(dtype) for k, v in s.items()}) for s in states]
             report(f"embedded {name} lr {lr:g}", [measure(a, b) for a, b in zip(ck, ck[1:])])
 
 
@@ -160,8 +161,8 @@ def synthetic_params(layers: int, hidden: int = 768, inter: int = 2048, vocab: i
     return p
 
 
-def synthetic_section(args: argparse.Namespace) -> tuple[Checkpoint, Checkpoint] | None:
-    keep: tuple[Checkpoint, Checkpoint] | None = None
+def synthetic_section(args: argparse.Namespace) -> tuple[PolicyWeights, PolicyWeights] | None:
+    keep: tuple[PolicyWeights, PolicyWeights] | None = None
     for lr in ((3e-5,) if args.only_peers else (3e-7, 3e-5)):
         params = synthetic_params(args.layers)
         n = sum(v.numel() for v in params.values())
@@ -171,7 +172,7 @@ def synthetic_section(args: argparse.Namespace) -> tuple[Checkpoint, Checkpoint]
         opt = torch.optim.AdamW(list(params.values()), lr=lr, weight_decay=0.01, foreach=False)
         g = torch.Generator().manual_seed(1)
         rows: dict[str, list[dict[str, Any]]] = {"fp32": [], "bf16": []}
-        prev: dict[str, Checkpoint] = {}
+        prev: dict[str, PolicyWeights] = {}
         for step in range(args.synthetic_steps + 1):
             if step:
                 for p in params.values():
@@ -182,7 +183,7 @@ def synthetic_section(args: argparse.Namespace) -> tuple[Checkpoint, Checkpoint]
                 if args.only_peers and name == "fp32":
                     continue
                 with torch.no_grad():
-                    cur = Checkpoint.from_state_dict({k: v.detach().to(dtype) for k, v in params.items()})
+                    cur = PolicyWeights.from_state_dict({k: v.detach().to(dtype) for k, v in params.items()})
                 if name in prev:
                     rows[name].append(measure(prev[name], cur))
                     if name == "bf16" and lr == 3e-5 and step == args.synthetic_steps:
@@ -198,7 +199,7 @@ def synthetic_section(args: argparse.Namespace) -> tuple[Checkpoint, Checkpoint]
 
 
 # ------------------------------------------------------------------------------------ peers on loopback
-async def peers_section(pair: tuple[Checkpoint, Checkpoint], n_peers: int, label: str,
+async def peers_section(pair: tuple[PolicyWeights, PolicyWeights], n_peers: int, label: str,
                         link_mbit: float | None) -> None:
     import msgspec
 

@@ -89,7 +89,8 @@ class ChunkWriter:
     def check(self) -> None:
         """Raise IntegrityError unless exactly the announced bytes arrived and they hash to the CID."""
         if self.received != self.length:
-            raise IntegrityError(f"chunk {self.cid[:16]}... ended after {self.received} of {self.length} bytes")
+            raise IntegrityError(f"chunk {self.cid[:16]}... ended after {self.received} of {self.length} "
+                                 "bytes")
         if cid_from_digest(self._hash.digest()) != self.cid:
             raise IntegrityError(f"chunk {self.cid[:16]}... does not match its hash")
 

@@ -45,7 +45,8 @@ def calibrate(verifier_engine: TorchEngine, engines: Sequence[InferenceEngine] =
                                          checkpoint=_CAL_CID, sampling=sampling, seeds=seeds)
                 for v in verifier.verify(recs):
                     if v.reason is not None:  # a cheap check failed: a bug, not a numerical figure
-                        raise RuntimeError(f"honest rollout rejected during calibration: {v.reason} {v.detail}")
+                        raise RuntimeError(f"honest rollout rejected during calibration: {v.reason} "
+                                           f"{v.detail}")
                     f = v.figures
                     observed.add(int(f["exp_mismatches"]), f["mant_err_mean"], f["mant_err_median"],
                                  f["logprob_diff"], f["sampling_gap"])

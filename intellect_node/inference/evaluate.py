@@ -38,7 +38,8 @@ def with_weights(base: LoadedModel, weights: str | Path) -> LoadedModel:
 
     path = Path(weights)
     if not path.is_file():
-        raise ConfigError(f"--weights: {path} is not a file (expected a .safetensors checkpoint)", field="weights")
+        raise ConfigError(f"--weights: {path} is not a file (expected a .safetensors checkpoint)",
+                          field="weights")
     state = load_file(str(path))
     missing = set(base.state) - set(state)
     if missing:

@@ -2,8 +2,9 @@
 
 For each problem: tokenize ``<bos> + prompt``, sample with the engine (noise key from the rollout's seed
 and ID; unless given, the seed of the k-th repeat of a problem is ``group_seed(run, version, worker,
-problem, k)`` for its k-th occurrence in the batch, which validators recompute), build the TOPLOC proofs from the returned hidden states, score the completion with the task's
-checker, and sign the record with the worker's key.
+problem, k)`` for its k-th occurrence in the batch, which validators recompute), build the TOPLOC
+proofs from the returned hidden states, score the completion with the task's checker, and sign the
+record with the worker's key.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def generate_rollouts(engine: InferenceEngine, tokenizer: CharTokenizer, problem
     n = len(problems)
     seeds = list(seeds) if seeds is not None else \
         batch_seeds(run_id, policy_version, key.peer_id, [p.problem_id for p in problems])
-    ids = list(rollout_ids) if rollout_ids is not None else [derived_rollout_id(key.peer_id, s) for s in seeds]
+    ids = (list(rollout_ids) if rollout_ids is not None
+           else [derived_rollout_id(key.peer_id, s) for s in seeds])
     if len(seeds) != n or len(ids) != n or len(set(ids)) != n:
         raise ValueError("need one seed and one distinct rollout id per problem")
     prompts = [tokenizer.prompt_ids(p.prompt) for p in problems]

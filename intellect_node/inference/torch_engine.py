@@ -86,7 +86,7 @@ class TorchEngine:
         logits = self.runner.logits(hidden)
         L = ids.shape[1]
         out = []
-        for r, (p, c) in enumerate(sequences):
+        for r, (_, c) in enumerate(sequences):
             n = len(c)
             sl = slice(L - n, L)  # the last n slots: the prompt's last token .. the completion's last but one
             out.append((hidden[r, sl].float().cpu(), logits[r, sl].float().cpu()))

@@ -125,7 +125,8 @@ def local_ipv4s() -> list[str]:
     return sorted(ip for ip in ips if not ip.startswith(("127.", "0."))) + ["127.0.0.1"]
 
 
-def make_addrs_factory(announce: list[str]) -> Callable[[list[multiaddr.Multiaddr]], list[multiaddr.Multiaddr]]:
+def make_addrs_factory(
+        announce: list[str]) -> Callable[[list[multiaddr.Multiaddr]], list[multiaddr.Multiaddr]]:
     """What the host advertises: ``announce`` if given (a public IP, a port forward), else the listen
     addresses with a wildcard (0.0.0.0) replaced by this machine's addresses, so peers get dialable
     addresses in identify, DHT provider records and ``status``."""
@@ -410,7 +411,7 @@ class P2PHost:
                 candidates = candidates[ALPHA:]
                 closer: list[ID] = []
 
-                async def ask(peer: ID) -> None:
+                async def ask(peer: ID, closer: list[ID]) -> None:
                     asked.add(peer)
                     with trio.move_on_after(PROVIDER_QUERY_TIMEOUT_S):
                         try:
@@ -427,10 +428,12 @@ class P2PHost:
                 before = len(found)
                 async with trio.open_nursery() as n:
                     for peer in batch:
-                        n.start_soon(ask, peer)
+                        n.start_soon(ask, peer, closer)
                 if found and len(found) == before and len(asked) >= ALPHA:
-                    break  # quiescent: this round found no new provider; more rounds cost more than they bring
-                fresh = [p for p in dict.fromkeys(closer) if p not in asked and p != me and p not in candidates]
+                    # quiescent: this round found no new provider; more rounds cost more than they bring
+                    break
+                fresh = [p for p in dict.fromkeys(closer)
+                         if p not in asked and p != me and p not in candidates]
                 candidates = sort_peer_ids_by_distance(key, candidates + fresh) if fresh else candidates
         return list(found.values())[:count]
 

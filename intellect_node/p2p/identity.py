@@ -115,8 +115,8 @@ def load_key(data_dir: Path) -> SigningKey:
         seed = bytes.fromhex(raw[len(_KEY_MAGIC):].strip().decode("ascii"))
         return SigningKey(seed)
     except ValueError as exc:
-        raise ConfigError(f"{path} is not an intellect-node key ({exc}); restore it or re-run keys init --force",
-                          field="data_dir") from exc
+        raise ConfigError(f"{path} is not an intellect-node key ({exc}); restore it or re-run keys init "
+                          "--force", field="data_dir") from exc
 
 
 def load_or_init_key(data_dir: Path) -> SigningKey:

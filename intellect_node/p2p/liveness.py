@@ -181,8 +181,8 @@ class Libp2pWatch:
             delay = self.backoff[min(attempt - 1, len(self.backoff) - 1)]
             if time.monotonic() - t0 + delay > self.give_up_after:
                 spent = time.monotonic() - t0
-                reason = (f"libp2p could not be restarted ({attempt} attempts in {spent:.0f}s; last: {last}); "
-                          "exiting")
+                reason = (f"libp2p could not be restarted ({attempt} attempts in {spent:.0f}s; "
+                          f"last: {last}); exiting")
                 log.critical(reason)
                 self.gave_up = True
                 self._set(reason)

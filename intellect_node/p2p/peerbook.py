@@ -56,7 +56,8 @@ class PeerRecord:
     def snapshot(self, now: float) -> dict[str, Any]:
         return {
             "peer_id": self.peer_id, "connected": self.connected, "state": self.state,
-            "last_heartbeat_age_s": None if self.last_heartbeat is None else round(now - self.last_heartbeat, 3),
+            "last_heartbeat_age_s": (None if self.last_heartbeat is None
+                                     else round(now - self.last_heartbeat, 3)),
             "http_url": self.http_url, "roles": list(self.roles), "rejections": self.rejections,
             "last_rejection": self.reasons[-1] if self.reasons else None, "banned": self.banned,
         }
@@ -251,7 +252,8 @@ class PeerBook:
             doc = json.loads(self._path.read_text())
             for item in doc["peers"][:MAX_REMEMBERED]:
                 peer, addrs, t = item["peer_id"], item["addrs"], float(item["last_seen"])
-                if isinstance(peer, str) and isinstance(addrs, list) and all(isinstance(a, str) for a in addrs):
+                if (isinstance(peer, str) and isinstance(addrs, list)
+                        and all(isinstance(a, str) for a in addrs)):
                     self._remembered[peer] = (addrs[:8], t)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             # Our own cache file; a damaged one only costs the remembered peers.

@@ -76,7 +76,7 @@ def check_listen_ports(listen: Iterable[str]) -> None:
             raise ConfigError(
                 f"--listen {addr}: {transport} port {port} is already in use by another process (is another "
                 f"node running? `ss -ltnup | grep :{port}` shows who); stop it, or pick a free port with "
-                f"--listen /{'ip6' if ':' in ip else 'ip4'}/{ip}/{transport}/<port> (network.listen), or port 0 "
-                "for any free port", field="listen") from exc
-        raise ConfigError(f"--listen {addr}: cannot bind {ip}:{port} ({exc.strerror}); use an address of this "
-                          "machine and a port you may bind (network.listen)", field="listen") from exc
+                f"--listen /{'ip6' if ':' in ip else 'ip4'}/{ip}/{transport}/<port> (network.listen), or "
+                "port 0 for any free port", field="listen") from exc
+        raise ConfigError(f"--listen {addr}: cannot bind {ip}:{port} ({exc.strerror}); use an address of "
+                          "this machine and a port you may bind (network.listen)", field="listen") from exc

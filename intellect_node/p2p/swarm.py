@@ -281,7 +281,8 @@ class Swarm:
             self._next_publish[topic] = time.monotonic() + 1.0 / PUBLISH_RATE_PER_TOPIC
             await self._bridge.call(self._p2p.publish, topic, data)
 
-    def subscribe(self, topic: str, validate: Validate, handler: Handler, *, include_own: bool = False) -> None:
+    def subscribe(self, topic: str, validate: Validate, handler: Handler, *,
+                  include_own: bool = False) -> None:
         """Receive ``topic``. ``validate(data, origin)`` returns the decoded message or raises
         ProtocolError (dropped, not forwarded, blamed on ``origin``); ``handler(msg, origin)`` (plain or
         async) then runs on the asyncio loop. Own messages are skipped unless ``include_own``."""

@@ -213,7 +213,7 @@ def build_proofs_batch(hiddens: Sequence[torch.Tensor], *, chunk: int = CHUNK,
     if not keys:
         return out
     coeffs = interpolate(np.stack(xs), np.stack(ys)).astype(">u2")
-    for (r, c), m, row in sorted(zip(keys, mods, coeffs), key=lambda t: t[0]):
+    for (r, _), m, row in sorted(zip(keys, mods, coeffs), key=lambda t: t[0]):
         out[r].append(m.to_bytes(2, "big") + row.tobytes())
     return out
 
@@ -274,7 +274,7 @@ def verify_proofs_batch(hiddens: Sequence[torch.Tensor], proofs: Sequence[Sequen
     bits = np.stack(bit_rows)
     exp_mismatch = (claimed & 0x7F80) != (bits & 0x7F80)
     mant_err = np.abs((claimed & 0x7F) - (bits & 0x7F))
-    for (r, c), mism, err in sorted(zip(keys, exp_mismatch, mant_err), key=lambda t: t[0]):
+    for (r, _), mism, err in sorted(zip(keys, exp_mismatch, mant_err), key=lambda t: t[0]):
         ok = err[~mism]
         if ok.size:
             mean, median = float(ok.mean()), float(np.sort(ok)[ok.size // 2])

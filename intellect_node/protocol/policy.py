@@ -2,8 +2,8 @@
 
 The trainer announces each policy version ``v`` with one signed :class:`PolicyAnnouncement`:
 
-- ``checkpoint_hash``: CID of version v's canonical checkpoint bytes (``trainer/delta.py`` defines the
-  format); every path to version v ends with this check;
+- ``checkpoint_hash``: CID of version v's canonical checkpoint bytes (``trainer/policy_weights.py`` defines
+  the format); every path to version v ends with this check;
 - ``full_version``/``full_cid``: the latest full checkpoint blob at or before v (v itself every K
   versions), so a late joiner can start there;
 - ``deltas``: the links ``full_version+1 .. v`` (at least the link for v itself when v > 0), each the blob
@@ -116,7 +116,8 @@ def check_announcement(ann: PolicyAnnouncement) -> PolicyAnnouncement:
         if not 0 < link.delta_size < _MAX_SIZE:
             raise ProtocolError(f"delta size {link.delta_size} out of range")
         if prev_hash is not None and link.base_hash != prev_hash:
-            raise ProtocolError(f"delta link {link.version} does not start where link {link.version - 1} ends")
+            raise ProtocolError(f"delta link {link.version} does not start where link {link.version - 1} "
+                                "ends")
         prev_hash = link.target_hash
     if ann.deltas and ann.deltas[-1].target_hash != ann.checkpoint_hash:
         raise ProtocolError("the last delta link does not lead to the announced checkpoint hash")

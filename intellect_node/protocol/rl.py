@@ -101,8 +101,8 @@ def seal_verdict(key: SigningKey, verdict: BatchVerdict) -> bytes:
     return key.seal(VERDICT_DOMAIN, check_verdict(verdict))
 
 
-def notice_validator(run_id: str, allowed: frozenset[str] | None = None) -> Callable[[bytes, str],
-                                                                                      tuple[RolloutNotice, str]]:
+def notice_validator(run_id: str, allowed: frozenset[str] | None = None
+                     ) -> Callable[[bytes, str], tuple[RolloutNotice, str]]:
     """Gossip validator: a notice of this run, signed by the peer that published it; in a closed run
     (``allowed``: ``run.worker_allowlist``) only from a listed worker (else ``not_allowed: ...``)."""
 

@@ -69,7 +69,8 @@ class RolloutRecord(codec.Message, frozen=True):
 def sign_rollout(record: RolloutRecord, key: SigningKey) -> RolloutRecord:
     """The record with ``worker`` set to ``key``'s peer ID and its signature filled in."""
     unsigned = msgspec.structs.replace(record, worker=key.peer_id, signature=b"")
-    return msgspec.structs.replace(unsigned, signature=key.sign_bytes(ROLLOUT_DOMAIN, unsigned.signed_payload()))
+    signature = key.sign_bytes(ROLLOUT_DOMAIN, unsigned.signed_payload())
+    return msgspec.structs.replace(unsigned, signature=signature)
 
 
 def verify_rollout_signature(record: RolloutRecord) -> None:

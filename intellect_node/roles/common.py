@@ -18,7 +18,7 @@ from intellect_node.errors import ConfigError, IntegrityError, TransportError
 from intellect_node.blobs.service import BlobService
 from intellect_node.node.config import NodeConfig
 from intellect_node.protocol.rollout import RolloutRecord
-from intellect_node.trainer.delta import Checkpoint
+from intellect_node.trainer.policy_weights import PolicyWeights
 from intellect_node.models.loader import LoadedModel, load_model, resolve_model_dir, torch_dtype
 from intellect_node.trainer.step import Sample
 from intellect_node.trainer.tasks import Problem, Task, get_task
@@ -69,7 +69,7 @@ def ledger_of(runtime: Any) -> Any:
     return None
 
 
-def loaded_from_checkpoint(base: LoadedModel, ckpt: Checkpoint) -> LoadedModel:
+def loaded_from_checkpoint(base: LoadedModel, ckpt: PolicyWeights) -> LoadedModel:
     """``base`` (config, tokenizer) with the weights of ``ckpt`` in the run's dtype."""
     dt = torch_dtype(base.dtype)
     state = {k: v.to(dtype=dt) if v.is_floating_point() else v for k, v in ckpt.to_state_dict().items()}

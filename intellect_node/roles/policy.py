@@ -48,8 +48,9 @@ from intellect_node.protocol.blob import Manifest
 from intellect_node.protocol.policy import MAX_CHAIN, DeltaLink, PolicyAnnouncement, POLICY_DTYPES, \
     seal_announcement
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.trainer.delta import ALL_DENSE_KINDS, DENSE_KINDS, ZSTD_LEVEL, Checkpoint, apply_delta, delta_size_limit, \
+from intellect_node.trainer.delta import ALL_DENSE_KINDS, DENSE_KINDS, ZSTD_LEVEL, apply_delta, delta_size_limit, \
     encode_delta
+from intellect_node.trainer.policy_weights import PolicyWeights
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def _ckpt_name(version: int) -> str:
     return f"v{version:010d}.safetensors"
 
 
-def _policy_dtype(ckpt: Checkpoint) -> str:
+def _policy_dtype(ckpt: PolicyWeights) -> str:
     """The floating-point dtype holding most bytes (what the run config's ``dtype`` refers to)."""
     by: dict[str, int] = {}
     for info in ckpt.tensors.values():
@@ -100,7 +101,7 @@ class PolicyPublisher:
         self.dense_kinds = tuple(dense_kinds)
         self._board = board
         self._lock = asyncio.Lock()
-        self._prev: Checkpoint | None = None
+        self._prev: PolicyWeights | None = None
         self._version: int | None = None
         self._full: tuple[int, str, int] | None = None  # (version, blob cid, size)
         self._links: list[DeltaLink] = []
@@ -117,7 +118,7 @@ class PolicyPublisher:
             return
         try:
             st = json.loads(path.read_text())
-            ckpt = Checkpoint.load(self.root / _ckpt_name(st["version"]), max_size=1 << 62)
+            ckpt = PolicyWeights.load(self.root / _ckpt_name(st["version"]), max_size=1 << 62)
             if ckpt.content_hash != st["hash"]:
                 raise IntegrityError("checkpoint file does not match publisher.json")
             links = [DeltaLink(**d) for d in st["links"]]
@@ -129,14 +130,14 @@ class PolicyPublisher:
             return
         self._prev, self._version, self._full, self._links = ckpt, int(st["version"]), full, links
 
-    async def publish(self, version: int, policy: Checkpoint | Mapping[str, torch.Tensor], *,
+    async def publish(self, version: int, policy: PolicyWeights | Mapping[str, torch.Tensor], *,
                       force_full: bool = False) -> tuple[PolicyAnnouncement, bytes]:
         """Persist and publish ``version``; return the announcement and its signed envelope bytes."""
         async with self._lock:
             if self._version is not None and version <= self._version:
                 raise ValueError(f"policy version {version} is not after the last published {self._version}")
-            ckpt = policy if isinstance(policy, Checkpoint) else \
-                await asyncio.to_thread(Checkpoint.from_state_dict, policy)
+            ckpt = policy if isinstance(policy, PolicyWeights) else \
+                await asyncio.to_thread(PolicyWeights.from_state_dict, policy)
             path = self.root / _ckpt_name(version)
             await asyncio.to_thread(ckpt.save, path)
             prev = self._prev if self._version == version - 1 else None
@@ -177,7 +178,7 @@ class PolicyPublisher:
 @dataclass
 class ObtainResult:
     version: int
-    checkpoint: Checkpoint
+    checkpoint: PolicyWeights
     path: str  # "current" (already held), "delta", "full" (full checkpoint, then any deltas), "stale"
     bytes_fetched: int = 0
     deltas_applied: int = 0
@@ -205,7 +206,7 @@ class PolicyFollower:
         self._pending: PolicyAnnouncement | None = None
         self._wake = asyncio.Event()
         self.version: int | None = None
-        self.checkpoint: Checkpoint | None = None
+        self.checkpoint: PolicyWeights | None = None
         self._load_current()
 
     @property
@@ -219,7 +220,7 @@ class PolicyFollower:
             return
         try:
             cur = json.loads(path.read_text())
-            ckpt = Checkpoint.load(self.root / _ckpt_name(int(cur["version"])), max_size=self.max_checkpoint_bytes)
+            ckpt = PolicyWeights.load(self.root / _ckpt_name(int(cur["version"])), max_size=self.max_checkpoint_bytes)
             if ckpt.content_hash != cur["hash"]:
                 raise IntegrityError("checkpoint file does not match CURRENT")
         except (OSError, ValueError, KeyError, TypeError, ProtocolError, IntegrityError) as exc:
@@ -297,7 +298,7 @@ class PolicyFollower:
 
     async def _by_delta(self, ann: PolicyAnnouncement) -> ObtainResult:
         """Walk the chain from the held version; a result with path "" and ``fallback`` set on failure."""
-        out = ObtainResult(ann.version, Checkpoint(bytearray(), {}), "")
+        out = ObtainResult(ann.version, PolicyWeights(bytearray(), {}), "")
         held, ckpt = self.version, self.checkpoint
         if held is None or ckpt is None:
             out.fallback = "no policy held"
@@ -323,7 +324,7 @@ class PolicyFollower:
 
     async def _by_full(self, ann: PolicyAnnouncement, out: ObtainResult) -> ObtainResult:
         data = await self._fetch(ann.full_cid, ann.full_size, self.max_checkpoint_bytes, out)
-        full = await asyncio.to_thread(Checkpoint.parse, data, max_size=self.max_checkpoint_bytes)
+        full = await asyncio.to_thread(PolicyWeights.parse, data, max_size=self.max_checkpoint_bytes)
         if full.content_hash != ann.full_hash:
             raise IntegrityError(f"full checkpoint v{ann.full_version} hashes to {full.content_hash}, "
                                  f"announced {ann.full_hash}")
@@ -331,8 +332,8 @@ class PolicyFollower:
         out.path = "full"
         return out
 
-    async def _walk(self, ann: PolicyAnnouncement, version: int, ckpt: Checkpoint,
-                    out: ObtainResult) -> Checkpoint:
+    async def _walk(self, ann: PolicyAnnouncement, version: int, ckpt: PolicyWeights,
+                    out: ObtainResult) -> PolicyWeights:
         limit = delta_size_limit(self.max_checkpoint_bytes)
         while version < ann.version:
             link = ann.link(version + 1)
@@ -371,7 +372,7 @@ class PolicyFollower:
             raise IntegrityError(f"blob {cid}: chunks on disk hold {pos} of {m.total_size} bytes")
         return buf
 
-    def _persist(self, version: int, ckpt: Checkpoint) -> None:
+    def _persist(self, version: int, ckpt: PolicyWeights) -> None:
         old = self.version
         ckpt.save(self.root / _ckpt_name(version))
         atomic_write_text(self.root / CURRENT, json.dumps({"version": version, "hash": ckpt.content_hash}))

@@ -248,10 +248,10 @@ class Trainer:
 
     def _rebuild_announcement(self) -> bytes:
         from intellect_node.protocol.policy import DeltaLink
-        from intellect_node.trainer.delta import Checkpoint
+        from intellect_node.trainer.policy_weights import PolicyWeights
 
         st = json.loads((self.publisher.root / "publisher.json").read_text())
-        ckpt = Checkpoint.load(self.publisher.root / f"v{int(st['version']):010d}.safetensors", max_size=1 << 40)
+        ckpt = PolicyWeights.load(self.publisher.root / f"v{int(st['version']):010d}.safetensors", max_size=1 << 40)
         by: dict[str, int] = {}
         for info in ckpt.tensors.values():
             by[info.dtype] = by.get(info.dtype, 0) + info.nbytes

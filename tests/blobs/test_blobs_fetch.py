@@ -247,7 +247,8 @@ def test_control_routes_put_and_get(tmp_path: Path) -> None:
             async with s.post(f"{ctl_url}/v1/blob/put", json={"path": "relative.bin"}) as r:
                 assert r.status == 400
             events = []
-            async with s.post(f"{f_url}/v1/blob/get", json={"cid": put["cid"], "out": str(tmp_path / "o.bin")}) as r:
+            get = {"cid": put["cid"], "out": str(tmp_path / "o.bin")}
+            async with s.post(f"{f_url}/v1/blob/get", json=get) as r:
                 async for line in r.content:
                     events.append(__import__("json").loads(line))
             async with s.post(f"{f_url}/v1/blob/get", json={"cid": "nope"}) as r:

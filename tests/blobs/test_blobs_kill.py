@@ -170,7 +170,8 @@ def test_download_process_sigkilled_resumes(tmp_path: Path) -> None:
                 await gate.wait()
             return await routes[chunk_route](request)
 
-        runner, url = await _serve([web.get(p, gated_chunk if p == chunk_route else h) for p, h in routes.items()])
+        runner, url = await _serve([web.get(p, gated_chunk if p == chunk_route else h)
+                                    for p, h in routes.items()])
         providers = [{"peer_id": origin.peer_id, "http_url": url}]
         dl_root = tmp_path / "downloader"
         out = tmp_path / "out.bin"

@@ -90,7 +90,8 @@ def test_manifest_signature_identity_and_consistency() -> None:
     with pytest.raises(ProtocolError, match="signature"):
         open_manifest(codec.encode(claimed))
     # Signed, but the chunk list does not cover the total size.
-    short = Manifest(name="x", publisher=ALICE.peer_id, chunk_size=4096, total_size=10_000, chunks=m.chunks[:2])
+    short = Manifest(name="x", publisher=ALICE.peer_id, chunk_size=4096, total_size=10_000,
+                     chunks=m.chunks[:2])
     with pytest.raises(ProtocolError, match="cover"):
         open_manifest(ALICE.seal(MANIFEST_DOMAIN, short))
     for bad in (Manifest(name="a/b", publisher=ALICE.peer_id, chunk_size=4096, total_size=0, chunks=[]),

@@ -102,7 +102,7 @@ def test_hostile_streams_leave_the_node_serving_honest_peers(tmp_path: Path) -> 
                 # One attacker identity per protocol, all at once.
                 results = await asyncio.gather(*(attack(p, c) for p, c in plan.items()))
                 await assert_serves(target, honest, "after hostile streams", tmp_path)
-            for (proto, cases), (attacker, ends) in zip(plan.items(), results):
+            for proto, (attacker, ends) in zip(plan, results):
                 count, reasons = book.rejections(attacker)
                 if proto in NOT_SPOKEN:
                     assert set(ends) == {"refused"}, (proto, ends)

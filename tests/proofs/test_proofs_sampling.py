@@ -44,11 +44,13 @@ def test_check_accepts_honest_and_flags_an_edited_token() -> None:
         toks.append(int(t))
         lps.append(float(lp))
     tokens, claimed = torch.tensor(toks), torch.tensor(lps)
-    honest = check_sampling(logits + 1e-6 * torch.randn(logits.shape, generator=g), tokens, claimed, key, 1.0, 0.9)
+    noisy = logits + 1e-6 * torch.randn(logits.shape, generator=g)
+    honest = check_sampling(noisy, tokens, claimed, key, 1.0, 0.9)
     assert honest.max_gap < 1e-3 and honest.max_logprob_diff < 1e-3
     edited = tokens.clone()
     edited[17] = (edited[17] + 1) % 100
     bad = check_sampling(logits, edited, claimed, key, 1.0, 0.9)
     assert bad.worst_position == 17 and bad.max_gap > 1e-3
-    assert check_sampling(logits, tokens, claimed, rollout_key(6, "r1"), 1.0, 0.9).max_gap > 1e-3  # other seed
+    other_seed = rollout_key(6, "r1")
+    assert check_sampling(logits, tokens, claimed, other_seed, 1.0, 0.9).max_gap > 1e-3
     assert check_sampling(logits, tokens, claimed - 0.5, key, 1.0, 0.9).max_logprob_diff > 0.4

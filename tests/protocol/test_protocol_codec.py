@@ -72,7 +72,8 @@ def test_peer_id_and_cid() -> None:
     assert digest_from_cid(cid) == hashlib.sha256(b"hello").digest()
     # The last base32 character carries 3 digest bits and 2 padding bits: flipping a padding bit is a
     # non-canonical spelling of the same digest and must be refused too.
-    pad_flipped = cid[:-1] + "abcdefghijklmnopqrstuvwxyz234567"["abcdefghijklmnopqrstuvwxyz234567".index(cid[-1]) ^ 1]
+    b32 = "abcdefghijklmnopqrstuvwxyz234567"
+    pad_flipped = cid[:-1] + b32[b32.index(cid[-1]) ^ 1]
     for bad in ["", "bafk", pad_flipped, "Q" * 46, cid.upper(), "bafy" + cid[4:]]:
         with pytest.raises(ProtocolError):
             digest_from_cid(bad)

@@ -24,8 +24,10 @@ def _messages() -> list[W.SweepMessage]:
     spec, nspec = grid("smoke")[0], noise_job("bernoulli", 0.1, 0)
     jid = W.job_id(spec)
     return [
-        W.Offer(run_id="r", sweep_id="smoke-1", time_ms=NOW, open_jobs=40, finished=False, jobs=[spec, nspec]),
-        W.Claim(run_id="r", sweep_id="smoke-1", time_ms=NOW, coordinator=OTHER.peer_id, job_ids=[jid], capacity=1),
+        W.Offer(run_id="r", sweep_id="smoke-1", time_ms=NOW, open_jobs=40, finished=False,
+                jobs=[spec, nspec]),
+        W.Claim(run_id="r", sweep_id="smoke-1", time_ms=NOW, coordinator=OTHER.peer_id, job_ids=[jid],
+                capacity=1),
         W.Grant(run_id="r", sweep_id="smoke-1", time_ms=NOW, worker=OTHER.peer_id,
                 assignments=[W.Assignment(job=spec, deadline_ms=NOW + 60_000)]),
         W.Result(run_id="r", sweep_id="smoke-1", time_ms=NOW, coordinator=OTHER.peer_id, job_id=jid,
@@ -113,8 +115,10 @@ def test_random_bytes_raise_only_protocol_error(data: bytes) -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.binary(max_size=256), st.sampled_from([W.OFFER_DOMAIN, W.CLAIM_DOMAIN, W.GRANT_DOMAIN, W.RESULT_DOMAIN]))
+@given(st.binary(max_size=256),
+       st.sampled_from([W.OFFER_DOMAIN, W.CLAIM_DOMAIN, W.GRANT_DOMAIN, W.RESULT_DOMAIN]))
 def test_signed_garbage_payloads_raise_only_protocol_error(payload: bytes, domain: str) -> None:
-    env = Envelope(domain=domain, payload=payload, signer=KEY.peer_id, signature=KEY.sign_bytes(domain, payload))
+    env = Envelope(domain=domain, payload=payload, signer=KEY.peer_id,
+                   signature=KEY.sign_bytes(domain, payload))
     with pytest.raises(ProtocolError):
         W.open_message(codec.encode(env), run_id="r", now_ms=NOW)

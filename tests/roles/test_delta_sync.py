@@ -17,7 +17,8 @@ from intellect_node.node.status import StatusBoard
 from intellect_node.protocol import codec
 from intellect_node.protocol.policy import DeltaFile, PolicyAnnouncement, open_announcement, \
     seal_announcement
-from intellect_node.trainer.delta import Checkpoint, encode_delta, read_delta
+from intellect_node.trainer.delta import encode_delta, read_delta
+from intellect_node.trainer.policy_weights import PolicyWeights
 from tests.support.delta import BlobPeer, mesh, policy_versions
 
 torch.set_num_threads(1)
@@ -105,7 +106,7 @@ def _forged_delta_announcement(trainer: BlobPeer, tmp: Path, ann: PolicyAnnounce
 
 def test_corrupted_or_wrong_base_delta_falls_back_to_full(tmp_path: Path) -> None:
     versions = policy_versions(torch.float32, 3)
-    other_base = Checkpoint.from_state_dict({k: v + 1 for k, v in versions[1].to_state_dict().items()})
+    other_base = PolicyWeights.from_state_dict({k: v + 1 for k, v in versions[1].to_state_dict().items()})
 
     async def main() -> None:
         trainer, w = peers = await _peers(tmp_path, 2)
@@ -150,7 +151,7 @@ def test_diverged_copy_and_hopeless_chain(tmp_path: Path) -> None:
             fol = _follower(tmp_path, "w", w, trainer.key.peer_id)
             await fol.obtain(anns[0])
             # The worker's copy of v1 is not the trainer's (a local bug, a disk error that still parses).
-            mine = Checkpoint.from_state_dict({k: v * 2 for k, v in versions[1].to_state_dict().items()})
+            mine = PolicyWeights.from_state_dict({k: v * 2 for k, v in versions[1].to_state_dict().items()})
             fol.version, fol.checkpoint = 1, mine
             got = await fol.obtain(anns[2])
             assert got.path == "full" and "differs" in got.fallback and got.deltas_applied == 2

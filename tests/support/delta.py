@@ -15,7 +15,7 @@ from intellect_node.blobs.http import HttpChunkSource
 from intellect_node.blobs.service import BlobService
 from intellect_node.blobs.store import BlobStore
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.trainer.delta import Checkpoint
+from intellect_node.trainer.policy_weights import PolicyWeights
 
 
 def small_model() -> torch.nn.Module:
@@ -24,14 +24,14 @@ def small_model() -> torch.nn.Module:
                                torch.nn.Linear(128, 64))
 
 
-def policy_versions(dtype: torch.dtype, n: int, lr: float = 3e-5) -> list[Checkpoint]:
+def policy_versions(dtype: torch.dtype, n: int, lr: float = 3e-5) -> list[PolicyWeights]:
     """``n`` consecutive policies from real AdamW steps (fp32 master weights, published in ``dtype``)."""
     model = small_model()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     gen = torch.Generator().manual_seed(1)
     out = []
     for _ in range(n):
-        out.append(Checkpoint.from_state_dict({k: v.to(dtype) for k, v in model.state_dict().items()}))
+        out.append(PolicyWeights.from_state_dict({k: v.to(dtype) for k, v in model.state_dict().items()}))
         tokens = torch.randint(0, 64, (16, 8), generator=gen)
         loss = torch.nn.functional.cross_entropy(model(tokens).reshape(-1, 64), tokens.roll(1, 1).reshape(-1))
         opt.zero_grad()

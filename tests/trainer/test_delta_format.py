@@ -18,8 +18,9 @@ from safetensors.torch import save as st_save
 from intellect_node.errors import IntegrityError, ProtocolError
 from intellect_node.protocol import codec
 from intellect_node.protocol.policy import DeltaFile
-from intellect_node.trainer.delta import DENSE_KINDS, Checkpoint, apply_delta, delta_stats, encode_delta, \
+from intellect_node.trainer.delta import DENSE_KINDS, apply_delta, delta_stats, encode_delta, \
     read_delta
+from intellect_node.trainer.policy_weights import PolicyWeights
 from tests.support.delta import policy_versions
 
 torch.set_num_threads(1)
@@ -32,7 +33,7 @@ def test_chain_from_any_full_checkpoint_is_bit_exact(dtype: torch.dtype) -> None
     assert len({v.content_hash for v in versions}) == 6  # every step changed the policy
     deltas = [encode_delta(a, b) for a, b in zip(versions, versions[1:])]
     for start in range(len(versions)):
-        held = Checkpoint.parse(versions[start].to_bytes(), max_size=MAX)  # as fetched in full
+        held = PolicyWeights.parse(versions[start].to_bytes(), max_size=MAX)  # as fetched in full
         for v in range(start + 1, len(versions)):
             held = apply_delta(held, deltas[v - 1], expected_hash=versions[v].content_hash, max_size=MAX)
             assert bytes(held.to_bytes()) == bytes(versions[v].to_bytes())
@@ -55,7 +56,7 @@ def test_special_values_and_every_encoding_kind_round_trip() -> None:
     target["reshaped"] = target["reshaped"].reshape(6, 4)
     target["new"] = torch.randn(5, dtype=torch.float64)
     target["ints"][0] = -7
-    a, b = Checkpoint.from_state_dict(base), Checkpoint.from_state_dict(target)
+    a, b = PolicyWeights.from_state_dict(base), PolicyWeights.from_state_dict(target)
     delta = encode_delta(a, b)
     kinds = {t.name: t.kind for t in read_delta(delta, max_size=MAX).tensors}
     assert kinds["same"] == kinds["scalar"] == kinds["flags"] == kinds["empty"] == "same"
@@ -80,7 +81,7 @@ def test_each_dense_kind_is_bit_exact_across_signs_and_specials(dense: tuple[str
         else:
             a = torch.randint(-2**62, 2**62, (3000,), generator=g)
             b = a + torch.randint(-3, 4, (3000,), generator=g)
-        base, target = Checkpoint.from_state_dict({"t": a}), Checkpoint.from_state_dict({"t": b})
+        base, target = PolicyWeights.from_state_dict({"t": a}), PolicyWeights.from_state_dict({"t": b})
         if dense == ("add_by_exp",) and not dtype.is_floating_point:
             with pytest.raises(ValueError, match="no encoding"):  # integers have no exponent to group by
                 encode_delta(base, target, dense=dense)
@@ -110,19 +111,19 @@ def test_any_bits_round_trip(specs: list[tuple[str, int, bytes, float, bool]]) -
         b[flip] = rng.integers(0, 256, int(flip.sum()), dtype=np.uint8)
         base[f"t{i}"] = torch.from_numpy(a).view(_DT[code])
         target[f"t{i}"] = torch.from_numpy(b).view(_DT[code]).reshape((1, n) if reshape else (n,))
-    a_ck, b_ck = Checkpoint.from_state_dict(base), Checkpoint.from_state_dict(target)
+    a_ck, b_ck = PolicyWeights.from_state_dict(base), PolicyWeights.from_state_dict(target)
     out = apply_delta(a_ck, encode_delta(a_ck, b_ck), expected_hash=b_ck.content_hash, max_size=MAX)
     assert bytes(out.to_bytes()) == bytes(b_ck.to_bytes())
 
 
 def test_checkpoint_is_canonical_and_plain_safetensors() -> None:
     sd = {"b": torch.randn(3, 2), "a": torch.randn(5).bfloat16(), "c": torch.arange(4)}
-    one = Checkpoint.from_state_dict(sd)
-    two = Checkpoint.from_state_dict(dict(reversed(list(sd.items()))))
+    one = PolicyWeights.from_state_dict(sd)
+    two = PolicyWeights.from_state_dict(dict(reversed(list(sd.items()))))
     assert bytes(one.to_bytes()) == bytes(two.to_bytes()) and one.content_hash == two.content_hash
     loaded = st_load(bytes(one.to_bytes()))  # any safetensors reader opens it
     assert all(torch.equal(loaded[k], sd[k]) for k in sd)
-    assert Checkpoint.parse(one.to_bytes(), max_size=MAX).content_hash == one.content_hash
+    assert PolicyWeights.parse(one.to_bytes(), max_size=MAX).content_hash == one.content_hash
 
 
 def _rewrite_header(raw: bytes, edit: object) -> bytes:
@@ -136,7 +137,7 @@ def _rewrite_header(raw: bytes, edit: object) -> bytes:
 
 def test_non_canonical_or_malformed_checkpoints_refused() -> None:
     sd = {"w": torch.randn(4, 4), "h": torch.randn(4).bfloat16()}
-    raw = bytes(Checkpoint.from_state_dict(sd).to_bytes())
+    raw = bytes(PolicyWeights.from_state_dict(sd).to_bytes())
 
     def swap_dtype(h: dict) -> dict:  # type: ignore[type-arg]
         h["w"]["dtype"] = "I32"
@@ -154,9 +155,9 @@ def test_non_canonical_or_malformed_checkpoints_refused() -> None:
     ]
     for data in bad:
         with pytest.raises(ProtocolError):
-            Checkpoint.parse(data, max_size=MAX)
+            PolicyWeights.parse(data, max_size=MAX)
     with pytest.raises(ProtocolError, match="exceeds"):
-        Checkpoint.parse(raw, max_size=len(raw) - 1)
+        PolicyWeights.parse(raw, max_size=len(raw) - 1)
 
 
 @given(st.binary(max_size=400))
@@ -164,22 +165,22 @@ def test_non_canonical_or_malformed_checkpoints_refused() -> None:
 def test_random_bytes_raise_only_protocol_error(data: bytes) -> None:
     for blob in (data, len(data).to_bytes(8, "little") + data):
         try:
-            Checkpoint.parse(blob, max_size=MAX)
+            PolicyWeights.parse(blob, max_size=MAX)
         except ProtocolError:
             pass
-    base = Checkpoint.from_state_dict({"w": torch.zeros(4)})
+    base = PolicyWeights.from_state_dict({"w": torch.zeros(4)})
     try:
         apply_delta(base, data, expected_hash=base.content_hash, max_size=MAX)
     except (ProtocolError, IntegrityError):
         pass
 
 
-def _pair() -> tuple[Checkpoint, Checkpoint]:
+def _pair() -> tuple[PolicyWeights, PolicyWeights]:
     torch.manual_seed(3)
     base = {"w": torch.randn(256, 64), "v": torch.randn(4096)}
     target = {"w": base["w"] + 1e-3 * torch.randn(256, 64), "v": base["v"].clone()}
     target["v"][[3, 77]] += 1.0
-    return Checkpoint.from_state_dict(base), Checkpoint.from_state_dict(target)
+    return PolicyWeights.from_state_dict(base), PolicyWeights.from_state_dict(target)
 
 
 def _tamper(delta: bytes, which: str, /, **changes: object) -> bytes:
@@ -204,7 +205,7 @@ def test_tampered_payload_is_caught_by_the_result_hash() -> None:
     kinds = {t.name: t for t in read_delta(delta, max_size=MAX).tensors}
     assert kinds["v"].kind == "sparse" and kinds["w"].kind in DENSE_KINDS
     # A well-formed payload that encodes another change: same sizes, other bits.
-    other = Checkpoint.from_state_dict({"w": target.to_state_dict()["w"] * 1.0001,
+    other = PolicyWeights.from_state_dict({"w": target.to_state_dict()["w"] * 1.0001,
                                         "v": target.to_state_dict()["v"]})
     forged_w = {t.name: t for t in read_delta(encode_delta(base, other), max_size=MAX).tensors}["w"]
     forged = _tamper(delta, "w", data=forged_w.data, kind=forged_w.kind, frames=forged_w.frames)

@@ -16,8 +16,8 @@ observe us at, with our listen port: a port-preserving NAT maps the listen port 
     UNKNOWN  too few verdicts (refusals and time-outs are not verdicts)
 
 Shortcuts: TCP only (the node listens on TCP only); the dial-back connection is never registered in
-our swarm (it is upgraded, proven and closed on the spot); a verdict is recomputed from scratch at every check rather than
-kept as a sliding window as go-libp2p does.
+our swarm (it is upgraded, proven and closed on the spot); a verdict is recomputed from scratch at
+every check rather than kept as a sliding window as go-libp2p does.
 """
 
 from __future__ import annotations
@@ -256,6 +256,7 @@ class DialBackAutoNAT(AutoNATBase):
                  if "/tcp/" in str(a)]
         report = ReachabilityReport(
             status=status, public_addrs=tuple(sorted(set(reached))) if status is Reachability.PUBLIC else (),
-            successes=successes, failures=failures, no_verdict=no_verdict + (len(servers) if not addrs else 0),
+            successes=successes, failures=failures,
+            no_verdict=no_verdict + (len(servers) if not addrs else 0),
             listen_port=ports[0] if ports else None, checked_at=time.time(), relayed=relayed)
         return report.with_fix()

@@ -137,7 +137,8 @@ class ChunkStreamServer:
                     header = ChunkResponse(status="ok", size=len(data),
                                            budget_left=None if left is None else left - len(data))
                 if left is not None:
-                    self._used[conn] = self._used.get(conn, 0) + len(raw) + 8 + len(data) + MAX_RESPONSE_HEADER
+                    cost = len(raw) + 8 + len(data) + MAX_RESPONSE_HEADER
+                    self._used[conn] = self._used.get(conn, 0) + cost
                 await stream.write(_frame(codec.encode(header)) + data)
                 self.served_bytes += len(data)
             await stream.close()

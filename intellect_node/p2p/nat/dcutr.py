@@ -101,7 +101,8 @@ class _RememberingDCUtR(DCUtRBase):
                 if relayed_direction(self.host, peer) == DRIVING_SIDE and not has_direct(self.host, peer):
                     await self.initiate_hole_punch(peer)
 
-    async def perform_hole_punch(self, peer_id: ID, addrs: list[Multiaddr], as_responder: bool = False) -> bool:
+    async def perform_hole_punch(self, peer_id: ID, addrs: list[Multiaddr],
+                                 as_responder: bool = False) -> bool:
         # The stock code finds the listen port to dial from in host.get_addrs(), which on a private node
         # lists only circuit addresses (relay.advertise_circuit_addrs): show it the real ones. Without
         # the bound source port the NAT picks a random one and the punch cannot meet.

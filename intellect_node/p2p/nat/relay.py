@@ -198,7 +198,8 @@ async def reserve(host: Any, relay_id: ID, *, timeout: float = RESERVE_TIMEOUT_S
     return HeldReservation(relay=relay_id.to_base58(), relay_addrs=tuple(addrs), expires_at=expire,
                            obtained_at=now,
                            data_limit=int(limit.data) if limit is not None and limit.data else None,
-                           duration_limit=int(limit.duration) if limit is not None and limit.duration else None)
+                           duration_limit=(int(limit.duration) if limit is not None and limit.duration
+                                           else None))
 
 
 class RelayClient:
