@@ -38,7 +38,6 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
 
 from intellect_node.trainer.delta import ALL_DENSE_KINDS, DENSE_KINDS, apply_delta, delta_stats, \
     encode_delta  # noqa: E402
@@ -199,13 +198,46 @@ def synthetic_section(args: argparse.Namespace) -> tuple[PolicyWeights, PolicyWe
 
 
 # ------------------------------------------------------------------------------------ peers on loopback
+def link_limited(rate: float) -> Any:
+    """An HTTP chunk source behind an emulated downlink of ``rate`` bytes/s: each chunk is handed over no
+    earlier than the link could have delivered it after the chunks before it."""
+    from intellect_node.blobs.http import HttpChunkSource
+
+    class LinkLimitedSource(HttpChunkSource):
+        def __init__(self) -> None:
+            super().__init__()
+            self._free_at = 0.0
+
+        async def read_chunk(self, provider: object, cid: str, length: int, sink: Any) -> None:
+            start = max(time.monotonic(), self._free_at)
+            self._free_at = start + length / rate
+            held = _Buffer()
+            await super().read_chunk(provider, cid, length, held)
+            delay = self._free_at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sink.write(held.data)
+
+    return LinkLimitedSource()
+
+
+class _Buffer:
+    """A chunk sink that keeps the bytes (the source's pieces are views of a reused buffer)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, piece: bytes | bytearray | memoryview) -> None:
+        self.data += piece
+
+
 async def peers_section(pair: tuple[PolicyWeights, PolicyWeights], n_peers: int, label: str,
                         link_mbit: float | None) -> None:
     import msgspec
 
-    from intellect_node.roles.policy import PolicyFollower, PolicyPublisher
+    from intellect_node.blobs.peer import BlobPeer, mesh
     from intellect_node.protocol.policy import open_announcement, seal_announcement
-    from tests.support.delta import BlobPeer, mesh
+    from intellect_node.roles.policy import PolicyFollower, PolicyPublisher
 
     prev, cur = pair
     link = f"each peer's downlink emulated at {link_mbit:g} Mbit/s" if link_mbit else "loopback, no link limit"
@@ -218,7 +250,8 @@ async def peers_section(pair: tuple[PolicyWeights, PolicyWeights], n_peers: int,
         # "delta": the default encodings; "delta-exp": with the opt-in add_by_exp (fewer bytes, more CPU).
         for mode, kinds in (("delta", DENSE_KINDS), ("delta-exp", ALL_DENSE_KINDS), ("full", DENSE_KINDS)):
             root = tmp / mode
-            peers = [await BlobPeer(root / f"blobs{i}", link_rate=rate if i else None).start()
+            slow = [[link_limited(rate)] if rate and i else [] for i in range(n_peers + 1)]
+            peers = [await BlobPeer(root / f"blobs{i}", extra_sources=slow[i]).start()
                      for i in range(n_peers + 1)]
             mesh(peers)
             trainer, followers = peers[0], peers[1:]

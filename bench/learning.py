@@ -58,22 +58,45 @@ def held_out_pass_rates(checkpoints: Path) -> tuple[float, float | None]:
     return pass_rate(base), (pass_rate(with_weights(base, last)) if last is not None else None)
 
 
+def start_node(data_dir: Path, role: str, procs: list[Any], *, ids: dict[str, str], model: str,
+               bootstrap: list[str] | None = None) -> Any:
+    """``intellect-node join --role ROLE`` with ``data_dir/config.toml`` (the run: trainer, validator,
+    model, HYPER), started through the node's process supervisor and added to ``procs``."""
+    from intellect_node.node.processes import NodeProcess, child_env, write_config
+
+    network: dict[str, Any] = {"listen": ["/ip4/127.0.0.1/tcp/0"], "http_host": "127.0.0.1",
+                               "heartbeat_interval": 1.0, "peer_timeout": 10.0}
+    if bootstrap:
+        network["bootstrap"] = bootstrap
+    run = {"run_id": "e2e", "trainer_peer_id": ids["trainer"], "validator_peer_ids": [ids["validator"]],
+           "model": model, "async_level": 2, "verdict_quorum": 1, "worker_allowlist": []}
+    write_config(data_dir / "config.toml", {"network": network, "metrics": {"enabled": False}, "run": run,
+                                            "rl": HYPER, "validator": {}})
+    proc = NodeProcess.join(data_dir, "--role", role, output=data_dir.parent / f"{data_dir.name}.log",
+                            env=child_env({"PYTHONPATH": str(REPO)}), cwd=REPO)
+    procs.append(proc)
+    return proc
+
+
 def run_swarm(target: float, window: int, timeout: float, workdir: Path) -> dict[str, Any]:
-    from tests.support.roles import listen_addr, make_key, start_role
     from intellect_node.models.loader import embedded_model_dir
+    from intellect_node.p2p.identity import init_key
 
     model = str(embedded_model_dir())
-    ids = {n: make_key(workdir / n) for n in ("trainer", "validator", "w1", "w2")}
-    common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=model, rl=HYPER)
-    procs = []
+    ids = {}
+    for n in ("trainer", "validator", "w1", "w2"):
+        (workdir / n).mkdir(parents=True, exist_ok=True)
+        ids[n] = init_key(workdir / n).peer_id
+    common = dict(ids=ids, model=model)
+    procs: list[Any] = []
     t0 = time.monotonic()
     try:
-        trainer = start_role(workdir / "trainer", "trainer", procs, **common)
-        t_addr = listen_addr(trainer, 300)
-        validator = start_role(workdir / "validator", "validator", procs, bootstrap=[t_addr], **common)
-        v_addr = listen_addr(validator, 300)
+        trainer = start_node(workdir / "trainer", "trainer", procs, **common)
+        t_addr = trainer.wait_ready(300)["listen_addrs"][0]
+        validator = start_node(workdir / "validator", "validator", procs, bootstrap=[t_addr], **common)
+        v_addr = validator.wait_ready(300)["listen_addrs"][0]
         for n in ("w1", "w2"):
-            start_role(workdir / n, "worker", procs, bootstrap=[t_addr, v_addr], **common)
+            start_node(workdir / n, "worker", procs, bootstrap=[t_addr, v_addr], **common)
         metrics_path = workdir / "trainer" / "trainer" / "metrics.jsonl"
         reached = None
         while time.monotonic() - t0 < timeout:
@@ -86,7 +109,7 @@ def run_swarm(target: float, window: int, timeout: float, workdir: Path) -> dict
         status = trainer.status()["trainer"]
     finally:
         for p in procs:
-            p.close()
+            p.kill()
     held_out = held_out_pass_rates(workdir / "trainer" / "trainer" / "checkpoints")
     trained = [json.loads(x) for x in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
     trained = [m for m in trained if m["trained"]]

@@ -1,4 +1,12 @@
-"""A bare blob peer process: a store served over HTTP, driven by JSON lines on stdin.
+"""A bare blob peer: a store served over HTTP with the providers it is told, in-process or as a process.
+
+In-process, :class:`BlobPeer` (a blob service, its own key and an HTTP server on 127.0.0.1; no DHT,
+no libp2p): the delta tests and ``bench/delta.py`` run a trainer and followers this way::
+
+    peers = [await BlobPeer(root / f"p{i}").start() for i in range(4)]
+    mesh(peers)      # every peer may fetch from every other (what the DHT would answer)
+
+As a process, driven by JSON lines on stdin:
 
 ``python -m intellect_node.blobs.peer --root DIR [--port 0]`` prints one JSON line
 ``{"event": "listening", "url": ..., "peer_id": ...}`` and then answers commands, one JSON object per
@@ -27,11 +35,63 @@ from typing import Any, Sequence
 
 from aiohttp import web
 
-from intellect_node.blobs.fetch import Progress, Provider, StaticProvider
+from intellect_node.blobs.fetch import ChunkSource, Progress, Provider, StaticProvider
 from intellect_node.blobs.service import BlobService
 from intellect_node.blobs.store import BlobStore
 from intellect_node.errors import IntellectNodeError
 from intellect_node.protocol.signing import SigningKey
+
+
+class BlobPeer:
+    """A blob service with its own store, key and HTTP server; it fetches from ``providers`` (set them,
+    or :func:`mesh` a group) and records the reasons it would hold against a peer in ``rejections``.
+    ``extra_sources``: chunk sources tried before plain HTTP (a benchmark's emulated slow link)."""
+
+    def __init__(self, root: Path, key: SigningKey | None = None, *, host: str = "127.0.0.1", port: int = 0,
+                 extra_sources: Sequence[ChunkSource] = ()) -> None:
+        self.providers: list[Provider] = []
+        self.rejections: list[tuple[str, str]] = []
+        self.host, self.port = host, port
+
+        async def find(cid: str) -> Sequence[Provider]:
+            return list(self.providers)
+
+        self.blobs = BlobService(BlobStore(root), key or SigningKey.generate(), find_providers=find,
+                                 penalise=lambda peer, why: self.rejections.append((peer, why)),
+                                 extra_sources=list(extra_sources))
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def key(self) -> SigningKey:
+        return self.blobs.key
+
+    def as_provider(self) -> StaticProvider:
+        return StaticProvider(self.key.peer_id, self.url)
+
+    async def start(self, *, announce: bool = False) -> "BlobPeer":
+        """Serve the bulk routes (``url`` is known from here on), then start the service."""
+        app = web.Application()
+        app.add_routes(self.blobs.routes())
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://{self.host}:{port}"
+        await self.blobs.start(announce=announce)
+        return self
+
+    async def stop(self) -> None:
+        await self.blobs.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+def mesh(peers: Sequence[BlobPeer]) -> None:
+    """Every peer may fetch from every other (what the DHT would answer)."""
+    for p in peers:
+        p.providers = [q.as_provider() for q in peers if q is not p]
 
 
 def _emit(obj: dict[str, Any]) -> None:
@@ -49,23 +109,9 @@ async def _main(args: argparse.Namespace) -> None:
         loop.call_soon_threadsafe(lines.put_nowait, None)
 
     key = SigningKey(bytes.fromhex(args.seed)) if args.seed else SigningKey.generate()
-    providers: list[Provider] = []
-
-    async def find(cid: str) -> Sequence[Provider]:
-        return list(providers)
-
-    rejections: list[tuple[str, str]] = []
-    svc = BlobService(BlobStore(args.root), key, find_providers=find,
-                      penalise=lambda peer, reason: rejections.append((peer, reason)))
-    app = web.Application()
-    app.add_routes(svc.routes())
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    await svc.start()
-    _emit({"event": "listening", "url": f"http://{args.host}:{port}", "peer_id": key.peer_id})
+    peer = await BlobPeer(args.root, key, host=args.host, port=args.port).start(announce=True)
+    svc, providers, rejections = peer.blobs, peer.providers, peer.rejections
+    _emit({"event": "listening", "url": peer.url, "peer_id": key.peer_id})
     threading.Thread(target=read_stdin, daemon=True).start()
     try:
         while (line := await lines.get()) is not None:
@@ -101,8 +147,7 @@ async def _main(args: argparse.Namespace) -> None:
             else:
                 _emit({"event": "error", "message": f"unknown op {op!r}"})
     finally:
-        await svc.close()
-        await runner.cleanup()
+        await peer.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

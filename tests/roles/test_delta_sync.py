@@ -10,6 +10,7 @@ import msgspec
 import pytest
 import torch
 
+from intellect_node.blobs.peer import BlobPeer, mesh
 from intellect_node.errors import IntegrityError
 from intellect_node.fsutil import atomic_write_bytes
 from intellect_node.roles.policy import PolicyFollower, PolicyPublisher
@@ -19,7 +20,7 @@ from intellect_node.protocol.policy import DeltaFile, PolicyAnnouncement, open_a
     seal_announcement
 from intellect_node.trainer.delta import encode_delta, read_delta
 from intellect_node.trainer.policy_weights import PolicyWeights
-from tests.support.delta import BlobPeer, mesh, policy_versions
+from tests.support.delta import policy_versions
 
 torch.set_num_threads(1)
 RUN = "delta-test"

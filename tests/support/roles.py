@@ -19,14 +19,13 @@ Modes:
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from tests.support.swarm import REPO, NodeProcess
+from intellect_node.node.processes import write_config as write_config_file
+from tests.support.common import REPO
+from tests.support.swarm import NodeProcess
 
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
@@ -44,21 +43,15 @@ def write_config(data_dir: Path, *, trainer: str, validators: list[str], model: 
                  validator: dict[str, Any] | None = None) -> Path:
     """``<data_dir>/config.toml`` (read by ``join`` from the data dir). ``validator``: the
     ``[validator]`` section's settings."""
-    def val(v: Any) -> str:
-        return json.dumps(v)
-
-    lines = ["[network]", 'listen = ["/ip4/127.0.0.1/tcp/0"]', 'http_host = "127.0.0.1"',
-             "heartbeat_interval = 1.0", "peer_timeout = 10.0"]
+    network: dict[str, Any] = {"listen": ["/ip4/127.0.0.1/tcp/0"], "http_host": "127.0.0.1",
+                               "heartbeat_interval": 1.0, "peer_timeout": 10.0}
     if bootstrap:
-        lines.append(f"bootstrap = {val(bootstrap)}")
-    lines += ["[metrics]", "enabled = false", "[run]", f"run_id = {val(run_id)}", f"trainer_peer_id = {val(trainer)}",
-              f"validator_peer_ids = {val(validators)}", f"model = {val(model)}", f"async_level = {async_level}",
-              f"verdict_quorum = {verdict_quorum}", f"worker_allowlist = {val(worker_allowlist or [])}", "[rl]"]
-    lines += [f"{k} = {val(v)}" for k, v in rl.items()]
-    lines += ["[validator]"] + [f"{k} = {val(v)}" for k, v in (validator or {}).items()]
-    path = data_dir / "config.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+        network["bootstrap"] = bootstrap
+    run = {"run_id": run_id, "trainer_peer_id": trainer, "validator_peer_ids": validators, "model": model,
+           "async_level": async_level, "verdict_quorum": verdict_quorum,
+           "worker_allowlist": worker_allowlist or []}
+    return write_config_file(data_dir / "config.toml", {"network": network, "metrics": {"enabled": False},
+                                                        "run": run, "rl": rl, "validator": validator or {}})
 
 
 def role_process(data_dir: Path, role: str) -> NodeProcess:
@@ -84,14 +77,8 @@ class CheatProcess(NodeProcess):
     module whose ``__main__`` runs it (``tests.support.hostile`` for the other hostile peers)."""
 
     def __init__(self, data_dir: Path, mode: str, module: str = "tests.support.roles") -> None:
-        self.data_dir = data_dir
-        self.args = [mode]
-        self.log_path = data_dir.parent / f"{data_dir.name}.log"
-        self._log = open(self.log_path, "ab")
         argv = ["cheat", mode, str(data_dir)] if module == "tests.support.roles" else [mode, str(data_dir)]
-        self.proc = subprocess.Popen([sys.executable, "-m", module, *argv],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **ENV},
-                                     cwd=str(REPO))
+        super().__init__(data_dir, env=ENV, argv=[sys.executable, "-m", module, *argv])
 
 
 def hostile_process(data_dir: Path, mode: str, procs: list[Any], **config: Any) -> CheatProcess:
@@ -109,15 +96,16 @@ def _cheat_main(mode: str, data_dir: Path) -> int:
     import msgspec
     import torch
 
-    from intellect_node.commands.join import build_node_config, services
-    from intellect_node.logsetup import setup_logging
-    from intellect_node.inference.torch_engine import TorchEngine
-    from intellect_node.roles.worker import Worker
-    from intellect_node.node.runtime import NodeRuntime, run_node
+    from intellect_node.commands.join import build_node_config
     from intellect_node.fsutil import atomic_write_bytes
+    from intellect_node.inference.torch_engine import TorchEngine
+    from intellect_node.logsetup import setup_logging
+    from intellect_node.node.assembly import build_node
+    from intellect_node.node.runtime import run_node
     from intellect_node.protocol.rl import NOTICE_KIND, RolloutNotice, seal_notice
     from intellect_node.protocol.rollout import RolloutBatch, encode_batch, sign_rollout
     from intellect_node.protocol.topics import topic
+    from intellect_node.roles.worker import Worker
 
     class Cheater(Worker):
         copies = 0
@@ -188,10 +176,8 @@ def _cheat_main(mode: str, data_dir: Path) -> int:
     cfg = build_node_config(listen=[], bootstrap=[], run_id=None, trainer_peer_id=None, http_host=None,
                             http_port=None, http_public_url=None, control_port=None, heartbeat_interval=None,
                             peer_timeout=None, data_dir=data_dir)
-    runtime = NodeRuntime(cfg, data_dir, roles=["worker"])
-    services(runtime)
-    runtime.add_service(Cheater.for_runtime)
-    return run_node(runtime)
+    # A worker node in every way but its role's code: the common services, then the cheating worker.
+    return run_node(build_node(cfg, data_dir, labels=["worker"], services=[Cheater.for_runtime]))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ In-process (fast; each node has its own trio thread, all share one asyncio loop)
         ...
 
 ``run(coro)`` runs a coroutine from a plain (sync) pytest test with an overall deadline.
-As processes through the real CLI: :class:`NodeProcess` (``intellect-node join``), killed by PID.
+As processes through the real CLI: :class:`NodeProcess` (``intellect-node join``, started and killed by
+PID through the product's supervisor, ``intellect_node.node.processes``). Runtimes are put together by
+``intellect_node.node.assembly``, like every node's.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import subprocess
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from intellect_node.errors import IntellectNodeError
+from intellect_node.node import processes
 from tests.support.common import CLI, REPO
 from tests.support.wait import wait_until
 
@@ -105,13 +107,14 @@ async def runtime_nodes(root: Path, n: int, edges: Edges | None = None, *, run_i
     All nodes share one process and one GIL: py-libp2p costs ~20 ms of CPU per gossip message per node,
     so frequent heartbeats starve the DHT on a busy machine (seen: 30 s provides at 0.5 s heartbeats on
     six nodes). Keep ``heartbeat_interval`` at a second or more unless the test is about heartbeats."""
+    from intellect_node.node.assembly import build_node
     from intellect_node.node.config import build_config
-    from intellect_node.node.runtime import NodeRuntime
 
     cfg = build_config(network={"heartbeat_interval": heartbeat_interval, "peer_timeout": peer_timeout,
                                 "http_host": "127.0.0.1"}, run={"run_id": run_id})
-    rts = [NodeRuntime(cfg, root / f"node{i}", roles=(roles[i] if roles else []), services=list(services))
-           for i in range(n)]
+    # Only the services the test gives: ``roles`` here are what the nodes say they are (heartbeats).
+    rts = [build_node(cfg, root / f"node{i}", labels=(roles[i] if roles else []), services=list(services),
+                      common=False) for i in range(n)]
     started: list[Any] = []
     try:
         for rt in rts:  # sequential: each start binds ports and may spawn service tasks
@@ -124,38 +127,23 @@ async def runtime_nodes(root: Path, n: int, edges: Edges | None = None, *, run_i
         await asyncio.gather(*(rt.stop() for rt in started), return_exceptions=True)
 
 
-class NodeProcess:
-    """``intellect-node join`` as a child process (the way a user runs it); stop it by PID only."""
+class NodeProcess(processes.NodeProcess):
+    """``intellect-node join --headless --data-dir DATA_DIR *args`` as a child process (the way a user runs
+    it), output in ``<data_dir>.log`` beside the data dir; :meth:`close` kills it by PID."""
 
-    def __init__(self, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        self.data_dir = data_dir
-        self.args = ["join", "--data-dir", str(data_dir), "--headless", *args]
+    def __init__(self, data_dir: Path, *args: str, env: dict[str, str] | None = None,
+                 argv: list[str] | None = None) -> None:
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
-        full_env = dict(os.environ)
-        full_env.update(env or {})
-        data_dir.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([CLI, *self.args], stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=full_env, cwd=str(REPO))
+        full_env = {**os.environ, **(env or {})}
+        command = [CLI, "join", "--data-dir", str(data_dir), "--headless", *args] if argv is None else argv
+        super().__init__(command, data_dir, output=self.log_path, env=full_env, cwd=REPO)
 
     def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:
-        """Wait for control.json and a status answer; return the status."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"node exited with {self.proc.returncode}:\n{self.log()}")
-            if (self.data_dir / "control.json").exists():
-                try:
-                    return self.status()
-                except Exception:  # not answering yet
-                    pass
-            time.sleep(0.1)
-        raise AssertionError(f"node not ready after {timeout}s:\n{self.log()}")
-
-    def status(self) -> dict[str, Any]:
-        from intellect_node.node import control
-
-        return control.request(self.data_dir, "GET", "/v1/status", timeout=5.0)
+        """Wait for control.json and a status answer; return the status (a test failure otherwise)."""
+        try:
+            return super().wait_ready(timeout)
+        except IntellectNodeError as exc:  # the child's exit code and last output, or "did not start"
+            raise AssertionError(str(exc)) from exc
 
     def cli_status(self) -> dict[str, Any]:
         out = subprocess.run([CLI, "status", "--data-dir", str(self.data_dir), "--json"], capture_output=True,
@@ -163,26 +151,11 @@ class NodeProcess:
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)
 
-    @property
-    def peer_id(self) -> str:
-        return self.status()["peer_id"]
-
-    def addr(self) -> str:
-        return self.status()["listen_addrs"][0]
-
-    def signal(self, sig: int) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-
     def wait(self, timeout: float = 30.0) -> int:
-        return self.proc.wait(timeout)
+        return super().wait(timeout)
 
     def log(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")[-4000:]
+        return self.output_text(4000)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.signal(signal.SIGKILL)
-            self.proc.wait(10)
-        self._log.close()
+        self.kill()
