@@ -11,7 +11,7 @@ from rich.console import Console
 
 from intellect_node import dashboard
 from intellect_node.node.status import StatusBoard, StatusSnapshot
-from tests.support.operator import FakeClock, busy_board
+from tests.support.operator_node import FakeClock, busy_board
 
 
 def _console(width: int = 80, height: int = 24) -> Console:

@@ -71,7 +71,7 @@ def test_metrics_over_http_follow_the_board() -> None:
 
 
 def test_health_metrics_and_health_endpoint() -> None:
-    from tests.support.operator import FakeClock
+    from tests.support.operator_node import FakeClock
 
     clock = FakeClock()
     b = StatusBoard(role="worker", clock=clock, monotonic=clock)

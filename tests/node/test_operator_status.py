@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from intellect_node.errors import ProtocolError
 from intellect_node.node.status import (HISTORY_LEN, RECENT_LEN, BoardLogHandler, StatusBoard,
                                         StatusSnapshot)
-from tests.support.operator import FakeClock, busy_board
+from tests.support.operator_node import FakeClock, busy_board
 
 
 def test_counters_and_derived_values() -> None:
