@@ -1,23 +1,19 @@
 """The node's configuration tree (pydantic, ``extra="forbid"``, a docstring on every field).
 
-Sections: ``network`` (libp2p, HTTP, heartbeats), ``run`` (what the swarm trains and whom it trusts) and
-``metrics`` (the local Prometheus endpoint). Further sections (roles, proofs) hang off :class:`NodeConfig`
-the same way. :func:`load_config` layers a TOML file, ``INTELLECT_NODE_<SECTION>__<FIELD>`` environment
-variables and flags (flags > env > file). :func:`build_config` turns pydantic's errors into one :class:`ConfigError` that names the
-field (``network.bootstrap[0]``) and what is wrong with it.
+Sections: ``network`` (libp2p, HTTP, heartbeats), ``run`` (what the swarm trains and whom it trusts),
+``metrics`` (the local Prometheus endpoint), ``rl`` (the RL roles), ``validator`` (a validator's bounds
+on one peer) and ``nat``. Further sections hang off :class:`NodeConfig` the same way; the loader
+(:mod:`.loader`) and the example file (:mod:`.example`) find them there, so a new field needs nothing
+but its declaration and docstring here.
 """
 
 from __future__ import annotations
 
-import json
-import os
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from intellect_node.errors import ConfigError, ProtocolError
+from intellect_node.errors import ProtocolError
 from intellect_node.p2p.nat.config import NatConfig
 from intellect_node.protocol.ids import public_key_from_peer_id
 from intellect_node.protocol.topics import validate_run_id
@@ -138,8 +134,9 @@ class RunConfig(_Section):
     @model_validator(mode="after")
     def _quorum(self) -> "RunConfig":
         if self.validator_peer_ids and self.verdict_quorum > len(self.validator_peer_ids):
-            raise ValueError(f"verdict_quorum {self.verdict_quorum} exceeds the {len(self.validator_peer_ids)} "
-                             "validator_peer_ids; lower it or list more validators")
+            raise ValueError(f"verdict_quorum {self.verdict_quorum} exceeds the "
+                             f"{len(self.validator_peer_ids)} validator_peer_ids; lower it or list more "
+                             "validators")
         return self
 
     @field_validator("run_id")
@@ -340,234 +337,11 @@ class NodeConfig(_Section):
     """Reachability behind NAT: AutoNAT, circuit relay, hole punching (docs/nat.md)."""
 
 
-def _loc(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _known_fields(loc: tuple[Any, ...]) -> str:
-    """"expected one of ..." for the model that refused an unknown key at ``loc``."""
-    model: Any = NodeConfig
-    for part in loc[:-1]:
-        info = model.model_fields.get(part) if isinstance(part, str) else None
-        if info is None or not (isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)):
-            return "check its spelling"
-        model = info.annotation
-    return "expected one of: " + ", ".join(model.model_fields)
-
-
-def build_config(data: dict[str, Any] | None = None, **sections: Any) -> NodeConfig:
-    """Validate a config dict (``{"network": {...}, "run": {...}}``); ConfigError names the field."""
-    merged: dict[str, Any] = dict(data or {})
-    merged.update(sections)
-    try:
-        return NodeConfig.model_validate(merged)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = _loc(err["loc"]) or "config"
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = f"unknown field; {_known_fields(err['loc'])}"
-        more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-        raise ConfigError(f"config field {field}: {msg}{more}", field=field) from exc
-
-
-# -- files, environment and flags ------------------------------------------------------------------
-#
-# One TOML file (sections as above), then INTELLECT_NODE_<SECTION>__<FIELD> environment variables, then
-# command-line flags: each layer overrides the one before, field by field. A mistake names the field,
-# where the value came from (the file, the variable or the flag) and what was expected.
-
-ENV_PREFIX = "INTELLECT_NODE_"
-CONFIG_ENV = "INTELLECT_NODE_CONFIG"
-"""Path of the config file when ``--config`` is not given."""
-DEFAULT_CONFIG_NAME = "config.toml"
-"""Read from the data dir when neither ``--config`` nor ``INTELLECT_NODE_CONFIG`` names a file."""
-MAX_CONFIG_BYTES = 1 << 20
-
-
-def read_toml(path: str | Path) -> dict[str, Any]:
-    """The TOML file at ``path`` as a dict; ConfigError (field ``config``) for a missing or broken file."""
-    import tomllib
-
-    path = Path(path).expanduser()
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise ConfigError(f"--config {path}: no such file; docs/config.example.toml is a template",
-                          field="config") from exc
-    except OSError as exc:
-        raise ConfigError(f"--config {path}: cannot read it ({exc.strerror})", field="config") from exc
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"--config {path}: {len(raw)} bytes is not a config file", field="config")
-    try:
-        return tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--config {path}: not valid TOML: {exc}", field="config") from exc
-
-
-def _sections() -> dict[str, type[BaseModel]]:
+def section_models() -> dict[str, type[BaseModel]]:
+    """Section name -> its model, in the order of :class:`NodeConfig` (the order of the example file)."""
     out: dict[str, type[BaseModel]] = {}
     for name, info in NodeConfig.model_fields.items():
         ann = info.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             out[name] = ann
     return out
-
-
-def _env_value(raw: str, annotation: Any) -> Any:
-    """Text of an environment variable -> a value pydantic validates: JSON where it parses as a list or
-    object, comma-separated lists, empty text as "unset" (None) for optional fields."""
-    text = raw.strip()
-    origin = getattr(annotation, "__origin__", None)
-    if origin is list or annotation is list:
-        if text.startswith("["):
-            try:
-                return json.loads(text)
-            except ValueError:
-                return text  # pydantic reports it as "not a list" with the field's name
-        return [part.strip() for part in text.split(",") if part.strip()]
-    if text == "" and type(None) in getattr(annotation, "__args__", ()):
-        return None
-    return text
-
-
-def env_layer(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Config values from ``INTELLECT_NODE_<SECTION>__<FIELD>`` variables, and field -> variable name."""
-    sections = _sections()
-    values: dict[str, Any] = {}
-    origin: dict[str, str] = {}
-    for var, raw in sorted(environ.items()):
-        if not var.startswith(ENV_PREFIX) or var == CONFIG_ENV:
-            continue
-        rest = var[len(ENV_PREFIX):]
-        if "__" not in rest:
-            head = rest.split("_", 1)[0].lower()
-            if head in sections and rest.lower() != head:
-                raise ConfigError(f"environment variable {var}: config variables separate section and field "
-                                  f"with two underscores, e.g. {ENV_PREFIX}{head.upper()}__"
-                                  f"{rest.split('_', 1)[1]}", field=var)
-            continue  # INTELLECT_NODE_DATA_DIR and other non-config variables
-        section, _, name = rest.lower().partition("__")
-        model = sections.get(section)
-        if model is None:
-            raise ConfigError(f"environment variable {var}: no config section {section!r} (sections: "
-                              f"{', '.join(sections)})", field=var)
-        info = model.model_fields.get(name)
-        if info is None:
-            raise ConfigError(f"environment variable {var}: section {section} has no field {name!r} (fields: "
-                              f"{', '.join(model.model_fields)})", field=var)
-        values.setdefault(section, {})[name] = _env_value(raw, info.annotation)
-        origin[f"{section}.{name}"] = var
-    return values, origin
-
-
-def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """``over`` on top of ``base``: tables merge key by key, anything else is replaced."""
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def _leaves(d: Mapping[str, Any], prefix: str = "") -> list[str]:
-    out: list[str] = []
-    for k, v in d.items():
-        path = f"{prefix}.{k}" if prefix else str(k)
-        out += (_leaves(v, path) or [path]) if isinstance(v, Mapping) else [path]
-    return out
-
-
-def config_file_for(path: str | Path | None, *, environ: Mapping[str, str],
-                    data_dir: Path | None) -> Path | None:
-    """``--config`` beats ``INTELLECT_NODE_CONFIG`` beats ``<data-dir>/config.toml`` (if it exists)."""
-    if path:
-        return Path(path).expanduser()
-    if environ.get(CONFIG_ENV):
-        return Path(environ[CONFIG_ENV]).expanduser()
-    if data_dir is not None and (data_dir / DEFAULT_CONFIG_NAME).is_file():
-        return data_dir / DEFAULT_CONFIG_NAME
-    return None
-
-
-def load_config(path: str | Path | None = None, *, flags: Mapping[str, Any] | None = None,
-                environ: Mapping[str, str] | None = None, data_dir: Path | None = None,
-                flag_names: Mapping[str, str] | None = None) -> NodeConfig:
-    """Build the node's config: file < environment < flags (``flags`` holds only flags actually given,
-    as ``{"network": {"bootstrap": [...]}}``). ``flag_names`` maps ``section.field`` to its flag so an error
-    names ``--bootstrap`` rather than the field. ConfigError names the field and the value's source."""
-    environ = os.environ if environ is None else environ
-    file = config_file_for(path, environ=environ, data_dir=data_dir)
-    layers: list[tuple[dict[str, Any], dict[str, str]]] = []
-    if file is not None:
-        doc = read_toml(file)
-        layers.append((doc, {leaf: f"{file}" for leaf in _leaves(doc)}))
-    layers.append(env_layer(environ))
-    if flags:
-        names = flag_names or {}
-        layers.append((dict(flags), {leaf: names.get(leaf, "a command-line flag") for leaf in _leaves(flags)}))
-    merged: dict[str, Any] = {}
-    origin: dict[str, str] = {}
-    for values, where in layers:
-        merged = deep_merge(merged, values)
-        origin.update(where)
-    try:
-        return build_config(merged)
-    except ConfigError as exc:
-        field = exc.field or ""
-        source = next((src for leaf, src in origin.items()
-                       if field == leaf or field.startswith(leaf + "[") or field.startswith(leaf + ".")), None)
-        if source is None:  # a whole-section check (e.g. peer_timeout vs heartbeat_interval)
-            source = next((src for leaf, src in origin.items() if leaf.startswith(field + ".")), None)
-        if source is None:
-            raise
-        raise ConfigError(f"{exc} (set in {source})", field=field) from exc
-
-
-def field_docs(model: type[BaseModel] = NodeConfig, prefix: str = "") -> dict[str, str]:
-    """``section.field`` -> its docstring, for every field of the tree ("" where one is missing)."""
-    out: dict[str, str] = {}
-    for name, info in model.model_fields.items():
-        path = f"{prefix}.{name}" if prefix else name
-        ann = info.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            out.update(field_docs(ann, path))
-        else:
-            out[path] = info.description or ""
-    return out
-
-
-def example_toml() -> str:
-    """A complete, commented config with every field at its default (docs/config.example.toml)."""
-    import textwrap
-
-    lines = ["# intellect-node configuration: every field, at its default, with what it does.",
-             "# Use: intellect-node join --config FILE (or INTELLECT_NODE_CONFIG=FILE, or <data-dir>/config.toml).",
-             "# Environment variables override the file: INTELLECT_NODE_<SECTION>__<FIELD>, e.g.",
-             "#   INTELLECT_NODE_NETWORK__BOOTSTRAP=/ip4/1.2.3.4/tcp/4001/p2p/12D3KooW...",
-             "# and command-line flags override both. Unknown fields are errors.",
-             "# Regenerate: python -m intellect_node.node.config > docs/config.example.toml", ""]
-    defaults = NodeConfig()
-    for section, model in _sections().items():
-        doc = (NodeConfig.model_fields[section].description or "").strip()
-        lines.append(f"[{section}]" + (f"  # {doc}" if doc else ""))
-        values = getattr(defaults, section)
-        for name, info in model.model_fields.items():
-            for para in (info.description or "").strip().splitlines():
-                lines += [f"# {w}" for w in textwrap.wrap(" ".join(para.split()), 100)] or ["#"]
-            value = getattr(values, name)
-            if value is None:
-                lines.append(f"# {name} =")
-            else:
-                lines.append(f"{name} = {json.dumps(value)}")
-        lines.append("")
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(example_toml(), end="")

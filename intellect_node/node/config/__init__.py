@@ -1,0 +1,40 @@
+"""The node's configuration: the schema, how it is loaded, and the example file made from it.
+
+- :mod:`.schema`: the pydantic sections and :class:`NodeConfig` (``extra="forbid"``, a docstring on
+  every field);
+- :mod:`.loader`: file < environment < flags, and error messages that name the field and its source;
+- :mod:`.example`: ``docs/config.example.toml`` from the docstrings
+  (``python -m intellect_node.node.config > docs/config.example.toml``).
+
+Callers import from here. The roles read this package (it ranks below them, see tests/test_layering.py).
+"""
+
+from __future__ import annotations
+
+from intellect_node.node.config.example import example_toml, field_docs
+from intellect_node.node.config.loader import (
+    CONFIG_ENV,
+    DEFAULT_CONFIG_NAME,
+    ENV_PREFIX,
+    MAX_CONFIG_BYTES,
+    build_config,
+    config_file_for,
+    deep_merge,
+    env_layer,
+    load_config,
+    read_toml,
+)
+from intellect_node.node.config.schema import (
+    MetricsConfig,
+    NetworkConfig,
+    NodeConfig,
+    RLConfig,
+    RunConfig,
+    ValidatorConfig,
+    section_models,
+)
+
+__all__ = ["CONFIG_ENV", "DEFAULT_CONFIG_NAME", "ENV_PREFIX", "MAX_CONFIG_BYTES", "MetricsConfig",
+           "NetworkConfig", "NodeConfig", "RLConfig", "RunConfig", "ValidatorConfig", "build_config",
+           "config_file_for", "deep_merge", "env_layer", "example_toml", "field_docs", "load_config",
+           "read_toml", "section_models"]
