@@ -16,8 +16,8 @@ Calls block for one fsync (about a millisecond on an SSD); the roles call them f
 (``asyncio.to_thread``) when that matters. One connection guarded by a lock serves all threads.
 
 In a node, :class:`LedgerService` (added by ``join`` before the roles, so it closes after them) opens the
-ledger at construction; a role finds it with ``LedgerService.of(runtime)``. Closing it checkpoints the
-WAL into the main file: after a clean stop (SIGTERM) ``ledger.sqlite`` alone holds everything.
+ledger at construction; a role finds it with ``roles.common.ledger_of(runtime)``. Closing it checkpoints
+the WAL into the main file: after a clean stop (SIGTERM) ``ledger.sqlite`` alone holds everything.
 """
 
 from __future__ import annotations
@@ -235,15 +235,6 @@ class LedgerService:
     @classmethod
     def for_runtime(cls, rt: Any) -> "LedgerService":
         return cls(rt.data_dir)
-
-    @staticmethod
-    def of(rt: Any) -> Ledger:
-        """The ledger of runtime ``rt``; ConfigError if the node was built without one."""
-        for svc in getattr(rt, "services", []):
-            if isinstance(svc, LedgerService):
-                return svc.ledger
-        raise ConfigError("this node runs without a ledger; add LedgerService.for_runtime before the roles",
-                          field="services")
 
     async def start(self) -> None:
         return None

@@ -119,11 +119,6 @@ def build_registry(board: StatusBoard) -> CollectorRegistry:
     return registry
 
 
-def render(board: StatusBoard) -> bytes:
-    """The Prometheus text exposition of ``board``."""
-    return generate_latest(build_registry(board))
-
-
 def metrics_routes(board: StatusBoard) -> list[web.RouteDef]:
     """``GET /metrics`` for the runtime's aiohttp app (bound to 127.0.0.1; no token, like node_exporter)."""
     registry = build_registry(board)

@@ -389,9 +389,6 @@ class StatusBoard:
         now = self._clock()
         self._update(lambda s: {"health": dataclasses.replace(s.health, refreshed_at=now)})
 
-    def set_role(self, role: str) -> None:
-        self._update(lambda s: {"role": role})
-
     def set_identity(self, peer_id: str, *, version: str = "", data_dir: str = "",
                      listen_addrs: Iterable[str] = (), http_url: str = "") -> None:
         ident = Identity(peer_id=peer_id, version=version, data_dir=data_dir,

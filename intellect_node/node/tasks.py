@@ -68,10 +68,6 @@ class TaskSupervisor:
         task.add_done_callback(lambda t: self._tasks.pop(t, None))
         return task
 
-    def failing(self) -> dict[str, str]:
-        """Tasks restarting now (or given up on), with why."""
-        return dict(self._failing)
-
     def problem(self) -> str:
         """"" while every essential task runs, else why not."""
         return next(iter(self._failing.values()), "")

@@ -192,11 +192,6 @@ class PeerBook:
             self._dirty = True
         log.warning("banned %s: %s", peer_id, reason[:200])
 
-    def unban(self, peer_id: str) -> None:
-        with self._lock:
-            if peer_id in self._peers:
-                self._peers[peer_id].banned = None
-
     def is_banned(self, peer_id: str) -> bool:
         with self._lock:
             rec = self._peers.get(peer_id)

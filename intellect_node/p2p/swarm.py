@@ -50,7 +50,6 @@ PUBLISH_RATE_PER_TOPIC = 8.0
 """Messages/s one node publishes on one topic: under the stock gossipsub limit of 10/s (notes)."""
 STASH_SIZE = 4096
 """Validated-but-not-yet-delivered messages kept between the validator and the subscription pump."""
-RESOLVE_TIMEOUT_S = 5.0
 BOOTSTRAP_TIMEOUT_S = 10.0
 MAX_REMEMBERED_DIALS = 8
 MAX_REPROVIDE = 256

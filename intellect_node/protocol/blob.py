@@ -62,9 +62,6 @@ class Manifest(codec.Message, frozen=True):
             raise IndexError(index)
         return min(self.chunk_size, self.total_size - index * self.chunk_size)
 
-    def chunk_offset(self, index: int) -> int:
-        return index * self.chunk_size
-
     def chunk_lengths(self) -> list[int]:
         return [self.chunk_length(i) for i in range(len(self.chunks))]
 
