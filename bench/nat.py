@@ -10,7 +10,7 @@ Measures, in one run:
 - the time DCUtR took to give a direct connection.
 
 Each figure is printed beside its baseline from the same run as a ratio. Nodes are
-tests/support/nat_agent.py processes; the topology is tests/support/netns.py's.
+intellect_node/testing/nat_agent.py processes; the topology is intellect_node/testing/netns.py's.
 
     sudo .venv/bin/python bench/nat.py [--mib 16] [--repeats 3]
 """
@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
 
-from tests.support.netns import Agent, Topology, netns_unavailable_reason  # noqa: E402
+from intellect_node.testing.netns import Agent, Topology, netns_unavailable_reason  # noqa: E402
 
 CHUNK = 4 * 1024 * 1024
 

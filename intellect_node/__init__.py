@@ -13,6 +13,7 @@ Layers (imports flow one way, bottom up; ``tests/test_layering.py`` checks it; d
     roles/                worker, validator, trainer, policy distribution, sweep services
     node/                 runtime, config, status, control API, ledger, metrics: what runs a node
     commands/, cli.py, dashboard.py   the operator's layer (typer, rich)
+    testing/              shipped test harness (netns topologies, NAT agent); the product never imports it
 """
 
 __version__ = "0.1.0"

@@ -1,4 +1,9 @@
-"""A small libp2p node for the NAT tests, run inside a network namespace by tests/support/netns.py.
+"""A small libp2p node for the NAT tests and bench/nat.py, run inside a network namespace by
+:mod:`intellect_node.testing.netns` (``python -m intellect_node.testing.nat_agent``).
+
+Test harness (``intellect_node.testing``), never imported by the node. It stands in for a remote peer, so
+it builds a bare py-libp2p host (with the node's fixes applied, ``p2p.compat`` through ``p2p.host``)
+instead of a whole node.
 
 It runs a real host (TCP, Noise, Yamux), the Kademlia DHT and this project's NAT services
 (intellect_node.p2p.nat), and takes JSON-line commands on stdin; each reply is one JSON line on stdout
@@ -17,8 +22,6 @@ import time
 from typing import Any, Awaitable, Callable
 
 import trio
-from multiaddr import Multiaddr
-
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519
@@ -28,6 +31,7 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
+from multiaddr import Multiaddr
 
 from intellect_node.p2p.host import apply_libp2p_fixes
 from intellect_node.p2p.nat import autonat as autonat_mod
@@ -59,7 +63,8 @@ class Node:
         self.relay_service: relay.RelayService | None = None
         self.dialer = relay.CircuitDialer(self.host)
         self.dcutr: dcutr.HolePuncher | None = None
-        self.chunks = chunk_stream.ChunkStreamServer(self.host, self._lookup_chunk, relay_limits=self._relay_budget)
+        self.chunks = chunk_stream.ChunkStreamServer(self.host, self._lookup_chunk,
+                                                     relay_limits=self._relay_budget)
         self.store: dict[str, bytes] = {}
 
     def _relay_budget(self, relay_peer: str) -> int | None:
@@ -234,11 +239,6 @@ class Node:
             total += len(data)
         return {"bytes": total, "seconds": time.monotonic() - t0,
                 "kinds": relay.connection_kinds(self.host, ID.from_base58(peer))}
-
-    async def op_observed(self) -> dict[str, Any]:
-        m = self.host._observed_addr_manager
-        return {"observed": [str(a) for a in m.addrs(min_observers=1)], "raw": repr(m._external_addrs),
-                "transport": [str(a) for a in self.host.get_transport_addrs()]}
 
     async def op_provide(self, key: str) -> dict[str, Any]:
         ok = await self.dht.provide(key)

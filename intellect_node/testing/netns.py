@@ -1,5 +1,7 @@
 """Network-namespace topologies for the NAT tests and bench/nat.py (Linux, root, iproute2, iptables).
 
+Test harness (``intellect_node.testing``), never imported by the node.
+
     public bridge 100.64.77.0/24 (namespace <p>-br holds bridge br0)
       +-- <p>-pubK   100.64.77.(10+K)        public hosts (relay, AutoNAT servers, DHT peers)
       +-- <p>-natJ   wan 100.64.77.(100+J)   NAT router: MASQUERADE out of wan, new inbound dropped
@@ -34,10 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support.common import REPO
-
 PUBLIC_NET = "100.64.77"
-AGENT = str(REPO / "tests" / "support" / "nat_agent.py")
+AGENT_MODULE = "intellect_node.testing.nat_agent"
+SOURCE_ROOT = str(Path(__file__).resolve().parents[2])
+"""The folder holding the ``intellect_node`` package: on the agents' ``PYTHONPATH`` (a source checkout
+needs it; an installed package is found without it)."""
 
 
 def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -104,7 +107,8 @@ def http_get_in(ns: str, url: str, headers: dict[str, str] | None = None, timeou
 
 
 class Agent:
-    """A node process (tests/support/nat_agent.py) in a namespace, driven by JSON lines on stdin/stdout."""
+    """A node process (:mod:`intellect_node.testing.nat_agent`) in a namespace, driven by JSON lines on
+    stdin/stdout."""
 
     def __init__(self, topo: "Topology", ns: str, name: str, args: list[str]) -> None:
         self.name = name
@@ -112,9 +116,9 @@ class Agent:
         # `ip netns exec` execs (no fork), and the venv's python is a symlink, not a forking shim: the
         # PID we hold is the node's own, so ending it by PID leaves nothing behind in the namespace.
         self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", ns, sys.executable, "-u", AGENT, *args],
+            ["ip", "netns", "exec", ns, sys.executable, "-u", "-m", AGENT_MODULE, *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(topo.log_path(name), "w"),
-            text=True, bufsize=1, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+            text=True, bufsize=1, env={**os.environ, "PYTHONPATH": SOURCE_ROOT, "OMP_NUM_THREADS": "1"})
         topo.procs.append(self.proc)
         self._lines: "queue.Queue[dict[str, Any]]" = queue.Queue()
         self._replies: dict[int, dict[str, Any]] = {}

@@ -9,7 +9,7 @@ and fetched by a public and by the other private node over libp2p (relayed or pu
 checks), and a public node's blob fetched by a private node over HTTP.
 
 Status polls go straight to each node's control API from a thread that joins the node's namespace
-(``support_netns.http_get_in``); the CLI runs only where the CLI itself is under test (``status``,
+(``testing.netns.http_get_in``); the CLI runs only where the CLI itself is under test (``status``,
 ``blob put``/``get``), since every CLI call is a Python start-up.
 
 What made the full node unreliable here before is in docs/nat.md ("Full node behind NAT").
@@ -25,8 +25,8 @@ from typing import Any, Iterator
 import pytest
 
 from intellect_node.p2p import identity
+from intellect_node.testing.netns import Topology, http_get_in, netns_unavailable_reason
 from tests.support.common import CLI
-from tests.support.netns import Topology, http_get_in, netns_unavailable_reason
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.timeout(420)

@@ -2,9 +2,9 @@
 failover), DCUtR through port-preserving NATs, the relay as the path behind a port-randomising NAT, and
 chunk transfer that stays inside a relay's byte limit.
 
-Topology (tests/support/netns.py): pub0 (bootstrap, no relay), pub1..pub3 (relays, reservation TTL 6 s,
+Topology (testing/netns.py): pub0 (bootstrap, no relay), pub1..pub3 (relays, reservation TTL 6 s,
 4 MiB per circuit), priv0 and priv1 behind port-preserving NATs, priv2 behind a port-randomising NAT;
-every NAT drops new inbound connections. Nodes are tests/support/nat_agent.py processes (real libp2p
+every NAT drops new inbound connections. Nodes are testing/nat_agent.py processes (real libp2p
 hosts running intellect_node.p2p.nat). The tests share one topology and run in file order.
 """
 
@@ -15,7 +15,7 @@ from typing import Iterator
 import pytest
 
 from intellect_node.protocol.ids import cid_of
-from tests.support.netns import Agent, Topology, netns_unavailable_reason
+from intellect_node.testing.netns import Agent, Topology, netns_unavailable_reason
 from tests.support.wait import wait_for
 
 RESERVATION_TTL = 6

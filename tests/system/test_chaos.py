@@ -2,7 +2,7 @@
 nodes of every role SIGKILLed and restarted at random (seeded, a bounded number of rounds), then a
 network partition for a while.
 
-Each node runs in its own network namespace on a shared bridge (``support_netns.Topology``), listening on
+Each node runs in its own network namespace on a shared bridge (``testing.netns.Topology``), listening on
 a fixed port, so a restarted node keeps its address; the partition is iptables DROP rules inside those
 namespaces between {trainer, worker 1} and {validator, worker 2} (silent loss, no resets, like a cable
 pulled), lifted once both sides have declared the other gone. Without namespaces (not root, not Linux)
@@ -38,10 +38,10 @@ from typing import Any
 
 import pytest
 
+from intellect_node.testing.netns import Topology, http_get_in, netns_unavailable_reason
 from tests.support.common import CLI
-from tests.support.wait import wait_for
-from tests.support.netns import Topology, http_get_in, netns_unavailable_reason
 from tests.support.roles import ENV, make_key, write_config
+from tests.support.wait import wait_for
 
 SEED = int(os.environ.get("CHAOS_SEED", "7"))
 RL = dict(group_size=8, problems_per_batch=4, groups_per_step=8, max_new_tokens=5, lr=2e-4,
