@@ -162,18 +162,20 @@ class Stamp:
 def _main(mode: str, data_dir: Path) -> int:
     from intellect_node.commands.join import build_node_config
     from intellect_node.logsetup import setup_logging
-    from intellect_node.node.runtime import NodeRuntime, run_node
+    from intellect_node.node.assembly import build_node
+    from intellect_node.node.runtime import run_node
 
     setup_logging(level="INFO", json_lines=True, file=None)
     cfg = build_node_config(listen=[], bootstrap=[], run_id=None, trainer_peer_id=None, http_host=None,
                             http_port=None, http_public_url=None, control_port=None, heartbeat_interval=None,
                             peer_timeout=None, data_dir=data_dir)
+    # None of the common services (no blob service: the bulk routes are the tarpit's), only the attack.
     if mode in ("flood", "tarpit"):
-        runtime = NodeRuntime(cfg, data_dir, roles=["worker"])
-        runtime.add_service(lambda rt: Attacker(rt, mode))
+        runtime = build_node(cfg, data_dir, labels=["worker"], services=[lambda rt: Attacker(rt, mode)],
+                             common=False)
     elif mode in ("stamp", "stamp-outsider"):
-        runtime = NodeRuntime(cfg, data_dir, roles=["validator"])
-        runtime.add_service(lambda rt: Stamp(rt, outsider=mode == "stamp-outsider"))
+        runtime = build_node(cfg, data_dir, labels=["validator"], common=False,
+                             services=[lambda rt: Stamp(rt, outsider=mode == "stamp-outsider")])
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     return run_node(runtime)
