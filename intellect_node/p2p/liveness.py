@@ -94,7 +94,6 @@ class Libp2pWatch:
         self.restarts = 0
         """Successful restarts since the node started."""
         self.last_ok = time.monotonic()
-        self.gave_up = False
         self.listeners: list[HealthListener] = []
         self._connected: list[str] = []  # peers connected at the last good probe: dialed after a restart
         self._wake = asyncio.Event()
@@ -184,7 +183,6 @@ class Libp2pWatch:
                 reason = (f"libp2p could not be restarted ({attempt} attempts in {spent:.0f}s; "
                           f"last: {last}); exiting")
                 log.critical(reason)
-                self.gave_up = True
                 self._set(reason)
                 self.swarm.fatal(reason)
                 return False

@@ -122,7 +122,6 @@ class DialBackAutoNAT(AutoNATBase):
         self._on_reject = on_reject
         self._dial_slots = trio.Semaphore(MAX_CONCURRENT_DIAL_BACKS)
         self._last_request: dict[ID, float] = {}
-        self.dial_backs_served = 0
         self.unanswered: dict[ID, int] = {}
         """Consecutive queries per server that got no answer (stream failure, time-out); the service
         asks the servers that answer first, so one stuck connection does not stall every round."""
@@ -181,7 +180,6 @@ class DialBackAutoNAT(AutoNATBase):
                         await raw_conn.close()
                         raise
                     await muxed.close()
-                self.dial_backs_served += 1
                 logger.debug("autonat dial-back to %s reached it in %.2fs", peer_id, time.monotonic() - t0)
                 return bytes(raw)
             except trio.TooSlowError:
