@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import torch
 
@@ -51,7 +51,8 @@ def seed_violation(records: Sequence[RolloutRecord], run_id: str, policy_version
     seeds = batch_seeds(run_id, policy_version, worker, [r.problem_id for r in records])
     for r, want in zip(records, seeds):
         if r.sampling.seed != want or r.rollout_id != derived_rollout_id(worker, want):
-            return f"rollout {r.rollout_id} of {r.problem_id}: seed {r.sampling.seed} is not the derived {want}"
+            return (f"rollout {r.rollout_id} of {r.problem_id}: seed {r.sampling.seed} is not the derived "
+                    f"{want}")
     return ""
 
 
@@ -87,14 +88,21 @@ class Verifier:
         self.resolve = resolve
         self.max_batch = max_batch
 
-    def verify(self, records: Sequence[RolloutRecord]) -> list[Verdict]:
+    def verify(self, records: Sequence[RolloutRecord], *,
+               tensor_checks: Collection[int] | None = None) -> list[Verdict]:
+        """One verdict per record, in order. The cheap checks run on every record; the tensor checks (a
+        batched prefill per ``max_batch`` records) on those that pass them and, when ``tensor_checks`` is
+        given, whose index is in it: the others are accepted on the cheap checks alone (a validator that
+        samples a fraction of a batch's groups, ``rl.verify_fraction``)."""
         verdicts: list[Verdict | None] = [self._cheap(r) for r in records]
-        todo = [i for i, v in enumerate(verdicts) if v is None]
+        todo = [i for i, v in enumerate(verdicts)
+                if v is None and (tensor_checks is None or i in tensor_checks)]
         for start in range(0, len(todo), self.max_batch):
             idx = todo[start:start + self.max_batch]
             for i, v in zip(idx, self.verify_tensors([records[i] for i in idx])):
                 verdicts[i] = v
-        return [v for v in verdicts if v is not None]
+        return [v if v is not None else Verdict(r.rollout_id, r.worker, True)
+                for v, r in zip(verdicts, records)]
 
     def _reject(self, r: RolloutRecord, reason: str, detail: str,
                 figures: dict[str, float] | None = None) -> Verdict:
@@ -116,9 +124,11 @@ class Verifier:
         if e.run_id is not None and r.run_id != e.run_id:
             return self._reject(r, "wrong_run", f"run {r.run_id!r}, expected {e.run_id!r}")
         if e.policy_version is not None and r.policy_version != e.policy_version:
-            return self._reject(r, "policy_version", f"version {r.policy_version}, expected {e.policy_version}")
+            return self._reject(r, "policy_version",
+                                f"version {r.policy_version}, expected {e.policy_version}")
         if e.checkpoint_cid is not None and r.checkpoint_cid != e.checkpoint_cid:
-            return self._reject(r, "checkpoint", f"checkpoint {r.checkpoint_cid}, expected {e.checkpoint_cid}")
+            return self._reject(r, "checkpoint",
+                                f"checkpoint {r.checkpoint_cid}, expected {e.checkpoint_cid}")
         if r.dtype != self.engine.dtype:
             return self._reject(r, "dtype", f"dtype {r.dtype}, run uses {self.engine.dtype}")
         s = r.sampling

@@ -10,18 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from intellect_node.errors import ConfigError, IntegrityError, TransportError
 from intellect_node.blobs.service import BlobService
-from intellect_node.node.config import NodeConfig
-from intellect_node.protocol.rollout import RolloutRecord
-from intellect_node.trainer.policy_weights import PolicyWeights
+from intellect_node.errors import ConfigError, IntegrityError, TransportError
 from intellect_node.models.loader import LoadedModel, load_model, resolve_model_dir, torch_dtype
+from intellect_node.node.config import NodeConfig
+from intellect_node.node.ledger import Ledger, LedgerService
+from intellect_node.p2p.swarm import Swarm
+from intellect_node.protocol.blob import Manifest
+from intellect_node.protocol.rollout import RolloutRecord
+from intellect_node.roles.seams import Runtime
+from intellect_node.trainer.policy_weights import PolicyWeights
 from intellect_node.trainer.step import Sample
 from intellect_node.trainer.tasks import Problem, Task, get_task
+
+if TYPE_CHECKING:
+    from intellect_node.blobs.fetch import FetchStats
 
 log = logging.getLogger(__name__)
 
@@ -52,17 +60,15 @@ def model_dir(cfg: NodeConfig) -> Path:
     return resolve_model_dir(cfg.run.model or None)
 
 
-def blob_service(runtime: Any) -> BlobService:
+def blob_service(runtime: Runtime) -> BlobService:
     for svc in runtime.services:
         if isinstance(svc, BlobService):
             return svc
     raise ConfigError("the RL roles need the blob service; add it before the role", field="services")
 
 
-def ledger_of(runtime: Any) -> Any:
+def ledger_of(runtime: Runtime) -> Ledger | None:
     """The node's ledger, or None when it runs without one (in-process tests)."""
-    from intellect_node.node.ledger import LedgerService
-
     for svc in runtime.services:
         if isinstance(svc, LedgerService):
             return svc.ledger
@@ -100,18 +106,6 @@ def require_allowed(cfg: NodeConfig, peer_id: str) -> None:
                           "the run's operator to add it, or join another run", field="run.worker_allowlist")
 
 
-def follow_trainer_policy(runtime: Any, fetcher: "HintedFetcher", directory: Path) -> Any:
-    """A PolicyFollower for the run's trainer (the one peer whose announcements count) in ``directory``.
-
-    Policy blobs come from the trainer first (it holds every one), the DHT second."""
-    from intellect_node.roles.policy import PolicyFollower
-
-    trainer = runtime.config.run.trainer_peer_id
-    return PolicyFollower(directory, fetcher.holding([trainer]), run_id=runtime.config.run.run_id,
-                          trainer=trainer, max_checkpoint_bytes=MAX_POLICY_BYTES, board=runtime.board,
-                          on_reject=runtime.swarm.peerbook.record_rejection)
-
-
 def read_blob(blobs: BlobService, cid: str) -> bytes:
     """The content of a complete blob in the local store (call after ``blobs.fetch``)."""
     store = blobs.store
@@ -135,7 +129,7 @@ class HintedFetcher:
     hash-checked by the fetcher as usual, so a hint can only cost time, never inject bytes.
     """
 
-    def __init__(self, blobs: BlobService, swarm: Any) -> None:
+    def __init__(self, blobs: BlobService, swarm: Swarm) -> None:
         from intellect_node.blobs.fetch import Fetcher
         from intellect_node.blobs.http import HttpChunkSource
 
@@ -159,8 +153,6 @@ class HintedFetcher:
     async def fetch(self, cid: str, *, holders: Sequence[str], max_size: int, size: int | None = None,
                     timeout: float) -> bytes:
         """The content of blob ``cid``; refuses a manifest over ``max_size`` (or other than ``size``)."""
-        from intellect_node.protocol.blob import Manifest
-
         def check(m: Manifest) -> None:
             if m.total_size > max_size or (size is not None and m.total_size != size):
                 raise IntegrityError(f"blob {cid} holds {m.total_size} bytes (announced {size}, "
@@ -199,7 +191,7 @@ class HintedFetcher:
         if not left:
             self._hints.pop(cid, None)
 
-    def holding(self, holders: Sequence[str]) -> "_HintedBlobs":
+    def holding(self, holders: Sequence[str]) -> _HintedBlobs:
         """A ``BlobService`` stand-in for ``PolicyFollower``: fetches try ``holders`` (the trainer) first."""
         return _HintedBlobs(self, list(holders))
 
@@ -215,7 +207,7 @@ class _HintedBlobs:
         self._holders = holders
         self.store = owner.blobs.store
 
-    async def fetch(self, cid: str, *, on_manifest: Any = None, **_: Any) -> Any:
+    async def fetch(self, cid: str, *, on_manifest: Callable[[Manifest], None] | None = None) -> FetchStats:
         o = self._owner
         o._hints.setdefault(cid, []).extend(self._holders)
         try:

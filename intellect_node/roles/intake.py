@@ -276,5 +276,6 @@ class Intake:
     def status(self) -> dict[str, Any]:
         return {"queued": self.queued(), "in_flight": sum(p.busy for p in self._peers.values()),
                 "peers": len(self._peers), "newcomers_waiting": len(self._newcomers),
-                "parked": sum(1 for p in self._peers.values() if p.queue and p.queue[0].parked_since is not None),
+                "parked": sum(1 for p in self._peers.values()
+                              if p.queue and p.queue[0].parked_since is not None),
                 "refused": dict(self.refused)}

@@ -37,19 +37,38 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 import torch
 
-from intellect_node.errors import ConfigError, IntegrityError, ProtocolError, TransportError
-from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
+from intellect_node.blobs.fetch import FetchStats
 from intellect_node.blobs.service import BlobService
+from intellect_node.blobs.store import BlobStore
+from intellect_node.errors import (
+    ConfigError,
+    IntegrityError,
+    IntellectNodeError,
+    ProtocolError,
+    TransportError,
+)
+from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
 from intellect_node.protocol.blob import Manifest
-from intellect_node.protocol.policy import MAX_CHAIN, DeltaLink, PolicyAnnouncement, POLICY_DTYPES, \
-    seal_announcement
+from intellect_node.protocol.policy import (
+    MAX_CHAIN,
+    POLICY_DTYPES,
+    DeltaLink,
+    PolicyAnnouncement,
+    seal_announcement,
+)
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.trainer.delta import ALL_DENSE_KINDS, DENSE_KINDS, ZSTD_LEVEL, apply_delta, delta_size_limit, \
-    encode_delta
+from intellect_node.trainer.delta import (
+    ALL_DENSE_KINDS,
+    DENSE_KINDS,
+    ZSTD_LEVEL,
+    apply_delta,
+    delta_size_limit,
+    encode_delta,
+)
 from intellect_node.trainer.policy_weights import PolicyWeights
 
 log = logging.getLogger(__name__)
@@ -95,8 +114,8 @@ class PolicyPublisher:
         self.run_id = run_id
         self.full_every = full_every
         if not dense_kinds or not set(dense_kinds) <= set(ALL_DENSE_KINDS):
-            raise ConfigError(f"dense_kinds must be a non-empty subset of {ALL_DENSE_KINDS}; got {dense_kinds}",
-                              field="dense_kinds")
+            raise ConfigError(f"dense_kinds must be a non-empty subset of {ALL_DENSE_KINDS}; "
+                              f"got {dense_kinds}", field="dense_kinds")
         self.zstd_level = zstd_level
         self.dense_kinds = tuple(dense_kinds)
         self._board = board
@@ -130,6 +149,24 @@ class PolicyPublisher:
             return
         self._prev, self._version, self._full, self._links = ckpt, int(st["version"]), full, links
 
+    def announcement(self) -> tuple[PolicyAnnouncement, bytes] | None:
+        """The newest published version's announcement and its signed bytes (None before the first).
+
+        Rebuilt from the chain state, so a publisher reopened after a restart has it too: the trainer
+        re-announces its newest version without keeping the bytes itself. Signing is deterministic, so
+        these are the bytes :meth:`publish` returned for that version."""
+        if self._version is None or self._prev is None or self._full is None:
+            return None
+        return self._announce(self._version, self._prev, self._full, self._links)
+
+    def _announce(self, version: int, ckpt: PolicyWeights, full: tuple[int, str, int],
+                  links: list[DeltaLink]) -> tuple[PolicyAnnouncement, bytes]:
+        ann = PolicyAnnouncement(run_id=self.run_id, version=version, dtype=_policy_dtype(ckpt),
+                                 checkpoint_hash=ckpt.content_hash, checkpoint_size=ckpt.nbytes,
+                                 full_version=full[0], full_cid=full[1], full_size=full[2],
+                                 deltas=list(links))
+        return ann, seal_announcement(self.key, ann)
+
     async def publish(self, version: int, policy: PolicyWeights | Mapping[str, torch.Tensor], *,
                       force_full: bool = False) -> tuple[PolicyAnnouncement, bytes]:
         """Persist and publish ``version``; return the announcement and its signed envelope bytes."""
@@ -157,11 +194,7 @@ class PolicyPublisher:
                 full_cid, m = await self.blobs.put_file(path, name=f"{self.run_id}-v{version}.safetensors")
                 full = (version, full_cid, m.total_size)
                 links = links[-1:]  # a full version keeps only the delta from its predecessor
-            ann = PolicyAnnouncement(run_id=self.run_id, version=version, dtype=_policy_dtype(ckpt),
-                                     checkpoint_hash=ckpt.content_hash, checkpoint_size=ckpt.nbytes,
-                                     full_version=full[0], full_cid=full[1], full_size=full[2],
-                                     deltas=links)
-            raw = seal_announcement(self.key, ann)
+            ann, raw = self._announce(version, ckpt, full, links)
             state = {"version": version, "hash": ckpt.content_hash, "full": list(full),
                      "links": [{f: getattr(link, f) for f in DeltaLink.__struct_fields__} for link in links]}
             await asyncio.to_thread(atomic_write_text, self.root / PUBLISHER_STATE, json.dumps(state))
@@ -186,12 +219,23 @@ class ObtainResult:
     rejected: list[str] = field(default_factory=list)
 
 
+class PolicyBlobs(Protocol):
+    """What the follower uses of a blob service: a ``BlobService``, or one that asks the trainer first
+    (``roles.common.HintedFetcher.holding``)."""
+
+    @property
+    def store(self) -> BlobStore: ...
+
+    async def fetch(self, cid: str, *, on_manifest: Callable[[Manifest], None] | None = None) -> FetchStats:
+        ...
+
+
 class PolicyFollower:
     """A worker's side. Holds one version (in memory and on disk); ``obtain`` calls are serialised."""
 
-    def __init__(self, root: str | os.PathLike[str], blobs: BlobService, *, run_id: str, trainer: str,
+    def __init__(self, root: str | os.PathLike[str], blobs: PolicyBlobs, *, run_id: str, trainer: str,
                  max_checkpoint_bytes: int, board: Any = None,
-                 on_reject: Callable[[str, str], None] | None = None) -> None:
+                 on_reject: Callable[[str, str], object] | None = None) -> None:
         if max_checkpoint_bytes <= 0:
             raise ConfigError("max_checkpoint_bytes must be positive", field="max_checkpoint_bytes")
         self.root = Path(root)
@@ -220,7 +264,8 @@ class PolicyFollower:
             return
         try:
             cur = json.loads(path.read_text())
-            ckpt = PolicyWeights.load(self.root / _ckpt_name(int(cur["version"])), max_size=self.max_checkpoint_bytes)
+            ckpt = PolicyWeights.load(self.root / _ckpt_name(int(cur["version"])),
+                                      max_size=self.max_checkpoint_bytes)
             if ckpt.content_hash != cur["hash"]:
                 raise IntegrityError("checkpoint file does not match CURRENT")
         except (OSError, ValueError, KeyError, TypeError, ProtocolError, IntegrityError) as exc:
@@ -258,7 +303,8 @@ class PolicyFollower:
 
     def offer(self, ann: PolicyAnnouncement) -> None:
         """Hand over a (validated) announcement from the gossip handler; :meth:`follow` obtains the newest
-        one offered and skips versions superseded while it was busy."""
+        one offered and skips versions superseded while it was busy. Offering a version again (the
+        trainer's repeats) gets one given up on tried again."""
         if self._pending is None or ann.version > self._pending.version:
             self._pending = ann
             self._wake.set()
@@ -268,7 +314,8 @@ class PolicyFollower:
         """Run until cancelled: obtain each newest offered version and pass the result to ``on_new``.
 
         A version that cannot be obtained is retried ``retries`` times (``backoff_s`` doubling between
-        tries) unless a newer one is offered meanwhile; then it is given up (logged) until the next offer.
+        tries) unless another offer comes meanwhile (the newest offered is taken up then); after that it
+        is given up (logged) until the next offer.
         """
         while True:
             await self._wake.wait()
@@ -279,7 +326,7 @@ class PolicyFollower:
             for attempt in range(retries + 1):
                 try:
                     result = await self.obtain(ann)
-                except (TransportError, IntegrityError, ProtocolError, OSError) as exc:  # OSError: disk
+                except (IntellectNodeError, OSError) as exc:  # OSError: disk
                     log.warning("policy v%d not obtained (try %d of %d): %s", ann.version, attempt + 1,
                                 retries + 1, exc)
                     if attempt == retries or self._pending is not None:

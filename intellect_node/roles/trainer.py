@@ -1,12 +1,13 @@
 """Trainer role: GRPO on accepted rollouts, bounded staleness, atomic policy publication, resume.
 
-- **Inputs.** The trainer listens to verdicts from the run's validators (``run.validator_peer_ids``).
-  ``run.verdict_quorum`` of them must accept a batch (default 1; a rejection that comes first refuses
+- **Inputs.** The trainer listens to verdicts from the run's validators (``run.validator_peer_ids``);
+  which verdicts take a batch in, and which queued batches form a step, the pure state machine of
+  ``roles/batching.py`` decides. ``run.verdict_quorum`` of them must accept a batch (default 1; a rejection that comes first refuses
   it, so one faulty validator can delay work but not get bad work trained on). Votes are counted per
   (worker, batch), so a peer naming someone else's batch in its own notice cannot get it refused.
   Admission fetches the batch blob, decodes it strictly, checks it is the named worker's and in whole
   groups, recomputes every reward from the task (claimed rewards are never used), and *persists* it to
-  ``trainer/inbox`` before queueing it. A verdict carrying ``ban`` bans the worker here too, so its
+  ``trainer/inbox`` before queueing it (``roles/inbox.py``). A verdict carrying ``ban`` bans the worker here too, so its
   later notices and verdict replays are dropped at the gossip validator. In a closed run
   (``run.worker_allowlist``) other workers' batches are refused (``not_allowed``).
 - **Each rollout once.** A batch holding a rollout already admitted (same run, version, worker, problem
@@ -38,23 +39,31 @@ import json
 import logging
 import os
 import time
-from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError
-from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
-from intellect_node.roles.policy import PolicyPublisher
-from intellect_node.roles.admission import AdmittedJournal, describe_key, rollout_keys
-from intellect_node.roles.common import HintedFetcher, blob_service, group_slices, model_dir, record_to_sample, \
-    rescore, run_task
-from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, seal_announcement
+from intellect_node.fsutil import atomic_write_bytes
+from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement
 from intellect_node.protocol.rl import VERDICT_KIND, BatchVerdict, verdict_validator
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE, RolloutBatch, decode_batch
 from intellect_node.protocol.topics import topic
+from intellect_node.roles.admission import rollout_keys
+from intellect_node.roles.batching import Accepted, Admission, fresh_floor
+from intellect_node.roles.common import (
+    HintedFetcher,
+    blob_service,
+    group_slices,
+    model_dir,
+    record_to_sample,
+    rescore,
+    run_task,
+)
+from intellect_node.roles.inbox import DuplicateRollouts, Inbox
+from intellect_node.roles.policy import PolicyPublisher
+from intellect_node.roles.seams import RoleTasks, Runtime
 from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from intellect_node.trainer.filtering import informative_groups
 from intellect_node.trainer.grpo import GRPOConfig
@@ -69,61 +78,10 @@ METRICS_FILE = "metrics.jsonl"
 ADMITTED_FILE = "admitted.jsonl"
 
 
-class DuplicateRollouts(ProtocolError):
-    """An accepted batch holds rollouts the trainer already admitted."""
-
-
-def _vote_key(worker: str, cid: str) -> str:
-    """Votes and decisions are per (worker, batch): a verdict on a notice that named another worker's
-    blob must not decide that worker's batch."""
-    return f"{worker}/{cid}"
-
-
-class VerdictTally:
-    """Votes of the trusted validators on each batch: ``quorum`` distinct acceptances admit it and a
-    rejection that comes first refuses it. The caller decides each batch once and calls :meth:`done`
-    after a successful admission (until then the votes stay, so a failed admission is retried on the next
-    acceptance). Bounded: beyond ``limit`` batches the oldest counts are forgotten."""
-
-    def __init__(self, quorum: int, limit: int = 4096) -> None:
-        self.quorum = quorum
-        self.limit = limit
-        self._votes: dict[str, set[str]] = {}
-
-    def vote(self, cid: str, validator: str, accepted: bool) -> str:
-        """"admit" (the quorum-th distinct acceptance), "refuse" (a rejection) or "wait"."""
-        if not accepted:
-            self._votes.pop(cid, None)
-            return "refuse"
-        votes = self._votes.setdefault(cid, set())
-        votes.add(validator)
-        while len(self._votes) > self.limit:
-            del self._votes[next(iter(self._votes))]
-        return "admit" if len(votes) >= self.quorum else "wait"
-
-    def done(self, cid: str) -> None:
-        self._votes.pop(cid, None)
-
-    def __len__(self) -> int:
-        """Batches with some acceptances but not yet a decision."""
-        return len(self._votes)
-
-
-@dataclass
-class Accepted:
-    """An accepted batch waiting to be trained on (its samples carry recomputed rewards)."""
-
-    cid: str
-    worker: str
-    version: int
-    groups: list[list[Sample]]
-    seq: int
-
-
 class Trainer:
     name = "trainer"
 
-    def __init__(self, runtime: Any) -> None:
+    def __init__(self, runtime: Runtime) -> None:
         cfg = runtime.config
         self.rt = runtime
         self.cfg = cfg
@@ -138,25 +96,22 @@ class Trainer:
                               "run.validator_peer_ids (--validator-peer-id)", field="run.validator_peer_ids")
         self.task = run_task(cfg)
         self.dir = Path(runtime.data_dir) / "trainer"
-        self.inbox = self.dir / "inbox"
-        self.inbox.mkdir(parents=True, exist_ok=True)
+        self.inbox = Inbox(self.dir / "inbox", self.dir / ADMITTED_FILE)  # admitted work, across crashes
+        self.admitted = self.inbox.admitted  # rollout keys admitted, per version
+        budget = self.rl.groups_per_step * self.rl.group_size * self.rl.max_new_tokens
         self.gcfg = GRPOConfig(group_size=self.rl.group_size, max_grad_norm=self.rl.max_grad_norm,
-                               kl_coef=self.rl.kl_coef,
-                               token_budget=self.rl.groups_per_step * self.rl.group_size * self.rl.max_new_tokens)
-        self.tally = VerdictTally(cfg.run.verdict_quorum)
-        self.allowed = frozenset(cfg.run.worker_allowlist)
-        self.queue: deque[Accepted] = deque()
-        self.known: set[str] = set()  # _vote_key of batches decided (queued, consumed or refused)
+                               kl_coef=self.rl.kl_coef, token_budget=budget)
+        self.admission = Admission(quorum=cfg.run.verdict_quorum, async_level=cfg.run.async_level,
+                                   groups_per_step=self.rl.groups_per_step,
+                                   allowed=frozenset(cfg.run.worker_allowlist))
         self.duplicates: dict[str, int] = {}  # worker -> duplicate batches caught here
-        self.admitted = AdmittedJournal(self.dir / ADMITTED_FILE)  # rollout keys admitted, per version
         self.consumed: set[str] = set()
         self.pending_consumed: set[str] = set()  # taken but not yet in a checkpoint (all-uniform groups)
         self.version = 0
         self.step = 0
-        self._seq = 0
         self._data = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._announcement: bytes | None = None
+        self.tasks = RoleTasks(runtime, "trainer")  # the train and announce loops; publications
+        self._announcement: tuple[PolicyAnnouncement, bytes] | None = None  # the newest version's
         self.counts = {"accepted_batches": 0, "rejected_batches": 0, "stale_batches": 0,
                        "accepted_rollouts": 0, "rejected_rollouts": 0, "stale_rollouts": 0, "banned": 0,
                        "duplicate_batches": 0, "not_allowed_batches": 0}
@@ -168,7 +123,7 @@ class Trainer:
         self._last_publish_s = 0.0
 
     @classmethod
-    def for_runtime(cls, runtime: Any) -> "Trainer":
+    def for_runtime(cls, runtime: Runtime) -> "Trainer":
         return cls(runtime)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -191,7 +146,7 @@ class Trainer:
             log.info("resumed at policy v%d (step %d, %d batches consumed)", self.version, self.step,
                      len(self.consumed))
         self._reload_inbox()
-        await self.admitted.compact(self.version - self.cfg.run.async_level)
+        await self.admitted.compact(fresh_floor(self.version, self.cfg.run.async_level))
         self.publisher = PolicyPublisher(self.dir / "policy", self.blobs, self.rt.swarm.key, self.run_id,
                                          full_every=self.rl.full_every)
         await self._publish_current()
@@ -199,83 +154,53 @@ class Trainer:
         trusted = frozenset(self.cfg.run.validator_peer_ids)
         self.rt.swarm.subscribe(topic(self.run_id, VERDICT_KIND), verdict_validator(self.run_id, trusted),
                                 self._on_verdict)
-        self._tasks = [self.rt.spawn("trainer-loop", self._train_loop, may_end=True),  # ends at max_steps
-                       self.rt.spawn("trainer-announce", self._announce_loop)]
+        await self.tasks.open()
+        self.tasks.loop("trainer-loop", self._train_loop, may_end=True)  # ends at max_steps
+        self.tasks.loop("trainer-announce", self._announce_loop)
 
     async def close(self) -> None:
-        tasks = self._tasks + ([self._publishing] if self._publishing is not None else [])
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.tasks.close()
         if hasattr(self, "fetcher"):
             self.fetcher.close()
 
     def status(self) -> dict[str, Any]:
         total = self.idle_s + self.busy_s
-        return {"version": self.version, "step": self.step, "queued_batches": len(self.queue),
-                "awaiting_quorum": len(self.tally), "admitted_keys": len(self.admitted),
-                "queued_groups": sum(len(a.groups) for a in self.queue), **self.counts,
+        return {"version": self.version, "step": self.step, "queued_batches": len(self.admission.queue),
+                "awaiting_quorum": len(self.admission.tally), "admitted_keys": len(self.admitted),
+                "queued_groups": self.admission.queued_groups(), **self.counts,
                 "idle_fraction": self.idle_s / total if total else None, "last_step": self.last}
 
     # -- policy publication ----------------------------------------------------------------------
 
     async def _publish_current(self, version: int | None = None,
                                state: dict[str, torch.Tensor] | None = None) -> None:
-        """Make sure ``version`` (default: the current one) is published and its announcement is at hand.
+        """Make sure ``version`` (default: the current one) is published, and announce it.
         ``state``: that version's weights when the caller copied them (the model may have moved on since)."""
-        held = self.publisher.version
         version = self.version if version is None else version
-        if held is None or held < version:
+        held = self.publisher.version
+        # Published before a restart: the publisher signs its announcement again (the same bytes).
+        got = self.publisher.announcement() if held is not None and held >= version else None
+        if got is None:
             if state is None:
                 state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-            _, raw = await self.publisher.publish(version, state)
-            await asyncio.to_thread(atomic_write_bytes, self.dir / "announcement.bin", raw)
-            self._announcement = raw
-        else:
-            path = self.dir / "announcement.bin"
-            raw = path.read_bytes() if path.exists() else b""
-            try:
-                from intellect_node.protocol.policy import open_announcement
-
-                ok = open_announcement(raw, run_id=self.run_id, trainer=self.rt.swarm.peer_id).version == held
-            except ProtocolError:
-                ok = False
-            if not ok:  # killed between the publisher's commit and ours: rebuild it from its state
-                raw = self._rebuild_announcement()
-                await asyncio.to_thread(atomic_write_bytes, path, raw)
-            self._announcement = raw
-        await self.rt.swarm.publish(topic(self.run_id, POLICY_KIND), self._announcement)
-
-    def _rebuild_announcement(self) -> bytes:
-        from intellect_node.protocol.policy import DeltaLink
-        from intellect_node.trainer.policy_weights import PolicyWeights
-
-        st = json.loads((self.publisher.root / "publisher.json").read_text())
-        ckpt = PolicyWeights.load(self.publisher.root / f"v{int(st['version']):010d}.safetensors", max_size=1 << 40)
-        by: dict[str, int] = {}
-        for info in ckpt.tensors.values():
-            by[info.dtype] = by.get(info.dtype, 0) + info.nbytes
-        ann = PolicyAnnouncement(run_id=self.run_id, version=int(st["version"]), dtype=max(by, key=lambda k: by[k]),
-                                 checkpoint_hash=ckpt.content_hash, checkpoint_size=ckpt.nbytes,
-                                 full_version=int(st["full"][0]), full_cid=str(st["full"][1]),
-                                 full_size=int(st["full"][2]), deltas=[DeltaLink(**d) for d in st["links"]])
-        return seal_announcement(self.rt.swarm.key, ann)
+            got = await self.publisher.publish(version, state)
+        self._announcement = got
+        raw = got[1]
+        await asyncio.to_thread(atomic_write_bytes, self.dir / "announcement.bin", raw)
+        await self.rt.swarm.publish(topic(self.run_id, POLICY_KIND), raw)
 
     async def _announce_loop(self) -> None:
         provided: tuple[int, int] = (-1, -1)  # (version, connected peers) when the blobs were last provided
         while True:
             await asyncio.sleep(REANNOUNCE_S)
-            raw = self._announcement
-            if raw is None:
+            if self._announcement is None:
                 continue
+            ann, raw = self._announcement
             await self.rt.swarm.publish(topic(self.run_id, POLICY_KIND), raw)
             # A DHT provider record made while no peer was connected reaches nobody: provide the policy's
             # blobs again whenever the set of peers grew since (cheap: a handful of records).
             peers = len(self.rt.swarm.connected_peers())
             if (self.version, peers) != provided and peers > provided[1]:
-                from intellect_node.protocol.policy import open_announcement
-
-                ann = open_announcement(raw, run_id=self.run_id, trainer=self.rt.swarm.peer_id)
                 for cid in [ann.full_cid, *(link.delta_cid for link in ann.deltas)]:
                     try:
                         await self.rt.swarm.provide(cid)
@@ -292,49 +217,42 @@ class Trainer:
         if verdict.ban and not self.rt.swarm.is_banned(verdict.worker):
             await self.rt.swarm.ban(verdict.worker, f"banned by validator {validator}: {verdict.reason}")
             self.counts["banned"] += 1
-        key = _vote_key(verdict.worker, verdict.batch_cid)
-        if key in self.known or verdict.batch_cid in self.consumed:
-            return
-        if self.allowed and verdict.worker not in self.allowed:
-            self.known.add(key)
+        w, cid = verdict.worker, verdict.batch_cid
+        decision = self.admission.decide(verdict, validator, version=self.version,
+                                         consumed=cid in self.consumed, banned=self.rt.swarm.is_banned(w))
+        if decision == "not_allowed":
             self.counts["not_allowed_batches"] += 1
-            self.rt.swarm.peerbook.record_rejection(verdict.worker, f"batch {verdict.batch_cid}: not_allowed "
-                                                                    f"(not on run.worker_allowlist)")
-            return
-        if self.tally.vote(key, validator, verdict.accepted) == "wait":
-            return  # fewer than run.verdict_quorum validators have accepted it so far
-        if not verdict.accepted:
-            self.known.add(key)
+            self.rt.swarm.peerbook.record_rejection(w, f"batch {cid}: not_allowed "
+                                                       "(not on run.worker_allowlist)")
+        elif decision == "refuse":
             self.counts["rejected_batches"] += 1
             self.counts["rejected_rollouts"] += verdict.n_accepted + verdict.n_rejected
             self.rt.board.verdict(False, verdict.n_accepted + verdict.n_rejected, reason=verdict.reason,
-                                  detail=verdict.detail, peer=verdict.worker)
-            return
-        if self.rt.swarm.is_banned(verdict.worker):
-            return
-        if verdict.policy_version < self.version - self.cfg.run.async_level:
-            self.known.add(key)
-            self.tally.done(key)
+                                  detail=verdict.detail, peer=w)
+        elif decision == "stale":
             self._count_stale(verdict.n_accepted)
-            return
-        self.known.add(key)
+        elif decision == "admit":
+            await self._take_in(verdict, validator)
+
+    async def _take_in(self, verdict: BatchVerdict, validator: str) -> None:
+        """Fetch, check and persist a batch its validators accepted, then queue it."""
+        w, cid = verdict.worker, verdict.batch_cid
         try:
             acc = await self._admit(verdict, validator)
         except asyncio.CancelledError:
             raise
         except DuplicateRollouts as exc:
-            self.tally.done(key)
+            self.admission.refused(w, cid)
             await self._refuse_duplicate(verdict, str(exc))
             return
         except IntellectNodeError as exc:
-            self.known.discard(key)  # another validator's verdict may bring it again
-            log.warning("accepted batch %s could not be admitted: %s", verdict.batch_cid, exc)
+            self.admission.failed(w, cid)  # another validator's verdict may bring it again
+            log.warning("accepted batch %s could not be admitted: %s", cid, exc)
             return
-        self.tally.done(key)
         self.counts["accepted_batches"] += 1
         self.counts["accepted_rollouts"] += verdict.n_accepted
-        self.rt.board.verdict(True, verdict.n_accepted, peer=verdict.worker)
-        self.queue.append(acc)
+        self.rt.board.verdict(True, verdict.n_accepted, peer=w)
+        self.admission.add(acc)
         self._data.set()
 
     async def _refuse_duplicate(self, verdict: BatchVerdict, detail: str) -> None:
@@ -356,35 +274,18 @@ class Trainer:
         self.counts["stale_rollouts"] += n
 
     async def _admit(self, verdict: BatchVerdict, validator: str) -> Accepted:
-        cid = verdict.batch_cid
-        data = await self.fetcher.fetch(cid, holders=[verdict.worker, validator], max_size=MAX_BATCH_SIZE,
+        w, cid, version = verdict.worker, verdict.batch_cid, verdict.policy_version
+        data = await self.fetcher.fetch(cid, holders=[w, validator], max_size=MAX_BATCH_SIZE,
                                         timeout=FETCH_TIMEOUT_S)
         batch = await asyncio.to_thread(decode_batch, data)
-        version = verdict.policy_version
-        groups = self._groups(batch, verdict.worker, version)
-        keys = rollout_keys(batch.rollouts)
-        # Check and reserve with no await between: two verdicts cannot both pass with the same rollouts.
-        dup = self.admitted.first_seen(version, keys)
-        if dup is not None:
-            raise DuplicateRollouts(f"{describe_key(dup)} at v{version} was admitted before")
-        self.admitted.add(version, keys)
-        try:
-            self._seq += 1
-            # Persist before queueing: a crash from here on re-queues it from the inbox (and its keys
-            # with it, should the journal line below not have made it).
-            await asyncio.to_thread(atomic_write_bytes, self.inbox / f"{cid}.batch", data)
-            meta = {"cid": cid, "worker": verdict.worker, "version": version, "seq": self._seq,
-                    "time": time.time()}
-            await asyncio.to_thread(atomic_write_text, self.inbox / f"{cid}.json", json.dumps(meta))
-            await self.admitted.append(version, verdict.worker, cid, keys)
-        except BaseException:
-            self.admitted.discard(version, keys)
-            raise
-        return Accepted(cid, verdict.worker, version, groups, self._seq)
+        groups = self._groups(batch, w, version)
+        seq = await self.inbox.admit(cid, w, version, data, rollout_keys(batch.rollouts))
+        return Accepted(cid, w, version, groups, seq)
 
     def _groups(self, batch: RolloutBatch, worker: str, version: int) -> list[list[Sample]]:
         recs = batch.rollouts
-        if batch.run_id != self.run_id or batch.policy_version != version or any(r.worker != worker for r in recs):
+        if batch.run_id != self.run_id or batch.policy_version != version \
+                or any(r.worker != worker for r in recs):
             raise ProtocolError("batch does not match its verdict")
         slices = group_slices(recs, self.rl.group_size)
         if isinstance(slices, str):
@@ -397,66 +298,19 @@ class Trainer:
 
     def _reload_inbox(self) -> None:
         """After a restart: queue every persisted batch not in the checkpoint's consumed set."""
-        found = []
-        for meta_path in self.inbox.glob("*.json"):
-            try:
-                meta = json.loads(meta_path.read_text())
-                cid = str(meta["cid"])
-                if cid in self.consumed:
-                    self._drop_inbox(cid)
-                    continue
-                batch = decode_batch((self.inbox / f"{cid}.batch").read_bytes())
-                worker, version = str(meta["worker"]), int(meta["version"])
-                groups = self._groups(batch, worker, version)
-            except (OSError, ValueError, KeyError, IntellectNodeError) as exc:
-                log.warning("inbox entry %s unreadable (%s); skipped", meta_path.name, exc)
-                continue
-            keys = rollout_keys(batch.rollouts)
-            if not self.admitted.holds(version, keys):  # killed between the inbox write and the journal
-                self.admitted.append_now(version, worker, cid, keys)
-            found.append(Accepted(cid, worker, version, groups, int(meta["seq"])))
-        for acc in sorted(found, key=lambda a: a.seq):
-            self.queue.append(acc)
-            self.known.add(_vote_key(acc.worker, acc.cid))
-            self._seq = max(self._seq, acc.seq)
+        found = self.inbox.reload(self.consumed, self._groups)
+        for acc in found:
+            self.admission.add(acc)
         if found:
             log.info("re-queued %d accepted batches from the inbox", len(found))
             self._data.set()
 
-    def _drop_inbox(self, cid: str) -> None:
-        for suffix in (".json", ".batch"):
-            (self.inbox / f"{cid}{suffix}").unlink(missing_ok=True)
-
     # -- training --------------------------------------------------------------------------------
-
-    def _take(self) -> tuple[list[Accepted], list[Accepted]] | None:
-        """Whole batches holding at least ``groups_per_step`` fresh groups, newest policy first; stale
-        ones split off.
-
-        Newest first because workers run ahead of the trainer (``batches_per_version`` > 1): taking the
-        oldest would train on rollouts ``async_level`` versions old every step, while the newest are at most
-        a version behind. Older fresh batches stay queued and are used if nothing newer comes in time.
-        """
-        floor = self.version - self.cfg.run.async_level
-        fresh = [a for a in self.queue if a.version >= floor]
-        if sum(len(a.groups) for a in fresh) < self.rl.groups_per_step:
-            return None
-        stale = [a for a in self.queue if a.version < floor]
-        taken: list[Accepted] = []
-        n = 0
-        for a in sorted(fresh, key=lambda a: (-a.version, a.seq)):
-            if n >= self.rl.groups_per_step:
-                break
-            taken.append(a)
-            n += len(a.groups)
-        gone = {a.cid for a in taken} | {a.cid for a in stale}
-        self.queue = deque(a for a in self.queue if a.cid not in gone)
-        return taken, stale
 
     async def _train_loop(self) -> None:
         t_mark = time.monotonic()
         while self.rl.max_steps is None or self.step < self.rl.max_steps:
-            got = self._take()
+            got = self.admission.take(self.version)
             if got is None:
                 self._data.clear()
                 try:
@@ -467,10 +321,9 @@ class Trainer:
                 self.idle_s += now - t_mark
                 t_mark = now
                 continue
-            taken, stale = got
-            for a in stale:
+            for a in got.stale:
                 self._count_stale(sum(len(g) for g in a.groups))
-            await self._step(taken, [a.cid for a in stale])
+            await self._step(got.taken, [a.cid for a in got.stale])
             now = time.monotonic()
             self.busy_s += now - t_mark
             t_mark = now
@@ -503,17 +356,17 @@ class Trainer:
                                              step=self.step))
         t2 = time.monotonic()
         for cid in ids:  # committed in the checkpoint: the inbox copies are no longer needed
-            self._drop_inbox(cid)
+            self.inbox.drop(cid)
         # Rollouts older than async_level are refused as stale from now on: their keys can go.
-        await self.admitted.compact(self.version - self.cfg.run.async_level)
+        await self.admitted.compact(fresh_floor(self.version, self.cfg.run.async_level))
         # Publication overlaps the next optimizer step: the weights are copied now (the next step moves
         # them), one publication runs at a time, in version order. A crash before it finishes is covered
         # by the restart path (_publish_current publishes the checkpointed version first).
         if self._publishing is not None:
             await self._publishing
         state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self._publishing = asyncio.create_task(self._publish_in_background(self.version, state, t2),
-                                               name="trainer-publish")
+        self._publishing = self.tasks.job(self._publish_in_background(self.version, state, t2),
+                                          f"publishing policy v{self.version}")
         # Where a step's time goes (seconds): the optimizer step, the checkpoint; publish_s is the last
         # finished publication's (it runs beside the next step).
         self._timing = {"train_s": t1 - t0, "checkpoint_s": t2 - t1, "publish_s": self._last_publish_s}
@@ -546,7 +399,8 @@ class Trainer:
                 "clipped_frac": stats.clipped_frac if stats else 0.0,
                 "staleness_mean": sum(stale) / max(len(stale), 1), "staleness_max": max(stale, default=0),
                 "accepted": self.counts["accepted_rollouts"], "rejected": self.counts["rejected_rollouts"],
-                "stale": self.counts["stale_rollouts"], "idle_fraction": self.idle_s / total if total else 0.0,
+                "stale": self.counts["stale_rollouts"],
+                "idle_fraction": self.idle_s / total if total else 0.0,
                 "batches": batches, **(self._timing if stats is not None else {})}
         self.last = line
         path = self.dir / METRICS_FILE

@@ -44,24 +44,45 @@ import random
 import time
 from collections import OrderedDict, deque
 from pathlib import Path
-from typing import Any, Coroutine
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError
-from intellect_node.inference.torch_engine import TorchEngine
-from intellect_node.inference.verifier import Expectations, Verdict, Verifier, seed_violation
-from intellect_node.roles.admission import BoundedMap, SeenRollouts, describe_key, rollout_keys
-from intellect_node.roles.common import HintedFetcher, follow_trainer_policy, require_trainer, base_model, blob_service, \
-    group_slices, loaded_from_checkpoint, model_dir, run_task
-from intellect_node.roles.intake import Intake, Limits, Pending
+from intellect_node.inference import make_engine
+from intellect_node.inference.verifier import Expectations, Verifier, seed_violation
 from intellect_node.proofs.thresholds import load_thresholds
-from intellect_node.trainer.filtering import FilteredTask
-from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, announcement_validator
-from intellect_node.protocol.rl import MAX_DETAIL_LEN, NOTICE_KIND, VERDICT_KIND, BatchVerdict, \
-    RolloutNotice, notice_validator, seal_verdict
+from intellect_node.protocol.policy import PolicyAnnouncement
+from intellect_node.protocol.rl import (
+    MAX_DETAIL_LEN,
+    NOTICE_KIND,
+    VERDICT_KIND,
+    BatchVerdict,
+    RolloutNotice,
+    notice_validator,
+    seal_verdict,
+)
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE, decode_batch
 from intellect_node.protocol.topics import topic
+from intellect_node.roles.admission import BoundedMap, SeenRollouts, describe_key, rollout_keys
+from intellect_node.roles.common import (
+    HintedFetcher,
+    base_model,
+    blob_service,
+    group_slices,
+    loaded_from_checkpoint,
+    model_dir,
+    require_trainer,
+    run_task,
+)
+from intellect_node.roles.follow import TrainerPolicy
+from intellect_node.roles.intake import Intake, Limits, Pending
+from intellect_node.roles.seams import RoleTasks, Runtime
+from intellect_node.trainer.filtering import FilteredTask
+from intellect_node.trainer.policy_weights import PolicyWeights
+
+if TYPE_CHECKING:
+    from intellect_node.inference.torch_engine import TorchEngine
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +99,7 @@ LATENCY_KEPT = 32
 class Validator:
     name = "validator"
 
-    def __init__(self, runtime: Any) -> None:
+    def __init__(self, runtime: Runtime) -> None:
         cfg = runtime.config
         require_trainer(cfg, "validator")
         self.rt = runtime
@@ -95,14 +116,12 @@ class Validator:
         self.engines: OrderedDict[int, tuple[str, TorchEngine]] = OrderedDict()
         self.latest_announced = -1
         self._heard_trainer = float("-inf")  # when the last announcement (new or repeated) came
-        self._latest: PolicyAnnouncement | None = None
-        self._new_policy = asyncio.Event()
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(self.vcfg.max_verifications)
-        self._tasks: list[asyncio.Task[None]] = []
-        self._jobs: set[asyncio.Task[None]] = set()
+        self.tasks = RoleTasks(runtime, "validator")  # the policy and dispatch loops; per-peer jobs
         self._pools = {"proven": 0, "new": 0}  # jobs running for workers with / without accepted work
-        self.intake = Intake(Limits.from_config(self.vcfg, max_batch_bytes=MAX_BATCH_SIZE), exempt=self.allowed)
+        self.intake = Intake(Limits.from_config(self.vcfg, max_batch_bytes=MAX_BATCH_SIZE),
+                             exempt=self.allowed)
         self.seen = SeenRollouts()
         self.outcomes: BoundedMap[tuple[str, str], tuple[bool, str, str, str]] = BoundedMap(8192)
         """(worker, sha256 of the batch) -> (accepted, reason, detail, first CID): resubmissions reuse it."""
@@ -119,33 +138,28 @@ class Validator:
         self.rng = random.Random()
 
     @classmethod
-    def for_runtime(cls, runtime: Any) -> "Validator":
+    def for_runtime(cls, runtime: Runtime) -> "Validator":
         return cls(runtime)
 
     async def start(self) -> None:
         self.blobs = blob_service(self.rt)
         self.fetcher = HintedFetcher(self.blobs, self.rt.swarm)
-        self.follower = follow_trainer_policy(self.rt, self.fetcher, self.dir / "policy")
-        if self.follower.checkpoint is not None and self.follower.version is not None:
-            await self._add_engine(self.follower.version, self.follower.checkpoint)
-        sw = self.rt.swarm
-        sw.subscribe(topic(self.run_id, POLICY_KIND),
-                     announcement_validator(self.run_id, self.cfg.run.trainer_peer_id), self._on_announcement)
-        sw.subscribe(topic(self.run_id, NOTICE_KIND), self._notice_validator(), self._on_notice)
-        self._tasks = [self.rt.spawn("validator-policy", self._sync_loop),
-                       self.rt.spawn("validator-loop", self._dispatch_loop)]
+        await self.tasks.open()
+        self.policy = TrainerPolicy(self.rt, self.fetcher, self.dir / "policy", self.tasks, self._add_engine,
+                                    on_announcement=self._on_announcement)
+        await self.policy.start()
+        self.rt.swarm.subscribe(topic(self.run_id, NOTICE_KIND), self._notice_validator(), self._on_notice)
+        self.tasks.loop("validator-loop", self._dispatch_loop)
 
     async def close(self) -> None:
-        tasks = self._tasks + list(self._jobs)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.tasks.close()
         if hasattr(self, "fetcher"):
             self.fetcher.close()
 
     def status(self) -> dict[str, Any]:
         return {"versions_held": list(self.engines), "queue": self.intake.queued(), **self.counts,
-                "verify_s": round(self.verify_s, 3), "jobs": dict(self._pools), "intake": self.intake.status(),
+                "verify_s": round(self.verify_s, 3), "jobs": dict(self._pools),
+                "intake": self.intake.status(),
                 "rejections_by_worker": dict(self.rejections),
                 "reasons_by_worker": {w: list(r) for w, r in self.reasons.items()},
                 "strikes_by_worker": dict(self.strikes.items()),
@@ -167,12 +181,11 @@ class Validator:
 
     # -- policy ----------------------------------------------------------------------------------
 
-    def _on_announcement(self, ann: PolicyAnnouncement, origin: str) -> None:
+    def _on_announcement(self, ann: PolicyAnnouncement) -> None:
+        """Every valid announcement, repeats included (``roles/follow.py`` obtains the versions)."""
         self._heard_trainer = time.monotonic()
         if ann.version > self.latest_announced:
             self.latest_announced = ann.version
-            self._latest = ann
-            self._new_policy.set()
             self._forget_stale()
             self._wake.set()
 
@@ -182,25 +195,9 @@ class Validator:
         self.seen.forget_below(floor)
         self.notices.forget_below(floor)
 
-    async def _sync_loop(self) -> None:
-        while True:
-            await self._new_policy.wait()
-            self._new_policy.clear()
-            ann = self._latest
-            if ann is None or ann.version in self.engines:
-                continue
-            try:
-                res = await self.follower.obtain(ann)
-            except IntellectNodeError as exc:
-                log.warning("could not obtain policy v%d: %s", ann.version, exc)
-                await asyncio.sleep(0.5)
-                self._new_policy.set()
-                continue
-            await self._add_engine(res.version, res.checkpoint)
-
-    async def _add_engine(self, version: int, ckpt: Any) -> None:
+    async def _add_engine(self, version: int, ckpt: PolicyWeights) -> None:
         loaded = await asyncio.to_thread(loaded_from_checkpoint, self.base, ckpt)
-        engine = await asyncio.to_thread(TorchEngine, loaded)
+        engine = await asyncio.to_thread(make_engine, loaded)
         self.engines[version] = (ckpt.content_hash, engine)
         while len(self.engines) > self.async_level + 1:
             self.engines.popitem(last=False)
@@ -227,7 +224,8 @@ class Validator:
         refusal = self.intake.offer(worker, notice, time.monotonic(), self.latest_announced)
         if refusal is not None:
             self.rt.swarm.peerbook.record_rejection(
-                worker, f"notice {notice.batch_cid}: {refusal.reason}: {refusal.detail}", counts=refusal.strike)
+                worker, f"notice {notice.batch_cid}: {refusal.reason}: {refusal.detail}",
+                counts=refusal.strike)
             if refusal.strike:
                 self._strike(worker, refusal.reason)
             return
@@ -241,7 +239,7 @@ class Validator:
         if n < self.vcfg.strikes_ban_after or self.rt.swarm.is_banned(worker):
             return False
         self.rt.swarm.peerbook.ban(worker, f"{n} strikes, last: {reason}")  # at once: drop what follows
-        self._spawn(self._ban(worker, f"{n} strikes, last: {reason}"), f"banning {worker}")
+        self.tasks.job(self._ban(worker, f"{n} strikes, last: {reason}"), f"banning {worker}")
         return True
 
     async def _ban(self, worker: str, why: str) -> None:
@@ -249,29 +247,15 @@ class Validator:
         self.intake.forget(worker)
         await self.rt.swarm.ban(worker, why)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
-        """Run one peer's job (or a ban) beside the others; its failure is logged, never spreads."""
-        async def guarded() -> None:
-            try:
-                await coro
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the edge of one peer's job: a bug on one batch must not stop the others
-                log.exception("%s failed", what)
-
-        task = asyncio.create_task(guarded())
-        self._jobs.add(task)
-        task.add_done_callback(self._jobs.discard)
-
     async def _dispatch_loop(self) -> None:
         while True:
             self._wake.clear()
             now = time.monotonic()
             for p in self.intake.take(now, self._decidable, self._grant):
-                self._spawn(self._job(p, self._pool(p.worker)),
-                            f"checking batch {p.notice.batch_cid} from {p.worker}")
+                self.tasks.job(self._job(p, self._pool(p.worker)),
+                               f"checking batch {p.notice.batch_cid} from {p.worker}")
             for p in self.intake.expired(now):
-                self._spawn(self._expire(p), f"expiring batch {p.notice.batch_cid} from {p.worker}")
+                self.tasks.job(self._expire(p), f"expiring batch {p.notice.batch_cid} from {p.worker}")
             delay = self.intake.next_event(now)
             try:
                 await asyncio.wait_for(self._wake.wait(), 5.0 if delay is None else max(delay, 0.01))
@@ -314,7 +298,8 @@ class Validator:
                  detail: str = "") -> BatchVerdict:
         return BatchVerdict(run_id=self.run_id, batch_cid=notice.batch_cid, worker=worker,
                             policy_version=notice.policy_version, accepted=n_bad == 0 and n_ok > 0,
-                            n_accepted=n_ok, n_rejected=n_bad, reason=reason[:64], detail=detail[:MAX_DETAIL_LEN])
+                            n_accepted=n_ok, n_rejected=n_bad, reason=reason[:64],
+                            detail=detail[:MAX_DETAIL_LEN])
 
     def fetch_deadline(self, size: int) -> float:
         return self.vcfg.fetch_timeout_s + size / self.vcfg.fetch_bytes_per_s
@@ -326,8 +311,8 @@ class Validator:
                                  f"{self.latest_announced}, async_level {self.async_level}")
         held = self.engines.get(v)
         if held is None:
-            return self._verdict(notice, worker, 0, n, "stale" if v < self.latest_announced else "policy_version",
-                                 f"no policy v{v} to check against")
+            reason = "stale" if v < self.latest_announced else "policy_version"
+            return self._verdict(notice, worker, 0, n, reason, f"no policy v{v} to check against")
         deadline = self.fetch_deadline(notice.batch_bytes)
         try:
             data = await self.fetcher.fetch(notice.batch_cid, holders=[worker], max_size=MAX_BATCH_SIZE,
@@ -347,7 +332,8 @@ class Validator:
             return self._verdict(notice, worker, 0, n, reason, f"the same batch as {first}: {detail}")
         async with self._slots:
             verdict = await self._check_content(notice, worker, data, held)
-        self.outcomes.put((worker, digest), (verdict.accepted, verdict.reason, verdict.detail, notice.batch_cid))
+        self.outcomes.put((worker, digest),
+                          (verdict.accepted, verdict.reason, verdict.detail, notice.batch_cid))
         return verdict
 
     async def _check_content(self, notice: RolloutNotice, worker: str, data: bytes,
@@ -376,8 +362,8 @@ class Validator:
         keys = rollout_keys(recs)
         dup = self.seen.first_seen(v, keys)
         if dup is not None:
-            return self._verdict(notice, worker, 0, n, "duplicate", f"{describe_key(dup)} at v{v} was already "
-                                                                    "counted")
+            return self._verdict(notice, worker, 0, n, "duplicate",
+                                 f"{describe_key(dup)} at v{v} was already counted")
         self.seen.add(v, keys)  # reserved now; released below unless accepted
         accepted = False
         try:
@@ -393,10 +379,14 @@ class Validator:
                 k = max(1, round(len(groups) * self.rl.verify_fraction))
                 full = sorted(i for g in self.rng.sample(groups, k) for i in range(g.start, g.stop))
             t0 = time.monotonic()
-            verdicts = await asyncio.to_thread(self._verify, verifier, recs, set(full))
+            # Cheap checks (signature, sanity, reward) on all; tensor checks on the sampled groups only.
+            checked = set(full)
+            by_record = await asyncio.to_thread(verifier.verify, recs, tensor_checks=checked)
             self.verify_s += time.monotonic() - t0
             self.counts["verified"] += 1
             self.counts["verified_full"] += everything
+            # The tensor-checked rollouts' verdicts first: the first rejection in this order names the batch.
+            verdicts = [by_record[i] for i in full] + [by_record[i] for i in range(n) if i not in checked]
             bad = [r for r in verdicts if not r.accepted]
             for r in verdicts:
                 self.rt.board.proof_checked(r.accepted, reason=r.reason or "")
@@ -409,18 +399,6 @@ class Validator:
         finally:
             if not accepted:
                 self.seen.discard(v, keys)
-
-    @staticmethod
-    def _verify(verifier: Verifier, recs: list[Any], full: set[int]) -> list[Verdict]:
-        if len(full) == len(recs):
-            return verifier.verify(recs)
-        # Cheap checks (signature, sanity, reward) on all; tensor checks on the sampled groups only.
-        out = verifier.verify([recs[i] for i in sorted(full)])
-        for i, r in enumerate(recs):
-            if i not in full:
-                v = verifier._cheap(r)
-                out.append(v if v is not None else Verdict(r.rollout_id, r.worker, True))
-        return out
 
     async def publish(self, verdict: BatchVerdict, worker: str, *, arrived: float | None = None,
                       strike: str | None = None) -> None:
@@ -454,4 +432,5 @@ class Validator:
         log.info("batch %s from %s v%d: %s%s", verdict.batch_cid[-8:], worker[-6:], verdict.policy_version,
                  "accepted" if verdict.accepted else f"rejected ({reason}: {verdict.detail[:80]})",
                  " -> banned" if verdict.ban else "")
-        await self.rt.swarm.publish(topic(self.run_id, VERDICT_KIND), seal_verdict(self.rt.swarm.key, verdict))
+        await self.rt.swarm.publish(topic(self.run_id, VERDICT_KIND),
+                                    seal_verdict(self.rt.swarm.key, verdict))

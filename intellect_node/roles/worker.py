@@ -6,7 +6,7 @@ every record signed) -> record the batch in the ledger -> put the encoded
 :class:`~intellect_node.protocol.rollout.RolloutBatch` in the blob store -> gossip a signed
 :class:`~intellect_node.protocol.rl.RolloutNotice`. Policy announcements are accepted only from the run's
 configured trainer (checked in the gossip validator); a new version is fetched through the swarm
-(delta or full, hash-checked, ``roles/policy.py``) while generation continues on the old one.
+(delta or full, hash-checked; ``roles/follow.py``) while generation continues on the old one.
 
 A worker submits at most ``rl.batches_per_version`` batches per policy version, then waits for the next
 announcement: older work would only be refused as stale once the trainer moves on.
@@ -32,16 +32,31 @@ from typing import Any
 
 from intellect_node.errors import IntellectNodeError
 from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
-from intellect_node.inference.base import SamplingConfig
+from intellect_node.inference import InferenceEngine, SamplingConfig, make_engine
 from intellect_node.inference.rollouts import generate_rollouts
-from intellect_node.inference.torch_engine import TorchEngine
-from intellect_node.roles.common import HintedFetcher, follow_trainer_policy, require_allowed, require_trainer, \
-    base_model, blob_service, ledger_of, loaded_from_checkpoint, run_task
-from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, announcement_validator
-from intellect_node.protocol.rl import NOTICE_KIND, VERDICT_KIND, BatchVerdict, RolloutNotice, seal_notice, \
-    verdict_validator
+from intellect_node.protocol.rl import (
+    NOTICE_KIND,
+    VERDICT_KIND,
+    BatchVerdict,
+    RolloutNotice,
+    seal_notice,
+    verdict_validator,
+)
 from intellect_node.protocol.rollout import RolloutBatch, RolloutRecord, encode_batch
 from intellect_node.protocol.topics import topic
+from intellect_node.roles.common import (
+    HintedFetcher,
+    base_model,
+    blob_service,
+    ledger_of,
+    loaded_from_checkpoint,
+    require_allowed,
+    require_trainer,
+    run_task,
+)
+from intellect_node.roles.follow import TrainerPolicy
+from intellect_node.roles.seams import RoleTasks, Runtime
+from intellect_node.trainer.policy_weights import PolicyWeights
 from intellect_node.trainer.tasks import Problem
 
 log = logging.getLogger(__name__)
@@ -56,7 +71,7 @@ SCAN_LIMIT = 1 << 16
 class Worker:
     name = "worker"
 
-    def __init__(self, runtime: Any) -> None:
+    def __init__(self, runtime: Runtime) -> None:
         cfg = runtime.config
         require_trainer(cfg, "worker")
         require_allowed(cfg, runtime.swarm.peer_id)
@@ -71,18 +86,15 @@ class Worker:
                                        max_new_tokens=self.rl.max_new_tokens)
         self.rng = random.Random(self.rl.seed)
         self.dir = Path(runtime.data_dir) / "worker"
-        self.engine: TorchEngine | None = None
+        self.engine: InferenceEngine | None = None
         self.version = -1
         self.checkpoint_hash = ""
-        self._latest: PolicyAnnouncement | None = None
-        self._new_policy = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._sync_task: asyncio.Task[None] | None = None
+        self.tasks = RoleTasks(runtime, "worker")
         self.batches = 0
         self.verdicts: dict[str, int] = {"accepted": 0, "rejected": 0, "stale": 0}
 
     @classmethod
-    def for_runtime(cls, runtime: Any) -> "Worker":
+    def for_runtime(cls, runtime: Runtime) -> "Worker":
         return cls(runtime)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -91,27 +103,15 @@ class Worker:
         self.blobs = blob_service(self.rt)
         self.fetcher = HintedFetcher(self.blobs, self.rt.swarm)
         self.ledger = ledger_of(self.rt)
-        self.follower = follow_trainer_policy(self.rt, self.fetcher, self.dir / "policy")
-        if self.follower.checkpoint is not None and self.follower.version is not None:
-            await self._load(self.follower.version, self.follower.checkpoint)
-        sw = self.rt.swarm
-        sw.subscribe(topic(self.run_id, POLICY_KIND),
-                     announcement_validator(self.run_id, self.cfg.run.trainer_peer_id), self._on_announcement)
+        self.policy = TrainerPolicy(self.rt, self.fetcher, self.dir / "policy", self.tasks, self._load)
+        await self.policy.start()
         trusted = frozenset(self.cfg.run.validator_peer_ids) or None
-        sw.subscribe(topic(self.run_id, VERDICT_KIND), verdict_validator(self.run_id, trusted), self._on_verdict)
-        self._task = self.rt.spawn("worker-loop", self._loop)
-        self._sync_task = self.rt.spawn("worker-policy", self._sync_loop)
+        self.rt.swarm.subscribe(topic(self.run_id, VERDICT_KIND), verdict_validator(self.run_id, trusted),
+                                self._on_verdict)
+        self.tasks.loop("worker-loop", self._loop)
 
     async def close(self) -> None:
-        for t in (self._task, self._sync_task):
-            if t is not None:
-                t.cancel()
-        for t in (self._task, self._sync_task):
-            if t is not None:
-                try:
-                    await t
-                except (asyncio.CancelledError, Exception):
-                    pass
+        await self.tasks.close()
         if hasattr(self, "fetcher"):
             self.fetcher.close()
 
@@ -120,32 +120,10 @@ class Worker:
 
     # -- policy ----------------------------------------------------------------------------------
 
-    def _on_announcement(self, ann: PolicyAnnouncement, origin: str) -> None:
-        if self._latest is None or ann.version > self._latest.version:
-            self._latest = ann
-            self._new_policy.set()
-
-    async def _sync_loop(self) -> None:
-        """Obtain the newest announced version; one at a time, newest wins."""
-        while True:
-            await self._new_policy.wait()
-            self._new_policy.clear()
-            ann = self._latest
-            if ann is None or ann.version <= self.version:
-                continue
-            try:
-                res = await self.follower.obtain(ann)
-            except IntellectNodeError as exc:
-                log.warning("could not obtain policy v%d: %s", ann.version, exc)
-                await asyncio.sleep(0.5)
-                self._new_policy.set()  # retry (a newer announcement may have replaced it)
-                continue
-            await self._load(res.version, res.checkpoint)
-            log.info("policy v%d loaded (%s, %d bytes fetched)", res.version, res.path, res.bytes_fetched)
-
-    async def _load(self, version: int, ckpt: Any) -> None:
+    async def _load(self, version: int, ckpt: PolicyWeights) -> None:
+        """A new policy version (``roles/follow.py``): generation moves to it at its next batch."""
         loaded = await asyncio.to_thread(loaded_from_checkpoint, self.base, ckpt)
-        self.engine = await asyncio.to_thread(TorchEngine, loaded)
+        self.engine = await asyncio.to_thread(make_engine, loaded)
         self.version, self.checkpoint_hash = version, ckpt.content_hash
         self.rt.board.set_policy(local=version)
 
@@ -158,7 +136,8 @@ class Worker:
         probs: list[Problem] = []
         for _ in range(8):
             for p in self.task.sample(self.rng, self.rl.problems_per_batch * 2):
-                if (used is None or p.problem_id not in used) and all(q.problem_id != p.problem_id for q in probs):
+                fresh = used is None or p.problem_id not in used
+                if fresh and all(q.problem_id != p.problem_id for q in probs):
                     probs.append(p)
             if len(probs) >= self.rl.problems_per_batch:
                 break
@@ -179,7 +158,7 @@ class Worker:
             used.update(p.problem_id for p in probs)
         return [p for p in probs for _ in range(self.rl.group_size)]
 
-    def make_records(self, engine: TorchEngine, problems: list[Problem], version: int,
+    def make_records(self, engine: InferenceEngine, problems: list[Problem], version: int,
                      checkpoint: str) -> list[RolloutRecord]:
         """Generate and sign one batch's records (runs in a worker thread)."""
         return generate_rollouts(engine, self.tokenizer, problems, key=self.rt.swarm.key, run_id=self.run_id,
@@ -193,7 +172,7 @@ class Worker:
             return int(doc["version"]), {str(p) for p in doc["problems"]}
         except FileNotFoundError:
             return -1, set()
-        except (OSError, ValueError, KeyError, TypeError) as exc:  # our own file; at worst a repeat is refused
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # ours; at worst a repeat is refused
             log.warning("ignoring unreadable %s: %s", path, exc)
             return -1, set()
 
@@ -240,8 +219,9 @@ class Worker:
         cid, _ = await self.blobs.put_file(path, name=f"{self.run_id}-rollouts-v{version}")
         path.unlink(missing_ok=True)  # the blob store holds it now
         if self.ledger is not None:
-            await asyncio.to_thread(self.ledger.record_submission, cid, run_id=self.run_id, policy_version=version,
-                                    n_rollouts=len(records), n_tokens=n_tokens, cid=cid)
+            await asyncio.to_thread(self.ledger.record_submission, cid, run_id=self.run_id,
+                                    policy_version=version, n_rollouts=len(records), n_tokens=n_tokens,
+                                    cid=cid)
         notice = RolloutNotice(run_id=self.run_id, batch_cid=cid, policy_version=version,
                                n_rollouts=len(records), batch_bytes=len(data))
         await self.rt.swarm.publish(topic(self.run_id, NOTICE_KIND), seal_notice(self.rt.swarm.key, notice))
@@ -256,8 +236,10 @@ class Worker:
         kind = "accepted" if verdict.accepted else "stale" if verdict.reason == "stale" else "rejected"
         self.verdicts[kind] += 1
         n = verdict.n_accepted + verdict.n_rejected
-        self.rt.board.verdict(verdict.accepted, n, reason=verdict.reason, detail=verdict.detail, peer=validator)
+        self.rt.board.verdict(verdict.accepted, n, reason=verdict.reason, detail=verdict.detail,
+                              peer=validator)
         if self.ledger is not None:
             await asyncio.to_thread(self.ledger.record_verdict, verdict.batch_cid, validator=validator,
                                     run_id=self.run_id, n_accepted=verdict.n_accepted,
-                                    n_rejected=verdict.n_rejected, reason=verdict.reason, detail=verdict.detail)
+                                    n_rejected=verdict.n_rejected, reason=verdict.reason,
+                                    detail=verdict.detail)

@@ -10,7 +10,7 @@ import pytest
 
 from intellect_node.errors import ConfigError
 from intellect_node.node.config import load_config
-from intellect_node.roles.trainer import VerdictTally
+from intellect_node.roles.batching import VerdictTally
 from intellect_node.protocol.signing import SigningKey
 
 
@@ -49,6 +49,7 @@ def test_quorum_larger_than_the_validator_list_is_an_operator_error(tmp_path: Pa
     assert "verdict_quorum" in str(e.value) and "validator_peer_ids" in str(e.value)
 
 
+@pytest.mark.slow
 def test_a_quorum_of_two_trains_only_on_batches_both_validators_accepted(tmp_path: Path) -> None:
     """Real processes on loopback: with ``verdict_quorum = 2`` the trainer does not train on batches that
     only one validator has accepted; once the second validator is up, it trains."""

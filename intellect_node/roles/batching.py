@@ -1,0 +1,176 @@
+"""The trainer's admission of verified work and its choice of each step's batches, as a pure state machine.
+
+No asyncio, no I/O, no clock: the trainer role (``roles/trainer.py``) feeds it verdicts and its policy
+version and acts on what it answers (fetching and persisting a batch, counting, banning). That keeps the
+rules in one place where unit tests reach every case:
+
+- **Quorum.** ``run.verdict_quorum`` distinct trusted validators must accept a batch; a rejection that
+  comes first refuses it (:class:`VerdictTally`). Votes and decisions are per (worker, batch CID)
+  (:func:`vote_key`): a verdict on a notice that named another worker's blob cannot decide that worker's
+  batch.
+- **Each batch decided once.** A decided batch (queued, consumed, refused) is ``known``; later verdicts
+  on it are ignored. A batch whose admission failed (its blob could not be fetched) is forgotten again, so
+  another validator's verdict can bring it back.
+- **Bounded staleness.** At policy version v the trainer trains only on rollouts generated with a version
+  >= v - ``run.async_level`` (:func:`fresh_floor`; INTELLECT-2 uses 2); older accepted work is refused as
+  stale, both when its verdict comes and when it has waited in the queue too long.
+- **A step's batches** (:meth:`Admission.take`): whole batches holding at least ``rl.groups_per_step``
+  fresh groups, newest policy first, from any workers; the trainer never waits for a particular one.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from intellect_node.protocol.rl import BatchVerdict
+
+if TYPE_CHECKING:
+    from intellect_node.trainer.step import Sample
+
+Decision = Literal["ignore", "not_allowed", "wait", "refuse", "banned", "stale", "admit"]
+"""What the trainer does with a verdict: nothing (``ignore``: decided before; ``wait``: short of the quorum;
+``banned``: the worker is banned here), count a refusal (``not_allowed``: a closed run's outsider;
+``refuse``: a validator rejected it; ``stale``: too old), or fetch and queue the batch (``admit``)."""
+
+
+def vote_key(worker: str, cid: str) -> str:
+    """Votes and decisions are per (worker, batch)."""
+    return f"{worker}/{cid}"
+
+
+def fresh_floor(version: int, async_level: int) -> int:
+    """The oldest policy version whose rollouts the trainer at ``version`` still trains on."""
+    return version - async_level
+
+
+class VerdictTally:
+    """Votes of the trusted validators on each batch: ``quorum`` distinct acceptances admit it and a
+    rejection that comes first refuses it. The caller decides each batch once and calls :meth:`done`
+    after a successful admission (until then the votes stay, so a failed admission is retried on the next
+    acceptance). Bounded: beyond ``limit`` batches the oldest counts are forgotten."""
+
+    def __init__(self, quorum: int, limit: int = 4096) -> None:
+        self.quorum = quorum
+        self.limit = limit
+        self._votes: dict[str, set[str]] = {}
+
+    def vote(self, cid: str, validator: str, accepted: bool) -> str:
+        """"admit" (the quorum-th distinct acceptance), "refuse" (a rejection) or "wait"."""
+        if not accepted:
+            self._votes.pop(cid, None)
+            return "refuse"
+        votes = self._votes.setdefault(cid, set())
+        votes.add(validator)
+        while len(self._votes) > self.limit:
+            del self._votes[next(iter(self._votes))]
+        return "admit" if len(votes) >= self.quorum else "wait"
+
+    def done(self, cid: str) -> None:
+        self._votes.pop(cid, None)
+
+    def __len__(self) -> int:
+        """Batches with some acceptances but not yet a decision."""
+        return len(self._votes)
+
+
+@dataclass
+class Accepted:
+    """An accepted batch waiting to be trained on (its samples carry recomputed rewards)."""
+
+    cid: str
+    worker: str
+    version: int
+    groups: list[list[Sample]]
+    seq: int
+    """Arrival order (persisted with the batch, so a restarted trainer queues in the same order)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """The batches one step trains on, and the queued ones refused as stale on the way."""
+
+    taken: list[Accepted]
+    stale: list[Accepted]
+
+
+class Admission:
+    """Which verified batches the trainer takes in and which form each step (see the module docstring)."""
+
+    def __init__(self, *, quorum: int, async_level: int, groups_per_step: int,
+                 allowed: frozenset[str] = frozenset()) -> None:
+        self.tally = VerdictTally(quorum)
+        self.async_level = async_level
+        self.groups_per_step = groups_per_step
+        self.allowed = allowed
+        """A closed run's workers (``run.worker_allowlist``); empty: anyone."""
+        self.queue: deque[Accepted] = deque()
+        self.known: set[str] = set()
+        """:func:`vote_key` of the batches decided: queued, consumed or refused."""
+
+    def decide(self, verdict: BatchVerdict, validator: str, *, version: int, consumed: bool,
+               banned: bool) -> Decision:
+        """One trusted validator's verdict, at policy ``version``. ``consumed``: the batch is in a
+        checkpoint already; ``banned``: its worker is banned here. After ``admit`` the caller fetches the
+        batch and reports :meth:`add`, :meth:`refused` (it was a duplicate) or :meth:`failed`."""
+        key = vote_key(verdict.worker, verdict.batch_cid)
+        if key in self.known or consumed:
+            return "ignore"
+        if self.allowed and verdict.worker not in self.allowed:
+            self.known.add(key)
+            return "not_allowed"
+        if self.tally.vote(key, validator, verdict.accepted) == "wait":
+            return "wait"  # fewer than run.verdict_quorum validators have accepted it so far
+        if not verdict.accepted:
+            self.known.add(key)
+            return "refuse"
+        if banned:
+            return "banned"
+        self.known.add(key)
+        if verdict.policy_version < fresh_floor(version, self.async_level):
+            self.tally.done(key)
+            return "stale"
+        return "admit"
+
+    def add(self, acc: Accepted) -> None:
+        """Queue an admitted batch (after :meth:`decide`, or found in the inbox after a restart)."""
+        key = vote_key(acc.worker, acc.cid)
+        self.tally.done(key)
+        self.known.add(key)
+        self.queue.append(acc)
+
+    def refused(self, worker: str, cid: str) -> None:
+        """An admitted batch turned out to be refused (it holds rollouts admitted before): decided."""
+        self.tally.done(vote_key(worker, cid))
+
+    def failed(self, worker: str, cid: str) -> None:
+        """An admission that could not finish (the blob was unavailable): another verdict may retry it."""
+        self.known.discard(vote_key(worker, cid))
+
+    def take(self, version: int) -> Step | None:
+        """The next step's batches at policy ``version``, or None while fewer than ``groups_per_step``
+        fresh groups are queued. Stale batches leave the queue with it.
+
+        Newest first because workers run ahead of the trainer (``batches_per_version`` > 1): taking the
+        oldest would train on rollouts ``async_level`` versions old every step, while the newest are at most
+        a version behind. Older fresh batches stay queued and are used if nothing newer comes in time.
+        """
+        floor = fresh_floor(version, self.async_level)
+        fresh = [a for a in self.queue if a.version >= floor]
+        if sum(len(a.groups) for a in fresh) < self.groups_per_step:
+            return None
+        stale = [a for a in self.queue if a.version < floor]
+        taken: list[Accepted] = []
+        n = 0
+        for a in sorted(fresh, key=lambda a: (-a.version, a.seq)):
+            if n >= self.groups_per_step:
+                break
+            taken.append(a)
+            n += len(a.groups)
+        gone = {a.cid for a in taken} | {a.cid for a in stale}
+        self.queue = deque(a for a in self.queue if a.cid not in gone)
+        return Step(taken, stale)
+
+    def queued_groups(self) -> int:
+        return sum(len(a.groups) for a in self.queue)

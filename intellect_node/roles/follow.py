@@ -1,0 +1,81 @@
+"""The run's policy as a worker or validator follows it: :class:`TrainerPolicy`.
+
+Both roles need the same thing: the newest version the run's trainer announced, held locally and loaded
+into an engine. :class:`TrainerPolicy` subscribes to the run's ``policy`` topic, where only the run's
+trainer may announce (``protocol.policy.announcement_validator`` drops everyone else's in the gossip
+validator), shows each announcement to the role (the validator judges staleness by the newest one), and
+offers it to a :class:`~intellect_node.roles.policy.PolicyFollower`, whose ``follow`` loop obtains the
+newest version offered, newest wins, retrying a failed one a few times
+(:data:`~intellect_node.roles.policy.FOLLOW_RETRIES`, from :data:`RETRY_S` doubling). The trainer repeats
+its newest announcement every couple of seconds, and each repeat is offered again, so a version given up
+on is tried again at the next repeat. The role gets every version obtained as ``on_version(version,
+checkpoint)``, and at start the version already held on disk.
+
+Policy blobs come from the trainer first (it holds every one), the DHT second (``HintedFetcher``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, announcement_validator
+from intellect_node.protocol.topics import topic
+from intellect_node.roles.common import MAX_POLICY_BYTES, HintedFetcher, require_trainer
+from intellect_node.roles.policy import ObtainResult, PolicyFollower
+from intellect_node.roles.seams import RoleTasks, Runtime
+from intellect_node.trainer.policy_weights import PolicyWeights
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 0.5
+"""The first wait before a version that could not be obtained is tried again (it doubles)."""
+
+OnVersion = Callable[[int, PolicyWeights], Awaitable[None]]
+
+
+class TrainerPolicy:
+    """The run's trainer's policy, followed in ``directory`` for one role (see the module docstring).
+
+    ``on_version`` is awaited with each version obtained, in increasing order; ``on_announcement`` sees
+    every valid announcement first (repeats included) and must not block."""
+
+    def __init__(self, runtime: Runtime, fetcher: HintedFetcher, directory: Path, tasks: RoleTasks,
+                 on_version: OnVersion, *,
+                 on_announcement: Callable[[PolicyAnnouncement], None] | None = None) -> None:
+        self.run_id = runtime.config.run.run_id
+        self.trainer = require_trainer(runtime.config, tasks.name)
+        self._rt = runtime
+        self._tasks = tasks
+        self._on_version = on_version
+        self._on_announcement = on_announcement
+        self.follower = PolicyFollower(directory, fetcher.holding([self.trainer]), run_id=self.run_id,
+                                       trainer=self.trainer, max_checkpoint_bytes=MAX_POLICY_BYTES,
+                                       board=runtime.board, on_reject=runtime.swarm.peerbook.record_rejection)
+
+    @property
+    def version(self) -> int | None:
+        """The version held here (None before the first)."""
+        return self.follower.version
+
+    async def start(self) -> None:
+        """Hand the role the version held on disk, then subscribe and follow the announcements."""
+        held, ckpt = self.follower.version, self.follower.checkpoint
+        if held is not None and ckpt is not None:
+            await self._on_version(held, ckpt)
+        validate = announcement_validator(self.run_id, self.trainer)
+        self._rt.swarm.subscribe(topic(self.run_id, POLICY_KIND), validate, self._heard)
+        self._tasks.loop(f"{self._tasks.name}-policy", self._follow)
+
+    def _heard(self, ann: PolicyAnnouncement, origin: str) -> None:
+        if self._on_announcement is not None:
+            self._on_announcement(ann)
+        self.follower.offer(ann)
+
+    async def _follow(self) -> None:
+        await self.follower.follow(self._obtained, backoff_s=RETRY_S)
+
+    async def _obtained(self, res: ObtainResult) -> None:
+        await self._on_version(res.version, res.checkpoint)
+        log.info("policy v%d loaded (%s, %d bytes fetched)", res.version, res.path, res.bytes_fetched)

@@ -1,0 +1,114 @@
+"""What a role uses of the node around it (:class:`Runtime`) and how it keeps its tasks (:class:`RoleTasks`).
+
+``node/runtime.py``'s ``NodeRuntime`` sits above the roles (it assembles them), so the roles cannot import
+it; they are written against this Protocol instead, which names the few things they use. Tests and other
+assemblies can hand a role anything that has them.
+
+A role runs two kinds of tasks. Its long-lived loops run under the node's supervisor (``runtime.spawn``:
+restarted with a back-off when they fail). Its short jobs (one peer's batch check, a ban, a policy
+publication) run in one :class:`asyncio.TaskGroup` that a supervised task holds open for the role's
+lifetime; a job's failure is logged at its edge and never spreads to the others. :meth:`RoleTasks.close`
+ends both, so a role's ``close`` does not keep task lists of its own, and no job outlives the resources
+(fetcher, blob store) the role closes next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from intellect_node.node.config import NodeConfig
+from intellect_node.node.status import StatusBoard
+from intellect_node.p2p.swarm import Swarm
+
+log = logging.getLogger(__name__)
+
+LoopFactory = Callable[[], Awaitable[Any]]
+"""A loop the supervisor can start again: called once per (re)start, its state lives on its object."""
+
+
+class Runtime(Protocol):
+    """The node as a role sees it (``node.runtime.NodeRuntime`` is the one that runs; see
+    docs/architecture.md, "Node runtime"). The role is built after the swarm started, so ``swarm`` is set."""
+
+    @property
+    def config(self) -> NodeConfig: ...
+
+    @property
+    def board(self) -> StatusBoard: ...
+
+    @property
+    def swarm(self) -> Swarm: ...
+
+    @property
+    def data_dir(self) -> Path: ...
+
+    @property
+    def services(self) -> Sequence[object]:
+        """The node's services built so far (a role finds the blob service and the ledger among them)."""
+        ...
+
+    def spawn(self, name: str, factory: LoopFactory, *, essential: bool = True,
+              may_end: bool = False) -> asyncio.Task[None]:
+        """Run ``factory()`` for the node's lifetime, restarted when it fails; cancel the task to stop it."""
+        ...
+
+
+class RoleTasks:
+    """One role's loops (the supervisor's) and jobs (a task group); see the module docstring."""
+
+    def __init__(self, runtime: Runtime, name: str) -> None:
+        self._rt = runtime
+        self.name = name
+        self._loops: list[asyncio.Task[None]] = []
+        self._group: asyncio.TaskGroup | None = None
+        self._opened = asyncio.Event()
+
+    def loop(self, name: str, factory: LoopFactory, *, may_end: bool = False) -> asyncio.Task[None]:
+        """Run a long-lived loop under the node's supervisor until :meth:`close`."""
+        task = self._rt.spawn(name, factory, may_end=may_end)
+        self._loops.append(task)
+        return task
+
+    async def open(self) -> None:
+        """Start the task group jobs run in; returns once :meth:`job` takes them."""
+        self.loop(f"{self.name}-jobs", self._hold)
+        await self._opened.wait()
+
+    async def _hold(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            self._group = group
+            self._opened.set()
+            try:
+                await asyncio.get_running_loop().create_future()  # until cancelled by close()
+            finally:
+                self._group = None  # the group is cancelling its jobs: take no new ones
+
+    def job(self, coro: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None] | None:
+        """Run ``coro`` beside the role's other jobs; its failure is logged (``what`` failed) and goes no
+        further. None (and ``coro`` closed unrun) when the role is closing."""
+        group = self._group
+        if group is None:
+            coro.close()
+            log.debug("%s: not started, %s is closing", what, self.name)
+            return None
+
+        async def guarded() -> None:
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the edge of one job: a bug on one peer's batch must not stop the others
+                log.exception("%s failed", what)
+
+        return group.create_task(guarded())
+
+    async def close(self) -> None:
+        """Cancel the loops and every job still running, and wait for them."""
+        loops, self._loops = self._loops, []
+        for t in loops:
+            t.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
