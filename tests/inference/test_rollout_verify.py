@@ -14,11 +14,11 @@ from intellect_node.inference.base import SamplingConfig
 from intellect_node.inference.rollouts import checkpoint_cid, generate_rollouts
 from intellect_node.inference.torch_engine import TorchEngine
 from intellect_node.inference.verifier import Expectations, Verifier, verify_rollout
+from intellect_node.models.loader import embedded_model_dir
 from intellect_node.proofs.thresholds import load_thresholds
 from intellect_node.proofs.toploc import build_proofs
 from intellect_node.protocol.rollout import RolloutRecord, sign_rollout
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.models.loader import embedded_model_dir
 from intellect_node.trainer.tasks import embedded_task
 from tests.support.rollouts import noisy_model, random_model, resign
 
@@ -43,8 +43,9 @@ def verifier(engine: TorchEngine) -> Verifier:
 
 def rollouts(engine: TorchEngine, n: int, seed: int, key: SigningKey = WORKER) -> list[RolloutRecord]:
     problems = embedded_task().sample(random.Random(seed), n)
-    return generate_rollouts(engine, engine.loaded.tokenizer, problems, key=key, run_id="run", policy_version=3,
-                             checkpoint=CID, sampling=SAMPLING, seeds=[seed * 1000 + i for i in range(n)])
+    return generate_rollouts(engine, engine.loaded.tokenizer, problems, key=key, run_id="run",
+                             policy_version=3, checkpoint=CID, sampling=SAMPLING,
+                             seeds=[seed * 1000 + i for i in range(n)])
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +118,8 @@ def test_one_prompt_token_changed_is_rejected(verifier: Verifier, engine: TorchE
     assert set(_rejected(verifier, consistent)) <= TAMPER_REASONS
 
 
-def test_proofs_moved_to_another_rollout_are_rejected(verifier: Verifier, honest: list[RolloutRecord]) -> None:
+def test_proofs_moved_to_another_rollout_are_rejected(verifier: Verifier,
+                                                      honest: list[RolloutRecord]) -> None:
     moved = [resign(a, WORKER, proofs=b.proofs) for a, b in zip(honest[:8], honest[8:16])
              if a.proofs != b.proofs]
     assert moved and set(_rejected(verifier, moved)) == {"toploc"}
@@ -148,7 +150,8 @@ def test_tokens_sampled_by_another_model_are_rejected(verifier: Verifier, engine
     other = TorchEngine.from_dir(str(random_model(tmp_path / "other", seed=4)))
     recs = rollouts(other, 8, seed=7)
     laundered = []
-    for r, (hidden, logits) in zip(recs, engine.prefill([(r.prompt_tokens, r.completion_tokens) for r in recs])):
+    states = engine.prefill([(r.prompt_tokens, r.completion_tokens) for r in recs])
+    for r, (hidden, logits) in zip(recs, states):
         lp = torch.log_softmax(logits / r.sampling.temperature, -1)
         claimed = lp.gather(-1, torch.tensor(r.completion_tokens).view(-1, 1)).view(-1).tolist()
         laundered.append(resign(r, WORKER, proofs=build_proofs(hidden), logprobs=claimed))
@@ -160,8 +163,9 @@ def test_tokens_sampled_by_another_model_are_rejected(verifier: Verifier, engine
 def test_wrong_policy_version_is_rejected(verifier: Verifier, honest: list[RolloutRecord]) -> None:
     r = honest[0]
     assert _rejected(verifier, [resign(r, WORKER, policy_version=2)]) == ["policy_version"]
-    assert _rejected(verifier, [resign(r, WORKER, checkpoint_cid=checkpoint_cid(embedded_model_dir())[:-1] + "a")
-                                ]) in (["checkpoint"], ["malformed"])
+    other_cid = checkpoint_cid(embedded_model_dir())[:-1] + "a"
+    got = _rejected(verifier, [resign(r, WORKER, checkpoint_cid=other_cid)])
+    assert got in (["checkpoint"], ["malformed"])
 
 
 def test_other_cheap_checks(verifier: Verifier, engine: TorchEngine, honest: list[RolloutRecord]) -> None:
@@ -185,13 +189,13 @@ def test_seeds_are_derived_so_a_worker_cannot_keep_its_luckiest_draws(engine: To
     # A group of 8: honest generation derives each sample's seed from (run, version, worker, problem, k).
     problem = embedded_task().get("add3/123456")  # 123+456=: sampled right ~1 time in 4
     group = [problem] * 8
-    honest = generate_rollouts(engine, engine.loaded.tokenizer, group, key=WORKER, run_id="run", policy_version=3,
-                               checkpoint=CID, sampling=SAMPLING)
+    honest = generate_rollouts(engine, engine.loaded.tokenizer, group, key=WORKER, run_id="run",
+                               policy_version=3, checkpoint=CID, sampling=SAMPLING)
     assert seed_violation(honest, "run", 3, WORKER.peer_id) == ""
     assert len({r.sampling.seed for r in honest}) == 8
     # The same group again is the same draw: nothing to choose from.
-    again = generate_rollouts(engine, engine.loaded.tokenizer, group, key=WORKER, run_id="run", policy_version=3,
-                              checkpoint=CID, sampling=SAMPLING)
+    again = generate_rollouts(engine, engine.loaded.tokenizer, group, key=WORKER, run_id="run",
+                              policy_version=3, checkpoint=CID, sampling=SAMPLING)
     assert [r.completion_tokens for r in again] == [r.completion_tokens for r in honest]
     # Best-of-n: sample with seeds of the worker's choosing, keep the rewarded ones. Every other check
     # passes (they are genuine samples of the policy); the seed rule is what rejects them.
@@ -203,3 +207,51 @@ def test_seeds_are_derived_so_a_worker_cannot_keep_its_luckiest_draws(engine: To
     # Derived seeds are bound to the worker, version and run: someone else's records do not fit.
     assert seed_violation(honest, "run", 4, WORKER.peer_id)
     assert seed_violation(honest, "run", 3, MALLORY.peer_id)
+
+
+def test_sampled_tensor_checks_leave_the_cheap_checks_on_every_record(verifier: Verifier, engine: TorchEngine,
+                                                                       honest: list[RolloutRecord]) -> None:
+    """A validator checking a fraction of a batch's groups (``rl.verify_fraction``) runs the tensor checks
+    on those only; the cheap checks still see every record, and there is one verdict per record, in order."""
+    tok = engine.loaded.tokenizer
+    task = embedded_task()
+
+    def edited(r: RolloutRecord) -> RolloutRecord:  # one token changed, the reward kept consistent
+        toks = list(r.completion_tokens)
+        i = min(2, len(toks) - 2)
+        digit = tok.decode([toks[i]])
+        toks[i] = tok.encode(str((int(digit) + 1) % 10) if digit.isdigit() else "7")[0]
+        reward = task.get(r.problem_id).reward(tok.decode(toks))
+        return resign(r, WORKER, completion_tokens=toks, reward=reward)
+
+    recs = list(honest[:8])
+    recs[1], recs[5] = edited(recs[1]), edited(recs[5])
+    recs[6] = resign(recs[6], WORKER, reward=1.0 - recs[6].reward)
+    sampled = verifier.verify(recs, tensor_checks={0, 1, 2, 3})
+    assert [v.rollout_id for v in sampled] == [r.rollout_id for r in recs]
+    assert [v.accepted for v in sampled] == [True, False, True, True, True, True, False, True]
+    assert sampled[1].reason in TAMPER_REASONS and sampled[6].reason == "reward"
+    assert not sampled[5].figures  # accepted on the cheap checks alone: no tensor figures
+    full = verifier.verify(recs)
+    assert [v.accepted for v in full] == [True, False, True, True, True, False, False, True]
+    assert full == verifier.verify(recs, tensor_checks=range(8))
+
+
+def test_engines_are_made_by_name(engine: TorchEngine) -> None:
+    from intellect_node.errors import ConfigError
+    from intellect_node.inference import InferenceEngine, make_engine
+
+    problems = embedded_task().sample(random.Random(9), 2)
+    made = make_engine(engine.loaded)  # weights in memory: what a role does with each policy version
+    assert isinstance(made, InferenceEngine) and made.name == "torch" and made.dtype == "float32"
+    from_dir = make_engine(None, "torch")  # the embedded model, loaded from its directory
+    for e in (made, from_dir):
+        got = generate_rollouts(e, engine.loaded.tokenizer, problems, key=WORKER, run_id="run",
+                                policy_version=3, checkpoint=CID, sampling=SAMPLING, seeds=[1, 2])
+        want = generate_rollouts(engine, engine.loaded.tokenizer, problems, key=WORKER, run_id="run",
+                                 policy_version=3, checkpoint=CID, sampling=SAMPLING, seeds=[1, 2])
+        assert [r.completion_tokens for r in got] == [r.completion_tokens for r in want]
+    with pytest.raises(ConfigError, match="vLLM engine loads its weights from a model directory"):
+        make_engine(engine.loaded, "vllm")
+    with pytest.raises(ConfigError, match="engine 'tensorrt' is not one of torch, vllm"):
+        make_engine(None, "tensorrt")
