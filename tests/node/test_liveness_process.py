@@ -15,12 +15,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.common import CLI, REPO
 from tests.support.wait import wait_for
 from intellect_node.p2p.liveness import EXIT_UNHEALTHY
 
+pytestmark = pytest.mark.slow
 LAUNCHER = str(REPO / "tests" / "support" / "liveness.py")
 
 

@@ -11,6 +11,7 @@ import pytest
 from tests.support.common import run_cli
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(480)  # four node processes start (torch + libp2p imports) on a shared 2-core machine
 def test_headless_demo_runs_steps_and_reports(tmp_path: Path) -> None:
     report = tmp_path / "report.json"
@@ -57,6 +58,7 @@ def test_step_log_keeps_steps_across_polls_and_counts_validator_verdicts() -> No
     assert rollout_counts([trainer.snapshot(), worker.snapshot()])["accepted"] == 64
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_ctrl_c_keeps_the_logs_and_says_where(tmp_path: Path) -> None:
     """Ctrl-C on a demo in its default temporary dir: every node stops, the temporary dir goes, and each

@@ -29,7 +29,7 @@ from intellect_node.testing.netns import Topology, http_get_in, netns_unavailabl
 from tests.support.common import CLI
 from tests.support.wait import wait_for
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(420)]
 
 NODE_ENV = {
     # Quick checks for a test; production defaults are minutes (docs/nat.md).

@@ -22,7 +22,7 @@ RESERVATION_TTL = 6
 RELAY_BYTES = 4 * 1024 * 1024
 MiB = 1024 * 1024
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(400)]
 
 
 class Net:

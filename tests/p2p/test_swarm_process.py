@@ -35,6 +35,7 @@ def _peer_state(node: NodeProcess, peer: str) -> str:
     return "unknown"
 
 
+@pytest.mark.slow
 def test_join_status_gone_remembered_and_clean_stop(tmp_path: Path) -> None:
     a = NodeProcess(tmp_path / "a", *HB)
     b: NodeProcess | None = None

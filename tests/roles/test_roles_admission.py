@@ -23,7 +23,7 @@ from intellect_node.protocol.rollout import decode_batch
 from tests.support.wait import wait_for
 from tests.support.roles import CheatProcess, hostile_process, listen_addr, make_key, start_role, write_config
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def _model() -> str:

@@ -32,7 +32,7 @@ from intellect_node.models.loader import load_model
 from tests.support.wait import wait_for
 from tests.support.roles import CheatProcess, listen_addr, make_key, start_role, write_config
 
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 RL = dict(group_size=8, problems_per_batch=4, groups_per_step=8, max_new_tokens=5, lr=2e-4,
           batches_per_version=2, ban_after=3)

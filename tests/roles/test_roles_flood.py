@@ -23,7 +23,7 @@ import pytest
 from tests.support.wait import wait_for
 from tests.support.roles import hostile_process, listen_addr, make_key, start_role
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 RL = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=4, batches_per_version=1)
 VALIDATOR = dict(strikes_ban_after=20)

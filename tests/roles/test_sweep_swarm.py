@@ -21,6 +21,7 @@ from intellect_node.research import sweep as S
 
 
 # About 40 s on an idle 2-core machine; the bounds leave room for a heavily shared one (4 processes start).
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_forger_caught_banned_and_redone_on_a_local_swarm(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
@@ -56,6 +57,7 @@ def test_forger_caught_banned_and_redone_on_a_local_swarm(tmp_path: Path) -> Non
     assert (out / "plot.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_join_submits_to_a_running_sweep_worker(tmp_path: Path) -> None:
     wdir = tmp_path / "worker"

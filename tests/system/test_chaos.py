@@ -43,6 +43,7 @@ from tests.support.common import CLI
 from tests.support.roles import ENV, make_key, write_config
 from tests.support.wait import wait_for
 
+pytestmark = [pytest.mark.slow, pytest.mark.netns]
 SEED = int(os.environ.get("CHAOS_SEED", "7"))
 RL = dict(group_size=8, problems_per_batch=4, groups_per_step=8, max_new_tokens=5, lr=2e-4,
           batches_per_version=2)

@@ -22,7 +22,7 @@ from intellect_node.trainer.tasks import embedded_task  # noqa: E402
 torch.set_num_threads(1)
 KEY = SigningKey(bytes(range(32)))
 # Starting vLLM (imports, weight loading, KV-cache profiling) took ~3 minutes on the shared CPU machine.
-pytestmark = pytest.mark.timeout(1200)
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
 
 
 @pytest.fixture(scope="module")
