@@ -13,11 +13,10 @@ import torch
 from intellect_node.blobs.peer import BlobPeer, mesh
 from intellect_node.errors import IntegrityError
 from intellect_node.fsutil import atomic_write_bytes
-from intellect_node.roles.policy import PolicyFollower, PolicyPublisher
 from intellect_node.node.status import StatusBoard
 from intellect_node.protocol import codec
-from intellect_node.protocol.policy import DeltaFile, PolicyAnnouncement, open_announcement, \
-    seal_announcement
+from intellect_node.protocol.policy import DeltaFile, PolicyAnnouncement, open_announcement, seal_announcement
+from intellect_node.roles.policy import PolicyFollower, PolicyPublisher
 from intellect_node.trainer.delta import encode_delta, read_delta
 from intellect_node.trainer.policy_weights import PolicyWeights
 from tests.support.delta import policy_versions
@@ -47,9 +46,11 @@ def test_chain_anchors_late_joiner_and_restart(tmp_path: Path) -> None:
             pub = PolicyPublisher(tmp_path / "pub", trainer.blobs, trainer.key, RUN, full_every=3)
             fa = _follower(tmp_path, "a", a, trainer.key.peer_id)
             anns: list[PolicyAnnouncement] = []
+            assert pub.announcement() is None  # nothing published yet
             for v in range(6):
                 ann, raw = await pub.publish(v, versions[v].to_state_dict())
                 assert open_announcement(raw, run_id=RUN, trainer=trainer.key.peer_id) == ann
+                assert pub.announcement() == (ann, raw)
                 anns.append(ann)
                 got = await fa.obtain(ann)
                 assert bytes(got.checkpoint.to_bytes()) == bytes(versions[v].to_bytes())
@@ -57,7 +58,8 @@ def test_chain_anchors_late_joiner_and_restart(tmp_path: Path) -> None:
                 if v:  # a delta costs a fraction of the checkpoint on the wire
                     assert 0 < got.bytes_fetched < versions[v].nbytes / 2
             assert [x.full_version for x in anns] == [0, 0, 0, 3, 3, 3]
-            assert [[link.version for link in x.deltas] for x in anns] == [[], [1], [1, 2], [3], [3, 4], [3, 4, 5]]
+            chains = [[link.version for link in x.deltas] for x in anns]
+            assert chains == [[], [1], [1, 2], [3], [3, 4], [3, 4, 5]]
             assert (await fa.obtain(anns[5])).path == "current"
             assert (await fa.obtain(anns[4])).path == "stale"
 
@@ -78,6 +80,8 @@ def test_chain_anchors_late_joiner_and_restart(tmp_path: Path) -> None:
             # Both sides restart from disk and carry on with the same chain.
             pub2 = PolicyPublisher(tmp_path / "pub", trainer.blobs, trainer.key, RUN, full_every=3)
             assert pub2.version == 5
+            # The restarted trainer re-announces v5 from the publisher's state: the same signed bytes.
+            assert pub2.announcement() == (anns[5], raw)
             ann6, _ = await pub2.publish(6, versions[6])
             assert ann6.full_version == 6 and [link.version for link in ann6.deltas] == [6]
             fa2 = _follower(tmp_path, "a", a, trainer.key.peer_id)
