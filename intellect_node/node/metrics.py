@@ -74,7 +74,8 @@ class StatusCollector(Collector):
         yield rollouts
 
         yield GaugeMetricFamily(f"{_PREFIX}_tokens_per_second",
-                                "Generated tokens per second over the last 30 s.", value=s.throughput.tokens_per_s)
+                                "Generated tokens per second over the last 30 s.",
+                                value=s.throughput.tokens_per_s)
         yield CounterMetricFamily(f"{_PREFIX}_tokens_generated", "Tokens generated.",
                                   value=s.throughput.tokens_total)
         yield CounterMetricFamily(f"{_PREFIX}_shard_bytes_downloaded", "Weight-shard bytes downloaded.",
@@ -95,7 +96,8 @@ class StatusCollector(Collector):
             last = s.training.history[-1]
             yield GaugeMetricFamily(f"{_PREFIX}_reward_mean", "Mean reward at the last step.",
                                     value=last.reward_mean)
-            yield GaugeMetricFamily(f"{_PREFIX}_pass_rate", "Pass rate at the last step.", value=last.pass_rate)
+            yield GaugeMetricFamily(f"{_PREFIX}_pass_rate", "Pass rate at the last step.",
+                                    value=last.pass_rate)
         yield GaugeMetricFamily(f"{_PREFIX}_uptime_seconds", "Seconds since the node started.",
                                 value=s.uptime_s)
 

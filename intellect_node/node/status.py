@@ -430,7 +430,8 @@ class StatusBoard:
                        *, new_bytes: int = 0) -> None:
         """Report a download in progress; ``new_bytes`` is what arrived since the last call."""
         def change(s: StatusSnapshot) -> dict[str, object]:
-            self._shards[cid] = ShardProgress(name=name, cid=cid, bytes_done=bytes_done, bytes_total=bytes_total)
+            self._shards[cid] = ShardProgress(name=name, cid=cid, bytes_done=bytes_done,
+                                              bytes_total=bytes_total)
             return {"shards": dataclasses.replace(s.shards,
                                                   bytes_downloaded=s.shards.bytes_downloaded + new_bytes)}
         self._update(change)
@@ -438,7 +439,8 @@ class StatusBoard:
     def shard_done(self, cid: str, *, new_bytes: int = 0) -> None:
         def change(s: StatusSnapshot) -> dict[str, object]:
             self._shards.pop(cid, None)
-            return {"shards": dataclasses.replace(s.shards, bytes_downloaded=s.shards.bytes_downloaded + new_bytes,
+            return {"shards": dataclasses.replace(s.shards,
+                                                  bytes_downloaded=s.shards.bytes_downloaded + new_bytes,
                                                   completed=s.shards.completed + 1)}
         self._update(change)
 

@@ -14,8 +14,8 @@ The experiment (facts from the paper and its authors' public code; the code here
 Shortcuts and choices, on purpose:
 
 - The gradients and the optimizer steps are written out by hand instead of autograd + ``torch.optim``:
-  the same arithmetic (``tests/research/test_sweep_model.py`` checks it against autograd and ``torch.optim.AdamW``
-  / ``SGD``) at 4-7 times the speed, which matters when a sweep is thousands of runs.
+  the same arithmetic (``tests/research/test_sweep_model.py`` checks it against autograd and
+  ``torch.optim.AdamW`` / ``SGD``) at 4-7 times the speed, which matters when a sweep is thousands of runs.
 - Determinism: the initial weights and every noise sample come from numpy's PCG64 seeded with
   ``(seed, n, m[, stream])``, which gives the same numbers on every platform; each run pins torch to one
   thread. Float results can still differ in the last bits between CPU instruction sets, so a run is
@@ -83,7 +83,8 @@ def init_weights(n: int, m: int, seed: int) -> torch.Tensor:
 
 
 def loss(w: torch.Tensor, l1: float, noise: torch.Tensor | None = None) -> torch.Tensor:
-    """``sum((ReLU((W + N) W^T) - I)^2) + l1 * sum|W|``, differentiable; the reference the fast steps follow."""
+    """``sum((ReLU((W + N) W^T) - I)^2) + l1 * sum|W|``, differentiable: the reference the fast steps
+    follow."""
     h = w if noise is None else w + noise
     y = torch.relu(h @ w.T)
     return ((y - torch.eye(w.shape[0], dtype=w.dtype)) ** 2).sum() + l1 * w.abs().sum()
@@ -105,7 +106,8 @@ def sign_pattern_hash(w: torch.Tensor, threshold: float = SIGN_THRESHOLD) -> str
 
 
 def fourth_norm(w: torch.Tensor) -> float:
-    """Mean over features of ``sum_h W_ih^4``: 1 when each feature sits on one unit-norm neuron, ~3/m at init."""
+    """Mean over features of ``sum_h W_ih^4``: 1 when each feature sits on one unit-norm neuron, ~3/m at
+    init."""
     return float((w.double() ** 4).sum(dim=1).mean())
 
 

@@ -110,7 +110,8 @@ def latest_dir(root: str | os.PathLike[str]) -> Path | None:
 def read_state(path: Path) -> TrainerState:
     try:
         meta = json.loads((path / "state.json").read_text())
-        return TrainerState(version=int(meta["version"]), consumed=frozenset(str(x) for x in meta["consumed"]),
+        return TrainerState(version=int(meta["version"]),
+                            consumed=frozenset(str(x) for x in meta["consumed"]),
                             step=int(meta["step"]), extra=dict(meta.get("extra", {})))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise IntegrityError(f"checkpoint {path} has no readable state.json: {exc}") from exc

@@ -30,7 +30,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -52,7 +52,7 @@ DTYPES: dict[str, tuple[int, torch.dtype]] = {
     "I16": (2, torch.int16), "I8": (1, torch.int8), "U8": (1, torch.uint8), "BOOL": (1, torch.bool),
 }
 _CODE_OF = {tdt: code for code, (_, tdt) in DTYPES.items()}
-UINT = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
+UINT: dict[int, np.dtype[Any]] = {n: np.dtype(f"<u{n}") for n in (1, 2, 4, 8)}
 """Element size in bytes -> the unsigned integer dtype a tensor's raw bit patterns are read as."""
 
 

@@ -18,8 +18,7 @@ from safetensors.torch import save as st_save
 from intellect_node.errors import IntegrityError, ProtocolError
 from intellect_node.protocol import codec
 from intellect_node.protocol.policy import DeltaFile
-from intellect_node.trainer.delta import DENSE_KINDS, apply_delta, delta_stats, encode_delta, \
-    read_delta
+from intellect_node.trainer.delta import DENSE_KINDS, apply_delta, delta_stats, encode_delta, read_delta
 from intellect_node.trainer.policy_weights import PolicyWeights
 from tests.support.delta import policy_versions
 
@@ -39,7 +38,8 @@ def test_chain_from_any_full_checkpoint_is_bit_exact(dtype: torch.dtype) -> None
             assert bytes(held.to_bytes()) == bytes(versions[v].to_bytes())
     loaded = held.to_state_dict()
     for name, t in versions[-1].to_state_dict().items():
-        assert loaded[name].dtype == dtype and torch.equal(loaded[name].view(torch.uint8), t.view(torch.uint8))
+        assert loaded[name].dtype == dtype
+        assert torch.equal(loaded[name].view(torch.uint8), t.view(torch.uint8))
     if dtype == torch.bfloat16:
         # The point of deltas: a bf16 RL update is a fraction of the checkpoint.
         assert max(len(d) for d in deltas) < versions[-1].nbytes / 2
@@ -96,8 +96,9 @@ _DT = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I64"
        "U8": torch.uint8}
 
 
-@given(st.lists(st.tuples(st.sampled_from(sorted(_DT)), st.integers(1, 300), st.binary(min_size=8, max_size=8),
-                          st.floats(0, 1), st.booleans()), min_size=1, max_size=4))
+@given(st.lists(st.tuples(st.sampled_from(sorted(_DT)), st.integers(1, 300),
+                          st.binary(min_size=8, max_size=8), st.floats(0, 1), st.booleans()),
+                min_size=1, max_size=4))
 @settings(max_examples=60, deadline=None)
 def test_any_bits_round_trip(specs: list[tuple[str, int, bytes, float, bool]]) -> None:
     """Arbitrary bit patterns (NaNs, subnormals, sign flips), any fraction changed, shapes kept or not."""
@@ -235,7 +236,7 @@ def test_hostile_deltas_refused_before_allocating() -> None:
         "bad dtype": _tamper(delta, "w", dtype="F8"),
         "negative dim": _tamper(delta, "w", shape=[-1, 64]),
     }
-    for what, bad in cases.items():
+    for bad in cases.values():  # the keys say what each case breaks
         with pytest.raises((ProtocolError, IntegrityError)):
             apply_delta(base, bad, expected_hash=h, max_size=MAX)
     # Sparse positions beyond the tensor, or repeated.

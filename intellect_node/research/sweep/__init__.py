@@ -13,14 +13,30 @@ from __future__ import annotations
 
 from intellect_node.protocol.sweep import JobSpec, job_id
 from intellect_node.research.sweep.coordinator import (
-    CHECK, DEFAULT_CHECK_FRACTION, DEFAULT_CHECK_GRACE_S, DEFAULT_MAX_VOTES, PRIMARY, TIEBREAK, Coordinator,
-    Grant, Outcome, spot_checked)
-from intellect_node.research.sweep.grids import GRIDS, default_deadline_s, estimated_seconds, execute, grid, \
-    noise_job, poly_job
+    CHECK,
+    DEFAULT_CHECK_FRACTION,
+    DEFAULT_CHECK_GRACE_S,
+    DEFAULT_MAX_VOTES,
+    PRIMARY,
+    TIEBREAK,
+    Coordinator,
+    Grant,
+    Outcome,
+    spot_checked,
+)
+from intellect_node.research.sweep.grids import (
+    GRIDS,
+    default_deadline_s,
+    estimated_seconds,
+    execute,
+    grid,
+    noise_job,
+    poly_job,
+)
 from intellect_node.research.sweep.journal import Journal
 from intellect_node.research.sweep.report import plot, summarize, table, theory, write_outputs, write_report
 
 __all__ = ["CHECK", "DEFAULT_CHECK_FRACTION", "DEFAULT_CHECK_GRACE_S", "DEFAULT_MAX_VOTES", "GRIDS",
-           "PRIMARY", "TIEBREAK", "Coordinator", "Grant", "JobSpec", "Journal", "Outcome", "default_deadline_s",
-           "estimated_seconds", "execute", "grid", "job_id", "noise_job", "plot", "poly_job", "spot_checked",
-           "summarize", "table", "theory", "write_outputs", "write_report"]
+           "PRIMARY", "TIEBREAK", "Coordinator", "Grant", "JobSpec", "Journal", "Outcome",
+           "default_deadline_s", "estimated_seconds", "execute", "grid", "job_id", "noise_job", "plot",
+           "poly_job", "spot_checked", "summarize", "table", "theory", "write_outputs", "write_report"]

@@ -108,7 +108,8 @@ def _digest_of(record: dict[str, Any]) -> Digest:
 def spot_checked(job_ids: Sequence[str], salt: bytes, fraction: float) -> set[str]:
     """The ``ceil(fraction * len)`` job IDs with the smallest HMAC-SHA256 under ``salt``."""
     if not 0.0 <= fraction <= 1.0:
-        raise ConfigError(f"check fraction {fraction} must be within [0, 1], e.g. 0.05", field="check_fraction")
+        raise ConfigError(f"check fraction {fraction} must be within [0, 1], e.g. 0.05",
+                          field="check_fraction")
     k = math.ceil(fraction * len(job_ids) - 1e-9)
     ranked = sorted(job_ids, key=lambda j: hmac.new(salt, j.encode(), hashlib.sha256).digest())
     return set(ranked[:k])
@@ -117,9 +118,10 @@ def spot_checked(job_ids: Sequence[str], salt: bytes, fraction: float) -> set[st
 class Coordinator:
     """The sweep's bookkeeping. Methods take ``now`` (unix seconds) and return what to send."""
 
-    def __init__(self, jobs: Sequence[JobSpec], *, salt: bytes, check_fraction: float = DEFAULT_CHECK_FRACTION,
-                 max_votes: int = DEFAULT_MAX_VOTES, check_grace_s: float = DEFAULT_CHECK_GRACE_S,
-                 deadline_scale: float = 1.0, started: float = 0.0) -> None:
+    def __init__(self, jobs: Sequence[JobSpec], *, salt: bytes,
+                 check_fraction: float = DEFAULT_CHECK_FRACTION, max_votes: int = DEFAULT_MAX_VOTES,
+                 check_grace_s: float = DEFAULT_CHECK_GRACE_S, deadline_scale: float = 1.0,
+                 started: float = 0.0) -> None:
         if max_votes < 3:
             raise ConfigError("max_votes must be at least 3 (two results and a tiebreak)", field="max_votes")
         self.salt = salt
@@ -148,7 +150,8 @@ class Coordinator:
         return {"e": "header", "salt": self.salt.hex(), "check_fraction": self.check_fraction,
                 "max_votes": self.max_votes, "check_grace_s": self.check_grace_s,
                 "deadline_scale": self.deadline_scale,
-                "jobs": [msgspec.to_builtins(j.spec) for j in sorted(self.jobs.values(), key=lambda j: j.index)]}
+                "jobs": [msgspec.to_builtins(j.spec)
+                         for j in sorted(self.jobs.values(), key=lambda j: j.index)]}
 
     @classmethod
     def restore(cls, header: dict[str, Any], events: Iterable[dict[str, Any]]) -> "Coordinator":
@@ -272,7 +275,8 @@ class Coordinator:
             if slots <= 0 or not self._eligible(job, peer):
                 continue
             deadline = now + self.deadline_scale * default_deadline_s(job.spec)
-            self._emit({"e": "grant", "t": now, "job": job.id, "peer": peer, "deadline": deadline, "role": role})
+            self._emit({"e": "grant", "t": now, "job": job.id, "peer": peer, "deadline": deadline,
+                        "role": role})
             grants.append(Grant(job.id, job.spec, peer, role, deadline))
         return grants
 
@@ -324,11 +328,14 @@ class Coordinator:
             for peer, deadline in list(job.inflight.items()):
                 if deadline < now:
                     self._emit({"e": "expire", "t": now, "job": job.id, "peer": peer})
-        live = {p for p, t in self.last_seen.items() if now - t <= self.check_grace_s and p not in self.banned}
+        live = {p for p, t in self.last_seen.items()
+                if now - t <= self.check_grace_s and p not in self.banned}
         live |= {p for j in self.jobs.values() for p in j.inflight}
         for job in self.jobs.values():
             v = self._verdict(job)
-            if v.state != "open" or v.role == PRIMARY or job.inflight or now - job.open_since < self.check_grace_s:
+            if v.state != "open" or v.role == PRIMARY or job.inflight:
+                continue
+            if now - job.open_since < self.check_grace_s:
                 continue
             if any(self._eligible(job, p) for p in live):
                 continue

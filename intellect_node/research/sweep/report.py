@@ -55,7 +55,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         finals = [r["fourth_norm"][-1][1] for r in rs]
         mean, std = _mean_std(finals)
         curves.append({"noise": kind, "sigma": sigma, "seeds": [r["seed"] for r in rs], "steps": steps,
-                       "mean_curve": [sum(v) / len(v) for v in per_step], "final_mean": mean, "final_std": std})
+                       "mean_curve": [sum(v) / len(v) for v in per_step],
+                       "final_mean": mean, "final_std": std})
     return {"configs": configs, "noise_curves": curves,
             "jobs": len(rows), "done": len(done),
             "unresolved": [r["job_id"] for r in rows if r["status"] == "unresolved"],
@@ -99,8 +100,9 @@ def plot(summary: dict[str, Any], path: Path) -> None:
             if pos:
                 # Lower bars stop short of 0 for the same reason.
                 lower = [min(c["std"], 0.9 * c["mean"]) for c in pos]
-                ax.errorbar([c["m"] for c in pos], [c["mean"] for c in pos], yerr=[lower, [c["std"] for c in pos]],
-                            fmt="o-", capsize=3, color="tab:blue", label=f"measured mean ± std (n={n})")
+                ax.errorbar([c["m"] for c in pos], [c["mean"] for c in pos],
+                            yerr=[lower, [c["std"] for c in pos]], fmt="o-", capsize=3, color="tab:blue",
+                            label=f"measured mean ± std (n={n})")
             ax.plot(ms, [theory(n, m) for m in ms], "k--", label="theory n²/(4m)")
         ax.set_xscale("log")
         ax.set_yscale("log")
