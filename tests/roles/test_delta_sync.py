@@ -208,8 +208,11 @@ def test_follow_retries_then_takes_the_newest_offer(tmp_path: Path, caplog: pyte
             task = asyncio.create_task(fol.follow(lambda r: got.append((r.version, r.path)), retries=1,
                                                   backoff_s=0.05))
             # An announcement whose full checkpoint is over this node's limit: tried twice, given up.
-            fol.offer(msgspec.structs.replace(anns[1], full_size=LIMIT + 1))
+            over = msgspec.structs.replace(anns[1], full_size=LIMIT + 1)
+            fol.offer(over)
             await _until(lambda: sum("not obtained" in r.message for r in caplog.records) == 2)
+            fol.offer(over)  # offered again (the trainer repeats its newest announcement): tried again
+            await _until(lambda: sum("not obtained" in r.message for r in caplog.records) == 4)
             for ann in (anns[0], anns[2], anns[3], anns[1]):  # only the newest is worth obtaining
                 fol.offer(ann)
             await _until(lambda: fol.version == 3)
