@@ -19,12 +19,15 @@ import secrets
 import signal
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from intellect_node.commands.common import DataDirOption, data_dir
 from intellect_node.errors import ConfigError
+
+if TYPE_CHECKING:
+    from intellect_node.node.processes import NodeProcess
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,7 @@ def local_worker_argv(index: int, flags: list[str]) -> list[str]:
     return [*cli_argv(), "sweep", "worker", *flags]
 
 
-def _spawn_worker(i: int, root: Path, *, bootstrap: str, run_id: str, coordinator: str) -> Any:
+def _spawn_worker(i: int, root: Path, *, bootstrap: str, run_id: str, coordinator: str) -> "NodeProcess":
     from intellect_node.node.processes import NodeProcess, child_env
 
     wdir = root / "workers" / f"w{i}"
@@ -86,7 +89,7 @@ async def _run_sweep(out: Path, coord: Any, journal: Any, *, sweep_id: str, grid
                      join: list[str], listen: list[str], run_id: str) -> tuple[dict[str, Any] | None, str]:
     from intellect_node.commands.join import build_node_config
     from intellect_node.node.assembly import sweep_coordinator_node
-    from intellect_node.node.processes import NodeProcess, stop_all
+    from intellect_node.node.processes import stop_all
     from intellect_node.roles.sweep import SweepCoordinatorService
 
     local = not join

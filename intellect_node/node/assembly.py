@@ -43,8 +43,13 @@ def add_common_services(runtime: NodeRuntime) -> None:
     runtime.add_service(LedgerService.for_runtime)
     if runtime.config.metrics.enabled:
         runtime.add_service(MetricsService.for_runtime)
-    nat: list[NatService] = []
-    runtime.add_service(lambda rt: nat.append(NatService.for_runtime(rt)) or nat[0])
+    nat: list[NatService] = []  # built at start; the blob service below needs it
+
+    def reachability(rt: NodeRuntime) -> NatService:
+        nat.append(NatService.for_runtime(rt))
+        return nat[0]
+
+    runtime.add_service(reachability)
 
     def blobs(rt: Any) -> BlobService:
         svc = BlobService.from_swarm(rt.swarm, rt.data_dir, board=rt.board, extra_sources=[nat[0].source])

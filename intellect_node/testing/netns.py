@@ -103,7 +103,7 @@ def http_get_in(ns: str, url: str, headers: dict[str, str] | None = None, timeou
         raise out["error"]
     if "body" not in out:
         raise TimeoutError(f"GET {url} in {ns} did not finish within {timeout + 5}s")
-    return out["body"]
+    return bytes(out["body"])
 
 
 class Agent:
