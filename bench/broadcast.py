@@ -20,10 +20,11 @@ that start together on a "go" line (process start-up and imports are not timed):
 Time-to-all runs from the "go" until the last peer holds the complete, verified checkpoint: for
 ``intellect`` every chunk in its store (where the node serves and loads it from); ``intellect+file`` adds
 writing the assembled file (``blob get -o``: copy_file_range + fsync + atomic rename); for shardcast the
-reassembled file after its blake3 check; for raw TCP the written file. Aggregate throughput = N x size / time-to-all (MB = 10^6 bytes). After each transfer every output
-is hashed and compared with the source, outside the timed region. "CPU s/GB" is the CPU time (user +
-system, from /proc) that all processes of a transfer used inside the timed region per GB delivered: on a
-shared, loaded machine it is steadier than wall time.
+reassembled file after its blake3 check; for raw TCP the written file. Aggregate throughput = N x size /
+time-to-all (MB = 10^6 bytes). After each transfer every output is hashed and compared with the source,
+outside the timed region. "CPU s/GB" is the CPU time (user + system, from /proc) that all processes of a
+transfer used inside the timed region per GB delivered: on a shared, loaded machine it is steadier than
+wall time.
 
 Run: ``.venv/bin/python bench/broadcast.py [--size-mib 256] [--peers 4]``. Files go to a temp dir that is
 removed at the end (``--keep`` keeps it).

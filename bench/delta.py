@@ -39,8 +39,13 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from intellect_node.trainer.delta import ALL_DENSE_KINDS, DENSE_KINDS, apply_delta, delta_stats, \
-    encode_delta  # noqa: E402
+from intellect_node.trainer.delta import (  # noqa: E402
+    ALL_DENSE_KINDS,
+    DENSE_KINDS,
+    apply_delta,
+    delta_stats,
+    encode_delta,
+)
 from intellect_node.trainer.policy_weights import PolicyWeights  # noqa: E402
 
 LIMIT = 1 << 40
@@ -77,7 +82,8 @@ def report(label: str, rows: list[dict[str, Any]]) -> None:
             kinds[k] = kinds.get(k, 0) + v
     top = ", ".join(f"{k} {v / max(1, sum(kinds.values())):.0%}" for k, v in kinds.items() if v)
     print(f"  {label:<28} full {full / 1e6:9.2f} MB  delta {delta / 1e6:9.3f} MB  ratio {delta / full:6.3f}"
-          f"  changed {sum(r['changed'] for r in rows) / len(rows):6.1%}  encode {max(r['encode_s'] for r in rows):6.2f} s"
+          f"  changed {sum(r['changed'] for r in rows) / len(rows):6.1%}"
+          f"  encode {max(r['encode_s'] for r in rows):6.2f} s"
           f"  apply {max(r['apply_s'] for r in rows):6.2f} s  [{top}]", flush=True)
     exp = sum(r["exp"] for r in rows) / len(rows)
     print(f"  {'':<28} with add_by_exp: delta {exp / 1e6:9.3f} MB  ratio {exp / full:6.3f}"
@@ -86,8 +92,8 @@ def report(label: str, rows: list[dict[str, Any]]) -> None:
 
 # ------------------------------------------------------------------------------------ embedded model
 def grpo_updates(model_dir: str | None, steps: int, lr: float) -> list[dict[str, torch.Tensor]]:
-    from intellect_node.trainer.grpo import GRPOConfig
     from intellect_node.models.loader import CharTokenizer, load_hf_model, resolve_model_dir
+    from intellect_node.trainer.grpo import GRPOConfig
     from intellect_node.trainer.step import Sample, make_optimizer, train_step
     from intellect_node.trainer.tasks import embedded_task
 
@@ -118,8 +124,8 @@ def grpo_updates(model_dir: str | None, steps: int, lr: float) -> list[dict[str,
                     samples.append(Sample(tuple(prompt), tuple(comp), tuple(lps[i]),
                                           p.reward(tok.decode(comp)), policy_version=step))
         st = train_step(model, opt, samples, cfg, pad_id=tok.pad_id)
-        print(f"    GRPO step {step}: reward {st.reward_mean:.3f} loss {st.loss:+.4f} grad_norm {st.grad_norm:.3f}",
-              flush=True)
+        print(f"    GRPO step {step}: reward {st.reward_mean:.3f} loss {st.loss:+.4f} "
+              f"grad_norm {st.grad_norm:.3f}", flush=True)
         states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
     return states
 
@@ -140,13 +146,15 @@ def embedded_section(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------------------------ synthetic model
-def synthetic_params(layers: int, hidden: int = 768, inter: int = 2048, vocab: int = 32000) -> dict[str, torch.Tensor]:
+def synthetic_params(layers: int, hidden: int = 768, inter: int = 2048,
+                     vocab: int = 32000) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
 
     def w(*shape: int) -> torch.Tensor:
         return torch.nn.Parameter(torch.randn(*shape, generator=g) * 0.02)
 
-    p: dict[str, torch.Tensor] = {"model.embed_tokens.weight": w(vocab, hidden), "lm_head.weight": w(vocab, hidden),
+    p: dict[str, torch.Tensor] = {"model.embed_tokens.weight": w(vocab, hidden),
+                                  "lm_head.weight": w(vocab, hidden),
                                   "model.norm.weight": torch.nn.Parameter(torch.ones(hidden))}
     for i in range(layers):
         pre = f"model.layers.{i}."
@@ -165,8 +173,8 @@ def synthetic_section(args: argparse.Namespace) -> tuple[PolicyWeights, PolicyWe
     for lr in ((3e-5,) if args.only_peers else (3e-7, 3e-5)):
         params = synthetic_params(args.layers)
         n = sum(v.numel() for v in params.values())
-        print(f"\n== synthetic {n / 1e6:.1f}M-parameter model, AdamW lr {lr:g}, {args.synthetic_steps} steps ==",
-              flush=True)
+        print(f"\n== synthetic {n / 1e6:.1f}M-parameter model, AdamW lr {lr:g}, "
+              f"{args.synthetic_steps} steps ==", flush=True)
         # foreach=False: one tensor at a time keeps the optimizer's temporaries small (memory is shared).
         opt = torch.optim.AdamW(list(params.values()), lr=lr, weight_decay=0.01, foreach=False)
         g = torch.Generator().manual_seed(1)
@@ -240,7 +248,8 @@ async def peers_section(pair: tuple[PolicyWeights, PolicyWeights], n_peers: int,
     from intellect_node.roles.policy import PolicyFollower, PolicyPublisher
 
     prev, cur = pair
-    link = f"each peer's downlink emulated at {link_mbit:g} Mbit/s" if link_mbit else "loopback, no link limit"
+    link = (f"each peer's downlink emulated at {link_mbit:g} Mbit/s" if link_mbit
+            else "loopback, no link limit")
     print(f"\n== {n_peers} peers on 127.0.0.1 obtain the next version of {label} "
           f"({cur.nbytes / 1e6:.1f} MB), each holding the previous one; {link} ==", flush=True)
     rate = link_mbit * 1e6 / 8 if link_mbit else None
@@ -283,8 +292,8 @@ async def peers_section(pair: tuple[PolicyWeights, PolicyWeights], n_peers: int,
                 moved = sum(g.bytes_fetched for g in got)
                 results[mode] = dt
                 results[f"{mode}_bytes"] = moved
-                print(f"  {mode:<10}: all {n_peers} hold v1 after {dt:6.2f} s; {moved / 1e6:9.2f} MB fetched in all",
-                      flush=True)
+                print(f"  {mode:<10}: all {n_peers} hold v1 after {dt:6.2f} s; "
+                      f"{moved / 1e6:9.2f} MB fetched in all", flush=True)
             finally:
                 for p in peers:
                     await p.stop()
@@ -301,7 +310,8 @@ def main() -> None:
     from intellect_node.node.config import RLConfig
 
     ap.add_argument("--lr", type=float, nargs="+", default=[RLConfig().lr, 3e-5],
-                    help="learning rates of the embedded model's GRPO steps (default: the swarm's [rl] lr, 3e-5)")
+                    help="learning rates of the embedded model's GRPO steps "
+                         "(default: the swarm's [rl] lr, 3e-5)")
     ap.add_argument("--layers", type=int, default=8, help="layers of the synthetic model (8: 106M params)")
     ap.add_argument("--synthetic-steps", type=int, default=2)
     ap.add_argument("--peers", type=int, default=4)

@@ -49,9 +49,9 @@ def windowed(values: list[float], window: int) -> float:
 def held_out_pass_rates(checkpoints: Path) -> tuple[float, float | None]:
     """Sampled pass rate on 512 fixed problems (inference/evaluate.py) of the embedded model and of the
     trainer's last checkpoint: the low-noise before/after of a run."""
-    from intellect_node.trainer.checkpoint import latest_weights_path
     from intellect_node.inference.evaluate import pass_rate, with_weights
     from intellect_node.models.loader import load_model
+    from intellect_node.trainer.checkpoint import latest_weights_path
 
     base = load_model(None)
     last = latest_weights_path(checkpoints)
@@ -101,7 +101,8 @@ def run_swarm(target: float, window: int, timeout: float, workdir: Path) -> dict
         reached = None
         while time.monotonic() - t0 < timeout:
             time.sleep(1.0)
-            lines = [json.loads(x) for x in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
+            lines = ([json.loads(x) for x in metrics_path.read_text().splitlines()]
+                     if metrics_path.exists() else [])
             trained = [m for m in lines if m["trained"]]
             if len(trained) >= window and windowed([m["pass_rate"] for m in trained], window) >= target:
                 reached = time.monotonic() - t0
@@ -178,10 +179,12 @@ def run_trl(target: float, window: int, timeout: float, workdir: Path) -> dict[s
 
     base = load_model(None)
     final = {k: v.detach().to(torch.float32).clone() for k, v in trainer.model.state_dict().items()}
-    held_out = (pass_rate(base), pass_rate(dataclasses.replace(base, state={k: final[k] for k in base.state})))
+    held_out = (pass_rate(base),
+                pass_rate(dataclasses.replace(base, state={k: final[k] for k in base.state})))
     reached = times[-1] if rewards and windowed(rewards, window) >= target else None
     return {"seconds_to_target": reached, "steps": len(rewards),
-            "start_pass_rate": windowed(rewards[:window], window), "final_pass_rate": windowed(rewards, window),
+            "start_pass_rate": windowed(rewards[:window], window),
+            "final_pass_rate": windowed(rewards, window),
             "held_out_start": held_out[0], "held_out_final": held_out[1],
             "seconds_per_step": (times[-1] - times[0]) / max(len(times) - 1, 1) if times else None}
 
@@ -208,7 +211,8 @@ def main() -> None:
     s, t = results.get("swarm", {}), results.get("trl", {})
     if s.get("seconds_to_target") and t.get("seconds_to_target"):
         print(f"time to pass rate {args.target:.2f}: swarm {s['seconds_to_target']:.0f} s, TRL "
-              f"{t['seconds_to_target']:.0f} s, ratio swarm/TRL {s['seconds_to_target'] / t['seconds_to_target']:.2f}")
+              f"{t['seconds_to_target']:.0f} s, ratio swarm/TRL "
+              f"{s['seconds_to_target'] / t['seconds_to_target']:.2f}")
     if s.get("seconds_per_step") and t.get("seconds_per_step"):
         print(f"seconds per step: swarm {s['seconds_per_step']:.2f}, TRL {t['seconds_per_step']:.2f}, ratio "
               f"{s['seconds_per_step'] / t['seconds_per_step']:.2f}")

@@ -113,8 +113,10 @@ def main() -> None:
         print(f"                      private{j} (relay reserved)      {t:6.2f} s   x{t / t_public:.2f}")
     print(f"DCUtR to direct       port-preserving NATs          {punch_s[0]:6.2f} s")
     print(f"chunk throughput      direct public-public          {med(direct):6.1f} MiB/s (baseline)")
-    print(f"                      relayed (randomising NAT)     {med(relayed):6.1f} MiB/s x{med(relayed) / med(direct):.2f}")
-    print(f"                      punched (DCUtR)               {med(punched):6.1f} MiB/s x{med(punched) / med(direct):.2f}")
+    print(f"                      relayed (randomising NAT)     {med(relayed):6.1f} MiB/s "
+          f"x{med(relayed) / med(direct):.2f}")
+    print(f"                      punched (DCUtR)               {med(punched):6.1f} MiB/s "
+          f"x{med(punched) / med(direct):.2f}")
 
 
 if __name__ == "__main__":

@@ -99,7 +99,8 @@ def main() -> None:
         gen_times[batch] = t_torch
         tokens = batch * new
         print(f"{'transformers generate':28} {batch:>5} {tokens / t_hf:>9.0f} {1.0:>11.2f}x")
-        print(f"{'torch engine (static cache)':28} {batch:>5} {tokens / t_torch:>9.0f} {t_hf / t_torch:>11.2f}x")
+        print(f"{'torch engine (static cache)':28} {batch:>5} {tokens / t_torch:>9.0f} "
+              f"{t_hf / t_torch:>11.2f}x")
         if vllm_engine is not None:
             v = vllm_engine
             v.generate(prompts, keys, SamplingConfig(max_new_tokens=4))

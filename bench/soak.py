@@ -50,7 +50,8 @@ FLAT_THREADS = 4
 """Threads a node may add between quarters: asyncio's default executor starts its worker threads lazily
 (up to min(32, cores + 4)), so a few appear late in a healthy node; a leak keeps adding them."""
 FLAT_FDS = 8
-"""Descriptors a node may legitimately add between quarters (a few more peers' connections, HTTP keep-alive)."""
+"""Descriptors a node may legitimately add between quarters (a few more peers' connections, HTTP
+keep-alive)."""
 _TICK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -93,9 +94,11 @@ def summarize(samples: list[dict[str, Any]], warmup: float) -> dict[str, dict[st
             first = statistics.fmean(y for _, y in pts[:q])
             last = statistics.fmean(y for _, y in pts[-q:])
             ratio = last / first if first else 1.0
-            flat = {"fds": last - first <= FLAT_FDS, "threads": last - first <= FLAT_THREADS}.get(m, ratio <= FLAT_RATIO)
+            flat = {"fds": last - first <= FLAT_FDS,
+                    "threads": last - first <= FLAT_THREADS}.get(m, ratio <= FLAT_RATIO)
             out[name][m] = {"first_quarter": round(first, 2), "last_quarter": round(last, 2),
-                            "ratio": round(ratio, 3), "slope_per_h": round(slope_per_hour(*map(list, zip(*pts))), 2),
+                            "ratio": round(ratio, 3),
+                            "slope_per_h": round(slope_per_hour(*map(list, zip(*pts))), 2),
                             "flat": flat}
     return out
 
@@ -147,8 +150,8 @@ def main() -> int:
             value = raw
         extra.setdefault(section, {})[name] = value
     root = args.dir or Path(tempfile.mkdtemp(prefix="intellect-soak-"))
-    swarm = DemoSwarm(root, workers=args.workers, validators=1, run_id=f"soak-{os.urandom(3).hex()}", model=None,
-                      extra_config=extra)
+    swarm = DemoSwarm(root, workers=args.workers, validators=1, run_id=f"soak-{os.urandom(3).hex()}",
+                      model=None, extra_config=extra)
     steps = StepLog()
     samples: list[dict[str, Any]] = []
     doc: dict[str, Any] = {"duration_s": args.duration, "interval_s": args.interval, "warmup_s": args.warmup,
@@ -182,7 +185,8 @@ def main() -> int:
             sample = {"t": round(now - t0, 1), "steps": len(steps.steps), "nodes": nodes}
             samples.append(sample)
             print(f"t={sample['t']:>7.0f}s steps={sample['steps']:>5} " + "  ".join(
-                f"{n}={v['rss_mb']:.0f}M/{v['fds']:.0f}fd/{v['threads']:.0f}t" for n, v in nodes.items()), flush=True)
+                f"{n}={v['rss_mb']:.0f}M/{v['fds']:.0f}fd/{v['threads']:.0f}t" for n, v in nodes.items()),
+                flush=True)
             if len(samples) % 6 == 0:  # keep what was measured if the run is cut short
                 args.out.write_text(json.dumps(doc) + "\n")
     except KeyboardInterrupt:
@@ -195,7 +199,8 @@ def main() -> int:
     if stalled and reason == "duration reached":
         reason = f"training stalled at step {tail[-1]['steps']} (no step in the last quarter)"
     doc.update(stopped_because=reason, exit_codes=codes, seconds=elapsed, stalled=stalled,
-               longest_step_gap_s=round(max((b["t"] - a["t"] for a, b in _step_pairs(samples)), default=0.0), 1),
+               longest_step_gap_s=round(max((b["t"] - a["t"] for a, b in _step_pairs(samples)),
+                                            default=0.0), 1),
                steps=len(steps.steps), steps_per_s=round(len(steps.steps) / elapsed, 4) if elapsed else 0.0,
                summary=summarize(samples, args.warmup))
     args.out.write_text(json.dumps(doc, indent=1) + "\n")

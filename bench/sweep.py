@@ -10,8 +10,9 @@ It prints each sweep's own wall time (from the moment every worker was present t
 result; node start-up is excluded and printed apart), the speed-up of 2 workers over 1 beside the ideal
 2x as a ratio, the cost of the spot checks as a ratio of run 2 to run 3 and in extra executions, and
 the per-(n, m) table beside n^2/4m, and the workers' utilisation (training time over workers x
-sweep time), which separates the swarm's overhead from the machine's speed. All three runs must agree job for job (the runs are deterministic);
-the bench says so or fails. The plot lands in ``--out`` (default ``bench/out/sweep``).
+sweep time), which separates the swarm's overhead from the machine's speed. All three runs must agree
+job for job (the runs are deterministic); the bench says so or fails. The plot lands in ``--out``
+(default ``bench/out/sweep``).
 
     .venv/bin/python bench/sweep.py [--grid smoke] [--out bench/out/sweep]
 """
@@ -37,8 +38,9 @@ def run(out: Path, grid: str, workers: int, fraction: float) -> dict:
     if out.exists():
         shutil.rmtree(out)
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "intellect_node.cli", "sweep", "polysemanticity", "--grid", grid,
-                           "--workers", str(workers), "--check-fraction", str(fraction), "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "intellect_node.cli", "sweep", "polysemanticity",
+                           "--grid", grid, "--workers", str(workers), "--check-fraction", str(fraction),
+                           "--out", str(out)],
                           capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     total = time.monotonic() - t0
     if proc.returncode != 0:
@@ -76,10 +78,13 @@ def main() -> None:
     print(f"speed-up 2 workers vs 1: {speedup:.2f}x; ideal 2.00x; ratio to ideal {speedup / 2:.2f}")
     # Machine-independent view: the share of the sweep's wall time the workers spent training.
     print(f"worker utilisation (busy time / (workers x sweep time)): 1 worker {one['utilisation']:.0%}, "
-          f"2 workers {two['utilisation']:.0%}; per-job time 1 worker {one['busy_s'] / one['executions']:.2f}s, "
-          f"2 workers {two['busy_s'] / two['executions']:.2f}s (the same jobs: a ratio above 1 is CPU contention)")
+          f"2 workers {two['utilisation']:.0%}; "
+          f"per-job time 1 worker {one['busy_s'] / one['executions']:.2f}s, "
+          f"2 workers {two['busy_s'] / two['executions']:.2f}s "
+          f"(the same jobs: a ratio above 1 is CPU contention)")
     print(f"spot checks at 5%: sweep {two['elapsed_s']:.1f}s vs {base['elapsed_s']:.1f}s without; ratio "
-          f"{two['elapsed_s'] / base['elapsed_s']:.2f}; extra executions {two['executions'] - base['executions']} "
+          f"{two['elapsed_s'] / base['elapsed_s']:.2f}; "
+          f"extra executions {two['executions'] - base['executions']} "
           f"({(two['executions'] - base['executions']) / base['executions']:.1%})")
     same = one["digests"] == two["digests"] == base["digests"]
     print(f"all three runs agree job for job: {'yes' if same else 'NO'}")

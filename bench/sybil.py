@@ -33,18 +33,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from intellect_node.node.config import NodeConfig  # noqa: E402
 from intellect_node.inference.base import SamplingConfig  # noqa: E402
 from intellect_node.inference.rollouts import generate_rollouts  # noqa: E402
 from intellect_node.inference.torch_engine import TorchEngine  # noqa: E402
 from intellect_node.inference.verifier import Expectations, Verifier  # noqa: E402
-from intellect_node.roles.intake import Intake, Limits  # noqa: E402
+from intellect_node.models.loader import embedded_model_dir, load_model  # noqa: E402
+from intellect_node.node.config import NodeConfig  # noqa: E402
 from intellect_node.proofs.thresholds import load_thresholds  # noqa: E402
 from intellect_node.protocol.ids import cid_of  # noqa: E402
 from intellect_node.protocol.rl import RolloutNotice, notice_validator, seal_notice  # noqa: E402
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE  # noqa: E402
 from intellect_node.protocol.signing import SigningKey  # noqa: E402
-from intellect_node.models.loader import embedded_model_dir, load_model  # noqa: E402
+from intellect_node.roles.intake import Intake, Limits  # noqa: E402
 from intellect_node.trainer.tasks import embedded_task  # noqa: E402
 
 RUN = "bench"
@@ -106,8 +106,9 @@ def main() -> None:
     t_gen, honest = cpu(lambda: gen(engine, problems), args.repeats)
     # The forger: its first group from other weights, the rest honest (same seeds as the run derives).
     forged = gen(other, problems)[:gs] + honest[gs:]
-    verifier = Verifier(engine, thresholds, Expectations(run_id=RUN, policy_version=0, checkpoint_cid=ckpt,
-                                                         temperature=1.0, top_p=1.0, max_new_tokens=args.new_tokens))
+    verifier = Verifier(engine, thresholds,
+                        Expectations(run_id=RUN, policy_version=0, checkpoint_cid=ckpt,
+                                     temperature=1.0, top_p=1.0, max_new_tokens=args.new_tokens))
     rng = random.Random(0)
     t_full, v_full = cpu(lambda: verifier.verify(honest), args.repeats)
     t_frac, _ = cpu(lambda: sampled(verifier, honest, gs, k, rng), args.repeats)
@@ -134,9 +135,9 @@ def main() -> None:
     p = k / n_groups  # chance a sampled validator catches a one-group forgery
     K, B = rl.verify_first_batches, rl.ban_after
     new_per_min = vc.new_workers_per_min
-    print(f"embedded model, {n_groups} problems x {gs} samples = {len(honest)} rollouts, {args.new_tokens} new "
-          f"tokens, verify_fraction {args.fraction} ({k} of {n_groups} groups); CPU s, median of {args.repeats}; "
-          f"{os.cpu_count()} cores\n")
+    print(f"embedded model, {n_groups} problems x {gs} samples = {len(honest)} rollouts, "
+          f"{args.new_tokens} new tokens, verify_fraction {args.fraction} ({k} of {n_groups} groups); "
+          f"CPU s, median of {args.repeats}; {os.cpu_count()} cores\n")
     rows = [
         ("worker: generate an honest batch", t_gen, "what an honest batch costs its worker"),
         ("validator: verify it in full", t_full, f"{t_full / t_gen:.2f}x generation"),
@@ -144,7 +145,8 @@ def main() -> None:
         ("validator: cheap checks only", t_cheap, f"{t_cheap / t_full:.2f}x full"),
         ("validator: forged batch in full", t_forged_full, f"caught: {caught_full}"),
         ("validator: forged batch sampled", t_frac, f"caught {caught:.2f} of {trials} (p = {p:.2f})"),
-        ("validator: one notice through gossip check + intake", t_notice, f"{1 / t_notice:,.0f} a core-second"),
+        ("validator: one notice through gossip check + intake", t_notice,
+         f"{1 / t_notice:,.0f} a core-second"),
     ]
     for name, secs, note in rows:
         print(f"  {name:<55} {secs:9.4f}  {note}")
@@ -153,8 +155,10 @@ def main() -> None:
     # Without the first-K rule: every batch is sampled; it takes B/p batches to collect B rejections,
     # (1-p)/p forged batches get through per rejection.
     no_k_batches = B / p
-    print(f"  without first-K: {no_k_batches:.1f} batches until banned, validator {no_k_batches * t_frac:.3f} CPU s, "
-          f"{no_k_batches * (1 - p):.1f} forged batches accepted (trained on), attacker cost 0 honest batches")
+    print(f"  without first-K: {no_k_batches:.1f} batches until banned, "
+          f"validator {no_k_batches * t_frac:.3f} CPU s, "
+          f"{no_k_batches * (1 - p):.1f} forged batches accepted (trained on), "
+          "attacker cost 0 honest batches")
     print(f"  with first-K:    {B} batches until banned, validator {B * t_full:.3f} CPU s, 0 forged accepted "
           f"unless it first submits {K} honest batches ({K * t_gen:.2f} CPU s of its own generation)")
     print(f"\nMany keys (new_workers_per_min {new_per_min:g}, burst {vc.new_worker_burst}, strikes_ban_after "
@@ -163,12 +167,13 @@ def main() -> None:
     print(f"  forged batches: {new_per_min:g} keys/min x {B} x {t_full:.3f} s = {per_min:.2f} CPU s/min "
           f"({per_min / 60:.1%} of one core); honest baseline: one worker's batch every ~2 s = "
           f"{30 * t_frac:.2f}-{30 * t_full:.2f} CPU s/min")
-    print(f"  unbacked notices (tarpits): {vc.strikes_ban_after} x {vc.fetch_timeout_s:g} s of one job slot per key, "
-          f"at most {vc.max_jobs} slots for workers without accepted work; proven workers have their own "
-          f"{vc.max_jobs}")
+    print(f"  unbacked notices (tarpits): {vc.strikes_ban_after} x {vc.fetch_timeout_s:g} s "
+          f"of one job slot per key, at most {vc.max_jobs} slots for workers without accepted work; "
+          f"proven workers have their own {vc.max_jobs}")
     flood_s = 10 * t_notice  # gossipsub forwards at most 10 messages/s per peer and topic
-    print(f"  notice flood: at most 10/s per connected peer reach the intake = {flood_s * 60:.3f} CPU s/min per "
-          f"key, refused as flood past {vc.peer_notice_burst} + {vc.peer_notices_per_min:g}/min")
+    print(f"  notice flood: at most 10/s per connected peer reach the intake = "
+          f"{flood_s * 60:.3f} CPU s/min per key, refused as flood past {vc.peer_notice_burst} + "
+          f"{vc.peer_notices_per_min:g}/min")
 
 
 if __name__ == "__main__":

@@ -36,18 +36,27 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from intellect_node.models.loader import (  # noqa: E402
-    BOS, EOS, PAD, VOCAB_SIZE, CharTokenizer, embedded_config, write_tokenizer_files,
+    BOS,
+    EOS,
+    PAD,
+    VOCAB_SIZE,
+    CharTokenizer,
+    embedded_config,
+    write_tokenizer_files,
 )
 from intellect_node.trainer.tasks import embedded_task  # noqa: E402
 
+
 @torch.no_grad()
-def sampled_pass_rate(model, tok: CharTokenizer, problems, gen: torch.Generator, greedy: bool = False) -> float:  # type: ignore[no-untyped-def]
+def sampled_pass_rate(model, tok: CharTokenizer, problems, gen: torch.Generator,  # type: ignore[no-untyped-def]
+                      greedy: bool = False) -> float:
     """Pass rate of temperature-1 samples (no cache: 5 new tokens on a 9-token prompt is cheap)."""
     ids = torch.tensor([tok.prompt_ids(p.prompt) for p in problems])
     n_new = len(problems[0].answer) + 1
     for _ in range(n_new):
         logits = model(input_ids=ids).logits[:, -1, :].float()
-        nxt = logits.argmax(-1, keepdim=True) if greedy else torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
+        nxt = (logits.argmax(-1, keepdim=True) if greedy
+               else torch.multinomial(torch.softmax(logits, -1), 1, generator=gen))
         ids = torch.cat([ids, nxt], 1)
     plen = len(tok.prompt_ids(problems[0].prompt))
     return sum(p.reward(tok.decode(row[plen:].tolist())) for p, row in zip(problems, ids)) / len(problems)
@@ -94,8 +103,9 @@ def main() -> None:
         labels = x.clone()
         labels[:, :plen] = -100  # learn the answer (and <eos>) only, not the random operands
         logits = model(input_ids=x).logits[:, :-1].float()
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-                                                 ignore_index=-100, label_smoothing=args.label_smoothing)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 labels[:, 1:].reshape(-1), ignore_index=-100,
+                                                 label_smoothing=args.label_smoothing)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -117,7 +127,8 @@ def main() -> None:
     model.generation_config.pad_token_id = tok.pad_id
     model.save_pretrained(str(args.out), safe_serialization=True)
     meta = {"task": task.task_id, "seed": args.seed, "steps": best[0], "sampled_pass_rate": best[1],
-            "greedy_pass_rate": best[2], "label_smoothing": args.label_smoothing, "eval_n": args.eval_n, "lr": args.lr, "batch": args.batch, "torch": torch.__version__,
+            "greedy_pass_rate": best[2], "label_smoothing": args.label_smoothing, "eval_n": args.eval_n,
+            "lr": args.lr, "batch": args.batch, "torch": torch.__version__,
             "specials": [PAD, BOS, EOS]}
     (args.out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"wrote {args.out} (step {best[0]}, sampled pass rate {best[1]:.3f}, greedy {best[2]:.3f})")
