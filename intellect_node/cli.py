@@ -28,7 +28,8 @@ app = typer.Typer(
 )
 
 COMMAND_MODULES = (
-    "keys", "join", "status", "blob", "model", "tasks", "rollout", "proofs", "sweep", "demo", "ledger", "doctor",
+    "keys", "join", "status", "blob", "model", "tasks", "rollout", "proofs", "sweep", "demo", "ledger",
+    "doctor",
 )
 
 

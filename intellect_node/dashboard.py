@@ -220,9 +220,10 @@ def render_node(s: StatusSnapshot, *, width: int = 80, footer: str = "Ctrl-C sto
     peers = Text(f"{s.peers.count}", style="bold")
     peers.append(f"  (trainer {len(s.peers.trainers)}, validators {len(s.peers.validators)})", style="dim")
     swarm.add_row("peers", peers)
-    swarm.add_row("trainer", short_peer(s.peers.trainers[0] if s.peers.trainers else s.run.trainer_peer_id, 12)
-                  + ("  (connected)" if s.peers.trainers else ""))
-    swarm.add_row("reach", Text(s.reachability.status, style=REACH_STYLE.get(s.reachability.status, "")).append(
+    trainer = s.peers.trainers[0] if s.peers.trainers else s.run.trainer_peer_id
+    swarm.add_row("trainer", short_peer(trainer, 12) + ("  (connected)" if s.peers.trainers else ""))
+    reach = Text(s.reachability.status, style=REACH_STYLE.get(s.reachability.status, ""))
+    swarm.add_row("reach", reach.append(
         f" {s.reachability.relay and 'via ' + short_peer(s.reachability.relay)}", style="dim"))
     swarm.add_row("policy", _policy_text(s))
     swarm.add_row("shards", f"{s.shards.completed} done, {human_bytes(s.shards.bytes_downloaded)}")
@@ -237,7 +238,8 @@ def render_node(s: StatusSnapshot, *, width: int = 80, footer: str = "Ctrl-C sto
     work.add_column(no_wrap=True, overflow="ellipsis")
     r = s.rollouts
     work.add_row("generated", f"{r.generated:,}")
-    work.add_row("submitted", Text(f"{r.submitted:,}").append(f" in {r.batches_submitted} batches", style="dim"))
+    work.add_row("submitted",
+                 Text(f"{r.submitted:,}").append(f" in {r.batches_submitted} batches", style="dim"))
     work.add_row("accepted", Text(f"{r.accepted:,}", style="green"))
     work.add_row("rejected", Text(f"{r.rejected:,}", style="red" if r.rejected else ""))
     work.add_row("proofs ok", f"{pct(s.proofs.acceptance_rate)} of {s.proofs.checked}")
@@ -330,7 +332,8 @@ def status_line(s: StatusSnapshot, now: float | None = None) -> str:
     """One log line per node: what an operator greps for (state first, with what is wrong)."""
     label, _style, trouble = condition(s, time.time() if now is None else now)
     if label == "unreachable":
-        return f"{s.role or 'node'} {short_peer(s.identity.peer_id)} unreachable: " + "; ".join(s.health.reasons)
+        return (f"{s.role or 'node'} {short_peer(s.identity.peer_id)} unreachable: "
+                + "; ".join(s.health.reasons))
     state = label.replace(" ", "")
     if trouble and s.health.reasons:
         state += f" ({'; '.join(s.health.reasons)})"

@@ -30,7 +30,8 @@ class JsonLinesFormatter(logging.Formatter):
                                "logger": record.name, "msg": record.getMessage()}
         for key, value in record.__dict__.items():
             if key not in _STD_ATTRS and not key.startswith("_"):
-                doc[key] = value if isinstance(value, (str, int, float, bool, type(None), list, dict)) else str(value)
+                plain = isinstance(value, (str, int, float, bool, type(None), list, dict))
+                doc[key] = value if plain else str(value)
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         return json.dumps(doc, default=str, ensure_ascii=False)

@@ -77,8 +77,8 @@ def register(app: typer.Typer) -> None:
 
         from intellect_node.blobs.service import BLOBS_DIR
         from intellect_node.blobs.store import BlobStore
-        from intellect_node.p2p.identity import load_key
         from intellect_node.node.runtime import LOCK_FILE
+        from intellect_node.p2p.identity import load_key
 
         key = load_key(d)
         # Hold the node's data-dir lock: a node that is starting must not share the store with us.
@@ -105,8 +105,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Fetch blob CID through the running node (DHT providers, parallel chunks) into --out."""
         from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, \
-            TransferSpeedColumn
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
 
         from intellect_node.protocol.ids import validate_cid
 

@@ -87,12 +87,13 @@ class DemoSwarm:
         from intellect_node.p2p import identity
 
         if workers < 1 or validators < 1:
-            raise ConfigError("--workers and --validators must be at least 1 (the trainer trains only on work "
-                              "a validator accepted)", field="workers")
+            raise ConfigError("--workers and --validators must be at least 1 (the trainer trains only on "
+                              "work a validator accepted)", field="workers")
         self.root = root
         self.run_id = run_id
         self.nodes: list[DemoNode] = [DemoNode("trainer", "trainer", root / "trainer")]
-        self.nodes += [DemoNode(f"validator{i}", "validator", root / f"validator{i}") for i in range(validators)]
+        self.nodes += [DemoNode(f"validator{i}", "validator", root / f"validator{i}")
+                       for i in range(validators)]
         self.nodes += [DemoNode(f"worker{i}", "worker", root / f"worker{i}") for i in range(workers)]
         for node in self.nodes:
             identity.ensure_data_dir(node.data_dir)
@@ -191,7 +192,8 @@ class StepLog:
         for s in snaps:
             if s.role == "trainer" or s.training.history:
                 for p in s.training.history:
-                    self.steps[p.step] = {"step": p.step, "pass_rate": p.pass_rate, "reward_mean": p.reward_mean}
+                    self.steps[p.step] = {"step": p.step, "pass_rate": p.pass_rate,
+                                          "reward_mean": p.reward_mean}
 
     def ordered(self) -> list[dict[str, float]]:
         return [self.steps[k] for k in sorted(self.steps)]
@@ -317,12 +319,15 @@ def register(app: typer.Typer) -> None:
                                             "work they accepted)."),
         headless: bool = typer.Option(False, "--headless", help="No dashboard: run --steps trainer steps, "
                                                                 "then write the report."),
-        steps: int = typer.Option(20, "--steps", min=1, max=100_000, help="Trainer steps to run (--headless)."),
-        report: Optional[Path] = typer.Option(None, "--report", help="Write the JSON report here (--headless; "
-                                                                      "default: stdout)."),
+        steps: int = typer.Option(20, "--steps", min=1, max=100_000,
+                                  help="Trainer steps to run (--headless)."),
+        report: Optional[Path] = typer.Option(None, "--report",
+                                              help="Write the JSON report here (--headless; "
+                                                   "default: stdout)."),
         timeout: float = typer.Option(1800.0, "--timeout", min=10, help="Give up after this many seconds "
                                                                         "(--headless); exit code 1."),
-        model: Optional[str] = typer.Option(None, "--model", help="Model folder (default: the embedded model)."),
+        model: Optional[str] = typer.Option(None, "--model",
+                                            help="Model folder (default: the embedded model)."),
         root: Optional[Path] = typer.Option(None, "--dir", help="Keep the nodes' data dirs here (default: a "
                                                                  "temporary dir, removed after a clean stop; "
                                                                  "the logs move to the user log dir)."),
@@ -357,7 +362,7 @@ def register(app: typer.Typer) -> None:
             except IntellectNodeError as exc:
                 typer.echo(f"demo could not start: {exc}", err=True)
                 swarm.stop()
-                raise typer.Exit(1)
+                raise typer.Exit(1) from exc
             if use_dashboard:
                 code = run_dashboard(swarm)
             elif headless or report:
@@ -373,7 +378,8 @@ def register(app: typer.Typer) -> None:
                 try:
                     kept = keep_logs(swarm, demo_log_root() / rid)
                 except OSError as exc:  # no writable log dir: keep the demo's own dir instead
-                    typer.echo(f"could not move the logs ({exc}); node data and logs kept in {base}", err=True)
+                    typer.echo(f"could not move the logs ({exc}); node data and logs kept in {base}",
+                               err=True)
                 else:
                     shutil.rmtree(base, ignore_errors=True)
                     typer.echo(f"logs kept in {kept}", err=True)

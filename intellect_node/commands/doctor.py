@@ -1,10 +1,10 @@
 """``intellect-node doctor``: check what commonly goes wrong, explain it, and say how to fix it.
 
-Checks, in order: the configuration; the data directory (writable, private, disk space); the node key; whether a
-node is running here (then its view of reachability from AutoNAT and its peers is used); the listen
-addresses (bindable, reachable from elsewhere); the bootstrap peers (a real libp2p dial with Noise, so
-the peer ID is proven); clock skew against peers; torch, CUDA and vLLM; the model's dtype and the
-calibrated proof thresholds for it.
+Checks, in order: the configuration; the data directory (writable, private, disk space); the node key;
+whether a node is running here (then its view of reachability from AutoNAT and its peers is used); the
+listen addresses (bindable, reachable from elsewhere); the bootstrap peers (a real libp2p dial with
+Noise, so the peer ID is proven); clock skew against peers; torch, CUDA and vLLM; the model's dtype and
+the calibrated proof thresholds for it.
 
 Shortcuts: clock skew is read from the ``Date`` header of each peer's bulk HTTP server (one-second
 resolution, corrected by half the round trip), good enough to catch the skews that break heartbeats
@@ -66,7 +66,7 @@ def check_data_dir(path: Path) -> list[Check]:
         out.append(Check("data dir", OK, f"{path} is writable"))
     except OSError as exc:
         out.append(Check("data dir", FAIL, f"{path}: {exc.strerror}",
-                         f"make it writable by this user, or pass --data-dir /a/writable/dir"))
+                         "make it writable by this user, or pass --data-dir /a/writable/dir"))
         return out
     free = shutil.disk_usage(path).free
     gib = free / (1 << 30)
@@ -208,8 +208,8 @@ def check_model(model: str, dtype: str) -> list[Check]:
     if entry is None and isinstance(thresholds, dict) and thresholds.get("dtype") == dtype:
         entry = thresholds
     if entry is None:
-        out.append(Check("proof thresholds", FAIL, f"calibrated for {sorted(thresholds) if isinstance(thresholds, dict) else '?'}, "
-                         f"not for run dtype {dtype}",
+        calibrated = sorted(thresholds) if isinstance(thresholds, dict) else "?"
+        out.append(Check("proof thresholds", FAIL, f"calibrated for {calibrated}, not for run dtype {dtype}",
                          f"set run.dtype to a calibrated dtype or calibrate for {dtype}"))
     else:
         out.append(Check("proof thresholds", OK, f"{dtype}: " + _describe_thresholds(entry)))
@@ -248,12 +248,14 @@ def check_running(status: dict[str, Any] | None) -> list[Check]:
     snap = status.get("snapshot", {})
     reach = snap.get("reachability", {})
     peers = len(status.get("peers", []))
-    out = [Check("node", OK, f"running as {status.get('peer_id', '?')} ({snap.get('role', '?')}), {peers} peers")]
+    out = [Check("node", OK,
+                 f"running as {status.get('peer_id', '?')} ({snap.get('role', '?')}), {peers} peers")]
     r = reach.get("status", "unknown")
     if r == "public":
         out.append(Check("reachability", OK, "public: peers dialled this node back (AutoNAT)"))
     elif r == "relayed":
-        out.append(Check("reachability", WARN, f"behind NAT, reachable through relay {reach.get('relay', '?')}",
+        out.append(Check("reachability", WARN,
+                         f"behind NAT, reachable through relay {reach.get('relay', '?')}",
                          reach.get("detail") or "forward the listen port on your router for direct "
                          "connections"))
     elif r == "private":
@@ -389,9 +391,11 @@ def register(app: typer.Typer) -> None:
     @app.command("doctor")
     def doctor(
         data_dir_opt: Optional[Path] = DataDirOption,
-        config_file: Optional[Path] = typer.Option(None, "--config", "-c", help="Node config (TOML) to check."),
+        config_file: Optional[Path] = typer.Option(None, "--config", "-c",
+                                                   help="Node config (TOML) to check."),
         bootstrap: list[str] = typer.Option([], "--bootstrap", "-b",
-                                            help="Bootstrap peer to test (repeatable); adds to the config's."),
+                                            help="Bootstrap peer to test (repeatable); "
+                                                 "adds to the config's."),
         offline: bool = typer.Option(False, "--offline", help="Skip the checks that dial peers."),
         as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
     ) -> None:

@@ -16,7 +16,8 @@ import typer
 from intellect_node.commands.common import DataDirOption, data_dir
 
 FLAG_OF_FIELD = {
-    "network.listen": "--listen", "network.announce": "--announce", "network.bootstrap": "--bootstrap", "network.http_host": "--http-host",
+    "network.listen": "--listen", "network.announce": "--announce", "network.bootstrap": "--bootstrap",
+    "network.http_host": "--http-host",
     "network.http_port": "--http-port", "network.http_public_url": "--http-public-url",
     "network.control_port": "--control-port", "network.heartbeat_interval": "--heartbeat-interval",
     "network.peer_timeout": "--peer-timeout", "network": "--peer-timeout/--heartbeat-interval",
@@ -35,8 +36,9 @@ def build_node_config(*, listen: list[str], bootstrap: list[str], run_id: str | 
     A mistake raises ConfigError naming the field and where it was set (the flag, variable or file)."""
     from intellect_node.node.config import load_config
 
-    given = {"listen": listen or None, "announce": announce or None, "bootstrap": bootstrap or None, "http_host": http_host,
-             "http_port": http_port, "http_public_url": http_public_url, "control_port": control_port,
+    given = {"listen": listen or None, "announce": announce or None, "bootstrap": bootstrap or None,
+             "http_host": http_host, "http_port": http_port, "http_public_url": http_public_url,
+             "control_port": control_port,
              "heartbeat_interval": heartbeat_interval, "peer_timeout": peer_timeout}
     network: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     if peer_timeout is None and heartbeat_interval is not None:
@@ -56,7 +58,8 @@ def _dashboard(runtime: Any) -> Any:
 
     stop = threading.Event()
     thread = threading.Thread(target=dashboard.run, args=(lambda: [runtime.board.snapshot()], stop),
-                              kwargs={"footer": f"Ctrl-C stops the node · logs in {runtime.data_dir / 'node.log'}"},
+                              kwargs={"footer": "Ctrl-C stops the node · logs in "
+                                                f"{runtime.data_dir / 'node.log'}"},
                               name="dashboard", daemon=True)
     thread.start()
 
@@ -74,17 +77,19 @@ def register(app: typer.Typer) -> None:
             [], "--listen", "-l", help="libp2p listen multiaddr (repeatable). Default /ip4/127.0.0.1/tcp/0; "
                                        "use /ip4/0.0.0.0/tcp/4001 to be reachable from other machines."),
         bootstrap: list[str] = typer.Option(
-            [], "--bootstrap", "-b", help="Peer to dial at start, /ip4/.../tcp/.../p2p/12D3KooW... (repeatable). "
-                                          "If none answers, peers remembered from earlier runs are tried."),
+            [], "--bootstrap", "-b", help="Peer to dial at start, /ip4/.../tcp/.../p2p/12D3KooW... "
+                                          "(repeatable). If none answers, peers remembered from earlier runs "
+                                          "are tried."),
         announce: list[str] = typer.Option(
             [], "--announce", help="Multiaddr to advertise instead of the listen addresses, e.g. your public "
                                    "IP or a port forward (repeatable)."),
-        run_id: Optional[str] = typer.Option(None, "--run-id", help="Run to take part in (default: default)."),
+        run_id: Optional[str] = typer.Option(None, "--run-id",
+                                             help="Run to take part in (default: default)."),
         trainer_peer_id: Optional[str] = typer.Option(None, "--trainer-peer-id",
                                                       help="Peer ID of the run's trainer."),
         role: list[str] = typer.Option(
-            [], "--role", help="RL role to run: worker, validator or trainer (repeatable). Settings in the rl "
-                               "config section or INTELLECT_NODE_RL__<FIELD>; see docs/training.md."),
+            [], "--role", help="RL role to run: worker, validator or trainer (repeatable). Settings in the "
+                               "rl config section or INTELLECT_NODE_RL__<FIELD>; see docs/training.md."),
         validator_peer_id: list[str] = typer.Option(
             [], "--validator-peer-id", help="Peer ID of a validator whose verdicts the trainer trusts "
                                             "(repeatable)."),
@@ -99,14 +104,17 @@ def register(app: typer.Typer) -> None:
         heartbeat_interval: Optional[float] = typer.Option(None, "--heartbeat-interval",
                                                            help="Seconds between heartbeats (default 5)."),
         peer_timeout: Optional[float] = typer.Option(None, "--peer-timeout",
-                                                     help="Seconds of silence before a peer is gone (default 20)."),
+                                                     help="Seconds of silence before a peer is gone "
+                                                          "(default 20)."),
         config_file: Optional[Path] = typer.Option(
             None, "--config", "-c", help="TOML config (see docs/config.example.toml). Default: "
                                          "$INTELLECT_NODE_CONFIG, else <data-dir>/config.toml if present. "
-                                         "INTELLECT_NODE_<SECTION>__<FIELD> variables and flags override it."),
+                                         "INTELLECT_NODE_<SECTION>__<FIELD> variables and flags override "
+                                         "it."),
         headless: bool = typer.Option(False, "--headless", help="No dashboard; log lines only (JSON lines)."),
         log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
-        log_file: Optional[Path] = typer.Option(None, "--log-file", help="Write logs here instead of stderr."),
+        log_file: Optional[Path] = typer.Option(None, "--log-file",
+                                                help="Write logs here instead of stderr."),
     ) -> None:
         """Join the swarm and run until Ctrl-C (SIGINT) or SIGTERM; exits 0 after a clean stop, 75 when
         it stopped because libp2p or an essential task could not be kept working (restart it), 2 on a

@@ -25,9 +25,11 @@ def register(app: typer.Typer) -> None:
     @app.command("ledger")
     def ledger(
         data_dir_opt: Optional[Path] = DataDirOption,
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON object (summary and recent batches)."),
+        as_json: bool = typer.Option(False, "--json",
+                                     help="Print one JSON object (summary and recent batches)."),
         run: Optional[str] = typer.Option(None, "--run", help="Only this run ID."),
-        recent: int = typer.Option(10, "--recent", min=0, max=10_000, help="How many recent batches to list."),
+        recent: int = typer.Option(10, "--recent", min=0, max=10_000,
+                                   help="How many recent batches to list."),
     ) -> None:
         """Reconcile your work: batches submitted, rollouts accepted/rejected and why, batches still pending.
 
@@ -49,7 +51,8 @@ def register(app: typer.Typer) -> None:
             f"batches submitted [bold]{summary.batches_submitted}[/] ({summary.rollouts_submitted} rollouts, "
             f"{summary.tokens_submitted} tokens), pending a verdict [bold]{summary.batches_pending}[/]")
         console.print(
-            f"rollouts accepted [green]{summary.rollouts_accepted}[/], rejected [red]{summary.rollouts_rejected}[/]"
+            f"rollouts accepted [green]{summary.rollouts_accepted}[/], "
+            f"rejected [red]{summary.rollouts_rejected}[/]"
             f", acceptance {'-' if rate is None else f'{rate:.1%}'}  ({summary.verdicts_received} verdicts, "
             f"{_when(summary.first_at)} .. {_when(summary.last_at)})")
         if summary.unknown_batch_verdicts:
@@ -62,7 +65,8 @@ def register(app: typer.Typer) -> None:
             table = Table("submitted", "batch", "policy", "rollouts", "accepted", "rejected", "reasons",
                           title="recent batches", title_justify="left")
             for r in rows:
-                verdict_cols = ((str(r["accepted"]), str(r["rejected"])) if r["verdicts"] else ("pending", ""))
+                verdict_cols = ((str(r["accepted"]), str(r["rejected"])) if r["verdicts"]
+                                else ("pending", ""))
                 table.add_row(_when(r["submitted_at"]), r["batch_id"][:16], str(r["policy_version"]),
                               str(r["n_rollouts"]), *verdict_cols, r["reasons"] or "")
             console.print(table)

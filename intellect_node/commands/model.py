@@ -11,7 +11,9 @@ def register(app: typer.Typer) -> None:
     model = typer.Typer(help="The embedded default model: export it, inspect it.", no_args_is_help=True)
 
     @model.command("export")
-    def export(dir: Path = typer.Argument(..., help="Folder to write the model to (Hugging Face format).")) -> None:
+    def export(
+        dir: Path = typer.Argument(..., help="Folder to write the model to (Hugging Face format)."),
+    ) -> None:
         """Write the embedded model (config, weights, tokenizer, proof thresholds) to DIR."""
         from intellect_node.models.loader import export_model
 
@@ -19,7 +21,9 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"wrote the embedded model to {out}")
 
     @model.command("info")
-    def info(model_dir: Path = typer.Option(None, "--model", help="Model folder (default: embedded).")) -> None:
+    def info(
+        model_dir: Path = typer.Option(None, "--model", help="Model folder (default: embedded)."),
+    ) -> None:
         """Print the model's architecture, size and checkpoint CID."""
         import json
 
@@ -38,9 +42,10 @@ def register(app: typer.Typer) -> None:
     @model.command("eval")
     def eval_(
         model_dir: Path = typer.Option(None, "--model", help="Model folder (default: embedded)."),
-        weights: Path = typer.Option(None, "--weights", help="A .safetensors checkpoint to evaluate instead of "
-                                     "the folder's own weights, e.g. DATA/trainer/checkpoints/v00000042/"
-                                     "model.safetensors."),
+        weights: Path = typer.Option(None, "--weights",
+                                     help="A .safetensors checkpoint to evaluate instead of the folder's own "
+                                          "weights, e.g. DATA/trainer/checkpoints/v00000042/"
+                                          "model.safetensors."),
         n: int = typer.Option(512, "--n", help="Number of problems."),
         seed: int = typer.Option(20261129, "--seed", help="Seed of the problem set and sampler keys."),
         max_new_tokens: int = typer.Option(5, "--max-new-tokens"),

@@ -23,16 +23,17 @@ def thresholds_target(model_dir: Optional[Path], out: Optional[Path]) -> Path:
     if out is not None:
         return out
     import intellect_node
-    from intellect_node.proofs.thresholds import THRESHOLDS_FILE
     from intellect_node.models.loader import resolve_model_dir
+    from intellect_node.proofs.thresholds import THRESHOLDS_FILE
 
     folder = resolve_model_dir(model_dir)
     package = Path(intellect_node.__file__).resolve().parent
     if folder.resolve().is_relative_to(package):
         raise ConfigError(
-            f"the thresholds in {folder} ship with intellect-node and are not overwritten; pass --out FILE to "
-            "write the calibration elsewhere, or export the model (`intellect-node model export DIR`) and "
-            "calibrate --model DIR, whose proof_thresholds.json validators of that model read", field="out")
+            f"the thresholds in {folder} ship with intellect-node and are not overwritten; "
+            "pass --out FILE to write the calibration elsewhere, or export the model "
+            "(`intellect-node model export DIR`) and calibrate --model DIR, whose proof_thresholds.json "
+            "validators of that model read", field="out")
     return folder / THRESHOLDS_FILE
 
 
@@ -85,7 +86,8 @@ def register(app: typer.Typer) -> None:
             else:
                 raise ConfigError(f"--engines: unknown engine {name!r} (torch, vllm)", field="engines")
         cal = run(verifier_engine, engines, n=n, batch_sizes=sizes, seed=seed, margins=Margins(factor=factor),
-                  sampling=SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens))
+                  sampling=SamplingConfig(temperature=temperature, top_p=top_p,
+                                          max_new_tokens=max_new_tokens))
         atomic_write_text(path, json.dumps(merge_into(path, cal), indent=2) + "\n")
         data = cal.to_json()
         typer.echo(f"{'check':18} {'worst honest':>14} {'threshold':>12}")

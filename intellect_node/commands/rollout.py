@@ -118,8 +118,8 @@ def register(app: typer.Typer) -> None:
         engine = TorchEngine.from_dir(model_dir, dtype=dtype, device=device)
         th = load_thresholds(engine.loaded.path, dtype, thresholds)
         cid = None if checkpoint == "any" else (checkpoint or checkpoint_cid(engine.loaded.path))
-        expect = Expectations(run_id=batch.run_id, checkpoint_cid=cid,
-                              policy_version=batch.policy_version if policy_version is None else policy_version)
+        version = batch.policy_version if policy_version is None else policy_version
+        expect = Expectations(run_id=batch.run_id, checkpoint_cid=cid, policy_version=version)
         verdicts = Verifier(engine, th, expect).verify(batch.rollouts)
         bad = [v for v in verdicts if not v.accepted]
         for v in bad:

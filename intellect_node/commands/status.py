@@ -36,7 +36,8 @@ def summary(st: dict[str, Any]) -> str:
     nat = st.get("nat") or {}
     if nat:  # docs/nat.md: AutoNAT's verdict and what to do about it
         relays = ", ".join(r.get("relay", "?")[:16] for r in nat.get("relays") or [])
-        lines.append(f"reachable   {nat.get('reachability', '?')}" + (f" via relay {relays}" if relays else "")
+        lines.append(f"reachable   {nat.get('reachability', '?')}"
+                     + (f" via relay {relays}" if relays else "")
                      + f"\n            {nat.get('fix', '')}")
     peers = st.get("peers") or []
     alive = set(st.get("alive_peers") or [])

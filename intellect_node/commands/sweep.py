@@ -55,7 +55,8 @@ def _spawn_worker(i: int, root: Path, *, bootstrap: str, run_id: str, coordinato
 
     wdir = root / "workers" / f"w{i}"
     flags = ["--data-dir", str(wdir), "--bootstrap", bootstrap, "--run-id", run_id,
-             "--coordinator", coordinator, "--heartbeat-interval", str(LOCAL_HEARTBEAT_S), "--peer-timeout", str(LOCAL_PEER_TIMEOUT_S),
+             "--coordinator", coordinator, "--heartbeat-interval", str(LOCAL_HEARTBEAT_S),
+             "--peer-timeout", str(LOCAL_PEER_TIMEOUT_S),
              "--log-file", str(wdir / "worker.log")]
     return NodeProcess(local_worker_argv(i, flags), wdir, name=f"w{i}", output=wdir / "stderr.log",
                        env=child_env(), log_file=wdir / "worker.log")
@@ -93,8 +94,8 @@ async def _run_sweep(out: Path, coord: Any, journal: Any, *, sweep_id: str, grid
     from intellect_node.roles.sweep import SweepCoordinatorService
 
     local = not join
-    cfg = build_node_config(listen=listen, bootstrap=join, run_id=run_id, trainer_peer_id=None, http_host=None,
-                            http_port=0, http_public_url=None, control_port=0,
+    cfg = build_node_config(listen=listen, bootstrap=join, run_id=run_id, trainer_peer_id=None,
+                            http_host=None, http_port=0, http_public_url=None, control_port=0,
                             heartbeat_interval=LOCAL_HEARTBEAT_S if local else None,
                             peer_timeout=LOCAL_PEER_TIMEOUT_S if local else None)
     services: list[SweepCoordinatorService] = []
@@ -149,18 +150,20 @@ def register(app: typer.Typer) -> None:
         grid: str = typer.Option("smoke", "--grid",
                                  help="smoke (n=64, 40 runs, minutes), paper (n=256, 256 runs, hours), noise "
                                       "(noise variant, 35 runs), tiny (a few seconds; tests)."),
-        workers: int = typer.Option(2, "--workers", "-k", help="Local worker processes to start (1 or more)."),
+        workers: int = typer.Option(2, "--workers", "-k",
+                                    help="Local worker processes to start (1 or more)."),
         out: Path = typer.Option(..., "--out", "-o", help="Output directory: results.jsonl, summary.json, "
                                                           "plot.png, journal.jsonl, node data."),
-        join: list[str] = typer.Option([], "--join", help="Submit to a running swarm through this peer "
-                                                          "(multiaddr ending /p2p/<id>, repeatable) instead of "
-                                                          "starting local workers."),
+        join: list[str] = typer.Option([], "--join",
+                                       help="Submit to a running swarm through this peer (multiaddr ending "
+                                            "/p2p/<id>, repeatable) instead of starting local workers."),
         resume: bool = typer.Option(False, "--resume", help="Continue the sweep journalled in --out."),
         check_fraction: float = typer.Option(0.05, "--check-fraction", min=0.0, max=1.0,
                                              help="Share of jobs re-executed by a second peer."),
         check_grace: Optional[float] = typer.Option(None, "--check-grace", min=0.0,
-                                                    help="Seconds a check may wait for an eligible peer before "
-                                                         "it is waived (default 10 local, 120 with --join)."),
+                                                    help="Seconds a check may wait for an eligible peer "
+                                                         "before it is waived (default 10 local, 120 with "
+                                                         "--join)."),
         run_id: str = typer.Option("sweep", "--run-id", help="Run (gossip topic namespace) of the sweep."),
         listen: list[str] = typer.Option([], "--listen", help="Coordinator's libp2p listen multiaddr."),
         max_votes: int = typer.Option(4, "--max-votes", hidden=True),
@@ -170,12 +173,14 @@ def register(app: typer.Typer) -> None:
         from intellect_node.logsetup import setup_logging
 
         if not join and not 1 <= workers <= MAX_LOCAL_WORKERS:
-            raise ConfigError(f"--workers {workers}: use 1 to {MAX_LOCAL_WORKERS} local workers", field="workers")
+            raise ConfigError(f"--workers {workers}: use 1 to {MAX_LOCAL_WORKERS} local workers",
+                              field="workers")
         if out.exists() and not out.is_dir():
             raise ConfigError(f"--out {out} is a file; give a directory", field="out")
         out.mkdir(parents=True, exist_ok=True)
         setup_logging(level=log_level, json_lines=False, file=None)
-        grace = check_grace if check_grace is not None else (JOIN_CHECK_GRACE_S if join else LOCAL_CHECK_GRACE_S)
+        grace = (check_grace if check_grace is not None
+                 else JOIN_CHECK_GRACE_S if join else LOCAL_CHECK_GRACE_S)
         coord, journal, sweep_id, grid_name = _open_sweep(out, grid_name=grid, resume=resume,
                                                           check_fraction=check_fraction, check_grace=grace,
                                                           max_votes=max_votes)
@@ -185,21 +190,23 @@ def register(app: typer.Typer) -> None:
         from intellect_node.research import sweep as research
 
         if coord.finished():
-            summary, outcome = research.write_outputs(out, coord, meta={"grid": grid_name, "sweep_id": sweep_id}), \
-                "finished"
+            summary = research.write_outputs(out, coord, meta={"grid": grid_name, "sweep_id": sweep_id})
+            outcome = "finished"
         else:
-            summary, outcome = asyncio.run(_run_sweep(out, coord, journal, sweep_id=sweep_id, grid_name=grid_name,
-                                                      workers=workers, join=join, listen=listen, run_id=run_id))
+            summary, outcome = asyncio.run(_run_sweep(out, coord, journal, sweep_id=sweep_id,
+                                                      grid_name=grid_name, workers=workers, join=join,
+                                                      listen=listen, run_id=run_id))
         journal.close()
         c = coord.counts()
-        typer.echo(f"sweep {sweep_id}: {outcome} in {time.monotonic() - t0:.1f}s; {c['done']}/{c['jobs']} jobs "
-                   f"done, {c['unresolved']} unresolved, {c['checks']} spot checks ({c['waived']} waived), "
+        typer.echo(f"sweep {sweep_id}: {outcome} in {time.monotonic() - t0:.1f}s; "
+                   f"{c['done']}/{c['jobs']} jobs done, {c['unresolved']} unresolved, "
+                   f"{c['checks']} spot checks ({c['waived']} waived), "
                    f"{c['banned']} peers banned")
         for peer, reason in coord.banned.items():
             typer.echo(f"  banned {peer}: {reason}")
         if summary is None:
-            typer.echo(f"not finished; continue with: intellect-node sweep polysemanticity --out {out} --resume",
-                       err=True)
+            typer.echo("not finished; continue with: "
+                       f"intellect-node sweep polysemanticity --out {out} --resume", err=True)
             raise typer.Exit(1 if outcome == "workers exited" else 130)
         typer.echo(research.table(summary))
         typer.echo(f"wrote {out / 'results.jsonl'}, {out / 'summary.json'}, {out / 'plot.png'}")
@@ -207,10 +214,12 @@ def register(app: typer.Typer) -> None:
     @sweep.command("worker")
     def worker(
         data_dir_opt: Optional[Path] = DataDirOption,
-        bootstrap: list[str] = typer.Option([], "--bootstrap", "-b", help="Peer to dial at start (repeatable)."),
+        bootstrap: list[str] = typer.Option([], "--bootstrap", "-b",
+                                            help="Peer to dial at start (repeatable)."),
         coordinator: list[str] = typer.Option([], "--coordinator", help="Only work for this coordinator's "
                                                                         "sweeps (peer ID, repeatable)."),
-        run_id: Optional[str] = typer.Option(None, "--run-id", help="Run to take part in (default: default)."),
+        run_id: Optional[str] = typer.Option(None, "--run-id",
+                                             help="Run to take part in (default: default)."),
         listen: list[str] = typer.Option([], "--listen", "-l", help="libp2p listen multiaddr (repeatable)."),
         heartbeat_interval: Optional[float] = typer.Option(None, "--heartbeat-interval"),
         peer_timeout: Optional[float] = typer.Option(None, "--peer-timeout"),
@@ -219,16 +228,17 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Join the swarm as a sweep worker: claim jobs, train on one thread, return signed results."""
         from intellect_node.commands.join import build_node_config
+        from intellect_node.errors import ProtocolError
         from intellect_node.logsetup import setup_logging
         from intellect_node.protocol.ids import public_key_from_peer_id
-        from intellect_node.errors import ProtocolError
 
         d = data_dir(data_dir_opt)
         for c in coordinator:
             try:
                 public_key_from_peer_id(c)
             except ProtocolError as exc:
-                raise ConfigError(f"--coordinator {c!r} is not a peer ID (12D3KooW...)", field="coordinator") from exc
+                raise ConfigError(f"--coordinator {c!r} is not a peer ID (12D3KooW...)",
+                                  field="coordinator") from exc
         cfg = build_node_config(listen=listen, bootstrap=bootstrap, run_id=run_id, trainer_peer_id=None,
                                 http_host=None, http_port=0, http_public_url=None, control_port=0,
                                 heartbeat_interval=heartbeat_interval, peer_timeout=peer_timeout)

@@ -23,8 +23,10 @@ def register(app: typer.Typer) -> None:
     def solve_rates(
         out: Path = typer.Option(..., "--out", help="Where to write the {problem_id: solve rate} JSON."),
         task_id: str = typer.Option("add3", "--task", help="Task ID (the embedded task: add3)."),
-        tasks_file: Optional[Path] = typer.Option(None, "--tasks", help="A JSONL task file instead of --task."),
-        model_dir: Optional[Path] = typer.Option(None, "--model", help="The starting policy (default: embedded)."),
+        tasks_file: Optional[Path] = typer.Option(None, "--tasks",
+                                                  help="A JSONL task file instead of --task."),
+        model_dir: Optional[Path] = typer.Option(None, "--model",
+                                                 help="The starting policy (default: embedded)."),
         samples: int = typer.Option(16, "--samples", help="Completions per problem."),
         pool: int = typer.Option(1024, "--pool", help="Problems to measure (all of them when the task is "
                                  "smaller); drawn with --seed."),
@@ -38,13 +40,14 @@ def register(app: typer.Typer) -> None:
 
         import torch
 
-        from intellect_node.inference.torch_engine import TorchEngine
         from intellect_node.inference.evaluate import solve_rates as measure
+        from intellect_node.inference.torch_engine import TorchEngine
         from intellect_node.trainer.filtering import SolveRateBand, save_solve_rates
         from intellect_node.trainer.tasks import get_task
 
         if samples < 2:
-            raise ConfigError("--samples must be at least 2 (a rate from one draw is 0 or 1)", field="samples")
+            raise ConfigError("--samples must be at least 2 (a rate from one draw is 0 or 1)",
+                              field="samples")
         if pool < 1:
             raise ConfigError("--pool must be at least 1", field="pool")
         keep = SolveRateBand(*band)
@@ -69,6 +72,7 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"{len(values)} problems of {task.task_id}, {samples} samples each: mean solve rate "
                    f"{sum(values) / len(values):.3f}; never solved {never}, always solved {always}; "
                    f"{kept} inside {keep.low}-{keep.high}")
-        typer.echo(f"wrote {out}; set rl.solve_rates_file = \"{out}\" (and rl.solve_rate_band) in the run config")
+        typer.echo(f"wrote {out}; set rl.solve_rates_file = \"{out}\" (and rl.solve_rate_band) "
+                   "in the run config")
 
     app.add_typer(tasks, name="tasks")

@@ -218,7 +218,8 @@ class Ledger:
                 "coalesce(sum(v.n_accepted),0), coalesce(sum(v.n_rejected),0), count(v.batch_id), "
                 "group_concat(nullif(v.reason,''), ',') "
                 "FROM batches b LEFT JOIN verdicts v ON v.batch_id = b.batch_id "
-                "GROUP BY b.batch_id ORDER BY b.submitted_at DESC, b.rowid DESC LIMIT ?", (int(limit),)).fetchall()
+                "GROUP BY b.batch_id ORDER BY b.submitted_at DESC, b.rowid DESC LIMIT ?",
+                (int(limit),)).fetchall()
         keys = ("batch_id", "run_id", "policy_version", "n_rollouts", "n_tokens", "submitted_at",
                 "accepted", "rejected", "verdicts", "reasons")
         return [dict(zip(keys, r)) for r in rows]

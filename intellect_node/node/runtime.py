@@ -39,13 +39,13 @@ from intellect_node import __version__
 from intellect_node.errors import ConfigError
 from intellect_node.node import control
 from intellect_node.node.config import NodeConfig
-from intellect_node.p2p.heartbeat import Heartbeats
-from intellect_node.p2p.identity import ensure_data_dir, load_or_init_key
-from intellect_node.node.tasks import TaskFactory, TaskSupervisor
-from intellect_node.p2p.liveness import EXIT_UNHEALTHY
-from intellect_node.p2p.ports import check_listen_ports
 from intellect_node.node.sdnotify import Notifier
 from intellect_node.node.status import StatusBoard
+from intellect_node.node.tasks import TaskFactory, TaskSupervisor
+from intellect_node.p2p.heartbeat import Heartbeats
+from intellect_node.p2p.identity import ensure_data_dir, load_or_init_key
+from intellect_node.p2p.liveness import EXIT_UNHEALTHY
+from intellect_node.p2p.ports import check_listen_ports
 from intellect_node.p2p.swarm import Swarm
 
 log = logging.getLogger(__name__)

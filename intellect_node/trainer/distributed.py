@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
@@ -93,7 +92,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from intellect_node.trainer.step import make_optimizer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model-dir", required=True, help="Hugging Face model directory (architecture + weights)")
+    ap.add_argument("--model-dir", required=True,
+                    help="Hugging Face model directory (architecture + weights)")
     ap.add_argument("--checkpoint-dir", help="trainer checkpoint to resume from (weights + optimizer)")
     ap.add_argument("--batch", required=True, help="JSON list of samples (whole groups)")
     ap.add_argument("--out-dir", required=True, help="where rank 0 writes the new checkpoint")

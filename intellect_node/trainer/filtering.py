@@ -72,8 +72,8 @@ class FilteredTask:
 
     def __init__(self, base: Task, kept: Sequence[Problem]) -> None:
         if not kept:
-            raise ConfigError(f"the solve-rate filter kept no problem of task {base.task_id!r}; widen the band "
-                              "or sample a larger pool", field="solve_rate_band")
+            raise ConfigError(f"the solve-rate filter kept no problem of task {base.task_id!r}; "
+                              "widen the band or sample a larger pool", field="solve_rate_band")
         self.task_id = base.task_id
         self.base = base
         self._kept = list(kept)
@@ -124,8 +124,9 @@ def filter_by_rates_file(task: Task, path: str | Path, band: tuple[float, float]
         try:
             pool.append(task.get(pid))
         except ConfigError:
-            raise ConfigError(f"rl.solve_rates_file {path}: {pid!r} is not a problem of task {task.task_id!r}; "
-                              "measure the rates for this run's task", field="rl.solve_rates_file") from None
+            raise ConfigError(f"rl.solve_rates_file {path}: {pid!r} is not a problem of task "
+                              f"{task.task_id!r}; measure the rates for this run's task",
+                              field="rl.solve_rates_file") from None
     return offline_filter(task, rates, SolveRateBand(*band), pool)
 
 

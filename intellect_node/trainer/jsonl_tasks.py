@@ -45,7 +45,8 @@ class JsonlTask:
 
     def problem(self, index: int) -> Problem:
         if not 0 <= index < len(self._problems):
-            raise ConfigError(f"problem index {index} out of range 0..{len(self._problems) - 1}", field="index")
+            raise ConfigError(f"problem index {index} out of range 0..{len(self._problems) - 1}",
+                              field="index")
         return self._problems[index]
 
     def get(self, problem_id: str) -> Problem:
@@ -81,7 +82,8 @@ def _problem(task_id: str, index: int, raw: bytes, where: str) -> Problem:
         raise ConfigError(f"{where}: 'answer' must be a string or a number", field="tasks_file")
     checker = obj.get("checker", "exact")
     if checker not in CHECKERS:
-        raise ConfigError(f"{where}: checker {checker!r} is not one of {sorted(CHECKERS)}", field="tasks_file")
+        raise ConfigError(f"{where}: checker {checker!r} is not one of {sorted(CHECKERS)}",
+                          field="tasks_file")
     return Problem(task_id=task_id, problem_id=f"{task_id}/{index}", prompt=prompt, answer=answer,
                    checker=checker)
 

@@ -22,8 +22,14 @@ from typing import Any, Sequence
 
 import torch
 
-from intellect_node.trainer.grpo import GRPOConfig, LossParts, group_advantages, grpo_loss, token_entropy, \
-    token_logprobs
+from intellect_node.trainer.grpo import (
+    GRPOConfig,
+    LossParts,
+    group_advantages,
+    grpo_loss,
+    token_entropy,
+    token_logprobs,
+)
 
 
 @dataclass(frozen=True)
@@ -134,7 +140,8 @@ def accumulate_gradients(model: Any, samples: Sequence[Sample], advantages: torc
             with torch.no_grad():
                 ref_lp = token_logprobs(_forward_logits(ref_model, tb) / temperature, targets)
         ent = token_entropy(logits) if cfg.entropy_coef > 0.0 else None
-        p = grpo_loss(logp, tb.old_logprobs, tb.advantages, tb.loss_mask, cfg, ref_logprobs=ref_lp, entropy=ent)
+        p = grpo_loss(logp, tb.old_logprobs, tb.advantages, tb.loss_mask, cfg, ref_logprobs=ref_lp,
+                      entropy=ent)
         (p.loss * loss_scale).backward()
         parts.append(p)
     return parts
