@@ -33,8 +33,8 @@ def test_export_generate_verify_and_reject(tmp_path: Path) -> None:
     for name in ("config.json", "model.safetensors", "tokenizer.json", "proof_thresholds.json"):
         assert (model / name).is_file()
     out = tmp_path / "batch.msgpack"
-    r = run_cli("rollout", "generate", "--model", str(model), "--n", "6", "--batch-size", "4", "--out", str(out),
-                "--seed", "1")
+    r = run_cli("rollout", "generate", "--model", str(model), "--n", "6", "--batch-size", "4",
+                "--out", str(out), "--seed", "1")
     assert r.returncode == 0, r.stderr
     assert "wrote 6 rollouts" in r.stdout
     r = run_cli("rollout", "verify", str(out), "--model", str(model))
@@ -96,7 +96,8 @@ def test_operator_and_file_errors(tmp_path: Path) -> None:
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("mine")
     assert "pick another DIR" in config_error("model", "export", str(tmp_path / "full"))
-    assert "--model" in config_error("rollout", "generate", "--model", str(tmp_path), "--n", "1", "--out", "y")
+    assert "--model" in config_error("rollout", "generate", "--model", str(tmp_path), "--n", "1",
+                                     "--out", "y")
     assert "dtype" in config_error("rollout", "generate", "--n", "1", "--out", "z", "--dtype", "float8")
     assert "--batch-sizes" in config_error("proofs", "calibrate", "--batch-sizes", "0")
     # the console script turns a ConfigError into exit code 2 with the message on stderr

@@ -45,7 +45,8 @@ def test_engine_matches_transformers(eng: TorchEngine, rand_dir: Path) -> None:
             out = hf(input_ids=torch.tensor([g.prompt_tokens + g.tokens[:-1]]), output_hidden_states=True)
         start = len(g.prompt_tokens) - 1
         assert torch.allclose(out.hidden_states[-1][0, start:], g.hidden, atol=1e-4)
-        lp = torch.log_softmax(out.logits[0, start:].float(), -1).gather(-1, torch.tensor(g.tokens).view(-1, 1))
+        lp = torch.log_softmax(out.logits[0, start:].float(), -1).gather(
+            -1, torch.tensor(g.tokens).view(-1, 1))
         assert torch.allclose(lp.view(-1), torch.tensor(g.logprobs), atol=1e-4)
 
 

@@ -11,8 +11,16 @@ from intellect_node.errors import ProtocolError
 from intellect_node.protocol import codec
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.rollout import (
-    RolloutBatch, RolloutRecord, SamplingParams, check_record, decode_batch, decode_rollout, encode_batch,
-    encode_rollout, sign_rollout, verify_rollout_signature,
+    RolloutBatch,
+    RolloutRecord,
+    SamplingParams,
+    check_record,
+    decode_batch,
+    decode_rollout,
+    encode_batch,
+    encode_rollout,
+    sign_rollout,
+    verify_rollout_signature,
 )
 from intellect_node.protocol.signing import SigningKey
 
@@ -33,7 +41,8 @@ def records(draw: st.DrawFn) -> RolloutRecord:
         completion_tokens=completion,
         logprobs=draw(st.lists(st.floats(-50, 0), min_size=n, max_size=n)),
         sampling=SamplingParams(temperature=draw(st.floats(0.05, 2.0)), top_p=draw(st.floats(0.05, 1.0)),
-                                max_new_tokens=n + draw(st.integers(0, 5)), seed=draw(st.integers(0, 2**64 - 1))),
+                                max_new_tokens=n + draw(st.integers(0, 5)),
+                                seed=draw(st.integers(0, 2**64 - 1))),
         policy_version=draw(st.integers(0, 2**40)), checkpoint_cid=CID, dtype="float32",
         reward=draw(st.floats(-1, 1)), proofs=[draw(st.binary(min_size=258, max_size=258))
                                                for _ in range(-(-n // 32))],
@@ -69,7 +78,8 @@ def test_random_bytes_raise_only_protocol_error(raw: bytes) -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(records(), st.data())
-def test_mutated_bytes_raise_protocol_error_or_break_the_signature(rec: RolloutRecord, data: st.DataObject) -> None:
+def test_mutated_bytes_raise_protocol_error_or_break_the_signature(rec: RolloutRecord,
+                                                                    data: st.DataObject) -> None:
     raw = bytearray(encode_rollout(rec))
     i = data.draw(st.integers(0, len(raw) - 1))
     raw[i] ^= data.draw(st.integers(1, 255))

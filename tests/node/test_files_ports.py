@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from intellect_node.errors import ConfigError
+from intellect_node.node.ledger import Ledger
+from intellect_node.p2p.identity import ensure_data_dir, ensure_private_file, init_key
+from intellect_node.p2p.ports import check_listen_ports, fixed_ports
 from tests.support.common import CLI, run_cli
 from tests.support.wait import wait_for
-from intellect_node.errors import ConfigError
-from intellect_node.p2p.identity import ensure_data_dir, ensure_private_file, init_key
-from intellect_node.node.ledger import Ledger
-from intellect_node.p2p.ports import check_listen_ports, fixed_ports
 
 
 def mode(path: Path) -> int:
@@ -134,7 +134,8 @@ def test_port_check_udp_time_wait_and_parsing() -> None:
             check_listen_ports([f"/ip4/127.0.0.1/udp/{uport}/quic-v1"])
     # A port whose listener is gone but whose connections sit in TIME_WAIT (a node just killed) is free.
     srv = socket.socket()
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as libp2p's listener: accepted sockets inherit it
+    # as libp2p's listener: accepted sockets inherit it
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
     port = srv.getsockname()[1]
@@ -152,7 +153,8 @@ def test_port_check_udp_time_wait_and_parsing() -> None:
 
 def _join(data_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([CLI, "join", "--data-dir", str(data_dir), "--headless", "--listen",
-                             f"/ip4/127.0.0.1/tcp/{port}", "--http-host", "127.0.0.1", "--log-file", str(log)],
+                             f"/ip4/127.0.0.1/tcp/{port}", "--http-host", "127.0.0.1",
+                             "--log-file", str(log)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                             env={**os.environ, "INTELLECT_NODE_METRICS__ENABLED": "false"})
 
@@ -181,7 +183,8 @@ def test_join_private_files_refused_port_and_restart_on_own_port(tmp_path: Path)
 
         # A second node on the same port is refused before it listens: exit 2, the flag and the fix.
         r = run_cli("join", "--data-dir", str(tmp_path / "b"), "--headless", "--listen",
-                    f"/ip4/127.0.0.1/tcp/{port}", env={"INTELLECT_NODE_METRICS__ENABLED": "false"}, timeout=120)
+                    f"/ip4/127.0.0.1/tcp/{port}", env={"INTELLECT_NODE_METRICS__ENABLED": "false"},
+                    timeout=120)
         assert r.returncode == 2, r.stderr[-2000:]
         assert f"--listen /ip4/127.0.0.1/tcp/{port}" in r.stderr and "already in use" in r.stderr, r.stderr
         assert not (tmp_path / "b" / "control.json").exists()

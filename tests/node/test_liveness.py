@@ -18,9 +18,9 @@ import pytest
 import trio
 
 from intellect_node.errors import TransportError
+from intellect_node.node.sdnotify import Notifier
 from intellect_node.p2p.bridge import TrioThread
 from intellect_node.p2p.liveness import EXIT_UNHEALTHY
-from intellect_node.node.sdnotify import Notifier
 from tests.support.swarm import line, run, runtime_nodes
 from tests.support.wait import wait_until
 
@@ -92,8 +92,11 @@ def test_libp2p_failures_are_restarted_resubscribed_and_reported(tmp_path: Path,
             got_b: list[bytes] = []
             a.swarm.subscribe(TOPIC, lambda d, o: d, lambda m, o: got_a.append(m))
             b.swarm.subscribe(TOPIC, lambda d, o: d, lambda m, o: got_b.append(m))
-            both = (lambda: a.swarm.peer_id in b.swarm.topic_peers(TOPIC)
-                    and b.swarm.peer_id in a.swarm.topic_peers(TOPIC))
+
+            def both() -> bool:
+                return (a.swarm.peer_id in b.swarm.topic_peers(TOPIC)
+                        and b.swarm.peer_id in a.swarm.topic_peers(TOPIC))
+
             await wait_until(both, 20, what="subscriptions known")
             await _delivered(b.swarm, got_a, b"before")
             await a.swarm.provide(CID)

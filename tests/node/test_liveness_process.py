@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from intellect_node.p2p.liveness import EXIT_UNHEALTHY
 from tests.support.common import CLI, REPO
 from tests.support.wait import wait_for
-from intellect_node.p2p.liveness import EXIT_UNHEALTHY
 
 pytestmark = pytest.mark.slow
 LAUNCHER = str(REPO / "tests" / "support" / "liveness.py")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.common import REPO, run_cli
 from intellect_node.errors import ConfigError
 from intellect_node.node.config import build_config, example_toml, field_docs, load_config
+from tests.support.common import REPO, run_cli
 
 EXAMPLE = REPO / "docs" / "config.example.toml"
 PEER = "12D3KooWRBhwfeP2Y4TCx1SM6s9rUoHhR5STiGwxuMFPuEv5zDdu"
@@ -67,7 +67,8 @@ def test_default_file_locations(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("toml,env,needles", [
     ('[network]\nhttp_port = "eighty"\n', {}, ["network.http_port", "integer", "node.toml"]),
-    ('[network]\nlistn = []\n', {}, ["network.listn", "unknown field", "expected one of: listen", "node.toml"]),
+    ('[network]\nlistn = []\n', {},
+     ["network.listn", "unknown field", "expected one of: listen", "node.toml"]),
     ('[netwrk]\n', {}, ["netwrk", "expected one of: network, run", "node.toml"]),
     ('[run]\ndtype = "int8"\n', {}, ["run.dtype", "float32"]),
     ('[network]\nheartbeat_interval = 30.0\n', {}, ["peer_timeout", "heartbeat_interval", "node.toml"]),

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.common import run_cli
-from tests.support.wait import wait_for
 from intellect_node.node.status import StatusSnapshot
+from tests.support.common import run_cli
 from tests.support.swarm import NodeProcess
+from tests.support.wait import wait_for
 
 HB = ["--heartbeat-interval", "0.5", "--peer-timeout", "2"]
 

@@ -39,7 +39,8 @@ def test_step_log_keeps_steps_across_polls_and_counts_validator_verdicts() -> No
     from intellect_node.commands.demo import StepLog, rollout_counts
     from intellect_node.node.status import StatusBoard
 
-    trainer, validator, worker = StatusBoard(role="trainer"), StatusBoard(role="validator"), StatusBoard(role="worker")
+    trainer, validator, worker = (StatusBoard(role="trainer"), StatusBoard(role="validator"),
+                                  StatusBoard(role="worker"))
     log = StepLog()
     for step in range(5):
         trainer.train_step(step, reward_mean=step / 10, pass_rate=step / 5)
@@ -65,8 +66,8 @@ def test_ctrl_c_keeps_the_logs_and_says_where(tmp_path: Path) -> None:
     node's log is kept (0600, in a 0700 dir under the user log dir) at the path the demo prints."""
     import os
     import signal
-    import subprocess
     import stat
+    import subprocess
 
     from tests.support.common import CLI
     from tests.support.wait import wait_for
@@ -76,8 +77,8 @@ def test_ctrl_c_keeps_the_logs_and_says_where(tmp_path: Path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp), "XDG_STATE_HOME": str(state)}
     with open(tmp_path / "stdout", "wb") as out, open(tmp_path / "stderr", "wb") as err:
         # not a terminal and not --headless: the plain dashboard lines until Ctrl-C
-        demo = subprocess.Popen([CLI, "demo", "--workers", "1", "--run-id", "demo-ctrlc"], stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=err, env=env)
+        demo = subprocess.Popen([CLI, "demo", "--workers", "1", "--run-id", "demo-ctrlc"],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env)
         try:
             def all_up() -> bool:
                 assert demo.poll() is None, (tmp_path / "stderr").read_text()[-3000:]

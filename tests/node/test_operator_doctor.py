@@ -8,8 +8,8 @@ import socket
 from dataclasses import asdict
 from pathlib import Path
 
-from tests.support.common import run_cli
 from intellect_node.commands import doctor
+from tests.support.common import run_cli
 
 
 def _by_name(checks: list[dict]) -> dict[str, list[dict]]:
@@ -65,7 +65,8 @@ def test_model_dtype_and_thresholds(tmp_path: Path) -> None:
     checks = doctor.check_model(str(m), "float32")
     assert checks[0].status == doctor.OK and "stored float32" in checks[0].detail
     assert checks[1].status == doctor.WARN and "calibrate" in checks[1].fix
-    (m / "proof_thresholds.json").write_text(json.dumps({"float32": {"exp_mismatches": 2, "mant_err_mean": 0.5}}))
+    (m / "proof_thresholds.json").write_text(
+        json.dumps({"float32": {"exp_mismatches": 2, "mant_err_mean": 0.5}}))
     assert "exp_mismatches 2" in doctor.check_model(str(m), "float32")[1].detail
     wrong = doctor.check_model(str(m), "bfloat16")[1]
     assert wrong.status == doctor.FAIL and "bfloat16" in wrong.detail

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.common import run_cli
 from intellect_node.errors import ConfigError
 from intellect_node.node.ledger import Ledger
+from tests.support.common import run_cli
 
 
 def _fill(led: Ledger) -> None:
@@ -23,8 +23,8 @@ def _fill(led: Ledger) -> None:
     led.record_submission("b2", run_id="r1", policy_version=4, n_rollouts=16, n_tokens=500)
     led.record_submission("b3", run_id="r2", policy_version=0, n_rollouts=8, n_tokens=100)
     led.record_verdict("b1", validator="V1", run_id="r1", n_accepted=16, n_rejected=0)
-    led.record_verdict("b2", validator="V1", run_id="r1", n_accepted=0, n_rejected=16, reason="toploc_mismatch",
-                       detail="exp mismatches 41 > 10")
+    led.record_verdict("b2", validator="V1", run_id="r1", n_accepted=0, n_rejected=16,
+                       reason="toploc_mismatch", detail="exp mismatches 41 > 10")
     led.record_verdict("zz", validator="V1", run_id="r1", n_accepted=0, n_rejected=4, reason="stale_policy")
 
 

@@ -1,4 +1,5 @@
-"""/metrics is exported from the StatusBoard: served over real HTTP and parsed back with Prometheus' parser."""
+"""/metrics is exported from the StatusBoard: served over real HTTP and parsed back with Prometheus'
+parser."""
 
 from __future__ import annotations
 

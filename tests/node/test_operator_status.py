@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from intellect_node.errors import ProtocolError
-from intellect_node.node.status import (HISTORY_LEN, RECENT_LEN, BoardLogHandler, StatusBoard,
-                                        StatusSnapshot)
+from intellect_node.node.status import HISTORY_LEN, RECENT_LEN, BoardLogHandler, StatusBoard, StatusSnapshot
 from tests.support.operator_node import FakeClock, busy_board
 
 

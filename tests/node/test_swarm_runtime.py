@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from intellect_node.errors import ConfigError
 from intellect_node.node import control
 from tests.support.swarm import line, run, runtime_nodes
 from tests.support.wait import wait_until
@@ -76,15 +77,17 @@ def test_runtime_services_control_api_and_heartbeat_roles(tmp_path: Path) -> Non
             assert code == 200 and st["peer_id"] == a.swarm.peer_id and st["echo"] == {"events": ["start"]}
 
             # Heartbeats cross two hops and carry roles and URLs; the status board counts them.
-            await wait_until(lambda: set(a.swarm.peerbook.alive_peers()) == {b.swarm.peer_id, c.swarm.peer_id},
-                             10, what="a hears b and c")
+            await wait_until(
+                lambda: set(a.swarm.peerbook.alive_peers()) == {b.swarm.peer_id, c.swarm.peer_id},
+                10, what="a hears b and c")
             assert a.swarm.peerbook.http_url(c.swarm.peer_id) == c.http_url
             await wait_until(lambda: a.board.snapshot().peers.validators == (c.swarm.peer_id,), 5,
                              what="board lists c as validator")
             assert a.board.snapshot().peers.workers == (b.swarm.peer_id,)
             # The provider URL of a peer heard by heartbeat needs no node-info round trip.
             await c.swarm.provide("bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy")
-            provs = await a.swarm.find_providers("bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy")
+            provs = await a.swarm.find_providers(
+                "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy")
             assert [(p.peer_id, p.http_url) for p in provs] == [(c.swarm.peer_id, c.http_url)]
 
             # POST /v1/stop asks the node to stop (the process's main then shuts down).
@@ -93,7 +96,7 @@ def test_runtime_services_control_api_and_heartbeat_roles(tmp_path: Path) -> Non
             await _ato(lambda: urllib.request.urlopen(req, timeout=5).read())
             await wait_until(lambda: a._stop_event.is_set(), 5, what="stop requested")
         assert [s.events for s in made] == [["start", "close"]] * 3
-        with pytest.raises(Exception):
+        with pytest.raises(ConfigError):
             control.read_control_file(tmp_path / "node0")
 
     run(main(), 90)

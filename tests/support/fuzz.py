@@ -129,9 +129,8 @@ class Attackers:
         seed = f"attacker-{self.count}-{os.getpid()}".encode()
 
         async def main() -> tuple[str, Any]:
-            from multiaddr import Multiaddr
-
             from libp2p.peer.peerinfo import info_from_p2p_addr
+            from multiaddr import Multiaddr
 
             host = _new_host(seed)
             info = info_from_p2p_addr(Multiaddr(self.target_addr))

@@ -21,7 +21,8 @@ def tiny_llama(vocab: int = 16, hidden: int = 32, layers: int = 2, seed: int = 0
 
 
 @torch.no_grad()
-def sample_group(model: Any, prompt: list[int], n: int, new_tokens: int, seed: int) -> list[tuple[list[int], list[float]]]:
+def sample_group(model: Any, prompt: list[int], n: int, new_tokens: int,
+                 seed: int) -> list[tuple[list[int], list[float]]]:
     """Sample ``n`` completions of ``prompt`` at temperature 1 with their token logprobs (no cache)."""
     gen = torch.Generator().manual_seed(seed)
     ids = torch.tensor([prompt] * n)

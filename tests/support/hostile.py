@@ -45,7 +45,8 @@ class Tarpit:
 
     async def _drip(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
-        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream", "Content-Length": "2000"})
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream",
+                                           "Content-Length": "2000"})
         await resp.prepare(request)
         try:
             for _ in range(2000):
@@ -78,7 +79,8 @@ class Attacker:
 
         cfg = self.rt.config
         self.rt.swarm.subscribe(topic(cfg.run.run_id, POLICY_KIND),
-                                announcement_validator(cfg.run.run_id, cfg.run.trainer_peer_id), self._on_policy)
+                                announcement_validator(cfg.run.run_id, cfg.run.trainer_peer_id),
+                                self._on_policy)
         self._task = asyncio.create_task(self._loop())
 
     def _on_policy(self, ann: Any, origin: str) -> None:
@@ -152,7 +154,8 @@ class Stamp:
                                  n_accepted=notice.n_rollouts, n_rejected=0)]
         if self.outsider and self.stamped == 0:
             verdicts.append(BatchVerdict(run_id=run_id, batch_cid=cid_of(os.urandom(16)),
-                                         worker=SigningKey.generate().peer_id, policy_version=notice.policy_version,
+                                         worker=SigningKey.generate().peer_id,
+                                         policy_version=notice.policy_version,
                                          accepted=True, n_accepted=notice.n_rollouts, n_rejected=0))
         self.stamped += 1
         for v in verdicts:

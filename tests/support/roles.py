@@ -138,7 +138,8 @@ def _cheat_main(mode: str, data_dir: Path) -> int:
             path.unlink(missing_ok=True)
             notice = RolloutNotice(run_id=self.run_id, batch_cid=cid, policy_version=version,
                                    n_rollouts=len(records), batch_bytes=len(data))
-            await self.rt.swarm.publish(topic(self.run_id, NOTICE_KIND), seal_notice(self.rt.swarm.key, notice))
+            await self.rt.swarm.publish(topic(self.run_id, NOTICE_KIND),
+                                        seal_notice(self.rt.swarm.key, notice))
 
         def make_records(self, engine: TorchEngine, problems: Any, version: int, checkpoint: str) -> Any:
             how = mode
@@ -168,7 +169,8 @@ def _cheat_main(mode: str, data_dir: Path) -> int:
                         else self.tokenizer.encode("8")[0]
                     # Claim the reward the edited text earns, so only the proof checks can tell.
                     reward = self.task.get(r.problem_id).reward(self.tokenizer.decode(toks))
-                    out.append(sign_rollout(msgspec.structs.replace(r, completion_tokens=toks, reward=reward), key))
+                    edited = msgspec.structs.replace(r, completion_tokens=toks, reward=reward)
+                    out.append(sign_rollout(edited, key))
                 return out
             return recs
 

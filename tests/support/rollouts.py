@@ -9,9 +9,9 @@ import msgspec
 import torch
 
 from intellect_node.inference.torch_engine import TorchEngine
+from intellect_node.models.loader import embedded_config, embedded_model_dir, write_tokenizer_files
 from intellect_node.protocol.rollout import RolloutRecord, sign_rollout
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.models.loader import embedded_config, embedded_model_dir, write_tokenizer_files
 
 torch.set_num_threads(1)
 

@@ -81,7 +81,8 @@ class Node:
             argv = ["ip", "netns", "exec", self.ns, *argv]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env={**os.environ, **ENV, "INTELLECT_NODE_METRICS__ENABLED": "false"})
+                                         env={**os.environ, **ENV,
+                                              "INTELLECT_NODE_METRICS__ENABLED": "false"})
         self.starts += 1
 
     def kill(self) -> None:
@@ -203,7 +204,8 @@ class Acks:
         latest = self.latest()
         assert latest is not None
         lost = acked - inbox - latest[1]
-        assert not lost, f"{len(lost)} acknowledged batches neither consumed nor in the inbox: {sorted(lost)[:5]}"
+        assert not lost, (f"{len(lost)} acknowledged batches neither consumed nor in the inbox: "
+                          f"{sorted(lost)[:5]}")
         assert not self.problems, self.problems
         seen: set[str] = set()
         versions = []
@@ -213,7 +215,8 @@ class Acks:
             seen |= set(m["batches"])
             versions.append(m["version"])
         assert versions == sorted(set(versions)), versions
-        print(f"acknowledged {len(acked)} batches: {len(latest[1])} consumed by v{latest[0]}, {len(inbox)} queued")
+        print(f"acknowledged {len(acked)} batches: {len(latest[1])} consumed by v{latest[0]}, "
+              f"{len(inbox)} queued")
 
 
 class Swarm:
@@ -310,7 +313,8 @@ class Swarm:
         return all(s["snapshot"]["policy"]["current"] >= tv - 1 for s in st.values())
 
     def wait_converged(self, min_steps: int, what: str) -> None:
-        wait_for(lambda: self.converged(min_steps), timeout=PROGRESS_S, interval=1.0, what=f"reconvergence ({what})")
+        wait_for(lambda: self.converged(min_steps), timeout=PROGRESS_S, interval=1.0,
+                 what=f"reconvergence ({what})")
         self.check_no_bans()
 
     def check_no_bans(self) -> None:
@@ -382,7 +386,8 @@ def test_random_sigkills_of_every_role_lose_no_accepted_rollout(swarm: Swarm) ->
     # batch sitting in the trainer's inbox (acknowledged, not yet in a checkpoint: what a crash must not
     # lose).
     rounds = [[n] for n in rng.sample(NAMES, len(NAMES))] + [rng.sample(NAMES, 2)]
-    plan = [(rng.randint(1, 2), "inbox" if r == ["trainer"] else rng.choice(["step", "inbox"])) for r in rounds]
+    plan = [(rng.randint(1, 2), "inbox" if r == ["trainer"] else rng.choice(["step", "inbox"]))
+            for r in rounds]
     print(f"chaos seed {SEED}: kill rounds {rounds}, (trained steps, moment) before each {plan}")
     swarm.wait_trained(2, "before the first kill")
     for victims, (wait, moment) in zip(rounds, plan):

@@ -19,8 +19,8 @@ from intellect_node.trainer.checkpoint import TrainerState, latest_dir, load_che
 from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.trainer.step import Sample, make_optimizer, train_step
 from tests.support.common import REPO
-from tests.support.wait import wait_for
 from tests.support.grpo import tiny_llama
+from tests.support.wait import wait_for
 
 torch.set_num_threads(1)
 

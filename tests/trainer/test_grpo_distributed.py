@@ -38,7 +38,8 @@ def test_two_gloo_ranks_equal_one_process(tmp_path: Path) -> None:
     batch.write_text(samples_to_json(samples))
     assert samples_from_json(batch.read_text()) == samples
     common = ["--model-dir", str(tmp_path / "model"), "--batch", str(batch), "--optimizer", "sgd",
-              "--lr", "0.5", "--group-size", "4", "--token-budget", "48", "--max-grad-norm", "1.0", "--steps", "2"]
+              "--lr", "0.5", "--group-size", "4", "--token-budget", "48", "--max-grad-norm", "1.0",
+              "--steps", "2"]
     _torchrun(2, *common, "--out-dir", str(tmp_path / "ddp2"))
 
     # The reference: the plain single-process step, twice, in this process. (SGD: parameters then

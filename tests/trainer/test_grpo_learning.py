@@ -16,8 +16,8 @@ import torch
 
 from intellect_node.inference.base import SamplingConfig
 from intellect_node.inference.torch_engine import TorchEngine
-from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.models.loader import load_hf_model, load_model
+from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.trainer.step import Sample, make_optimizer, train_step
 from intellect_node.trainer.tasks import embedded_task
 
@@ -42,8 +42,8 @@ def _answer_prob(model, tok, problems) -> float:  # type: ignore[no-untyped-def]
 
 def _pass_rate(engine, tok, problems, seed: int) -> float:  # type: ignore[no-untyped-def]
     rng = random.Random(seed)
-    gens = engine.generate([tok.prompt_ids(p.prompt) for p in problems], [rng.getrandbits(62) for _ in problems],
-                           SamplingConfig(1.0, 1.0, T))
+    gens = engine.generate([tok.prompt_ids(p.prompt) for p in problems],
+                           [rng.getrandbits(62) for _ in problems], SamplingConfig(1.0, 1.0, T))
     return sum(p.reward(tok.decode(g.tokens)) for p, g in zip(problems, gens)) / len(problems)
 
 
@@ -66,7 +66,8 @@ def test_grpo_raises_the_embedded_models_pass_rate() -> None:
         problems = [p for p in task.sample(rng, P) for _ in range(G)]
         gens = engine.generate([tok.prompt_ids(p.prompt) for p in problems],
                                [rng.getrandbits(62) for _ in problems], SamplingConfig(1.0, 1.0, T))
-        samples = [Sample(tuple(g.prompt_tokens), tuple(g.tokens), tuple(g.logprobs), p.reward(tok.decode(g.tokens)))
+        samples = [Sample(tuple(g.prompt_tokens), tuple(g.tokens), tuple(g.logprobs),
+                          p.reward(tok.decode(g.tokens)))
                    for p, g in zip(problems, gens)]
         train_step(model, opt, samples, cfg)
     model.eval()

@@ -34,7 +34,8 @@ CASES = [
 ]
 
 
-def _tensors(cases: list[tuple[float, float, float, float]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _tensors(
+        cases: list[tuple[float, float, float, float]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     adv = torch.tensor([[c[0] for c in cases]])
     old = torch.full((1, len(cases)), -1.0)
     logp = (old + torch.log(torch.tensor([[c[1] for c in cases]]))).requires_grad_(True)

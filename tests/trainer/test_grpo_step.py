@@ -38,7 +38,8 @@ def test_micro_batches_give_the_full_batch_step() -> None:
     cfg = GRPOConfig(group_size=4, token_budget=64, max_grad_norm=1.0)
     a, b = tiny_llama(seed=1), tiny_llama(seed=1)
     samples = _samples(a, [[1, 3], [1, 4, 5]], 4, reward_tok=6, seed=0)
-    samples = [Sample(s.prompt_ids, s.completion_ids, s.old_logprobs, float(i % 3 == 0)) for i, s in enumerate(samples)]
+    samples = [Sample(s.prompt_ids, s.completion_ids, s.old_logprobs, float(i % 3 == 0))
+               for i, s in enumerate(samples)]
     sa = train_step(a, torch.optim.SGD(a.parameters(), lr=1.0), samples, cfg, micro_batch=64)
     sb = train_step(b, torch.optim.SGD(b.parameters(), lr=1.0), samples, cfg, micro_batch=3)
     assert sa.grad_norm == pytest.approx(sb.grad_norm, rel=1e-5)

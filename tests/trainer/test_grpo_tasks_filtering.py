@@ -8,8 +8,14 @@ from pathlib import Path
 import pytest
 
 from intellect_node.errors import ConfigError
-from intellect_node.trainer.filtering import SolveRateBand, informative_groups, load_solve_rates, \
-    measure_solve_rates, offline_filter, save_solve_rates
+from intellect_node.trainer.filtering import (
+    SolveRateBand,
+    informative_groups,
+    load_solve_rates,
+    measure_solve_rates,
+    offline_filter,
+    save_solve_rates,
+)
 from intellect_node.trainer.jsonl_tasks import load_jsonl_tasks
 from intellect_node.trainer.tasks import Task, embedded_task, get_task, resolve_problem
 
@@ -30,7 +36,8 @@ def test_jsonl_task_loads_scores_and_resolves(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("line,needle", [
     ("not json", "not JSON"), ('["a"]', "object"), ('{"prompt": "", "answer": "1"}', "prompt"),
-    ('{"prompt": "x", "answer": null}', "answer"), ('{"prompt": "x", "answer": "1", "checker": "llm"}', "checker"),
+    ('{"prompt": "x", "answer": null}', "answer"),
+    ('{"prompt": "x", "answer": "1", "checker": "llm"}', "checker"),
     ('{"prompt": "x", "answer": "1", "extra": 1}', "unknown field"),
 ])
 def test_jsonl_errors_name_file_and_line(tmp_path: Path, line: str, needle: str) -> None:
@@ -83,8 +90,8 @@ def test_offline_filter_in_a_run_from_the_cli_to_the_runs_task(tmp_path: Path) -
     from tests.support.common import CLI
 
     rates_path = tmp_path / "rates.json"
-    r = subprocess.run([CLI, "tasks", "solve-rates", "--out", str(rates_path), "--pool", "48", "--samples", "8"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run([CLI, "tasks", "solve-rates", "--out", str(rates_path), "--pool", "48",
+                        "--samples", "8"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "48 problems of add3" in r.stdout and "rl.solve_rates_file" in r.stdout
     rates = load_solve_rates(rates_path)

@@ -9,7 +9,14 @@ import pytest
 from intellect_node.errors import ConfigError
 from intellect_node.models.loader import CharTokenizer, build_char_tokenizer_json
 from intellect_node.trainer.tasks import (
-    AdditionTask, Problem, Task, check_integer, embedded_task, get_task, register_task, resolve_problem,
+    AdditionTask,
+    Problem,
+    Task,
+    check_integer,
+    embedded_task,
+    get_task,
+    register_task,
+    resolve_problem,
 )
 
 
