@@ -297,8 +297,8 @@ class SweepWorker:
 
     async def _claim(self, sweep: tuple[str, str]) -> None:
         coordinator, sweep_id = sweep
-        claim = wire.Claim(run_id=self.swarm.run_id, sweep_id=sweep_id, time_ms=_now_ms(), coordinator=coordinator,
-                           job_ids=self._offered[:4], capacity=1)
+        claim = wire.Claim(run_id=self.swarm.run_id, sweep_id=sweep_id, time_ms=_now_ms(),
+                           coordinator=coordinator, job_ids=self._offered[:4], capacity=1)
         self._claimed_at = time.monotonic()
         await self.swarm.publish(self.topic, wire.seal(self.swarm.key, claim))
 
@@ -310,16 +310,19 @@ class SweepWorker:
         try:
             result = await self._runner(lambda: self._execute(spec))
         except (IntellectNodeError, ValueError, RuntimeError) as exc:
-            log.error("job %s failed here: %s", wire.job_id(spec), exc)  # its grant expires; another peer runs it
+            # its grant expires; another peer runs it
+            log.error("job %s failed here: %s", wire.job_id(spec), exc)
             return
         finally:
             self.busy = False
-        msg = wire.Result(run_id=self.swarm.run_id, sweep_id=sweep[1], time_ms=_now_ms(), coordinator=sweep[0],
-                          job_id=wire.job_id(spec), polysemantic=result.polysemantic, sign_hash=result.sign_hash,
+        msg = wire.Result(run_id=self.swarm.run_id, sweep_id=sweep[1], time_ms=_now_ms(),
+                          coordinator=sweep[0], job_id=wire.job_id(spec), polysemantic=result.polysemantic,
+                          sign_hash=result.sign_hash,
                           # A diverged run's NaN loss would fail every validator; the digest is what counts.
                           final_loss=result.final_loss if math.isfinite(result.final_loss) else -1.0,
                           fourth_norm=list(result.fourth_norm),
                           seconds=round(time.monotonic() - t0, 3))
         await self.swarm.publish(self.topic, wire.seal(self.swarm.key, msg))
         self.jobs_done += 1
-        log.info("job %s (n=%d m=%d seed=%d) done in %.1fs", msg.job_id[-8:], spec.n, spec.m, spec.seed, msg.seconds)
+        log.info("job %s (n=%d m=%d seed=%d) done in %.1fs", msg.job_id[-8:], spec.n, spec.m, spec.seed,
+                 msg.seconds)

@@ -2,13 +2,14 @@
 
 - **Inputs.** The trainer listens to verdicts from the run's validators (``run.validator_peer_ids``);
   which verdicts take a batch in, and which queued batches form a step, the pure state machine of
-  ``roles/batching.py`` decides. ``run.verdict_quorum`` of them must accept a batch (default 1; a rejection that comes first refuses
-  it, so one faulty validator can delay work but not get bad work trained on). Votes are counted per
-  (worker, batch), so a peer naming someone else's batch in its own notice cannot get it refused.
+  ``roles/batching.py`` decides. ``run.verdict_quorum`` of them must accept a batch (default 1; a
+  rejection that comes first refuses it, so one faulty validator can delay work but not get bad work
+  trained on). Votes are counted per (worker, batch), so a peer naming someone else's batch in its own
+  notice cannot get it refused.
   Admission fetches the batch blob, decodes it strictly, checks it is the named worker's and in whole
   groups, recomputes every reward from the task (claimed rewards are never used), and *persists* it to
-  ``trainer/inbox`` before queueing it (``roles/inbox.py``). A verdict carrying ``ban`` bans the worker here too, so its
-  later notices and verdict replays are dropped at the gossip validator. In a closed run
+  ``trainer/inbox`` before queueing it (``roles/inbox.py``). A verdict carrying ``ban`` bans the worker
+  here too, so its later notices and verdict replays are dropped at the gossip validator. In a closed run
   (``run.worker_allowlist``) other workers' batches are refused (``not_allowed``).
 - **Each rollout once.** A batch holding a rollout already admitted (same run, version, worker, problem
   and sample index, or rollout ID; ``roles/admission.py``) is refused as ``duplicate`` whatever its blob

@@ -10,8 +10,16 @@ from hypothesis import strategies as st
 from intellect_node.errors import ProtocolError
 from intellect_node.protocol import codec
 from intellect_node.protocol.ids import cid_of
-from intellect_node.protocol.policy import MAX_CHAIN, POLICY_DOMAIN, DeltaLink, PolicyAnnouncement, \
-    announcement_validator, check_announcement, open_announcement, seal_announcement
+from intellect_node.protocol.policy import (
+    MAX_CHAIN,
+    POLICY_DOMAIN,
+    DeltaLink,
+    PolicyAnnouncement,
+    announcement_validator,
+    check_announcement,
+    open_announcement,
+    seal_announcement,
+)
 from intellect_node.protocol.signing import Envelope, SigningKey
 
 RUN = "run-a"
@@ -27,7 +35,8 @@ def _ann(version: int, full_version: int, first_link: int | None = None, **kw: o
                        delta_size=1000 + v) for v in range(max(first, 1), version + 1)]
     fields: dict[str, object] = dict(run_id=RUN, version=version, dtype="BF16", checkpoint_hash=_h(version),
                                      checkpoint_size=10_000, full_version=full_version,
-                                     full_cid=cid_of(b"full %d" % full_version), full_size=10_000, deltas=links)
+                                     full_cid=cid_of(b"full %d" % full_version), full_size=10_000,
+                                     deltas=links)
     fields.update(kw)
     return PolicyAnnouncement(**fields)  # type: ignore[arg-type]
 

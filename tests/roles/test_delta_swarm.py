@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from intellect_node.blobs.service import BlobService
-from intellect_node.roles.policy import ObtainResult, PolicyFollower, PolicyPublisher
 from intellect_node.protocol.policy import announcement_validator
 from intellect_node.protocol.topics import topic
+from intellect_node.roles.policy import ObtainResult, PolicyFollower, PolicyPublisher
 from tests.support.delta import policy_versions
 from tests.support.swarm import line, run, runtime_nodes
 from tests.support.wait import wait_until
@@ -39,12 +39,14 @@ def test_workers_follow_gossiped_versions_by_delta(tmp_path: Path) -> None:
             tasks = []
             for i in (1, 2):
                 fol = PolicyFollower(rts[i].data_dir / "policy", _blobs(rts[i]), run_id=RUN,
-                                     trainer=trainer.peer_id, max_checkpoint_bytes=1 << 24, board=rts[i].board)
+                                     trainer=trainer.peer_id, max_checkpoint_bytes=1 << 24,
+                                     board=rts[i].board)
                 rts[i].swarm.subscribe(policy_topic, announcement_validator(RUN, trainer.peer_id),
                                        lambda ann, origin, fol=fol: fol.offer(ann))
                 tasks.append(asyncio.create_task(fol.follow(lambda r, i=i: got[i].append(r))))
             trainer.subscribe(policy_topic, announcement_validator(RUN, trainer.peer_id), lambda m, o: None)
-            await wait_until(lambda: rts[1].swarm.mesh_peers(policy_topic) and rts[2].swarm.mesh_peers(policy_topic)
+            await wait_until(lambda: rts[1].swarm.mesh_peers(policy_topic)
+                             and rts[2].swarm.mesh_peers(policy_topic)
                              and trainer.mesh_peers(policy_topic), 20, what="policy meshes")
             try:
                 for v in range(3):

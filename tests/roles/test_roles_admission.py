@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
+from intellect_node.protocol.rollout import decode_batch
 from intellect_node.roles.admission import rollout_keys
 from intellect_node.roles.common import read_blob
-from intellect_node.protocol.rollout import decode_batch
-from tests.support.wait import wait_for
 from tests.support.roles import CheatProcess, hostile_process, listen_addr, make_key, start_role, write_config
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -46,8 +46,10 @@ def test_validator_refuses_resubmitted_rollouts_once_verified_and_bans(tmp_path:
         write_config(tmp_path / "cheat", bootstrap=[t_addr, v_addr], **common)  # type: ignore[arg-type]
         cheat = CheatProcess(tmp_path / "cheat", "replay")
         procs.append(cheat)
-        wait_for(lambda: validator.status()["validator"]["banned"] >= 1, timeout=400, what="the replayer banned")
-        wait_for(lambda: trainer.status()["trainer"]["banned"] >= 1, timeout=60, what="the ban at the trainer")
+        wait_for(lambda: validator.status()["validator"]["banned"] >= 1, timeout=400,
+                 what="the replayer banned")
+        wait_for(lambda: trainer.status()["trainer"]["banned"] >= 1, timeout=60,
+                 what="the ban at the trainer")
         vstat = validator.status()["validator"]
         tstat = trainer.status()["trainer"]
     finally:

@@ -11,10 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from intellect_node.roles.admission import AdmittedJournal, BoundedMap, SeenRollouts, describe_key, \
-    rollout_keys
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.rollout import RolloutRecord, SamplingParams
+from intellect_node.roles.admission import (
+    AdmittedJournal,
+    BoundedMap,
+    SeenRollouts,
+    describe_key,
+    rollout_keys,
+)
 from tests.support.common import REPO
 
 CKPT = cid_of(b"ckpt")
@@ -123,9 +128,9 @@ def test_the_run_allowlist_is_checked_in_config_gossip_and_at_worker_start(tmp_p
 
     from intellect_node.errors import ConfigError, ProtocolError
     from intellect_node.node.config import build_config
-    from intellect_node.roles.common import require_allowed
     from intellect_node.protocol.rl import RolloutNotice, notice_validator, seal_notice
     from intellect_node.protocol.signing import SigningKey
+    from intellect_node.roles.common import require_allowed
 
     member, stranger = SigningKey.generate(), SigningKey.generate()
     with pytest.raises(ConfigError) as e:

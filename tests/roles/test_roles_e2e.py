@@ -20,17 +20,16 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from intellect_node.trainer.checkpoint import latest_weights_path
 from intellect_node.inference.evaluate import pass_rate, with_weights
 from intellect_node.models.loader import load_model
-from tests.support.wait import wait_for
+from intellect_node.trainer.checkpoint import latest_weights_path
 from tests.support.roles import CheatProcess, listen_addr, make_key, start_role, write_config
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -90,7 +89,8 @@ def test_swarm_learns_rejects_cheats_and_survives_a_trainer_sigkill(tmp_path: Pa
         assert trainer2.status()["trainer"]["version"] >= v_ckpt
         assert f"resumed at policy v{v_ckpt} " in trainer2.log_path.read_text(errors="replace")
 
-        wait_for(lambda: len(_trained(tmp_path / "trainer")) >= TOTAL, timeout=900, what=f"{TOTAL} trained steps")
+        wait_for(lambda: len(_trained(tmp_path / "trainer")) >= TOTAL, timeout=900,
+                 what=f"{TOTAL} trained steps")
         vstat = validator.status()["validator"]
         w_stats = [w.status()["worker"] for w in (w1, w2)]
         cstat = cheat.status()["worker"]

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.wait import wait_for
 from tests.support.roles import hostile_process, listen_addr, make_key, start_role
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -40,8 +40,8 @@ def test_flooding_and_tarpitting_peers_barely_delay_honest_verdicts(tmp_path: Pa
     from intellect_node.models.loader import embedded_model_dir
 
     ids = {n: make_key(tmp_path / n) for n in ("trainer", "validator", "worker", "flood", "tarpit")}
-    common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=str(embedded_model_dir()), rl=RL,
-                  validator=VALIDATOR)
+    common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=str(embedded_model_dir()),
+                  rl=RL, validator=VALIDATOR)
     procs: list[Any] = []
 
     def vstat() -> dict[str, Any]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from intellect_node.roles.intake import Intake, Limits, TokenBucket
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.rl import RolloutNotice
+from intellect_node.roles.intake import Intake, Limits, TokenBucket
 
 
 def _n(i: int, version: int = 0, size: int = 1000) -> RolloutNotice:

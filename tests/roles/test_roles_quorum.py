@@ -10,8 +10,8 @@ import pytest
 
 from intellect_node.errors import ConfigError
 from intellect_node.node.config import load_config
-from intellect_node.roles.batching import VerdictTally
 from intellect_node.protocol.signing import SigningKey
+from intellect_node.roles.batching import VerdictTally
 
 
 def test_quorum_of_distinct_acceptances_and_rejection_first_refuses() -> None:
@@ -54,8 +54,8 @@ def test_a_quorum_of_two_trains_only_on_batches_both_validators_accepted(tmp_pat
     """Real processes on loopback: with ``verdict_quorum = 2`` the trainer does not train on batches that
     only one validator has accepted; once the second validator is up, it trains."""
     from intellect_node.models.loader import embedded_model_dir
-    from tests.support.wait import wait_for
     from tests.support.roles import listen_addr, make_key, start_role
+    from tests.support.wait import wait_for
 
     rl = dict(group_size=8, problems_per_batch=4, groups_per_step=4, max_new_tokens=5, batches_per_version=1)
     ids = {n: make_key(tmp_path / n) for n in ("trainer", "va", "vb", "w")}

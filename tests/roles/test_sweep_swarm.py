@@ -11,13 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.support.common import run_cli
-from tests.support.sweep import run_with_forgers
-from tests.support.wait import wait_for
 
 from intellect_node.node import control
 from intellect_node.p2p.identity import load_key
 from intellect_node.research import sweep as S
+from tests.support.common import run_cli
+from tests.support.sweep import run_with_forgers
+from tests.support.wait import wait_for
 
 
 # About 40 s on an idle 2-core machine; the bounds leave room for a heavily shared one (4 processes start).
@@ -25,8 +25,8 @@ from intellect_node.research import sweep as S
 @pytest.mark.timeout(600)
 def test_forger_caught_banned_and_redone_on_a_local_swarm(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
-    proc = run_with_forgers([0], "sweep", "polysemanticity", "--grid", "tiny", "--workers", "3", "--out", str(out),
-                            "--check-fraction", "1.0", timeout=540)
+    proc = run_with_forgers([0], "sweep", "polysemanticity", "--grid", "tiny", "--workers", "3",
+                            "--out", str(out), "--check-fraction", "1.0", timeout=540)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     forger = load_key(out / "workers" / "w0").peer_id
     honest = {load_key(out / "workers" / f"w{i}").peer_id for i in (1, 2)}
@@ -63,8 +63,9 @@ def test_join_submits_to_a_running_sweep_worker(tmp_path: Path) -> None:
     wdir = tmp_path / "worker"
     wdir.mkdir()
     worker = subprocess.Popen(
-        [sys.executable, "-m", "intellect_node.cli", "sweep", "worker", "--data-dir", str(wdir), "--run-id", "sweep",
-         "--heartbeat-interval", "1", "--peer-timeout", "15", "--log-file", str(wdir / "worker.log")],
+        [sys.executable, "-m", "intellect_node.cli", "sweep", "worker", "--data-dir", str(wdir),
+         "--run-id", "sweep", "--heartbeat-interval", "1", "--peer-timeout", "15",
+         "--log-file", str(wdir / "worker.log")],
         env=dict(os.environ, OMP_NUM_THREADS="1"), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
     try:
