@@ -10,14 +10,10 @@ setup:
 demo: setup
 	$(VENV)/bin/intellect-node demo
 
-# ruff over the code, mypy (strict) over the pure packages (their list is [tool.mypy] in pyproject.toml);
-# either failing fails `make test` before a test runs. RUFF_PATHS (not LINT: make predefines that) is the
-# part of `intellect_node tests bench scripts` made clean so far (issue #14: the rest joins it once the
-# concurrent edits there have landed).
-RUFF_PATHS ?= intellect_node/protocol intellect_node/proofs intellect_node/p2p intellect_node/blobs \
-	$(filter-out intellect_node/inference/verifier.py,$(wildcard intellect_node/inference/*.py)) \
-	intellect_node/models intellect_node/errors.py intellect_node/fsutil.py \
-	tests/p2p tests/blobs tests/protocol tests/proofs
+# ruff over the whole tree, mypy (strict) over the pure packages (their list is [tool.mypy] in
+# pyproject.toml); either failing fails `make test` before a test runs. RUFF_PATHS, not LINT: make
+# predefines that.
+RUFF_PATHS ?= intellect_node tests bench scripts
 lint: setup
 	$(VENV)/bin/ruff check $(RUFF_PATHS)
 	$(VENV)/bin/mypy
