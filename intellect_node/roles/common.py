@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from intellect_node.blobs.service import BlobService
 from intellect_node.errors import ConfigError, IntegrityError, TransportError
@@ -29,7 +29,7 @@ from intellect_node.trainer.step import Sample
 from intellect_node.trainer.tasks import Problem, Task, get_task
 
 if TYPE_CHECKING:
-    from intellect_node.blobs.fetch import FetchStats
+    from intellect_node.blobs.fetch import FetchStats, Provider
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class HintedFetcher:
         self._fetcher = Fetcher(blobs.store, [self._http], self._find, self_peer_id=swarm.peer_id,
                                 penalise=swarm.peerbook.record_rejection, is_banned=swarm.peerbook.is_banned)
 
-    async def _find(self, cid: str) -> list[Any]:
+    async def _find(self, cid: str) -> Sequence[Provider]:
         from intellect_node.blobs.fetch import StaticProvider
 
         hinted = [StaticProvider(p, url) for p in dict.fromkeys(self._hints.get(cid, []))
@@ -236,6 +236,6 @@ def record_to_sample(r: RolloutRecord, reward: float) -> Sample:
                   task_id=r.problem_id)
 
 
-def rescore(r: RolloutRecord, problem: Problem, decode: Any) -> float:
+def rescore(r: RolloutRecord, problem: Problem, decode: Callable[[list[int]], str]) -> float:
     """The reward recomputed from the task (a worker's claimed reward is never used)."""
     return problem.reward(decode(list(r.completion_tokens)))

@@ -30,9 +30,12 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from intellect_node.protocol.rl import RolloutNotice
+
+if TYPE_CHECKING:
+    from intellect_node.node.config import ValidatorConfig
 
 MAX_PEERS = 4096
 """Peers whose buckets and queues are kept; past it an idle one is forgotten (keys are free to make, so
@@ -64,7 +67,7 @@ class Limits:
     park_s: float = 30.0
 
     @classmethod
-    def from_config(cls, vc: Any, *, max_batch_bytes: int) -> "Limits":
+    def from_config(cls, vc: ValidatorConfig, *, max_batch_bytes: int) -> Limits:
         """From a ``ValidatorConfig``; the bytes bucket always holds one largest batch."""
         return cls(peer_queue=vc.peer_queue, notices_per_s=vc.peer_notices_per_min / 60.0,
                    notice_burst=float(vc.peer_notice_burst), bytes_per_s=float(vc.peer_bytes_per_s),

@@ -37,7 +37,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping, Protocol
+from typing import Awaitable, Callable, Mapping, Protocol
 
 import torch
 
@@ -52,6 +52,7 @@ from intellect_node.errors import (
     TransportError,
 )
 from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
+from intellect_node.node.status import StatusBoard
 from intellect_node.protocol.blob import Manifest
 from intellect_node.protocol.policy import (
     MAX_CHAIN,
@@ -103,7 +104,7 @@ class PolicyPublisher:
 
     def __init__(self, root: str | os.PathLike[str], blobs: BlobService, key: SigningKey, run_id: str, *,
                  full_every: int = DEFAULT_FULL_EVERY, zstd_level: int = ZSTD_LEVEL,
-                 dense_kinds: tuple[str, ...] = DENSE_KINDS, board: Any = None) -> None:
+                 dense_kinds: tuple[str, ...] = DENSE_KINDS, board: StatusBoard | None = None) -> None:
         if not 1 <= full_every <= MAX_CHAIN:
             raise ConfigError(f"full_every must be in [1, {MAX_CHAIN}] (an announcement carries at most "
                               f"{MAX_CHAIN} delta links); got {full_every}", field="full_every")
@@ -234,7 +235,7 @@ class PolicyFollower:
     """A worker's side. Holds one version (in memory and on disk); ``obtain`` calls are serialised."""
 
     def __init__(self, root: str | os.PathLike[str], blobs: PolicyBlobs, *, run_id: str, trainer: str,
-                 max_checkpoint_bytes: int, board: Any = None,
+                 max_checkpoint_bytes: int, board: StatusBoard | None = None,
                  on_reject: Callable[[str, str], object] | None = None) -> None:
         if max_checkpoint_bytes <= 0:
             raise ConfigError("max_checkpoint_bytes must be positive", field="max_checkpoint_bytes")

@@ -43,6 +43,7 @@ import logging
 import random
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -165,7 +166,7 @@ class Validator:
                 "strikes_by_worker": dict(self.strikes.items()),
                 "latency_s": {w: list(d) for w, d in self.latency.items()}}
 
-    def _notice_validator(self) -> Any:
+    def _notice_validator(self) -> Callable[[bytes, str], tuple[RolloutNotice, str]]:
         """The protocol's notice check plus a count of the closed run's refusals (trio thread)."""
         check = notice_validator(self.run_id, allowed=self.allowed or None)
 
