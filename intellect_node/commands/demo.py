@@ -355,6 +355,9 @@ def register(app: typer.Typer) -> None:
             raise KeyboardInterrupt  # unwinds into the same clean stop as Ctrl-C
 
         old = signal.signal(signal.SIGTERM, on_term)
+        # Ctrl-C and `kill -INT` stop the demo even when it was started with SIGINT ignored (a
+        # non-interactive shell's `&` does that to its background jobs, and Python keeps it ignored).
+        old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
         code = 1
         try:
             try:
@@ -374,6 +377,7 @@ def register(app: typer.Typer) -> None:
             code = 0 if stopping["sig"] or not headless else 130
         finally:
             signal.signal(signal.SIGTERM, old)
+            signal.signal(signal.SIGINT, old_int)
             if temp and code == 0:
                 try:
                     kept = keep_logs(swarm, demo_log_root() / rid)
