@@ -60,6 +60,11 @@ STALL_S = 15.0
 REDISCOVER_ROUNDS = 5
 """How many times a fetch looks for providers again when all it knows have dropped out."""
 
+FIND_TIMEOUT_S = 30.0
+"""While no provider has answered yet, a fetch keeps looking this long, beyond REDISCOVER_ROUNDS: a
+provider record takes a moment to reach the peers close to the key (a ``blob put`` on another node a
+second ago, a node behind NAT announcing through its relays, a loaded machine)."""
+
 
 class Provider(Protocol):
     """A peer that may hold a blob: what ``swarm.find_providers`` returns."""
@@ -113,6 +118,7 @@ class FetchStats:
     chunks_resumed: int = 0  # already on disk when the fetch started
     bytes_fetched: int = 0
     failures: dict[str, int] = field(default_factory=dict)  # peer ID -> transport failures
+    lookups: list[str] = field(default_factory=list)  # what each provider lookup found, for the error
     bad: dict[str, str] = field(default_factory=dict)  # peer ID -> why it was dropped as malicious
     endgame_requests: int = 0  # duplicate requests for chunks slow to arrive elsewhere
     by_provider: dict[str, int] = field(default_factory=dict)  # peer ID -> chunks received
@@ -142,7 +148,7 @@ class Fetcher:
     def __init__(self, store: BlobStore, sources: Sequence[ChunkSource], find_providers: FindProviders,
                  *, self_peer_id: str = "", penalise: Penalise | None = None,
                  is_banned: Callable[[str], bool] | None = None, per_provider: int = PER_PROVIDER,
-                 max_inflight: int = MAX_INFLIGHT) -> None:
+                 max_inflight: int = MAX_INFLIGHT, find_timeout: float = FIND_TIMEOUT_S) -> None:
         self.store = store
         self.sources = list(sources)
         self._find = find_providers
@@ -151,6 +157,7 @@ class Fetcher:
         self._is_banned = is_banned or (lambda peer: False)
         self.per_provider = per_provider
         self.max_inflight = max_inflight
+        self.find_timeout = find_timeout
 
     def _source_for(self, provider: Provider) -> ChunkSource | None:
         for s in self.sources:
@@ -158,22 +165,29 @@ class Fetcher:
                 return s
         return None
 
-    async def _providers(self, cid: str, bad: dict[str, str]) -> list[_Peer]:
+    async def _providers(self, cid: str, stats: FetchStats) -> list[_Peer]:
         try:
             found = await self._find(cid)
         except IntellectNodeError as exc:  # a failed lookup is one empty round, not the end of the fetch
             log.info("provider lookup for %s failed: %s", cid, exc)
+            stats.lookups.append(f"lookup failed: {exc}")
             return []
         seen: set[str] = set()
         out: list[_Peer] = []
+        skipped = 0
         for p in found:  # DHT answers can repeat a provider
-            if p.peer_id in seen or p.peer_id == self._self or p.peer_id in bad or self._is_banned(p.peer_id):
-                continue
-            src = self._source_for(p)
-            if src is None:
+            if p.peer_id in seen or p.peer_id == self._self:
                 continue
             seen.add(p.peer_id)
+            src = self._source_for(p)
+            if p.peer_id in stats.bad or self._is_banned(p.peer_id) or src is None:
+                skipped += 1
+                continue
             out.append(_Peer(p, src))
+        note = f"{len(out)} provider(s)"
+        if skipped:
+            note += f", {skipped} skipped (banned, dropped as bad, or no usable address)"
+        stats.lookups.append(note)
         return out
 
     async def get_manifest(self, cid: str, peers: list[_Peer], stats: FetchStats) -> Manifest:
@@ -201,7 +215,8 @@ class Fetcher:
     async def fetch(self, cid: str, *, on_progress: Callable[[Progress], None] | None = None,
                     on_manifest: Callable[[Manifest], None] | None = None) -> FetchStats:
         """Fetch blob ``cid`` completely into the store. Raises TransportError when no provider can
-        supply the remaining chunks after :data:`REDISCOVER_ROUNDS` lookups."""
+        supply the remaining chunks after :data:`REDISCOVER_ROUNDS` lookups (and, while no manifest has
+        arrived, not before :data:`FIND_TIMEOUT_S`); the error says what each lookup found."""
         t0 = time.monotonic()
         stats = FetchStats()
 
@@ -213,26 +228,51 @@ class Fetcher:
         m = self.store.manifest(cid)
         if m is not None:
             got_manifest(m)
-        for round_ in range(REDISCOVER_ROUNDS):
+        round_ = 0
+        answered = False  # some lookup found a provider
+        while True:
             if m is not None and not self.store.missing(cid):
+                break
+            # Until a manifest arrived, time bounds the search too (records still spreading, see above).
+            if round_ >= REDISCOVER_ROUNDS and (m is not None or time.monotonic() - t0 >= self.find_timeout):
                 break
             if round_:
                 await asyncio.sleep(min(2.0, 0.25 * 2 ** round_))  # back off between lookups
-            peers = await self._providers(cid, stats.bad)
+            round_ += 1
+            peers = await self._providers(cid, stats)
+            answered = answered or bool(peers)
             if m is None:
                 try:
                     m = await self.get_manifest(cid, peers, stats)
                 except TransportError as exc:
                     log.info("manifest %s: %s", cid, exc)
+                    if peers:
+                        stats.lookups[-1] += f"; manifest: {exc}"
                     continue
                 got_manifest(m)
             if peers:
                 await _Download(self, cid, m, peers, stats, on_progress).run()
         if m is None or self.store.missing(cid):
-            raise TransportError(f"could not complete blob {cid}: providers exhausted "
-                                 f"(failures {stats.failures}, bad {list(stats.bad)})")
+            elapsed = time.monotonic() - t0
+            if m is None:
+                found = "no provider found" if not answered else "no provider served its manifest"
+                raise TransportError(
+                    f"could not fetch blob {cid}: {found} in {round_} DHT lookups over {elapsed:.0f} s "
+                    f"({_summary(stats.lookups)}); is a node that holds it online and connected to this "
+                    "swarm?")
+            raise TransportError(f"could not complete blob {cid}: providers exhausted after {round_} lookups "
+                                 f"({_summary(stats.lookups)}; transport failures {stats.failures}, "
+                                 f"dropped as bad {stats.bad})")
         stats.seconds = time.monotonic() - t0
         return stats
+
+
+def _summary(lookups: list[str]) -> str:
+    """The distinct outcomes of the lookups, in order, with counts: short enough for one error line."""
+    counts: dict[str, int] = {}
+    for note in lookups:
+        counts[note] = counts.get(note, 0) + 1
+    return "; ".join(f"{n}x {note}" if n > 1 else note for note, n in counts.items()) or "no lookup"
 
 
 class _Download:

@@ -37,6 +37,8 @@ from intellect_node.protocol.signing import SigningKey
 log = logging.getLogger(__name__)
 
 BLOBS_DIR = "blobs"
+PUT_ANNOUNCE_WAIT_S = 20.0
+"""``blob put`` through a running node returns once the provider record is out, or after this long."""
 
 
 async def _no_providers(cid: str) -> Sequence[Provider]:
@@ -104,10 +106,11 @@ class BlobService:
             self._http = None
         await asyncio.to_thread(self.store.close)
 
-    def _announce(self, cid: str) -> None:
-        """Provide ``cid`` in the DHT in the background (about half a second per record)."""
+    def _announce(self, cid: str) -> asyncio.Task[None] | None:
+        """Provide ``cid`` in the DHT in the background (about half a second per record); returns the
+        task, or None when it was announced already."""
         if cid in self._provided:
-            return
+            return None
         self._provided.add(cid)
 
         async def run() -> None:
@@ -119,17 +122,18 @@ class BlobService:
                 self._provided.discard(cid)
                 log.warning("could not announce blob %s: %s", cid, exc)
 
-        self._background(run())
+        return self._background(run())
 
     async def settle(self) -> None:
         """Wait for the background work started so far (DHT announcements, flushes)."""
         while pending := [t for t in self._tasks if not t.done()]:
             await asyncio.gather(*pending, return_exceptions=True)
 
-    def _background(self, coro: Awaitable[None]) -> None:
+    def _background(self, coro: Awaitable[None]) -> asyncio.Task[None]:
         t = asyncio.ensure_future(coro)
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
+        return t
 
     def status(self) -> dict[str, Any]:
         blobs = []
@@ -147,13 +151,18 @@ class BlobService:
     def routes(self) -> list[web.RouteDef]:
         return blob_routes(self.store, self.serve_stats)
 
-    async def put_file(self, path: str | Path, *, name: str | None = None,
-                       chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[str, Manifest]:
+    async def put_file(self, path: str | Path, *, name: str | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                       wait_announced: float = 0.0) -> tuple[str, Manifest]:
+        """Add a file as a blob and announce it; with ``wait_announced`` > 0, return once the DHT
+        provider record is out (or that many seconds passed; the announcement goes on regardless)."""
         cid, m = await asyncio.to_thread(self.store.add_file, path, self.key, name=name,
                                          chunk_size=chunk_size)
-        self._announce(cid)
+        announcing = self._announce(cid)
         if self._board is not None:
             self._board.shard_done(cid, new_bytes=0)
+        if announcing is not None and wait_announced > 0:
+            # A caller that prints the CID expects others to find it right away: wait for the record.
+            await asyncio.wait({announcing}, timeout=wait_announced)
         return cid, m
 
     async def fetch(self, cid: str, *, out: str | Path | None = None,
@@ -212,7 +221,8 @@ class BlobService:
         chunk_size = body.get("chunk_size") or DEFAULT_CHUNK_SIZE
         name = body.get("name") or None
         try:
-            cid, m = await self.put_file(path, name=name, chunk_size=int(chunk_size))
+            cid, m = await self.put_file(path, name=name, chunk_size=int(chunk_size),
+                                         wait_announced=PUT_ANNOUNCE_WAIT_S)
         except (ConfigError, ProtocolError, OSError) as exc:
             raise web.HTTPBadRequest(text=str(exc)) from exc
         return web.json_response({"cid": cid, "size": m.total_size, "chunks": len(m.chunks), "name": m.name})
