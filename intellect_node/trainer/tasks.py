@@ -46,6 +46,9 @@ class Problem:
     prompt: str
     answer: str
     checker: str = "exact"
+    system: str = ""
+    """System prompt the chat template renders before ``prompt`` (empty: none); part of the run's task
+    settings, so every node renders the same prompt tokens."""
 
     def reward(self, completion: str) -> float:
         try:
