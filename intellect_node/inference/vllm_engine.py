@@ -13,50 +13,98 @@ Shortcuts and caveats (facts from shared/notes/inference-and-toploc.md):
 * rows are matched to requests through ``model_runner.input_batch.req_ids`` (vLLM internals, so the
   version is pinned by ``scripts/setup-vllm.sh``); chunked prefill is disabled so every row is a
   sampled token;
-* ``enforce_eager=True`` (no graph capture) and a small KV cache (``VLLM_CPU_KVCACHE_SPACE=1`` GiB).
+* ``enforce_eager=True`` by default (no graph capture); on CPU a small KV cache
+  (``VLLM_CPU_KVCACHE_SPACE``, 1 GiB by default), on CUDA a share of the GPU (``gpu_memory_fraction``);
+* vLLM takes the first visible GPU: for another one, start the node with ``CUDA_VISIBLE_DEVICES``;
+* policy versions are swapped in place (:meth:`VllmEngine.load_weights`, the model's own HF-name
+  loader), not by restarting vLLM; a lock keeps a swap from landing inside a generation.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from intellect_node.errors import ConfigError
 from intellect_node.inference.base import Generation, SamplingConfig
-from intellect_node.models.loader import CharTokenizer, resolve_model_dir
+from intellect_node.models.loader import resolve_model_dir
 from intellect_node.proofs import sampling as S
+
+
+def eos_ids(path: Path) -> list[int]:
+    """The model's end-of-sequence IDs: generation_config.json, else config.json (int or list). Several
+    are usual (Llama 3 ends turns with two); vLLM stops at any of them."""
+    for name in ("generation_config.json", "config.json"):
+        try:
+            value = json.loads((path / name).read_text()).get("eos_token_id")
+        except (OSError, ValueError):
+            continue
+        if isinstance(value, int):
+            return [value]
+        if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+            return list(value)
+    raise ConfigError(f"{path}: no eos_token_id in generation_config.json or config.json; vLLM would "
+                      "never stop a completion", field="model")
 
 
 class VllmEngine:
     name = "vllm"
 
     def __init__(self, model: str | Path | None = None, dtype: str = "float32", max_model_len: int = 256,
-                 max_num_seqs: int = 64) -> None:
+                 max_num_seqs: int = 64, *, device: str = "cpu", gpu_memory_fraction: float = 0.85,
+                 max_num_batched_tokens: int | None = None, enforce_eager: bool = True,
+                 cpu_kvcache_gib: int = 1) -> None:
+        if device.startswith("cuda:") and device != "cuda:0":
+            raise ConfigError(f"vLLM runs on the first visible GPU; for {device} start the node with "
+                              f"CUDA_VISIBLE_DEVICES={device.split(':')[1]} and inference.device = \"cuda\"",
+                              field="inference.device")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if not device.startswith("cuda"):
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kvcache_gib))
         try:
             from vllm import LLM
         except ImportError as exc:
             raise ConfigError("the vLLM engine needs vllm: run `make test-vllm` (or scripts/setup-vllm.sh) "
-                              "and use .venv-vllm", field="engine") from exc
+                              "and use .venv-vllm, or `pip install vllm` on CUDA", field="inference.engine") from exc
         path = resolve_model_dir(model)
         self.dtype = dtype
-        tok = CharTokenizer(path / "tokenizer.json")
-        self.eos_id = tok.eos_id
-        self.llm = LLM(model=str(path), dtype=dtype, max_model_len=max_model_len, enforce_eager=True, seed=0,
-                       skip_tokenizer_init=True, enable_chunked_prefill=False, max_num_seqs=max_num_seqs,
-                       max_num_batched_tokens=max(max_model_len * max_num_seqs, 2048),
-                       enable_prefix_caching=False)
+        self.device = device
+        self.eos_ids = eos_ids(path)
+        self.eos_id = self.eos_ids[0]
+        # Chunked prefill is off, so one pass must hold a whole context.
+        batched = max(max_num_batched_tokens or max_model_len * max_num_seqs, max_model_len, 2048)
+        extra: dict[str, Any] = {}
+        if device.startswith("cuda"):
+            extra["gpu_memory_utilization"] = gpu_memory_fraction
+        self.llm = LLM(model=str(path), dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager,
+                       seed=0, skip_tokenizer_init=True, enable_chunked_prefill=False,
+                       max_num_seqs=max_num_seqs, max_num_batched_tokens=batched,
+                       enable_prefix_caching=False, **extra)
         self._runner = self._find_runner()
+        self._lock = threading.Lock()  # one generation or weight swap at a time
         self._sampling: SamplingConfig | None = None
         self._steps: list[tuple[torch.Tensor, ...]] = []
         self._count: dict[int, int] = {}                 # our row -> tokens drawn so far
         self._req: dict[str, tuple[int, int]] = {}       # vLLM request id -> (our row, noise key)
         self._vocab = int(self._runner.model_config.get_vocab_size())
         self._runner.get_model().logits_processor.register_forward_hook(self._hook)
+
+    def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Swap in a policy version's weights (Hugging Face names, as in the model folder) without
+        restarting vLLM: the model's own loader maps them (fused QKV, gate/up) onto its parameters."""
+        model = self._runner.get_model()
+        with self._lock, torch.inference_mode():
+            loaded = model.load_weights(iter(state.items()))
+        if loaded is not None:
+            missing = {n for n, _ in model.named_parameters()} - set(loaded)
+            if missing:
+                raise ConfigError(f"vLLM's model kept {len(missing)} parameters the checkpoint did not set "
+                                  f"(e.g. {sorted(missing)[:3]})", field="model")
 
     def _find_runner(self) -> Any:
         executor = self.llm.llm_engine.model_executor
@@ -104,27 +152,28 @@ class VllmEngine:
 
         if len(prompts) != len(keys) or not prompts:
             raise ConfigError("generate needs one noise key per prompt (and at least one prompt)")
-        stop = [] if sampling.ignore_eos else [self.eos_id]
+        stop = [] if sampling.ignore_eos else list(self.eos_ids)
         params = [SamplingParams(temperature=0.0, max_tokens=sampling.max_new_tokens, detokenize=False,
                                  ignore_eos=sampling.ignore_eos, stop_token_ids=stop,
                                  extra_args={"intellect_key": int(k), "intellect_row": i})
                   for i, k in enumerate(keys)]
-        self._sampling, self._steps, self._count, self._req = sampling, [], {}, {}
-        try:
-            outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
-                                     use_tqdm=False)
-        finally:
-            self._sampling = None
-        owners, positions, toks, lps, hids = (torch.cat(parts) for parts in zip(*self._steps))
-        self._steps = []
+        with self._lock:
+            self._sampling, self._steps, self._count, self._req = sampling, [], {}, {}
+            try:
+                outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+                                         use_tqdm=False)
+            finally:
+                self._sampling = None
+            owners, positions, toks, lps, hids = (torch.cat(parts) for parts in zip(*self._steps))
+            self._steps = []
         result = []
         for i, (p, out) in enumerate(zip(prompts, outs)):
             sel = (owners == i).nonzero().view(-1)
             sel = sel[positions[sel].argsort()]
             drawn = toks[sel].tolist()
             tokens = list(out.outputs[0].token_ids)
-            if not sampling.ignore_eos and len(drawn) > len(tokens) and drawn[len(tokens)] == self.eos_id:
-                tokens.append(self.eos_id)  # a stop token left out of the output
+            if not sampling.ignore_eos and len(drawn) > len(tokens) and drawn[len(tokens)] in self.eos_ids:
+                tokens.append(drawn[len(tokens)])  # a stop token left out of the output
             if drawn[:len(tokens)] != tokens:
                 raise RuntimeError(f"vLLM emitted other tokens than the seeded sampler for {out.request_id}")
             sel = sel[:len(tokens)]

