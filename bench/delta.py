@@ -92,14 +92,14 @@ def report(label: str, rows: list[dict[str, Any]]) -> None:
 
 # ------------------------------------------------------------------------------------ embedded model
 def grpo_updates(model_dir: str | None, steps: int, lr: float) -> list[dict[str, torch.Tensor]]:
-    from intellect_node.models.loader import CharTokenizer, load_hf_model, resolve_model_dir
+    from intellect_node.models.loader import ModelTokenizer, load_hf_model, resolve_model_dir
     from intellect_node.trainer.grpo import GRPOConfig
     from intellect_node.trainer.step import Sample, make_optimizer, train_step
     from intellect_node.trainer.tasks import embedded_task
 
     path = resolve_model_dir(model_dir)
     model = load_hf_model(path, "float32")
-    tok = CharTokenizer(path / "tokenizer.json")
+    tok = ModelTokenizer(path)
     task, rng, gen = embedded_task(), random.Random(0), torch.Generator().manual_seed(0)
     cfg = GRPOConfig()
     opt = make_optimizer(model, lr)

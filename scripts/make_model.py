@@ -40,7 +40,7 @@ from intellect_node.models.loader import (  # noqa: E402
     EOS,
     PAD,
     VOCAB_SIZE,
-    CharTokenizer,
+    ModelTokenizer,
     embedded_config,
     write_tokenizer_files,
 )
@@ -48,7 +48,7 @@ from intellect_node.trainer.tasks import embedded_task  # noqa: E402
 
 
 @torch.no_grad()
-def sampled_pass_rate(model, tok: CharTokenizer, problems, gen: torch.Generator,  # type: ignore[no-untyped-def]
+def sampled_pass_rate(model, tok: ModelTokenizer, problems, gen: torch.Generator,  # type: ignore[no-untyped-def]
                       greedy: bool = False) -> float:
     """Pass rate of temperature-1 samples (no cache: 5 new tokens on a 9-token prompt is cheap)."""
     ids = torch.tensor([tok.prompt_ids(p.prompt) for p in problems])
@@ -85,7 +85,7 @@ def main() -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     write_tokenizer_files(args.out)
-    tok = CharTokenizer(args.out / "tokenizer.json")
+    tok = ModelTokenizer(args.out)
     model = LlamaForCausalLM(embedded_config()).float()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     task = embedded_task()

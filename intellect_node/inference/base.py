@@ -9,7 +9,7 @@ back as float32 on the CPU whatever the engine's dtype, shape ``[n_tokens, hidde
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Collection, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -29,7 +29,7 @@ class SamplingConfig:
 class Generation:
     prompt_tokens: list[int]
     tokens: list[int]
-    """Generated tokens, ending with ``<eos>`` unless max_new_tokens was reached first."""
+    """Generated tokens, ending with an EOS ID unless max_new_tokens was reached first."""
     logprobs: list[float]
     hidden: torch.Tensor
     """[len(tokens), hidden] float32: the final-norm hidden state each token was sampled from."""
@@ -40,6 +40,8 @@ class InferenceEngine(Protocol):
     name: str
     dtype: str
     eos_id: int
+    eos_ids: Collection[int]
+    """Every token ID that ends a completion (chat models have several); ``eos_id`` is the first."""
 
     def generate(self, prompts: Sequence[Sequence[int]], keys: Sequence[int],
                  sampling: SamplingConfig) -> list[Generation]: ...

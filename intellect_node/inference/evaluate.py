@@ -65,7 +65,8 @@ def pass_rate(model: LoadedModel, *, task: Task | None = None, n: int = 512, see
     with torch.inference_mode():
         for i in range(0, n, batch):
             chunk = problems[i:i + batch]
-            gens = engine.generate([tok.prompt_ids(p.prompt) for p in chunk], keys[i:i + batch], sampling)
+            gens = engine.generate([tok.prompt_ids(p.prompt, system=p.system or None) for p in chunk],
+                                   keys[i:i + batch], sampling)
             solved += sum(p.reward(tok.decode(g.tokens)) for p, g in zip(chunk, gens))
     return solved / n
 
@@ -86,7 +87,8 @@ def solve_rates(engine: TorchEngine, problems: Sequence[Problem], samples: int, 
     def rewards(chunk: Sequence[Problem], n: int) -> list[list[float]]:
         flat = [p for p in chunk for _ in range(n)]
         keys = [rollout_key(rng.getrandbits(63), f"solve-rate-{i}") for i in range(len(flat))]
-        gens = engine.generate([tok.prompt_ids(p.prompt) for p in flat], keys, sampling)
+        gens = engine.generate([tok.prompt_ids(p.prompt, system=p.system or None) for p in flat], keys,
+                               sampling)
         scores = [p.reward(tok.decode(g.tokens)) for p, g in zip(flat, gens)]
         return [scores[i * n:(i + 1) * n] for i in range(len(chunk))]
 

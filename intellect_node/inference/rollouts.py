@@ -1,6 +1,7 @@
 """Turn engine generations into signed rollout records (what a worker submits).
 
-For each problem: tokenize ``<bos> + prompt``, sample with the engine (noise key from the rollout's seed
+For each problem: build the prompt's token IDs with the model's chat template (and the task's system
+prompt; ``ModelTokenizer.prompt_ids``), sample with the engine (noise key from the rollout's seed
 and ID; unless given, the seed of the k-th repeat of a problem is ``group_seed(run, version, worker,
 problem, k)`` for its k-th occurrence in the batch, which validators recompute), build the TOPLOC
 proofs from the returned hidden states, score the completion with the task's checker, and sign the
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from intellect_node.inference.base import InferenceEngine, SamplingConfig
-from intellect_node.models.loader import CharTokenizer
+from intellect_node.models.tokenizer import ModelTokenizer
 from intellect_node.proofs.sampling import batch_seeds, derived_rollout_id, rollout_key
 from intellect_node.proofs.toploc import build_proofs_batch
 from intellect_node.protocol.ids import cid_of
@@ -28,7 +29,7 @@ def checkpoint_cid(model_dir: Path) -> str:
     return cid_of((Path(model_dir) / "model.safetensors").read_bytes())
 
 
-def generate_rollouts(engine: InferenceEngine, tokenizer: CharTokenizer, problems: Sequence[Problem], *,
+def generate_rollouts(engine: InferenceEngine, tokenizer: ModelTokenizer, problems: Sequence[Problem], *,
                       key: SigningKey, run_id: str, policy_version: int, checkpoint: str,
                       sampling: SamplingConfig, seeds: Sequence[int] | None = None,
                       rollout_ids: Sequence[str] | None = None) -> list[RolloutRecord]:
@@ -40,7 +41,7 @@ def generate_rollouts(engine: InferenceEngine, tokenizer: CharTokenizer, problem
            else [derived_rollout_id(key.peer_id, s) for s in seeds])
     if len(seeds) != n or len(ids) != n or len(set(ids)) != n:
         raise ValueError("need one seed and one distinct rollout id per problem")
-    prompts = [tokenizer.prompt_ids(p.prompt) for p in problems]
+    prompts = [tokenizer.prompt_ids(p.prompt, system=p.system or None) for p in problems]
     gens = engine.generate(prompts, [rollout_key(s, i) for s, i in zip(seeds, ids)], sampling)
     proofs = build_proofs_batch([g.hidden for g in gens])
     out = []

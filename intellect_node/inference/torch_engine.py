@@ -1,8 +1,8 @@
-"""The default engine: batched sampling with a static KV cache over :class:`LlamaRunner` (CPU or GPU).
+"""The default engine: batched sampling with a static KV cache over :class:`DecoderRunner` (CPU, GPU).
 
 One prefill of the left-padded prompts, then one token per step for the whole batch until every row has
-emitted ``<eos>`` or ``max_new_tokens`` is reached. Rows that finished keep stepping (a static batch
-wastes a little compute but never reshapes the cache); their extra tokens are discarded.
+emitted one of the model's EOS IDs or ``max_new_tokens`` is reached. Rows that finished keep stepping
+(a static batch wastes a little compute but never reshapes the cache); their extra tokens are discarded.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 from intellect_node.errors import ConfigError
 from intellect_node.inference.base import Generation, SamplingConfig
-from intellect_node.inference.llama import LlamaRunner, left_pad
+from intellect_node.inference.decoder import DecoderRunner, left_pad
 from intellect_node.models.loader import LoadedModel, load_model
 from intellect_node.proofs import sampling as S
 
@@ -24,14 +24,15 @@ class TorchEngine:
     def __init__(self, loaded: LoadedModel, device: str = "cpu") -> None:
         self.loaded = loaded
         self.dtype = loaded.dtype
-        self.runner = LlamaRunner(loaded, device)
+        self.runner = DecoderRunner(loaded, device)
         self.device = self.runner.device
         self.eos_id = loaded.tokenizer.eos_id
+        self.eos_ids = loaded.tokenizer.eos_ids
         self.pad_id = loaded.tokenizer.pad_id
 
     @classmethod
     def from_dir(cls, model: str | None = None, dtype: str = "float32", device: str = "cpu") -> "TorchEngine":
-        return cls(load_model(model, dtype=dtype, device="cpu"), device=device)
+        return cls(load_model(model, dtype=dtype, device=device), device=device)
 
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int]], keys: Sequence[int],
@@ -53,13 +54,14 @@ class TorchEngine:
         hidden = self.runner.forward(ids, positions, valid, cache)[:, -1]  # [B, H]
         toks, lps, hids = [], [], []
         done = torch.zeros(B, dtype=torch.bool, device=dev)
+        eos_t = torch.tensor(sorted(self.eos_ids), device=dev)
         for step in range(max_new):
             tok, lp = S.sample(self.runner.logits(hidden), key_t, torch.full((B,), step, device=dev),
                                sampling.temperature, sampling.top_p)
             toks.append(tok)
             lps.append(lp)
             hids.append(hidden)
-            done |= tok == self.eos_id
+            done |= torch.isin(tok, eos_t)
             if step + 1 == max_new or (not sampling.ignore_eos and bool(done.all())):
                 break
             hidden = self.runner.forward(tok.view(B, 1), next_pos, valid, cache)[:, -1]
@@ -70,7 +72,8 @@ class TorchEngine:
         out = []
         for r in range(B):
             row = tok_m[r].tolist()
-            n = row.index(self.eos_id) + 1 if self.eos_id in row and not sampling.ignore_eos else len(row)
+            ends = [i for i, t in enumerate(row) if t in self.eos_ids]
+            n = ends[0] + 1 if ends and not sampling.ignore_eos else len(row)
             out.append(Generation(prompt_tokens=list(prompts[r]), tokens=row[:n],
                                   logprobs=lp_m[r, :n].tolist(), hidden=hid_m[r, :n].clone()))
         return out

@@ -36,7 +36,7 @@ REASONS = {
     "sampling_params": "temperature, top-p or max_new_tokens differ from the run's",
     "unknown_task": "the task or problem ID does not resolve",
     "prompt_mismatch": "the prompt tokens are not the problem's prompt",
-    "termination": "the completion continues past <eos> or stops early without one",
+    "termination": "the completion continues past an EOS token or stops early without one",
     "reward": "the claimed reward is not the checker's score of the completion",
     "seed": "a sampling seed or rollout ID is not the one the run derives (proofs/sampling.group_seed)",
     "toploc": "the TOPLOC proofs do not match the recomputed hidden states",
@@ -142,12 +142,13 @@ class Verifier:
             return self._reject(r, "unknown_task", str(exc))
         if problem.task_id != r.task_id:
             return self._reject(r, "unknown_task", f"problem {r.problem_id} is not in task {r.task_id}")
-        if r.prompt_tokens != self.tokenizer.prompt_ids(problem.prompt):
+        if r.prompt_tokens != self.tokenizer.prompt_ids(problem.prompt, system=problem.system or None):
             return self._reject(r, "prompt_mismatch", f"prompt tokens differ from {r.problem_id}'s prompt")
-        eos = self.tokenizer.eos_id
+        eos = self.tokenizer.eos_ids  # any of the model's EOS IDs ends a completion
         out = r.completion_tokens
-        if eos in out[:-1] or (out[-1] != eos and len(out) != s.max_new_tokens):
-            return self._reject(r, "termination", "tokens after <eos>, or stopped before max_new_tokens")
+        if any(t in eos for t in out[:-1]) or (out[-1] not in eos and len(out) != s.max_new_tokens):
+            return self._reject(r, "termination", "tokens after an EOS token, or stopped before "
+                                "max_new_tokens without one")
         reward = problem.reward(self.tokenizer.decode(out))
         if not math.isclose(reward, r.reward, abs_tol=1e-9):
             return self._reject(r, "reward", f"claimed {r.reward}, checker gives {reward}")

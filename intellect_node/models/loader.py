@@ -1,8 +1,11 @@
 """Model and tokenizer loading shared by the engines, the verifier and the trainer.
 
-Models are Hugging Face folders (``config.json``, ``model.safetensors``, ``tokenizer.json``). The embedded
-model lives in ``intellect_node/assets/model`` and is built by ``scripts/make_model.py``. Everything loads
-offline from a local folder; nothing is fetched from a hub.
+Models are Hugging Face folders (``config.json``, ``model.safetensors`` or shards named by
+``model.safetensors.index.json``, ``tokenizer.json``) of the families in :mod:`models.families`;
+docs/models.md says what a folder needs. The embedded model lives in ``intellect_node/assets/model``
+and is built by ``scripts/make_model.py``. A ``--model`` that is not a folder but looks like a hub ID
+(``org/name``) is taken from the Hugging Face cache, downloaded there first when the hub is reachable
+and not switched off (``HF_HUB_OFFLINE=1``).
 
 The dtype is part of a run's configuration: the worker generates and the validator prefills in the same
 dtype, because TOPLOC and logprob thresholds are calibrated per dtype (fp32 on CPU is near bit-exact).
@@ -11,6 +14,8 @@ dtype, because TOPLOC and logprob thresholds are calibrated per dtype (fp32 on C
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 from dataclasses import dataclass
 from importlib import resources
@@ -18,10 +23,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from intellect_node.errors import ConfigError
+from intellect_node.models.families import SUPPORTED_MODEL_TYPES, Architecture, architecture
+from intellect_node.models.tokenizer import ModelTokenizer
 
 if TYPE_CHECKING:
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import PreTrainedModel
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "LoadedModel", "ModelTokenizer", "embedded_model_dir", "export_model",
+           "load_hf_model", "load_model", "load_tokenizer", "resolve_model_dir", "torch_dtype"]
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
@@ -33,6 +43,11 @@ VOCAB_SIZE = 128
 DTYPES = ("float32", "bfloat16", "float16")
 MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                "special_tokens_map.json", "generation_config.json", "training.json")
+WEIGHTS, WEIGHTS_INDEX = "model.safetensors", "model.safetensors.index.json"
+HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model"]
+"""What a hub download fetches: configs, tokenizer files, chat template and safetensors weights (not the
+``.bin``/``.pth`` copies many repositories also hold)."""
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 EMBEDDED_ARCH: dict[str, Any] = dict(
@@ -76,47 +91,20 @@ def build_char_tokenizer_json() -> str:
     return tok.to_str()
 
 
+EMBEDDED_CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+                          "{{ message['content'] }}{% endif %}{% endfor %}")
+"""The embedded model's chat template: ``<bos>`` and the user's text, nothing else (a system prompt is
+ignored: the model was pretrained on bare arithmetic), so its prompts are the tokens it was trained on."""
+
+
 def tokenizer_config_files() -> dict[str, str]:
-    """``tokenizer_config.json`` and ``special_tokens_map.json`` for transformers' AutoTokenizer."""
+    """``tokenizer_config.json`` (with the chat template) and ``special_tokens_map.json``."""
     special = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "unk_token": UNK}
     cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 256,
            "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
-           "padding_side": "left", **special}
+           "padding_side": "left", **special, "chat_template": EMBEDDED_CHAT_TEMPLATE}
     return {"tokenizer_config.json": json.dumps(cfg, indent=2) + "\n",
             "special_tokens_map.json": json.dumps(special, indent=2) + "\n"}
-
-
-class CharTokenizer:
-    """Encode/decode for the project's models (fast path over ``tokenizers``; no transformers import)."""
-
-    def __init__(self, tokenizer_json: str | Path) -> None:
-        from tokenizers import Tokenizer
-
-        self._tok = Tokenizer.from_file(str(tokenizer_json))
-        vocab = self._tok.get_vocab()
-        try:
-            self.pad_id, self.bos_id, self.eos_id = vocab[PAD], vocab[BOS], vocab[EOS]
-        except KeyError as exc:
-            raise ConfigError(f"{tokenizer_json} lacks the special token {exc}", field="model") from exc
-        self.vocab_size = len(vocab)
-        self.special_ids = {vocab[s] for s in SPECIALS if s in vocab}
-
-    def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
-
-    def prompt_ids(self, prompt: str) -> list[int]:
-        """Token IDs a rollout starts from: ``<bos>`` then the prompt's characters."""
-        return [self.bos_id, *self.encode(prompt)]
-
-    def decode(self, ids: list[int]) -> str:
-        """Text of ``ids`` up to (not including) the first ``<eos>``; other specials dropped."""
-        out: list[int] = []
-        for i in ids:
-            if i == self.eos_id:
-                break
-            if i not in self.special_ids:
-                out.append(i)
-        return str(self._tok.decode(out, skip_special_tokens=True))
 
 
 def embedded_model_dir() -> Path:
@@ -129,15 +117,45 @@ def embedded_model_dir() -> Path:
 
 
 def resolve_model_dir(model: str | Path | None) -> Path:
-    """``--model DIR`` or the embedded model; ConfigError naming the flag when DIR is not a model."""
+    """``--model DIR`` (or a hub ID) or the embedded model; ConfigError naming the flag when it is not a
+    model folder."""
     if model is None:
         return embedded_model_dir()
     path = Path(model).expanduser()
-    missing = [f for f in ("config.json", "model.safetensors", "tokenizer.json") if not (path / f).exists()]
+    if not path.exists() and _HUB_ID.match(str(model)):
+        path = _from_hub(str(model))
+    missing = [f for f in ("config.json", "tokenizer.json") if not (path / f).exists()]
+    if not (path / WEIGHTS).exists() and not (path / WEIGHTS_INDEX).exists():
+        missing.append(WEIGHTS)
     if missing:
         raise ConfigError(f"--model {path} is not a model folder (missing {', '.join(missing)}); "
-                          "pass a folder written by `intellect-node model export`", field="model")
+                          "pass a folder written by `intellect-node model export` or a Hugging Face "
+                          "model folder", field="model")
     return path
+
+
+def _from_hub(repo_id: str) -> Path:
+    """The cached snapshot of ``repo_id``: from the local cache first, downloaded when allowed."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    cache_dir = os.environ.get("HF_HUB_CACHE") or None  # read now: the library reads it at import
+    offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES, local_files_only=True,
+                                      cache_dir=cache_dir))
+    except LocalEntryNotFoundError:
+        pass
+    fix = (f"download it first (`hf download {repo_id}` where the hub is reachable, or copy it into the "
+           "Hugging Face cache) or pass a model folder")
+    if offline:
+        raise ConfigError(f"--model {repo_id}: not a folder, and not in the Hugging Face cache while "
+                          f"offline (HF_HUB_OFFLINE); {fix}", field="model")
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES, cache_dir=cache_dir))
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as exc:
+        raise ConfigError(f"--model {repo_id}: not a folder, and the Hugging Face hub did not provide it "
+                          f"({type(exc).__name__}: {exc}); {fix}", field="model") from exc
 
 
 def export_model(dst: str | Path, src: Path | None = None) -> Path:
@@ -147,7 +165,9 @@ def export_model(dst: str | Path, src: Path | None = None) -> Path:
     if dst.exists() and any(dst.iterdir()) and not (dst / "config.json").exists():
         raise ConfigError(f"{dst} exists and is not an empty or model folder; pick another DIR", field="dir")
     dst.mkdir(parents=True, exist_ok=True)
-    for name in MODEL_FILES + ("proof_thresholds.json",):
+    names = list(MODEL_FILES) + ["proof_thresholds.json", "chat_template.jinja", WEIGHTS_INDEX]
+    names += sorted(_weight_files(src)[1])
+    for name in dict.fromkeys(names):
         if (src / name).exists():
             shutil.copyfile(src / name, dst / name)
     return dst
@@ -168,30 +188,81 @@ class LoadedModel:
     path: Path
     config: dict[str, Any]
     state: dict[str, "torch.Tensor"]
-    tokenizer: CharTokenizer
+    tokenizer: ModelTokenizer
     dtype: str
+
+    @property
+    def arch(self) -> Architecture:
+        return architecture(self.config)
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """``config.json`` of a model folder, its family checked (ConfigError naming the model_type)."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--model {path}: config.json is not readable JSON ({exc})", field="model") from exc
+    if not isinstance(config, dict):
+        raise ConfigError(f"--model {path}: config.json does not hold an object", field="model")
+    try:
+        architecture(config)
+    except ConfigError as exc:
+        raise ConfigError(f"--model {path}: {exc.args[0]}", field="model") from exc
+    return config
+
+
+def _weight_files(path: Path) -> tuple[dict[str, str] | None, set[str]]:
+    """(tensor name -> shard file, or None for a single file; the files to read)."""
+    index = path / WEIGHTS_INDEX
+    if (path / WEIGHTS).exists() or not index.exists():
+        return None, {WEIGHTS}
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"--model {path}: {WEIGHTS_INDEX} has no readable weight_map ({exc})",
+                          field="model") from exc
+    files = set(weight_map.values())
+    if not all(isinstance(f, str) and "/" not in f and f.endswith(".safetensors") for f in files):
+        raise ConfigError(f"--model {path}: {WEIGHTS_INDEX} names files outside the folder", field="model")
+    return weight_map, files
+
+
+def load_tokenizer(model: str | Path | None = None) -> ModelTokenizer:
+    """The tokenizer of a model folder (default: the embedded model)."""
+    return ModelTokenizer(resolve_model_dir(model))
 
 
 def load_model(model: str | Path | None = None, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
-    """Load a Llama-architecture folder's weights as plain tensors (no transformers import)."""
-    from safetensors.torch import load_file
+    """A supported model folder's weights as plain tensors (no transformers import).
+
+    Tensors are read one at a time from the safetensors file(s) and converted to ``dtype`` on ``device``
+    as they arrive, so at most one tensor exists twice: a model that fits once fits while loading."""
+    from safetensors import safe_open
 
     path = resolve_model_dir(model)
-    config = json.loads((path / "config.json").read_text())
-    if config.get("model_type") != "llama":
-        raise ConfigError(f"{path}: model_type {config.get('model_type')!r} is not supported (llama only)",
-                          field="model")
+    config = read_config(path)
     td = torch_dtype(dtype)
-    state = {k: v.to(device=device, dtype=td) for k, v in load_file(str(path / "model.safetensors")).items()}
-    return LoadedModel(path=path, config=config, state=state,
-                       tokenizer=CharTokenizer(path / "tokenizer.json"), dtype=dtype)
+    weight_map, files = _weight_files(path)
+    state: dict[str, torch.Tensor] = {}
+    for name in sorted(files):
+        if not (path / name).exists():
+            raise ConfigError(f"--model {path}: weights file {name} is missing", field="model")
+        # safetensors places tensors on a CUDA device itself; CPU tensors are copied out of the mmap.
+        where = device if device.startswith("cuda") else "cpu"
+        with safe_open(str(path / name), framework="pt", device=where) as f:
+            for key in f.keys():
+                if weight_map is not None and weight_map.get(key) != name:
+                    continue
+                state[key] = f.get_tensor(key).to(device=device, dtype=td)
+    return LoadedModel(path=path, config=config, state=state, tokenizer=ModelTokenizer(path), dtype=dtype)
 
 
-def load_hf_model(model: str | Path | None = None, dtype: str = "float32") -> "LlamaForCausalLM":
-    """The folder as a transformers ``LlamaForCausalLM`` (for training and as a baseline)."""
-    from transformers import LlamaForCausalLM
+def load_hf_model(model: str | Path | None = None, dtype: str = "float32") -> "PreTrainedModel":
+    """The folder as a transformers causal LM (``AutoModelForCausalLM``; training and the reference)."""
+    from transformers import AutoModelForCausalLM
 
     path = resolve_model_dir(model)
-    m = LlamaForCausalLM.from_pretrained(str(path), dtype=torch_dtype(dtype), local_files_only=True)
+    read_config(path)
+    m = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(dtype), local_files_only=True)
     m.eval()
     return m

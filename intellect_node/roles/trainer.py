@@ -130,12 +130,12 @@ class Trainer:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        from intellect_node.models.loader import CharTokenizer, load_hf_model
+        from intellect_node.models.loader import ModelTokenizer, load_hf_model
 
         torch.set_num_threads(1)
         self.blobs = blob_service(self.rt)
         self.fetcher = HintedFetcher(self.blobs, self.rt.swarm)
-        self.tokenizer = CharTokenizer(model_dir(self.cfg) / "tokenizer.json")
+        self.tokenizer = ModelTokenizer(model_dir(self.cfg))
         self.model = await asyncio.to_thread(load_hf_model, self.cfg.run.model or None, "float32")
         self.opt = make_optimizer(self.model, self.rl.lr)
         state = await asyncio.to_thread(load_checkpoint, self.dir / "checkpoints", self.model, self.opt)

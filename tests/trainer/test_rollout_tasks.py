@@ -7,7 +7,7 @@ import random
 import pytest
 
 from intellect_node.errors import ConfigError
-from intellect_node.models.loader import CharTokenizer, build_char_tokenizer_json
+from intellect_node.models.loader import ModelTokenizer, write_tokenizer_files
 from intellect_node.trainer.tasks import (
     AdditionTask,
     Problem,
@@ -44,8 +44,8 @@ def test_checker_kinds_and_registration() -> None:
 
 
 def test_char_tokenizer_round_trips(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    (tmp_path / "tokenizer.json").write_text(build_char_tokenizer_json())
-    tok = CharTokenizer(tmp_path / "tokenizer.json")
+    write_tokenizer_files(tmp_path)
+    tok = ModelTokenizer(tmp_path)
     text = "123+045= Hello, world!\n~"
     ids = tok.prompt_ids(text)
     assert ids[0] == tok.bos_id and len(ids) == len(text) + 1
