@@ -14,6 +14,7 @@ from typing import Any, Optional
 import typer
 
 from intellect_node.commands.common import DataDirOption, data_dir
+from intellect_node.commands.logs import NODE_LOG
 
 FLAG_OF_FIELD = {
     "network.listen": "--listen", "network.announce": "--announce", "network.bootstrap": "--bootstrap",
@@ -22,7 +23,7 @@ FLAG_OF_FIELD = {
     "network.control_port": "--control-port", "network.heartbeat_interval": "--heartbeat-interval",
     "network.peer_timeout": "--peer-timeout", "network": "--peer-timeout/--heartbeat-interval",
     "run.run_id": "--run-id", "run.trainer_peer_id": "--trainer-peer-id",
-    "run.validator_peer_ids": "--validator-peer-id",
+    "run.validator_peer_ids": "--validator-peer-id", "metrics.port": "--metrics-port",
 }
 
 
@@ -31,11 +32,29 @@ def build_node_config(*, listen: list[str], bootstrap: list[str], run_id: str | 
                       trainer_peer_id: str | None, http_host: str | None, http_port: int | None,
                       http_public_url: str | None, control_port: int | None, heartbeat_interval: float | None,
                       peer_timeout: float | None, config_file: Path | None = None,
-                      data_dir: Path | None = None, validator_peer_ids: list[str] | None = None) -> Any:
+                      data_dir: Path | None = None, validator_peer_ids: list[str] | None = None,
+                      metrics_port: int | None = None) -> Any:
     """The config: ``--config`` file < ``INTELLECT_NODE_*`` environment < the flags actually given.
     A mistake raises ConfigError naming the field and where it was set (the flag, variable or file)."""
     from intellect_node.node.config import load_config
 
+    flags = join_flags(listen=listen, bootstrap=bootstrap, run_id=run_id, announce=announce,
+                       trainer_peer_id=trainer_peer_id, http_host=http_host, http_port=http_port,
+                       http_public_url=http_public_url, control_port=control_port,
+                       heartbeat_interval=heartbeat_interval, peer_timeout=peer_timeout,
+                       validator_peer_ids=validator_peer_ids, metrics_port=metrics_port)
+    return load_config(config_file, flags=flags, data_dir=data_dir, flag_names=FLAG_OF_FIELD)
+
+
+def join_flags(*, listen: list[str], bootstrap: list[str], run_id: str | None,
+               announce: list[str] | None = None, trainer_peer_id: str | None, http_host: str | None,
+               http_port: int | None, http_public_url: str | None, control_port: int | None,
+               heartbeat_interval: float | None, peer_timeout: float | None,
+               validator_peer_ids: list[str] | None = None, metrics_port: int | None = None,
+               **_ignored: Any) -> dict[str, Any]:
+    """The config layer of the flags actually given (``{"network": {...}, "run": {...}}``); also what
+    ``config show`` passes the loader, so it reports a flag's value exactly as ``join`` would take it.
+    ``_ignored``: join's other parameters (``--role``, ``--headless``...), which are not configuration."""
     given = {"listen": listen or None, "announce": announce or None, "bootstrap": bootstrap or None,
              "http_host": http_host, "http_port": http_port, "http_public_url": http_public_url,
              "control_port": control_port,
@@ -45,8 +64,33 @@ def build_node_config(*, listen: list[str], bootstrap: list[str], run_id: str | 
         network["peer_timeout"] = max(20.0, 4 * heartbeat_interval)
     run = {k: v for k, v in {"run_id": run_id, "trainer_peer_id": trainer_peer_id,
                              "validator_peer_ids": validator_peer_ids or None}.items() if v is not None}
-    flags = {k: v for k, v in {"network": network, "run": run}.items() if v}
-    return load_config(config_file, flags=flags, data_dir=data_dir, flag_names=FLAG_OF_FIELD)
+    metrics = {"port": metrics_port} if metrics_port is not None else {}
+    return {k: v for k, v in {"network": network, "run": run, "metrics": metrics}.items() if v}
+
+
+def _log_to_data_dir(d: Path, level: str, *, also_stderr: bool) -> None:
+    """Logs into ``<data-dir>/node.log`` (JSON lines, rotated: what ``intellect-node logs`` reads) and,
+    for a headless node, to stderr too (the journal under systemd). With the dashboard the file is the
+    only place: the dashboard owns the screen and shows the WARNINGs itself."""
+    import logging
+
+    from intellect_node.commands.logs import node_log_handler
+    from intellect_node.logsetup import setup_logging
+
+    file_handler = node_log_handler(d)
+    root = logging.getLogger()
+    if also_stderr:
+        first = setup_logging(level=level, json_lines=True)
+    else:
+        # setup_logging sets the levels (root, library noise) and opens a plain file handler; the
+        # rotating one takes that handler's place.
+        first = setup_logging(level=level, json_lines=True, file=d / NODE_LOG)
+        root.removeHandler(first)
+        first.close()
+        file_handler._intellect_node = True  # type: ignore[attr-defined]  # a later setup_logging replaces it
+    for flt in first.filters:  # whatever setup_logging filters (library noise) is filtered here the same
+        file_handler.addFilter(flt)
+    root.addHandler(file_handler)
 
 
 def _dashboard(runtime: Any) -> Any:
@@ -59,7 +103,7 @@ def _dashboard(runtime: Any) -> Any:
     stop = threading.Event()
     thread = threading.Thread(target=dashboard.run, args=(lambda: [runtime.board.snapshot()], stop),
                               kwargs={"footer": "Ctrl-C stops the node · logs in "
-                                                f"{runtime.data_dir / 'node.log'}"},
+                                                f"{runtime.data_dir / NODE_LOG}"},
                               name="dashboard", daemon=True)
     thread.start()
 
@@ -101,6 +145,9 @@ def register(app: typer.Typer) -> None:
                                                       help="HTTP base URL to advertise to peers."),
         control_port: Optional[int] = typer.Option(None, "--control-port",
                                                    help="Port of the 127.0.0.1 control API."),
+        metrics_port: Optional[int] = typer.Option(None, "--metrics-port",
+                                                   help="Port of the 127.0.0.1 Prometheus /metrics server "
+                                                        "(default 29464; 0: any free port)."),
         heartbeat_interval: Optional[float] = typer.Option(None, "--heartbeat-interval",
                                                            help="Seconds between heartbeats (default 5)."),
         peer_timeout: Optional[float] = typer.Option(None, "--peer-timeout",
@@ -132,11 +179,13 @@ def register(app: typer.Typer) -> None:
                                 trainer_peer_id=trainer_peer_id, http_host=http_host, http_port=http_port,
                                 http_public_url=http_public_url, control_port=control_port,
                                 heartbeat_interval=heartbeat_interval, peer_timeout=peer_timeout,
-                                config_file=config_file, data_dir=d, validator_peer_ids=validator_peer_id)
+                                config_file=config_file, data_dir=d, validator_peer_ids=validator_peer_id,
+                                metrics_port=metrics_port)
         show_dashboard = not headless and sys.stdout.isatty()
-        if show_dashboard and log_file is None:
-            log_file = d / "node.log"  # the dashboard owns the screen; WARNINGs also appear on it
-        setup_logging(level=log_level, json_lines=headless or not show_dashboard, file=log_file)
+        if log_file is not None:
+            setup_logging(level=log_level, json_lines=headless or not show_dashboard, file=log_file)
+        else:
+            _log_to_data_dir(d, log_level, also_stderr=not show_dashboard)
         from intellect_node.node.assembly import build_node
         from intellect_node.node.runtime import run_node
 

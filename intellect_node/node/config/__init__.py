@@ -19,6 +19,7 @@ from intellect_node.node.config.loader import (
     MAX_CONFIG_BYTES,
     build_config,
     config_file_for,
+    config_layers,
     deep_merge,
     env_layer,
     load_config,
@@ -36,5 +37,5 @@ from intellect_node.node.config.schema import (
 
 __all__ = ["CONFIG_ENV", "DEFAULT_CONFIG_NAME", "ENV_PREFIX", "MAX_CONFIG_BYTES", "MetricsConfig",
            "NetworkConfig", "NodeConfig", "RLConfig", "RunConfig", "ValidatorConfig", "build_config",
-           "config_file_for", "deep_merge", "env_layer", "example_toml", "field_docs", "load_config",
-           "read_toml", "section_models"]
+           "config_file_for", "config_layers", "deep_merge", "env_layer", "example_toml", "field_docs",
+           "load_config", "read_toml", "section_models"]

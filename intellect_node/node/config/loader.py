@@ -167,12 +167,13 @@ def config_file_for(path: str | Path | None, *, environ: Mapping[str, str],
     return None
 
 
-def load_config(path: str | Path | None = None, *, flags: Mapping[str, Any] | None = None,
-                environ: Mapping[str, str] | None = None, data_dir: Path | None = None,
-                flag_names: Mapping[str, str] | None = None) -> NodeConfig:
-    """Build the node's config: file < environment < flags (``flags`` holds only flags actually given,
-    as ``{"network": {"bootstrap": [...]}}``). ``flag_names`` maps ``section.field`` to its flag so an error
-    names ``--bootstrap`` rather than the field. ConfigError names the field and the value's source."""
+def config_layers(path: str | Path | None = None, *, flags: Mapping[str, Any] | None = None,
+                  environ: Mapping[str, str] | None = None, data_dir: Path | None = None,
+                  flag_names: Mapping[str, str] | None = None
+                  ) -> tuple[Path | None, dict[str, Any], dict[str, str]]:
+    """The layers merged but not validated: ``(file read or None, values, origin)`` where ``origin`` maps
+    each ``section.field`` that was set to where (the file's path, the variable, the flag); a field
+    absent from ``origin`` keeps its default. ``intellect-node config show`` prints the same origins."""
     environ = os.environ if environ is None else environ
     file = config_file_for(path, environ=environ, data_dir=data_dir)
     layers: list[tuple[dict[str, Any], dict[str, str]]] = []
@@ -189,6 +190,17 @@ def load_config(path: str | Path | None = None, *, flags: Mapping[str, Any] | No
     for values, where in layers:
         merged = deep_merge(merged, values)
         origin.update(where)
+    return file, merged, origin
+
+
+def load_config(path: str | Path | None = None, *, flags: Mapping[str, Any] | None = None,
+                environ: Mapping[str, str] | None = None, data_dir: Path | None = None,
+                flag_names: Mapping[str, str] | None = None) -> NodeConfig:
+    """Build the node's config: file < environment < flags (``flags`` holds only flags actually given,
+    as ``{"network": {"bootstrap": [...]}}``). ``flag_names`` maps ``section.field`` to its flag so an error
+    names ``--bootstrap`` rather than the field. ConfigError names the field and the value's source."""
+    _file, merged, origin = config_layers(path, flags=flags, environ=environ, data_dir=data_dir,
+                                          flag_names=flag_names)
     try:
         return build_config(merged)
     except ConfigError as exc:
