@@ -153,6 +153,16 @@ def check_listen(listen: list[str], node_running: bool) -> list[Check]:
     return out
 
 
+def check_node_listen(addrs: list[str]) -> list[Check]:
+    """What a running node listens on (its control API's answer): the addresses to hand to peers."""
+    outside = [a for a in addrs if not ipaddress.ip_address(a.strip("/").split("/")[1]).is_loopback] \
+        if all(a.startswith(("/ip4/", "/ip6/")) for a in addrs) else addrs
+    if not outside:
+        return [Check("listen", WARN, f"the node listens on {', '.join(addrs)}: this machine only",
+                      "for a real swarm listen on /ip4/0.0.0.0/tcp/4001 and open that port")]
+    return [Check("listen", OK, f"the node listens on {', '.join(addrs)}")]
+
+
 def check_runtime() -> list[Check]:
     out: list[Check] = []
     try:
@@ -308,11 +318,13 @@ async def _probe(bootstrap: list[str], peer_urls: dict[str, str], run_id: str) -
                     out.append(Check("bootstrap", FAIL, f"{addr}: no answer in {PROBE_TIMEOUT_S:.0f}s",
                                      "check the address and peer ID; the peer may be down or firewalled"))
                     continue
-                except (IntellectNodeError, OSError):
-                    # libp2p's message repeats the address; what the operator needs is below.
-                    out.append(Check("bootstrap", FAIL, f"{addr}: no connection (refused, unreachable or "
-                                     "another peer ID answered)",
-                                     "check the address and peer ID; the peer may be down or firewalled"))
+                except (IntellectNodeError, OSError) as exc:
+                    # The swarm names the cause (p2p.compat.dial_failure): another peer ID, or nothing there.
+                    why = str(exc)
+                    fix = ("put the peer ID it answered with into the address, or ask its operator for the "
+                           "current one" if " answered as " in why
+                           else "check the address; the peer may be down or firewalled")
+                    out.append(Check("bootstrap", FAIL, why, fix))
                     continue
                 rtt = time.monotonic() - t0
                 out.append(Check("bootstrap", OK, f"{addr.rsplit('/', 1)[-1]} reached in {rtt:.2f}s (Noise, "
@@ -369,7 +381,10 @@ def run_checks(path: Path, *, config_file: Optional[Path], bootstrap: list[str],
     checks.append(check_key(path))
     status = running_node_status(path)
     checks += check_running(status)
-    checks += check_listen(list(cfg.network.listen), status is not None)
+    if status is not None and status.get("listen_addrs"):
+        checks += check_node_listen(list(status["listen_addrs"]))  # the node's real ones, not the config's
+    else:
+        checks += check_listen(list(cfg.network.listen), status is not None)
     if network:
         progress("peers")
         peer_urls = {}
@@ -398,12 +413,32 @@ def register(app: typer.Typer) -> None:
                                                  "adds to the config's."),
         offline: bool = typer.Option(False, "--offline", help="Skip the checks that dial peers."),
         as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
+        model: Optional[str] = typer.Option(None, "--model", help="Only estimate memory for this model "
+                                            "folder: weights, KV cache, training state against this "
+                                            "machine's free RAM or the GPU's free memory."),
+        role: Optional[str] = typer.Option(None, "--role", help="With --model: worker, validator or "
+                                           "trainer (default: all three)."),
+        dtype: Optional[str] = typer.Option(None, "--dtype", help="With --model: float32, bfloat16 or "
+                                            "float16 (default: run.dtype)."),
+        device: Optional[str] = typer.Option(None, "--device", help="With --model: cpu, cuda or cuda:N "
+                                             "(default: inference.device)."),
     ) -> None:
         """Check this machine and configuration, explain each problem and how to fix it.
 
         Exit code 0 when nothing failed (warnings allowed), 1 when a check failed.
         """
         path = data_dir(data_dir_opt)
+        if model is not None:
+            checks = _model_checks(path, config_file, model, role, dtype, device)
+            if as_json:
+                typer.echo(json.dumps([asdict(c) for c in checks]))
+            else:
+                from rich.console import Console
+
+                _print(Console(), checks)
+            if any(c.status == FAIL for c in checks):
+                raise typer.Exit(1)
+            return
         if as_json:
             checks = run_checks(path, config_file=config_file, bootstrap=bootstrap, network=not offline)
             typer.echo(json.dumps([asdict(c) for c in checks]))
@@ -417,6 +452,26 @@ def register(app: typer.Typer) -> None:
             _print(console, checks)
         if any(c.status == FAIL for c in checks):
             raise typer.Exit(1)
+
+
+def _model_checks(path: Path, config_file: Optional[Path], model: str, role: Optional[str],
+                  dtype: Optional[str], device: Optional[str]) -> list[Check]:
+    """``doctor --model``: the flags checked as a node would check them (exit 2 naming the flag)."""
+    from intellect_node.commands.doctor_model import ROLES, check_model_memory
+    from intellect_node.node.config import load_config
+    from intellect_node.node.config.schema import check_device
+
+    if role is not None and role not in ROLES:
+        raise ConfigError(f"--role {role!r} is not one of {', '.join(ROLES)}", field="role")
+    if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(f"--dtype {dtype!r} is not float32, bfloat16 or float16", field="dtype")
+    if device is not None:
+        try:
+            check_device(device)
+        except ValueError as exc:
+            raise ConfigError(f"--device: {exc}", field="device") from exc
+    cfg = load_config(config_file, data_dir=path)
+    return check_model_memory(cfg, model, [role] if role else list(ROLES), dtype=dtype, device=device)
 
 
 def _print(console: Any, checks: list[Check]) -> None:

@@ -23,6 +23,7 @@ What is here:
 from __future__ import annotations
 
 import logging
+import re
 import struct
 from dataclasses import dataclass
 from importlib import metadata
@@ -337,6 +338,54 @@ async def _write_msg(self: Pubsub, stream: INetStream, rpc_msg: rpc_pb2.RPC) -> 
         if self.peers.get(peer) is stream:
             self._handle_dead_peer(peer)
         return False
+
+
+# -- what a failed dial means ----------------------------------------------------------------------------
+
+_MISMATCH = re.compile(r"remote_peer=(\S+?),\s*remote_peer_id_from_pubkey=(\S+)")
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """Every exception under ``exc``: causes, contexts, and the members of libp2p's ``MultiError`` (a list in
+    ``args[0]``) and of exception groups, depth-first and each once."""
+    seen: list[BaseException] = []
+    todo = [exc]
+    while todo and len(seen) < 64:
+        e = todo.pop()
+        if any(e is s for s in seen):
+            continue
+        seen.append(e)
+        members = getattr(e, "exceptions", None)
+        if members is None and e.args and isinstance(e.args[0], list):
+            members = e.args[0]
+        todo.extend(m for m in (members or []) if isinstance(m, BaseException))
+        todo.extend(c for c in (e.__cause__, e.__context__) if c is not None)
+    return seen
+
+
+def dial_failure(exc: BaseException, where: str) -> str:
+    """Say what a failed dial of ``where`` (``host:port``) means to an operator.
+
+    libp2p 0.8.1 reports a peer that answers with another identity and a host where nothing listens the same
+    way ("unable to connect ..., no addresses established a successful connection"): the Noise handshake's
+    ``PeerIDMismatchesPubkey`` (security/noise/patterns.py) and the TCP ``OSError`` sit several causes deep,
+    under ``SwarmDialAllFailedError`` -> ``MultiError`` -> ``SwarmException`` -> ``SecurityUpgradeFailure``.
+    The two need different fixes (a stale peer ID in the bootstrap list versus a host that is down), so this
+    digs them out. The peer IDs come from the exception's text: the class carries no fields."""
+    causes = _causes(exc)
+    for e in causes:
+        if type(e).__name__ == "PeerIDMismatchesPubkey":
+            m = _MISMATCH.search(str(e))
+            if m:
+                return f"{where} answered as {m.group(2)}, expected {m.group(1)} (update the peer ID in the address)"
+            return f"{where} answered with another peer ID (update the peer ID in the address)"
+    for e in causes:
+        if isinstance(e, ConnectionRefusedError):
+            return f"{where}: connection refused (nothing listens there: the node is down or the port is wrong)"
+    for e in causes:
+        if isinstance(e, OSError) and not isinstance(e, ConnectionError) and "connect" in str(e):
+            return f"{where}: unreachable ({e})"
+    return f"{where}: {exc}"
 
 
 # -- accessors for private state -------------------------------------------------------------------------

@@ -105,6 +105,14 @@ def parse_peer_multiaddr(text: str, *, flag: str = "--bootstrap") -> PeerInfo:
                           "/ip4/1.2.3.4/tcp/4001/p2p/12D3KooW...", field=flag.lstrip("-")) from exc
 
 
+def _where(addr: str) -> str:
+    """``host:port`` of a dial address (what an operator recognises), or the address itself."""
+    parts = addr.strip("/").split("/")
+    host = next((parts[i + 1] for i, p in enumerate(parts[:-1]) if p in ("ip4", "ip6", "dns", "dns4", "dns6")), "")
+    port = next((parts[i + 1] for i, p in enumerate(parts[:-1]) if p in ("tcp", "udp")), "")
+    return f"{host}:{port}" if host and port else addr
+
+
 def local_ipv4s() -> list[str]:
     """This machine's IPv4 addresses, non-loopback first, 127.0.0.1 last. No packet is sent: the host
     name's addresses, plus the source address the kernel would route to a TEST-NET address through (a
@@ -314,7 +322,7 @@ class P2PHost:
         except trio.TooSlowError as exc:
             raise TransportError(f"connecting to {addr} timed out after {timeout:.0f}s") from exc
         except Exception as exc:  # libp2p raises a variety of dial/upgrade errors; translate at the edge
-            raise TransportError(f"cannot connect to {addr}: {exc}") from exc
+            raise TransportError(compat.dial_failure(exc, _where(addr))) from exc
         return peer
 
     async def ban(self, peer: str) -> None:

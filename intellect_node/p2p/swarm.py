@@ -71,10 +71,14 @@ class Provider:
 
 def quiet_libp2p_logging(level: int = logging.ERROR) -> None:
     """py-libp2p logs ~60 harmless WARNINGs per short run (EOFs, dial retries) through Python's
-    last-resort stderr handler; send its records to our handlers instead, from ``level`` up."""
+    last-resort stderr handler; send its records to our handlers instead, from ``level`` up. Where the CLI
+    left a gate on the logger (``logsetup.LibraryNoiseGate`` as ``.intellect_node_gate``) records go
+    through it instead (it rate-limits and rewords them for the operator)."""
+    import libp2p  # noqa: F401  # its import resets this logger (libp2p/utils/logging.py): import first
     root = logging.getLogger("libp2p")
-    root.handlers.clear()
-    root.propagate = True
+    gate = getattr(root, "intellect_node_gate", None)
+    root.handlers[:] = [gate] if gate is not None else []
+    root.propagate = gate is None
     if root.level != logging.DEBUG:  # the CLI's --log-level DEBUG opens it up on purpose
         root.setLevel(level)
     for name, lg in list(logging.root.manager.loggerDict.items()):
