@@ -14,26 +14,31 @@ version numbering. The consumed set is the IDs of every rollout batch whose samp
 version's weights: a batch accepted but not in it is trained again after a crash (never lost) and a
 batch in it is skipped (never trained twice), because the set and the weights are committed together.
 
+The weights file is the canonical policy format (:class:`~intellect_node.trainer.policy_weights.
+PolicyWeights`, a valid safetensors file), so the policy publisher can map the committed checkpoint
+instead of copying the model again. Weights and optimizer state are streamed to and from disk (one
+tensor at a time; the optimizer file is memory-mapped when read): a multi-GB model is never held twice.
+Checkpoints written before (plain safetensors) still load.
+
 Shortcuts: the consumed set is stored in full (one ID per accepted batch of the run); old checkpoints
 beyond ``keep`` are deleted after ``LATEST`` moves on.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
+from safetensors import SafetensorError, safe_open
 
 from intellect_node.errors import IntegrityError
-from intellect_node.fsutil import atomic_write_bytes, atomic_write_text, fsync_dir
+from intellect_node.fsutil import atomic_replace_file, atomic_write_text, fsync_dir
+from intellect_node.trainer.policy_weights import PolicyWeights
 
 LATEST = "LATEST"
 _FORMAT = 1
@@ -52,14 +57,21 @@ def _dir_name(version: int) -> str:
 
 
 def state_dict_bytes(model: Any) -> bytes:
-    """The model's weights as safetensors bytes (tied weights stored once per name, cloned)."""
-    sd = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
-    return st_save(sd)
+    """The model's weights as canonical safetensors bytes in memory (small models and tests only)."""
+    return bytes(PolicyWeights.from_state_dict(model.state_dict()).to_bytes())
 
 
 def save_checkpoint(root: str | os.PathLike[str], model: Any, optimizer: torch.optim.Optimizer | None,
                     state: TrainerState, *, keep: int = 2) -> Path:
     """Write checkpoint ``state.version`` atomically and point ``LATEST`` at it."""
+    return save_checkpoint_state(root, model.state_dict(),
+                                 optimizer.state_dict() if optimizer is not None else None, state, keep=keep)
+
+
+def save_checkpoint_state(root: str | os.PathLike[str], weights: Mapping[str, torch.Tensor],
+                          optimizer_state: dict[str, Any] | None, state: TrainerState, *,
+                          keep: int = 2) -> Path:
+    """:func:`save_checkpoint` from the state dicts themselves (what a sharded trainer gathers)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / _dir_name(state.version)
@@ -67,11 +79,12 @@ def save_checkpoint(root: str | os.PathLike[str], model: Any, optimizer: torch.o
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    atomic_write_bytes(tmp / "model.safetensors", state_dict_bytes(model))
-    if optimizer is not None:
-        buf = io.BytesIO()
-        torch.save(optimizer.state_dict(), buf)
-        atomic_write_bytes(tmp / "optimizer.pt", buf.getvalue())
+    PolicyWeights.write(tmp / "model.safetensors", weights)
+    if optimizer_state is not None:
+        part = tmp / ".optimizer.pt.part"
+        with open(part, "wb") as f:
+            torch.save(optimizer_state, f)  # streamed into the file, not built in a buffer first
+        atomic_replace_file(part, tmp / "optimizer.pt")
     meta = {"format": _FORMAT, "version": state.version, "consumed": sorted(state.consumed),
             "step": state.step, "extra": state.extra}
     atomic_write_text(tmp / "state.json", json.dumps(meta, sort_keys=True))
@@ -117,6 +130,36 @@ def read_state(path: Path) -> TrainerState:
         raise IntegrityError(f"checkpoint {path} has no readable state.json: {exc}") from exc
 
 
+def load_weights(path: Path, model: Any) -> None:
+    """Copy the safetensors file ``path`` into ``model``'s tensors one at a time (strict: the same
+    names and shapes), never materialising a second full state dict."""
+    target = model.state_dict()  # references to the model's own tensors
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            names = set(f.keys())
+            if names != set(target):
+                missing, extra = sorted(set(target) - names), sorted(names - set(target))
+                raise IntegrityError(f"{path} does not fit the model: missing {missing[:5]}, "
+                                     f"unexpected {extra[:5]}")
+            with torch.no_grad():
+                for name in sorted(names):
+                    src = f.get_tensor(name)
+                    if src.shape != target[name].shape:
+                        raise IntegrityError(f"{path}: {name} has shape {tuple(src.shape)}, the model "
+                                             f"{tuple(target[name].shape)}")
+                    target[name].copy_(src)
+    except (SafetensorError, OSError) as exc:
+        raise IntegrityError(f"checkpoint weights {path} are unreadable: {exc}") from exc
+
+
+def read_optimizer(root: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The latest checkpoint's optimizer state (memory-mapped tensors), None when there is none."""
+    path = latest_dir(root)
+    if path is None or not (path / "optimizer.pt").exists():
+        return None
+    return torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True, mmap=True)  # type: ignore[no-any-return]
+
+
 def load_checkpoint(root: str | os.PathLike[str], model: Any,
                     optimizer: torch.optim.Optimizer | None = None) -> TrainerState | None:
     """Load the latest checkpoint into ``model`` (and ``optimizer``); None when there is none yet."""
@@ -124,11 +167,11 @@ def load_checkpoint(root: str | os.PathLike[str], model: Any,
     if path is None:
         return None
     state = read_state(path)
-    weights = st_load((path / "model.safetensors").read_bytes())
-    model.load_state_dict(weights, strict=True)
-    opt_path = path / "optimizer.pt"
-    if optimizer is not None and opt_path.exists():
-        optimizer.load_state_dict(torch.load(opt_path, map_location="cpu", weights_only=True))
+    load_weights(path / "model.safetensors", model)
+    if optimizer is not None:
+        saved = read_optimizer(root)
+        if saved is not None:
+            optimizer.load_state_dict(saved)
     return state
 
 

@@ -19,14 +19,18 @@ the trainer's crash-safe checkpoint (:mod:`intellect_node.trainer.checkpoint`: w
 safetensors, optimizer state and the consumed batches, read back only by the trainer that wrote them).
 The deltas between two versions are :mod:`intellect_node.trainer.delta`.
 
-Shortcut: the whole file is held in memory (fine up to a few GiB; a streaming reader would work tensor
-by tensor against a memory-mapped file).
+Memory: a checkpoint of several GB is never held twice. :meth:`PolicyWeights.write` streams a state dict
+to the file tensor by tensor (hashing as it goes), :meth:`PolicyWeights.load` maps the file read-only
+(pages the kernel can drop, not process memory), and :meth:`PolicyWeights.build` can fill a file-backed
+mapping (what applying a delta into a file uses). ``parse`` of bytes received in memory and
+``from_state_dict`` still build an in-memory copy (small models, tests).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +40,7 @@ import numpy as np
 import torch
 
 from intellect_node.errors import ProtocolError
-from intellect_node.fsutil import atomic_write_bytes
+from intellect_node.fsutil import atomic_replace_file, atomic_write_bytes
 from intellect_node.protocol.ids import cid_from_digest
 
 CHECKPOINT_FORMAT = "intellect-node/checkpoint/1"
@@ -106,8 +110,9 @@ class PolicyWeights:
 
     __slots__ = ("_buf", "tensors", "_hash")
 
-    def __init__(self, buf: bytearray, tensors: Mapping[str, TensorInfo]) -> None:
-        # Private: use parse / from_state_dict / load. ``buf`` is never handed out writable.
+    def __init__(self, buf: bytearray | mmap.mmap, tensors: Mapping[str, TensorInfo]) -> None:
+        # Private: use parse / from_state_dict / load / write. ``buf`` (memory, or a read-only mapping of
+        # the file) is never handed out writable.
         self._buf = buf
         self.tensors: dict[str, TensorInfo] = dict(sorted(tensors.items()))
         self._hash: str | None = None
@@ -115,39 +120,94 @@ class PolicyWeights:
     # ----- construction
     @classmethod
     def build(cls, specs: list[tuple[str, str, tuple[int, ...]]], *, max_size: int,
-              fill: Callable[[TensorInfo, memoryview], None]) -> "PolicyWeights":
+              fill: Callable[[TensorInfo, memoryview], None],
+              path: str | os.PathLike[str] | None = None) -> "PolicyWeights":
         """Allocate the canonical layout for ``specs`` (refusing more than ``max_size`` bytes first) and
-        let ``fill(info, dest)`` write each tensor's raw bytes into ``dest``."""
+        let ``fill(info, dest)`` write each tensor's raw bytes into ``dest``.
+
+        With ``path`` the layout is a file (written under a temporary name, fsynced, renamed into place)
+        filled through a shared mapping, and the result maps it read-only: nothing model-sized is held
+        in process memory."""
         header, table, total = _layout(specs)
         if total > max_size:
             raise ProtocolError(f"checkpoint of {total} bytes exceeds the limit of {max_size}")
-        buf = bytearray(total)
-        buf[:len(header)] = header
-        view = memoryview(buf)
-        for info in table.values():
-            fill(info, view[info.offset:info.offset + info.nbytes])
-        return cls(buf, table)
+        if path is None:
+            buf = bytearray(total)
+            buf[:len(header)] = header
+            view = memoryview(buf)
+            for info in table.values():
+                fill(info, view[info.offset:info.offset + info.nbytes])
+            view.release()
+            return cls(buf, table)
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            with open(tmp, "wb+") as f:
+                f.truncate(total)
+                with mmap.mmap(f.fileno(), total, access=mmap.ACCESS_WRITE) as m:
+                    m[:len(header)] = header
+                    view = memoryview(m)
+                    try:
+                        for info in table.values():
+                            fill(info, view[info.offset:info.offset + info.nbytes])
+                    finally:
+                        view.release()
+                    m.flush()
+            atomic_replace_file(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return cls(_map(path), table)
+
+    @classmethod
+    def write(cls, path: str | os.PathLike[str], state: Mapping[str, torch.Tensor]) -> "PolicyWeights":
+        """Write ``state`` to ``path`` in the canonical format one tensor at a time (atomically: a
+        temporary file, fsynced, renamed) and return it mapped read-only, its hash computed on the way.
+
+        Peak extra memory is one tensor (its CPU copy when it lives elsewhere), not the model."""
+        specs = _specs(state)
+        header, table, total = _layout(specs)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        digest = hashlib.sha256(header)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(header)
+                for info in sorted(table.values(), key=lambda i: i.offset):
+                    if not info.nbytes:
+                        continue
+                    raw = _raw_bytes(state[info.name])
+                    digest.update(raw)
+                    f.write(raw)
+            atomic_replace_file(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        out = cls(_map(path), table)
+        if out.nbytes != total:
+            raise OSError(f"{path}: wrote {out.nbytes} bytes, expected {total} (changed while writing?)")
+        out._hash = cid_from_digest(digest.digest())
+        return out
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, torch.Tensor]) -> "PolicyWeights":
-        specs = []
-        for name, t in state.items():
-            if not isinstance(name, str):
-                raise TypeError(f"tensor names must be str, got {name!r}")
-            if t.dtype not in _CODE_OF:
-                raise TypeError(f"tensor {name!r} has unsupported dtype {t.dtype}")
-            specs.append((name, _CODE_OF[t.dtype], tuple(int(d) for d in t.shape)))
+        """The canonical bytes of ``state`` in memory (use :meth:`write` for a large model)."""
 
         def fill(info: TensorInfo, dest: memoryview) -> None:
             if info.nbytes:
-                src = state[info.name].detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-                np.frombuffer(dest, dtype=np.uint8)[:] = src.numpy()
+                np.frombuffer(dest, dtype=np.uint8)[:] = np.frombuffer(_raw_bytes(state[info.name]), np.uint8)
 
-        return cls.build(specs, max_size=1 << 62, fill=fill)
+        return cls.build(_specs(state), max_size=1 << 62, fill=fill)
 
     @classmethod
     def parse(cls, data: bytes | bytearray | memoryview, *, max_size: int) -> "PolicyWeights":
-        """Strictly parse canonical checkpoint bytes; anything else raises ProtocolError."""
+        """Strictly parse canonical checkpoint bytes (copied); anything else raises ProtocolError."""
+        table, _ = cls.parse_mapped(data, max_size=max_size)
+        return cls(bytearray(data), table)
+
+    @classmethod
+    def parse_mapped(cls, data: bytes | bytearray | memoryview | mmap.mmap, *,
+                     max_size: int) -> tuple[dict[str, TensorInfo], int]:
+        """The tensor table of canonical bytes (not copied); ProtocolError unless they are canonical."""
         if len(data) > max_size:
             raise ProtocolError(f"checkpoint of {len(data)} bytes exceeds the limit of {max_size}")
         if len(data) < 8:
@@ -172,15 +232,21 @@ class PolicyWeights:
         # Offsets, key order, spacing and padding are all implied: compare the bytes, not the fields.
         if bytes(data[:len(canon)]) != canon or total != len(data):
             raise ProtocolError("checkpoint is not canonically encoded")
-        return cls(bytearray(data), table)
+        return table, total
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, max_size: int) -> "PolicyWeights":
+        """The canonical file at ``path``, mapped read-only (the file must not be rewritten in place;
+        every writer here replaces files by rename, which leaves a mapping intact)."""
         path = Path(path)
         size = path.stat().st_size
         if size > max_size:
             raise ProtocolError(f"{path} of {size} bytes exceeds the limit of {max_size}")
-        return cls.parse(path.read_bytes(), max_size=max_size)
+        if size == 0:
+            raise ProtocolError(f"{path} is empty")
+        m = _map(path)
+        table, _ = cls.parse_mapped(m, max_size=max_size)
+        return cls(m, table)
 
     # ----- access
     @property
@@ -215,10 +281,33 @@ class PolicyWeights:
             if info.nbytes == 0:
                 out[name] = torch.empty(info.shape, dtype=tdt)
                 continue
-            raw = torch.frombuffer(self._buf, dtype=torch.uint8, count=info.nbytes, offset=info.offset)
-            out[name] = raw.clone().view(tdt).reshape(info.shape)
+            # torch.tensor copies (frombuffer would alias, and warns on a read-only mapping).
+            raw = torch.tensor(np.frombuffer(self._buf, dtype=np.uint8, count=info.nbytes, offset=info.offset))
+            out[name] = raw.view(tdt).reshape(info.shape)
         return out
 
+
+
+def _specs(state: Mapping[str, torch.Tensor]) -> list[tuple[str, str, tuple[int, ...]]]:
+    specs = []
+    for name, t in state.items():
+        if not isinstance(name, str):
+            raise TypeError(f"tensor names must be str, got {name!r}")
+        if t.dtype not in _CODE_OF:
+            raise TypeError(f"tensor {name!r} has unsupported dtype {t.dtype}")
+        specs.append((name, _CODE_OF[t.dtype], tuple(int(d) for d in t.shape)))
+    return specs
+
+
+def _raw_bytes(t: torch.Tensor) -> memoryview:
+    """A tensor's bytes without a copy when it is a contiguous CPU tensor (one copy otherwise)."""
+    flat = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+    return memoryview(flat.numpy())
+
+
+def _map(path: Path) -> mmap.mmap:
+    with open(path, "rb") as f:
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
 def check_dtype(value: object) -> str:

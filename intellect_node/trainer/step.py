@@ -7,17 +7,22 @@ pi_old), the reward and the policy version that produced it. Samples come in gro
 
 The step: group advantages over the whole batch -> forward/backward in micro-batches (the loss is a
 sum over tokens divided by a constant, so accumulating micro-batch gradients gives exactly the full-batch
-gradient) -> clip the global gradient norm -> optimizer step. ``distributed.py`` runs the same function
-on a shard per rank.
+gradient) -> clip the global gradient norm -> optimizer step. ``distributed.py`` runs the same
+micro-steps on a shard per rank.
+
+Micro-batches are cut by a token budget (``micro_tokens``: rows x longest row, padding included, which
+is what the activations cost) and a row cap (``micro_batch``), so a batch of long completions takes more,
+smaller forwards instead of running out of memory. The model may live on any device and compute under
+autocast (``compute_dtype``, see ``trainer/model.py``); batches are built on the CPU and moved.
 
 Shortcuts: sequences are right-padded to the longest in the micro-batch with explicit position IDs; no
-packing. One optimizer step per batch (no PPO epochs): with ``async_level`` staleness the ratio already
+packing; micro-batches keep the batch order (no sorting by length). One optimizer step per batch (no PPO epochs): with ``async_level`` staleness the ratio already
 differs from 1 and INTELLECT-2 also takes one step per batch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import torch
@@ -30,6 +35,7 @@ from intellect_node.trainer.grpo import (
     token_entropy,
     token_logprobs,
 )
+from intellect_node.trainer.model import autocast, model_device
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,15 @@ class TensorBatch:
     loss_mask: torch.Tensor       # [B, T] bool: position t predicts a completion token
     old_logprobs: torch.Tensor    # [B, T] fp32, aligned with loss_mask
     advantages: torch.Tensor      # [B] fp32
+
+    @property
+    def padded_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    def to(self, device: torch.device | str) -> "TensorBatch":
+        if torch.device(device).type == "cpu":
+            return self
+        return replace(self, **{f: getattr(self, f).to(device) for f in self.__dataclass_fields__})
 
 
 def collate(samples: Sequence[Sample], advantages: torch.Tensor, pad_id: int = 0) -> TensorBatch:
@@ -115,36 +130,71 @@ def batch_advantages(samples: Sequence[Sample], cfg: GRPOConfig) -> torch.Tensor
     return group_advantages(rewards, cfg.group_size, scale_by_std=cfg.scale_by_std)
 
 
+def micro_batches(samples: Sequence[Sample], *, micro_batch: int = 64,
+                  micro_tokens: int | None = None) -> list[range]:
+    """Consecutive index ranges of ``samples``: at most ``micro_batch`` rows and, when given, at most
+    ``micro_tokens`` padded tokens (rows x longest row) each. A row longer than the budget alone is a
+    micro-batch of its own (it cannot be split: its tokens attend to each other)."""
+    if micro_batch < 1 or (micro_tokens is not None and micro_tokens < 1):
+        raise ValueError(f"micro_batch {micro_batch} and micro_tokens {micro_tokens} must be positive")
+    out: list[range] = []
+    start, width = 0, 0
+    for i, s in enumerate(samples):
+        n = len(s.prompt_ids) + len(s.completion_ids)
+        rows = i - start
+        w = max(width, n)
+        over = rows >= micro_batch or (micro_tokens is not None and (rows + 1) * w > micro_tokens)
+        if rows and over:
+            out.append(range(start, i))
+            start, w = i, n
+        width = w
+    if start < len(samples):
+        out.append(range(start, len(samples)))
+    return out
+
+
+def micro_step(model: Any, samples: Sequence[Sample], advantages: torch.Tensor, cfg: GRPOConfig, *,
+               pad_id: int = 0, ref_model: Any | None = None, loss_scale: float = 1.0,
+               temperature: float = 1.0, compute_dtype: torch.dtype | None = None) -> LossParts:
+    """Forward and backward one micro-batch, adding ``loss_scale`` x its loss gradient into ``.grad``.
+
+    ``temperature`` is the one the samples were drawn at: pi_theta must be the same tempered
+    distribution as pi_old. The loss itself is computed in fp32 whatever ``compute_dtype`` is.
+    """
+    device = model_device(model)
+    tb = collate(samples, advantages, pad_id).to(device)
+    with autocast(device, compute_dtype):
+        logits = _forward_logits(model, tb)
+    if temperature != 1.0:
+        logits = logits.float() / temperature
+    targets = shifted_targets(tb.input_ids)
+    logp = token_logprobs(logits, targets)
+    ref_lp = None
+    if cfg.kl_coef > 0.0:
+        if ref_model is None:
+            raise ValueError("kl_coef > 0 needs a reference model")
+        with torch.no_grad(), autocast(device, compute_dtype):
+            ref_logits = _forward_logits(ref_model, tb)
+        ref_lp = token_logprobs(ref_logits.float() / temperature, targets)
+    ent = token_entropy(logits) if cfg.entropy_coef > 0.0 else None
+    p = grpo_loss(logp, tb.old_logprobs, tb.advantages, tb.loss_mask, cfg, ref_logprobs=ref_lp, entropy=ent)
+    (p.loss * loss_scale).backward()
+    return p
+
+
 def accumulate_gradients(model: Any, samples: Sequence[Sample], advantages: torch.Tensor, cfg: GRPOConfig,
-                         *, micro_batch: int = 64, pad_id: int = 0, ref_model: Any | None = None,
-                         loss_scale: float = 1.0, temperature: float = 1.0) -> list[LossParts]:
+                         *, micro_batch: int = 64, micro_tokens: int | None = None, pad_id: int = 0,
+                         ref_model: Any | None = None, loss_scale: float = 1.0, temperature: float = 1.0,
+                         compute_dtype: torch.dtype | None = None) -> list[LossParts]:
     """Forward/backward ``samples`` in micro-batches, adding into ``.grad``; returns per-micro-batch parts.
 
-    ``loss_scale`` multiplies each backward (DDP averages gradients over ranks; the caller passes the
-    world size so the average becomes the sum the objective is defined as). ``temperature`` is the one
-    the samples were drawn at: pi_theta must be the same tempered distribution as pi_old.
+    ``loss_scale`` multiplies each backward (data-parallel wrappers average gradients over ranks; the
+    caller passes the world size so the average becomes the sum the objective is defined as).
     """
-    parts: list[LossParts] = []
-    for start in range(0, len(samples), micro_batch):
-        chunk = samples[start:start + micro_batch]
-        tb = collate(chunk, advantages[start:start + micro_batch], pad_id)
-        logits = _forward_logits(model, tb)
-        if temperature != 1.0:
-            logits = logits / temperature
-        targets = shifted_targets(tb.input_ids)
-        logp = token_logprobs(logits, targets)
-        ref_lp = None
-        if cfg.kl_coef > 0.0:
-            if ref_model is None:
-                raise ValueError("kl_coef > 0 needs a reference model")
-            with torch.no_grad():
-                ref_lp = token_logprobs(_forward_logits(ref_model, tb) / temperature, targets)
-        ent = token_entropy(logits) if cfg.entropy_coef > 0.0 else None
-        p = grpo_loss(logp, tb.old_logprobs, tb.advantages, tb.loss_mask, cfg, ref_logprobs=ref_lp,
-                      entropy=ent)
-        (p.loss * loss_scale).backward()
-        parts.append(p)
-    return parts
+    return [micro_step(model, [samples[i] for i in r], advantages[r.start:r.stop], cfg, pad_id=pad_id,
+                       ref_model=ref_model, loss_scale=loss_scale, temperature=temperature,
+                       compute_dtype=compute_dtype)
+            for r in micro_batches(samples, micro_batch=micro_batch, micro_tokens=micro_tokens)]
 
 
 def summarize(parts: Sequence[LossParts], samples: Sequence[Sample], grad_norm: float) -> StepStats:
@@ -162,16 +212,18 @@ def summarize(parts: Sequence[LossParts], samples: Sequence[Sample], grad_norm: 
 
 
 def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[Sample], cfg: GRPOConfig,
-               *, micro_batch: int = 64, pad_id: int = 0, ref_model: Any | None = None,
-               temperature: float = 1.0) -> StepStats:
+               *, micro_batch: int = 64, micro_tokens: int | None = None, pad_id: int = 0,
+               ref_model: Any | None = None, temperature: float = 1.0,
+               compute_dtype: torch.dtype | None = None) -> StepStats:
     """One GRPO optimizer step on ``samples`` (whole groups, consecutive). Returns the step's statistics."""
     if len(samples) % cfg.group_size:
         raise ValueError(f"{len(samples)} samples are not whole groups of {cfg.group_size}")
     model.train()
     optimizer.zero_grad(set_to_none=True)
     adv = batch_advantages(samples, cfg)
-    parts = accumulate_gradients(model, samples, adv, cfg, micro_batch=micro_batch, pad_id=pad_id,
-                                 ref_model=ref_model, temperature=temperature)
+    parts = accumulate_gradients(model, samples, adv, cfg, micro_batch=micro_batch, micro_tokens=micro_tokens,
+                                 pad_id=pad_id, ref_model=ref_model, temperature=temperature,
+                                 compute_dtype=compute_dtype)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,156 @@
+"""Loading a trainable model: any supported causal-LM family from a local folder, in the training
+precision and on the device the operator chose.
+
+The trainer goes through transformers' ``AutoModelForCausalLM`` (offline, ``local_files_only``), so the
+families' differences (Llama-3 rope scaling, Qwen2's QKV bias, Qwen3's q/k norms, Mistral's sliding
+window, tied or untied embeddings, sharded safetensors) are transformers' forward, the reference the
+inference side is checked against. Other ``model_type`` values are refused before any weights are read.
+
+Precision (``dtype``):
+
+- ``float32``: parameters, gradients and AdamW state in fp32 (the default; what the embedded model and
+  the equality tests use).
+- ``bfloat16``: the parameters stay fp32 and *are* the master weights, and the forward/backward runs
+  under ``torch.autocast(bfloat16)`` (matmuls in bf16, reductions and the log-softmax of the loss in
+  fp32). We chose autocast over bf16 parameters plus an fp32 copy because it needs no second copy of the
+  weights to keep in sync, the optimizer and checkpoints see plain fp32 tensors (a bf16 run resumes in
+  fp32 and back), and FSDP2's ``MixedPrecisionPolicy`` is the same scheme, so one-process and sharded
+  steps agree. Memory per parameter is the same 16 bytes either way (fp32 weights 4 + grads 4 + AdamW
+  8; the alternative holds bf16 weights 2 + bf16 grads 2 + fp32 master 4 + AdamW 8); activations are
+  bf16 in both. Measured here (docs/training.md): on CPU autocast's per-forward weight casts cost more
+  than they save on tiny models, so bf16 pays off on accelerators, not on the test machine.
+
+``gradient_checkpointing`` recomputes each decoder layer's activations in the backward (non-reentrant
+checkpointing), trading ~30% more compute for activation memory that no longer grows with depth.
+
+Shortcut: the model is loaded whole on one device (FSDP2 shards it after loading, see
+``distributed.py``); loading straight into shards (meta device) is not done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ContextManager
+
+import torch
+
+from intellect_node.errors import ConfigError
+
+TRAINABLE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+"""The families the trainer trains (issue #13): the ones people run RL on today. The inference side
+keeps its own list (``models.loader``); both name the same families."""
+
+TRAIN_DTYPES = ("float32", "bfloat16")
+"""float16 is left out on purpose: without loss scaling its gradients underflow, and bf16 needs none."""
+
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How the trainer holds and runs its model. Every node setting it reads is optional (default here)."""
+
+    dtype: str = "float32"
+    """``float32`` or ``bfloat16`` (fp32 master weights, bf16 compute under autocast)."""
+    gradient_checkpointing: bool = False
+    device: str = "cpu"
+    """``cpu`` or ``cuda:N``."""
+    micro_batch_tokens: int = 16384
+    """Padded tokens (rows x longest row) per forward/backward; bounds activation memory whatever the
+    completion lengths. 16k tokens of a 1-2B model fit a 24 GB accelerator with checkpointing on."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in TRAIN_DTYPES:
+            raise ConfigError(f"trainer dtype {self.dtype!r} is not one of {', '.join(TRAIN_DTYPES)}",
+                              field="dtype")
+        if not _DEVICE.match(self.device):
+            raise ConfigError(f"trainer device {self.device!r} must be 'cpu' or 'cuda:N'", field="device")
+        if self.micro_batch_tokens < 1:
+            raise ConfigError(f"micro_batch_tokens = {self.micro_batch_tokens} must be positive",
+                              field="micro_batch_tokens")
+
+    @property
+    def compute_dtype(self) -> torch.dtype | None:
+        """The autocast dtype of the forward/backward, None for plain fp32."""
+        return torch.bfloat16 if self.dtype == "bfloat16" else None
+
+    @classmethod
+    def from_section(cls, section: Any) -> "TrainOptions":
+        """Options from a config section that may carry ``train_dtype``, ``gradient_checkpointing``,
+        ``train_device`` and ``micro_batch_tokens`` (a section without them gets the defaults)."""
+        d = cls()
+        return cls(dtype=getattr(section, "train_dtype", d.dtype),
+                   gradient_checkpointing=bool(getattr(section, "gradient_checkpointing",
+                                                       d.gradient_checkpointing)),
+                   device=getattr(section, "train_device", d.device),
+                   micro_batch_tokens=int(getattr(section, "micro_batch_tokens", d.micro_batch_tokens)))
+
+
+def autocast(model_or_device: Any, compute_dtype: torch.dtype | None) -> ContextManager[Any]:
+    """The autocast context of one forward/backward (a no-op in fp32)."""
+    if compute_dtype is None:
+        return contextlib.nullcontext()
+    device = model_or_device if isinstance(model_or_device, (str, torch.device)) else model_device(model_or_device)
+    return torch.autocast(device_type=torch.device(device).type, dtype=compute_dtype)
+
+
+def model_device(model: Any) -> torch.device:
+    """Where the model's parameters live (FSDP2's DTensors report their local device)."""
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def trainable_model_dir(model: str | Path | None) -> Path:
+    """The model folder (None: the embedded model); ConfigError unless it holds a config and weights."""
+    if model is None:
+        from intellect_node.models.loader import embedded_model_dir
+
+        return embedded_model_dir()
+    path = Path(model).expanduser()
+    weights = (path / "model.safetensors").exists() or (path / "model.safetensors.index.json").exists()
+    if not (path / "config.json").exists() or not weights:
+        raise ConfigError(f"{path} is not a model folder for training (needs config.json and "
+                          "model.safetensors or model.safetensors.index.json)", field="model")
+    return path
+
+
+def check_model_type(path: Path) -> str:
+    """The folder's ``model_type``; ConfigError naming it when the trainer does not support it."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+        model_type = config.get("model_type") if isinstance(config, dict) else None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path / 'config.json'} is unreadable: {exc}", field="model") from exc
+    if model_type not in TRAINABLE_MODEL_TYPES:
+        raise ConfigError(f"{path}: model_type {model_type!r} cannot be trained; supported: "
+                          f"{', '.join(TRAINABLE_MODEL_TYPES)}", field="model")
+    return str(model_type)
+
+
+def load_trainable(model: str | Path | None = None, options: TrainOptions | None = None) -> Any:
+    """The folder's model in fp32 on ``options.device``, in train mode, ready for ``train_step``.
+
+    Weights are fp32 whatever the folder stores (bf16 checkpoints are upcast): they are the master
+    weights the optimizer updates; ``options.dtype`` only changes the compute (see the module doc).
+    """
+    from transformers import AutoModelForCausalLM
+
+    options = options or TrainOptions()
+    path = trainable_model_dir(model)
+    check_model_type(path)
+    m = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, local_files_only=True)
+    m.config.use_cache = False  # no KV cache while training (it is also incompatible with checkpointing)
+    if options.gradient_checkpointing:
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    m.to(options.device)
+    m.train()
+    return m
+
+
+__all__ = ["TRAINABLE_MODEL_TYPES", "TRAIN_DTYPES", "TrainOptions", "autocast", "check_model_type",
+           "load_trainable", "model_device", "trainable_model_dir"]
