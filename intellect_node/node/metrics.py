@@ -13,6 +13,16 @@ fixed port and no token, while the control API's port is random and every route 
 ``GET /v1/health`` there answers 200 for a healthy node and 503 (with the reasons) otherwise, for load
 balancers and health checks that read status codes.
 
+The port is fixed by default, :data:`DEFAULT_PORT` (29464), because a scrape config names one. Why that
+number: Prometheus' exporter range 9100-9999 is fully allocated (9464 there is OpenTelemetry's exporter),
+29464 is in no ``/etc/services`` list, and it sits below Linux' ephemeral range (32768-60999), so an
+outgoing connection never holds it. A port the operator chose that is taken stops the node with a message
+naming ``--metrics-port``; the default port taken (a second node on the machine) falls back to a free port
+and says so, since the demo and local sweeps run several nodes side by side.
+
+Besides the node's own numbers the registry carries prometheus_client's ``process_*`` (CPU, memory, open
+files), ``python_info`` and ``python_gc_*`` collectors, as a Python exporter is expected to.
+
 Health on a scrape: ``intellect_node_healthy`` is 1 only for a running node without degraded reasons,
 ``intellect_node_restarts_total{part}`` counts libp2p and essential-task restarts, and
 ``intellect_node_status_age_seconds`` is how long ago the node's status loop last refreshed the board
@@ -25,7 +35,7 @@ import logging
 from typing import Any, Iterator
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -34,6 +44,8 @@ from intellect_node.node.status import StatusBoard
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DEFAULT_PORT = 29464
+"""The documented default metrics port (why this number: the module docstring)."""
 _PREFIX = "intellect_node"
 
 
@@ -118,6 +130,10 @@ class StatusCollector(Collector):
 def build_registry(board: StatusBoard) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatusCollector(board))
+    # Per registry, not the global default one: several nodes share a process in tests.
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
     return registry
 
 
@@ -151,17 +167,19 @@ class MetricsService:
 
     name = "metrics"
 
-    def __init__(self, board: StatusBoard, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, board: StatusBoard, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+                 port_chosen: bool = True) -> None:
         self.board = board
         self.host = host
         self.port = port
+        self.port_chosen = port_chosen  # False: the default port, which may fall back to a free one
         self.url = ""
         self._runner: web.AppRunner | None = None
 
     @classmethod
     def for_runtime(cls, rt: Any) -> "MetricsService":
         cfg = rt.config.metrics
-        return cls(rt.board, host=cfg.host, port=cfg.port)
+        return cls(rt.board, host=cfg.host, port=cfg.port, port_chosen="port" in cfg.model_fields_set)
 
     async def start(self) -> None:
         from intellect_node.errors import ConfigError
@@ -174,10 +192,16 @@ class MetricsService:
         try:
             await site.start()
         except OSError as exc:
-            await runner.cleanup()
-            raise ConfigError(f"cannot serve metrics on {self.host}:{self.port} ({exc.strerror}); set "
-                              "metrics.port to a free port (or 0), or metrics.enabled = false",
-                              field="metrics.port") from exc
+            if self.port_chosen or self.port == 0:
+                await runner.cleanup()
+                raise ConfigError(f"cannot serve metrics on {self.host}:{self.port} ({exc.strerror}): "
+                                  "another program holds the port; pass --metrics-port with a free port "
+                                  "(0: any), or set metrics.port / metrics.enabled = false",
+                                  field="metrics.port") from exc
+            log.info("metrics port %d is taken (another node on this machine?); using a free port instead. "
+                     "Pass --metrics-port for a fixed scrape target", self.port)
+            site = web.TCPSite(runner, self.host, 0, shutdown_timeout=1.0)
+            await site.start()
         self._runner = runner
         sock = site._server.sockets[0]  # type: ignore[union-attr]  # the bound port when port=0
         host, port = sock.getsockname()[:2]
