@@ -73,13 +73,12 @@ def register(app: typer.Typer) -> None:
         import torch
 
         from intellect_node.fsutil import atomic_write_text
+        from intellect_node.inference import make_engine
         from intellect_node.inference.base import SamplingConfig
         from intellect_node.inference.calibrate import calibrate as run
         from intellect_node.inference.torch_engine import TorchEngine
-        from intellect_node.proofs.thresholds import Margins, merge_into
-
-        from intellect_node.inference import make_engine
         from intellect_node.node.config.schema import check_device
+        from intellect_node.proofs.thresholds import Margins, merge_into
 
         for flag, value in (("device", device), ("verify_device", verify_device)):
             try:
@@ -96,9 +95,9 @@ def register(app: typer.Typer) -> None:
                 engines.append(make_engine(verifier_engine.loaded.path, name, dtype=dtype, device=device))
             else:
                 raise ConfigError(f"--engines: unknown engine {name!r} (torch, vllm)", field="engines")
-        cals = run(verifier_engine, engines, n=n, batch_sizes=sizes, seed=seed, margins=Margins(factor=factor),
-                   sampling=SamplingConfig(temperature=temperature, top_p=top_p,
-                                           max_new_tokens=max_new_tokens))
+        sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+        cals = run(verifier_engine, engines, n=n, batch_sizes=sizes, seed=seed,
+                   margins=Margins(factor=factor), sampling=sampling)
         for cal in cals:
             atomic_write_text(path, json.dumps(merge_into(path, cal), indent=2) + "\n")
             data = cal.to_json()

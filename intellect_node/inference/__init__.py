@@ -32,7 +32,8 @@ def choose_engine(engine: str, device: str, *, vllm_installed: bool | None = Non
     if engine != "auto":
         from intellect_node.errors import ConfigError
 
-        raise ConfigError(f"engine {engine!r} is not one of auto, {', '.join(ENGINES)}", field="inference.engine")
+        raise ConfigError(f"engine {engine!r} is not one of auto, {', '.join(ENGINES)}",
+                          field="inference.engine")
     if not device.startswith("cuda"):
         return "torch", f"auto on {device}: vLLM is chosen only on CUDA"
     if vllm_installed is None:

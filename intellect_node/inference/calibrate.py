@@ -71,8 +71,9 @@ def calibrate(verifier_engine: TorchEngine, engines: Sequence[InferenceEngine] =
                     f = v.figures
                     observed.add(int(f["exp_mismatches"]), f["mant_err_mean"], f["mant_err_median"],
                                  f["logprob_diff"], f["sampling_gap"])
-        out.append(Calibration(dtype=verifier_engine.dtype, engines=[engine.name], batch_sizes=list(batch_sizes),
-                               max_new_tokens=sampling.max_new_tokens, observed=observed, margins=margins,
+        out.append(Calibration(dtype=verifier_engine.dtype, engines=[engine.name],
+                               batch_sizes=list(batch_sizes), max_new_tokens=sampling.max_new_tokens,
+                               observed=observed, margins=margins,
                                device=device_kind(str(getattr(engine, "device", "cpu"))),
                                verify_device=device_kind(str(verifier_engine.device)), model=fingerprint))
     return out

@@ -70,7 +70,8 @@ class VllmEngine:
             from vllm import LLM
         except ImportError as exc:
             raise ConfigError("the vLLM engine needs vllm: run `make test-vllm` (or scripts/setup-vllm.sh) "
-                              "and use .venv-vllm, or `pip install vllm` on CUDA", field="inference.engine") from exc
+                              "and use .venv-vllm, or `pip install vllm` on CUDA",
+                              field="inference.engine") from exc
         path = resolve_model_dir(model)
         self.dtype = dtype
         self.device = device

@@ -32,7 +32,10 @@ The same notice again (same worker, same blob) is ignored and not charged: anyon
 gossip message once the gossip layer's seen-cache has forgotten it.
 
 The validator keeps an engine for each of the last ``async_level + 1`` policy versions so it can check
-rollouts from any version the trainer would still accept.
+rollouts from any version the trainer would still accept. Its engines are the verifier's, the torch
+engine on ``inference.device`` (it prefills, it never generates), and its thresholds are the run's for
+every pair ``run.rollout_engines`` admits against that verifier (``roles/engines.py``): a pair not
+calibrated stops it at start.
 """
 
 from __future__ import annotations
@@ -52,7 +55,6 @@ import msgspec
 from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError
 from intellect_node.inference import make_engine
 from intellect_node.inference.verifier import Expectations, Verifier, seed_violation
-from intellect_node.proofs.thresholds import load_thresholds
 from intellect_node.protocol.policy import PolicyAnnouncement
 from intellect_node.protocol.rl import (
     MAX_DETAIL_LEN,
@@ -76,6 +78,7 @@ from intellect_node.roles.common import (
     require_trainer,
     run_task,
 )
+from intellect_node.roles.engines import run_thresholds
 from intellect_node.roles.follow import TrainerPolicy
 from intellect_node.roles.intake import Intake, Limits, Pending
 from intellect_node.roles.seams import RoleTasks, Runtime
@@ -112,7 +115,8 @@ class Validator:
         self.allowed = frozenset(cfg.run.worker_allowlist)
         self.task = run_task(cfg)  # also registers a JSONL task so problem IDs resolve
         self.base = base_model(cfg)
-        self.thresholds = load_thresholds(model_dir(cfg), cfg.run.dtype)
+        self.device = cfg.inference.device
+        self.thresholds = run_thresholds(cfg, model_dir(cfg))
         self.dir = Path(runtime.data_dir) / "validator"
         self.engines: OrderedDict[int, tuple[str, TorchEngine]] = OrderedDict()
         self.latest_announced = -1
@@ -198,7 +202,7 @@ class Validator:
 
     async def _add_engine(self, version: int, ckpt: PolicyWeights) -> None:
         loaded = await asyncio.to_thread(loaded_from_checkpoint, self.base, ckpt)
-        engine = await asyncio.to_thread(make_engine, loaded)
+        engine = await asyncio.to_thread(make_engine, loaded, "torch", device=self.device)
         self.engines[version] = (ckpt.content_hash, engine)
         while len(self.engines) > self.async_level + 1:
             self.engines.popitem(last=False)

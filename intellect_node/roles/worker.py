@@ -17,6 +17,11 @@ and the trainer refuse as ``duplicate`` and count against the worker. The proble
 version are kept in ``worker/used.json`` (written before generating) so a restarted worker does not
 repeat them either. In a closed run (``run.worker_allowlist``) a worker not on the list refuses to start.
 
+The engine is the ``[inference]`` section's (``roles/engines.py``): the torch engine gets a fresh
+engine per policy version (weights in memory, cheap); vLLM is started once from the model folder and
+each version's weights are swapped into it, never during a batch (``_engine_lock``). A worker whose
+engine@device the run does not list in ``run.rollout_engines`` refuses to start.
+
 The record-building step is :meth:`Worker.make_records`; tests subclass it to play a cheating worker.
 """
 
@@ -54,6 +59,7 @@ from intellect_node.roles.common import (
     require_trainer,
     run_task,
 )
+from intellect_node.roles.engines import engine_choice, require_rollout_engine
 from intellect_node.roles.follow import TrainerPolicy
 from intellect_node.roles.seams import RoleTasks, Runtime
 from intellect_node.trainer.policy_weights import PolicyWeights
@@ -75,6 +81,8 @@ class Worker:
         cfg = runtime.config
         require_trainer(cfg, "worker")
         require_allowed(cfg, runtime.swarm.peer_id)
+        self.choice = engine_choice(cfg, "worker")
+        require_rollout_engine(cfg, self.choice)
         self.rt = runtime
         self.cfg = cfg
         self.rl = cfg.rl
@@ -87,6 +95,7 @@ class Worker:
         self.rng = random.Random(self.rl.seed)
         self.dir = Path(runtime.data_dir) / "worker"
         self.engine: InferenceEngine | None = None
+        self._engine_lock = asyncio.Lock()  # a batch's generation, or a weight swap into vLLM
         self.version = -1
         self.checkpoint_hash = ""
         self.tasks = RoleTasks(runtime, "worker")
@@ -123,8 +132,19 @@ class Worker:
     async def _load(self, version: int, ckpt: PolicyWeights) -> None:
         """A new policy version (``roles/follow.py``): generation moves to it at its next batch."""
         loaded = await asyncio.to_thread(loaded_from_checkpoint, self.base, ckpt)
-        self.engine = await asyncio.to_thread(make_engine, loaded)
-        self.version, self.checkpoint_hash = version, ckpt.content_hash
+        if self.choice.name == "torch":
+            engine = await asyncio.to_thread(make_engine, loaded, "torch", device=self.choice.device)
+            async with self._engine_lock:
+                self.engine = engine
+                self.version, self.checkpoint_hash = version, ckpt.content_hash
+        else:
+            async with self._engine_lock:  # vLLM's weights change in place: not under a running batch
+                if self.engine is None:
+                    self.engine = await asyncio.to_thread(
+                        make_engine, self.base.path, self.choice.name, dtype=self.base.dtype,
+                        device=self.choice.device, vllm=self.choice.vllm)
+                await asyncio.to_thread(self.engine.load_weights, loaded.state)  # type: ignore[attr-defined]
+                self.version, self.checkpoint_hash = version, ckpt.content_hash
         self.rt.board.set_policy(local=version)
 
     # -- generation ------------------------------------------------------------------------------
@@ -199,7 +219,10 @@ class Worker:
             # Persisted before generating: a restart at this version must not draw these again.
             await asyncio.to_thread(atomic_write_text, self.dir / USED_FILE,
                                     json.dumps({"version": version, "problems": sorted(used)}))
-            records = await asyncio.to_thread(self.make_records, engine, problems, version, ckpt_hash)
+            async with self._engine_lock:
+                if self.version != version:  # a new policy landed meanwhile: generate for it instead
+                    continue
+                records = await asyncio.to_thread(self.make_records, engine, problems, version, ckpt_hash)
             n_tokens = sum(len(r.completion_tokens) for r in records)
             self.rt.board.rollouts_generated(len(records), tokens=n_tokens)
             try:
