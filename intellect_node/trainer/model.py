@@ -132,6 +132,21 @@ def check_model_type(path: Path) -> str:
     return str(model_type)
 
 
+def enable_checkpointing(model: Any) -> None:
+    """Non-reentrant activation checkpointing of every decoder layer (transformers 5 renamed the call)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def is_checkpointing(model: Any) -> bool:
+    if hasattr(model, "is_activation_checkpointing"):
+        return bool(model.is_activation_checkpointing)
+    return bool(getattr(model, "is_gradient_checkpointing", False))
+
+
 def load_trainable(model: str | Path | None = None, options: TrainOptions | None = None) -> Any:
     """The folder's model in fp32 on ``options.device``, in train mode, ready for ``train_step``.
 
@@ -146,11 +161,11 @@ def load_trainable(model: str | Path | None = None, options: TrainOptions | None
     m = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, local_files_only=True)
     m.config.use_cache = False  # no KV cache while training (it is also incompatible with checkpointing)
     if options.gradient_checkpointing:
-        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(m)
     m.to(options.device)
     m.train()
     return m
 
 
 __all__ = ["TRAINABLE_MODEL_TYPES", "TRAIN_DTYPES", "TrainOptions", "autocast", "check_model_type",
-           "load_trainable", "model_device", "trainable_model_dir"]
+           "enable_checkpointing", "is_checkpointing", "load_trainable", "model_device", "trainable_model_dir"]

@@ -35,3 +35,47 @@ def sample_group(model: Any, prompt: list[int], n: int, new_tokens: int,
             lps[i].append(float(logp[i, tok[i, 0]]))
         ids = torch.cat([ids, tok], dim=1)
     return [(ids[i, len(prompt):].tolist(), lps[i]) for i in range(n)]
+
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def tiny_family_model(family: str, *, vocab: int = 32, hidden: int = 64, layers: int = 2, seed: int = 0,
+                      tied: bool = False) -> Any:
+    """A tiny random causal LM of ``family`` with the feature that sets it apart switched on: Llama-3
+    rope scaling, Mistral's sliding window, Qwen2's QKV bias, Qwen3's q/k norms (and explicit head_dim)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                  tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if family == "llama":
+        cfg: Any = LlamaConfig(**common, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                       "original_max_position_embeddings": 32})
+    elif family == "mistral":
+        cfg = MistralConfig(**common, sliding_window=8)
+    elif family == "qwen2":
+        cfg = Qwen2Config(**common)
+    elif family == "qwen3":
+        cfg = Qwen3Config(**common, head_dim=16)
+    else:
+        raise ValueError(f"unknown family {family!r}")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.eval()
+    return model
+
+
+def scored_samples(model: Any, prompts: list[list[int]], group: int, *, seed: int = 0,
+                   new_tokens: int = 3) -> list[Any]:
+    """Whole groups of sampled completions with their logprobs and mixed rewards (some groups of
+    different lengths, so micro-batches pad)."""
+    from intellect_node.trainer.step import Sample
+
+    out = []
+    for j, prompt in enumerate(prompts):
+        for i, (comp, lps) in enumerate(sample_group(model, prompt, group, new_tokens=new_tokens + j,
+                                                     seed=seed + j)):
+            out.append(Sample(tuple(prompt), tuple(comp), tuple(lps), float((i + j) % 3 == 0)))
+    return out
