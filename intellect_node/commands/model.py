@@ -2,9 +2,47 @@
 
 from __future__ import annotations
 
+import json
+import math
+import struct
 from pathlib import Path
 
 import typer
+
+from intellect_node.errors import ConfigError
+
+_MAX_HEADER = 100 * 2**20  # safetensors' own limit on the JSON header
+
+
+def safetensors_header(path: Path, *, flag: str = "--weights") -> dict:
+    """The JSON header of a safetensors file (8-byte little-endian length, then JSON), read without torch;
+    ConfigError naming ``flag`` when ``path`` is not one, so a wrong file is a message, not a traceback."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(8)
+            size = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
+            header = json.loads(f.read(size)) if 0 < size <= _MAX_HEADER else None
+    except IsADirectoryError as exc:
+        raise ConfigError(f"{flag}: {path} is a folder; give the .safetensors file in it", field=flag) from exc
+    except OSError as exc:
+        raise ConfigError(f"{flag}: cannot read {path} ({exc.strerror})", field=flag) from exc
+    except (UnicodeDecodeError, ValueError):
+        header = None
+    if not isinstance(header, dict):
+        raise ConfigError(f"{flag}: {path} is not a safetensors file (expected e.g. "
+                          "DATA/trainer/checkpoints/v00000042/model.safetensors)", field=flag)
+    return header
+
+
+def model_size(path: Path) -> tuple[int, int]:
+    """(parameters, bytes on disk) of the ``*.safetensors`` files of a model folder."""
+    params = nbytes = 0
+    for file in sorted(path.glob("*.safetensors")):
+        nbytes += file.stat().st_size
+        for name, entry in safetensors_header(file, flag="--model").items():
+            if name != "__metadata__" and isinstance(entry, dict):
+                params += math.prod(entry.get("shape", []))
+    return params, nbytes
 
 
 def register(app: typer.Typer) -> None:
@@ -25,8 +63,6 @@ def register(app: typer.Typer) -> None:
         model_dir: Path = typer.Option(None, "--model", help="Model folder (default: embedded)."),
     ) -> None:
         """Print the model's architecture, size and checkpoint CID."""
-        import json
-
         from intellect_node.inference.rollouts import checkpoint_cid
         from intellect_node.models.loader import resolve_model_dir
 
@@ -35,6 +71,9 @@ def register(app: typer.Typer) -> None:
         for k in ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "intermediate_size", "max_position_embeddings"):
             typer.echo(f"{k:24} {cfg.get(k)}")
+        params, nbytes = model_size(path)
+        typer.echo(f"{'parameters':24} {params:,}")
+        typer.echo(f"{'size_bytes':24} {nbytes:,} ({nbytes / 2**20:.1f} MiB)")
         typer.echo(f"{'checkpoint_cid':24} {checkpoint_cid(path)}")
         if (path / "training.json").exists():
             typer.echo(f"{'training':24} {(path / 'training.json').read_text().strip()}")
@@ -56,6 +95,8 @@ def register(app: typer.Typer) -> None:
         from intellect_node.inference.evaluate import evaluate
 
         torch.set_num_threads(1)
+        if weights is not None:
+            safetensors_header(weights)  # a wrong file: exit 2 with a message (cli.py), before loading
         rate = evaluate(model_dir, weights, n=n, seed=seed, max_new_tokens=max_new_tokens)
         typer.echo(f"pass rate {rate:.4f} on {n} problems (seed {seed})")
 

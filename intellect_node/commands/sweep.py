@@ -41,6 +41,10 @@ WORKER_STOP_S = 15.0
 MAX_LOCAL_WORKERS = 64
 
 
+SWEEP_RUN_ID = "sweep"
+"""The run both ``sweep polysemanticity`` and ``sweep worker`` use unless told: a worker started with no
+``--run-id`` must hear the coordinator's offers (it listened on "default" before)."""
+
 def local_worker_argv(index: int, flags: list[str]) -> list[str]:
     """The command line of local worker ``index``: ``intellect-node sweep worker FLAGS``. Looked up at
     each start, so a test's launcher can start some workers its own way (tests/support/sweep.py starts
@@ -164,7 +168,7 @@ def register(app: typer.Typer) -> None:
                                                     help="Seconds a check may wait for an eligible peer "
                                                          "before it is waived (default 10 local, 120 with "
                                                          "--join)."),
-        run_id: str = typer.Option("sweep", "--run-id", help="Run (gossip topic namespace) of the sweep."),
+        run_id: str = typer.Option(SWEEP_RUN_ID, "--run-id", help="Run (gossip topic namespace) of the sweep."),
         listen: list[str] = typer.Option([], "--listen", help="Coordinator's libp2p listen multiaddr."),
         max_votes: int = typer.Option(4, "--max-votes", hidden=True),
         log_level: str = typer.Option("WARNING", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
@@ -218,8 +222,8 @@ def register(app: typer.Typer) -> None:
                                             help="Peer to dial at start (repeatable)."),
         coordinator: list[str] = typer.Option([], "--coordinator", help="Only work for this coordinator's "
                                                                         "sweeps (peer ID, repeatable)."),
-        run_id: Optional[str] = typer.Option(None, "--run-id",
-                                             help="Run to take part in (default: default)."),
+        run_id: str = typer.Option(SWEEP_RUN_ID, "--run-id",
+                                   help="Run of the sweeps to work for (the coordinator's default too)."),
         listen: list[str] = typer.Option([], "--listen", "-l", help="libp2p listen multiaddr (repeatable)."),
         heartbeat_interval: Optional[float] = typer.Option(None, "--heartbeat-interval"),
         peer_timeout: Optional[float] = typer.Option(None, "--peer-timeout"),

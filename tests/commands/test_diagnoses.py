@@ -61,3 +61,46 @@ def test_join_logs_the_cause_of_a_failed_bootstrap(caplog: pytest.LogCaptureFixt
     assert reached == []
     said = [r.getMessage() for r in caplog.records if r.name == "intellect_node.p2p.swarm"]
     assert any(f"answered as {real_id}, expected {STALE}" in m for m in said), said
+
+
+def test_a_mistyped_environment_variable_names_the_one_that_works(tmp_path) -> None:
+    from intellect_node.errors import ConfigError
+    from intellect_node.node.config import load_config
+
+    with pytest.raises(ConfigError) as info:
+        load_config(None, environ={"INTELLECT_NODE_RUN__ID": "x"}, data_dir=tmp_path)
+    assert "did you mean INTELLECT_NODE_RUN__RUN_ID?" in str(info.value)
+    assert load_config(None, environ={"INTELLECT_NODE_RUN__RUN_ID": "x"}, data_dir=tmp_path).run.run_id == "x"
+
+
+def test_model_eval_on_a_file_that_is_not_safetensors_is_a_message(tmp_path) -> None:
+    from tests.support.common import run_cli
+
+    bad = tmp_path / "weights.bin"
+    bad.write_bytes(b"not a checkpoint at all")
+    r = run_cli("model", "eval", "--weights", str(bad), "--n", "2", timeout=120)
+    assert r.returncode == 2 and "is not a safetensors file" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = run_cli("model", "eval", "--weights", str(tmp_path), "--n", "2", timeout=120)
+    assert r.returncode == 2 and "is a folder" in r.stderr, r.stderr
+
+
+def test_model_info_prints_the_size_its_help_promises() -> None:
+    from tests.support.common import run_cli
+
+    r = run_cli("model", "info", timeout=120)
+    assert r.returncode == 0, r.stderr
+    fields = dict(ln.split(None, 1) for ln in r.stdout.splitlines() if len(ln.split(None, 1)) == 2)
+    assert int(fields["parameters"].replace(",", "")) > 100_000
+    assert "MiB" in fields["size_bytes"]
+
+
+def test_sweep_worker_and_coordinator_agree_on_the_default_run() -> None:
+    import typer.main
+
+    from intellect_node.cli import app
+    from intellect_node.commands.sweep import SWEEP_RUN_ID
+
+    sweep = typer.main.get_command(app).commands["sweep"]  # type: ignore[attr-defined]
+    defaults = {name: next(p.default for p in cmd.params if p.name == "run_id")
+                for name, cmd in sweep.commands.items() if name in ("worker", "polysemanticity")}
+    assert defaults == {"worker": SWEEP_RUN_ID, "polysemanticity": SWEEP_RUN_ID}

@@ -9,6 +9,7 @@ where the value came from.
 from __future__ import annotations
 
 import json
+import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -129,8 +130,12 @@ def env_layer(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
                               f"{', '.join(sections)})", field=var)
         info = model.model_fields.get(name)
         if info is None:
-            raise ConfigError(f"environment variable {var}: section {section} has no field {name!r} (fields: "
-                              f"{', '.join(model.model_fields)})", field=var)
+            # Name the variable that works: "id" means run_id more often than difflib would guess.
+            near = [f for f in model.model_fields if name and (f.endswith("_" + name) or f.startswith(name + "_"))]
+            near = near or difflib.get_close_matches(name, list(model.model_fields), n=1)
+            hint = f"; did you mean {ENV_PREFIX}{section.upper()}__{near[0].upper()}?" if near else ""
+            raise ConfigError(f"environment variable {var}: section {section} has no field {name!r}{hint} "
+                              f"(fields: {', '.join(model.model_fields)})", field=var)
         values.setdefault(section, {})[name] = _env_value(raw, info.annotation)
         origin[f"{section}.{name}"] = var
     return values, origin
