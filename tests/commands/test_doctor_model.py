@@ -91,7 +91,8 @@ def test_role_estimates_name_their_parts(models: dict[str, Path]) -> None:
 
 
 def _doctor(*args: str, env: dict[str, str] | None = None, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "intellect_node.cli", "doctor", "--data-dir", str(cwd), *args],
+    cli = [sys.executable, "-m", "intellect_node.cli"]
+    return subprocess.run([*cli, "doctor", "--data-dir", str(cwd), *args],
                           capture_output=True, text=True, timeout=120, cwd=cwd,
                           env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
@@ -109,8 +110,8 @@ def test_doctor_model_says_each_role_fits_with_the_numbers(models: dict[str, Pat
 def test_doctor_model_fails_a_role_that_does_not_fit_and_says_what_to_change(models: dict[str, Path],
                                                                               tmp_path: Path) -> None:
     # 64 problems x 256 samples of 1M-token contexts: terabytes of KV cache on any machine.
-    env = {"INTELLECT_NODE_INFERENCE__MAX_PROMPT_TOKENS": str(1 << 20), "INTELLECT_NODE_RL__GROUP_SIZE": "256",
-           "INTELLECT_NODE_RL__PROBLEMS_PER_BATCH": "64"}
+    env = {"INTELLECT_NODE_INFERENCE__MAX_PROMPT_TOKENS": str(1 << 20),
+           "INTELLECT_NODE_RL__GROUP_SIZE": "256", "INTELLECT_NODE_RL__PROBLEMS_PER_BATCH": "64"}
     res = _doctor("--model", str(models["qwen3"]), "--role", "worker", "--json", env=env, cwd=tmp_path)
     assert res.returncode == 1, res.stderr
     worker = {c["name"]: c for c in json.loads(res.stdout)}["worker memory"]
@@ -133,13 +134,14 @@ def test_doctor_model_refuses_bad_flags_with_exit_2(models: dict[str, Path], tmp
     assert field in res.stderr
 
 
-def test_join_refuses_a_role_that_does_not_fit_before_starting(models: dict[str, Path], tmp_path: Path) -> None:
+def test_join_refuses_a_role_that_does_not_fit_before_starting(models: dict[str, Path],
+                                                               tmp_path: Path) -> None:
     env = {**os.environ, "INTELLECT_NODE_INFERENCE__MAX_PROMPT_TOKENS": str(1 << 20),
            "INTELLECT_NODE_RL__GROUP_SIZE": "256", "INTELLECT_NODE_RL__PROBLEMS_PER_BATCH": "64",
            "INTELLECT_NODE_RUN__MODEL": str(models["qwen3"]), "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "-m", "intellect_node.cli", "join", "--data-dir", str(tmp_path / "d"),
-                          "--role", "trainer", "--headless"], capture_output=True, text=True, timeout=120,
-                         env=env)
+    res = subprocess.run([sys.executable, "-m", "intellect_node.cli", "join", "--data-dir",
+                          str(tmp_path / "d"), "--role", "trainer", "--headless"], capture_output=True,
+                         text=True, timeout=120, env=env)
     assert res.returncode == 2, res.stderr[-2000:]
     assert "inference.memory_check" in res.stderr and "GiB" in res.stderr
     assert not (tmp_path / "d" / "control.json").exists()  # it never started
