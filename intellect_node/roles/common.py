@@ -26,7 +26,7 @@ from intellect_node.protocol.rollout import RolloutRecord
 from intellect_node.roles.seams import Runtime
 from intellect_node.trainer.policy_weights import PolicyWeights
 from intellect_node.trainer.step import Sample
-from intellect_node.trainer.tasks import Problem, Task, get_task
+from intellect_node.trainer.tasks import Problem, Task
 
 if TYPE_CHECKING:
     from intellect_node.blobs.fetch import FetchStats, Provider
@@ -38,17 +38,17 @@ MAX_POLICY_BYTES = 4 << 30
 
 
 def run_task(cfg: NodeConfig) -> Task:
-    """The run's task: the JSONL file when configured (registered under its stem), else ``rl.task``;
-    narrowed to the offline filter's band when ``rl.solve_rates_file`` is set."""
-    if cfg.rl.tasks_file:
-        from intellect_node.trainer.jsonl_tasks import load_jsonl_tasks
+    """The run's task: the reward environment (``rl.env``), the JSONL file, or ``rl.task``, under the
+    run's extraction and system-prompt settings and registered so its problem IDs resolve
+    (``envs.environment.build_task``); narrowed to the offline filter's band when
+    ``rl.solve_rates_file`` is set."""
+    from intellect_node.envs.environment import build_task
 
-        task: Task = load_jsonl_tasks(cfg.rl.tasks_file)
-        if cfg.rl.task not in ("add3", task.task_id):
-            raise ConfigError(f"rl.task {cfg.rl.task!r} differs from the task file's ID {task.task_id!r}; "
-                              "drop rl.task or rename the file", field="rl.task")
-    else:
-        task = get_task(cfg.rl.task)
+    rl = cfg.rl
+    task: Task = build_task(task=rl.task, tasks_file=rl.tasks_file or None, env=rl.env or None,
+                            env_args=dict(rl.env_args), answer_format=rl.answer_format, think=rl.think,
+                            max_completion_chars=rl.max_completion_chars, system_prompt=rl.system_prompt,
+                            reward_timeout_s=rl.reward_timeout_s)
     if cfg.rl.solve_rates_file:
         from intellect_node.trainer.filtering import filter_by_rates_file
 

@@ -7,17 +7,52 @@ all score a rollout the same way.
 
 The embedded task is fixed-width 3-digit addition: prompt ``"123+045="``, answer ``"0168"``. Its problems
 are indexed 0..999_999 (``a = index // 1000``, ``b = index % 1000``) so any node can rebuild a problem from
-its ID without a dataset file. Other tasks (e.g. a JSONL loader) implement the same :class:`Task`
-protocol and register a checker name in :data:`CHECKERS`.
+its ID without a dataset file. Other tasks (a JSONL file, a reasoning-gym dataset:
+``intellect_node.envs``) implement the same :class:`Task` protocol, and either name a checker in
+:data:`CHECKERS` or give each problem its own ``scorer`` (answer extraction and a dataset's checker, run
+under a time limit).
+
+:meth:`Problem.reward` is the one entry point every role calls (the worker when it scores a rollout, the
+validator when it re-scores one, the trainer when it builds samples). Completions are hostile input: a
+reward is always a float in [0, 1], and :meth:`Problem.judge` says why a completion got 0 when no answer
+could be scored (too long, no answer found, the checker timed out or failed).
 """
 
 from __future__ import annotations
 
+import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
 from intellect_node.errors import ConfigError
+
+MAX_COMPLETION_CHARS = 32_768
+"""Completions longer than this score 0 (``too_long``) before any checker sees them: a bound on the work
+a hostile completion can cause. The default of ``rl.max_completion_chars``; far above what the embedded
+task's 8 new tokens can produce."""
+
+
+class ScoringFailed(Exception):
+    """A checker could not score an answer (timed out, crashed on it); ``reason`` is a short code.
+
+    Raised by checkers that run outside this process (``intellect_node.envs.sandbox``); :meth:`Problem.judge`
+    turns it into a reward of 0 with that reason, so it never reaches a role."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A completion's reward and, when it is 0 for want of a scorable answer, why."""
+
+    reward: float
+    reason: str = ""
+    """"" when the checker scored an answer; else e.g. ``too_long``, ``no_answer``, ``unclosed_think``,
+    ``timeout``, ``checker_error``."""
 
 
 def check_exact(completion: str, answer: str) -> float:
@@ -33,7 +68,16 @@ def check_integer(completion: str, answer: str) -> float:
         return 0.0
 
 
-CHECKERS: dict[str, Callable[[str, str], float]] = {"exact": check_exact, "integer": check_integer}
+def check_math(completion: str, answer: str) -> float:
+    """1.0 when math-verify finds the completion's final answer equal to ``answer`` (LaTeX, ``\\boxed{}``,
+    fractions, ``0.5 == 1/2``); run in a scoring process under a time limit (``intellect_node.envs``)."""
+    from intellect_node.envs.mathcheck import check_math as run
+
+    return run(completion, answer)
+
+
+CHECKERS: dict[str, Callable[[str, str], float]] = {"exact": check_exact, "integer": check_integer,
+                                                    "math": check_math}
 """Checker kinds by name. A problem names its checker, so the reward rule travels with the problem."""
 
 
@@ -49,14 +93,39 @@ class Problem:
     system: str = ""
     """System prompt the chat template renders before ``prompt`` (empty: none); part of the run's task
     settings, so every node renders the same prompt tokens."""
+    scorer: Callable[[str], Judgement] | None = field(default=None, compare=False, repr=False)
+    """Scores a completion in place of ``checker`` (an environment's extraction and its dataset's own
+    checker). Left out of equality: two nodes' problems are the same when their IDs, prompts and answers
+    are, and the settings that shape scoring are hashed into the task ID."""
 
     def reward(self, completion: str) -> float:
+        """The reward of ``completion``: a float in [0, 1] for any text (see :meth:`judge`)."""
+        return self.judge(completion).reward
+
+    def judge(self, completion: str) -> Judgement:
+        """The reward and, when no answer could be scored, the reason. Never raises on a completion:
+        a worker's text is hostile input and one bad rollout must not stop a validator or the trainer."""
+        if self.scorer is not None:
+            return self.scorer(completion)
         try:
             check = CHECKERS[self.checker]
         except KeyError:
             raise ConfigError(f"unknown checker {self.checker!r} for task {self.task_id!r}; "
                               f"known: {sorted(CHECKERS)}", field="checker") from None
-        return check(completion, self.answer)
+        if len(completion) > MAX_COMPLETION_CHARS:
+            return Judgement(0.0, "too_long")
+        try:
+            return bounded(check(completion, self.answer))
+        except ScoringFailed as exc:
+            return Judgement(0.0, exc.reason)
+
+
+def bounded(score: float) -> Judgement:
+    """``score`` as a judgement, refusing what a checker must not return (NaN, outside [0, 1])."""
+    if not isinstance(score, (int, float)) or isinstance(score, bool) or not math.isfinite(score) \
+            or not 0.0 <= score <= 1.0:
+        return Judgement(0.0, "bad_score")
+    return Judgement(float(score))
 
 
 @runtime_checkable
@@ -100,7 +169,9 @@ class AdditionTask:
     def get(self, problem_id: str) -> Problem:
         prefix = self.task_id + "/"
         tail = problem_id[len(prefix):] if problem_id.startswith(prefix) else ""
-        if not tail.isdigit() or len(tail) > 12:
+        # canonical decimal only: "add3/01" and "add3/1" naming one problem would give a worker two sets
+        # of derived sampling seeds for it (proofs.sampling keys seeds by problem ID)
+        if not tail.isascii() or not tail.isdigit() or len(tail) > 12 or str(int(tail)) != tail:
             raise ConfigError(f"{problem_id!r} is not a problem of task {self.task_id!r}", field="problem_id")
         return self.problem(int(tail))
 

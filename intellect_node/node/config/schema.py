@@ -209,6 +209,33 @@ class RLConfig(_Section):
     tasks_file: str | None = None
     """JSONL task file (one {"prompt", "answer", "checker"} per line); its task ID is the file's stem."""
 
+    env: str | None = None
+    """A reward environment instead of task/tasks_file: "reasoning_gym:<dataset>" (e.g.
+    reasoning_gym:chain_sum), procedural problems rebuilt by ID on every node (docs/environments.md)."""
+
+    env_args: dict[str, int | float | bool | str | list[int | float | str]] = Field(default_factory=dict)
+    """The dataset's settings (a [rl.env_args] table), passed to reasoning_gym.create_dataset; seed
+    (default 0) and size (the dataset's default) are among them. Part of the problem IDs' hash."""
+
+    answer_format: Literal["auto", "answer_tags", "boxed", "last_line", "whole"] = "auto"
+    """What of a completion is scored: the last <answer>...</answer>, the last \\boxed{...}, the last
+    non-blank line, or the whole text. auto: answer_tags for reasoning_gym, whole otherwise."""
+
+    think: Literal["auto", "strip", "keep"] = "auto"
+    """strip: drop everything up to the last </think> first (an unclosed <think> gets no answer);
+    keep: leave the text alone. auto: strip for reasoning_gym, keep otherwise."""
+
+    max_completion_chars: int = Field(default=32768, ge=1, le=1 << 24)
+    """Completions longer than this (characters) score 0 before any checker runs."""
+
+    system_prompt: str | None = None
+    """System prompt rendered before every problem by the chat template. Unset: reasoning_gym's
+    instruction to answer between <answer> tags for reasoning_gym, none otherwise."""
+
+    reward_timeout_s: float = Field(default=5.0, gt=0, le=600)
+    """Time limit of one reward computation (math and reasoning_gym checkers run in a child process
+    killed at the limit; the completion scores 0). Local: not part of the problem IDs' hash."""
+
     solve_rates_file: str | None = None
     """Offline filter (INTELLECT-2): a JSON file of {problem_id: solve rate} measured with the starting
     policy (`intellect-node tasks solve-rates`). When set, the run's problems are those in the file whose
