@@ -79,3 +79,18 @@ def scored_samples(model: Any, prompts: list[list[int]], group: int, *, seed: in
                                                      seed=seed + j)):
             out.append(Sample(tuple(prompt), tuple(comp), tuple(lps), float((i + j) % 3 == 0)))
     return out
+
+
+def torchrun(nproc: int, *args: str, timeout: float = 240) -> None:
+    """``python -m torch.distributed.run --standalone`` of the trainer's distributed entry point."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.common import REPO
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+           "--standalone", "-m", "intellect_node.trainer.distributed", *args]
+    r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-4000:]

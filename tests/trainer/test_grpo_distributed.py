@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -13,18 +10,9 @@ from safetensors.torch import load_file
 from intellect_node.trainer.distributed import samples_from_json, samples_to_json
 from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.trainer.step import Sample, train_step
-from tests.support.common import REPO
-from tests.support.grpo import sample_group, tiny_llama
+from tests.support.grpo import sample_group, tiny_llama, torchrun
 
 torch.set_num_threads(1)
-
-
-def _torchrun(nproc: int, *args: str) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--standalone", "-m", "intellect_node.trainer.distributed", *args]
-    r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-4000:]
 
 
 def test_two_gloo_ranks_equal_one_process(tmp_path: Path) -> None:
@@ -40,7 +28,7 @@ def test_two_gloo_ranks_equal_one_process(tmp_path: Path) -> None:
     common = ["--model-dir", str(tmp_path / "model"), "--batch", str(batch), "--optimizer", "sgd",
               "--lr", "0.5", "--group-size", "4", "--token-budget", "48", "--max-grad-norm", "1.0",
               "--steps", "2"]
-    _torchrun(2, *common, "--out-dir", str(tmp_path / "ddp2"))
+    torchrun(2, *common, "--out-dir", str(tmp_path / "ddp2"))
 
     # The reference: the plain single-process step, twice, in this process. (SGD: parameters then
     # compare the gradients themselves; see test_grpo_step for why not Adam's sign-like first step.)
