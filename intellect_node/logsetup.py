@@ -95,8 +95,9 @@ class LibraryNoiseGate(logging.Handler):
         m = _UNREACHABLE.search(text)
         if m:
             where = f"{m.group(1)}:{m.group(2)}"
-            return self._said(("unreachable", where), record, f"peer at {where} unreachable (left, or its host "
-                              "is down; libp2p retries it)", where=where)
+            return self._said(("unreachable", where), record,
+                              f"peer at {where} unreachable (left, or its host is down; libp2p retries it)",
+                              where=where)
         m = _HANDSHAKE.search(text)
         if m:
             return self._said(("handshake", m.group(1)), record, f"peer {m.group(1)}: connection handshake "

@@ -23,7 +23,8 @@ def safetensors_header(path: Path, *, flag: str = "--weights") -> dict:
             size = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
             header = json.loads(f.read(size)) if 0 < size <= _MAX_HEADER else None
     except IsADirectoryError as exc:
-        raise ConfigError(f"{flag}: {path} is a folder; give the .safetensors file in it", field=flag) from exc
+        raise ConfigError(f"{flag}: {path} is a folder; give the .safetensors file in it",
+                          field=flag) from exc
     except OSError as exc:
         raise ConfigError(f"{flag}: cannot read {path} ({exc.strerror})", field=flag) from exc
     except (UnicodeDecodeError, ValueError):

@@ -168,7 +168,8 @@ def register(app: typer.Typer) -> None:
                                                     help="Seconds a check may wait for an eligible peer "
                                                          "before it is waived (default 10 local, 120 with "
                                                          "--join)."),
-        run_id: str = typer.Option(SWEEP_RUN_ID, "--run-id", help="Run (gossip topic namespace) of the sweep."),
+        run_id: str = typer.Option(SWEEP_RUN_ID, "--run-id",
+                                   help="Run (gossip topic namespace) of the sweep."),
         listen: list[str] = typer.Option([], "--listen", help="Coordinator's libp2p listen multiaddr."),
         max_votes: int = typer.Option(4, "--max-votes", hidden=True),
         log_level: str = typer.Option("WARNING", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),

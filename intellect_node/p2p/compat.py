@@ -377,11 +377,13 @@ def dial_failure(exc: BaseException, where: str) -> str:
         if type(e).__name__ == "PeerIDMismatchesPubkey":
             m = _MISMATCH.search(str(e))
             if m:
-                return f"{where} answered as {m.group(2)}, expected {m.group(1)} (update the peer ID in the address)"
+                return (f"{where} answered as {m.group(2)}, expected {m.group(1)} "
+                        "(update the peer ID in the address)")
             return f"{where} answered with another peer ID (update the peer ID in the address)"
     for e in causes:
         if isinstance(e, ConnectionRefusedError):
-            return f"{where}: connection refused (nothing listens there: the node is down or the port is wrong)"
+            return (f"{where}: connection refused (nothing listens there: the node is down or the port "
+                    "is wrong)")
     for e in causes:
         if isinstance(e, OSError) and not isinstance(e, ConnectionError) and "connect" in str(e):
             return f"{where}: unreachable ({e})"

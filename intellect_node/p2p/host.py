@@ -108,7 +108,8 @@ def parse_peer_multiaddr(text: str, *, flag: str = "--bootstrap") -> PeerInfo:
 def _where(addr: str) -> str:
     """``host:port`` of a dial address (what an operator recognises), or the address itself."""
     parts = addr.strip("/").split("/")
-    host = next((parts[i + 1] for i, p in enumerate(parts[:-1]) if p in ("ip4", "ip6", "dns", "dns4", "dns6")), "")
+    host = next((parts[i + 1] for i, p in enumerate(parts[:-1])
+                 if p in ("ip4", "ip6", "dns", "dns4", "dns6")), "")
     port = next((parts[i + 1] for i, p in enumerate(parts[:-1]) if p in ("tcp", "udp")), "")
     return f"{host}:{port}" if host and port else addr
 

@@ -18,6 +18,7 @@ from tests.support.swarm import run
 
 TCP = "libp2p.transport.tcp.tcp"  # `logger = logging.getLogger(__name__)` in libp2p/transport/tcp/tcp.py
 SWARM = "libp2p.network.swarm"
+STALE = "12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA"  # a peer ID nobody here has
 
 
 class Clock:
@@ -87,7 +88,8 @@ def test_handshake_failures_name_the_peer_and_other_errors_are_rate_limited(log_
         sw.error("Error in background prune: %s", RuntimeError("x"))
     docs = _docs(out)
     assert len(docs) == 2
-    assert docs[0]["msg"].startswith(f"peer {peer}: connection handshake failed") and docs[0]["level"] == "INFO"
+    assert docs[0]["msg"].startswith(f"peer {peer}: connection handshake failed")
+    assert docs[0]["level"] == "INFO"
     assert docs[1] == {**docs[1], "level": "ERROR", "logger": SWARM, "msg": "Error in background prune: x"}
     clock.t += 61
     sw.error("Error in background prune: %s", RuntimeError("y"))
@@ -113,7 +115,7 @@ def test_a_real_failed_dial_logs_one_line_and_the_error_names_the_cause(log_line
         sw = await Swarm.start(SigningKey.generate(), run_id="r", listen=["/ip4/127.0.0.1/tcp/0"])
         try:
             with pytest.raises(Exception) as info:
-                await sw.connect("/ip4/127.0.0.1/tcp/1/p2p/12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA")
+                await sw.connect(f"/ip4/127.0.0.1/tcp/1/p2p/{STALE}")
             return str(info.value)
         finally:
             await sw.close()

@@ -8,8 +8,8 @@ where the value came from.
 
 from __future__ import annotations
 
-import json
 import difflib
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -131,7 +131,8 @@ def env_layer(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
         info = model.model_fields.get(name)
         if info is None:
             # Name the variable that works: "id" means run_id more often than difflib would guess.
-            near = [f for f in model.model_fields if name and (f.endswith("_" + name) or f.startswith(name + "_"))]
+            near = [f for f in model.model_fields
+                    if name and (f.endswith("_" + name) or f.startswith(name + "_"))]
             near = near or difflib.get_close_matches(name, list(model.model_fields), n=1)
             hint = f"; did you mean {ENV_PREFIX}{section.upper()}__{near[0].upper()}?" if near else ""
             raise ConfigError(f"environment variable {var}: section {section} has no field {name!r}{hint} "
