@@ -11,6 +11,14 @@ Control API (JSON over the control app, which checks the token)::
     POST /v1/blob/get  {"cid": "...", "out": "/abs/file" | null}
          -> NDJSON stream: {"event": "manifest", ...} {"event": "chunk", ...}* {"event": "done", ...}
             or a final {"event": "error", "message": ...}
+    GET  /v1/blob/ls   -> {"blobs": [{"cid", "name", "size", "held", "complete", "publisher", "since"}],
+                           "fetching": [cid, ...]}
+    POST /v1/blob/rm   {"cid": "..."}  -> {"cid", "freed"}   (409 while that blob is being fetched)
+    POST /v1/blob/gc   {"keep": [cid, ...], "older_than": unix_seconds}
+         -> {"removed": [cid, ...], "orphans": n, "freed": bytes}   (blobs being fetched are kept too)
+
+Which blobs to keep is the CLI's rule (``commands/blob.py``); the node runs the removal so that it
+never races its own fetches and serving (the store's index drops a blob before its files go).
 
 Paths are resolved by the CLI (same machine, same user) so the node reads and writes files directly
 instead of pushing 256 MiB through the control socket.
@@ -73,6 +81,7 @@ class BlobService:
         self._fetcher: Fetcher | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._provided: set[str] = set()
+        self._fetching: dict[str, int] = {}  # cid -> fetches in flight: never removed under them
 
     @classmethod
     def from_swarm(cls, swarm: Any, data_dir: Path, *, board: Any = None,
@@ -151,7 +160,8 @@ class BlobService:
     def routes(self) -> list[web.RouteDef]:
         return blob_routes(self.store, self.serve_stats)
 
-    async def put_file(self, path: str | Path, *, name: str | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
+    async def put_file(self, path: str | Path, *, name: str | None = None,
+                       chunk_size: int = DEFAULT_CHUNK_SIZE,
                        wait_announced: float = 0.0) -> tuple[str, Manifest]:
         """Add a file as a blob and announce it; with ``wait_announced`` > 0, return once the DHT
         provider record is out (or that many seconds passed; the announcement goes on regardless)."""
@@ -189,9 +199,14 @@ class BlobService:
             if on_progress is not None:
                 on_progress(p)
 
+        self._fetching[cid] = self._fetching.get(cid, 0) + 1
         try:
             stats = await fetcher.fetch(cid, on_progress=progress, on_manifest=manifest_seen)
         finally:
+            if self._fetching[cid] == 1:
+                del self._fetching[cid]
+            else:
+                self._fetching[cid] -= 1
             self._background(asyncio.to_thread(self.store.flush))  # batch fsync, off the transfer path
         if self._board is not None:
             self._board.shard_done(cid, new_bytes=0)
@@ -202,7 +217,39 @@ class BlobService:
     # -- control API ----------------------------------------------------------------------------
 
     def control_routes(self) -> list[web.RouteDef]:
-        return [web.post("/v1/blob/put", self._ctl_put), web.post("/v1/blob/get", self._ctl_get)]
+        return [web.post("/v1/blob/put", self._ctl_put), web.post("/v1/blob/get", self._ctl_get),
+                web.get("/v1/blob/ls", self._ctl_ls), web.post("/v1/blob/rm", self._ctl_rm),
+                web.post("/v1/blob/gc", self._ctl_gc)]
+
+    async def _ctl_ls(self, _request: web.Request) -> web.StreamResponse:
+        blobs = [self.store.blob_info(cid) for cid in self.store.manifest_cids()]
+        return web.json_response({"blobs": blobs, "fetching": sorted(self._fetching)})
+
+    async def _ctl_rm(self, request: web.Request) -> web.StreamResponse:
+        cid = (await self._json(request)).get("cid")
+        try:
+            validate_cid(cid if isinstance(cid, str) else "")
+        except ProtocolError as exc:
+            raise web.HTTPBadRequest(text=f"'cid' is not a blob CID: {exc}") from exc
+        if cid in self._fetching:
+            raise web.HTTPConflict(text=f"blob {cid} is being fetched; remove it when the fetch ended")
+        try:
+            freed = await asyncio.to_thread(self.store.remove_blob, cid)
+        except ConfigError as exc:
+            raise web.HTTPNotFound(text=str(exc)) from exc
+        self._provided.discard(cid)  # held again later (a new fetch): announce it again
+        return web.json_response({"cid": cid, "freed": freed})
+
+    async def _ctl_gc(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json(request)
+        keep, older_than = body.get("keep"), body.get("older_than")
+        if not (isinstance(keep, list) and all(isinstance(c, str) for c in keep)
+                and isinstance(older_than, (int, float))):
+            raise web.HTTPBadRequest(text="expected {'keep': [cid, ...], 'older_than': unix seconds}")
+        removed, orphans, freed = await asyncio.to_thread(
+            self.store.gc, set(keep) | set(self._fetching), older_than=float(older_than))
+        self._provided.difference_update(removed)
+        return web.json_response({"removed": removed, "orphans": orphans, "freed": freed})
 
     async def _json(self, request: web.Request) -> dict[str, Any]:
         try:

@@ -20,8 +20,16 @@ writes are in the page cache), a chunk renamed after the last flush may be empty
 opens with ``dirty`` present re-hashes every chunk not older than ``synced`` and drops the bad ones,
 which are then simply fetched again.
 
-Shortcuts: chunks are never garbage-collected, and damage to a chunk file older than the last flush
-(disk rot) is not noticed until :meth:`BlobStore.verify_chunk` is called (fetching peers reject it).
+Removing blobs (:meth:`BlobStore.remove_blob`, :meth:`BlobStore.gc`; ``intellect-node blob rm/gc``): the
+manifest goes first, then every chunk no other manifest lists (chunks are shared between blobs). Each is
+dropped from the in-memory index before its file is unlinked, so a peer asking in between gets a 404
+("not held": it tries another provider), never a half-removed blob. :meth:`BlobStore.gc` also removes
+orphan chunks (listed by no manifest: what a ``blob rm`` of a blob interrupted mid-way, or an
+``add_file`` killed before its manifest, leaves). Which blobs a node still needs is the caller's rule
+(``commands/blob.py``: the pins and the minimum age); the store only never removes what it is told to keep.
+
+Shortcut: damage to a chunk file older than the last flush (disk rot) is not noticed until
+:meth:`BlobStore.verify_chunk` is called (fetching peers reject it).
 """
 
 from __future__ import annotations
@@ -255,6 +263,81 @@ class BlobStore:
 
     def is_complete(self, cid: str) -> bool:
         return cid in self._manifests and not self.missing(cid)
+
+    # -- listing and removal ----------------------------------------------------------------------
+
+    def blob_info(self, cid: str) -> dict[str, object]:
+        """What ``blob ls`` shows of one blob: name, size, bytes held here, complete, publisher, and when
+        its manifest arrived (unix seconds)."""
+        m = self._manifests[cid]
+        present = self.present(cid)
+        held = sum(m.chunk_length(i) for i, ok in enumerate(present) if ok)
+        try:
+            since = (self.manifests_dir / cid).stat().st_mtime
+        except FileNotFoundError:
+            since = 0.0
+        return {"cid": cid, "name": m.name, "size": m.total_size, "held": held, "chunks": len(m.chunks),
+                "complete": all(present), "publisher": m.publisher, "since": since}
+
+    def _referenced(self) -> set[str]:
+        """Chunk CIDs listed by some manifest."""
+        out: set[str] = set()
+        for m in list(self._manifests.values()):
+            out.update(m.chunks)
+        return out
+
+    def _drop_chunks(self, cids: set[str]) -> int:
+        freed = 0
+        for c in cids:
+            self._chunks.discard(c)
+            path = self.chunk_path(c)
+            try:
+                freed += path.stat().st_size
+                path.unlink()
+            except FileNotFoundError:
+                pass
+        return freed
+
+    def remove_blob(self, cid: str) -> int:
+        """Remove a blob: its manifest, and its chunks that no other blob lists. Returns the bytes freed
+        (blocking: call from a worker thread on a running node). ConfigError when it is not held."""
+        validate_cid(cid)
+        m = self._manifests.pop(cid, None)
+        if m is None:
+            raise ConfigError(f"blob {cid} is not in {self.root}; `intellect-node blob ls` lists what is",
+                              field="cid")
+        path = self.manifests_dir / cid
+        freed = path.stat().st_size if path.exists() else 0
+        path.unlink(missing_ok=True)
+        fsync_dir(self.manifests_dir)  # a crash must not bring the manifest back over missing chunks
+        return freed + self._drop_chunks(set(m.chunks) - self._referenced())
+
+    def gc(self, keep: set[str], *, older_than: float) -> tuple[list[str], int, int]:
+        """Remove every blob not in ``keep`` whose manifest arrived before ``older_than`` (unix seconds),
+        then the orphan chunks older than that. Returns ``(blob CIDs removed, orphan chunks removed,
+        bytes freed)``. Blocking."""
+        removed: list[str] = []
+        freed = 0
+        for cid in self.manifest_cids():
+            try:
+                since = (self.manifests_dir / cid).stat().st_mtime
+            except FileNotFoundError:
+                continue
+            if cid not in keep and since < older_than:
+                freed += self.remove_blob(cid)
+                removed.append(cid)
+        referenced = self._referenced()
+        orphans = set()
+        for path in self.chunks_dir.iterdir():
+            if path.name in referenced or path.name.startswith("."):
+                continue
+            try:
+                if path.stat().st_mtime < older_than:
+                    orphans.add(validate_cid(path.name))
+            except (FileNotFoundError, ProtocolError):
+                continue
+        freed += self._drop_chunks(orphans)
+        return removed, len(orphans), freed
 
     # -- whole files ----------------------------------------------------------------------------
 

@@ -102,6 +102,10 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", "-o", help="Where to write the file."),
         data_dir_opt: Optional[Path] = DataDirOption,
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+        no_keep: bool = typer.Option(False, "--no-keep",
+                                     help="Drop the blob from the node's store once --out is written (it "
+                                          "then costs its size once, not twice; this node stops serving "
+                                          "it). A blob held before, or pinned, is kept."),
     ) -> None:
         """Fetch blob CID through the running node (DHT providers, parallel chunks) into --out."""
         from rich.console import Console
@@ -127,6 +131,13 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"--out {out} is a directory; give a file path", field="out")
         console = Console(stderr=True)
         final: dict[str, Any] = {}
+        if no_keep:
+            from intellect_node.commands import blob_store
+
+            from intellect_node.node import control
+
+            control.read_control_file(d)  # get needs the node: say so before asking it anything
+            held_before = any(b["cid"] == cid for b in blob_store.list_blobs(d)[0])
         with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                       TransferSpeedColumn(), TimeRemainingColumn(), console=console,
                       disable=quiet, transient=False) as bar:
@@ -146,5 +157,11 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)
         typer.echo(f"{dst}  ({final['chunks_fetched']} chunks fetched, {final['chunks_resumed']} "
                    f"already here, {final['seconds']}s)")
+        if no_keep and not held_before and cid not in blob_store.pins(d):
+            freed = blob_store.remove(d, cid)
+            typer.echo(f"dropped {cid} from the store ({blob_store.human(freed)} freed)", err=True)
 
+    from intellect_node.commands import blob_store
+
+    blob_store.register(blob)  # ls, rm, gc
     app.add_typer(blob, name="blob")
