@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo lint test test-loaded test-vllm bench clean
+.PHONY: setup demo lint test test-loaded test-vllm test-gpu bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -30,6 +30,13 @@ test-loaded: setup
 test-vllm:
 	@bash scripts/setup-vllm.sh
 	.venv-vllm/bin/python -m pytest -q tests/inference/vllm
+
+# On a CUDA machine: torch and vLLM engines on the GPU, cross-engine proofs, a trainer step, throughput;
+# one summary, exit 1 on a failure or when there is no GPU (scripts/gpu-check.py; GPU_CHECK_FLAGS adds
+# e.g. --skip-vllm or --family llama). Uses the environment's torch and vllm: a CUDA build of both.
+GPU_CHECK_FLAGS ?=
+test-gpu: setup
+	$(PY) scripts/gpu-check.py $(GPU_CHECK_FLAGS)
 
 clean:
 	rm -rf $(VENV) .venv-vllm .pytest_cache
