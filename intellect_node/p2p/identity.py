@@ -89,12 +89,16 @@ def key_path(data_dir: Path) -> Path:
 
 
 def init_key(data_dir: Path, *, force: bool = False) -> SigningKey:
+    return store_key(data_dir, SigningKey.generate(), force=force)
+
+
+def store_key(data_dir: Path, key: SigningKey, *, force: bool = False) -> SigningKey:
+    """Write ``key`` as the node key (0600, atomically); ``keys init`` and ``keys import`` use it."""
     path = key_path(data_dir)
     if path.exists() and not force:
         raise ConfigError(f"{path} already exists; pass --force to replace it (the node's peer ID changes)",
                           field="force")
     ensure_data_dir(data_dir)
-    key = SigningKey.generate()
     atomic_write_bytes(path, _KEY_MAGIC + key.seed.hex().encode() + b"\n", mode=0o600)
     return key
 
