@@ -56,6 +56,7 @@ class _Layer:
     down: torch.Tensor
     down_bias: torch.Tensor | None
     sliding: bool
+    fused: bool                       # qkv and gate_up hold one matrix each (the hot path checks this)
 
 
 def _project(x: torch.Tensor, ws: list[torch.Tensor], bs: list[torch.Tensor] | None) -> torch.Tensor:
@@ -121,7 +122,7 @@ class DecoderRunner:
                 ln2=w(p + "post_attention_layernorm.weight"), gate_up=gu, gate_up_bias=gu_b,
                 down=w(p + "mlp.down_proj.weight"),
                 down_bias=w(p + "mlp.down_proj.bias") if arch.mlp_bias else None,
-                sliding=arch.sliding_layers[i]))
+                sliding=arch.sliding_layers[i], fused=fuse))
         self.inv_freq = inv_frequencies(arch).to(self.device)
         self.cos = self.sin = torch.empty(0, d, device=self.device, dtype=self.dtype)
         self._rope_tables(min(self.max_positions, 256))
@@ -188,7 +189,11 @@ class DecoderRunner:
         nq, nkv, d = self.n_heads, self.n_kv, self.head_dim
         for li, layer in enumerate(self.layers):
             h = self._norm(x, layer.ln1)
-            qkv = _project(h, layer.qkv, layer.qkv_bias).view(B, T, nq + 2 * nkv, d)
+            if layer.fused:
+                qkv = F.linear(h, layer.qkv[0], layer.qkv_bias[0] if layer.qkv_bias is not None else None)
+            else:
+                qkv = _project(h, layer.qkv, layer.qkv_bias)
+            qkv = qkv.view(B, T, nq + 2 * nkv, d)
             if layer.qk_norm is not None:  # Qwen3: RMSNorm over each head's dimensions, before RoPE
                 qk = self._norm(qkv[:, :, :nq + nkv], layer.qk_norm).transpose(1, 2)
                 v = qkv[:, :, nq + nkv:].transpose(1, 2)
@@ -212,7 +217,13 @@ class DecoderRunner:
                 a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=nkv != nq)
                 a = a.transpose(1, 2).reshape(B, T, nq * d)
             x = x + F.linear(a, layer.wo, layer.o_bias)
-            gate, up = _project(self._norm(x, layer.ln2), layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
+            h = self._norm(x, layer.ln2)
+            if layer.fused:
+                gu = F.linear(h, layer.gate_up[0],
+                              layer.gate_up_bias[0] if layer.gate_up_bias is not None else None)
+            else:
+                gu = _project(h, layer.gate_up, layer.gate_up_bias)
+            gate, up = gu.chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
         if cache is not None:
             cache.length = S

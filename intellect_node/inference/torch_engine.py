@@ -61,7 +61,7 @@ class TorchEngine:
             toks.append(tok)
             lps.append(lp)
             hids.append(hidden)
-            done |= torch.isin(tok, eos_t)
+            done |= (tok == self.eos_id) if len(self.eos_ids) == 1 else torch.isin(tok, eos_t)
             if step + 1 == max_new or (not sampling.ignore_eos and bool(done.all())):
                 break
             hidden = self.runner.forward(tok.view(B, 1), next_pos, valid, cache)[:, -1]
