@@ -1,4 +1,4 @@
-"""`keys export` / `keys import`: moving a node's identity between data dirs, with and without a passphrase."""
+"""`keys export` / `keys import`: moving a node's identity, with and without a passphrase."""
 
 from __future__ import annotations
 
