@@ -310,6 +310,38 @@ def run_dashboard(swarm: DemoSwarm) -> int:
     return 0
 
 
+def demo_thresholds(model: str, base: Path, progress: Any = None) -> Path:
+    """The model folder's thresholds when they cover the demo's pair (torch@cpu), else a quick
+    calibration of that pair written into the demo's own directory: a model brought with --model rarely
+    ships thresholds, and the validators refuse to start without them."""
+    from intellect_node.models.loader import resolve_model_dir
+    from intellect_node.proofs.thresholds import THRESHOLDS_FILE, load_thresholds
+
+    folder = resolve_model_dir(model)
+    try:
+        load_thresholds(folder, "float32")
+        return folder / THRESHOLDS_FILE
+    except IntellectNodeError:
+        pass
+    import json
+
+    import torch
+
+    from intellect_node.fsutil import atomic_write_text
+    from intellect_node.inference import SamplingConfig, make_engine
+    from intellect_node.inference.calibrate import calibrate
+    from intellect_node.proofs.thresholds import merge_into
+
+    if progress:
+        progress(f"calibrating proof thresholds for {folder.name} (torch@cpu, 32 honest rollouts)")
+    torch.set_num_threads(1)
+    path = base / THRESHOLDS_FILE
+    for cal in calibrate(make_engine(folder, "torch"), n=32, batch_sizes=(1, 8),
+                         sampling=SamplingConfig(max_new_tokens=int(DEMO_RL["max_new_tokens"]))):
+        atomic_write_text(path, json.dumps(merge_into(path, cal), indent=2) + "\n")
+    return path
+
+
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
@@ -332,6 +364,8 @@ def register(app: typer.Typer) -> None:
                                                                  "temporary dir, removed after a clean stop; "
                                                                  "the logs move to the user log dir)."),
         run_id: str = typer.Option("", "--run-id", help="Run ID (default: demo-<random>)."),
+        env: Optional[str] = typer.Option(None, "--env", help="Reward environment (rl.env), e.g. "
+                                          "reasoning_gym:basic_arithmetic (default: the embedded task)."),
     ) -> None:
         """Run a whole swarm locally (trainer, validator, two workers) on the embedded model and task.
 
@@ -343,8 +377,12 @@ def register(app: typer.Typer) -> None:
         base = Path(tempfile.mkdtemp(prefix="intellect-demo-")) if root is None else root.expanduser()
         base.mkdir(parents=True, exist_ok=True)
         rid = run_id or f"demo-{os.urandom(3).hex()}"
+        extra: dict[str, dict[str, Any]] = {"rl": {**DEMO_RL, **({"env": env} if env else {})}}
+        if model:
+            path = demo_thresholds(model, base, progress=lambda m: typer.echo(m, err=True))
+            extra["run"] = {"proof_thresholds": str(path)}
         swarm = DemoSwarm(base, workers=workers, validators=validators, run_id=rid, model=model,
-                          extra_config={"rl": DEMO_RL})
+                          extra_config=extra)
         typer.echo(f"run {rid}: node data and logs in {base}" + (" (logs kept after a stop)" if temp else ""),
                    err=True)
         use_dashboard = not headless and sys.stdout.isatty()
