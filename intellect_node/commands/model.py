@@ -65,10 +65,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Print the model's architecture, size and checkpoint CID."""
         from intellect_node.inference.rollouts import checkpoint_cid
-        from intellect_node.models.loader import resolve_model_dir
+        from intellect_node.models.loader import read_config, resolve_model_dir
 
         path = resolve_model_dir(model_dir)
-        cfg = json.loads((path / "config.json").read_text())
+        cfg = read_config(path)  # an unsupported family: its model_type and the supported ones, exit 2
         for k in ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "intermediate_size", "max_position_embeddings"):
             typer.echo(f"{k:24} {cfg.get(k)}")

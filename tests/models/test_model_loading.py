@@ -51,7 +51,7 @@ def test_an_unsupported_model_type_is_refused_with_the_supported_list(tmp_path: 
         load_model(path)
     msg = str(err.value)
     assert "'gpt2'" in msg and ", ".join(SUPPORTED_MODEL_TYPES) in msg and err.value.field == "model"
-    res = run_cli("model", "eval", "--model", str(path), "--n", "1")  # the CLI: a message and exit 2
+    res = run_cli("model", "info", "--model", str(path))  # the CLI: a message and exit 2
     assert res.returncode == 2, res.stderr
     assert "gpt2" in res.stderr + res.stdout and "qwen3" in res.stderr + res.stdout
 
