@@ -36,6 +36,24 @@ def _watch_parent(parent: int) -> None:
         time.sleep(0.5)
 
 
+def _die_with_parent(parent: int) -> None:
+    """Ask Linux for SIGKILL when the parent goes: the watchdog thread cannot run while a checker holds
+    the GIL in one long C call (a huge integer power). Set here, after exec, not in a ``preexec_fn``
+    (unsafe in a threaded parent). The kernel signals when the *thread* that started this process ends;
+    the parent then starts another child on its next call."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request: nobody would signal
+        os._exit(0)
+
+
 def _limit_memory() -> None:
     limit = int(os.environ.get(MEMORY_ENV, "0") or 0)
     if limit <= 0:
@@ -69,6 +87,7 @@ def _run(module: str, function: str, args: tuple[object, ...]) -> object:
 
 def main() -> None:
     parent = int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid()
+    _die_with_parent(parent)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     _limit_memory()
     # checkers' notices (math-verify warns that its own timeout is off: the parent is the timeout) would

@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -60,21 +62,58 @@ class EnvSettings:
         return hashlib.sha256(payload.encode()).hexdigest()[:10]
 
 
+MEMO_ENTRIES = 8192
+"""Judgements remembered per task. A validator re-scores what the worker scored, and a hostile worker
+can repeat one slow completion across a whole batch: each distinct (problem, answer) pays the checker's
+time limit once per node, not once per rollout."""
+
+
+class Memo:
+    """A thread-safe LRU of judgements keyed by (problem ID, extracted answer's sha256)."""
+
+    def __init__(self, size: int = MEMO_ENTRIES) -> None:
+        self.size = size
+        self._data: OrderedDict[tuple[str, bytes], Judgement] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, bytes]) -> Judgement | None:
+        with self._lock:
+            hit = self._data.get(key)
+            if hit is not None:
+                self._data.move_to_end(key)
+            return hit
+
+    def put(self, key: tuple[str, bytes], value: Judgement) -> None:
+        with self._lock:
+            self._data[key] = value
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+
 @dataclass(frozen=True)
 class Scorer:
-    """Extraction, then ``check(answer)`` under the settings' time limit; a :class:`Judgement` always."""
+    """Extraction, then ``check(answer)`` under the settings' time limit; a :class:`Judgement` always.
+    ``problem_id`` and ``memo`` (shared by a task's problems) remember answers already judged."""
 
     extraction: Extraction
     check: Callable[[str], float]
+    problem_id: str = ""
+    memo: Memo | None = field(default=None, compare=False, repr=False)
 
     def __call__(self, completion: str) -> Judgement:
         answer, why = extract(completion, self.extraction)
         if answer is None:
             return Judgement(0.0, why)
+        key = (self.problem_id, hashlib.sha256(answer.encode("utf-8", "surrogatepass")).digest())
+        if self.memo is not None and (hit := self.memo.get(key)) is not None:
+            return hit
         try:
-            return bounded(self.check(answer))
+            judged = bounded(self.check(answer))
         except ScoringFailed as exc:
-            return Judgement(0.0, exc.reason)
+            judged = Judgement(0.0, exc.reason)
+        if self.memo is not None:
+            self.memo.put(key, judged)
+        return judged
 
 
 @dataclass(frozen=True)
@@ -102,6 +141,7 @@ class SettledTask:
     base: Task
     settings: EnvSettings
     task_id: str = field(init=False)
+    memo: Memo = field(init=False, default_factory=Memo)
 
     def __post_init__(self) -> None:
         default = EnvSettings()
@@ -115,9 +155,11 @@ class SettledTask:
 
     def _settle(self, p: Problem) -> Problem:
         index = p.problem_id.rsplit("/", 1)[1]
-        scorer = Scorer(self.settings.extraction, _CheckerOf(p.checker, p.answer, self.settings.timeout_s))
-        return replace(p, task_id=self.task_id, problem_id=f"{self.task_id}/{index}",
-                       system=self.settings.system or p.system, scorer=scorer)
+        pid = f"{self.task_id}/{index}"
+        scorer = Scorer(self.settings.extraction, _CheckerOf(p.checker, p.answer, self.settings.timeout_s),
+                        pid, self.memo)
+        return replace(p, task_id=self.task_id, problem_id=pid, system=self.settings.system or p.system,
+                       scorer=scorer)
 
     def problem(self, index: int) -> Problem:
         return self._settle(self.base.problem(index))

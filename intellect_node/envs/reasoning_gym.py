@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from intellect_node.envs.environment import EnvSettings, Scorer
+from intellect_node.envs.environment import EnvSettings, Memo, Scorer
 from intellect_node.envs.extract import Extraction
 from intellect_node.envs.sandbox import default_pool
 from intellect_node.errors import ConfigError
@@ -177,6 +177,7 @@ class ReasoningGymTask:
         self._size = len(self._ds)
         self._cache: OrderedDict[int, Problem] = OrderedDict()
         self._lock = threading.Lock()
+        self._memo = Memo()
 
     def __len__(self) -> int:
         return self._size
@@ -192,11 +193,12 @@ class ReasoningGymTask:
         with _GEN_LOCK:
             entry = self._ds[index]
         answer = entry.get("answer")
-        p = Problem(task_id=self.task_id, problem_id=f"{self.task_id}/{index}", prompt=str(entry["question"]),
+        pid = f"{self.task_id}/{index}"
+        check = _Score(self.dataset, self._config_json, entry, self.settings.timeout_s)
+        p = Problem(task_id=self.task_id, problem_id=pid, prompt=str(entry["question"]),
                     answer="" if answer is None else str(answer), checker="reasoning_gym",
                     system=self.settings.system,
-                    scorer=Scorer(self.settings.extraction,
-                                  _Score(self.dataset, self._config_json, entry, self.settings.timeout_s)))
+                    scorer=Scorer(self.settings.extraction, check, pid, self._memo))
         with self._lock:
             self._cache[index] = p
             while len(self._cache) > CACHE_PROBLEMS:

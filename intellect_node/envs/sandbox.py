@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from intellect_node.envs import _child
@@ -183,7 +184,7 @@ class ScoringPool:
                     return child
                 child.kill()
             self.started += 1
-        return _Child()
+        return _spawner().submit(_Child).result()
 
     def _give_back(self, child: _Child) -> None:
         with self._lock:
@@ -204,6 +205,21 @@ class ScoringPool:
             idle, self._idle = self._idle, []
         for child in idle:
             child.kill()
+
+
+_SPAWNER: ThreadPoolExecutor | None = None
+
+
+def _spawner() -> ThreadPoolExecutor:
+    """The one thread that starts scoring processes. A child asks Linux to kill it when its parent dies
+    (``PR_SET_PDEATHSIG``), and Linux does so when the *thread* that started it ends: starting children
+    from a caller's thread (``asyncio.to_thread``, a test's thread) would kill them with it. This thread
+    lives as long as the process."""
+    global _SPAWNER
+    with _DEFAULT_LOCK:
+        if _SPAWNER is None:
+            _SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="scoring-spawn")
+        return _SPAWNER
 
 
 _DEFAULT: ScoringPool | None = None
