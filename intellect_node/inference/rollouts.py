@@ -10,6 +10,8 @@ record with the worker's key.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -17,16 +19,32 @@ from intellect_node.inference.base import InferenceEngine, SamplingConfig
 from intellect_node.models.tokenizer import ModelTokenizer
 from intellect_node.proofs.sampling import batch_seeds, derived_rollout_id, rollout_key
 from intellect_node.proofs.toploc import build_proofs_batch
-from intellect_node.protocol.ids import cid_of
+from intellect_node.protocol.ids import cid_from_digest, cid_of
 from intellect_node.protocol.rollout import RolloutRecord, SamplingParams, sign_rollout
 from intellect_node.protocol.signing import SigningKey
 from intellect_node.trainer.tasks import Problem
 
 
 def checkpoint_cid(model_dir: Path) -> str:
-    """CID of a model folder's weights file (what a rollout names as its policy checkpoint when the run
-    does not publish checkpoints as blobs)."""
-    return cid_of((Path(model_dir) / "model.safetensors").read_bytes())
+    """CID of a model folder's weights (what a rollout names as its policy checkpoint when the run does
+    not publish checkpoints as blobs): of ``model.safetensors``, or for a sharded folder of the canonical
+    JSON ``{"shards": {file: CID}}`` over the files its index names. Files are hashed in 16 MiB pieces,
+    so a multi-GB checkpoint is never read into memory whole."""
+    folder = Path(model_dir)
+    single = folder / "model.safetensors"
+    if single.exists() or not (folder / "model.safetensors.index.json").exists():
+        return _file_cid(single)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    shards = {name: _file_cid(folder / name) for name in sorted(set(index["weight_map"].values()))}
+    return cid_of(json.dumps({"shards": shards}, sort_keys=True, separators=(",", ":")).encode())
+
+
+def _file_cid(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while piece := f.read(16 << 20):
+            digest.update(piece)
+    return cid_from_digest(digest.digest())
 
 
 def generate_rollouts(engine: InferenceEngine, tokenizer: ModelTokenizer, problems: Sequence[Problem], *,

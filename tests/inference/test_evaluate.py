@@ -29,7 +29,7 @@ def test_same_policy_same_number_and_weights_file_is_what_is_evaluated(tmp_path:
 
 def test_cli_names_the_bad_flag(tmp_path: Path) -> None:
     save_file({"x": torch.zeros(2)}, str(tmp_path / "other.safetensors"))
-    for bad, needle in ((tmp_path / "missing.safetensors", "not a file"),
+    for bad, needle in ((tmp_path / "missing.safetensors", "No such file"),
                         (tmp_path / "other.safetensors", "lacks")):
         r = subprocess.run([CLI, "model", "eval", "--n", "8", "--weights", str(bad)], capture_output=True,
                            text=True, timeout=120)

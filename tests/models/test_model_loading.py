@@ -120,3 +120,18 @@ def test_an_uncached_hub_id_offline_is_refused_with_the_fix(tmp_path: Path,
     assert "pass a model folder" in msg
     with pytest.raises(ConfigError, match="not a model folder"):  # not hub-shaped: a missing folder
         load_model(str(tmp_path / "no" / "such" / "dir"))
+
+
+def test_checkpoint_cid_of_one_file_and_of_shards(tmp_path: Path) -> None:
+    from intellect_node.inference.rollouts import checkpoint_cid
+    from intellect_node.protocol.ids import cid_of
+
+    one = family_model("llama")
+    assert checkpoint_cid(one) == cid_of((one / "model.safetensors").read_bytes())
+    sharded = family_model("llama-sharded")
+    cid = checkpoint_cid(sharded)
+    copy = copy_model("llama-sharded", tmp_path / "copy")
+    assert checkpoint_cid(copy) == cid != checkpoint_cid(one)
+    last = sorted(copy.glob("model-*.safetensors"))[-1]
+    last.write_bytes(last.read_bytes()[:-1] + b" ")  # one byte of one shard changed
+    assert checkpoint_cid(copy) != cid
