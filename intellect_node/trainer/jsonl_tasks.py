@@ -3,6 +3,12 @@
     {"prompt": "2+2=", "answer": "4", "checker": "integer"}
     {"prompt": "Capital of France?", "answer": "Paris"}            # checker defaults to "exact"
     {"id": "q17", "prompt": "...", "answer": "..."}                  # optional stable id
+    {"prompt": "Half of 1?", "answer": "\\frac{1}{2}", "checker": "math"}   # math-verify: 0.5 matches
+
+Checkers are those of :data:`~intellect_node.trainer.tasks.CHECKERS`: ``exact``, ``integer`` and ``math``
+(math-verify, run in a scoring process under a time limit; docs/environments.md). The run's extraction
+settings (``rl.answer_format``, ``rl.think``) and system prompt apply on top, through
+``intellect_node.envs.environment.build_task``.
 
 The file becomes a :class:`~intellect_node.trainer.tasks.Task` named by ``task_id`` (default: the file's
 stem); problem IDs are ``<task_id>/<line index>`` like the embedded task's, so workers, validators and the
