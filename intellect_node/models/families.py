@@ -169,9 +169,10 @@ def inv_frequencies(arch: Architecture) -> "torch.Tensor":
     import torch
 
     d, rope = arch.head_dim, arch.rope
-    inv = 1.0 / rope["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d)
+    theta: float = rope["rope_theta"]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d)
     if rope["rope_type"] == "linear":
-        return inv / rope["factor"]
+        return inv / float(rope["factor"])
     if rope["rope_type"] != "llama3":
         return inv
     factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
