@@ -1,9 +1,16 @@
 #!/usr/bin/env python
-"""Rollout benchmark: the torch engine against transformers' ``generate`` on the same model, and the cost
-of proofs and verification as shares of generation time. One run, one thread, same prompts.
+"""Rollout benchmark: the torch engine against transformers' ``generate`` (and vLLM where it is
+installed) on the same model, dtype and prompts, and the cost of proofs and verification as shares of
+generation time. One run, one thread.
 
     .venv/bin/python bench/rollouts.py [--model DIR] [--new-tokens 128] [--repeats 3]
+    .venv/bin/python bench/rollouts.py --make-model qwen3-50m --model /tmp/qwen3-50m --new-tokens 256
     .venv-vllm/bin/python bench/rollouts.py --vllm      # adds the vLLM engine (after make test-vllm)
+
+``--make-model FAMILY-SIZE`` writes a random-weight model of a real family into ``--model DIR`` first
+when DIR holds none (``intellect_node/testing/models.py``: ``qwen3-50m`` is 55M parameters, byte-level
+BPE, ChatML). vLLM is measured when ``--vllm`` is given or vllm is importable; otherwise the output says it
+was not.
 
 Times are process CPU time (``time.process_time``), not wall time: the development machine is shared by
 several engineers, so wall time mostly measures the neighbours; for single-threaded work CPU time is the
@@ -51,9 +58,14 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
 
 
 def prompts_for(engine: TorchEngine, batch: int) -> list[list[int]]:
-    # 16-token prompts like the notes' measurements: <bos> + a 15-character problem text.
+    """16-token prompts like the notes' measurements: a problem's tokens, repeated and cut to 16 (one
+    length, so transformers' ``generate`` needs no padding whatever the tokenizer)."""
     problems = embedded_task().sample(random.Random(batch), batch)
-    return [engine.loaded.tokenizer.prompt_ids((p.prompt + p.prompt)[:15]) for p in problems]
+    out = []
+    for p in problems:
+        ids = engine.loaded.tokenizer.prompt_ids(p.prompt)
+        out.append((ids * (16 // len(ids) + 1))[:16])
+    return out
 
 
 def hf_generate(model_dir: Path, dtype: str, prompts: list[list[int]], new: int, repeats: int) -> float:
@@ -73,23 +85,42 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="model folder (default: the embedded model)")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--vllm", action="store_true", help="also measure the vLLM engine")
+    ap.add_argument("--vllm", action="store_true",
+                    help="also measure the vLLM engine (default: when importable)")
+    ap.add_argument("--make-model", default=None, metavar="FAMILY-SIZE",
+                    help="first write a random-weight model (e.g. qwen3-50m) into --model DIR if it has none")
     ap.add_argument("--dtype", default="float32", help="float32 | bfloat16 (generation and verification)")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.make_model:
+        if not args.model:
+            ap.error("--make-model needs --model DIR (where the model is written)")
+        if not (Path(args.model) / "config.json").exists():
+            from intellect_node.testing.models import make_model, parse_spec
+
+            family, size = parse_spec(args.make_model)
+            make_model(args.model, family, size)
     engine = TorchEngine.from_dir(args.model, dtype=args.dtype)
     model_dir = engine.loaded.path
     new = args.new_tokens
     cfg = SamplingConfig(max_new_tokens=new, ignore_eos=True)
-    print(f"model {model_dir} ({engine.dtype}), {new} new tokens, 16-token prompts, 1 thread, "
-          f"median CPU time of {args.repeats}")
-    print(f"{'engine':28} {'batch':>5} {'tok/s':>9} {'vs generate':>12}")
+    from intellect_node.inference.memory import model_shape
+
+    shape = model_shape(model_dir)
+    print(f"model {model_dir} ({engine.loaded.config.get('model_type')}, {shape.n_params / 1e6:.1f}M "
+          f"parameters, {engine.dtype}), {new} new tokens, 16-token prompts, 1 thread, median CPU time of "
+          f"{args.repeats}")
     gen_times: dict[int, float] = {}
     vllm_engine = None
-    if args.vllm:
+    import importlib.util
+
+    if args.vllm or importlib.util.find_spec("vllm") is not None:
         from intellect_node.inference.vllm_engine import VllmEngine
 
-        vllm_engine = VllmEngine(model_dir, dtype=engine.dtype)
+        vllm_engine = VllmEngine(model_dir, dtype=engine.dtype, max_model_len=16 + new + 8)
+    else:
+        print("vllm engine: not measured (vllm is not installed in this environment; see make test-vllm)")
+    print(f"{'engine':28} {'batch':>5} {'tok/s':>9} {'vs generate':>12}")
     for batch in (1, 32):
         prompts = prompts_for(engine, batch)
         keys = list(range(batch))
