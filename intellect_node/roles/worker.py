@@ -212,7 +212,9 @@ class Worker:
                 used = set()
             engine, version, ckpt_hash = self.engine, self.version, self.checkpoint_hash
             t0 = time.monotonic()
-            problems = self.sample_problems(used)
+            # a reasoning-gym task generates problems as they are drawn (some datasets take a second
+            # an item): off the event loop
+            problems = await asyncio.to_thread(self.sample_problems, used)
             if not problems:  # every problem of the task was submitted at this version: wait for the next
                 per_version, last_submit = self.rl.batches_per_version, time.monotonic()
                 continue
