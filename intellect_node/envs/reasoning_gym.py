@@ -8,8 +8,12 @@ the extraction settings and the system prompt. Nodes that differ in any of these
 IDs, and a validator refuses the others' rollouts as ``unknown_task``.
 
 Datasets are vetted, not trusted: :data:`REFUSED` lists the ones that cannot give every node the same
-problem or a meaningful reward (measured on reasoning-gym 0.1.25 by generating items in processes with
-different ``PYTHONHASHSEED`` and scoring wrong answers; docs/environments.md). Nothing is downloaded: the
+problem or a meaningful reward, and those whose checker evaluates the answer as Python (``eval``,
+sympy's ``parse_expr``): a scoring process bounds time and memory, not what code may do, so a checker
+that runs a worker's text would hand every validator to that worker. Measured on reasoning-gym 0.1.25
+(generating items in processes with different ``PYTHONHASHSEED``, scoring wrong answers and answers
+that touch a file when evaluated; docs/environments.md). :data:`SCREENED` datasets keep their
+``parse_expr`` checker behind a character screen. Nothing is downloaded: the
 package's procedural generators and bundled data files are all it uses.
 
 Scoring runs ``score_answer`` in a scoring process under the run's time limit
@@ -22,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -44,21 +49,39 @@ DEFAULT_SYSTEM_PROMPT = (
     "question asks for, between <answer> and </answer> tags.")
 """Used when ``rl.system_prompt`` is unset: the model must be told where the extracted answer goes."""
 
+_HASH_SEED = ("its problems depend on PYTHONHASHSEED (set order), so nodes would build different problems "
+              "under one ID")
+_EVAL = ("its score_answer runs eval() on the model's answer: a worker's completion would run as Python "
+         "on every validator and the trainer")
+_PARSE_EXPR = ("its score_answer gives the model's answer to sympy's parse_expr, which evaluates Python: a "
+               "worker's completion would run as code on every validator and the trainer")
+
 REFUSED: dict[str, str] = {
     "composite": "it mixes other datasets by weight; configure one dataset per run",
     "game_of_life_halting": "its score_answer gives 1.0 to any non-empty answer",
-    "isomorphic_strings": "its problems depend on PYTHONHASHSEED (set order), so nodes would build "
-                          "different problems under one ID",
-    "knight_swap": "its problems depend on PYTHONHASHSEED (set order), so nodes would build different "
-                   "problems under one ID",
-    "polynomial_multiplication": "its problems depend on PYTHONHASHSEED (set order), so nodes would "
-                                 "build different problems under one ID",
-    "ransom_note": "its problems depend on PYTHONHASHSEED (set order), so nodes would build different "
-                   "problems under one ID",
-    "word_ladder": "its problems depend on PYTHONHASHSEED (set order), so nodes would build different "
-                   "problems under one ID",
+    "isomorphic_strings": _HASH_SEED,
+    "knight_swap": _HASH_SEED,
+    "ransom_note": _HASH_SEED,
+    "word_ladder": _HASH_SEED,
+    "polynomial_multiplication": _HASH_SEED + "; and " + _PARSE_EXPR.removeprefix("its "),
+    "binary_matrix": _EVAL,
+    "n_queens": _EVAL,
+    "spiral_matrix": _EVAL,
+    "string_insertion": _EVAL,
+    "simple_integration": _PARSE_EXPR,
+    "intermediate_integration": _PARSE_EXPR,
 }
 """Datasets this client will not run, and why."""
+
+ARITHMETIC_ONLY = re.compile(r"[0-9+\-*/(). \t]*")
+"""countdown and puzzle24 also give the answer to parse_expr, but their answers are arithmetic on
+integers: an answer of only these characters has no names, strings or attribute access, so evaluating
+it computes a number (or hits the time and memory limits) and nothing else. Any other answer is
+scored as an empty one, which both datasets score as malformed (0.01), what they give an answer that
+does not parse."""
+
+SCREENED = {"countdown": ARITHMETIC_ONLY, "puzzle24": ARITHMETIC_ONLY}
+"""Datasets whose answers must match a pattern before their checker sees them."""
 
 CACHE_PROBLEMS = 4096
 """Problems kept built per task: a validator resolves a problem once per rollout (a group of 16 shares
@@ -125,6 +148,9 @@ class _Score:
     timeout_s: float
 
     def __call__(self, answer: str) -> float:
+        screen = SCREENED.get(self.dataset)
+        if screen is not None and not screen.fullmatch(answer):
+            answer = ""
         value = default_pool().call(__name__, "score_in_child", self.dataset, self.config_json, self.entry,
                                     answer, timeout_s=self.timeout_s, warm=("reasoning_gym",))
         return float(value)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -176,3 +177,47 @@ def test_the_roles_task_comes_from_the_config() -> None:
     assert resolve_problem(p.problem_id) == p and p.system == rg.DEFAULT_SYSTEM_PROMPT
     assert p.reward(f"<answer>{p.answer}</answer>") == 1.0
     assert run_task(build_config({})).task_id == "add3"  # the embedded task stays the default
+
+
+def payloads(marker: Path) -> list[str]:
+    """Answers that create ``marker`` if a checker evaluates them as Python."""
+    p = f"__import__('pathlib').Path({str(marker)!r}).touch()"
+    return [p, f"[{p}]", f"[[{p}]]", f"({p})", f"x + {p}", f"{p} + 1", f"1 + ({p} or 0)", f"[{p}, 1]",
+            f"[[0, {p}]]"]
+
+
+def test_datasets_that_evaluate_answers_are_refused() -> None:
+    for name in ("binary_matrix", "n_queens", "spiral_matrix", "string_insertion"):
+        with pytest.raises(ConfigError, match="eval"):
+            build_task(env=f"reasoning_gym:{name}")
+    for name in ("simple_integration", "intermediate_integration"):
+        with pytest.raises(ConfigError, match="parse_expr"):
+            build_task(env=f"reasoning_gym:{name}")
+
+
+@pytest.mark.parametrize("dataset", ["countdown", "puzzle24"])
+def test_arithmetic_answers_are_screened_before_sympy_sees_them(dataset: str, tmp_path: Path) -> None:
+    """countdown and puzzle24 give the answer to sympy's parse_expr (Python eval): only digits,
+    operators and parentheses reach it; anything else scores as the dataset scores a malformed answer."""
+    from reasoning_gym import create_dataset
+
+    task = build_task(env=f"reasoning_gym:{dataset}", env_args={"seed": 0, "size": 5})
+    ds = create_dataset(dataset, seed=0, size=5)
+    p, entry = task.problem(0), ds[0]
+    for i, text in enumerate(payloads(tmp_path / "pwned")):
+        assert p.reward(f"<answer>{text}</answer>") == ds.score_answer("", entry) == 0.01, i
+    assert not (tmp_path / "pwned").exists()
+    assert p.reward(f"<answer>{entry['answer']}</answer>") == 1.0
+    assert p.reward("<answer>1 + 1</answer>") == ds.score_answer("1 + 1", entry)
+
+
+def test_no_available_dataset_runs_an_answer_as_code(tmp_path: Path) -> None:
+    """Every dataset this client runs, three problems each, scored on answers that would touch a file
+    if evaluated: none does. (Found the refused eval and parse_expr datasets; rerun after an upgrade.)"""
+    for name in rg.available():
+        task = build_task(env=f"reasoning_gym:{name}", env_args={"seed": 3, "size": 10})
+        for i in range(3):
+            p = task.problem(i)
+            for text in payloads(tmp_path / f"{name}-{i}"):
+                p.judge(f"<answer>{text}</answer>")
+    assert not list(tmp_path.iterdir())
