@@ -8,9 +8,13 @@ plain callables for provider lookup and announcements.
 Control API (JSON over the control app, which checks the token)::
 
     POST /v1/blob/put  {"path": "/abs/file", "name": null, "chunk_size": null}  -> {"cid", "size", "chunks"}
+         with "progress": true -> NDJSON stream: {"event": "chunking", "bytes_done", "bytes_total"}*
+            {"event": "announcing"} {"event": "done", "cid", "size", "chunks", "name"} or {"event": "error"}
     POST /v1/blob/get  {"cid": "...", "out": "/abs/file" | null}
-         -> NDJSON stream: {"event": "manifest", ...} {"event": "chunk", ...}* {"event": "done", ...}
-            or a final {"event": "error", "message": ...}
+         -> NDJSON stream: {"event": "manifest", ...} {"event": "chunk", ...}*
+            {"event": "writing", "bytes_done", "bytes_total"}* (assembling --out, then its fsync)
+            {"event": "done", ...} or a final {"event": "error", "message": ...}
+         A client that goes away (Ctrl-C) ends the fetch; the chunks so far stay in the store.
     GET  /v1/blob/ls   -> {"blobs": [{"cid", "name", "size", "held", "complete", "publisher", "since"}],
                            "fetching": [cid, ...]}
     POST /v1/blob/rm   {"cid": "..."}  -> {"cid", "freed"}   (409 while that blob is being fetched)
@@ -47,6 +51,8 @@ log = logging.getLogger(__name__)
 BLOBS_DIR = "blobs"
 PUT_ANNOUNCE_WAIT_S = 20.0
 """``blob put`` through a running node returns once the provider record is out, or after this long."""
+CLIENT_CHECK_S = 1.0
+"""While a streamed request has nothing to say, how often it checks that its client is still there."""
 
 
 async def _no_providers(cid: str) -> Sequence[Provider]:
@@ -161,12 +167,13 @@ class BlobService:
         return blob_routes(self.store, self.serve_stats)
 
     async def put_file(self, path: str | Path, *, name: str | None = None,
-                       chunk_size: int = DEFAULT_CHUNK_SIZE,
-                       wait_announced: float = 0.0) -> tuple[str, Manifest]:
+                       chunk_size: int = DEFAULT_CHUNK_SIZE, wait_announced: float = 0.0,
+                       on_bytes: Callable[[int, int], None] | None = None) -> tuple[str, Manifest]:
         """Add a file as a blob and announce it; with ``wait_announced`` > 0, return once the DHT
-        provider record is out (or that many seconds passed; the announcement goes on regardless)."""
+        provider record is out (or that many seconds passed; the announcement goes on regardless).
+        ``on_bytes(done, total)`` runs on the event loop as chunks are stored."""
         cid, m = await asyncio.to_thread(self.store.add_file, path, self.key, name=name,
-                                         chunk_size=chunk_size)
+                                         chunk_size=chunk_size, on_bytes=_on_loop(on_bytes))
         announcing = self._announce(cid)
         if self._board is not None:
             self._board.shard_done(cid, new_bytes=0)
@@ -177,9 +184,10 @@ class BlobService:
 
     async def fetch(self, cid: str, *, out: str | Path | None = None,
                     on_progress: Callable[[Progress], None] | None = None,
-                    on_manifest: Callable[[Manifest], None] | None = None) -> FetchStats:
+                    on_manifest: Callable[[Manifest], None] | None = None,
+                    on_write: Callable[[int, int], None] | None = None) -> FetchStats:
         """Fetch a blob into the store (serving and announcing it while it arrives); optionally write it
-        out as one file."""
+        out as one file, reporting ``on_write(done, total)`` (on the loop) while it is assembled."""
         validate_cid(cid)
         if self._fetcher is None:
             raise RuntimeError("BlobService.start() was not called")
@@ -211,7 +219,7 @@ class BlobService:
         if self._board is not None:
             self._board.shard_done(cid, new_bytes=0)
         if out is not None:
-            await asyncio.to_thread(self.store.export, cid, out)
+            await asyncio.to_thread(self.store.export, cid, out, _on_loop(on_write))
         return stats
 
     # -- control API ----------------------------------------------------------------------------
@@ -267,12 +275,35 @@ class BlobService:
             raise web.HTTPBadRequest(text="'path' must be an absolute path")
         chunk_size = body.get("chunk_size") or DEFAULT_CHUNK_SIZE
         name = body.get("name") or None
+        if body.get("progress") is True:
+            return await self._ctl_put_stream(request, path, name, int(chunk_size))
         try:
             cid, m = await self.put_file(path, name=name, chunk_size=int(chunk_size),
                                          wait_announced=PUT_ANNOUNCE_WAIT_S)
         except (ConfigError, ProtocolError, OSError) as exc:
             raise web.HTTPBadRequest(text=str(exc)) from exc
         return web.json_response({"cid": cid, "size": m.total_size, "chunks": len(m.chunks), "name": m.name})
+
+    async def _ctl_put_stream(self, request: web.Request, path: str, name: str | None,
+                              chunk_size: int) -> web.StreamResponse:
+        """``blob put`` with progress: chunking a large file and announcing it take minutes together."""
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+        def on_bytes(done: int, total: int) -> None:
+            queue.put_nowait({"event": "chunking", "bytes_done": done, "bytes_total": total})
+            if done == total:
+                queue.put_nowait({"event": "announcing"})
+
+        async def run() -> dict[str, Any]:
+            try:
+                cid, m = await self.put_file(path, name=name, chunk_size=chunk_size,
+                                             wait_announced=PUT_ANNOUNCE_WAIT_S, on_bytes=on_bytes)
+            except (ConfigError, ProtocolError, OSError) as exc:
+                return {"event": "error", "message": str(exc)}
+            return {"event": "done", "cid": cid, "size": m.total_size, "chunks": len(m.chunks),
+                    "name": m.name}
+
+        return await _ndjson(request, queue, run(), f"blob put of {path}")
 
     async def _ctl_get(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
@@ -284,8 +315,6 @@ class BlobService:
             raise web.HTTPBadRequest(text=f"'cid' is not a blob CID: {exc}") from exc
         if out is not None and (not isinstance(out, str) or not Path(out).is_absolute()):
             raise web.HTTPBadRequest(text="'out' must be an absolute path or null")
-        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await resp.prepare(request)
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
         def on_manifest(m: Manifest) -> None:
@@ -300,9 +329,13 @@ class BlobService:
                               "chunks_done": p.chunks_done, "chunks_total": p.chunks_total,
                               "bytes_done": p.bytes_done, "bytes_total": p.bytes_total})
 
+        def on_write(done: int, total: int) -> None:
+            queue.put_nowait({"event": "writing", "out": out, "bytes_done": done, "bytes_total": total})
+
         async def run() -> dict[str, Any]:
             try:
-                stats = await self.fetch(cid, out=out, on_progress=on_progress, on_manifest=on_manifest)
+                stats = await self.fetch(cid, out=out, on_progress=on_progress, on_manifest=on_manifest,
+                                         on_write=on_write)
             except IntellectNodeError as exc:
                 return {"event": "error", "message": str(exc)}
             except OSError as exc:
@@ -312,21 +345,50 @@ class BlobService:
                     "seconds": round(stats.seconds, 3), "bad_providers": stats.bad,
                     "providers": stats.by_provider}
 
-        task = asyncio.get_running_loop().create_task(run())
-        try:
-            while True:
-                getter = asyncio.ensure_future(queue.get())
-                done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-                if getter in done:
-                    await resp.write((json.dumps(getter.result()) + "\n").encode())
-                    continue
+        return await _ndjson(request, queue, run(), f"blob get of {cid}")
+
+
+def _on_loop(fn: Callable[[int, int], None] | None) -> Callable[[int, int], None] | None:
+    """``fn`` made callable from a worker thread: it runs on the calling event loop instead."""
+    if fn is None:
+        return None
+    loop = asyncio.get_running_loop()
+    return lambda done, total: loop.call_soon_threadsafe(fn, done, total)
+
+
+async def _ndjson(request: web.Request, queue: asyncio.Queue[dict[str, Any]],
+                  work: Awaitable[dict[str, Any]], what: str) -> web.StreamResponse:
+    """Stream ``queue``'s events as NDJSON while ``work`` runs, then its result as the last line.
+
+    A client that goes away (Ctrl-C on ``blob get``) is the operator's choice, not a fault: the work is
+    cancelled (chunks fetched so far stay in the store) and one INFO line says so, where aiohttp would
+    log a traceback at ERROR for the failed write."""
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    task = asyncio.ensure_future(work)
+    try:
+        await resp.prepare(request)
+        while True:
+            getter = asyncio.ensure_future(queue.get())
+            done, _ = await asyncio.wait({getter, task}, timeout=CLIENT_CHECK_S,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if not done:  # quiet (a provider lookup): notice a client that left without a write failing
                 getter.cancel()
-                while not queue.empty():
-                    await resp.write((json.dumps(queue.get_nowait()) + "\n").encode())
-                await resp.write((json.dumps(task.result()) + "\n").encode())
-                break
-        finally:
-            if not task.done():  # the client went away: stop the download (chunks so far are kept)
-                task.cancel()
+                if request.transport is None or request.transport.is_closing():
+                    raise ConnectionResetError("connection closed while the node was silent")
+                continue
+            if getter in done:
+                await resp.write((json.dumps(getter.result()) + "\n").encode())
+                continue
+            getter.cancel()
+            while not queue.empty():
+                await resp.write((json.dumps(queue.get_nowait()) + "\n").encode())
+            await resp.write((json.dumps(task.result()) + "\n").encode())
+            break
         await resp.write_eof()
-        return resp
+    except (ConnectionResetError, ConnectionAbortedError, BrokenPipeError) as exc:
+        log.info("%s ended: the client went away (%s)", what, exc)
+    finally:
+        if not task.done():  # the client went away: stop the work (chunks so far are kept)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return resp

@@ -40,6 +40,7 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from intellect_node.errors import ConfigError, IntegrityError, ProtocolError
@@ -342,10 +343,12 @@ class BlobStore:
     # -- whole files ----------------------------------------------------------------------------
 
     def add_file(self, path: str | os.PathLike[str], key: SigningKey, *, name: str | None = None,
-                 chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[str, Manifest]:
+                 chunk_size: int = DEFAULT_CHUNK_SIZE,
+                 on_bytes: Callable[[int, int], None] | None = None) -> tuple[str, Manifest]:
         """Cut a local file into chunks, store them and a signed manifest; return ``(blob_cid, manifest)``.
 
         Blocking (reads and hashes the whole file): call it from a worker thread on a running node.
+        ``on_bytes(done, total)`` after each chunk (from this thread): a large file takes minutes.
         """
         src = Path(path)
         if not src.is_file():
@@ -366,6 +369,8 @@ class BlobStore:
                     atomic_write_bytes(self.chunk_path(cid), data)
                     self._chunks.add(cid)
                 cids.append(cid)
+                if on_bytes is not None:
+                    on_bytes(min(len(cids) * chunk_size, total), total)
         if sum(min(chunk_size, total - i * chunk_size) for i in range(len(cids))) != total:
             raise IntegrityError(f"{src} changed while it was being read")
         manifest = Manifest(name=name or src.name, publisher=key.peer_id, chunk_size=chunk_size,
@@ -374,8 +379,12 @@ class BlobStore:
         self.put_manifest(cid, raw)
         return cid, manifest
 
-    def export(self, cid: str, out: str | os.PathLike[str]) -> Path:
-        """Assemble a complete blob into ``out`` atomically (blocking; kernel-side copies)."""
+    def export(self, cid: str, out: str | os.PathLike[str],
+               on_bytes: Callable[[int, int], None] | None = None) -> Path:
+        """Assemble a complete blob into ``out`` atomically (blocking; kernel-side copies).
+
+        ``on_bytes(done, total)`` after each chunk; the last call, ``(total, total)``, comes before the
+        final fsync, which for a large file on a slow disk takes seconds of its own."""
         m = self._manifests.get(cid)
         if m is None or self.missing(cid):
             raise IntegrityError(f"blob {cid} is not complete in {self.root}")
@@ -390,6 +399,8 @@ class BlobStore:
                         if os.fstat(fi.fileno()).st_size != n:
                             raise IntegrityError(f"chunk {c} has the wrong size on disk")
                         _copy_range(fi.fileno(), fo.fileno(), n)
+                    if on_bytes is not None:
+                        on_bytes(min((i + 1) * m.chunk_size, m.total_size), m.total_size)
             atomic_replace_file(tmp, dst)
         except BaseException:
             tmp.unlink(missing_ok=True)

@@ -4,6 +4,10 @@
 with no node running it stores the blob in the data dir, and the node announces it when it starts.
 ``get`` always goes through the running node: it finds providers in the DHT, pulls chunks from several
 in parallel and writes the file; the CLI only renders the node's progress stream.
+
+Both show progress (``commands/progress.py``: a bar on a terminal, JSON lines on stderr otherwise): ``put``
+while the file is cut and hashed and while its provider record goes out, ``get`` while chunks arrive and
+then while ``--out`` is assembled and synced to disk (seconds of its own for a large file).
 """
 
 from __future__ import annotations
@@ -54,8 +58,10 @@ def register(app: typer.Typer) -> None:
         name: Optional[str] = typer.Option(None, "--name", help="Name recorded in the manifest (default: "
                                                                 "the file name)."),
         chunk_mib: float = typer.Option(4.0, "--chunk-mib", help="Chunk size in MiB (default 4)."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress."),
     ) -> None:
         """Chunk FILE, sign its manifest and print the blob CID."""
+        from intellect_node.commands.progress import Progress
         from intellect_node.node import control
 
         d = data_dir(data_dir_opt)
@@ -65,12 +71,26 @@ def register(app: typer.Typer) -> None:
                               field="file")
         chunk_size = int(chunk_mib * MIB)
         if (d / control.CONTROL_FILE).exists():
+            final: dict[str, Any] = {}
             try:
-                out = control.request(d, "POST", "/v1/blob/put",
-                                      {"path": str(src), "name": name, "chunk_size": chunk_size}, timeout=600)
+                with Progress("blob put", quiet=quiet) as progress:
+                    progress.phase("chunking", total=src.stat().st_size, unit="bytes", file=str(src))
+                    for ev in _stream(d, "/v1/blob/put", {"path": str(src), "name": name,
+                                                          "chunk_size": chunk_size, "progress": True}):
+                        if ev.get("event") == "chunking":
+                            progress.update(ev["bytes_done"], total=ev["bytes_total"])
+                        elif ev.get("event") == "announcing":
+                            progress.phase("announcing in the DHT")
+                        else:
+                            final = ev
+                    if final.get("event") != "done":
+                        progress.finish("failed")
             except TransportError as exc:
                 raise ConfigError(f"the node refused the file: {exc}", field="file") from exc
-            typer.echo(out["cid"])
+            if final.get("event") != "done":
+                raise ConfigError(f"the node refused the file: {final.get('message', 'no answer')}",
+                                  field="file")
+            typer.echo(final["cid"])
             return
         import fcntl
         import os
@@ -89,7 +109,11 @@ def register(app: typer.Typer) -> None:
             except BlockingIOError as exc:
                 raise ConfigError(f"a node is starting with --data-dir {d}; retry when "
                                   "`intellect-node status` answers", field="data_dir") from exc
-            cid, _m = BlobStore(d / BLOBS_DIR).add_file(src, key, name=name, chunk_size=chunk_size)
+            with Progress("blob put", quiet=quiet) as progress:
+                progress.phase("chunking", total=src.stat().st_size, unit="bytes", file=str(src))
+                cid, _m = BlobStore(d / BLOBS_DIR).add_file(
+                    src, key, name=name, chunk_size=chunk_size,
+                    on_bytes=lambda done, total: progress.update(done, total=total))
         finally:
             os.close(fd)
         typer.echo(f"no node running with --data-dir {d}: stored locally; it is announced when "
@@ -101,23 +125,14 @@ def register(app: typer.Typer) -> None:
         cid: str = typer.Argument(..., help="Blob CID (bafkrei...) as printed by `blob put`."),
         out: Path = typer.Option(..., "--out", "-o", help="Where to write the file."),
         data_dir_opt: Optional[Path] = DataDirOption,
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress."),
         no_keep: bool = typer.Option(False, "--no-keep",
                                      help="Drop the blob from the node's store once --out is written (it "
                                           "then costs its size once, not twice; this node stops serving "
                                           "it). A blob held before, or pinned, is kept."),
     ) -> None:
         """Fetch blob CID through the running node (DHT providers, parallel chunks) into --out."""
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-            TransferSpeedColumn,
-        )
-
+        from intellect_node.commands.progress import Progress
         from intellect_node.protocol.ids import validate_cid
 
         try:
@@ -129,28 +144,32 @@ def register(app: typer.Typer) -> None:
         dst = out.expanduser().resolve()
         if dst.is_dir():
             raise ConfigError(f"--out {out} is a directory; give a file path", field="out")
-        console = Console(stderr=True)
         final: dict[str, Any] = {}
         if no_keep:
             from intellect_node.commands import blob_store
-
             from intellect_node.node import control
 
             control.read_control_file(d)  # get needs the node: say so before asking it anything
             held_before = any(b["cid"] == cid for b in blob_store.list_blobs(d)[0])
-        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                      TransferSpeedColumn(), TimeRemainingColumn(), console=console,
-                      disable=quiet, transient=False) as bar:
-            task = bar.add_task(f"{cid[:16]}...", total=None)
+        with Progress("blob get", quiet=quiet) as progress:
+            progress.phase("finding providers", cid=cid)
             for ev in _stream(d, "/v1/blob/get", {"cid": cid, "out": str(dst)}):
                 kind = ev.get("event")
                 if kind == "manifest":
-                    bar.update(task, description=str(ev.get("name", ""))[:40], total=ev["bytes_total"],
-                               completed=ev["bytes_done"])
+                    progress.phase("fetching", total=ev["bytes_total"], done=ev["bytes_done"], unit="bytes",
+                                   name=str(ev.get("name", ""))[:40])
                 elif kind == "chunk":
-                    bar.update(task, completed=ev["bytes_done"])
+                    progress.update(ev["bytes_done"])
+                elif kind == "writing" and ev["bytes_done"] == ev["bytes_total"]:
+                    progress.phase("syncing to disk", out=str(dst))  # the fsync: seconds when large
+                elif kind == "writing":
+                    if progress.phase_name != "writing":
+                        progress.phase("writing", total=ev["bytes_total"], unit="bytes", out=str(dst))
+                    progress.update(ev["bytes_done"])
                 elif kind in ("done", "error"):
                     final = ev
+            if final.get("event") != "done":
+                progress.finish("failed")
         if final.get("event") != "done":
             typer.secho(f"error: {final.get('message', 'the node stopped answering')}", fg=typer.colors.RED,
                         err=True)

@@ -9,6 +9,9 @@ running swarm and waits for its sweep workers (``intellect-node sweep worker --b
 Local workers are child processes of the coordinator (``node/processes.py``): each in
 ``DIR/workers/w<i>``, stopped by PID when the sweep ends, and sent SIGTERM by the kernel if the
 coordinator dies. Both nodes are put together by ``node/assembly.py``.
+
+A sweep runs for minutes to hours, so it reports progress while it runs (``commands/progress.py``): the
+coordinator starting, the local workers arriving, then jobs done of all, with checks and bans.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from intellect_node.commands.common import DataDirOption, data_dir
 from intellect_node.errors import ConfigError
 
 if TYPE_CHECKING:
+    from intellect_node.commands.progress import Progress
     from intellect_node.node.processes import NodeProcess
 
 log = logging.getLogger(__name__)
@@ -91,7 +95,8 @@ def _open_sweep(out: Path, *, grid_name: str, resume: bool, check_fraction: floa
 
 
 async def _run_sweep(out: Path, coord: Any, journal: Any, *, sweep_id: str, grid_name: str, workers: int,
-                     join: list[str], listen: list[str], run_id: str) -> tuple[dict[str, Any] | None, str]:
+                     join: list[str], listen: list[str], run_id: str,
+                     progress: Progress) -> tuple[dict[str, Any] | None, str]:
     from intellect_node.commands.join import build_node_config
     from intellect_node.node.assembly import sweep_coordinator_node
     from intellect_node.node.processes import stop_all
@@ -118,6 +123,7 @@ async def _run_sweep(out: Path, coord: Any, journal: Any, *, sweep_id: str, grid
     procs: list[NodeProcess] = []
     outcome = "interrupted"
     try:
+        progress.phase("starting the coordinator")
         await runtime.start()
         svc = services[0]
         if local:
@@ -126,8 +132,10 @@ async def _run_sweep(out: Path, coord: Any, journal: Any, *, sweep_id: str, grid
             procs = [_spawn_worker(i, out, bootstrap=addr, run_id=run_id, coordinator=runtime.swarm.peer_id)
                      for i in range(workers)]
             log.info("started %d local workers (pids %s)", workers, ", ".join(str(p.pid) for p in procs))
+            progress.phase("waiting for workers", total=workers, unit="workers")
         stop = asyncio.ensure_future(runtime.wait_stopped())
         while not svc.done.is_set() and not stop.done():
+            _report(progress, svc, workers if local else 0)
             if procs and not any(p.alive() for p in procs):
                 outcome = "workers exited"
                 break
@@ -138,11 +146,28 @@ async def _run_sweep(out: Path, coord: Any, journal: Any, *, sweep_id: str, grid
         stop.cancel()
         return svc.summary, outcome
     finally:
+        progress.phase("stopping")
         # The coordinator first: workers then lose one peer, instead of it re-dialling each dead worker.
         await runtime.stop()
         await asyncio.to_thread(stop_all, procs, WORKER_STOP_S)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+
+def _report(progress: Progress, svc: Any, local_workers: int) -> None:
+    """One progress step from the coordinator's state (read on its own loop: no locking needed)."""
+    if local_workers and not svc.started_at:  # claims are held until every local worker has asked
+        progress.update(len(svc.workers_seen))
+        return
+    c = svc.coord.counts()
+    if c["open"] == 0:  # every job settled: the coordinator writes results.jsonl, summary and plot
+        if progress.phase_name != "writing results":
+            progress.phase("writing results", jobs=c["jobs"])
+        return
+    if progress.phase_name != "running jobs":
+        progress.phase("running jobs", total=c["jobs"], unit="jobs")
+    progress.update(c["done"] + c["unresolved"], workers=len(svc.workers_seen), inflight=c["inflight"],
+                    checks=c["checks"], banned=c["banned"])
 
 
 def register(app: typer.Typer) -> None:
@@ -173,8 +198,10 @@ def register(app: typer.Typer) -> None:
         listen: list[str] = typer.Option([], "--listen", help="Coordinator's libp2p listen multiaddr."),
         max_votes: int = typer.Option(4, "--max-votes", hidden=True),
         log_level: str = typer.Option("WARNING", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress."),
     ) -> None:
         """Reproduce "incidental polysemanticity" (arXiv 2312.03096) on a swarm of workers."""
+        from intellect_node.commands.progress import Progress
         from intellect_node.logsetup import setup_logging
 
         if not join and not 1 <= workers <= MAX_LOCAL_WORKERS:
@@ -198,9 +225,11 @@ def register(app: typer.Typer) -> None:
             summary = research.write_outputs(out, coord, meta={"grid": grid_name, "sweep_id": sweep_id})
             outcome = "finished"
         else:
-            summary, outcome = asyncio.run(_run_sweep(out, coord, journal, sweep_id=sweep_id,
-                                                      grid_name=grid_name, workers=workers, join=join,
-                                                      listen=listen, run_id=run_id))
+            with Progress(f"sweep {sweep_id}", quiet=quiet) as progress:
+                summary, outcome = asyncio.run(_run_sweep(out, coord, journal, sweep_id=sweep_id,
+                                                          grid_name=grid_name, workers=workers, join=join,
+                                                          listen=listen, run_id=run_id, progress=progress))
+                progress.finish(outcome)
         journal.close()
         c = coord.counts()
         typer.echo(f"sweep {sweep_id}: {outcome} in {time.monotonic() - t0:.1f}s; "

@@ -4,16 +4,38 @@
 ``{problem_id: solve rate}``; a run that sets ``rl.solve_rates_file`` to it (and ``rl.solve_rate_band``,
 default 0.1-0.8) trains only on the problems inside the band, and its validators reject rollouts of any
 other problem. The file is JSON, so it can be pinned and shared like the task file itself.
+
+Measuring takes about a minute on the embedded model and far longer on a real one, so it reports
+progress (``commands/progress.py``) in problems measured of the pool.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
 from intellect_node.errors import ConfigError
+
+
+class _Counting:
+    """The engine as ``solve_rates`` sees it, counting the completions it asks for.
+
+    ``solve_rates`` draws its batches and sampling keys itself; counting at the engine seam reports its
+    progress without changing which completions it draws (the rates stay those of one call)."""
+
+    def __init__(self, engine: Any, on_done: Any) -> None:
+        self._engine = engine
+        self._on_done = on_done
+        self.completions = 0
+        self.loaded = engine.loaded
+
+    def generate(self, prompts: Any, keys: Any, sampling: Any) -> Any:
+        out = self._engine.generate(prompts, keys, sampling)
+        self.completions += len(prompts)
+        self._on_done(self.completions)
+        return out
 
 
 def register(app: typer.Typer) -> None:
@@ -34,12 +56,14 @@ def register(app: typer.Typer) -> None:
         band: tuple[float, float] = typer.Option((0.1, 0.8), "--band", help="Band to report (the run's "
                                                  "rl.solve_rate_band)."),
         seed: int = typer.Option(0, "--seed"),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress."),
     ) -> None:
         """Measure each problem's solve rate with the starting policy (INTELLECT-2's offline filter)."""
         import random
 
         import torch
 
+        from intellect_node.commands.progress import Progress
         from intellect_node.inference.evaluate import solve_rates as measure
         from intellect_node.inference.torch_engine import TorchEngine
         from intellect_node.trainer.filtering import SolveRateBand, save_solve_rates
@@ -62,8 +86,13 @@ def register(app: typer.Typer) -> None:
         problems = ([task.problem(i) for i in range(n)] if n == len(task)
                     else task.sample(random.Random(seed), n))
         problems = list({p.problem_id: p for p in problems}.values())  # a sampled pool may repeat
-        engine = TorchEngine.from_dir(model_dir)
-        rates = measure(engine, problems, samples, max_new_tokens=max_new_tokens, seed=seed)
+        with Progress("tasks solve-rates", quiet=quiet) as progress:
+            progress.phase("loading the model")
+            engine = TorchEngine.from_dir(model_dir)
+            progress.phase("measuring", total=len(problems), unit="problems", samples=samples)
+            counting = _Counting(engine, lambda n: progress.update(n // samples))
+            rates = measure(counting, problems, samples,  # type: ignore[arg-type]  # duck-typed seam
+                            max_new_tokens=max_new_tokens, seed=seed)
         save_solve_rates(out, rates)
         values = sorted(rates.values())
         kept = sum(1 for r in values if r in keep)
