@@ -71,3 +71,14 @@ def test_boxed_extraction_then_math(tmp_path: Path) -> None:
     assert p.judge("<think>maybe 0.25</think> so \\boxed{0.25}").reward == 1.0
     assert p.judge("0.25").reason == "no_answer"
     assert p.judge("<think>0.25 is \\boxed{0.25}").reason == "unclosed_think"
+
+
+def test_answers_are_not_run_as_code(tmp_path: Path) -> None:
+    """math-verify hands regex-matched arithmetic to sympy's parse_expr (Python eval): answers that
+    would touch a file if evaluated, bare or in LaTeX, touch nothing."""
+    marker = tmp_path / "pwned"
+    p = f"__import__('pathlib').Path({str(marker)!r}).touch()"
+    for text in [p, f"[{p}]", f"${p}$", f"\\boxed{{{p}}}", f"x = {p}", f"{p} + 1", f"\\text{{{p}}}"]:
+        assert math_problem("5").reward(text) == 0.0
+        assert math_problem(text).judge("5").reward == 0.0
+    assert not marker.exists()
