@@ -196,6 +196,21 @@ def _node_events(s: StatusSnapshot, who: str = "") -> list[tuple[float, str, Tex
 
 # -- one node --------------------------------------------------------------------------------------
 
+def _identity_text(s: StatusSnapshot) -> Text:
+    """What an operator hands to others (the multiaddr, which holds the peer ID) and points Prometheus at.
+    Folded, never cut: a multiaddr with a peer ID is wider than 80 columns, and a shortened one is useless
+    to copy."""
+    ident = Text(overflow="fold")
+    if s.identity.share_addr:
+        ident.append("share ", style="dim").append(s.identity.share_addr, style="bold")
+    else:
+        ident.append("peer ", style="dim").append(s.identity.peer_id or "-", style="bold")
+    ident.append("  metrics ", style="dim").append(s.identity.metrics_url or "off")
+    if s.run.model:
+        ident.append("  model ", style="dim").append(f"{s.run.model} {s.run.dtype}")
+    return ident
+
+
 def render_node(s: StatusSnapshot, *, width: int = 80, footer: str = "Ctrl-C stops the node",
                 now: float | None = None) -> RenderableType:
     """Everything about one node, in at most 24 lines at 80 columns; a node in trouble gets a red title
@@ -209,11 +224,7 @@ def render_node(s: StatusSnapshot, *, width: int = 80, footer: str = "Ctrl-C sto
     if trouble:
         ident = _trouble_text(s, now)
     else:
-        ident = Text(no_wrap=True, overflow="ellipsis")
-        ident.append("peer ", style="dim").append(s.identity.peer_id or "-", style="bold")
-        if s.run.model:
-            ident.append("  model ", style="dim").append(f"{s.run.model} {s.run.dtype}")
-
+        ident = _identity_text(s)
     swarm = Table.grid(padding=(0, 1))
     swarm.add_column(style="dim", no_wrap=True, min_width=7)
     swarm.add_column(no_wrap=True, overflow="ellipsis")

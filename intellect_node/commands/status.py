@@ -4,7 +4,8 @@ Talks to the node's control API (``<data-dir>/control.json``). Exits 2 with a hi
 there. ``--json`` prints the control API's answer unchanged: at least ``peer_id``, ``listen_addrs``
 (full multiaddrs with ``/p2p/<id>``), ``peers`` (connected peer IDs), ``health`` (``state``: running or
 degraded, ``reasons``, ``restarts``, recent ``warnings``) and the full ``snapshot``. The summary puts
-the state and its reasons first: a degraded node must not read as a healthy one.
+the state and its reasons first: a degraded node must not read as a healthy one; then what to hand to
+others (the listen multiaddrs) and the metrics URL to scrape (``metrics.metrics`` in the JSON).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def summary(st: dict[str, Any]) -> str:
         lines.append("restarts    " + ", ".join(f"{k} {v}" for k, v in sorted(restarts.items())))
     lines += [f"peer id     {st.get('peer_id', '?')}",
               f"run         {st.get('run_id', '?')}   roles: {', '.join(st.get('roles') or []) or '-'}",
-              f"http        {st.get('http_url') or '-'}"]
+              f"http        {st.get('http_url') or '-'}",
+              f"metrics     {(st.get('metrics') or {}).get('metrics') or 'off'}"]
     addrs = st.get("listen_addrs") or []
     lines.append("listening   " + ("\n            ".join(addrs) if addrs else "-"))
     nat = st.get("nat") or {}

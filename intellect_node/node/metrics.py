@@ -212,6 +212,7 @@ class MetricsService:
         sock = site._server.sockets[0]  # type: ignore[union-attr]  # the bound port when port=0
         host, port = sock.getsockname()[:2]
         self.url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+        self.board.set_metrics_url(f"{self.url}/metrics")
         log.info("metrics on %s/metrics", self.url)
 
     async def close(self) -> None:

@@ -236,7 +236,9 @@ class NodeRuntime:
         if self.notifier.enabled:
             self.notifier.ready(status="running")
             self.spawn("systemd-watchdog", self._watchdog_loop)
-        log.info("node %s up: http %s, control %s", key.peer_id, self.http_url, self.control_url)
+        ident = self.board.snapshot().identity
+        log.info("node %s up: peers join with --bootstrap %s; metrics %s; http %s, control %s", key.peer_id,
+                 ident.share_addr or "-", ident.metrics_url or "off", self.http_url, self.control_url)
 
     def _lock_data_dir(self) -> None:
         fd = os.open(self.data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)

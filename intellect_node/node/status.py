@@ -65,6 +65,15 @@ class Identity:
     data_dir: str = ""
     listen_addrs: tuple[str, ...] = ()
     http_url: str = ""
+    metrics_url: str = ""
+
+    @property
+    def share_addr(self) -> str:
+        """The multiaddr to hand to others (``--bootstrap``): a full one ending ``/p2p/<id>``, preferring
+        one other machines can dial over loopback and the unspecified address."""
+        full = [a for a in self.listen_addrs if "/p2p/" in a]
+        local = ("/ip4/127.", "/ip6/::1/", "/ip4/0.0.0.0/", "/ip6/::/")
+        return next((a for a in full if not a.startswith(local)), full[0] if full else "")
 
 
 @dataclass(frozen=True)
@@ -393,7 +402,11 @@ class StatusBoard:
                      listen_addrs: Iterable[str] = (), http_url: str = "") -> None:
         ident = Identity(peer_id=peer_id, version=version, data_dir=data_dir,
                          listen_addrs=tuple(listen_addrs), http_url=http_url)
-        self._update(lambda s: {"identity": ident})
+        self._update(lambda s: {"identity": dataclasses.replace(ident, metrics_url=s.identity.metrics_url)})
+
+    def set_metrics_url(self, url: str) -> None:
+        """Where ``/metrics`` is served (its port may be a fallback): the dashboard shows it."""
+        self._update(lambda s: {"identity": dataclasses.replace(s.identity, metrics_url=url)})
 
     def set_run(self, run_id: str, *, model: str = "", dtype: str = "", trainer_peer_id: str = "",
                 async_level: int = 0) -> None:

@@ -128,7 +128,7 @@ def test_an_interrupted_get_leaves_no_traceback_at_error_in_the_node_log(tmp_pat
         records = [json.loads(line) for line in _node_log(tmp_path / "n").splitlines() if line.strip()]
         bad = [r for r in records if r.get("level") in ("ERROR", "CRITICAL") or "Traceback" in json.dumps(r)]
         assert bad == [], bad
-        gone = [r for r in records if "client went away" in r.get("message", r.get("msg", ""))]
+        gone = [r for r in records if "client went away" in r["msg"]]
         assert gone and gone[0]["level"] == "INFO"
         assert node.status()["peer_id"]  # and it keeps running
     finally:
@@ -200,3 +200,36 @@ def test_setup_prints_a_timed_line_per_step_and_nothing_when_done(tmp_path: Path
     failed = subprocess.run(["bash", "scripts/setup.sh"], cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=60)
     assert failed.returncode == 3 and failed.stdout.splitlines()[-1].endswith("FAILED (0s, exit 3)")
+
+
+def test_start_up_log_status_and_dashboard_show_the_address_to_share_and_the_metrics_url(
+        tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from intellect_node import dashboard
+    from intellect_node.node.status import StatusSnapshot
+
+    d = tmp_path / "n"
+    node = NodeProcess(d, "--metrics-port", "0")
+    try:
+        st = node.wait_ready()
+        share = st["listen_addrs"][0]
+        assert share.startswith("/ip4/127.0.0.1/tcp/") and share.endswith(f"/p2p/{st['peer_id']}")
+        url = st["metrics"]["metrics"]
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
+        up = [json.loads(line) for line in _node_log(d).splitlines() if " up: " in line]
+        assert len(up) == 1 and f"--bootstrap {share}" in up[0]["msg"] and url in up[0]["msg"]
+
+        human = run_cli("status", "--data-dir", str(d))
+        assert human.returncode == 0, human.stderr
+        assert f"metrics     {url}" in human.stdout and share in human.stdout
+
+        snap = StatusSnapshot.from_json(json.dumps(st["snapshot"]))
+        assert snap.identity.share_addr == share and snap.identity.metrics_url == url
+        console = Console(record=True, width=80, height=24, force_terminal=True, file=io.StringIO())
+        console.print(dashboard.render_node(snap))
+        screen = console.export_text()
+        assert len(screen.rstrip("\n").splitlines()) <= 24
+        assert share in screen.replace("\n", "") and url in screen  # folded at 80 columns, never cut
+    finally:
+        node.close()
