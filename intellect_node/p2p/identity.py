@@ -52,9 +52,14 @@ def ensure_data_dir(path: Path) -> Path:
     """Create ``path`` 0700, or tighten an existing one that others can read or enter.
 
     Parents made on the way keep the default mode (they are the operator's, e.g. ``~/.local/share``).
-    A dir this user cannot chmod (someone else's) is a ConfigError naming ``--data-dir``.
+    A dir this user cannot chmod (someone else's) or create (under ``/proc``, a read-only mount, no
+    permission) is a ConfigError naming ``--data-dir``: the operator's mistake, told as a message.
     """
-    path.mkdir(mode=DATA_DIR_MODE, parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=DATA_DIR_MODE, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--data-dir {path} cannot be created ({exc.strerror or exc}); pick a directory "
+                          "this user can write, or set INTELLECT_NODE_DATA_DIR", field="data_dir") from exc
     mode = stat.S_IMODE(path.stat().st_mode)
     if mode & 0o077:
         try:

@@ -105,3 +105,12 @@ def test_sweep_worker_and_coordinator_agree_on_the_default_run() -> None:
     defaults = {name: next(p.default for p in cmd.params if p.name == "run_id")
                 for name, cmd in sweep.commands.items() if name in ("worker", "polysemanticity")}
     assert defaults == {"worker": SWEEP_RUN_ID, "polysemanticity": SWEEP_RUN_ID}
+
+
+@pytest.mark.parametrize("command", [["join", "--headless"], ["keys", "init"], ["status"]])
+def test_a_data_dir_that_cannot_be_created_is_a_message_naming_it(command: list[str]) -> None:
+    from tests.support.common import run_cli
+
+    r = run_cli(*command, "--data-dir", "/proc/x/node", timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "--data-dir /proc/x/node" in r.stderr and "Traceback" not in r.stderr
