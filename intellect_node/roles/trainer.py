@@ -65,9 +65,10 @@ from intellect_node.roles.common import (
 from intellect_node.roles.inbox import DuplicateRollouts, Inbox
 from intellect_node.roles.policy import PolicyPublisher
 from intellect_node.roles.seams import RoleTasks, Runtime
-from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+from intellect_node.trainer.checkpoint import TrainerState, committed_policy, load_checkpoint, save_checkpoint
 from intellect_node.trainer.filtering import informative_groups
 from intellect_node.trainer.grpo import GRPOConfig
+from intellect_node.trainer.policy_weights import PolicyWeights
 from intellect_node.trainer.step import Sample, StepStats, make_optimizer, train_step
 
 log = logging.getLogger(__name__)
@@ -130,13 +131,15 @@ class Trainer:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        from intellect_node.models.loader import ModelTokenizer, load_hf_model
+        from intellect_node.models.loader import ModelTokenizer
+        from intellect_node.trainer.model import TrainOptions, load_trainable
 
         torch.set_num_threads(1)
         self.blobs = blob_service(self.rt)
         self.fetcher = HintedFetcher(self.blobs, self.rt.swarm)
         self.tokenizer = ModelTokenizer(model_dir(self.cfg))
-        self.model = await asyncio.to_thread(load_hf_model, self.cfg.run.model or None, "float32")
+        self.train_options = TrainOptions.from_section(self.rl)  # fp32 on the CPU unless the config says
+        self.model = await asyncio.to_thread(load_trainable, model_dir(self.cfg), self.train_options)
         self.opt = make_optimizer(self.model, self.rl.lr)
         state = await asyncio.to_thread(load_checkpoint, self.dir / "checkpoints", self.model, self.opt)
         if state is None:
@@ -174,16 +177,16 @@ class Trainer:
     # -- policy publication ----------------------------------------------------------------------
 
     async def _publish_current(self, version: int | None = None,
-                               state: dict[str, torch.Tensor] | None = None) -> None:
+                               state: PolicyWeights | None = None) -> None:
         """Make sure ``version`` (default: the current one) is published, and announce it.
-        ``state``: that version's weights when the caller copied them (the model may have moved on since)."""
+        ``state``: that version's committed weights (the model may have moved on since)."""
         version = self.version if version is None else version
         held = self.publisher.version
         # Published before a restart: the publisher signs its announcement again (the same bytes).
         got = self.publisher.announcement() if held is not None and held >= version else None
         if got is None:
-            if state is None:
-                state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            if state is None:  # the checkpoint of the current version, mapped: no copy of the model
+                state = await asyncio.to_thread(committed_policy, self.dir / "checkpoints")
             got = await self.publisher.publish(version, state)
         self._announcement = got
         raw = got[1]
@@ -345,27 +348,30 @@ class Trainer:
         samples = [s for g in useful for s in g]
         t0 = time.monotonic()
         stats = await asyncio.to_thread(train_step, self.model, self.opt, samples, self.gcfg,
-                                        temperature=self.rl.temperature)
+                                        temperature=self.rl.temperature,
+                                        micro_tokens=self.train_options.micro_batch_tokens,
+                                        compute_dtype=self.train_options.compute_dtype)
         t1 = time.monotonic()
         self.version += 1
         self.step += 1
         ids |= self.pending_consumed
         self.consumed |= ids
         self.pending_consumed = set()
-        await asyncio.to_thread(save_checkpoint, self.dir / "checkpoints", self.model, self.opt,
-                                TrainerState(version=self.version, consumed=frozenset(self.consumed),
-                                             step=self.step))
+        saved = TrainerState(version=self.version, consumed=frozenset(self.consumed), step=self.step)
+        committed = await asyncio.to_thread(save_checkpoint, self.dir / "checkpoints", self.model, self.opt,
+                                            saved)
         t2 = time.monotonic()
         for cid in ids:  # committed in the checkpoint: the inbox copies are no longer needed
             self.inbox.drop(cid)
         # Rollouts older than async_level are refused as stale from now on: their keys can go.
         await self.admitted.compact(fresh_floor(self.version, self.cfg.run.async_level))
-        # Publication overlaps the next optimizer step: the weights are copied now (the next step moves
-        # them), one publication runs at a time, in version order. A crash before it finishes is covered
+        # Publication overlaps the next optimizer step: it reads the checkpoint just committed (mapped
+        # from disk, so a multi-GB model is not copied in memory while the next step moves the weights),
+        # one publication runs at a time, in version order. A crash before it finishes is covered
         # by the restart path (_publish_current publishes the checkpointed version first).
         if self._publishing is not None:
             await self._publishing
-        state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        state = await asyncio.to_thread(committed_policy, self.dir / "checkpoints", committed)
         self._publishing = self.tasks.job(self._publish_in_background(self.version, state, t2),
                                           f"publishing policy v{self.version}")
         # Where a step's time goes (seconds): the optimizer step, the checkpoint; publish_s is the last
@@ -373,7 +379,7 @@ class Trainer:
         self._timing = {"train_s": t1 - t0, "checkpoint_s": t2 - t1, "publish_s": self._last_publish_s}
         self._record(stats, samples_all, len(groups), len(useful), sorted(ids))
 
-    async def _publish_in_background(self, version: int, state: dict[str, torch.Tensor], t0: float) -> None:
+    async def _publish_in_background(self, version: int, state: PolicyWeights, t0: float) -> None:
         try:
             await self._publish_current(version, state)
         except asyncio.CancelledError:
