@@ -174,10 +174,12 @@ class PolicyPublisher:
         async with self._lock:
             if self._version is not None and version <= self._version:
                 raise ValueError(f"policy version {version} is not after the last published {self._version}")
-            ckpt = policy if isinstance(policy, PolicyWeights) else \
-                await asyncio.to_thread(PolicyWeights.from_state_dict, policy)
             path = self.root / _ckpt_name(version)
-            await asyncio.to_thread(ckpt.save, path)
+            if isinstance(policy, PolicyWeights):
+                ckpt = policy
+                await asyncio.to_thread(ckpt.save, path)
+            else:  # streamed to the file tensor by tensor and mapped back: no in-memory copy of the model
+                ckpt = await asyncio.to_thread(PolicyWeights.write, path, policy)
             prev = self._prev if self._version == version - 1 else None
             links = list(self._links) if prev is not None else []
             if prev is not None:

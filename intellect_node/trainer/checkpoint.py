@@ -27,18 +27,19 @@ beyond ``keep`` are deleted after ``LATEST`` moves on.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import torch
-from safetensors import SafetensorError, safe_open
 
-from intellect_node.errors import IntegrityError
+from intellect_node.errors import IntegrityError, ProtocolError
 from intellect_node.fsutil import atomic_replace_file, atomic_write_text, fsync_dir
-from intellect_node.trainer.policy_weights import PolicyWeights
+from intellect_node.trainer.policy_weights import DTYPES, PolicyWeights
 
 LATEST = "LATEST"
 _FORMAT = 1
@@ -130,26 +131,54 @@ def read_state(path: Path) -> TrainerState:
         raise IntegrityError(f"checkpoint {path} has no readable state.json: {exc}") from exc
 
 
+def _mapped_tensors(path: Path) -> tuple[mmap.mmap, dict[str, tuple[torch.dtype, list[int], int, int]]]:
+    """A safetensors file mapped read-only and its table: name -> (dtype, shape, begin, end) in bytes.
+
+    Read here rather than with ``safetensors.safe_open``, whose torch backend reads the whole file into
+    process memory when it opens it (measured: one model-sized copy)."""
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        n = int.from_bytes(m[:8], "little")
+        header = json.loads(m[8:8 + n])
+        table = {}
+        for name, e in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = (8 + n + int(x) for x in e["data_offsets"])
+            if not 8 + n <= begin <= end <= len(m):
+                raise ValueError(f"{name}: data offsets out of the file")
+            table[name] = (DTYPES[e["dtype"]][1], [int(d) for d in e["shape"]], begin, end)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        m.close()
+        raise IntegrityError(f"checkpoint weights {path} are not safetensors: {exc}") from exc
+    return m, table
+
+
 def load_weights(path: Path, model: Any) -> None:
-    """Copy the safetensors file ``path`` into ``model``'s tensors one at a time (strict: the same
-    names and shapes), never materialising a second full state dict."""
+    """Copy the safetensors file ``path`` into ``model``'s tensors one at a time from a read-only mapping
+    (strict: the same names and shapes), never materialising a second full state dict."""
     target = model.state_dict()  # references to the model's own tensors
     try:
-        with safe_open(str(path), framework="pt") as f:
-            names = set(f.keys())
-            if names != set(target):
-                missing, extra = sorted(set(target) - names), sorted(names - set(target))
-                raise IntegrityError(f"{path} does not fit the model: missing {missing[:5]}, "
-                                     f"unexpected {extra[:5]}")
-            with torch.no_grad():
-                for name in sorted(names):
-                    src = f.get_tensor(name)
-                    if src.shape != target[name].shape:
-                        raise IntegrityError(f"{path}: {name} has shape {tuple(src.shape)}, the model "
-                                             f"{tuple(target[name].shape)}")
-                    target[name].copy_(src)
-    except (SafetensorError, OSError) as exc:
+        m, table = _mapped_tensors(path)
+    except OSError as exc:
         raise IntegrityError(f"checkpoint weights {path} are unreadable: {exc}") from exc
+    with m:
+        if set(table) != set(target):
+            missing, extra = sorted(set(target) - set(table)), sorted(set(table) - set(target))
+            raise IntegrityError(f"{path} does not fit the model: missing {missing[:5]}, "
+                                 f"unexpected {extra[:5]}")
+        with torch.no_grad():
+            for name, (dtype, shape, begin, end) in sorted(table.items()):
+                dst = target[name]
+                if list(dst.shape) != shape:
+                    raise IntegrityError(f"{path}: {name} has shape {shape}, the model {list(dst.shape)}")
+                if end > begin:
+                    raw = np.frombuffer(m, dtype=np.uint8, count=end - begin, offset=begin)
+                    # One tensor's copy at a time (torch cannot alias a read-only buffer); copy_ casts
+                    # when the model holds another dtype than the file.
+                    dst.copy_(torch.tensor(raw).view(dtype).reshape(shape))
+                    del raw  # the mapping cannot close while a view of it is alive
 
 
 def read_optimizer(root: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -179,3 +208,17 @@ def latest_weights_path(root: str | os.PathLike[str]) -> Path | None:
     """Path of the newest committed policy weights (what a trainer publishes)."""
     path = latest_dir(root)
     return None if path is None else path / "model.safetensors"
+
+
+def committed_policy(root: str | os.PathLike[str], path: Path | None = None) -> PolicyWeights:
+    """The weights of the latest checkpoint (or of the checkpoint directory ``path``) as a canonical
+    policy file mapped read-only: what the trainer publishes, without copying the model in memory."""
+    path = path if path is not None else latest_dir(root)
+    if path is None:
+        raise IntegrityError(f"no checkpoint under {root} to publish")
+    try:
+        return PolicyWeights.load(path / "model.safetensors", max_size=1 << 62)
+    except ProtocolError:  # written before weights were canonical: copy them once
+        from safetensors.torch import load_file
+
+        return PolicyWeights.from_state_dict(load_file(str(path / "model.safetensors")))

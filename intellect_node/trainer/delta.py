@@ -29,11 +29,19 @@ Delta format (``intellect-node/delta/1``, structs in :mod:`intellect_node.protoc
 The versions themselves are :class:`~intellect_node.trainer.policy_weights.PolicyWeights` (canonical
 safetensors bytes named by their content hash).
 
-Shortcuts: each tensor is compressed as one zstd frame on one thread, and base, delta and result are all
-held in memory. Trailing bytes after a zstd frame are ignored (the result is hash-checked anyway).
+Memory: encoding and applying work tensor by tensor on the raw bits of the two versions, which may be
+read-only mappings of their files (``PolicyWeights.load``/``write``); ``apply_delta(..., path=)`` builds the
+result in a file. The delta itself is one buffer (compressed: a fraction of the model for RL updates,
+about the model's size only when every tensor is ``raw``).
+
+Shortcuts: each tensor is compressed as one zstd frame on one thread; the delta blob is encoded and
+decoded whole. Trailing bytes after a zstd frame are ignored (the result is hash-checked anyway).
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import numpy as np
 import zstandard
@@ -257,8 +265,11 @@ def delta_size_limit(max_checkpoint_bytes: int) -> int:
 
 
 def apply_delta(base: PolicyWeights, delta: bytes | bytearray | memoryview, *, expected_hash: str,
-                max_size: int) -> PolicyWeights:
+                max_size: int, path: str | os.PathLike[str] | None = None) -> PolicyWeights:
     """Apply ``delta`` to ``base`` and return the result, whose content hash must be ``expected_hash``.
+
+    With ``path`` the result is built in that file through a mapping (removed again if its hash is
+    wrong), so a follower of a multi-GB policy holds no model-sized buffer besides its mapped base.
 
     Raises ProtocolError for a malformed delta (over ``delta_size_limit(max_size)`` bytes, or a result
     over ``max_size`` bytes), IntegrityError when the delta is for another base or another target, or the
@@ -271,9 +282,11 @@ def apply_delta(base: PolicyWeights, delta: bytes | bytearray | memoryview, *, e
         raise IntegrityError(f"delta applies to {d.base_hash}, the base held is {base.content_hash}")
     by_name = {t.name: t for t in d.tensors}
     specs = [(t.name, check_dtype(t.dtype), check_shape(t.shape)) for t in d.tensors]
-    result = PolicyWeights.build(specs, max_size=max_size,
-                              fill=lambda info, dest: _apply_tensor(by_name[info.name], info, base, dest))
+    result = PolicyWeights.build(specs, max_size=max_size, path=path,
+                                 fill=lambda info, dest: _apply_tensor(by_name[info.name], info, base, dest))
     if result.content_hash != expected_hash:
+        if path is not None:
+            Path(path).unlink(missing_ok=True)
         raise IntegrityError(f"delta result hashes to {result.content_hash}, announced {expected_hash}")
     return result
 

@@ -53,7 +53,14 @@ import torch
 import torch.distributed as dist
 
 from intellect_node.trainer.grpo import GRPOConfig, LossParts
-from intellect_node.trainer.step import Sample, StepStats, batch_advantages, micro_batches, micro_step, summarize
+from intellect_node.trainer.step import (
+    Sample,
+    StepStats,
+    batch_advantages,
+    micro_batches,
+    micro_step,
+    summarize,
+)
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -235,7 +242,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from intellect_node.trainer.step import make_optimizer
 
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--model-dir", required=True, help="Hugging Face model directory (architecture + weights)")
+    ap.add_argument("--model-dir", required=True,
+                    help="Hugging Face model directory (architecture + weights)")
     ap.add_argument("--checkpoint-dir", help="trainer checkpoint to resume from (weights + optimizer)")
     ap.add_argument("--batch", required=True, help="JSON list of samples (whole groups)")
     ap.add_argument("--out-dir", required=True, help="where rank 0 writes the new checkpoint")
@@ -255,7 +263,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     torch.set_num_threads(1)
     device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if args.device == "cuda" else "cpu"
-    options = TrainOptions(dtype=args.dtype, device=device, gradient_checkpointing=args.gradient_checkpointing)
+    options = TrainOptions(dtype=args.dtype, device=device,
+                           gradient_checkpointing=args.gradient_checkpointing)
 
     def body(held: dict[str, Any]) -> None:
         model = load_trainable(args.model_dir, options)

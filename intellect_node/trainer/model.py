@@ -39,10 +39,10 @@ from typing import Any, ContextManager
 import torch
 
 from intellect_node.errors import ConfigError
+from intellect_node.models.families import SUPPORTED_MODEL_TYPES
 
-TRAINABLE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-"""The families the trainer trains (issue #13): the ones people run RL on today. The inference side
-keeps its own list (``models.loader``); both name the same families."""
+TRAINABLE_MODEL_TYPES = SUPPORTED_MODEL_TYPES
+"""The families the trainer trains: the same list the inference side runs (``models.families``)."""
 
 TRAIN_DTYPES = ("float32", "bfloat16")
 """float16 is left out on purpose: without loss scaling its gradients underflow, and bf16 needs none."""
@@ -94,7 +94,8 @@ def autocast(model_or_device: Any, compute_dtype: torch.dtype | None) -> Context
     """The autocast context of one forward/backward (a no-op in fp32)."""
     if compute_dtype is None:
         return contextlib.nullcontext()
-    device = model_or_device if isinstance(model_or_device, (str, torch.device)) else model_device(model_or_device)
+    device = (model_or_device if isinstance(model_or_device, (str, torch.device))
+              else model_device(model_or_device))
     return torch.autocast(device_type=torch.device(device).type, dtype=compute_dtype)
 
 
@@ -168,4 +169,5 @@ def load_trainable(model: str | Path | None = None, options: TrainOptions | None
 
 
 __all__ = ["TRAINABLE_MODEL_TYPES", "TRAIN_DTYPES", "TrainOptions", "autocast", "check_model_type",
-           "enable_checkpointing", "is_checkpointing", "load_trainable", "model_device", "trainable_model_dir"]
+           "enable_checkpointing", "is_checkpointing", "load_trainable", "model_device",
+           "trainable_model_dir"]

@@ -282,7 +282,8 @@ class PolicyWeights:
                 out[name] = torch.empty(info.shape, dtype=tdt)
                 continue
             # torch.tensor copies (frombuffer would alias, and warns on a read-only mapping).
-            raw = torch.tensor(np.frombuffer(self._buf, dtype=np.uint8, count=info.nbytes, offset=info.offset))
+            raw = torch.tensor(np.frombuffer(self._buf, dtype=np.uint8, count=info.nbytes,
+                                             offset=info.offset))
             out[name] = raw.view(tdt).reshape(info.shape)
         return out
 

@@ -16,8 +16,9 @@ smaller forwards instead of running out of memory. The model may live on any dev
 autocast (``compute_dtype``, see ``trainer/model.py``); batches are built on the CPU and moved.
 
 Shortcuts: sequences are right-padded to the longest in the micro-batch with explicit position IDs; no
-packing; micro-batches keep the batch order (no sorting by length). One optimizer step per batch (no PPO epochs): with ``async_level`` staleness the ratio already
-differs from 1 and INTELLECT-2 also takes one step per batch.
+packing; micro-batches keep the batch order (no sorting by length). One optimizer step per batch (no
+PPO epochs): with ``async_level`` staleness the ratio already differs from 1 and INTELLECT-2 also
+takes one step per batch.
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ def tiny_family_model(family: str, *, vocab: int = 32, hidden: int = 64, layers:
     rope scaling, Mistral's sliding window, Qwen2's QKV bias, Qwen3's q/k norms (and explicit head_dim)."""
     from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                  num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                   tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if family == "llama":

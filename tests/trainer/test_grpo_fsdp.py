@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -17,6 +18,7 @@ from intellect_node.trainer.step import Sample, micro_batches, train_step
 from tests.support.grpo import scored_samples, tiny_family_model, torchrun
 
 torch.set_num_threads(1)
+pytestmark = pytest.mark.slow  # two torchrun launches per test
 
 MICRO_TOKENS = 12
 

@@ -13,7 +13,13 @@ import torch
 from intellect_node.errors import ConfigError
 from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.trainer.model import TrainOptions, is_checkpointing, load_trainable
-from intellect_node.trainer.step import Sample, accumulate_gradients, batch_advantages, micro_batches, train_step
+from intellect_node.trainer.step import (
+    Sample,
+    accumulate_gradients,
+    batch_advantages,
+    micro_batches,
+    train_step,
+)
 from tests.support.grpo import FAMILIES, scored_samples, tiny_family_model
 
 torch.set_num_threads(1)
@@ -55,7 +61,8 @@ def _reference_step(model: torch.nn.Module, samples: list[Sample], cfg: GRPOConf
         ids = torch.tensor([list(s.prompt_ids) + list(s.completion_ids)])
         logits = model(input_ids=ids).logits[0].float()
         p, c = len(s.prompt_ids), len(s.completion_ids)
-        lp = torch.log_softmax(logits[p - 1:p - 1 + c], -1).gather(-1, torch.tensor(s.completion_ids)[:, None])[:, 0]
+        targets = torch.tensor(s.completion_ids)[:, None]
+        lp = torch.log_softmax(logits[p - 1:p - 1 + c], -1).gather(-1, targets)[:, 0]
         ratio = torch.exp(lp - torch.tensor(s.old_logprobs))
         clipped = torch.clamp(ratio, 1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
         unclipped = torch.clamp(ratio, max=cfg.neg_ratio_cap) if a < 0 else ratio
