@@ -110,32 +110,35 @@ def _family_files(kind: str) -> tuple[Any, dict[str, Any], dict[str, Any], dict[
     return tok, cfg, tok_cfg, gen
 
 
-def _config(kind: str, vocab: int, ids: dict[str, Any]) -> Any:
+def _config(kind: str, vocab: int, ids: dict[str, Any], shape: dict[str, Any] = SHAPE) -> Any:
     from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     if kind == "llama":
         return LlamaConfig(vocab_size=vocab, tie_word_embeddings=False, rope_theta=10000.0,
                            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
-                           **SHAPE, **ids)
+                           **shape, **ids)
     if kind == "mistral":
         return MistralConfig(vocab_size=vocab, tie_word_embeddings=False, sliding_window=12, head_dim=16,
-                             **SHAPE, **ids)
+                             **shape, **ids)
     if kind == "qwen2":
-        return Qwen2Config(vocab_size=vocab, tie_word_embeddings=False, use_sliding_window=False, **SHAPE,
+        return Qwen2Config(vocab_size=vocab, tie_word_embeddings=False, use_sliding_window=False, **shape,
                            **ids)
     return Qwen3Config(vocab_size=vocab, tie_word_embeddings=True, head_dim=32, attention_bias=False,
-                       use_sliding_window=False, **SHAPE, **ids)
+                       use_sliding_window=False, **shape, **ids)
 
 
-def build_family_model(kind: str, dst: Path, seed: int = 0) -> Path:
-    """Write a random ``kind`` model (one of :data:`VARIANTS`) to ``dst`` and return it."""
+def build_family_model(kind: str, dst: Path, seed: int = 0, shape: dict[str, Any] | None = None) -> Path:
+    """Write a random ``kind`` model (one of :data:`VARIANTS`) to ``dst`` and return it. ``shape``:
+    settings over :data:`SHAPE` (a swarm run wants ``hidden_size`` >= TOPLOC's top-k of 128, since a
+    one-token completion's proof chunk holds only ``hidden_size`` values)."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     family = kind.removesuffix("-sharded")
     tok, ids, tok_cfg, gen = _family_files(family)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(_config(family, tok.get_vocab_size(), ids)).float()
+    model = AutoModelForCausalLM.from_config(_config(family, tok.get_vocab_size(), ids,
+                                                      {**SHAPE, **(shape or {})})).float()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):

@@ -1,0 +1,89 @@
+"""A run on a real-family model, set up the way a run organiser sets one up (docs/real-runs.md).
+
+:func:`organise_run` builds a tiny random Qwen3 folder (``tests/support/families.py``), calibrates its
+proof thresholds with the real CLI (``intellect-node proofs calibrate``), creates every node's key and
+writes one config per node whose ``[run]`` names the thresholds file and its sha256, as a run organiser
+publishes them. :func:`start_node` then runs ``intellect-node join --role ROLE`` on it.
+
+The model is wider than the families' default (hidden 128, not 64): a TOPLOC proof chunk holds
+``tokens * hidden_size`` values and needs at least the top-k's 128, so with hidden 64 a completion that
+is one token long (the model's first token an EOS, about one rollout in 200 for a random model with two
+EOS IDs in 384) cannot be proved and the worker's whole batch fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from intellect_node.node.processes import write_config
+from tests.support.common import CLI
+from tests.support.families import build_family_model
+from tests.support.roles import ENV, make_key
+from tests.support.swarm import NodeProcess
+
+SHAPE = {"hidden_size": 128, "intermediate_size": 256}
+"""Tiny Qwen3 over the families' default shape: hidden 128 = TOPLOC's top-k (module docstring)."""
+
+
+@dataclass
+class Run:
+    """What an organiser hands out: the model folder, the thresholds file and its hash, the peer IDs."""
+
+    root: Path
+    model: Path
+    thresholds: Path
+    sha256: str
+    ids: dict[str, str] = field(default_factory=dict)  # node name -> peer ID
+
+    def data_dir(self, name: str) -> Path:
+        return self.root / name
+
+
+def calibrate(model: Path, out: Path, *, max_new_tokens: int) -> str:
+    """``intellect-node proofs calibrate`` for the torch@cpu pair; returns the file's sha256 (which the
+    command also prints, as the run's ``proof_thresholds_sha256``)."""
+    res = subprocess.run([CLI, "proofs", "calibrate", "--model", str(model), "--n", "16", "--batch-sizes",
+                          "1,8", "--max-new-tokens", str(max_new_tokens), "--out", str(out)],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, **ENV})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    digest = hashlib.sha256(out.read_bytes()).hexdigest()
+    assert f"sha256 {digest}" in res.stdout, res.stdout
+    return digest
+
+
+def organise_run(root: Path, names: list[str], *, rl: dict[str, Any]) -> Run:
+    """Model, thresholds and keys for a run whose trainer is ``names[0]`` and validator ``names[1]``."""
+    model = build_family_model("qwen3", root / "model-qwen3", shape=SHAPE)
+    thresholds = root / "proof_thresholds.json"
+    run = Run(root, model, thresholds, calibrate(model, thresholds, max_new_tokens=int(rl["max_new_tokens"])))
+    run.ids = {n: make_key(root / n) for n in names}
+    return run
+
+
+def node_config(run: Run, name: str, *, rl: dict[str, Any], bootstrap: list[str] | None = None,
+                run_id: str = "qwen3-rg") -> Path:
+    """``<data dir>/config.toml``: the run's settings (the same for every node) and this node's network."""
+    names = list(run.ids)
+    network: dict[str, Any] = {"listen": ["/ip4/127.0.0.1/tcp/0"], "http_host": "127.0.0.1",
+                               "heartbeat_interval": 1.0, "peer_timeout": 10.0, "bootstrap": bootstrap or []}
+    doc = {"network": network, "metrics": {"enabled": False},
+           "run": {"run_id": run_id, "model": str(run.model), "trainer_peer_id": run.ids[names[0]],
+                   "validator_peer_ids": [run.ids[names[1]]], "proof_thresholds": str(run.thresholds),
+                   "proof_thresholds_sha256": run.sha256},
+           "rl": {k: v for k, v in rl.items() if k != "env_args"}, "inference": {"engine": "torch", "device": "cpu"},
+           "rl.env_args": rl.get("env_args", {})}  # a [rl.env_args] table: write_config writes flat sections
+    return write_config(run.data_dir(name) / "config.toml", doc)
+
+
+def start_node(run: Run, name: str, role: str, procs: list[Any], *, rl: dict[str, Any],
+               bootstrap: list[str] | None = None) -> NodeProcess:
+    """Write ``name``'s config and start it as ``role``; added to ``procs``, which the caller closes."""
+    node_config(run, name, rl=rl, bootstrap=bootstrap)
+    proc = NodeProcess(run.data_dir(name), "--role", role, env=ENV)
+    procs.append(proc)
+    return proc
