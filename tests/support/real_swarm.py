@@ -75,8 +75,9 @@ def node_config(run: Run, name: str, *, rl: dict[str, Any], bootstrap: list[str]
            "run": {"run_id": run_id, "model": str(run.model), "trainer_peer_id": run.ids[names[0]],
                    "validator_peer_ids": [run.ids[names[1]]], "proof_thresholds": str(run.thresholds),
                    "proof_thresholds_sha256": run.sha256},
-           "rl": {k: v for k, v in rl.items() if k != "env_args"}, "inference": {"engine": "torch", "device": "cpu"},
-           "rl.env_args": rl.get("env_args", {})}  # a [rl.env_args] table: write_config writes flat sections
+           "rl": {k: v for k, v in rl.items() if k != "env_args"},
+           "rl.env_args": rl.get("env_args", {}),  # a table of its own: write_config writes flat sections
+           "inference": {"engine": "torch", "device": "cpu"}}
     return write_config(run.data_dir(name) / "config.toml", doc)
 
 
