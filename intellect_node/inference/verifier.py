@@ -38,6 +38,7 @@ REASONS = {
     "prompt_mismatch": "the prompt tokens are not the problem's prompt",
     "termination": "the completion continues past an EOS token or stops early without one",
     "reward": "the claimed reward is not the checker's score of the completion",
+    "reward_unjudged": "the checker ran out of time on this node (not held against the worker)",
     "seed": "a sampling seed or rollout ID is not the one the run derives (proofs/sampling.group_seed)",
     "toploc": "the TOPLOC proofs do not match the recomputed hidden states",
     "logprob": "the claimed logprobs differ from the recomputed ones",
@@ -149,9 +150,12 @@ class Verifier:
         if any(t in eos for t in out[:-1]) or (out[-1] not in eos and len(out) != s.max_new_tokens):
             return self._reject(r, "termination", "tokens after an EOS token, or stopped before "
                                 "max_new_tokens without one")
-        reward = problem.reward(self.tokenizer.decode(out))
-        if not math.isclose(reward, r.reward, abs_tol=1e-9):
-            return self._reject(r, "reward", f"claimed {r.reward}, checker gives {reward}")
+        judged = problem.judge(self.tokenizer.decode(out))
+        if not math.isclose(judged.reward, r.reward, abs_tol=1e-9):
+            if judged.reason == "timeout":  # this node's checker ran out of time: no evidence either way
+                return self._reject(r, "reward_unjudged", f"claimed {r.reward}; the checker timed out here")
+            return self._reject(r, "reward", f"claimed {r.reward}, checker gives {judged.reward}"
+                                + (f" ({judged.reason})" if judged.reason else ""))
         return None
 
     def verify_tensors(self, records: list[RolloutRecord]) -> list[Verdict]:

@@ -90,8 +90,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-NOT_HELD = frozenset({"stale", "policy_version"})
-"""Verdict reasons that are not the worker's fault (the swarm moved on; this validator lacks the policy)."""
+NOT_HELD = frozenset({"stale", "policy_version", "reward_unjudged"})
+"""Verdict reasons that are not the worker's fault (the swarm moved on; this validator lacks the policy;
+its reward checker ran out of time on a completion a faster node scored)."""
 STRIKES = frozenset({"unavailable", "future"})
 """Refusals of notices the sender could not back: counted toward ``validator.strikes_ban_after``."""
 HEARD_RECENTLY_S = 10.0
@@ -396,8 +397,10 @@ class Validator:
             for r in verdicts:
                 self.rt.board.proof_checked(r.accepted, reason=r.reason or "")
             if bad:
-                return self._verdict(notice, worker, n - len(bad), len(bad), bad[0].reason or "rejected",
-                                     bad[0].detail)
+                # A fault of the worker names the batch before a rollout this validator could not judge.
+                first = next((b for b in bad if b.reason not in NOT_HELD), bad[0])
+                return self._verdict(notice, worker, n - len(bad), len(bad), first.reason or "rejected",
+                                     first.detail)
             accepted = True
             self.trust.put(worker, (self.trust.get(worker) or 0) + 1)
             return self._verdict(notice, worker, n, 0)

@@ -255,3 +255,29 @@ def test_engines_are_made_by_name(engine: TorchEngine) -> None:
         make_engine(engine.loaded, "vllm")
     with pytest.raises(ConfigError, match="engine 'tensorrt' is not one of torch, vllm"):
         make_engine(None, "tensorrt")
+
+
+def test_a_checker_that_times_out_here_does_not_blame_the_worker(engine: TorchEngine,
+                                                                  honest: list[RolloutRecord]) -> None:
+    """A slow validator's reward checker can time out on a completion a faster worker scored: that is
+    ``reward_unjudged`` (a validator counts it as unchecked), never ``reward``; a checker that answers
+    with another score is still ``reward``."""
+    import dataclasses
+
+    from intellect_node.roles.validator import NOT_HELD
+    from intellect_node.trainer.tasks import Judgement, resolve_problem
+
+    scored = next((r for r in honest if r.reward == 1.0), None) or resign(honest[0], WORKER, reward=1.0)
+
+    def resolver(judgement: Judgement):  # type: ignore[no-untyped-def]
+        return lambda pid: dataclasses.replace(resolve_problem(pid), scorer=lambda text: judgement)
+
+    expect = Expectations(run_id="run", policy_version=3, checkpoint_cid=CID, temperature=1.0, top_p=1.0,
+                          max_new_tokens=16)
+    th = load_thresholds(engine.loaded.path, "float32")
+    slow = Verifier(engine, th, expect, resolve=resolver(Judgement(0.0, "timeout")))
+    [v] = slow.verify([scored])
+    assert (v.accepted, v.reason) == (False, "reward_unjudged") and "reward_unjudged" in NOT_HELD
+    wrong = Verifier(engine, th, expect, resolve=resolver(Judgement(0.0, "no_answer")))
+    [v] = wrong.verify([scored])
+    assert (v.accepted, v.reason) == (False, "reward") and "no_answer" in v.detail
