@@ -12,7 +12,7 @@ What is here:
   half window; yamux writes whole messages atomically and reset a stream whose write failed part-way;
   connection tasks (yamux read loop, stream accept loop) that fail end their connection, not the swarm;
   pubsub's per-peer tasks contain their failures; a stale pubsub stream's failure never tears down the
-  stream that replaced it.
+  stream that replaced it; pubsub's per-peer outbound queue is deeper than the stock 32 RPCs.
 - :func:`contain_streams` (per host): the one choke point through which every inbound stream of every
   protocol reaches its handler (see :mod:`intellect_node.p2p.guard`).
 - Accessors for private state the node needs (negative dial cache, pubsub blacklist, the subscription
@@ -56,6 +56,7 @@ from libp2p.network.connection.swarm_connection import SwarmConn  # noqa: E402
 from libp2p.network.stream.exceptions import StreamError  # noqa: E402
 from libp2p.peer.id import ID  # noqa: E402
 from libp2p.pubsub import pubsub as _pubsub_module  # noqa: E402
+from libp2p.pubsub import rpc_queue as _rpc_queue  # noqa: E402
 from libp2p.pubsub.gossipsub import GossipSub  # noqa: E402
 from libp2p.pubsub.pb import rpc_pb2  # noqa: E402
 from libp2p.pubsub.pubsub import Pubsub  # noqa: E402
@@ -203,6 +204,15 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "after a libp2p restart the peer kept the old stream for minutes and no gossip flowed (liveness)",
         "tests/node/test_liveness.py::test_libp2p_failures_are_restarted_resubscribed_and_reported",
         "not reported", "upstream closes connections when the Swarm service stops"),
+    Workaround(
+        "pubsub-outbound-queue", "apply_fixes: pubsub.RpcQueue (the per-peer outbound queue)",
+        "each peer's outbound RPC queue holds 32 RPCs and rejects the rest silently (go-libp2p-pubsub's "
+        "default, sized for a Go scheduler): a forwarder whose trio thread stalls for a second on a busy "
+        "machine drops the forwards of a burst it already accepted",
+        "a 5-node star at load 15: the hub got all 32 messages of a burst, the leaves 23-25 each (issue #12)",
+        "tests/p2p/test_libp2p_compat.py::test_stock_pubsub_outbound_queue_rejects_past_32_rpcs",
+        "not reported (the size is a constructor argument pubsub never passes)",
+        "upstream lets the host choose the size (then pass PEER_OUTBOUND_QUEUE instead)"),
 )
 
 
@@ -212,6 +222,19 @@ WINDOW_WAIT_TIMEOUT_S = 5.0
 """How long a write waits for the peer to open its receive window (the stock value)."""
 RESET_TIMEOUT_S = 1.0
 """Bound on sending the RST after a failed write (it is sent even if the writer was cancelled)."""
+
+PEER_OUTBOUND_QUEUE = 256
+"""RPCs queued per peer before gossipsub drops: 8 times the stock 32, so a forwarder stalled for a few
+seconds keeps a burst. Our messages are small (notices, verdicts, heartbeats: a few KB); the bound in bytes
+for a peer that never reads is this times the 512 KiB publish limit, and its connection is closed by then."""
+
+
+class _DeepRpcQueue(_rpc_queue.RpcQueue):
+    """The stock per-peer queue with :data:`PEER_OUTBOUND_QUEUE` as its default size."""
+
+    def __init__(self, max_size: int = PEER_OUTBOUND_QUEUE, **kwargs: Any) -> None:
+        super().__init__(max_size, **kwargs)
+
 
 _STOCK: dict[str, Any] = {}
 """The original functions we replaced, by name (tests call them to show the defects)."""
@@ -244,6 +267,8 @@ def apply_fixes() -> None:
     _patch(SwarmConn, "start", guard.contained_connection_task(SwarmConn.start, "stream accept loop"))
     _patch(_yamux.Yamux, "start", guard.contained_connection_task(_yamux.Yamux.start, "yamux read loop"))
     _patch(Pubsub, "write_msg", _write_msg)
+    _STOCK.setdefault("pubsub.RpcQueue", _pubsub_module.RpcQueue)
+    _pubsub_module.RpcQueue = _DeepRpcQueue  # the name pubsub builds each peer's queue with
     _patch(Pubsub, "push_msg", guard.contained_peer_task(Pubsub.push_msg, "gossip"))
     _patch(Pubsub, "_replay_recent_messages",
            guard.contained_peer_task(Pubsub._replay_recent_messages, "gossip replay"))

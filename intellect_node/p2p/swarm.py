@@ -4,8 +4,9 @@ Roles use only this class. It owns the trio thread (:mod:`bridge`) running :clas
 adds what the library does not do for us:
 
 - **Pacing.** gossipsub drops silently: 10 msgs/s per forwarder per topic on stock nodes and a 32-RPC
-  outbound queue per peer (notes). :meth:`Swarm.publish` spaces messages on one topic at least
-  ``1 / PUBLISH_RATE_PER_TOPIC`` s apart and awaits its turn, so a burst is delayed, never dropped.
+  outbound queue per peer on stock nodes (ours: 256, ``compat.PEER_OUTBOUND_QUEUE``).
+  :meth:`Swarm.publish` spaces messages on one topic at least ``1 / PUBLISH_RATE_PER_TOPIC`` s apart
+  and awaits its turn, so a burst is delayed, never dropped.
 - **Validation with blame.** ``subscribe(topic, validate, handler)``: ``validate(data, origin)`` runs
   inside the gossip validator on the trio thread; a ``ProtocolError`` drops the message (it is not
   forwarded) and the reason is recorded in the peerbook against the origin (the libp2p-signed

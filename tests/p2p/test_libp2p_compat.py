@@ -279,6 +279,21 @@ def test_a_failing_connection_task_ends_only_its_connection() -> None:
     trio.run(main)
 
 
+def test_stock_pubsub_outbound_queue_rejects_past_32_rpcs() -> None:
+    """Pubsub builds each peer's queue with no size, so the stock one refuses the 33rd queued RPC (a burst
+    a stalled forwarder accepted is lost); ours, the one pubsub now builds, holds PEER_OUTBOUND_QUEUE."""
+    from libp2p.pubsub import pubsub
+    from libp2p.pubsub.pb import rpc_pb2
+
+    compat.apply_fixes()
+
+    def accepted(queue: Any, n: int) -> int:
+        return sum(queue.push(rpc_pb2.RPC()) for _ in range(n))
+
+    assert accepted(compat.stock("pubsub.RpcQueue")(), 40) == 32
+    assert accepted(pubsub.RpcQueue(), compat.PEER_OUTBOUND_QUEUE + 8) == compat.PEER_OUTBOUND_QUEUE
+
+
 def test_the_workaround_table_names_real_tests() -> None:
     names = [w.name for w in compat.WORKAROUNDS]
     assert len(names) == len(set(names))
