@@ -282,7 +282,9 @@ class Trainer:
         data = await self.fetcher.fetch(cid, holders=[w, validator], max_size=MAX_BATCH_SIZE,
                                         timeout=FETCH_TIMEOUT_S)
         batch = await asyncio.to_thread(decode_batch, data)
-        groups = self._groups(batch, w, version)
+        # re-scoring runs checkers (math-verify: ~12 ms a rollout, up to rl.reward_timeout_s on hostile
+        # text): off the event loop
+        groups = await asyncio.to_thread(self._groups, batch, w, version)
         seq = await self.inbox.admit(cid, w, version, data, rollout_keys(batch.rollouts))
         return Accepted(cid, w, version, groups, seq)
 
