@@ -274,6 +274,21 @@ class RLConfig(_Section):
     max_grad_norm: float = Field(default=0.1, gt=0)
     """Gradient-norm clip (INTELLECT-2 found 0.05-0.1 kept long runs stable)."""
 
+    train_dtype: Literal["float32", "bfloat16"] = "float32"
+    """The trainer's compute dtype: "bfloat16" runs forward/backward under autocast over fp32 master
+    weights (the optimizer state stays fp32; docs/training.md). Trainer only."""
+
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory for about a third more compute. Trainer
+    only."""
+
+    train_device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
+    """Where the trainer holds its model: "cpu", "cuda" or "cuda:N". Trainer only."""
+
+    micro_batch_tokens: int = Field(default=16384, ge=1)
+    """Padded tokens (rows x longest row) per forward/backward of the trainer: bounds activation memory
+    whatever the completion lengths (docs/training.md)."""
+
     kl_coef: float = Field(default=0.0, ge=0)
     """KL penalty weight against the starting policy (off, as in INTELLECT-2)."""
 
