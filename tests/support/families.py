@@ -119,8 +119,8 @@ def _config(kind: str, vocab: int, ids: dict[str, Any], shape: dict[str, Any] = 
                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
                            **shape, **ids)
     if kind == "mistral":
-        return MistralConfig(vocab_size=vocab, tie_word_embeddings=False, sliding_window=12, head_dim=16,
-                             **shape, **ids)
+        return MistralConfig(vocab_size=vocab, tie_word_embeddings=False, sliding_window=12,
+                             **{"head_dim": 16, **shape}, **ids)  # a shape may set head_dim (vLLM: >= 32)
     if kind == "qwen2":
         return Qwen2Config(vocab_size=vocab, tie_word_embeddings=False, use_sliding_window=False, **shape,
                            **ids)
