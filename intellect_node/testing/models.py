@@ -6,7 +6,7 @@ written by ``save_pretrained`` (safetensors), a byte-level BPE tokenizer trained
 with the family's special tokens and a ChatML chat template, and ``generation_config.json`` with two
 EOS IDs (end of turn, end of text) as instruct models ship.
 
-Sizes (:data:`SIZES`): ``tiny`` (~0.2M parameters, tests), ``50m`` (~55M, ``bench/rollouts.py``).
+Sizes (:data:`SIZES`): ``tiny`` (~0.3M parameters, tests), ``50m`` (~55M, ``bench/rollouts.py``).
 Weights are random: outputs are noise, which is all throughput and proof checks need.
 """
 
@@ -18,7 +18,9 @@ from typing import Any
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 SIZES: dict[str, dict[str, int]] = {
-    "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    # tiny: hidden 128, not less: a TOPLOC proof chunk of a one-token completion holds hidden_size values
+    # and needs the top-k's 128 (with 64, a completion that is one EOS fails its worker's whole batch).
+    "tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512},
     "50m": {"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 8,
             "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 8192},

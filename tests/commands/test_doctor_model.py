@@ -102,7 +102,7 @@ def test_doctor_model_says_each_role_fits_with_the_numbers(models: dict[str, Pat
     assert res.returncode == 0, res.stderr
     checks = {c["name"]: c for c in json.loads(res.stdout)}
     assert set(checks) == {"model size", "worker memory", "validator memory", "trainer memory"}
-    assert "0.1M parameters (counted from the weights)" in checks["model size"]["detail"]
+    assert "0.3M parameters (counted from the weights)" in checks["model size"]["detail"]
     assert all(c["status"] == "ok" for c in checks.values())
     assert "KV cache" in checks["worker memory"]["detail"] and "free" in checks["worker memory"]["detail"]
 
