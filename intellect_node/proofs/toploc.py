@@ -20,8 +20,10 @@ Thresholds come from calibration (``proofs/calibrate.py``), not from here.
 Shortcuts and choices:
 * Top-k is selected on the fp32 magnitudes (fewer ties than on rounded values) and the values are then
   rounded to bfloat16, on both sides, so an fp32 pipeline is committed at bfloat16 precision.
-* Values whose bf16 pattern is NaN/inf, or a chunk with fewer than k entries, raise :class:`ProofError`;
-  there is no "null proof".
+* Values whose bf16 pattern is NaN/inf raise :class:`ProofError`; there is no "null proof". A chunk
+  with fewer than k values (a model with a hidden size under 128 and a completion shorter than
+  k / hidden tokens in its last chunk, e.g. a single EOS) is zero-padded to k on both sides, so its
+  proof commits every value it has; real models (hidden size >= 128) never need it.
 * The field arithmetic is vectorised with numpy over all chunks of a batch at once (int64, products of
   two residues < 2^32 never overflow), with modular inverses from a table built once.
 """
@@ -162,10 +164,13 @@ def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray((acc.astype(np.int64) % PRIME).T)
 
 
-def _chunks(hidden: torch.Tensor, chunk: int) -> list[torch.Tensor]:
+def _chunks(hidden: torch.Tensor, chunk: int, topk: int) -> list[torch.Tensor]:
+    """The flattened chunks; one with fewer than ``topk`` values is zero-padded to exactly ``topk``, so
+    its proof commits every value it has (prover and verifier pad alike)."""
     if hidden.ndim != 2 or hidden.shape[0] == 0:
         raise ProofError(f"expected hidden states [tokens, hidden], got {tuple(hidden.shape)}")
-    return [hidden[i:i + chunk].reshape(-1) for i in range(0, hidden.shape[0], chunk)]
+    out = [hidden[i:i + chunk].reshape(-1) for i in range(0, hidden.shape[0], chunk)]
+    return [f if f.numel() >= topk else torch.cat([f, f.new_zeros(topk - f.numel())]) for f in out]
 
 
 def _topk(flat: torch.Tensor, topk: int) -> tuple[np.ndarray, np.ndarray]:
@@ -194,7 +199,7 @@ def build_proofs_batch(hiddens: Sequence[torch.Tensor], *, chunk: int = CHUNK,
     """Proofs for many rollouts at once: one top-k per chunk shape, one vectorised interpolation."""
     groups: dict[int, list[tuple[int, int, torch.Tensor]]] = {}  # chunk size -> (rollout, chunk no, values)
     for r, h in enumerate(hiddens):
-        for c, flat in enumerate(_chunks(h, chunk)):
+        for c, flat in enumerate(_chunks(h, chunk, topk)):
             groups.setdefault(flat.numel(), []).append((r, c, flat))
     keys, xs, ys, mods = [], [], [], []
     for members in groups.values():
@@ -243,7 +248,7 @@ def verify_proofs_batch(hiddens: Sequence[torch.Tensor], proofs: Sequence[Sequen
     polys: list[ProofPoly] = []
     keys: list[tuple[int, int]] = []
     for r, (h, ps) in enumerate(zip(hiddens, proofs, strict=True)):
-        flats = _chunks(h, chunk)
+        flats = _chunks(h, chunk, topk)
         if len(ps) != len(flats):
             raise ProtocolError(f"{len(ps)} proofs for {len(flats)} chunks of {chunk} tokens")
         for c, (flat, raw) in enumerate(zip(flats, ps)):

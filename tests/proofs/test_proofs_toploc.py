@@ -94,11 +94,25 @@ def test_batch_build_equals_one_by_one() -> None:
     assert build_proofs_batch(hs) == [build_proofs(h) for h in hs]
 
 
+def test_a_chunk_shorter_than_top_k_commits_every_value() -> None:
+    """A model with hidden size 64 and a one-token completion (an EOS) has 64 values in its chunk: the
+    proof commits all of them (zero-padded to k on both sides) instead of failing the worker's batch."""
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(33, 64, generator=g)  # a full chunk of 32 tokens, then one token of 64 values
+    proofs = build_proofs(h)
+    assert len(proofs) == 2 and all(len(p) == PROOF_BYTES for p in proofs)
+    assert build_proofs_batch([h, h[:1]]) == [proofs, build_proofs(h[:1])]
+    honest = verify_proofs(h.clone(), proofs)
+    assert all(r.exp_mismatches == 0 and r.mant_err_mean == 0 for r in honest)
+    edited = h.clone()
+    edited[32] = torch.randn(64, generator=g)  # the short chunk's token came from other states
+    short = verify_proofs(edited, proofs)[1]
+    assert short.exp_mismatches > 16, short
+
+
 def test_inputs_the_scheme_cannot_handle_raise() -> None:
     with pytest.raises(ProofError):
         build_proofs(torch.full((4, 128), float("nan")))
-    with pytest.raises(ProofError):
-        build_proofs(torch.randn(1, 64))  # 64 values < top-k 128
     with pytest.raises(ProofError):
         build_proofs(torch.full((2, 128), 1e39, dtype=torch.float64).float())  # inf
     with pytest.raises(ProofError):
