@@ -89,12 +89,20 @@ def die_with_parent() -> Callable[[], None] | None:
 def write_config(path: Path, doc: Mapping[str, Mapping[str, Any]]) -> Path:
     """Write a node config file (``--config``, or ``<data-dir>/config.toml``) from ``{section: {field:
     value}}``. Values are written as JSON, which TOML reads the same for the strings, numbers, booleans
-    and lists a config holds; the file is checked by the node that reads it (``node/config.py``)."""
+    and lists a config holds; a mapping value becomes its own table (``[rl.env_args]``). The file is
+    checked by the node that reads it (``node/config.py``)."""
     lines: list[str] = []
-    for section, values in doc.items():
-        lines.append(f"[{section}]")
-        lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+
+    def table(name: str, values: Mapping[str, Any]) -> None:
+        lines.append(f"[{name}]")
+        lines.extend(f"{k} = {json.dumps(v)}" for k, v in values.items() if not isinstance(v, Mapping))
         lines.append("")
+        for k, v in values.items():
+            if isinstance(v, Mapping):
+                table(f"{name}.{k}", v)
+
+    for section, values in doc.items():
+        table(section, values)
     path.write_text("\n".join(lines))
     return path
 
