@@ -14,7 +14,7 @@ from pathlib import Path
 
 from intellect_node.commands.logs import PrivateRotatingFileHandler
 from intellect_node.logsetup import JsonLinesFormatter
-from tests.support.common import CLI, run_cli
+from tests.support.common import CLI, ctrl_c_reaches_child, run_cli
 from tests.support.swarm import NodeProcess
 from tests.support.wait import wait_for
 
@@ -22,7 +22,8 @@ from tests.support.wait import wait_for
 def _follower(*args: str, out: Path) -> subprocess.Popen[bytes]:
     """`intellect-node logs -f ...` writing to ``out`` (read by the test while it runs)."""
     with open(out, "wb") as f:
-        return subprocess.Popen([CLI, "logs", "-f", *args], stdout=f, stderr=subprocess.STDOUT)
+        return subprocess.Popen([CLI, "logs", "-f", *args], stdout=f, stderr=subprocess.STDOUT,
+                                preexec_fn=ctrl_c_reaches_child)
 
 
 def _end(proc: subprocess.Popen[bytes]) -> int:

@@ -17,7 +17,7 @@ import pytest
 from intellect_node.commands.progress import Progress
 from intellect_node.node import control
 from intellect_node.protocol.ids import cid_from_digest
-from tests.support.common import CLI, REPO, run_cli
+from tests.support.common import CLI, REPO, ctrl_c_reaches_child, run_cli
 from tests.support.swarm import NodeProcess
 from tests.support.wait import wait_for
 
@@ -110,7 +110,7 @@ def test_an_interrupted_get_leaves_no_traceback_at_error_in_the_node_log(tmp_pat
         nobody_has = cid_from_digest(os.urandom(32))
         get = subprocess.Popen([CLI, "blob", "get", nobody_has, "--out", str(tmp_path / "o.bin"),
                                 "--data-dir", str(tmp_path / "n")], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_child)
         try:
             wait_for(lambda: nobody_has in _fetching(tmp_path / "n"), timeout=30,
                      what="the node to start fetching")

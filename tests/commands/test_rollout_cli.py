@@ -65,8 +65,9 @@ def test_calibration_and_another_models_rollouts(tmp_path: Path) -> None:
                "--max-new-tokens", "40")
     assert r.exit_code == 0, r.stdout
     data = json.loads((other / "proof_thresholds.json").read_text())
-    assert data["float32"]["observed"]["rollouts"] == 8 and data["float32"]["batch_sizes"] == [1, 4]
-    assert data["float32"]["thresholds"]["exp_mismatches"] >= 2
+    entry = data["pairs"]["float32/torch@cpu->torch@cpu"]  # format 2: per engine pair
+    assert data["format"] == 2 and entry["observed"]["rollouts"] == 8 and entry["batch_sizes"] == [1, 4]
+    assert entry["thresholds"]["exp_mismatches"] >= 2
 
     eng = TorchEngine.from_dir(str(other))
     recs = generate_rollouts(eng, eng.loaded.tokenizer, embedded_task().sample(random.Random(0), 3),

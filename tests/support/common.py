@@ -20,3 +20,15 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
         full_env.update(env)
     return subprocess.run([CLI, *args], capture_output=True, text=True, env=full_env, timeout=timeout,
                           input=input)
+
+
+def ctrl_c_reaches_child() -> None:
+    """``preexec_fn`` for a child the test interrupts with SIGINT, as a terminal's Ctrl-C would.
+
+    A suite started as a background job of a non-interactive shell (``make test &`` in a script, some CI
+    runners) inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler in its
+    children: the SIGINT would be dropped and the test would time out. Restoring the default first gives
+    the child what an operator's terminal gives it."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

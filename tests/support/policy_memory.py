@@ -80,9 +80,12 @@ def main(root: Path) -> dict[str, float]:
         lambda: apply_delta(base, delta, expected_hash=nxt.content_hash, max_size=1 << 40,
                             path=root / "v2-applied.safetensors"))
     assert got.content_hash == nxt.content_hash
-    # The meter sees a copy: the in-memory canonical bytes of the whole model.
-    out["in_memory_copy"], _ = peak_extra_mb(
-        lambda: PolicyWeights.parse(memoryview(nxt.to_bytes()), max_size=1 << 40).nbytes)
+    # The meter sees a copy: the in-memory canonical bytes of the whole model, still held when the
+    # meter takes its last sample (the sampling thread may not get the GIL while a C copy runs, so a copy
+    # made and freed inside one call can fall between samples).
+    out["in_memory_copy"], held = peak_extra_mb(
+        lambda: PolicyWeights.parse(memoryview(nxt.to_bytes()), max_size=1 << 40))
+    del held
     return out
 
 

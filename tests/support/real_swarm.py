@@ -56,9 +56,10 @@ def calibrate(model: Path, out: Path, *, max_new_tokens: int) -> str:
     return digest
 
 
-def organise_run(root: Path, names: list[str], *, rl: dict[str, Any]) -> Run:
-    """Model, thresholds and keys for a run whose trainer is ``names[0]`` and validator ``names[1]``."""
-    model = build_family_model("qwen3", root / "model-qwen3", shape=SHAPE)
+def organise_run(root: Path, names: list[str], *, rl: dict[str, Any], family: str = "qwen3") -> Run:
+    """Model (a tiny random ``family`` folder), thresholds and keys for a run whose trainer is
+    ``names[0]`` and validator ``names[1]``."""
+    model = build_family_model(family, root / f"model-{family}", shape=SHAPE)
     thresholds = root / "proof_thresholds.json"
     run = Run(root, model, thresholds, calibrate(model, thresholds, max_new_tokens=int(rl["max_new_tokens"])))
     run.ids = {n: make_key(root / n) for n in names}
@@ -75,8 +76,7 @@ def node_config(run: Run, name: str, *, rl: dict[str, Any], bootstrap: list[str]
            "run": {"run_id": run_id, "model": str(run.model), "trainer_peer_id": run.ids[names[0]],
                    "validator_peer_ids": [run.ids[names[1]]], "proof_thresholds": str(run.thresholds),
                    "proof_thresholds_sha256": run.sha256},
-           "rl": {k: v for k, v in rl.items() if k != "env_args"},
-           "rl.env_args": rl.get("env_args", {}),  # a table of its own: write_config writes flat sections
+           "rl": rl,
            "inference": {"engine": "torch", "device": "cpu"}}
     return write_config(run.data_dir(name) / "config.toml", doc)
 

@@ -1,6 +1,7 @@
 """The whole swarm on a real-family model with a reasoning environment: a trainer, a validator and a
-worker as ``intellect-node join`` processes on 127.0.0.1, on a tiny random Qwen3 folder (q/k norms, tied
-embeddings, a BPE tokenizer with a ChatML template and two EOS IDs) and ``reasoning_gym:basic_arithmetic``,
+worker as ``intellect-node join`` processes on 127.0.0.1, on a tiny random folder of each supported family
+(Qwen3: q/k norms, tied embeddings; Qwen2: QKV bias; Llama: llama3 RoPE scaling; Mistral: sliding window;
+each with a BPE tokenizer, its chat template and two EOS IDs) and ``reasoning_gym:basic_arithmetic``,
 with proof thresholds calibrated for that model by ``intellect-node proofs calibrate`` and pinned in the
 run config by their sha256 (``tests/support/real_swarm.py`` does what docs/real-runs.md tells an
 organiser to do).
@@ -55,8 +56,9 @@ def _trained(trainer_dir: Path) -> list[dict[str, Any]]:
     return [m for m in rows if m["trained"]]
 
 
-def test_a_qwen3_swarm_on_a_reasoning_gym_task_steps_with_no_honest_rejection(tmp_path: Path) -> None:
-    run = organise_run(tmp_path, ["trainer", "validator", "worker"], rl=RL)
+@pytest.mark.parametrize("family", ["qwen3", "llama", "mistral", "qwen2"])
+def test_a_swarm_on_a_reasoning_gym_task_steps_with_no_honest_rejection(tmp_path: Path, family: str) -> None:
+    run = organise_run(tmp_path, ["trainer", "validator", "worker"], rl=RL, family=family)
     procs: list[Any] = []
     try:
         trainer = start_node(run, "trainer", "trainer", procs, rl=RL)
