@@ -92,30 +92,17 @@ def register(app: typer.Typer) -> None:
                                   field="file")
             typer.echo(final["cid"])
             return
-        import fcntl
-        import os
-
         from intellect_node.blobs.service import BLOBS_DIR
         from intellect_node.blobs.store import BlobStore
-        from intellect_node.node.runtime import LOCK_FILE
+        from intellect_node.commands.common import data_dir_lock
         from intellect_node.p2p.identity import load_key
 
         key = load_key(d)
-        # Hold the node's data-dir lock: a node that is starting must not share the store with us.
-        fd = os.open(d / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError as exc:
-                raise ConfigError(f"a node is starting with --data-dir {d}; retry when "
-                                  "`intellect-node status` answers", field="data_dir") from exc
-            with Progress("blob put", quiet=quiet) as progress:
-                progress.phase("chunking", total=src.stat().st_size, unit="bytes", file=str(src))
-                cid, _m = BlobStore(d / BLOBS_DIR).add_file(
-                    src, key, name=name, chunk_size=chunk_size,
-                    on_bytes=lambda done, total: progress.update(done, total=total))
-        finally:
-            os.close(fd)
+        with data_dir_lock(d), Progress("blob put", quiet=quiet) as progress:
+            progress.phase("chunking", total=src.stat().st_size, unit="bytes", file=str(src))
+            cid, _m = BlobStore(d / BLOBS_DIR).add_file(
+                src, key, name=name, chunk_size=chunk_size,
+                on_bytes=lambda done, total: progress.update(done, total=total))
         typer.echo(f"no node running with --data-dir {d}: stored locally; it is announced when "
                    "`intellect-node join` starts", err=True)
         typer.echo(cid)

@@ -21,9 +21,7 @@ one blob whatever its age, a pinned one only with ``--force``.
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -68,25 +66,17 @@ def _locked_store(d: Path) -> Iterator[Any]:
     """The data dir's blob store, opened under the node's lock (no node may run meanwhile)."""
     from intellect_node.blobs.service import BLOBS_DIR
     from intellect_node.blobs.store import BlobStore
-    from intellect_node.node.runtime import LOCK_FILE
+    from intellect_node.commands.common import data_dir_lock
 
     if not (d / BLOBS_DIR).is_dir():
         raise ConfigError(f"no blob store in {d} (nothing was put or fetched with this --data-dir)",
                           field="data_dir")
-    fd = os.open(d / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            raise ConfigError(f"a node is starting with --data-dir {d}; retry when `intellect-node status` "
-                              "answers", field="data_dir") from exc
+    with data_dir_lock(d):
         store = BlobStore(d / BLOBS_DIR)
         try:
             yield store
         finally:
             store.close()
-    finally:
-        os.close(fd)
 
 
 def _run(d: Path, online: Callable[[], T], offline: Callable[[Any], T]) -> T:

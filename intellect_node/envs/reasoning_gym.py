@@ -37,7 +37,7 @@ from intellect_node.envs.environment import EnvSettings, Memo, Scorer
 from intellect_node.envs.extract import Extraction
 from intellect_node.envs.sandbox import default_pool
 from intellect_node.errors import ConfigError
-from intellect_node.trainer.tasks import Problem
+from intellect_node.trainer.tasks import Problem, problem_index
 
 PREFIX = "reasoning_gym:"
 
@@ -232,12 +232,7 @@ class ReasoningGymTask:
         return p
 
     def get(self, problem_id: str) -> Problem:
-        prefix = self.task_id + "/"
-        tail = problem_id[len(prefix):] if problem_id.startswith(prefix) else ""
-        # canonical decimal only, so one problem has one ID (sampling seeds are keyed by problem ID)
-        if not tail.isascii() or not tail.isdigit() or len(tail) > 12 or str(int(tail)) != tail:
-            raise ConfigError(f"{problem_id!r} is not a problem of task {self.task_id!r}", field="problem_id")
-        return self.problem(int(tail))
+        return self.problem(problem_index(self.task_id, problem_id))
 
     def sample(self, rng: random.Random, n: int) -> list[Problem]:
         return [self.problem(rng.randrange(self._size)) for _ in range(n)]

@@ -128,6 +128,17 @@ def bounded(score: float) -> Judgement:
     return Judgement(float(score))
 
 
+def problem_index(task_id: str, problem_id: str) -> int:
+    """The index in ``<task_id>/<index>``; ConfigError for any other form. Canonical decimal only:
+    "add3/01" and "add3/1" naming one problem would give a worker two sets of derived sampling seeds for
+    it (proofs.sampling keys seeds by problem ID)."""
+    prefix = task_id + "/"
+    tail = problem_id[len(prefix):] if problem_id.startswith(prefix) else ""
+    if not tail.isascii() or not tail.isdigit() or len(tail) > 12 or str(int(tail)) != tail:
+        raise ConfigError(f"{problem_id!r} is not a problem of task {task_id!r}", field="problem_id")
+    return int(tail)
+
+
 @runtime_checkable
 class Task(Protocol):
     """A family of problems that can be enumerated, sampled and looked up by problem ID."""
@@ -167,13 +178,7 @@ class AdditionTask:
                        prompt=f"{a:0{d}d}+{b:0{d}d}=", answer=f"{a + b:0{d + 1}d}", checker="exact")
 
     def get(self, problem_id: str) -> Problem:
-        prefix = self.task_id + "/"
-        tail = problem_id[len(prefix):] if problem_id.startswith(prefix) else ""
-        # canonical decimal only: "add3/01" and "add3/1" naming one problem would give a worker two sets
-        # of derived sampling seeds for it (proofs.sampling keys seeds by problem ID)
-        if not tail.isascii() or not tail.isdigit() or len(tail) > 12 or str(int(tail)) != tail:
-            raise ConfigError(f"{problem_id!r} is not a problem of task {self.task_id!r}", field="problem_id")
-        return self.problem(int(tail))
+        return self.problem(problem_index(self.task_id, problem_id))
 
     def sample(self, rng: random.Random, n: int) -> list[Problem]:
         return [self.problem(rng.randrange(len(self))) for _ in range(n)]
