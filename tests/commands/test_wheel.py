@@ -64,6 +64,9 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> None:
     assert "hidden_size" in info and "checkpoint" in info.lower()
     # the same embedded model as the checkout's, byte for byte (its checkpoint CID)
     assert info == _run([str(Path(sys.executable).with_name("intellect-node")), "model", "info"], work, env)
+    # ... and it runs from the wheel: weights, tokenizer and chat template through the torch engine
+    evaluated = _run([str(cli), "model", "eval", "--n", "8"], work, env)
+    assert "pass" in evaluated.lower(), evaluated
     trainer = tmp_path / "trainer"
     trainer_id = _run([str(cli), "keys", "init", "--data-dir", str(trainer)], work, env).split()[-1]
 
