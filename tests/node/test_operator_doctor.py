@@ -95,3 +95,21 @@ def test_reachability_from_a_running_nodes_status() -> None:
     assert private.status == doctor.FAIL and "forward" in private.fix
     assert doctor.check_running(status("relayed"))[1].status == doctor.WARN
     assert doctor.check_running(status("unknown", peers=0))[1].status == doctor.SKIP
+
+
+def test_beside_a_running_node_it_reports_the_nodes_real_listen_addresses(tmp_path: Path) -> None:
+    """The node listens on a port the kernel chose (``/tcp/0`` in its config): doctor reports the address
+    the node holds, read from its control API, not the configured one."""
+    from tests.support.swarm import NodeProcess
+
+    d = tmp_path / "n"
+    node = NodeProcess(d, "--listen", "/ip4/127.0.0.1/tcp/0")
+    try:
+        real = node.wait_ready()["listen_addrs"]
+        assert real and not any(a.endswith("/tcp/0") for a in real), real
+        r = run_cli("doctor", "--data-dir", str(d), "--offline", "--json")
+        listen = _by_name(json.loads(r.stdout))["listen"]
+        assert len(listen) == 1 and listen[0]["status"] == "warn", listen  # loopback: this machine only
+        assert all(a in listen[0]["detail"] for a in real) and "/tcp/0" not in listen[0]["detail"], listen
+    finally:
+        node.close()
