@@ -27,6 +27,9 @@ that tarpit cannot take the slots honest workers need); the tensor work of at mo
 6. the verdict is published. A refusal for what the batch holds counts against the worker, and at
    ``rl.ban_after`` of them it is banned (connections closed, later gossip dropped) and the verdict says
    so, so the trainer and the other nodes ban it too; ``validator.strikes_ban_after`` strikes ban it too.
+   Accepted verdicts are kept (the last :data:`RESEND_KEPT`) and gossiped again when the trainer is heard
+   after a silence: gossip keeps nothing for a peer that is down, so accepted work would otherwise be
+   lost to a trainer restart (it ignores the verdicts it had).
 
 The same notice again (same worker, same blob) is ignored and not charged: anyone can replay a signed
 gossip message once the gossip layer's seen-cache has forgotten it.
@@ -98,6 +101,9 @@ STRIKES = frozenset({"unavailable", "future"})
 HEARD_RECENTLY_S = 10.0
 """The trainer counts as in earshot this long after its last announcement (it repeats one every 2 s)."""
 LATENCY_KEPT = 32
+RESEND_KEPT = 512
+"""Accepted verdicts kept for a trainer that comes back (about the batches of a few policy versions;
+older ones would be stale at the trainer anyway)."""
 """Recent verdict latencies kept per worker (``latency_s`` in the status), for the 64 latest workers."""
 
 
@@ -122,6 +128,9 @@ class Validator:
         self.engines: OrderedDict[int, tuple[str, TorchEngine]] = OrderedDict()
         self.latest_announced = -1
         self._heard_trainer = float("-inf")  # when the last announcement (new or repeated) came
+        # Accepted verdicts, newest last, re-sent when the trainer is heard again after a silence: gossip
+        # does not store messages for a peer that is down, and the trainer dedupes what it had.
+        self._recent_accepted: deque[tuple[float, BatchVerdict]] = deque(maxlen=RESEND_KEPT)
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(self.vcfg.max_verifications)
         self.tasks = RoleTasks(runtime, "validator")  # the policy and dispatch loops; per-peer jobs
@@ -139,7 +148,7 @@ class Validator:
         self.strikes: BoundedMap[str, int] = BoundedMap(65536)  # refusals come before the newcomer limit
         self.counts = {"accepted": 0, "rejected": 0, "stale": 0, "unchecked": 0, "banned": 0, "duplicate": 0,
                        "reused": 0, "replayed": 0, "unavailable": 0, "not_allowed": 0, "verified": 0,
-                       "verified_full": 0}
+                       "verified_full": 0, "resent": 0}
         self.verify_s = 0.0
         self.rng = random.Random()
 
@@ -166,6 +175,9 @@ class Validator:
         return {"versions_held": list(self.engines), "queue": self.intake.queued(), **self.counts,
                 "verify_s": round(self.verify_s, 3), "jobs": dict(self._pools),
                 "intake": self.intake.status(),
+                # seconds since the trainer's last announcement (None: never heard)
+                "trainer_silent_s": (round(time.monotonic() - self._heard_trainer, 1)
+                                     if self._heard_trainer > float("-inf") else None),
                 "rejections_by_worker": dict(self.rejections),
                 "reasons_by_worker": {w: list(r) for w, r in self.reasons.items()},
                 "strikes_by_worker": dict(self.strikes.items()),
@@ -189,7 +201,13 @@ class Validator:
 
     def _on_announcement(self, ann: PolicyAnnouncement) -> None:
         """Every valid announcement, repeats included (``roles/follow.py`` obtains the versions)."""
-        self._heard_trainer = time.monotonic()
+        now, last = time.monotonic(), self._heard_trainer
+        self._heard_trainer = now
+        if now - last > HEARD_RECENTLY_S:  # back after a silence (or heard for the first time)
+            since = last - HEARD_RECENTLY_S  # what it may have missed: from before the silence showed
+            missed = [v for t, v in self._recent_accepted if t >= since]
+            if missed:
+                self.tasks.job(self._resend(missed), "re-sending verdicts the trainer missed")
         if ann.version > self.latest_announced:
             self.latest_announced = ann.version
             self._forget_stale()
@@ -408,6 +426,13 @@ class Validator:
             if not accepted:
                 self.seen.discard(v, keys)
 
+    async def _resend(self, verdicts: list[BatchVerdict]) -> None:
+        """Gossip accepted verdicts again for a trainer that was away (it ignores those it has)."""
+        log.info("trainer heard again: re-sending %d accepted verdicts it may have missed", len(verdicts))
+        self.counts["resent"] += len(verdicts)
+        for v in verdicts:
+            await self.rt.swarm.publish(topic(self.run_id, VERDICT_KIND), seal_verdict(self.rt.swarm.key, v))
+
     async def publish(self, verdict: BatchVerdict, worker: str, *, arrived: float | None = None,
                       strike: str | None = None) -> None:
         """Count, charge and gossip ``verdict``. ``strike``: count it as that strike whatever its reason."""
@@ -440,5 +465,7 @@ class Validator:
         log.info("batch %s from %s v%d: %s%s", verdict.batch_cid[-8:], worker[-6:], verdict.policy_version,
                  "accepted" if verdict.accepted else f"rejected ({reason}: {verdict.detail[:80]})",
                  " -> banned" if verdict.ban else "")
+        if verdict.accepted:
+            self._recent_accepted.append((time.monotonic(), verdict))
         await self.rt.swarm.publish(topic(self.run_id, VERDICT_KIND),
                                     seal_verdict(self.rt.swarm.key, verdict))
