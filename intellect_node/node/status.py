@@ -20,6 +20,14 @@ in worker threads):
 - runtime (liveness): :meth:`set_degraded` with a reason per part ("" once it works again),
   :meth:`set_restarts`, and :meth:`refreshed` from its status loop every second.
 
+Timeline (``snapshot.timeline``): seconds from this *process's* start (not the board's creation: the
+imports and key loading before the runtime exists are part of what a joining operator waits for) to
+the first time the node was ``ready`` (state ``running``), had a peer, held a policy, submitted a batch
+and had a batch accepted. The first three are marked by the setters that report them
+(:meth:`set_state`, :meth:`set_peers`, :meth:`set_policy`); the worker marks its batch stages with
+:meth:`mark`. ``first_peer`` comes from the runtime's once-a-second status loop, so it is late by up to
+a second. A stage is marked once and never moves.
+
 Health: a ``running`` node with any degraded reason reads ``degraded`` (``snapshot.state``), with the
 reasons in ``snapshot.health.reasons``. ``health.refreshed_at`` is when the runtime's status loop last
 ran; a reader that sees it (or the snapshot's ``ts``) older than :data:`STALE_AFTER_S` must treat the
@@ -35,6 +43,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -207,6 +216,45 @@ class Health:
     refreshed_at: float = 0.0
 
 
+TIMELINE_STAGES = ("ready", "first_peer", "first_policy", "first_batch_submitted", "first_batch_accepted")
+"""The stages of a join, in the order a fresh worker passes them (issue #15: the aim is the last one
+within 30 s of start on the embedded model)."""
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Seconds from the process's start (``process_started_at``, wall time) to the first time each stage
+    was reached; None until then (and for good on nodes whose roles never reach it: a validator submits
+    no batch)."""
+
+    process_started_at: float = 0.0
+    ready: float | None = None
+    first_peer: float | None = None
+    first_policy: float | None = None
+    first_batch_submitted: float | None = None
+    first_batch_accepted: float | None = None
+
+    def stages(self) -> list[tuple[str, float | None]]:
+        """``(stage, seconds or None)`` in :data:`TIMELINE_STAGES` order."""
+        return [(name, getattr(self, name)) for name in TIMELINE_STAGES]
+
+
+def process_started_at() -> float | None:
+    """Wall time at which this process started, or None where the OS does not say (not Linux).
+
+    Linux gives a process's start in clock ticks after boot (``/proc/self/stat`` field 22, 10 ms
+    resolution); the boot clock says how long ago that was. ``/proc/stat``'s ``btime`` is avoided: it is
+    whole seconds, an error as large as the fast stages being measured."""
+    try:
+        with open("/proc/self/stat") as f:
+            stat = f.read()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # fields after "(comm)" start at field 3
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return time.time() - max(0.0, age)
+
+
 @dataclass(frozen=True)
 class StatusSnapshot:
     """One consistent view of a node. ``seq`` increases with every change on the board."""
@@ -228,6 +276,7 @@ class StatusSnapshot:
     training: Training = field(default_factory=Training)
     warnings: tuple[Notice, ...] = ()
     health: Health = field(default_factory=Health)
+    timeline: Timeline = field(default_factory=Timeline)
 
     @property
     def uptime_s(self) -> float:
@@ -293,15 +342,21 @@ Listener = Callable[[StatusSnapshot], None]
 
 
 class StatusBoard:
-    """Mutable, thread-safe state behind the snapshots. ``clock`` is injectable for tests."""
+    """Mutable, thread-safe state behind the snapshots. ``clock`` is injectable for tests, and so is
+    ``started_at``, the process's start the timeline counts from (default: :func:`process_started_at`,
+    else the board's creation)."""
 
     def __init__(self, *, role: str = "", clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, started_at: float | None = None) -> None:
         self._lock = threading.Lock()
         self._clock = clock
         self._mono = monotonic
         self._seq = 0
-        self._snap = StatusSnapshot(role=role, started_at=clock())
+        now = clock()
+        if started_at is None:
+            started_at = process_started_at()
+        origin = now if started_at is None else min(started_at, now)
+        self._snap = StatusSnapshot(role=role, started_at=now, timeline=Timeline(process_started_at=origin))
         self._shards: dict[str, ShardProgress] = {}
         self._token_window: collections.deque[tuple[float, int]] = collections.deque()
         self._history: collections.deque[TrainPoint] = collections.deque(maxlen=HISTORY_LEN)
@@ -371,8 +426,29 @@ class StatusBoard:
 
     def set_state(self, state: str) -> None:
         """``starting``, ``running``, ``stopping``, ``stopped`` (snapshots of a running node with degraded
-        reasons read ``degraded``)."""
-        self._update(lambda s: {"state": state})
+        reasons read ``degraded``). The first ``running`` marks the timeline's ``ready``."""
+        now = self._clock()
+        self._update(lambda s: {"state": state,
+                                **(self._marked(s, "ready", now) if state == "running" else {})})
+
+    def mark(self, stage: str) -> None:
+        """Stage ``stage`` (one of :data:`TIMELINE_STAGES`) was reached now; only the first call counts."""
+        if stage not in TIMELINE_STAGES:
+            raise ValueError(f"timeline stage {stage!r}; one of {', '.join(TIMELINE_STAGES)}")
+        with self._lock:
+            if getattr(self._snap.timeline, stage) is not None:
+                return  # the common case (every verdict, every poll): no copy, no listeners woken
+        now = self._clock()
+        self._update(lambda s: self._marked(s, stage, now))
+
+    @staticmethod
+    def _marked(s: StatusSnapshot, stage: str, now: float) -> dict[str, object]:
+        """The change that marks ``stage`` at wall time ``now``, or none when it was marked before."""
+        tl = s.timeline
+        if getattr(tl, stage) is not None:
+            return {}
+        since = round(max(0.0, now - tl.process_started_at), 3)
+        return {"timeline": dataclasses.replace(tl, **{stage: since})}
 
     def set_degraded(self, key: str, reason: str) -> None:
         """Part ``key`` is not working, because ``reason``; ``reason=""`` clears it. No-op if unchanged."""
@@ -418,7 +494,9 @@ class StatusBoard:
                   workers: Iterable[str] = ()) -> None:
         peers = Peers(count=count, trainers=tuple(sorted(trainers)), validators=tuple(sorted(validators)),
                       workers=tuple(sorted(workers)))
-        self._update(lambda s: {"peers": peers})
+        now = self._clock()
+        self._update(lambda s: {"peers": peers,
+                                **(self._marked(s, "first_peer", now) if count > 0 else {})})
 
     def set_reachability(self, status: str, *, public_addrs: Iterable[str] = (), relay: str = "",
                          detail: str = "") -> None:
@@ -436,7 +514,9 @@ class StatusBoard:
             p = s.policy
             new_local = p.local if local is None else local
             new_current = p.current if current is None else max(p.current, current)
-            return {"policy": Policy(current=max(new_current, new_local), local=new_local, updated_at=now)}
+            held = self._marked(s, "first_policy", now) if new_local >= 0 else {}
+            return {"policy": Policy(current=max(new_current, new_local), local=new_local, updated_at=now),
+                    **held}
         self._update(change)
 
     def shard_progress(self, cid: str, name: str, bytes_done: int, bytes_total: int,

@@ -252,6 +252,7 @@ class Worker:
         await self.rt.swarm.publish(topic(self.run_id, NOTICE_KIND), seal_notice(self.rt.swarm.key, notice))
         self.batches += 1
         self.rt.board.rollouts_submitted(len(records))
+        self.rt.board.mark("first_batch_submitted")  # the join timeline (node/status.py); once only
         return cid
 
     async def _on_verdict(self, msg: tuple[BatchVerdict, str], origin: str) -> None:
@@ -263,6 +264,8 @@ class Worker:
         n = verdict.n_accepted + verdict.n_rejected
         self.rt.board.verdict(verdict.accepted, n, reason=verdict.reason, detail=verdict.detail,
                               peer=validator)
+        if verdict.accepted:
+            self.rt.board.mark("first_batch_accepted")
         if self.ledger is not None:
             await asyncio.to_thread(self.ledger.record_verdict, verdict.batch_cid, validator=validator,
                                     run_id=self.run_id, n_accepted=verdict.n_accepted,
