@@ -19,6 +19,10 @@ import typer
 from intellect_node.commands.common import DataDirOption, data_dir
 from intellect_node.node import control
 
+TIMELINE_LABELS = (("ready", "ready"), ("first_peer", "peer"), ("first_policy", "policy"),
+                   ("first_batch_submitted", "batch submitted"), ("first_batch_accepted", "accepted"))
+"""``snapshot.timeline``'s stages (node/status.py TIMELINE_STAGES) as the summary names them."""
+
 
 def summary(st: dict[str, Any]) -> str:
     """A readable multi-line summary of a status answer."""
@@ -53,6 +57,11 @@ def summary(st: dict[str, Any]) -> str:
         if rec.get("rejections"):
             flags.append(f"{rec['rejections']} rejected (last: {rec.get('last_rejection')})")
         lines.append(f"  {rec.get('peer_id')}  {', '.join(flags)}  {rec.get('http_url') or ''}".rstrip())
+    timeline = (st.get("snapshot") or {}).get("timeline") or {}
+    reached = [f"{label} {timeline[stage]:.1f} s" for stage, label in TIMELINE_LABELS
+               if isinstance(timeline.get(stage), (int, float))]
+    if reached:  # node/status.py: the join's stages, seconds from the process's start
+        lines.append("timeline    " + " · ".join(reached) + "  (since process start)")
     warnings = health.get("warnings") or []
     if warnings:
         lines.append(f"warnings    {len(warnings)} recent (newest last)")

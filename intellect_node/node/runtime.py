@@ -225,6 +225,8 @@ class NodeRuntime:
         self.heartbeats.start()
         if net.bootstrap or self.swarm.peerbook.remembered():
             reached = await self.swarm.bootstrap(list(net.bootstrap))
+            if reached:  # the timeline's first peer, now rather than at the status loop's next second
+                self.board.mark("first_peer")
             log.info("connected to %d of %d bootstrap peers", len(reached), len(net.bootstrap))
             if not reached and net.bootstrap:
                 boot = list(net.bootstrap)
