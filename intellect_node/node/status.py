@@ -25,8 +25,10 @@ imports and key loading before the runtime exists are part of what a joining ope
 the first time the node was ``ready`` (state ``running``), had a peer, held a policy, submitted a batch
 and had a batch accepted. The first three are marked by the setters that report them
 (:meth:`set_state`, :meth:`set_peers`, :meth:`set_policy`); the worker marks its batch stages with
-:meth:`mark`. ``first_peer`` comes from the runtime's once-a-second status loop, so it is late by up to
-a second. A stage is marked once and never moves.
+:meth:`mark`; the runtime marks ``first_peer`` when its bootstrap dials return with a peer reached
+(the dials run together, so the slowest counts: gossip from the first peer, and with it a policy, can
+come a little earlier), and its once-a-second status loop marks it for a node whose first peer dialled
+in. A stage is marked once and never moves.
 
 Health: a ``running`` node with any degraded reason reads ``degraded`` (``snapshot.state``), with the
 reasons in ``snapshot.health.reasons``. ``health.refreshed_at`` is when the runtime's status loop last
