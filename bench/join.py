@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""Join benchmark: how long a fresh worker takes from process start to its first accepted batch (issue
-#15 part 3, aim 30 s on the embedded model), and what a node with no role costs to start (issue #17,
-aim under 2 s).
+"""Join benchmark: a fresh worker's time to its first accepted batch, and a role-less node's start-up.
+
+Aims: a fresh worker's first accepted batch within 30 s of its process start on the embedded model
+(issue #15 part 3); a node with no role started in under 2 s (issue #17).
 
 Join: a running local swarm, a trainer and a validator on the embedded model started the way the demo
 starts them (``intellect-node join --role ...`` processes on 127.0.0.1, the demo's RL settings and
