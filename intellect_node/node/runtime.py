@@ -42,6 +42,7 @@ from intellect_node.node.config import NodeConfig
 from intellect_node.node.sdnotify import Notifier
 from intellect_node.node.status import StatusBoard
 from intellect_node.node.tasks import TaskFactory, TaskSupervisor
+from intellect_node.p2p.connmgr import ConnLimits
 from intellect_node.p2p.heartbeat import Heartbeats
 from intellect_node.p2p.identity import ensure_data_dir, load_or_init_key
 from intellect_node.p2p.liveness import EXIT_UNHEALTHY
@@ -194,7 +195,8 @@ class NodeRuntime:
 
         self.swarm = await Swarm.start(key, run_id=self.config.run.run_id, listen=list(net.listen),
                                        data_dir=self.data_dir, http_url=self.http_url, roles=self.roles,
-                                       peer_timeout=net.peer_timeout, announce=list(net.announce))
+                                       peer_timeout=net.peer_timeout, announce=list(net.announce),
+                                       conn=ConnLimits.from_config(self.config))
         self.swarm.watch.listeners.append(self._libp2p_health)
         self.swarm.on_fatal = self.fail
         self.board.set_identity(key.peer_id, version=__version__, data_dir=str(self.data_dir),

@@ -213,6 +213,25 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "tests/p2p/test_libp2p_compat.py::test_stock_pubsub_outbound_queue_rejects_past_32_rpcs",
         "not reported (the size is a constructor argument pubsub never passes)",
         "upstream lets the host choose the size (then pass PEER_OUTBOUND_QUEUE instead)"),
+    Workaround(
+        "stock-pruner", "replace_pruner (the network's connection_pruner)",
+        "ConnectionPruner never closes a connection with an open stream, and every gossipsub peer holds "
+        "a pubsub stream for the connection's life, so above the high watermark it closes nothing that "
+        "matters; it knows nothing of meshes, relays or the run's trainer",
+        "read from the 0.8.1 source (connection_pruner.py: 'never interrupt live traffic'); issue #17: "
+        "16 local nodes held 15 connections each",
+        "tests/p2p/test_connmgr.py::test_a_hub_trims_to_low_keeps_protected_peers_and_gossip_reaches_everyone",
+        "not reported",
+        "upstream lets a host plug in its own trim policy (go-libp2p's ConnManager interface)"),
+    Workaround(
+        "close-peer-keeps-new-connections", "close_peer (instead of Swarm.close_peer)",
+        "Swarm.close_peer awaits each connection's close (about 0.2 s), then drops the peer's whole entry "
+        "from the connection table: a connection the peer opened meanwhile is forgotten but stays open, "
+        "so the peer believes it is connected and this node does not",
+        "a trimmed peer that dialed back at once was connected on its side only (1 run in 4 of the hub "
+        "test); a peer redialing as soon as it sees the close: 5 of 5 lost",
+        "tests/p2p/test_connmgr.py::test_stock_close_peer_forgets_a_connection_opened_meanwhile",
+        "not reported", "upstream closes only the connections it found (each removes itself)"),
 )
 
 
@@ -426,6 +445,39 @@ def blacklist(pubsub: Pubsub, peer: ID) -> None:
     """Refuse ``peer``'s gossip without ``add_to_blacklist`` (see WORKAROUNDS); close its connections
     too, and the connection-closed notifiee removes it from pubsub's tables."""
     pubsub.blacklisted_peers.add(peer)
+
+
+class _ManagedPruner:
+    """Stands where the library's pruner was: the swarm calls it on each new connection (debounced), and
+    it wakes our connection manager instead (``stock-pruner``)."""
+
+    def __init__(self, connmgr: Any) -> None:
+        self._connmgr = connmgr
+        self._last_trim_time: float | None = None  # read by Swarm.get_conn_mgr_info
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def maybe_prune_connections(self) -> None:
+        self._connmgr.wake()
+
+
+async def close_peer(network: Any, peer: ID) -> None:
+    """Close the connections to ``peer`` open now, each of which removes itself from the table
+    (``close-peer-keeps-new-connections``); never raises: a half-dead connection is going anyway."""
+    for conn in list(network.get_connections(peer)):
+        try:
+            await conn.close()
+        except Exception as exc:
+            log.debug("closing a connection to %s: %r", peer, exc)
+
+
+def replace_pruner(network: Any, connmgr: Any) -> None:
+    """Trim with ``connmgr`` (:class:`intellect_node.p2p.connmgr.ConnManager`), not the stock pruner."""
+    network.connection_pruner = _ManagedPruner(connmgr)
 
 
 def set_subscription_buffer(size: int) -> None:

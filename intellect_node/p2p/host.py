@@ -15,6 +15,8 @@ talks to it only through :class:`intellect_node.p2p.swarm.Swarm`.
   provider for the key, so providers that appear later would never be found. :meth:`P2PHost.find_providers`
   does its own iterative walk (shortcut: it calls the provider store's per-peer query helper, a private
   method of the pinned libp2p 0.8.1).
+- Connections: bounded by :class:`~intellect_node.p2p.connmgr.ConnManager` (watermarks, grace, protected
+  peers); the library's auto-connector dials known peers only while fewer than ``low`` are connected.
 - Containment: every inbound stream passes one dispatcher (:mod:`intellect_node.p2p.guard`); a
   handler's failure resets that stream and is held against its peer, never stopping the host.
 - Every py-libp2p workaround and private touch lives in :mod:`intellect_node.p2p.compat`.
@@ -49,6 +51,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from intellect_node.errors import ConfigError, ProtocolError, TransportError
 from intellect_node.p2p import compat as compat
 from intellect_node.p2p.compat import apply_fixes as apply_libp2p_fixes  # noqa: F401  (re-exported)
+from intellect_node.p2p.connmgr import ConnLimits, ConnManager, PeerView, survey
 from intellect_node.p2p.peerbook import PeerBook
 from intellect_node.protocol.signing import SigningKey
 from intellect_node.protocol.topics import INFO_PROTOCOL_ID
@@ -75,10 +78,23 @@ PROVIDER_WALK_MAX_PEERS = 32
 ALPHA = 3
 """Kademlia lookup concurrency (the paper's alpha)."""
 
-# Connection manager: the auto-connector dials peers from the peerstore until it holds
-# ``low_watermark`` connections (default 100 of them, notes); a small swarm needs a few.
-CONNECTION_CONFIG = dict(min_connections=4, low_watermark=8, high_watermark=64, max_connections=128,
-                         auto_connect_interval=30.0, dial_timeout=CONNECT_TIMEOUT_S)
+AUTO_CONNECT_INTERVAL_S = 30.0
+"""How often the library's auto-connector looks for peers to dial while below ``low`` (its default)."""
+
+
+def connection_config(limits: ConnLimits) -> ConnectionConfig:
+    """The library's connection settings for our watermarks.
+
+    Its auto-connector dials peers from the peerstore up to the midpoint of its two watermarks: both are
+    set to our ``low``, so it dials only while fewer than ``low`` peers are connected (with the former
+    8/64 it aimed at 36: every peer the node learned of, issue #17). Its pruner is replaced by our
+    :class:`ConnManager` (``compat.replace_pruner``), so its high watermark means nothing else.
+    ``max_connections`` is the hard cap past which connections are refused at once (inbound ones past
+    ``max_connections - min_connections``): twice ``high``, and at least 16 above it, so a node with small
+    watermarks still takes the connections it will trim."""
+    return ConnectionConfig(min_connections=min(4, limits.low), low_watermark=limits.low,
+                            high_watermark=limits.low, max_connections=max(2 * limits.high, limits.high + 16),
+                            auto_connect_interval=AUTO_CONNECT_INTERVAL_S, dial_timeout=CONNECT_TIMEOUT_S)
 
 Validator = Callable[[bytes, str, bytes], bool]
 """Gossip validator run on the trio thread: ``(data, origin_peer_id, msg_id) -> accept``."""
@@ -176,7 +192,7 @@ class _Notifee(INotifee):
         self._owner._on_disconnected(conn.muxed_conn.peer_id)
 
     async def opened_stream(self, network: INetwork, stream: INetStream) -> None:
-        return None
+        self._owner.connmgr.touch(stream.muxed_conn.peer_id.to_base58())
 
     async def closed_stream(self, network: INetwork, stream: INetStream) -> None:
         return None
@@ -192,9 +208,11 @@ class P2PHost:
     """Owns the libp2p host and its services on the trio thread. Methods are trio coroutines."""
 
     def __init__(self, key: SigningKey, listen_addrs: list[str], peerbook: PeerBook,
-                 node_info: Callable[[], bytes], announce: list[str] | None = None) -> None:
+                 node_info: Callable[[], bytes], announce: list[str] | None = None,
+                 connmgr: ConnManager | None = None) -> None:
         self.key = key
         self.peerbook = peerbook
+        self.connmgr = connmgr if connmgr is not None else ConnManager()
         self._listen = [parse_multiaddr(a) for a in listen_addrs]
         self._node_info = node_info
         self._nursery: trio.Nursery | None = None
@@ -207,7 +225,7 @@ class P2PHost:
             sec_opt={TProtocol(NOISE_PROTOCOL_ID): NoiseTransport(
                 kp, noise_privkey=create_x25519_key_pair().private_key)},
             listen_addrs=self._listen,
-            connection_config=ConnectionConfig(**CONNECTION_CONFIG),  # type: ignore[arg-type]
+            connection_config=connection_config(self.connmgr.limits),
             addrs_factory=make_addrs_factory(announce or []),
         )
         if self.host.get_id().to_base58() != key.peer_id:
@@ -221,6 +239,7 @@ class P2PHost:
             max_messages_per_topic_per_second=GOSSIP_RATE_LIMIT_PER_TOPIC,
         )
         self.pubsub = Pubsub(self.host, self.gossipsub, strict_signing=True)
+        compat.replace_pruner(self.host.get_network(), self.connmgr)
         self.host.get_network().register_notifee(_Notifee(self))
         self.host.set_stream_handler(TProtocol(INFO_PROTOCOL_ID), self._serve_info)
         # Every inbound stream of every protocol (ours, the DHT's, gossipsub's, identify, ping and the
@@ -239,6 +258,8 @@ class P2PHost:
                 await self.pubsub.wait_until_ready()
                 self.addrs_snapshot = self.listen_addrs()
                 nursery.start_soon(self._refresh_addrs)
+                self.connmgr.forget_all()  # a new host: the old one's connections are gone
+                nursery.start_soon(self.connmgr.run, self._survey, self.close_peer)
                 task_status.started()
                 await trio.sleep_forever()
 
@@ -268,12 +289,21 @@ class P2PHost:
                 self._nursery.start_soon(self._close_peer, pid)
             return
         self.peerbook.set_connected(peer, True)
+        self.connmgr.connected(peer)
         if self._nursery is not None:
             self._nursery.start_soon(self._add_to_routing_table, pid)
 
     def _on_disconnected(self, pid: ID) -> None:
         if pid not in self.host.get_network().connections:  # a peer may hold several connections
             self.peerbook.set_connected(pid.to_base58(), False)
+            self.connmgr.disconnected(pid.to_base58())
+
+    def _survey(self) -> list[PeerView]:
+        return survey(self.connmgr, self.host, self.gossipsub)
+
+    async def close_peer(self, peer: str) -> None:
+        """Close every connection to ``peer`` (the connection manager's trim; never raises)."""
+        await self._close_peer(ID.from_base58(peer))
 
     async def _add_to_routing_table(self, pid: ID) -> None:
         # Wait for identify so the peerstore holds the peer's listen addresses (needed by add_peer and
@@ -302,10 +332,8 @@ class P2PHost:
         return out
 
     async def _close_peer(self, pid: ID) -> None:
-        try:
-            await self.host.get_network().close_peer(pid)
-        except Exception as exc:  # closing a half-dead connection can fail in many ways; it is gone
-            log.debug("closing %s: %r", pid, exc)
+        # Not the library's close_peer: it forgets a connection the peer opens meanwhile (compat).
+        await compat.close_peer(self.host.get_network(), pid)
 
     async def connect(self, addr: str, timeout: float = CONNECT_TIMEOUT_S) -> str:
         """Dial ``addr`` (must end in /p2p/<id>); return the peer ID. TransportError on failure."""
@@ -345,7 +373,10 @@ class P2PHost:
                 return False
             if self.peerbook.is_banned(origin):
                 return False
-            return validator(msg.data, origin, msg.from_id + msg.seqno)
+            accepted = validator(msg.data, origin, msg.from_id + msg.seqno)
+            if accepted:  # it carries valid gossip to us: a useful connection
+                self.connmgr.touch(forwarder.to_base58())
+            return accepted
 
         self.pubsub.set_topic_validator(topic, libp2p_validator, False)
         # The library hands accepted messages to a subscription through a channel of 32 and drops what

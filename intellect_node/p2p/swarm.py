@@ -15,6 +15,9 @@ adds what the library does not do for us:
   and turns each into ``Provider(peer_id, http_url)`` using the URL from its heartbeat or, failing that,
   a signed node-info request (``/intellect/info/1.0.0``, 5 s deadline).
 - **Bans.** A banned peer's connections are closed, its gossip is refused, it is skipped as a provider.
+- **Bounded connections.** :class:`~intellect_node.p2p.connmgr.ConnManager` trims above ``conn.high``
+  down to ``conn.low``, never the protected peers (the run's trainer and validators, the first bootstrap
+  peers, relays, transfers, :meth:`Swarm.protect`); it outlives libp2p restarts.
 - **Restarts.** :class:`~intellect_node.p2p.liveness.Libp2pWatch` restarts libp2p when it stops
   working. For that the swarm remembers what it asked of libp2p: subscriptions (with their validator
   and handler), provided CIDs (the newest :data:`MAX_REPROVIDE`), bootstrap addresses, and the listen
@@ -38,6 +41,7 @@ import trio
 
 from intellect_node.errors import ProtocolError, TransportError
 from intellect_node.p2p.bridge import TrioThread
+from intellect_node.p2p.connmgr import ConnLimits, ConnManager
 from intellect_node.p2p.liveness import Libp2pWatch
 from intellect_node.p2p.peerbook import PeerBook
 from intellect_node.p2p.ports import check_listen_ports
@@ -91,7 +95,7 @@ class Swarm:
     """One node's view of the swarm. Create with :meth:`start`; stop with :meth:`close`."""
 
     def __init__(self, key: SigningKey, run_id: str, peerbook: PeerBook, http_url: str,
-                 roles: list[str]) -> None:
+                 roles: list[str], conn: ConnLimits | None = None) -> None:
         self.key = key
         self.peer_id = key.peer_id
         self.run_id = validate_run_id(run_id)
@@ -120,15 +124,19 @@ class Swarm:
         self.on_fatal: Callable[[str], None] | None = None
         """Called once libp2p cannot be restored (the runtime then exits non-zero)."""
         self.watch = Libp2pWatch(self)
+        self.connmgr = ConnManager(conn or ConnLimits())
+        """Watermarks, protections and trims (docs/swarm.md, "Connection manager")."""
 
     @classmethod
     async def start(cls, key: SigningKey, *, run_id: str, listen: list[str], data_dir: Path | None = None,
                     http_url: str = "", roles: list[str] | None = None,
-                    peer_timeout: float = 15.0, announce: list[str] | None = None) -> "Swarm":
-        """Start libp2p (host, DHT, gossipsub) on ``listen`` and return once it listens."""
+                    peer_timeout: float = 15.0, announce: list[str] | None = None,
+                    conn: ConnLimits | None = None) -> "Swarm":
+        """Start libp2p (host, DHT, gossipsub) on ``listen`` and return once it listens. ``conn``: the
+        connection manager's watermarks and protected peers (``ConnLimits.from_config``)."""
         quiet_libp2p_logging()
         self = cls(key, run_id, PeerBook(key.peer_id, data_dir, peer_timeout=peer_timeout), http_url,
-                   roles or [])
+                   roles or [], conn)
         self.peerbook.on_auto_ban = self._auto_ban
         self._listen, self._announce = list(listen), list(announce or [])
         await self._start_host()
@@ -142,7 +150,7 @@ class Swarm:
         from intellect_node.p2p import host as hostmod
 
         p2p = self._p2p = hostmod.P2PHost(self.key, self._listen, self.peerbook, self._node_info_bytes,
-                                          self._announce)
+                                          self._announce, self.connmgr)
 
         async def root(nursery: trio.Nursery, _bridge: TrioThread) -> None:
             await nursery.start(_serve_then_close, p2p)
@@ -245,10 +253,13 @@ class Swarm:
     async def bootstrap(self, addrs: list[str], *, timeout: float = BOOTSTRAP_TIMEOUT_S,
                         remember: bool = True) -> list[str]:
         """Dial ``addrs`` together; if none answers, dial remembered peers. Returns peers reached.
-        ``addrs`` are dialed again after a libp2p restart (unless ``remember=False``)."""
+        ``addrs`` are dialed again after a libp2p restart (unless ``remember=False``); the first few
+        bootstrap peers reached are never trimmed (``connmgr.MAX_PROTECTED_BOOTSTRAP``)."""
         if remember:
             self._bootstrap_addrs = list(dict.fromkeys(self._bootstrap_addrs + list(addrs)))
         reached = await self._dial_all(addrs, timeout)
+        if remember:
+            self.connmgr.protect_bootstrap(reached)
         if not reached:
             fallback = [a[0] for _p, a in self.peerbook.remembered()[:MAX_REMEMBERED_DIALS] if a]
             if fallback:
@@ -266,6 +277,14 @@ class Swarm:
 
         results = await asyncio.gather(*(one(a) for a in addrs))
         return [p for p in results if p]
+
+    def protect(self, peer: str, tag: str) -> None:
+        """Keep the connection to ``peer`` while ``tag`` holds (a transfer, a job): never trimmed."""
+        self.connmgr.protect(peer, tag)
+
+    def unprotect(self, peer: str, tag: str) -> bool:
+        """Lift ``tag``; True while another tag still protects ``peer``."""
+        return self.connmgr.unprotect(peer, tag)
 
     def topic_peers(self, topic: str) -> list[str]:
         """Peers known to subscribe to ``topic`` (reading libp2p state from this thread is a benign race)."""

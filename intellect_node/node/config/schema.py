@@ -70,6 +70,19 @@ class NetworkConfig(_Section):
     peer_timeout: float = Field(default=20.0, gt=0, le=3600)
     """Seconds without a heartbeat after which a peer is marked gone (more than heartbeat_interval)."""
 
+    conn_low: int = Field(default=32, ge=0, le=10_000)
+    """Connections the connection manager trims down to, and below which the node dials peers it knows
+    of (libp2p's low watermark). Gossip reaches everyone through the mesh, not through a connection to
+    every peer."""
+
+    conn_high: int = Field(default=64, ge=1, le=10_000)
+    """Connections above which the least useful ones are closed, down to conn_low (libp2p's high
+    watermark). Never closed: the run's trainer and validators, the first bootstrap peers, relays in
+    use, peers with a transfer in progress. At least conn_low."""
+
+    conn_grace_s: float = Field(default=20.0, ge=0, le=3600)
+    """Seconds a new connection is safe from trimming (libp2p's grace period)."""
+
     @field_validator("listen")
     @classmethod
     def _listen(cls, v: list[str]) -> list[str]:
@@ -97,6 +110,8 @@ class NetworkConfig(_Section):
         if self.peer_timeout <= self.heartbeat_interval:
             raise ValueError(f"peer_timeout ({self.peer_timeout}) must exceed heartbeat_interval "
                              f"({self.heartbeat_interval}); about 3-4 intervals is usual")
+        if self.conn_high < self.conn_low:
+            raise ValueError(f"conn_high ({self.conn_high}) must be at least conn_low ({self.conn_low})")
         return self
 
 

@@ -1,0 +1,232 @@
+"""The connection manager (p2p/connmgr.py): watermarks, grace, protection, least useful first.
+
+The trimming rules are checked on the pure planner; the behaviour on real libp2p hosts on 127.0.0.1: a
+hub with more peers than its high watermark trims to its low one, keeps the run's trainer and a peer in
+the middle of a chunk transfer, does not dial the trimmed peers back, and gossip still reaches every
+node through the mesh; a trimmed peer connects again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import trio
+
+from intellect_node.errors import ConfigError
+from intellect_node.node.config import build_config
+from intellect_node.p2p.connmgr import MAX_PROTECTED_BOOTSTRAP, ConnLimits, ConnManager, PeerView, plan_trim
+from intellect_node.p2p.swarm import Swarm
+from intellect_node.protocol.signing import SigningKey
+from tests.support.swarm import ring, run, swarm_nodes, wire
+from tests.support.wait import wait_until
+
+LIMITS = ConnLimits(low=2, high=4, grace_s=0.5)
+
+
+def view(peer: str, *, age: float = 10.0, idle: float = 10.0, mesh: bool = False,
+         protected: str = "") -> PeerView:
+    """A peer connected ``age`` s ago and idle for ``idle`` s, as of time 100."""
+    return PeerView(peer, 100.0 - age, 100.0 - idle, mesh, protected)
+
+
+# -- the planner -------------------------------------------------------------------------------------
+
+
+def test_nothing_is_trimmed_at_or_below_high() -> None:
+    assert plan_trim([view(f"p{i}") for i in range(4)], LIMITS, 100.0) == ([], None)
+
+
+def test_above_high_the_least_useful_go_first_down_to_low() -> None:
+    peers = [view("mesh-busy", mesh=True, idle=0.1), view("mesh-idle", mesh=True, idle=9.0),
+             view("busy", idle=0.2), view("idle", idle=8.0), view("oldest-idle", idle=9.5)]
+    closing, again = plan_trim(peers, LIMITS, 100.0)
+    # out of the mesh before mesh peers; among those the longest idle first
+    assert closing == ["oldest-idle", "idle", "busy"]
+    assert again is None
+
+
+def test_protected_peers_and_peers_in_grace_are_never_trimmed() -> None:
+    peers = [view("trainer", protected="run"), view("relay", protected="relay"),
+             view("transfer", protected="transfer"), view("new", age=0.2), view("old-1"), view("old-2")]
+    closing, again = plan_trim(peers, LIMITS, 100.0)
+    assert closing == ["old-1", "old-2"]
+    # four are left, above low: look again when the new peer's grace ends (0.3 s from now)
+    assert again == pytest.approx(0.3)
+    closing, again = plan_trim([p for p in peers if p.peer not in closing], LIMITS, 100.0 + 0.3,
+                               trimming=True)
+    assert closing == ["new"] and again is None
+    # only protected peers left: the node stays above high, nothing to do
+    protected_only = [view(f"v{i}", protected="run") for i in range(6)]
+    assert plan_trim(protected_only, LIMITS, 100.0) == ([], None)
+
+
+def test_a_trim_goes_on_to_low_but_a_new_one_starts_only_above_high() -> None:
+    peers = [view(f"p{i}") for i in range(3)]
+    assert plan_trim(peers, LIMITS, 100.0) == ([], None)  # 3 <= high: no trim starts
+    assert plan_trim(peers, LIMITS, 100.0, trimming=True)[0] == ["p0"]  # a running trim ends at low
+
+
+def test_protection_tags_bootstrap_cap_and_limits() -> None:
+    mgr = ConnManager(ConnLimits(low=1, high=2, protected=("trainer",)))
+    assert mgr.protection("trainer") == "run"
+    mgr.protect("a", "blob")
+    mgr.protect("a", "job")
+    assert mgr.unprotect("a", "blob") is True  # still held by "job"
+    assert mgr.protection("a") == "job"
+    assert mgr.unprotect("a", "job") is False and mgr.protection("a") == ""
+    mgr.protect_bootstrap([f"b{i}" for i in range(MAX_PROTECTED_BOOTSTRAP + 2)])
+    mgr.protect_bootstrap(["later"])
+    assert [p for p in [f"b{i}" for i in range(6)] + ["later"] if mgr.protection(p)] == \
+        [f"b{i}" for i in range(MAX_PROTECTED_BOOTSTRAP)]
+    with pytest.raises(ValueError, match="conn_high"):
+        ConnLimits(low=5, high=4)
+    with pytest.raises(ConfigError, match="conn_high"):
+        build_config(network={"conn_low": 10, "conn_high": 5})
+    cfg = build_config(run={"trainer_peer_id": SigningKey.generate().peer_id})
+    limits = ConnLimits.from_config(cfg)
+    assert (limits.low, limits.high, limits.protected) == (32, 64, (cfg.run.trainer_peer_id,))
+
+
+# -- real hosts ----------------------------------------------------------------------------------------
+
+CHUNKS = "/intellect/blob-chunk/1.0.0"
+TOPIC = "/intellect/test/connmgr/1"
+
+
+@contextlib.asynccontextmanager
+async def limited_swarms(specs: list[tuple[SigningKey, ConnLimits]]) -> AsyncIterator[list[Swarm]]:
+    nodes: list[Swarm] = []
+    try:
+        nodes.extend(await asyncio.gather(*(
+            Swarm.start(key, run_id="test", listen=["/ip4/127.0.0.1/tcp/0"], http_url="http://127.0.0.1:1",
+                        conn=limits) for key, limits in specs)))
+        yield nodes
+    finally:
+        await asyncio.gather(*(s.close() for s in nodes), return_exceptions=True)
+
+
+async def _serve_slow_chunks(p2p: Any) -> None:
+    """A chunk server that never finishes: the transfer stays in progress until the reader leaves."""
+
+    async def handler(stream: Any) -> None:
+        with contextlib.suppress(Exception):
+            while await stream.read(1024):
+                pass
+
+    p2p.host.set_stream_handler(CHUNKS, handler)
+
+
+async def _open_chunk_stream(p2p: Any, peer: str) -> Any:
+    from libp2p.peer.id import ID
+
+    stream = await p2p.host.new_stream(ID.from_base58(peer), [CHUNKS])
+    await stream.write(b"\x00\x00\x00\x05hello")
+    return stream
+
+
+async def _auto_connect(p2p: Any) -> None:
+    with trio.fail_after(20):
+        await p2p.host.get_network().auto_connector.maybe_connect()
+
+
+def test_a_hub_trims_to_low_keeps_protected_peers_and_gossip_reaches_everyone() -> None:
+    """Seven leaves in a ring, each also connected to a hub (low 3, high 4): the hub trims to 3 and keeps
+    the run's trainer and the peer mid-transfer; the leaf that is in no mesh goes; gossip from a trimmed
+    leaf and from the hub still reaches every subscriber; the hub's dialer leaves the trimmed peers alone
+    (they stay in its peerbook); a trimmed leaf connects again."""
+    keys = [SigningKey.generate() for _ in range(8)]
+    trainer, transfer, outsider = keys[1].peer_id, keys[2].peer_id, keys[3].peer_id
+    hub_limits = ConnLimits(low=3, high=4, grace_s=1.0, protected=(trainer,))
+    leaf_limits = ConnLimits(low=2, high=4, grace_s=1.0)
+
+    async def main() -> None:
+        async with limited_swarms([(keys[0], hub_limits)] + [(k, leaf_limits) for k in keys[1:]]) as nodes:
+            hub, leaves = nodes[0], nodes[1:]
+            await wire(leaves, ring(7))
+            got: dict[str, list[bytes]] = {n.peer_id: [] for n in nodes}
+            for n in nodes:
+                if n.peer_id != outsider:  # the outsider never joins the topic: it is in no mesh
+                    n.subscribe(TOPIC, lambda data, origin: data,
+                                lambda msg, origin, me=n.peer_id: got[me].append(msg))
+            await hub.bridge.call(_serve_slow_chunks, hub.p2p)
+
+            # The outsider connects first (the oldest idle connection), then the peer that starts a
+            # transfer at once, then the rest together.
+            addr = hub.listen_addrs()[0]
+            await nodes[3].connect(addr)
+            await nodes[2].connect(addr)
+            stream = await nodes[2].bridge.call(_open_chunk_stream, nodes[2].p2p, hub.peer_id)
+            rest = [n for n in nodes[1:] if n.peer_id not in (outsider, transfer)]
+            await asyncio.gather(*(n.connect(addr) for n in rest))
+
+            await wait_until(lambda: hub.connmgr.trims >= 4 and len(hub.connected_peers()) == 3, 30,
+                             what="the hub trimmed down to low")
+            kept = set(hub.connected_peers())
+            assert {trainer, transfer} <= kept, kept
+            assert outsider not in kept and outsider in hub.connmgr.trimmed
+            trimmed = [n for n in leaves if n.peer_id not in kept]
+            assert len(trimmed) == 4
+            assert all(hub.peerbook.addrs(n.peer_id) for n in trimmed), "trimmed peers stay known"
+
+            # The library's dialer runs on each disconnect; run it once more now: at low it dials nobody.
+            await hub.bridge.call(_auto_connect, hub.p2p)
+            assert set(hub.connected_peers()) == kept
+
+            subscribers = [n for n in nodes if n.peer_id != outsider]
+            sender = next(n for n in trimmed if n.peer_id != outsider)
+            await wait_until(lambda: all(n.mesh_peers(TOPIC) for n in subscribers), 20,
+                             what="every subscriber in a mesh")
+            await sender.publish(TOPIC, b"from a trimmed leaf")
+            await hub.publish(TOPIC, b"from the hub")
+            await wait_until(lambda: all(
+                (n is sender or b"from a trimmed leaf" in got[n.peer_id])
+                and (n is hub or b"from the hub" in got[n.peer_id]) for n in subscribers), 30,
+                what="both messages at every subscriber")
+            assert all(len(n.connected_peers()) <= 4 for n in nodes), "bounded everywhere"
+            assert set(hub.connected_peers()) == kept
+
+            # A trimmed peer may connect again later: the hub is at low, one more stays under high.
+            await sender.connect(addr)
+            await wait_until(lambda: sender.peer_id in hub.connected_peers(), 20, what="reconnected")
+            assert len(hub.connected_peers()) == 4
+            await nodes[2].bridge.call(stream.close)
+
+    run(main(), timeout=150)
+
+
+def test_stock_close_peer_forgets_a_connection_opened_meanwhile() -> None:
+    """A peer that dials back while we close it: the library's close_peer drops the new connection from
+    its table (open, but unknown to this side); ours keeps it (``close-peer-keeps-new-connections``)."""
+    from libp2p.peer.id import ID
+
+    async def main() -> None:
+        async with swarm_nodes(2, {0: [1]}) as (a, b):
+            for stock in (True, False):
+                async def close(stock: bool = stock) -> None:
+                    if stock:
+                        await b.p2p.host.get_network().close_peer(ID.from_base58(a.peer_id))
+                    else:
+                        await b.p2p.close_peer(a.peer_id)
+
+                async def redial() -> None:
+                    await wait_until(lambda: b.peer_id not in a.connected_peers(), 10, interval=0.005,
+                                     what="a sees the close")
+                    await a.connect(b.listen_addrs()[0])
+
+                await asyncio.gather(b.bridge.call(close), redial())
+                await wait_until(lambda: b.peer_id in a.connected_peers(), 10, what="a connected again")
+                if stock:
+                    assert a.peer_id not in b.connected_peers(), "stock close_peer kept it: fixed upstream?"
+                    # put the pair back in a state both sides agree on
+                    await a.bridge.call(a.p2p.close_peer, b.peer_id)
+                    await wait_until(lambda: b.peer_id not in a.connected_peers(), 10, what="a closed")
+                    await a.connect(b.listen_addrs()[0])
+                    await wait_until(lambda: a.peer_id in b.connected_peers(), 10, what="b sees a again")
+                else:
+                    await wait_until(lambda: a.peer_id in b.connected_peers(), 10, what="b keeps a's new one")
+
+    run(main(), timeout=90)
