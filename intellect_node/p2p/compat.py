@@ -462,7 +462,8 @@ class _ManagedPruner:
         return None
 
     async def maybe_prune_connections(self) -> None:
-        self._connmgr.wake()
+        if self._connmgr.over_high():
+            self._connmgr.wake()
 
 
 async def close_peer(network: Any, peer: ID) -> None:

@@ -171,8 +171,8 @@ class ConnManager:
             if not tags:
                 self._tags.pop(peer, None)
             still = bool(tags)
-        if not still:
-            self.wake()  # it may be trimmable now, and the node above high
+        if not still and self.over_high():
+            self.wake()  # it may be trimmable now
         return still
 
     def protection(self, peer: str) -> str:
@@ -202,7 +202,12 @@ class ConnManager:
         with self._lock:
             if peer not in self._seen:
                 self._seen[peer] = _Seen(now, now)
-        self.wake()
+            over = len(self._seen) > self.limits.high
+        if over:
+            self.wake()
+
+    def over_high(self) -> bool:
+        return len(self._seen) > self.limits.high
 
     def disconnected(self, peer: str) -> None:
         with self._lock:
@@ -215,15 +220,19 @@ class ConnManager:
             seen.last_active = self.clock()
 
     def forget_all(self) -> None:
-        """The host's connections are gone (a libp2p restart): start counting afresh."""
+        """The host's connections are gone (a new host after a libp2p restart): count afresh."""
         with self._lock:
             self._seen.clear()
 
     def seen(self, peer: str) -> tuple[float, float]:
-        """(connected_at, last_active) of a connected peer; now for both when it was not seen connect."""
-        s = self._seen.get(peer)
-        now = self.clock()
-        return (s.connected_at, s.last_active) if s is not None else (now, now)
+        """(connected_at, last_active) of a connected peer; one whose connect was not seen counts from
+        now on (its grace starts now)."""
+        with self._lock:
+            s = self._seen.get(peer)
+            if s is None:
+                now = self.clock()
+                s = self._seen[peer] = _Seen(now, now)
+            return s.connected_at, s.last_active
 
     def wake(self) -> None:
         """Ask the trimmer to look (from any thread; a no-op before :meth:`run` or after the run ends)."""
@@ -298,7 +307,7 @@ def survey(mgr: ConnManager, host: Any, gossipsub: Any) -> list[PeerView]:
     protocols = PROTECTED_PROTOCOLS or _load_protocols()
     relays: set[str] = set()
     for addr in host.get_addrs():
-        relay = _relay_in(str(addr))
+        relay = relay_in_addr(str(addr))
         if relay:
             relays.add(relay)
     streaming: set[str] = set()
@@ -309,7 +318,7 @@ def survey(mgr: ConnManager, host: Any, gossipsub: Any) -> list[PeerView]:
             except Exception:  # a closing connection: it has no addresses left
                 addrs = []
             for a in addrs:
-                relay = _relay_in(str(a))
+                relay = relay_in_addr(str(a))
                 if relay:
                     relays.add(relay)
             for stream in list(conn.get_streams()):
@@ -336,7 +345,7 @@ def _load_protocols() -> frozenset[str]:
     return PROTECTED_PROTOCOLS
 
 
-def _relay_in(addr: str) -> str:
+def relay_in_addr(addr: str) -> str:
     """The relay's peer ID in a circuit address ``.../p2p/<relay>/p2p-circuit...``, else ""."""
     head, sep, _ = addr.partition("/p2p-circuit")
     if not sep or "/p2p/" not in head:

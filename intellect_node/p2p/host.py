@@ -213,6 +213,7 @@ class P2PHost:
         self.key = key
         self.peerbook = peerbook
         self.connmgr = connmgr if connmgr is not None else ConnManager()
+        self.connmgr.forget_all()  # a new host (a restart): the old one's connections went with it
         self._listen = [parse_multiaddr(a) for a in listen_addrs]
         self._node_info = node_info
         self._nursery: trio.Nursery | None = None
@@ -258,7 +259,6 @@ class P2PHost:
                 await self.pubsub.wait_until_ready()
                 self.addrs_snapshot = self.listen_addrs()
                 nursery.start_soon(self._refresh_addrs)
-                self.connmgr.forget_all()  # a new host: the old one's connections are gone
                 nursery.start_soon(self.connmgr.run, self._survey, self.close_peer)
                 task_status.started()
                 await trio.sleep_forever()

@@ -18,7 +18,14 @@ import trio
 
 from intellect_node.errors import ConfigError
 from intellect_node.node.config import build_config
-from intellect_node.p2p.connmgr import MAX_PROTECTED_BOOTSTRAP, ConnLimits, ConnManager, PeerView, plan_trim
+from intellect_node.p2p.connmgr import (
+    MAX_PROTECTED_BOOTSTRAP,
+    ConnLimits,
+    ConnManager,
+    PeerView,
+    plan_trim,
+    relay_in_addr,
+)
 from intellect_node.p2p.swarm import Swarm
 from intellect_node.protocol.signing import SigningKey
 from tests.support.swarm import ring, run, swarm_nodes, wire
@@ -68,6 +75,14 @@ def test_a_trim_goes_on_to_low_but_a_new_one_starts_only_above_high() -> None:
     peers = [view(f"p{i}") for i in range(3)]
     assert plan_trim(peers, LIMITS, 100.0) == ([], None)  # 3 <= high: no trim starts
     assert plan_trim(peers, LIMITS, 100.0, trimming=True)[0] == ["p0"]  # a running trim ends at low
+
+
+def test_relays_are_read_from_circuit_addresses() -> None:
+    circuit = "/ip4/1.2.3.4/tcp/4001/p2p/12D3KooWRelay/p2p-circuit/p2p/12D3KooWMe"
+    assert relay_in_addr(circuit) == "12D3KooWRelay"
+    assert relay_in_addr("/p2p/12D3KooWRelay/p2p-circuit") == "12D3KooWRelay"
+    assert relay_in_addr("/ip4/1.2.3.4/tcp/4001/p2p/12D3KooWMe") == ""
+    assert relay_in_addr("/p2p-circuit/p2p/12D3KooWMe") == ""
 
 
 def test_protection_tags_bootstrap_cap_and_limits() -> None:
@@ -128,23 +143,41 @@ async def _open_chunk_stream(p2p: Any, peer: str) -> Any:
     return stream
 
 
+async def _advertise(p2p: Any, circuit: str) -> None:
+    from intellect_node.p2p.nat.relay import advertise_circuit_addrs
+
+    advertise_circuit_addrs(p2p.host, lambda: [circuit], private=lambda: False)
+
+
+async def _learn(p2p: Any, addrs: list[str]) -> None:
+    """Put peers' addresses in the peerstore, as identify or a DHT answer does."""
+    import multiaddr
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+
+    for a in addrs:
+        info = info_from_p2p_addr(multiaddr.Multiaddr(a))
+        p2p.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
+
+
 async def _auto_connect(p2p: Any) -> None:
     with trio.fail_after(20):
         await p2p.host.get_network().auto_connector.maybe_connect()
 
 
 def test_a_hub_trims_to_low_keeps_protected_peers_and_gossip_reaches_everyone() -> None:
-    """Seven leaves in a ring, each also connected to a hub (low 3, high 4): the hub trims to 3 and keeps
-    the run's trainer and the peer mid-transfer; the leaf that is in no mesh goes; gossip from a trimmed
-    leaf and from the hub still reaches every subscriber; the hub's dialer leaves the trimmed peers alone
-    (they stay in its peerbook); a trimmed leaf connects again."""
-    keys = [SigningKey.generate() for _ in range(8)]
-    trainer, transfer, outsider = keys[1].peer_id, keys[2].peer_id, keys[3].peer_id
-    hub_limits = ConnLimits(low=3, high=4, grace_s=1.0, protected=(trainer,))
+    """Seven leaves in a ring, each also connected to a hub (low 4, high 5): the hub trims to 4 and keeps
+    the run's trainer, the peer mid-transfer and its relay; the leaf that is in no mesh goes; gossip from
+    a trimmed leaf and from the hub still reaches every subscriber; the hub's dialer leaves the trimmed
+    peers alone (they stay in its peerbook); a trimmed leaf connects again."""
+    keys = [SigningKey.generate() for _ in range(9)]
+    trainer, transfer, outsider, relay = (k.peer_id for k in keys[1:5])
+    hub_limits = ConnLimits(low=4, high=5, grace_s=1.0, protected=(trainer,))
     leaf_limits = ConnLimits(low=2, high=4, grace_s=1.0)
 
     async def main() -> None:
-        async with limited_swarms([(keys[0], hub_limits)] + [(k, leaf_limits) for k in keys[1:]]) as nodes:
+        specs = [(keys[0], hub_limits)] + [(k, leaf_limits) for k in keys[1:]]
+        async with limited_swarms(specs) as all_nodes:
+            nodes, stranger = all_nodes[:8], all_nodes[8]
             hub, leaves = nodes[0], nodes[1:]
             await wire(leaves, ring(7))
             got: dict[str, list[bytes]] = {n.peer_id: [] for n in nodes}
@@ -153,6 +186,10 @@ def test_a_hub_trims_to_low_keeps_protected_peers_and_gossip_reaches_everyone() 
                     n.subscribe(TOPIC, lambda data, origin: data,
                                 lambda msg, origin, me=n.peer_id: got[me].append(msg))
             await hub.bridge.call(_serve_slow_chunks, hub.p2p)
+            # The hub holds a reservation on ``relay``: it advertises a circuit address through it, as
+            # the NAT service does (nat.relay.advertise_circuit_addrs).
+            circuit = f"{nodes[4].listen_addrs()[0]}/p2p-circuit/p2p/{hub.peer_id}"
+            await hub.bridge.call(_advertise, hub.p2p, circuit)
 
             # The outsider connects first (the oldest idle connection), then the peer that starts a
             # transfer at once, then the rest together.
@@ -163,18 +200,25 @@ def test_a_hub_trims_to_low_keeps_protected_peers_and_gossip_reaches_everyone() 
             rest = [n for n in nodes[1:] if n.peer_id not in (outsider, transfer)]
             await asyncio.gather(*(n.connect(addr) for n in rest))
 
-            await wait_until(lambda: hub.connmgr.trims >= 4 and len(hub.connected_peers()) == 3, 30,
+            await wait_until(lambda: hub.connmgr.trims >= 3 and len(hub.connected_peers()) == 4, 30,
                              what="the hub trimmed down to low")
             kept = set(hub.connected_peers())
-            assert {trainer, transfer} <= kept, kept
+            assert {trainer, transfer, relay} <= kept, kept
             assert outsider not in kept and outsider in hub.connmgr.trimmed
             trimmed = [n for n in leaves if n.peer_id not in kept]
-            assert len(trimmed) == 4
+            assert len(trimmed) == 3
             assert all(hub.peerbook.addrs(n.peer_id) for n in trimmed), "trimmed peers stay known"
 
-            # The library's dialer runs on each disconnect; run it once more now: at low it dials nobody.
+            # Discovery: the library's dialer (run on each disconnect and every 30 s) dials peers the
+            # peerstore holds (identify and DHT answers fill it) only while below low. The hub, at low,
+            # learns of a stranger and dials nobody; the stranger, knowing three leaves, dials two.
+            await hub.bridge.call(_learn, hub.p2p, stranger.listen_addrs()[:1])
             await hub.bridge.call(_auto_connect, hub.p2p)
             assert set(hub.connected_peers()) == kept
+            await stranger.bridge.call(_learn, stranger.p2p, [n.listen_addrs()[0] for n in trimmed])
+            await stranger.bridge.call(_auto_connect, stranger.p2p)
+            await wait_until(lambda: len(stranger.connected_peers()) == 2, 20, what="the stranger at low")
+            assert stranger.peer_id not in hub.connected_peers()
 
             subscribers = [n for n in nodes if n.peer_id != outsider]
             sender = next(n for n in trimmed if n.peer_id != outsider)
@@ -186,13 +230,13 @@ def test_a_hub_trims_to_low_keeps_protected_peers_and_gossip_reaches_everyone() 
                 (n is sender or b"from a trimmed leaf" in got[n.peer_id])
                 and (n is hub or b"from the hub" in got[n.peer_id]) for n in subscribers), 30,
                 what="both messages at every subscriber")
-            assert all(len(n.connected_peers()) <= 4 for n in nodes), "bounded everywhere"
+            assert all(len(n.connected_peers()) <= n.connmgr.limits.high for n in all_nodes), "bounded"
             assert set(hub.connected_peers()) == kept
 
             # A trimmed peer may connect again later: the hub is at low, one more stays under high.
             await sender.connect(addr)
             await wait_until(lambda: sender.peer_id in hub.connected_peers(), 20, what="reconnected")
-            assert len(hub.connected_peers()) == 4
+            assert len(hub.connected_peers()) == 5
             await nodes[2].bridge.call(stream.close)
 
     run(main(), timeout=150)
