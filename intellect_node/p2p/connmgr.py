@@ -250,7 +250,7 @@ class ConnManager:
                   close: Callable[[str], Awaitable[None]]) -> None:
         """Trim whenever woken, until cancelled. ``survey()`` lists the connected peers now;
         ``close(peer)`` closes every connection to one."""
-        self._token = trio.lowlevel.current_trio_token()
+        token = self._token = trio.lowlevel.current_trio_token()
         self._wake = trio.Event()
         try:
             while True:
@@ -258,7 +258,8 @@ class ConnManager:
                 self._wake = trio.Event()
                 await self._trim(survey, close)
         finally:
-            self._token = self._wake = None
+            if self._token is token:  # not a restarted host's run that began meanwhile
+                self._token = self._wake = None
 
     async def _trim(self, survey: Callable[[], list[PeerView]],
                     close: Callable[[str], Awaitable[None]]) -> None:

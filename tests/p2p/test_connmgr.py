@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from intellect_node.errors import ConfigError
 from intellect_node.node.config import build_config
@@ -104,6 +105,48 @@ def test_protection_tags_bootstrap_cap_and_limits() -> None:
     cfg = build_config(run={"trainer_peer_id": SigningKey.generate().peer_id})
     limits = ConnLimits.from_config(cfg)
     assert (limits.low, limits.high, limits.protected) == (32, 64, (cfg.run.trainer_peer_id,))
+
+
+def test_the_trimmer_waits_out_grace_periods_and_trims_on_to_low() -> None:
+    """The trio loop on a mock clock: above high it waits for the first grace to end, then closes peers
+    one grace at a time down to low; a lifted protection makes a peer trimmable at the next trim."""
+    closed: list[str] = []
+
+    async def main() -> None:
+        mgr = ConnManager(ConnLimits(low=2, high=3, grace_s=5.0), clock=trio.current_time)
+        connected: list[str] = []
+
+        def survey() -> list[PeerView]:
+            return [PeerView(p, *mgr.seen(p), False, mgr.protection(p)) for p in connected]
+
+        async def close(peer: str) -> None:
+            closed.append(peer)
+            connected.remove(peer)
+            mgr.disconnected(peer)
+
+        async def connect(peer: str) -> None:
+            connected.append(peer)
+            mgr.connected(peer)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(mgr.run, survey, close)
+            await trio.sleep(0)
+            mgr.protect("p0", "job")
+            for i in range(5):  # p<i> connects at t=i; above high from t=3
+                await connect(f"p{i}")
+                await trio.sleep(1)
+            await trio.sleep(20)
+            assert closed == ["p1", "p2", "p3"]  # at t=6, 7, 8: each as its grace ended
+            assert connected == ["p0", "p4"] and mgr.trims == 3
+            assert mgr.unprotect("p0", "job") is False
+            await connect("p5")
+            await connect("p6")
+            await trio.sleep(20)
+            # the oldest idle first; the new ones are in their grace, and low is reached without them
+            assert closed[3:] == ["p0", "p4"] and connected == ["p5", "p6"]
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
 # -- real hosts ----------------------------------------------------------------------------------------
