@@ -317,3 +317,22 @@ def test_stock_close_peer_forgets_a_connection_opened_meanwhile() -> None:
                     await wait_until(lambda: a.peer_id in b.connected_peers(), 10, what="b keeps a's new one")
 
     run(main(), timeout=90)
+
+
+def test_a_node_takes_its_watermarks_and_protected_peers_from_its_config(tmp_path: Any) -> None:
+    from intellect_node.node.assembly import build_node
+
+    trainer, validator = SigningKey.generate().peer_id, SigningKey.generate().peer_id
+    cfg = build_config(network={"conn_low": 5, "conn_high": 9, "conn_grace_s": 2.5, "http_host": "127.0.0.1"},
+                       run={"trainer_peer_id": trainer, "validator_peer_ids": [validator]})
+
+    async def main() -> None:
+        rt = build_node(cfg, tmp_path / "node", services=[], common=False)
+        await rt.start()
+        try:
+            assert rt.swarm.connmgr.limits == ConnLimits(5, 9, 2.5, (trainer, validator))
+            assert rt.swarm.connmgr.protection(validator) == "run"
+        finally:
+            await rt.stop()
+
+    run(main(), timeout=60)
