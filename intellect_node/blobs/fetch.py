@@ -148,8 +148,12 @@ class Fetcher:
     def __init__(self, store: BlobStore, sources: Sequence[ChunkSource], find_providers: FindProviders,
                  *, self_peer_id: str = "", penalise: Penalise | None = None,
                  is_banned: Callable[[str], bool] | None = None, per_provider: int = PER_PROVIDER,
-                 max_inflight: int = MAX_INFLIGHT, find_timeout: float = FIND_TIMEOUT_S) -> None:
+                 max_inflight: int = MAX_INFLIGHT, find_timeout: float = FIND_TIMEOUT_S,
+                 protect: Penalise | None = None, unprotect: Penalise | None = None) -> None:
         self.store = store
+        # (peer, tag): the swarm's connection manager keeps providers connected while we download.
+        self._protect = protect or (lambda peer, tag: None)
+        self._unprotect = unprotect or (lambda peer, tag: None)
         self.sources = list(sources)
         self._find = find_providers
         self._self = self_peer_id
@@ -251,7 +255,14 @@ class Fetcher:
                     continue
                 got_manifest(m)
             if peers:
-                await _Download(self, cid, m, peers, stats, on_progress).run()
+                tag = f"blob-fetch:{cid}:{id(stats)}"  # one per fetch: two fetches hold independently
+                for p in peers:
+                    self._protect(p.provider.peer_id, tag)
+                try:
+                    await _Download(self, cid, m, peers, stats, on_progress).run()
+                finally:
+                    for p in peers:
+                        self._unprotect(p.provider.peer_id, tag)
         if m is None or self.store.missing(cid):
             elapsed = time.monotonic() - t0
             if m is None:

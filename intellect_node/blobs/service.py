@@ -72,8 +72,11 @@ class BlobService:
                  penalise: Callable[[str, str], None] | None = None,
                  is_banned: Callable[[str], bool] | None = None,
                  board: Any = None, extra_sources: Sequence[ChunkSource] = (),
-                 connect_timeout: float = 5.0, read_timeout: float = 15.0) -> None:
+                 connect_timeout: float = 5.0, read_timeout: float = 15.0,
+                 protect: Callable[[str, str], Any] | None = None,
+                 unprotect: Callable[[str, str], Any] | None = None) -> None:
         self.store = store
+        self._hold = (protect, unprotect)  # the swarm's (peer, tag) protection while downloading
         self._timeouts = (connect_timeout, read_timeout)
         self.key = key
         self.serve_stats = ServeStats()
@@ -96,7 +99,8 @@ class BlobService:
         book = swarm.peerbook
         return cls(BlobStore(data_dir / BLOBS_DIR), swarm.key, find_providers=swarm.find_providers,
                    provide=swarm.provide, penalise=book.record_rejection,
-                   is_banned=getattr(book, "is_banned", None), board=board, extra_sources=extra_sources)
+                   is_banned=getattr(book, "is_banned", None), board=board, extra_sources=extra_sources,
+                   protect=getattr(swarm, "protect", None), unprotect=getattr(swarm, "unprotect", None))
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -106,7 +110,8 @@ class BlobService:
         self._http = HttpChunkSource(connect_timeout=self._timeouts[0], read_timeout=self._timeouts[1])
         sources: list[ChunkSource] = [*self._extra_sources, self._http]
         self._fetcher = Fetcher(self.store, sources, self._find, self_peer_id=self.key.peer_id,
-                                penalise=self._penalise, is_banned=self._is_banned)
+                                penalise=self._penalise, is_banned=self._is_banned,
+                                protect=self._hold[0], unprotect=self._hold[1])
         if announce:
             for cid in self.store.manifest_cids():
                 self._announce(cid)

@@ -336,3 +336,59 @@ def test_a_node_takes_its_watermarks_and_protected_peers_from_its_config(tmp_pat
             await rt.stop()
 
     run(main(), timeout=60)
+
+
+def test_a_blob_fetch_protects_its_providers_until_it_ends(tmp_path: Any) -> None:
+    """A real fetch over HTTP from a provider that stalls mid-blob: the provider is protected by the
+    fetch's tag while it runs (so the trimmer leaves its connection), and only then."""
+    from aiohttp import web
+
+    from intellect_node.blobs.fetch import StaticProvider
+    from intellect_node.blobs.service import BlobService
+    from intellect_node.blobs.store import BlobStore
+    from intellect_node.protocol.blob import HTTP_PREFIX
+
+    async def main() -> None:
+        origin = BlobService(BlobStore(tmp_path / "origin"), SigningKey.generate())
+        await origin.start(announce=False)
+        (tmp_path / "blob.bin").write_bytes(bytes(range(256)) * 256)
+        cid, _ = await origin.put_file(tmp_path / "blob.bin", chunk_size=16 * 1024)
+        gate, asked = asyncio.Event(), asyncio.Event()
+        routes = {r.path: r.handler for r in origin.routes()}
+        chunk_route = f"{HTTP_PREFIX}/chunk/{{cid}}"
+
+        async def gated(request: web.Request) -> web.StreamResponse:
+            asked.set()
+            await gate.wait()
+            return await routes[chunk_route](request)
+
+        app = web.Application()
+        app.add_routes([web.get(p, gated if p == chunk_route else h) for p, h in routes.items()])
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        provider = origin.key.peer_id
+        mgr = ConnManager()
+
+        async def find(cid: str) -> list[StaticProvider]:
+            return [StaticProvider(provider, url)]
+
+        fetcher = BlobService(BlobStore(tmp_path / "fetcher"), SigningKey.generate(), find_providers=find,
+                              protect=mgr.protect, unprotect=mgr.unprotect)
+        await fetcher.start(announce=False)
+        try:
+            task = asyncio.ensure_future(fetcher.fetch(cid))
+            await asyncio.wait_for(asked.wait(), 20)
+            assert mgr.protection(provider).startswith("blob-fetch:")
+            gate.set()
+            await asyncio.wait_for(task, 30)
+            assert mgr.protection(provider) == ""
+        finally:
+            gate.set()
+            await fetcher.close()
+            await origin.close()
+            await runner.cleanup()
+
+    run(main(), timeout=60)
