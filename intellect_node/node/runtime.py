@@ -270,6 +270,7 @@ class NodeRuntime:
             "alive_peers": sw.peerbook.alive_peers() if sw else [],
             "known_peers": sw.peerbook.snapshot() if sw else [],
             "gossip": {"delivered": dict(sw.delivered), "dropped": dict(sw.dropped)} if sw else {},
+            "connections": sw.connmgr.snapshot(len(sw.connected_peers())) if sw else {},
             "snapshot": snap.to_dict(),
             "health": {"state": snap.state, "healthy": snap.healthy, "reasons": list(snap.health.reasons),
                        "restarts": dict(snap.health.restarts),

@@ -332,6 +332,8 @@ def test_a_node_takes_its_watermarks_and_protected_peers_from_its_config(tmp_pat
         try:
             assert rt.swarm.connmgr.limits == ConnLimits(5, 9, 2.5, (trainer, validator))
             assert rt.swarm.connmgr.protection(validator) == "run"
+            conns = rt.status()["connections"]  # GET /v1/status
+            assert (conns["low"], conns["high"], conns["connected"], conns["trims"]) == (5, 9, 0, 0)
         finally:
             await rt.stop()
 
