@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 DEFAULT_LOW = 32
 """Connections kept after a trim (kubo's ``Swarm.ConnMgr.LowWater`` default)."""
 DEFAULT_HIGH = 64
-"""Connections above which the node trims (half of kubo's 96: our peers also run gossip and roles)."""
+"""Connections above which the node trims (kubo's is 96; ours is lower: our peers also gossip and work)."""
 DEFAULT_GRACE_S = 20.0
 """Seconds a new connection is safe from trimming (kubo's ``GracePeriod`` default)."""
 MAX_PROTECTED_BOOTSTRAP = 3
@@ -268,8 +268,8 @@ class ConnManager:
             peers = survey()
             closing, again = plan_trim(peers, self.limits, self.clock(), trimming=trimming)
             if closing:
-                log.info("%d connections above the high watermark %d: closing %d (least useful first)",
-                         len(peers), self.limits.high, len(closing))
+                log.info("%d peers connected (watermarks %d/%d): closing %d, least useful first",
+                         len(peers), self.limits.low, self.limits.high, len(closing))
             for peer in closing:
                 self.trims += 1
                 self.trimmed[peer] = self.clock()
