@@ -15,6 +15,9 @@ What is here:
   stream that replaced it; pubsub's per-peer outbound queue is deeper than the stock 32 RPCs.
 - :func:`contain_streams` (per host): the one choke point through which every inbound stream of every
   protocol reaches its handler (see :mod:`intellect_node.p2p.guard`).
+- :func:`replace_pruner` and :func:`close_peer` (per host): our connection manager
+  (:mod:`intellect_node.p2p.connmgr`) trims in place of the stock pruner, and closing a peer keeps a
+  connection it opened meanwhile.
 - Accessors for private state the node needs (negative dial cache, pubsub blacklist, the subscription
   buffer, the DHT's per-peer provider query, relay reservations, observed addresses) and base classes
   that expose the private hooks of AutoNAT, DCUtR and the relay HOP handler under public names.
