@@ -72,6 +72,12 @@ SUBSCRIPTION_BUFFER = 4096
 """Accepted messages a subscription may hold before our pump forwards them (library default 32)."""
 CONNECT_TIMEOUT_S = 10.0
 INFO_TIMEOUT_S = 5.0
+DISCOVERY_TIMEOUT_S = 10.0
+"""Bound on one Kademlia self-lookup (:meth:`P2PHost.discover`)."""
+DISCOVERY_INTERVAL_S = (60.0, 600.0)
+"""Least and most seconds between self-lookups the dialer asks for: the interval doubles after a lookup
+that found no new peer (a swarm smaller than ``low`` never lets the node reach it) and is reset by one
+that did. kubo refreshes its routing table every 10 minutes."""
 PROVIDER_QUERY_TIMEOUT_S = 5.0
 PROVIDER_WALK_MAX_PEERS = 32
 """Peers asked per provider lookup; bounds a walk through a large or hostile network."""
@@ -217,6 +223,8 @@ class P2PHost:
         self._listen = [parse_multiaddr(a) for a in listen_addrs]
         self._node_info = node_info
         self._nursery: trio.Nursery | None = None
+        self._discovery_at = 0.0  # trio clock: the dialer's next self-lookup may run from then
+        self._discovery_every = DISCOVERY_INTERVAL_S[0]
         self.addrs_snapshot: list[str] = []
         """:meth:`listen_addrs` as of the last refresh, for readers on other threads."""
         apply_libp2p_fixes()
@@ -241,6 +249,8 @@ class P2PHost:
         )
         self.pubsub = Pubsub(self.host, self.gossipsub, strict_signing=True)
         compat.replace_pruner(self.host.get_network(), self.connmgr)
+        # Below low with few peers to dial, the dialer asks for more: a self-lookup (rate-limited).
+        self.host.get_network().auto_connector.set_discovery_callback(self._discover_for_dialer)
         self.host.get_network().register_notifee(_Notifee(self))
         self.host.set_stream_handler(TProtocol(INFO_PROTOCOL_ID), self._serve_info)
         # Every inbound stream of every protocol (ours, the DHT's, gossipsub's, identify, ping and the
@@ -318,6 +328,29 @@ class P2PHost:
         addrs = self._listen_addrs_of(pid)
         if addrs:
             self.peerbook.remember(pid.to_base58(), addrs)
+
+    async def discover(self) -> int:
+        """Kademlia's self-lookup: ask the network for the peers closest to our own ID. The lookup
+        connects to the peers it asks and leaves their addresses in the peerstore, where the dialer finds
+        them while the node is below ``low``; a node that joined through one bootstrap peer so has others
+        when that peer trims it. Returns how many peers it learned of."""
+        store = self.host.get_peerstore()
+        before = set(store.peer_ids())
+        with trio.move_on_after(DISCOVERY_TIMEOUT_S):
+            try:
+                await self.dht.peer_routing.find_closest_peers_network(self.host.get_id().to_bytes())
+            except Exception as exc:  # per-peer failures inside the walk; an empty answer is no fault
+                log.debug("self-lookup failed: %r", exc)
+        return len(set(store.peer_ids()) - before - {self.host.get_id()})
+
+    async def _discover_for_dialer(self) -> None:
+        now = trio.current_time()
+        if now < self._discovery_at:
+            return
+        found = await self.discover()
+        lo, hi = DISCOVERY_INTERVAL_S
+        self._discovery_every = lo if found else min(2 * self._discovery_every, hi)
+        self._discovery_at = trio.current_time() + self._discovery_every
 
     def _listen_addrs_of(self, pid: ID) -> list[str]:
         try:

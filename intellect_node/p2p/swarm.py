@@ -260,6 +260,11 @@ class Swarm:
         reached = await self._dial_all(addrs, timeout)
         if remember:
             self.connmgr.protect_bootstrap(reached)
+        if reached:  # learn more peers than the bootstrap ones (in the background: about half a second)
+            try:
+                self._bridge.start_soon(self._p2p.discover)
+            except TransportError:  # libp2p just went down: the restart's replay bootstraps again
+                pass
         if not reached:
             fallback = [a[0] for _p, a in self.peerbook.remembered()[:MAX_REMEMBERED_DIALS] if a]
             if fallback:

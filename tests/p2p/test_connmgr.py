@@ -394,3 +394,35 @@ def test_a_blob_fetch_protects_its_providers_until_it_ends(tmp_path: Any) -> Non
             await runner.cleanup()
 
     run(main(), timeout=60)
+
+
+def test_joiners_of_one_bootstrap_peer_find_each_other_and_survive_its_trim() -> None:
+    """Five nodes join through one bootstrap peer (low 2, high 3): each one's self-lookup connects it to
+    others, so when the bootstrap peer trims down to 2 nobody is left alone, and gossip reaches all.
+    (The joiners' high watermark is above the swarm's size: trims on every node at once with watermarks
+    this small can split a six-node graph in two, see docs/swarm.md.)"""
+    boot_limits = ConnLimits(low=2, high=3, grace_s=1.0)
+    joiner_limits = ConnLimits(low=2, high=8, grace_s=1.0)
+    specs = [(SigningKey.generate(), boot_limits)]
+    specs += [(SigningKey.generate(), joiner_limits) for _ in range(5)]
+
+    async def main() -> None:
+        async with limited_swarms(specs) as nodes:
+            boot, joiners = nodes[0], nodes[1:]
+            got: dict[str, list[bytes]] = {n.peer_id: [] for n in nodes}
+            for n in nodes:
+                n.subscribe(TOPIC, lambda data, origin: data,
+                            lambda msg, origin, me=n.peer_id: got[me].append(msg))
+            for n in joiners:  # one after the other, as nodes join
+                assert await n.bootstrap(boot.listen_addrs()[:1]) == [boot.peer_id]
+            await wait_until(lambda: boot.connmgr.trims >= 3 and len(boot.connected_peers()) <= 2, 30,
+                             what="the bootstrap peer trimmed down to low")
+            # The self-lookups connected the joiners to one another: none depends on the bootstrap peer.
+            assert all(len(n.connected_peers()) >= 2 for n in joiners), [
+                len(n.connected_peers()) for n in joiners]
+            await wait_until(lambda: all(n.mesh_peers(TOPIC) for n in nodes), 20, what="meshes")
+            await joiners[-1].publish(TOPIC, b"hello")
+            await wait_until(lambda: all(b"hello" in got[n.peer_id] for n in nodes[:-1]), 30,
+                             what="gossip at every node")
+
+    run(main(), timeout=120)
