@@ -58,7 +58,12 @@ class PeerProc:
 
     def kill(self) -> None:
         if self.proc.returncode is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
+            try:
+                os.kill(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                # Already dead and reaped by asyncio's child watcher, whose returncode update is still on
+                # its way to the loop (the progress callback kills again a moment after the first kill).
+                pass
 
     async def close(self) -> None:
         if self.proc.returncode is None:
