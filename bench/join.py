@@ -191,13 +191,14 @@ def report_join(r: dict[str, Any]) -> None:
     print(f"join of a fresh worker ({r['workers_already']} workers already at work, trainer at step "
           f"{r['trainer_step_at_join']}); seconds from its process start:")
     prev = 0.0
-    for stage, t in r["stages_s"].items():
+    # in the order they happened: the roles start (and may fetch the policy) before the node reads ready
+    for stage, t in sorted(r["stages_s"].items(), key=lambda kv: kv[1]):
         print(f"  {stage:24s} {t:7.2f} s  (+{t - prev:.2f})")
-        prev = max(prev, t)
+        prev = t
     total = r["stages_s"]["first_batch_accepted"]
     print(f"  total {total:.2f} s against the aim of {AIM_JOIN_S:.0f} s: ratio {total / AIM_JOIN_S:.2f} "
           f"({'met' if total <= AIM_JOIN_S else 'missed'}); outside view {r['outside_view_s']:.2f} s "
-          f"(exec {r['exec_latency_s']:.2f} s, {POLL_S} s polls)")
+          f"(spawn to exec {max(0.0, r['exec_latency_s']):.2f} s, 10 ms ticks; {POLL_S} s polls)")
 
 
 def report_startup(r: dict[str, Any]) -> None:
