@@ -27,9 +27,14 @@ def _follower(*args: str, out: Path) -> subprocess.Popen[bytes]:
 
 
 def _end(proc: subprocess.Popen[bytes]) -> int:
-    """Ctrl-C for the follower (by its PID): it exits 0."""
+    """Ctrl-C for the follower (by its PID): it exits 0. One that does not is killed, then the test fails."""
     proc.send_signal(signal.SIGINT)
-    return proc.wait(30)
+    try:
+        return proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+        raise
 
 
 def test_stop_logs_follow_and_not_running(tmp_path: Path) -> None:
