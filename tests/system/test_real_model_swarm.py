@@ -75,10 +75,15 @@ def test_a_swarm_on_a_reasoning_gym_task_steps_with_no_honest_rejection(tmp_path
                  what="the worker on a new policy")
         wait_for(lambda: worker.status()["worker"]["accepted"] >= 2, timeout=120,
                  what="verdicts back at the worker")
+        # The worker records the problems it draws per version when it draws them: a moment after it
+        # loaded the version (status above), so wait for the record too.
+        used_file = run.data_dir("worker") / "worker" / "used.json"
+        wait_for(lambda: used_file.exists() and json.loads(used_file.read_text())["version"] >= STEPS - 1,
+                 timeout=120, what="the worker drawing problems for a new version")
         vstat = validator.status()["validator"]
         wstat = worker.status()["worker"]
         tstat = trainer.status()["trainer"]
-        used = json.loads((run.data_dir("worker") / "worker" / "used.json").read_text())
+        used = json.loads(used_file.read_text())
     finally:
         for p in procs:
             p.close()
