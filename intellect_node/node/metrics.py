@@ -118,6 +118,16 @@ class StatusCollector(Collector):
                                     value=last.pass_rate)
         yield GaugeMetricFamily(f"{_PREFIX}_uptime_seconds", "Seconds since the node started.",
                                 value=s.uptime_s)
+        # The join timeline: a stage appears once reached (a validator never submits a batch), so an
+        # alert on absent(...) or a threshold reads "not reached" apart from "reached late".
+        timeline = GaugeMetricFamily(f"{_PREFIX}_timeline_seconds",
+                                     "Seconds from process start to the first time each join stage was "
+                                     "reached (ready, first_peer, first_policy, first_batch_submitted, "
+                                     "first_batch_accepted).", labels=["stage"])
+        for stage, since in s.timeline.stages():
+            if since is not None:
+                timeline.add_metric([stage], since)
+        yield timeline
 
         yield GaugeMetricFamily(f"{_PREFIX}_healthy", "1 if the node runs with no degraded reason, else 0.",
                                 value=int(s.healthy))

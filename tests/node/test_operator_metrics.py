@@ -96,3 +96,18 @@ def test_health_metrics_and_health_endpoint() -> None:
     assert ("state", "degraded") in info[1]
     body, status = asyncio.run(_scrape(b, "/v1/health"))
     assert status.startswith("503") and "libp2p restarting" in body
+
+
+def test_the_join_timeline_is_exported_once_each_stage_is_reached() -> None:
+    from tests.support.operator_node import FakeClock
+
+    clock = FakeClock()
+    b = StatusBoard(role="worker", clock=clock, started_at=clock.t - 1.0)
+    m = _samples(asyncio.run(_scrape(b))[0])
+    assert not [k for k in m if k[0] == "intellect_node_timeline_seconds"]  # nothing reached: absent
+    b.set_state("running")
+    clock.t += 2.0
+    b.set_peers(1, trainers=["T"])
+    m = _samples(asyncio.run(_scrape(b))[0])
+    stages = {dict(k[1])["stage"]: v for k, v in m.items() if k[0] == "intellect_node_timeline_seconds"}
+    assert stages == {"ready": 1.0, "first_peer": 3.0}
