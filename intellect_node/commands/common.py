@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import typer
 
@@ -41,3 +41,41 @@ def data_dir_lock(d: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+
+CONFIG_HELP = ("A node config file: use its run's task ([rl] env, env_args, tasks_file, task, answer "
+               "extraction, system prompt) and run.model, so the figures are the run's.")
+
+
+def task_and_model(config_path: Optional[Path], *, task_id: str, tasks_file: Optional[Path],
+                   model_dir: Optional[Path], filtered: bool) -> tuple[Any, Optional[Path], Any]:
+    """``(task, model folder or None for the embedded one, the run's rl settings or None)`` for a model
+    command (``tasks solve-rates``, ``proofs calibrate``).
+
+    With ``--config`` the task is the run's own (``roles.common.run_task``, what its workers and
+    validators build: reward environment, extraction, system prompt), and the model is ``run.model``
+    unless ``--model`` is given. ``--task``/``--tasks`` beside ``--config`` would name two tasks, so that
+    is refused (exit 2). ``filtered``: apply the run's offline solve-rate filter."""
+    from intellect_node.errors import ConfigError
+
+    if config_path is None:
+        if tasks_file is not None:
+            from intellect_node.trainer.jsonl_tasks import load_jsonl_tasks
+
+            return load_jsonl_tasks(tasks_file), model_dir, None
+        from intellect_node.trainer.tasks import get_task
+
+        return get_task(task_id), model_dir, None
+    if tasks_file is not None or task_id != "add3":
+        raise ConfigError("--config takes the task from the run's [rl] settings; drop --task/--tasks, "
+                          "or drop --config", field="config")
+    if not config_path.is_file():
+        raise ConfigError(f"--config: no file at {config_path}; pass the run's node config (TOML)",
+                          field="config")
+    from intellect_node.node.config.loader import load_config
+    from intellect_node.roles.common import run_task
+
+    cfg = load_config(config_path)
+    model = model_dir if model_dir is not None else (Path(cfg.run.model) if cfg.run.model else None)
+    return run_task(cfg, filtered=filtered), model, cfg.rl

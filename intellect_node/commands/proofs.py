@@ -10,11 +10,13 @@ without ``--out`` it stops before calibrating and says how to proceed (:func:`th
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from intellect_node.commands.common import CONFIG_HELP, task_and_model
 from intellect_node.errors import ConfigError
 
 
@@ -60,6 +62,11 @@ def register(app: typer.Typer) -> None:
                                    "cuda:N): thresholds are per engine pair, engine@device -> torch@device."),
         verify_device: str = typer.Option("cpu", "--verify-device",
                                           help="Device of the verifier's prefill (the validators')."),
+        config_path: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP),
+        task_id: str = typer.Option("add3", "--task", help="Task whose prompts are generated from "
+                                    "(default: the embedded add3; --config: the run's)."),
+        tasks_file: Optional[Path] = typer.Option(None, "--tasks", help="A JSONL task file instead of "
+                                                  "--task."),
     ) -> None:
         """Generate honest rollouts, verify them, and write thresholds with margins for this dtype, one
         entry per engine pair (engine@device -> torch@verify-device)."""
@@ -69,6 +76,8 @@ def register(app: typer.Typer) -> None:
             sizes = []
         if not sizes or min(sizes) < 1:
             raise ConfigError("--batch-sizes must be positive integers, e.g. 1,32", field="batch_sizes")
+        task, model_dir, _rl = task_and_model(config_path, task_id=task_id, tasks_file=tasks_file,
+                                              model_dir=model_dir, filtered=True)
         path = thresholds_target(model_dir, out)  # before minutes of calibration, not after
         import torch
 
@@ -96,8 +105,12 @@ def register(app: typer.Typer) -> None:
             else:
                 raise ConfigError(f"--engines: unknown engine {name!r} (torch, vllm)", field="engines")
         sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+        # The run's prompts (chat template, system prompt, lengths) set the hidden states the proofs
+        # compare, so the thresholds are calibrated on the task's own problems.
+        default_task = config_path is None and tasks_file is None and task_id == "add3"
+        problems = None if default_task else task.sample(random.Random(seed), n)  # None: as before
         cals = run(verifier_engine, engines, n=n, batch_sizes=sizes, seed=seed,
-                   margins=Margins(factor=factor), sampling=sampling)
+                   margins=Margins(factor=factor), sampling=sampling, problems=problems)
         for cal in cals:
             atomic_write_text(path, json.dumps(merge_into(path, cal), indent=2) + "\n")
             data = cal.to_json()

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import typer
 
+from intellect_node.commands.common import CONFIG_HELP, task_and_model
 from intellect_node.errors import ConfigError
 
 
@@ -52,11 +53,14 @@ def register(app: typer.Typer) -> None:
         samples: int = typer.Option(16, "--samples", help="Completions per problem."),
         pool: int = typer.Option(1024, "--pool", help="Problems to measure (all of them when the task is "
                                  "smaller); drawn with --seed."),
-        max_new_tokens: int = typer.Option(5, "--max-new-tokens", help="The run's rl.max_new_tokens."),
-        band: tuple[float, float] = typer.Option((0.1, 0.8), "--band", help="Band to report (the run's "
-                                                 "rl.solve_rate_band)."),
+        max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="The run's "
+                                                     "rl.max_new_tokens (default: --config's, else 5)."),
+        band: Optional[tuple[float, float]] = typer.Option(None, "--band", help="Band to report (the "
+                                                           "run's rl.solve_rate_band; default: --config's, "
+                                                           "else 0.1 0.8)."),
         seed: int = typer.Option(0, "--seed"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress."),
+        config_path: Optional[Path] = typer.Option(None, "--config", help=CONFIG_HELP),
     ) -> None:
         """Measure each problem's solve rate with the starting policy (INTELLECT-2's offline filter)."""
         import random
@@ -67,21 +71,20 @@ def register(app: typer.Typer) -> None:
         from intellect_node.inference.evaluate import solve_rates as measure
         from intellect_node.inference.torch_engine import TorchEngine
         from intellect_node.trainer.filtering import SolveRateBand, save_solve_rates
-        from intellect_node.trainer.tasks import get_task
 
         if samples < 2:
             raise ConfigError("--samples must be at least 2 (a rate from one draw is 0 or 1)",
                               field="samples")
         if pool < 1:
             raise ConfigError("--pool must be at least 1", field="pool")
-        keep = SolveRateBand(*band)
         torch.set_num_threads(1)
-        if tasks_file is not None:
-            from intellect_node.trainer.jsonl_tasks import load_jsonl_tasks
-
-            task = load_jsonl_tasks(tasks_file)
-        else:
-            task = get_task(task_id)
+        task, model_dir, rl = task_and_model(config_path, task_id=task_id, tasks_file=tasks_file,
+                                             model_dir=model_dir, filtered=False)
+        if max_new_tokens is None:
+            max_new_tokens = rl.max_new_tokens if rl is not None else 5
+        if band is None:
+            band = tuple(rl.solve_rate_band) if rl is not None else (0.1, 0.8)
+        keep = SolveRateBand(*band)
         n = min(pool, len(task))
         problems = ([task.problem(i) for i in range(n)] if n == len(task)
                     else task.sample(random.Random(seed), n))

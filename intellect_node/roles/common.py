@@ -37,11 +37,11 @@ MAX_POLICY_BYTES = 4 << 30
 """Largest policy checkpoint a worker or validator accepts (the announced size is checked first)."""
 
 
-def run_task(cfg: NodeConfig) -> Task:
+def run_task(cfg: NodeConfig, *, filtered: bool = True) -> Task:
     """The run's task: the reward environment (``rl.env``), the JSONL file, or ``rl.task``, under the
     run's extraction and system-prompt settings and registered so its problem IDs resolve
     (``envs.environment.build_task``); narrowed to the offline filter's band when
-    ``rl.solve_rates_file`` is set."""
+    ``rl.solve_rates_file`` is set and ``filtered`` (``tasks solve-rates`` measures the whole task)."""
     from intellect_node.envs.environment import build_task
 
     rl = cfg.rl
@@ -49,7 +49,7 @@ def run_task(cfg: NodeConfig) -> Task:
                             env_args=dict(rl.env_args), answer_format=rl.answer_format, think=rl.think,
                             max_completion_chars=rl.max_completion_chars, system_prompt=rl.system_prompt,
                             reward_timeout_s=rl.reward_timeout_s)
-    if cfg.rl.solve_rates_file:
+    if filtered and cfg.rl.solve_rates_file:
         from intellect_node.trainer.filtering import filter_by_rates_file
 
         task = filter_by_rates_file(task, cfg.rl.solve_rates_file, cfg.rl.solve_rate_band)
