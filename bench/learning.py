@@ -14,6 +14,11 @@ group std, like ours), the same group size, prompts per
 step, learning rate, clipping (eps 0.2 both sides, delta 4), gradient-norm clip and completion length.
 Its pass rate is the mean reward TRL logs per step, averaged the same way.
 
+Where a swarm step's time goes: the trainer's ``metrics.jsonl`` (each batch's hops at the trainer, the
+step's taken/trained times, publications), the validator's and workers' ``hops.jsonl`` are joined by
+batch CID and policy version into the median time of each hop from a worker's batch to the next policy
+it generates with (:func:`hop_breakdown`).
+
 Both clocks start when the component is launched (processes for the swarm, trainer construction for TRL)
 and stop at the first step whose windowed pass rate reaches the target. Run:
 
@@ -46,16 +51,92 @@ def windowed(values: list[float], window: int) -> float:
     return sum(tail) / len(tail) if tail else 0.0
 
 
-def held_out_pass_rates(checkpoints: Path) -> tuple[float, float | None]:
+def held_out_pass_rates(trainer_dir: Path) -> tuple[float, float | None]:
     """Sampled pass rate on 512 fixed problems (inference/evaluate.py) of the embedded model and of the
-    trainer's last checkpoint: the low-noise before/after of a run."""
+    trainer's newest published policy (its checkpoint may be up to ``rl.checkpoint_every`` steps older):
+    the low-noise before/after of a run."""
     from intellect_node.inference.evaluate import pass_rate, with_weights
     from intellect_node.models.loader import load_model
     from intellect_node.trainer.checkpoint import latest_weights_path
 
     base = load_model(None)
-    last = latest_weights_path(checkpoints)
+    published = sorted((trainer_dir / "policy").glob("v*.safetensors"))
+    last = published[-1] if published else latest_weights_path(trainer_dir / "checkpoints")
     return pass_rate(base), (pass_rate(with_weights(base, last)) if last is not None else None)
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line torn by the kill at the end of the run
+    return out
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(x for x in xs if x is not None)
+    return xs[len(xs) // 2] if xs else None
+
+
+def hop_breakdown(work: Path, workers: list[str]) -> dict[str, float | None]:
+    """Median seconds of each hop between a worker's batch and the policy trained on it, over the run's
+    trained steps. Wall clocks of processes on one machine, so differences across processes are exact."""
+    metrics = [m for m in _jsonl(work / "trainer" / "trainer" / "metrics.jsonl") if m.get("trained")]
+    verdicts = {v["cid"]: v for v in _jsonl(work / "validator" / "validator" / "hops.jsonl")}
+    submitted: dict[str, float] = {}
+    heard: dict[int, list[float]] = {}
+    loaded: dict[int, list[dict[str, Any]]] = {}
+    for w in workers:
+        for h in _jsonl(work / w / "worker" / "hops.jsonl"):
+            if h["event"] == "submitted":
+                submitted[h["cid"]] = h["t"]
+            elif h["event"] == "announced":
+                heard.setdefault(h["version"], []).append(h["t"])
+            elif h["event"] == "loaded":
+                loaded.setdefault(h["version"], []).append(h)
+    published = {m["published"]["version"]: m["published"] for m in metrics if m.get("published")}
+    hops: dict[str, list[float]] = {k: [] for k in (
+        "submit->validator notice", "validator fetch", "validator verify", "verdict gossip to trainer",
+        "trainer prefetch (notice->fetched)", "trainer verdict->admitted", "queued at trainer",
+        "train step", "publish", "announcement gossip to workers", "worker fetch+apply+engine",
+        "worker fetch", "worker apply (delta+hash)", "worker persist", "batch submit->trained")}
+    for m in metrics:
+        for cid, h in m.get("hops", {}).items():
+            v = verdicts.get(cid, {})
+            sub = submitted.get(cid)
+            if sub is not None and v.get("notice"):
+                hops["submit->validator notice"].append(v["notice"] - sub)
+            if v.get("notice") and v.get("fetched"):
+                hops["validator fetch"].append(v["fetched"] - v["notice"])
+            if v.get("fetched"):
+                hops["validator verify"].append(v["verdict"] - v["fetched"])
+            if v.get("verdict") and h.get("verdict"):
+                hops["verdict gossip to trainer"].append(h["verdict"] - v["verdict"])
+            if h.get("notice") and h.get("prefetched"):
+                hops["trainer prefetch (notice->fetched)"].append(h["prefetched"] - h["notice"])
+            if h.get("verdict") and h.get("admitted"):
+                hops["trainer verdict->admitted"].append(h["admitted"] - h["verdict"])
+            if h.get("admitted") and m.get("taken_t"):
+                hops["queued at trainer"].append(m["taken_t"] - h["admitted"])
+            if sub is not None and m.get("trained_t"):
+                hops["batch submit->trained"].append(m["trained_t"] - sub)
+        if m.get("taken_t") and m.get("trained_t"):
+            hops["train step"].append(m["trained_t"] - m["taken_t"])
+        pub = published.get(m["version"])
+        if pub and m.get("trained_t"):
+            hops["publish"].append(pub["time"] - m["trained_t"])
+            for t in heard.get(m["version"], []):
+                hops["announcement gossip to workers"].append(t - pub["time"])
+        for t_heard, ld in zip(sorted(heard.get(m["version"], [])), loaded.get(m["version"], [])):
+            hops["worker fetch+apply+engine"].append(ld["t"] - t_heard)
+            hops["worker fetch"].append(ld.get("fetch_s"))
+            hops["worker apply (delta+hash)"].append(ld.get("apply_s"))
+            hops["worker persist"].append(ld.get("persist_s"))
+    return {k: _median(v) for k, v in hops.items()}
 
 
 def start_node(data_dir: Path, role: str, procs: list[Any], *, ids: dict[str, str], model: str,
@@ -111,7 +192,8 @@ def run_swarm(target: float, window: int, timeout: float, workdir: Path) -> dict
     finally:
         for p in procs:
             p.kill()
-    held_out = held_out_pass_rates(workdir / "trainer" / "trainer" / "checkpoints")
+    held_out = held_out_pass_rates(workdir / "trainer" / "trainer")
+    hops = hop_breakdown(workdir, ["w1", "w2"])
     trained = [json.loads(x) for x in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
     trained = [m for m in trained if m["trained"]]
     first_step_t = trained[0]["time"] if trained else None
@@ -123,7 +205,10 @@ def run_swarm(target: float, window: int, timeout: float, workdir: Path) -> dict
             "staleness_mean": sum(m["staleness_mean"] for m in trained) / max(len(trained), 1),
             "staleness_max": max((m["staleness_max"] for m in trained), default=0),
             "seconds_per_step": ((trained[-1]["time"] - first_step_t) / max(len(trained) - 1, 1)
-                                 if first_step_t else None)}
+                                 if first_step_t else None),
+            "step_medians": {k: _median([m.get(k) for m in trained]) for k in
+                             ("train_s", "publish_wait_s", "checkpoint_s", "publish_s")},
+            "verified": status.get("accepted_rollouts"), "hops": hops}
 
 
 def run_trl(target: float, window: int, timeout: float, workdir: Path) -> dict[str, Any]:
@@ -216,6 +301,11 @@ def main() -> None:
     if s.get("seconds_per_step") and t.get("seconds_per_step"):
         print(f"seconds per step: swarm {s['seconds_per_step']:.2f}, TRL {t['seconds_per_step']:.2f}, ratio "
               f"{s['seconds_per_step'] / t['seconds_per_step']:.2f}")
+    if s.get("hops"):
+        print("swarm per-hop medians (s):")
+        for k, v in s["hops"].items():
+            print(f"  {k:40s} {'-' if v is None else f'{v:.3f}'}")
+        print("swarm step medians (s):", json.dumps(s["step_medians"]))
     if s:
         print(f"swarm trainer idle fraction {s['idle_fraction']}, staleness mean {s['staleness_mean']:.2f} "
               f"max {s['staleness_max']}")

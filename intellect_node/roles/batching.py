@@ -21,6 +21,7 @@ rules in one place where unit tests reach every case:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -171,6 +172,16 @@ class Admission:
         gone = {a.cid for a in taken} | {a.cid for a in stale}
         self.queue = deque(a for a in self.queue if a.cid not in gone)
         return Step(taken, stale)
+
+    def take_named(self, taken: Sequence[str], stale: Sequence[str]) -> Step | None:
+        """The batches a journaled step took (``roles/inbox.py``: replay after a restart), in that order;
+        None, and the queue left as it was, when one of them is not queued (its inbox copy was lost)."""
+        by_cid = {a.cid: a for a in self.queue}
+        if any(c not in by_cid for c in (*taken, *stale)):
+            return None
+        gone = set(taken) | set(stale)
+        self.queue = deque(a for a in self.queue if a.cid not in gone)
+        return Step([by_cid[c] for c in taken], [by_cid[c] for c in stale])
 
     def queued_groups(self) -> int:
         return sum(len(a.groups) for a in self.queue)

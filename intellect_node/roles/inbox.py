@@ -7,6 +7,12 @@ and a small JSON (worker, version, arrival order) are written to ``trainer/inbox
 atomically; its keys are appended to ``trainer/admitted.jsonl`` (fsynced). A crash from the inbox write
 on re-queues the batch on restart (:meth:`Inbox.reload`), adding its keys back should the journal line
 not have made it. Once a checkpoint lists a batch as consumed, its inbox files go (:meth:`Inbox.drop`).
+
+The trainer checkpoints only every ``rl.checkpoint_every`` steps, so the inbox also holds the batches of
+the steps since the last checkpoint, and :class:`StepJournal` (``trainer/steps.jsonl``) says which batches
+each of those steps took, in which order. A restarted trainer loads the checkpoint and replays those
+entries against the inbox: on the CPU the same weights, optimizer state and samples in the same order give
+bit-identical weights, so the versions it announced before the crash come out again unchanged.
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Container, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -97,3 +105,67 @@ class Inbox:
         """A checkpoint holds the batch now: its inbox copy is no longer needed."""
         for suffix in (".json", ".batch"):
             (self.dir / f"{cid}{suffix}").unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One step as the trainer took it: at policy ``version``, the batches ``taken`` (in the order their
+    groups were trained on) and the queued ones refused as ``stale`` on the way."""
+
+    seq: int
+    version: int
+    taken: tuple[str, ...]
+    stale: tuple[str, ...]
+
+
+class StepJournal:
+    """``trainer/steps.jsonl``: one fsynced line per step, written *before* the step trains (so every
+    version announced has its recipe on disk), trimmed to the entries after a checkpoint once it commits.
+
+    Appends and trims come from the trainer's one training loop, never at once. A torn last line (a
+    SIGKILL mid-write) is ignored: that step had not trained yet."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.entries: list[JournalEntry] = []
+        self._load()
+        self.seq = max((e.seq for e in self.entries), default=0)
+        """The newest entry's number (0: none since the journal began)."""
+
+    def _load(self) -> None:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return
+        for line in text.splitlines():
+            try:
+                d = json.loads(line)
+                self.entries.append(JournalEntry(int(d["seq"]), int(d["version"]),
+                                                 tuple(str(c) for c in d["taken"]),
+                                                 tuple(str(c) for c in d["stale"])))
+            except (ValueError, KeyError, TypeError):
+                log.warning("step journal %s: unreadable line skipped (torn by a crash?)", self.path)
+
+    def after(self, seq: int) -> list[JournalEntry]:
+        """The steps after the checkpoint that covers entries up to ``seq``, oldest first."""
+        return [e for e in self.entries if e.seq > seq]
+
+    def append(self, version: int, taken: Sequence[str], stale: Sequence[str]) -> JournalEntry:
+        """Record the next step (blocking: a small fsynced append; run it in a thread)."""
+        entry = JournalEntry(self.seq + 1, version, tuple(taken), tuple(stale))
+        line = json.dumps({"seq": entry.seq, "version": version, "taken": list(taken),
+                           "stale": list(stale)}) + "\n"
+        with open(self.path, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        self.seq = entry.seq
+        self.entries.append(entry)
+        return entry
+
+    def trim(self, upto: int) -> None:
+        """A checkpoint now covers entries up to ``upto``: keep only the later ones (blocking)."""
+        self.entries = [e for e in self.entries if e.seq > upto]
+        atomic_write_text(self.path, "".join(json.dumps({"seq": e.seq, "version": e.version,
+                                                         "taken": list(e.taken), "stale": list(e.stale)})
+                                             + "\n" for e in self.entries))

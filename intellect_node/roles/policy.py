@@ -35,6 +35,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable, Mapping, Protocol
@@ -98,6 +99,19 @@ def _policy_dtype(ckpt: PolicyWeights) -> str:
     return max(by, key=lambda k: by[k])
 
 
+class _Clock:
+    """Laps of one publication or fetch (``timings``: where a version's time goes, in metrics)."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._t = time.monotonic()
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.laps[name] = self.laps.get(name, 0.0) + now - self._t
+        self._t = now
+
+
 # ============================================================================================ publisher
 class PolicyPublisher:
     """The trainer's side. One per run; ``publish`` calls are serialised."""
@@ -125,6 +139,8 @@ class PolicyPublisher:
         self._version: int | None = None
         self._full: tuple[int, str, int] | None = None  # (version, blob cid, size)
         self._links: list[DeltaLink] = []
+        self.timings: dict[str, float] = {}
+        """Where the last publication's time went (seconds): save, delta, full, state."""
         self._load_state()
 
     @property
@@ -172,6 +188,7 @@ class PolicyPublisher:
                       force_full: bool = False) -> tuple[PolicyAnnouncement, bytes]:
         """Persist and publish ``version``; return the announcement and its signed envelope bytes."""
         async with self._lock:
+            clock = _Clock()
             if self._version is not None and version <= self._version:
                 raise ValueError(f"policy version {version} is not after the last published {self._version}")
             path = self.root / _ckpt_name(version)
@@ -180,6 +197,7 @@ class PolicyPublisher:
                 await asyncio.to_thread(ckpt.save, path)
             else:  # streamed to the file tensor by tensor and mapped back: no in-memory copy of the model
                 ckpt = await asyncio.to_thread(PolicyWeights.write, path, policy)
+            clock.lap("save_s")
             prev = self._prev if self._version == version - 1 else None
             links = list(self._links) if prev is not None else []
             if prev is not None:
@@ -189,6 +207,7 @@ class PolicyPublisher:
                 await asyncio.to_thread(atomic_write_bytes, delta_path, delta)
                 delta_cid, _ = await self.blobs.put_file(delta_path, name=f"{self.run_id}-v{version}.delta")
                 delta_path.unlink()  # the blob store holds it now
+                clock.lap("delta_s")
                 links.append(DeltaLink(version=version, base_hash=prev.content_hash,
                                        target_hash=ckpt.content_hash, delta_cid=delta_cid,
                                        delta_size=len(delta)))
@@ -197,10 +216,13 @@ class PolicyPublisher:
                 full_cid, m = await self.blobs.put_file(path, name=f"{self.run_id}-v{version}.safetensors")
                 full = (version, full_cid, m.total_size)
                 links = links[-1:]  # a full version keeps only the delta from its predecessor
+                clock.lap("full_s")
             ann, raw = self._announce(version, ckpt, full, links)
             state = {"version": version, "hash": ckpt.content_hash, "full": list(full),
                      "links": [{f: getattr(link, f) for f in DeltaLink.__struct_fields__} for link in links]}
             await asyncio.to_thread(atomic_write_text, self.root / PUBLISHER_STATE, json.dumps(state))
+            clock.lap("state_s")
+            self.timings = clock.laps
             old = self._version
             self._prev, self._version, self._full, self._links = ckpt, version, full, links
             if old is not None:  # the blob store keeps what peers may still fetch
@@ -220,6 +242,9 @@ class ObtainResult:
     deltas_applied: int = 0
     fallback: str = ""  # why the delta path was not taken or failed; empty when it was not needed
     rejected: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds spent: fetch (manifest and chunks, hash-checked), read (blob to memory), apply (delta
+    decode and the result's hash check), persist (the version's file and CURRENT)."""
 
 
 class PolicyBlobs(Protocol):
@@ -252,6 +277,9 @@ class PolicyFollower:
         self._lock = asyncio.Lock()
         self._pending: PolicyAnnouncement | None = None
         self._wake = asyncio.Event()
+        self._clock = _Clock()
+        self.last: ObtainResult | None = None
+        """The last version obtained (its ``timings`` say where the time went)."""
         self.version: int | None = None
         self.checkpoint: PolicyWeights | None = None
         self._load_current()
@@ -295,10 +323,15 @@ class PolicyFollower:
                     return ObtainResult(held, ckpt, "stale")
                 if held == ann.version and ckpt.content_hash == ann.checkpoint_hash:
                     return ObtainResult(held, ckpt, "current")
+            clock = _Clock()
+            self._clock = clock
             result = await self._by_delta(ann)
             if result.path != "delta":
                 result = await self._by_full(ann, result)
             await asyncio.to_thread(self._persist, result.version, result.checkpoint)
+            clock.lap("persist_s")
+            result.timings = clock.laps
+            self.last = result
             self.version, self.checkpoint = result.version, result.checkpoint
             if self._board is not None:
                 self._board.set_policy(local=result.version)
@@ -378,6 +411,7 @@ class PolicyFollower:
         if full.content_hash != ann.full_hash:
             raise IntegrityError(f"full checkpoint v{ann.full_version} hashes to {full.content_hash}, "
                                  f"announced {ann.full_hash}")
+        self._clock.lap("apply_s")
         out.checkpoint = await self._walk(ann, ann.full_version, full, out)
         out.path = "full"
         return out
@@ -390,6 +424,7 @@ class PolicyFollower:
             data = await self._fetch(link.delta_cid, link.delta_size, limit, out)
             ckpt = await asyncio.to_thread(apply_delta, ckpt, data, expected_hash=link.target_hash,
                                            max_size=self.max_checkpoint_bytes)
+            self._clock.lap("apply_s")
             version += 1
             out.deltas_applied += 1
         return ckpt
@@ -403,9 +438,13 @@ class PolicyFollower:
             if m.total_size != size:
                 raise IntegrityError(f"blob {cid} holds {m.total_size} bytes, announced {size}")
 
+        self._clock.lap("wait_s")
         stats = await self.blobs.fetch(cid, on_manifest=check)
+        self._clock.lap("fetch_s")
         out.bytes_fetched += stats.bytes_fetched
-        return await asyncio.to_thread(self._read_blob, cid)
+        data = await asyncio.to_thread(self._read_blob, cid)
+        self._clock.lap("read_s")
+        return data
 
     def _read_blob(self, cid: str) -> bytearray:
         store = self.blobs.store

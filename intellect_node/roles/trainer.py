@@ -20,15 +20,24 @@
   version >= v - ``run.async_level`` (INTELLECT-2: 2); older ones are refused (counted as stale). It
   takes whichever accepted batches are queued, from any workers, as soon as ``rl.groups_per_step``
   groups are there: it never waits for a particular worker.
-- **A step.** Online filter (drop groups whose rewards are all equal), the GRPO step of
-  ``trainer/step.py`` in a worker thread, then: checkpoint v+1 atomically with the set of batch IDs now
-  consumed (``trainer/checkpoint.py``) -> append a line to ``trainer/metrics.jsonl``; meanwhile v+1 is
-  published as delta/full blobs and a signed announcement (``roles/policy.py``) beside the next
-  optimizer step (one publication at a time, in order: 1.23 -> 0.96 s a demo step).
+- **A step.** The batches it takes are journaled first (``trainer/steps.jsonl``, fsynced;
+  ``roles/inbox.py``), then the online filter (drop groups whose rewards are all equal) and the GRPO step of
+  ``trainer/step.py`` run in a worker thread, which also copies the new weights into canonical policy
+  bytes before the next step can move them. Version v+1 is published from that copy as delta/full blobs
+  and a signed announcement (``roles/policy.py``) beside the next optimizer step (one publication at a
+  time, in order). Every ``rl.checkpoint_every`` steps the weights, AdamW state and consumed batch IDs
+  are checkpointed atomically (``trainer/checkpoint.py``); then the inbox copies of the batches it holds
+  and the journal entries it covers go. A line per step goes to ``trainer/metrics.jsonl``, with the
+  timestamps of each batch's hops (notice heard, prefetched, verdict heard, admitted) and of the step's.
+- **Prefetch.** The trainer also hears workers' notices and fetches and decodes the batches they name
+  while the validators verify them (``roles/prefetch.py``), so a verdict only releases a batch.
 - **Crash safety.** After SIGKILL the trainer reloads the latest checkpoint (same version numbering),
-  re-queues every inbox batch not in its consumed set (none lost, none trained twice) and re-announces the
-  newest published policy (publishing it first if the crash came between checkpoint and publication).
-
+  re-queues every inbox batch not in its consumed set (none lost, none trained twice) and replays the
+  journaled steps since the checkpoint, taking the same batches in the same order: on the CPU this gives
+  bit-identical weights, so every version it announced comes out again with the announced hash (checked
+  against the publisher's record of the newest). Should the replay fall short or differ (an inbox copy
+  lost, another device), the trainer publishes what it has under a version past the newest announced one,
+  never different content under an announced version. Then it re-announces (or publishes) the newest.
 Shortcuts: one optimizer step per batch of groups (no PPO epochs); the trainer does not verify proofs
 itself, it relies on the validators it was configured to trust.
 """
@@ -48,10 +57,17 @@ import torch
 from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError
 from intellect_node.fsutil import atomic_write_bytes
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement
-from intellect_node.protocol.rl import VERDICT_KIND, BatchVerdict, verdict_validator
+from intellect_node.protocol.rl import (
+    NOTICE_KIND,
+    VERDICT_KIND,
+    BatchVerdict,
+    RolloutNotice,
+    notice_validator,
+    verdict_validator,
+)
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE, RolloutBatch, decode_batch
 from intellect_node.protocol.topics import topic
-from intellect_node.roles.admission import rollout_keys
+from intellect_node.roles.admission import BoundedMap, rollout_keys
 from intellect_node.roles.batching import Accepted, Admission, fresh_floor
 from intellect_node.roles.common import (
     HintedFetcher,
@@ -62,10 +78,11 @@ from intellect_node.roles.common import (
     rescore,
     run_task,
 )
-from intellect_node.roles.inbox import DuplicateRollouts, Inbox
+from intellect_node.roles.inbox import DuplicateRollouts, Inbox, JournalEntry, StepJournal
 from intellect_node.roles.policy import PolicyPublisher
+from intellect_node.roles.prefetch import Prefetch
 from intellect_node.roles.seams import RoleTasks, Runtime
-from intellect_node.trainer.checkpoint import TrainerState, committed_policy, load_checkpoint, save_checkpoint
+from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from intellect_node.trainer.filtering import informative_groups
 from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.trainer.policy_weights import PolicyWeights
@@ -78,6 +95,7 @@ REANNOUNCE_S = 2.0
 FETCH_TIMEOUT_S = 60.0
 METRICS_FILE = "metrics.jsonl"
 ADMITTED_FILE = "admitted.jsonl"
+JOURNAL_FILE = "steps.jsonl"
 
 
 class Trainer:
@@ -100,6 +118,7 @@ class Trainer:
         self.dir = Path(runtime.data_dir) / "trainer"
         self.inbox = Inbox(self.dir / "inbox", self.dir / ADMITTED_FILE)  # admitted work, across crashes
         self.admitted = self.inbox.admitted  # rollout keys admitted, per version
+        self.journal = StepJournal(self.dir / JOURNAL_FILE)  # the steps since the last checkpoint
         budget = self.rl.groups_per_step * self.rl.group_size * self.rl.max_new_tokens
         self.gcfg = GRPOConfig(group_size=self.rl.group_size, max_grad_norm=self.rl.max_grad_norm,
                                kl_coef=self.rl.kl_coef, token_budget=budget)
@@ -108,21 +127,25 @@ class Trainer:
                                    allowed=frozenset(cfg.run.worker_allowlist))
         self.duplicates: dict[str, int] = {}  # worker -> duplicate batches caught here
         self.consumed: set[str] = set()
-        self.pending_consumed: set[str] = set()  # taken but not yet in a checkpoint (all-uniform groups)
+        self._undropped: set[str] = set()  # consumed, inbox copy kept until a checkpoint holds it
         self.version = 0
         self.step = 0
+        self._ckpt_version = 0
+        self._recorded_seq = 0  # the newest journal entry with a line in metrics.jsonl
         self._data = asyncio.Event()
         self.tasks = RoleTasks(runtime, "trainer")  # the train and announce loops; publications
         self._announcement: tuple[PolicyAnnouncement, bytes] | None = None  # the newest version's
         self.counts = {"accepted_batches": 0, "rejected_batches": 0, "stale_batches": 0,
                        "accepted_rollouts": 0, "rejected_rollouts": 0, "stale_rollouts": 0, "banned": 0,
                        "duplicate_batches": 0, "not_allowed_batches": 0}
+        self.replay: dict[str, Any] = {"steps": 0, "outcome": "none"}
         self.idle_s = 0.0
         self.busy_s = 0.0
         self.last: dict[str, Any] = {}
         self._timing: dict[str, float] = {}
         self._publishing: asyncio.Task[None] | None = None
-        self._last_publish_s = 0.0
+        self._published: dict[str, float] = {}  # the last finished publication: version, time, seconds
+        self.hops: BoundedMap[str, dict[str, float]] = BoundedMap(1024)  # batch CID -> hop -> wall time
 
     @classmethod
     def for_runtime(cls, runtime: Runtime) -> "Trainer":
@@ -137,6 +160,7 @@ class Trainer:
         torch.set_num_threads(1)
         self.blobs = blob_service(self.rt)
         self.fetcher = HintedFetcher(self.blobs, self.rt.swarm)
+        self.prefetch = Prefetch(self._prefetch_one)
         self.tokenizer = ModelTokenizer(model_dir(self.cfg))
         self.train_options = TrainOptions.from_section(self.rl)  # fp32 on the CPU unless the config says
         self.model = await asyncio.to_thread(load_trainable, model_dir(self.cfg), self.train_options)
@@ -144,26 +168,37 @@ class Trainer:
         state = await asyncio.to_thread(load_checkpoint, self.dir / "checkpoints", self.model, self.opt)
         if state is None:
             await asyncio.to_thread(save_checkpoint, self.dir / "checkpoints", self.model, self.opt,
-                                    TrainerState(version=0))
+                                    TrainerState(version=0, extra={"journal_seq": self.journal.seq}))
+            covered = self.journal.seq
         else:
             self.version, self.step, self.consumed = state.version, state.step, set(state.consumed)
+            covered = int(state.extra.get("journal_seq", 0))
             log.info("resumed at policy v%d (step %d, %d batches consumed)", self.version, self.step,
                      len(self.consumed))
+        self._ckpt_version = self.version
+        self.journal.seq = max(self.journal.seq, covered)  # a trimmed journal numbers on from the checkpoint
+        self._recorded_seq = self._last_recorded_seq()
         self._reload_inbox()
         await self.admitted.compact(fresh_floor(self.version, self.cfg.run.async_level))
         self.publisher = PolicyPublisher(self.dir / "policy", self.blobs, self.rt.swarm.key, self.run_id,
                                          full_every=self.rl.full_every)
-        await self._publish_current()
+        await self.tasks.open()
+        newest = await self._replay(self.journal.after(covered))
+        await self._publish_current(self.version, newest)
         self.rt.board.set_policy(current=self.version, local=self.version)
         trusted = frozenset(self.cfg.run.validator_peer_ids)
         self.rt.swarm.subscribe(topic(self.run_id, VERDICT_KIND), verdict_validator(self.run_id, trusted),
                                 self._on_verdict)
-        await self.tasks.open()
+        allowed = frozenset(self.cfg.run.worker_allowlist) or None
+        self.rt.swarm.subscribe(topic(self.run_id, NOTICE_KIND), notice_validator(self.run_id, allowed),
+                                self._on_notice)
         self.tasks.loop("trainer-loop", self._train_loop, may_end=True)  # ends at max_steps
         self.tasks.loop("trainer-announce", self._announce_loop)
 
     async def close(self) -> None:
         await self.tasks.close()
+        if hasattr(self, "prefetch"):
+            self.prefetch.close()
         if hasattr(self, "fetcher"):
             self.fetcher.close()
 
@@ -172,21 +207,75 @@ class Trainer:
         return {"version": self.version, "step": self.step, "queued_batches": len(self.admission.queue),
                 "awaiting_quorum": len(self.admission.tally), "admitted_keys": len(self.admitted),
                 "queued_groups": self.admission.queued_groups(), **self.counts,
+                "checkpoint_version": self._ckpt_version, "replay": dict(self.replay),
+                "prefetch": dict(self.prefetch.counts) if hasattr(self, "prefetch") else {},
                 "idle_fraction": self.idle_s / total if total else None, "last_step": self.last}
+
+    # -- crash recovery --------------------------------------------------------------------------
+
+    async def _replay(self, entries: list[JournalEntry]) -> PolicyWeights | None:
+        """Replay the journaled steps since the checkpoint (see the module docstring); the weights of the
+        newest version reached, when the replay trained (None: the checkpoint's are current)."""
+        announced = self.publisher.version
+        newest: PolicyWeights | None = None
+        identical: bool | None = None
+        for entry in entries:
+            got = self.admission.take_named(entry.taken, entry.stale) if entry.version == self.version \
+                else None
+            if got is None:
+                log.warning("replay stopped at step %d (v%d): its batches are not all in the inbox",
+                            entry.seq, entry.version)
+                break
+            snap = await self._step(got.taken, got.stale, entry)
+            self.replay["steps"] += 1
+            if snap is not None:
+                newest = snap
+                if self.version == announced:
+                    expected = self.publisher.announcement()
+                    identical = expected is not None and expected[0].checkpoint_hash == snap.content_hash
+        if announced is not None and (self.version < announced or
+                                      (self.version == announced and identical is False)):
+            # Announced versions must keep their content: what we hold goes out as a new version.
+            log.warning("replay reached v%d (%s) but v%d was announced: publishing these weights as v%d",
+                        self.version, "different weights" if identical is False else "short",
+                        announced, announced + 1)
+            self.replay.update(outcome="bumped", bumped_from=self.version)
+            self.version = announced + 1
+            if newest is None:
+                newest = await asyncio.to_thread(self._snapshot)
+            await self._checkpoint()  # the new numbering outlives the next crash
+        elif entries:
+            self.replay["outcome"] = "identical" if identical else "replayed"
+        if entries:
+            log.info("replayed %d journaled steps to v%d (%s)", self.replay["steps"], self.version,
+                     self.replay["outcome"])
+        return newest
+
+    def _last_recorded_seq(self) -> int:
+        """The journal entry of the last line in metrics.jsonl: replayed steps are not recorded twice."""
+        try:
+            lines = (self.dir / METRICS_FILE).read_text().splitlines()
+        except FileNotFoundError:
+            return 0
+        for line in reversed(lines):
+            try:
+                return int(json.loads(line).get("seq", 0))
+            except (ValueError, AttributeError, TypeError):
+                continue  # torn by a crash
+        return 0
 
     # -- policy publication ----------------------------------------------------------------------
 
-    async def _publish_current(self, version: int | None = None,
-                               state: PolicyWeights | None = None) -> None:
-        """Make sure ``version`` (default: the current one) is published, and announce it.
-        ``state``: that version's committed weights (the model may have moved on since)."""
-        version = self.version if version is None else version
+    async def _publish_current(self, version: int, state: PolicyWeights | None = None) -> None:
+        """Make sure ``version`` is published, and announce it. ``state``: that version's weights (the
+        model may have moved on since); None only when the version was published before or the model
+        still holds it."""
         held = self.publisher.version
         # Published before a restart: the publisher signs its announcement again (the same bytes).
         got = self.publisher.announcement() if held is not None and held >= version else None
         if got is None:
-            if state is None:  # the checkpoint of the current version, mapped: no copy of the model
-                state = await asyncio.to_thread(committed_policy, self.dir / "checkpoints")
+            if state is None:
+                state = await asyncio.to_thread(self._snapshot)
             got = await self.publisher.publish(version, state)
         self._announcement = got
         raw = got[1]
@@ -214,7 +303,39 @@ class Trainer:
             elif peers < provided[1]:
                 provided = (provided[0], peers)
 
+    async def _publish_in_background(self, version: int, state: PolicyWeights) -> None:
+        t0 = time.monotonic()
+        try:
+            await self._publish_current(version, state)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # keep training: the next step (or a restart) publishes again
+            log.exception("publishing policy v%d failed", version)
+            return
+        self._published = {"version": version, "time": time.time(), "publish_s": time.monotonic() - t0}
+        self.rt.board.set_policy(current=version, local=version)
+
     # -- accepted work ---------------------------------------------------------------------------
+
+    def _hop(self, cid: str, hop: str, t: float | None = None) -> None:
+        got = self.hops.get(cid) or {}
+        got.setdefault(hop, time.time() if t is None else t)
+        self.hops.put(cid, got)
+
+    def _on_notice(self, msg: tuple[RolloutNotice, str], origin: str) -> None:
+        """A worker's notice: fetch its batch while the validators verify it (``roles/prefetch.py``)."""
+        notice, worker = msg
+        if self.rt.swarm.is_banned(worker) or notice.batch_bytes > MAX_BATCH_SIZE:
+            return
+        floor = fresh_floor(self.version, self.cfg.run.async_level)
+        if self.prefetch.offer(worker, notice.batch_cid, notice.policy_version, notice.batch_bytes, floor,
+                               self.version):
+            self._hop(notice.batch_cid, "notice")
+
+    async def _prefetch_one(self, worker: str, cid: str, size: int) -> tuple[bytes, RolloutBatch]:
+        data = await self.fetcher.fetch(cid, holders=[worker], max_size=MAX_BATCH_SIZE, size=size,
+                                        timeout=FETCH_TIMEOUT_S)
+        return data, await asyncio.to_thread(decode_batch, data)
 
     async def _on_verdict(self, msg: tuple[BatchVerdict, str], origin: str) -> None:
         verdict, validator = msg
@@ -236,10 +357,12 @@ class Trainer:
         elif decision == "stale":
             self._count_stale(verdict.n_accepted)
         elif decision == "admit":
+            self._hop(cid, "verdict")
             await self._take_in(verdict, validator)
 
     async def _take_in(self, verdict: BatchVerdict, validator: str) -> None:
-        """Fetch, check and persist a batch its validators accepted, then queue it."""
+        """Fetch (or take the prefetched copy), check and persist a batch its validators accepted, then
+        queue it."""
         w, cid = verdict.worker, verdict.batch_cid
         try:
             acc = await self._admit(verdict, validator)
@@ -253,6 +376,7 @@ class Trainer:
             self.admission.failed(w, cid)  # another validator's verdict may bring it again
             log.warning("accepted batch %s could not be admitted: %s", cid, exc)
             return
+        self._hop(cid, "admitted")
         self.counts["accepted_batches"] += 1
         self.counts["accepted_rollouts"] += verdict.n_accepted
         self.rt.board.verdict(True, verdict.n_accepted, peer=w)
@@ -279,9 +403,15 @@ class Trainer:
 
     async def _admit(self, verdict: BatchVerdict, validator: str) -> Accepted:
         w, cid, version = verdict.worker, verdict.batch_cid, verdict.policy_version
-        data = await self.fetcher.fetch(cid, holders=[w, validator], max_size=MAX_BATCH_SIZE,
-                                        timeout=FETCH_TIMEOUT_S)
-        batch = await asyncio.to_thread(decode_batch, data)
+        got = await self.prefetch.claim(w, cid)
+        if got is not None:
+            data, batch, arrived = got
+            if arrived is not None:
+                self._hop(cid, "prefetched", arrived)
+        else:  # not prefetched (or that failed): from the worker or the validator, which holds it
+            data = await self.fetcher.fetch(cid, holders=[w, validator], max_size=MAX_BATCH_SIZE,
+                                            timeout=FETCH_TIMEOUT_S)
+            batch = await asyncio.to_thread(decode_batch, data)
         # re-scoring runs checkers (math-verify: ~12 ms a rollout, up to rl.reward_timeout_s on hostile
         # text): off the event loop
         groups = await asyncio.to_thread(self._groups, batch, w, version)
@@ -329,94 +459,121 @@ class Trainer:
                 continue
             for a in got.stale:
                 self._count_stale(sum(len(g) for g in a.groups))
-            await self._step(got.taken, [a.cid for a in got.stale])
+            snap = await self._step(got.taken, got.stale)
+            if snap is not None:
+                await self._publish_next(snap)
             now = time.monotonic()
             self.busy_s += now - t_mark
             t_mark = now
-        if self._publishing is not None:  # max_steps reached: the last version goes out before we idle
+        if self._ckpt_version != self.version:  # max_steps reached: the end state is checkpointed
+            await self._checkpoint()
+        if self._publishing is not None:  # and the last version goes out before we idle
             await self._publishing
 
-    async def _step(self, taken: list[Accepted], refused: list[str]) -> None:
+    async def _publish_next(self, snap: PolicyWeights) -> None:
+        """Publish the version just trained beside the next step (``_step`` waited for the previous
+        publication: one at a time, in version order)."""
+        self._publishing = self.tasks.job(self._publish_in_background(self.version, snap),
+                                          f"publishing policy v{self.version}")
+
+    def _train(self, samples: list[Sample]) -> tuple[StepStats, PolicyWeights]:
+        """The optimizer step, then a copy of the new weights in canonical policy bytes (worker thread):
+        what gets published while the next step moves the weights."""
+        stats = train_step(self.model, self.opt, samples, self.gcfg, temperature=self.rl.temperature,
+                           micro_tokens=self.train_options.micro_batch_tokens,
+                           compute_dtype=self.train_options.compute_dtype)
+        return stats, self._snapshot()
+
+    def _snapshot(self) -> PolicyWeights:
+        return PolicyWeights.from_state_dict(self.model.state_dict())
+
+    async def _step(self, taken: list[Accepted], stale: list[Accepted],
+                    entry: JournalEntry | None = None) -> PolicyWeights | None:
+        """One step on ``taken`` (``entry``: replaying that journaled step); the new weights, or None when
+        no group carried a signal (nothing trained, no new version)."""
+        t_taken = time.time()
+        if entry is None:  # the recipe of the version about to be made is on disk before it exists
+            entry = await asyncio.to_thread(self.journal.append, self.version, [a.cid for a in taken],
+                                            [a.cid for a in stale])
         groups = [g for a in taken for g in a.groups]
         samples_all = [s for g in groups for s in g]
         useful = informative_groups(groups, lambda s: s.reward)
-        ids = {a.cid for a in taken} | set(refused)
+        ids = [a.cid for a in taken] + [a.cid for a in stale]
+        self.consumed.update(ids)  # in memory; on disk at the next checkpoint, the journal until then
+        self._undropped.update(ids)
+        record = entry.seq > self._recorded_seq
         if not useful:
-            # No gradient signal: nothing to train; these IDs go into the next checkpoint's consumed set
-            # (re-processing them after a crash would find them uniform again).
-            self.pending_consumed |= ids
-            self._record(None, samples_all, len(groups), 0, sorted(ids))
-            return
+            if record:
+                self._record(None, samples_all, len(groups), 0, taken, stale, entry.seq)
+            return None
         samples = [s for g in useful for s in g]
         t0 = time.monotonic()
-        stats = await asyncio.to_thread(train_step, self.model, self.opt, samples, self.gcfg,
-                                        temperature=self.rl.temperature,
-                                        micro_tokens=self.train_options.micro_batch_tokens,
-                                        compute_dtype=self.train_options.compute_dtype)
+        stats, snap = await asyncio.to_thread(self._train, samples)
         t1 = time.monotonic()
+        if self._publishing is not None:  # the previous version's, started a step ago: usually done
+            await self._publishing
+        t_wait = time.monotonic() - t1
         self.version += 1
         self.step += 1
-        ids |= self.pending_consumed
-        self.consumed |= ids
-        self.pending_consumed = set()
-        saved = TrainerState(version=self.version, consumed=frozenset(self.consumed), step=self.step)
-        committed = await asyncio.to_thread(save_checkpoint, self.dir / "checkpoints", self.model, self.opt,
-                                            saved)
+        if self.version - self._ckpt_version >= self.rl.checkpoint_every:
+            await self._checkpoint()
         t2 = time.monotonic()
-        for cid in ids:  # committed in the checkpoint: the inbox copies are no longer needed
-            self.inbox.drop(cid)
         # Rollouts older than async_level are refused as stale from now on: their keys can go.
         await self.admitted.compact(fresh_floor(self.version, self.cfg.run.async_level))
-        # Publication overlaps the next optimizer step: it reads the checkpoint just committed (mapped
-        # from disk, so a multi-GB model is not copied in memory while the next step moves the weights),
-        # one publication runs at a time, in version order. A crash before it finishes is covered
-        # by the restart path (_publish_current publishes the checkpointed version first).
-        if self._publishing is not None:
-            await self._publishing
-        state = await asyncio.to_thread(committed_policy, self.dir / "checkpoints", committed)
-        self._publishing = self.tasks.job(self._publish_in_background(self.version, state, t2),
-                                          f"publishing policy v{self.version}")
-        # Where a step's time goes (seconds): the optimizer step, the checkpoint; publish_s is the last
-        # finished publication's (it runs beside the next step).
-        self._timing = {"train_s": t1 - t0, "checkpoint_s": t2 - t1, "publish_s": self._last_publish_s}
-        self._record(stats, samples_all, len(groups), len(useful), sorted(ids))
+        # Where a step's time goes (seconds): the optimizer step with the weights' copy, the checkpoint
+        # (0 between checkpoints); publish_s is the last finished publication's (it runs beside the next
+        # step), publish_wait_s how long this step waited for it to finish.
+        self._timing = {"train_s": t1 - t0, "publish_wait_s": t_wait, "checkpoint_s": t2 - t1 - t_wait,
+                        "publish_s": self._published.get("publish_s", 0.0),
+                        "taken_t": t_taken, "trained_t": time.time()}
+        if record:
+            self._record(stats, samples_all, len(groups), len(useful), taken, stale, entry.seq)
+        return snap
 
-    async def _publish_in_background(self, version: int, state: PolicyWeights, t0: float) -> None:
-        try:
-            await self._publish_current(version, state)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # keep training: the next step (or a restart) publishes again
-            log.exception("publishing policy v%d failed", version)
-            return
-        self._last_publish_s = time.monotonic() - t0
-        self.rt.board.set_policy(current=version, local=version)
+    async def _checkpoint(self) -> None:
+        """Commit the model, optimizer and consumed set; then drop what the checkpoint now holds: the inbox
+        copies of the batches consumed since the last one and the journal entries up to now."""
+        covered = self.journal.seq
+        saved = TrainerState(version=self.version, consumed=frozenset(self.consumed), step=self.step,
+                             extra={"journal_seq": covered})
+        await asyncio.to_thread(save_checkpoint, self.dir / "checkpoints", self.model, self.opt, saved)
+        self._ckpt_version = self.version
+        for cid in self._undropped:
+            self.inbox.drop(cid)
+        self._undropped = set()
+        await asyncio.to_thread(self.journal.trim, covered)
 
     def _record(self, stats: StepStats | None, samples: list[Sample], n_groups: int, n_useful: int,
-                batches: list[str]) -> None:
+                taken: list[Accepted], stale: list[Accepted], seq: int) -> None:
         rewards = [s.reward for s in samples]
         pass_rate = sum(1 for r in rewards if r >= 1.0) / max(len(rewards), 1)
         reward_mean = sum(rewards) / max(len(rewards), 1)
         # Staleness: how many versions behind the weights being updated each sample's policy was.
         base = self.version - (1 if stats is not None else 0)
-        stale = [base - s.policy_version for s in samples]
+        stale_v = [base - s.policy_version for s in samples]
         total = self.idle_s + self.busy_s
+        batches = sorted([a.cid for a in taken] + [a.cid for a in stale])
+        # Each taken batch's hops (wall-clock seconds): notice heard, prefetched, verdict heard, admitted.
+        hops = {a.cid: {"worker": a.worker, **(self.hops.get(a.cid) or {})} for a in taken}
         line = {"step": self.step, "version": self.version, "trained": stats is not None, "time": time.time(),
-                "pass_rate": pass_rate, "reward_mean": reward_mean, "samples": len(samples),
+                "seq": seq, "pass_rate": pass_rate, "reward_mean": reward_mean, "samples": len(samples),
                 "groups": n_groups, "groups_used": n_useful,
                 "loss": stats.loss if stats else 0.0, "grad_norm": stats.grad_norm if stats else 0.0,
                 "clipped_frac": stats.clipped_frac if stats else 0.0,
-                "staleness_mean": sum(stale) / max(len(stale), 1), "staleness_max": max(stale, default=0),
+                "staleness_mean": sum(stale_v) / max(len(stale_v), 1),
+                "staleness_max": max(stale_v, default=0),
                 "accepted": self.counts["accepted_rollouts"], "rejected": self.counts["rejected_rollouts"],
                 "stale": self.counts["stale_rollouts"],
                 "idle_fraction": self.idle_s / total if total else 0.0,
-                "batches": batches, **(self._timing if stats is not None else {})}
+                "batches": batches, "hops": hops, "published": dict(self._published),
+                **(self._timing if stats is not None else {})}
         self.last = line
         path = self.dir / METRICS_FILE
         with open(path, "a") as f:
             f.write(json.dumps(line) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        self._recorded_seq = seq
         if stats is not None:
             self.rt.board.train_step(self.step, reward_mean=reward_mean, pass_rate=pass_rate)
         log.info("step %d -> v%d: pass %.3f reward %.3f (%d samples, %d/%d groups, staleness %.2f)",

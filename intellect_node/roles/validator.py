@@ -31,6 +31,9 @@ that tarpit cannot take the slots honest workers need); the tensor work of at mo
    after a silence: gossip keeps nothing for a peer that is down, so accepted work would otherwise be
    lost to a trainer restart (it ignores the verdicts it had).
 
+``validator/hops.jsonl`` (diagnostics, not fsynced) timestamps each verdict for ``bench/learning.py``:
+notice taken in, batch fetched, verdict published.
+
 The same notice again (same worker, same blob) is ignored and not charged: anyone can replay a signed
 gossip message once the gossip layer's seen-cache has forgotten it.
 
@@ -45,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import random
 import time
@@ -151,6 +155,7 @@ class Validator:
                        "verified_full": 0, "resent": 0}
         self.verify_s = 0.0
         self.rng = random.Random()
+        self._fetched: BoundedMap[tuple[str, str], float] = BoundedMap(1024)  # (worker, CID) -> wall time
 
     @classmethod
     def for_runtime(cls, runtime: Runtime) -> "Validator":
@@ -346,6 +351,7 @@ class Validator:
         except (IntellectNodeError, asyncio.TimeoutError) as exc:
             return self._verdict(notice, worker, 0, n, "unavailable",
                                  f"not served within {deadline:.0f} s: {exc or 'timed out'}")
+        self._fetched.put((worker, notice.batch_cid), time.time())
         digest = hashlib.sha256(data).hexdigest()
         prior = self.outcomes.get((worker, digest))
         if prior is not None:  # the same bytes again: no second verification
@@ -469,3 +475,15 @@ class Validator:
             self._recent_accepted.append((time.monotonic(), verdict))
         await self.rt.swarm.publish(topic(self.run_id, VERDICT_KIND),
                                     seal_verdict(self.rt.swarm.key, verdict))
+        self._hop(verdict, arrived)
+
+    def _hop(self, verdict: BatchVerdict, arrived: float | None) -> None:
+        """One line of ``validator/hops.jsonl`` (see the module docstring); wall-clock times."""
+        now, mono = time.time(), time.monotonic()
+        line = {"cid": verdict.batch_cid, "worker": verdict.worker, "version": verdict.policy_version,
+                "accepted": verdict.accepted, "verdict": now,
+                "notice": None if arrived is None else now - (mono - arrived),
+                "fetched": self._fetched.get((verdict.worker, verdict.batch_cid))}
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / "hops.jsonl", "a") as f:
+            f.write(json.dumps(line) + "\n")

@@ -23,6 +23,10 @@ each version's weights are swapped into it, never during a batch (``_engine_lock
 engine@device the run does not list in ``run.rollout_engines`` refuses to start.
 
 The record-building step is :meth:`Worker.make_records`; tests subclass it to play a cheating worker.
+
+``worker/hops.jsonl`` (diagnostics, not fsynced) timestamps the worker's side of the learning loop for
+``bench/learning.py``: each new version announced (heard) and loaded (with where the follower's time went:
+fetch, apply, persist, engine), and each batch submitted.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from intellect_node.errors import IntellectNodeError
 from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
 from intellect_node.inference import InferenceEngine, SamplingConfig, make_engine
 from intellect_node.inference.rollouts import generate_rollouts
+from intellect_node.protocol.policy import PolicyAnnouncement
 from intellect_node.protocol.rl import (
     NOTICE_KIND,
     VERDICT_KIND,
@@ -49,6 +54,7 @@ from intellect_node.protocol.rl import (
 )
 from intellect_node.protocol.rollout import RolloutBatch, RolloutRecord, encode_batch
 from intellect_node.protocol.topics import topic
+from intellect_node.roles.admission import BoundedMap
 from intellect_node.roles.common import (
     HintedFetcher,
     base_model,
@@ -70,6 +76,7 @@ log = logging.getLogger(__name__)
 RESUBMIT_AFTER_S = 10.0
 """A worker capped at ``batches_per_version`` submits one more batch after this long without a new policy."""
 USED_FILE = "used.json"
+HOPS_FILE = "hops.jsonl"
 SCAN_LIMIT = 1 << 16
 """Tasks up to this size are scanned for unused problems when random draws keep missing."""
 
@@ -101,6 +108,7 @@ class Worker:
         self.tasks = RoleTasks(runtime, "worker")
         self.batches = 0
         self.verdicts: dict[str, int] = {"accepted": 0, "rejected": 0, "stale": 0}
+        self._heard: BoundedMap[int, str] = BoundedMap(64)  # version -> announced hash
 
     @classmethod
     def for_runtime(cls, runtime: Runtime) -> "Worker":
@@ -112,7 +120,8 @@ class Worker:
         self.blobs = blob_service(self.rt)
         self.fetcher = HintedFetcher(self.blobs, self.rt.swarm)
         self.ledger = ledger_of(self.rt)
-        self.policy = TrainerPolicy(self.rt, self.fetcher, self.dir / "policy", self.tasks, self._load)
+        self.policy = TrainerPolicy(self.rt, self.fetcher, self.dir / "policy", self.tasks, self._load,
+                                    on_announcement=self._on_announcement)
         await self.policy.start()
         trusted = frozenset(self.cfg.run.validator_peer_ids) or None
         self.rt.swarm.subscribe(topic(self.run_id, VERDICT_KIND), verdict_validator(self.run_id, trusted),
@@ -129,8 +138,22 @@ class Worker:
 
     # -- policy ----------------------------------------------------------------------------------
 
+    def _hop(self, event: str, **fields: Any) -> None:
+        """One line of ``worker/hops.jsonl`` (see the module docstring)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / HOPS_FILE, "a") as f:
+            f.write(json.dumps({"event": event, "t": time.time(), **fields}) + "\n")
+
+    def _on_announcement(self, ann: PolicyAnnouncement) -> None:
+        """A new version announced, or a version announced again with other content (which a trainer
+        must never do: the hops log is where a test would see it)."""
+        if self._heard.get(ann.version) != ann.checkpoint_hash:
+            self._heard.put(ann.version, ann.checkpoint_hash)
+            self._hop("announced", version=ann.version, hash=ann.checkpoint_hash)
+
     async def _load(self, version: int, ckpt: PolicyWeights) -> None:
         """A new policy version (``roles/follow.py``): generation moves to it at its next batch."""
+        t0 = time.monotonic()
         loaded = await asyncio.to_thread(loaded_from_checkpoint, self.base, ckpt)
         if self.choice.name == "torch":
             engine = await asyncio.to_thread(make_engine, loaded, "torch", device=self.choice.device)
@@ -146,6 +169,10 @@ class Worker:
                 await asyncio.to_thread(self.engine.load_weights, loaded.state)  # type: ignore[attr-defined]
                 self.version, self.checkpoint_hash = version, ckpt.content_hash
         self.rt.board.set_policy(local=version)
+        last = self.policy.follower.last
+        self._hop("loaded", version=version, hash=ckpt.content_hash, engine_s=time.monotonic() - t0,
+                  **({"path": last.path, **last.timings} if last is not None and last.version == version
+                     else {}))
 
     # -- generation ------------------------------------------------------------------------------
 
@@ -251,6 +278,7 @@ class Worker:
                                n_rollouts=len(records), batch_bytes=len(data))
         await self.rt.swarm.publish(topic(self.run_id, NOTICE_KIND), seal_notice(self.rt.swarm.key, notice))
         self.batches += 1
+        self._hop("submitted", cid=cid, version=version)
         self.rt.board.rollouts_submitted(len(records))
         self.rt.board.mark("first_batch_submitted")  # the join timeline (node/status.py); once only
         return cid

@@ -92,8 +92,10 @@ def _consumed_keys(trainer_dir: Path) -> list[str]:
 
 
 def test_trainer_refuses_copies_behind_a_lying_validator_across_a_sigkill(tmp_path: Path) -> None:
+    # checkpoint_every 2: the kill lands between checkpoints (after step 1), so the restarted trainer
+    # replays its journal as well as re-reading the admitted keys.
     rl = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=4, batches_per_version=1,
-              max_steps=3, ban_after=1000)
+              max_steps=3, ban_after=1000, checkpoint_every=2)
     ids = {n: make_key(tmp_path / n) for n in ("trainer", "stamp", "cheat")}
     common = dict(trainer=ids["trainer"], validators=[ids["stamp"]], model=_model(), rl=rl, async_level=8,
                   worker_allowlist=[ids["cheat"]])

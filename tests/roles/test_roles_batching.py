@@ -112,3 +112,17 @@ def test_take_leaves_older_fresh_batches_queued_and_drops_stale_ones() -> None:
     step = adm.take(version=6)
     assert step is not None and [a.cid for a in step.taken] == ["new", "newer"] and not step.stale
     assert [a.cid for a in adm.queue] == ["late"]  # still fresh: used if nothing newer comes in time
+
+
+def test_a_journaled_step_takes_the_same_batches_in_the_same_order() -> None:
+    """Replay after a restart (``roles/trainer.py``): the step's batches by name, in the journal's order,
+    whatever ``take`` would choose now; nothing taken when one of them is missing."""
+    adm = _admission(groups_per_step=2)
+    for a in (_acc("old", 0, 1), _acc("b", 1, 2), _acc("a", 1, 3), _acc("stale", 0, 4)):
+        adm.add(a)
+    assert adm.take_named(["a", "missing"], []) is None
+    assert [a.cid for a in adm.queue] == ["old", "b", "a", "stale"]  # untouched
+    got = adm.take_named(["a", "old"], ["stale"])
+    assert got is not None
+    assert [a.cid for a in got.taken] == ["a", "old"] and [a.cid for a in got.stale] == ["stale"]
+    assert [a.cid for a in adm.queue] == ["b"]

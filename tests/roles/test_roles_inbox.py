@@ -15,7 +15,7 @@ from intellect_node.errors import ProtocolError
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.rollout import RolloutBatch, RolloutRecord, SamplingParams, encode_batch
 from intellect_node.roles.admission import AdmittedJournal, rollout_keys
-from intellect_node.roles.inbox import DuplicateRollouts, Inbox
+from intellect_node.roles.inbox import DuplicateRollouts, Inbox, StepJournal
 
 
 def _rec(problem: str, rid: str, worker: str = "w1") -> RolloutRecord:
@@ -79,3 +79,24 @@ def test_admit_persists_refuses_repeats_and_reloads_after_a_crash(tmp_path: Path
 
     restarted.drop("cid2")
     assert not list(box.glob("cid2.*"))
+
+
+def test_step_journal_survives_a_torn_line_and_trims_to_the_entries_after_a_checkpoint(
+        tmp_path: Path) -> None:
+    path = tmp_path / "steps.jsonl"
+    journal = StepJournal(path)
+    assert journal.seq == 0 and journal.after(0) == []
+    journal.append(0, ["a", "b"], [])
+    journal.append(1, ["c"], ["old"])
+    journal.append(2, ["d"], [])
+    with open(path, "a") as f:
+        f.write('{"seq": 4, "vers')  # SIGKILL mid-append: that step had not trained
+    again = StepJournal(path)
+    assert again.seq == 3
+    assert [(e.seq, e.version, e.taken, e.stale) for e in again.after(1)] == [
+        (2, 1, ("c",), ("old",)), (3, 2, ("d",), ())]
+    again.trim(2)  # a checkpoint covers entries 1 and 2
+    assert [e.seq for e in StepJournal(path).entries] == [3]
+    again.trim(3)
+    emptied = StepJournal(path)
+    assert emptied.entries == [] and emptied.seq == 0  # the trainer numbers on from its checkpoint's seq

@@ -65,10 +65,25 @@ class NetworkConfig(_Section):
     """Port of the local control API (always bound to 127.0.0.1); 0 picks a free port."""
 
     heartbeat_interval: float = Field(default=5.0, gt=0, le=300)
-    """Seconds between this node's heartbeats on the run's heartbeat topic."""
+    """Seconds between this node's heartbeats on the run's heartbeat topic (the base interval: in a swarm
+    larger than heartbeat_stretch_above nodes, nodes other than the trainer and validators beat less
+    often, see heartbeat_stretch_above)."""
 
     peer_timeout: float = Field(default=20.0, gt=0, le=3600)
-    """Seconds without a heartbeat after which a peer is marked gone (more than heartbeat_interval)."""
+    """Seconds without a heartbeat after which a peer is marked gone (more than heartbeat_interval). A peer
+    that announces a stretched interval gets the same number of its own intervals
+    (peer_timeout / heartbeat_interval of them)."""
+
+    heartbeat_stretch_above: int = Field(default=10, ge=1, le=100_000)
+    """Swarm size above which a node stretches its heartbeat interval to heartbeat_interval * N /
+    heartbeat_stretch_above, so every node receives about heartbeat_stretch_above / heartbeat_interval
+    heartbeats a second (2 with the defaults) however large the swarm. The trainer and validators never
+    stretch. Larger: faster failure detection in big swarms, more idle traffic at every node."""
+
+    heartbeat_max_interval: float = Field(default=3600.0, gt=0, le=86_400)
+    """The longest a stretched heartbeat interval gets, and the longest one this node honours from a peer:
+    a frozen peer is marked gone at the latest peer_timeout * heartbeat_max_interval /
+    heartbeat_interval seconds after its last heartbeat. At least heartbeat_interval."""
 
     conn_low: int = Field(default=32, ge=0, le=10_000)
     """Connections the connection manager trims down to, and below which the node dials peers it knows
@@ -110,6 +125,10 @@ class NetworkConfig(_Section):
         if self.peer_timeout <= self.heartbeat_interval:
             raise ValueError(f"peer_timeout ({self.peer_timeout}) must exceed heartbeat_interval "
                              f"({self.heartbeat_interval}); about 3-4 intervals is usual")
+        if self.heartbeat_max_interval < self.heartbeat_interval:
+            raise ValueError(f"heartbeat_max_interval ({self.heartbeat_max_interval}) must be at least "
+                             f"heartbeat_interval ({self.heartbeat_interval}); raise it or lower the "
+                             "interval")
         if self.conn_high < self.conn_low:
             raise ValueError(f"conn_high ({self.conn_high}) must be at least conn_low ({self.conn_low})")
         return self
@@ -329,6 +348,14 @@ class RLConfig(_Section):
 
     full_every: int = Field(default=8, ge=1, le=64)
     """The trainer publishes a full checkpoint every this many policy versions (deltas in between)."""
+
+    checkpoint_every: int = Field(default=10, ge=1, le=10000)
+    """The trainer writes its crash-safe checkpoint (weights, AdamW state, consumed batches) every
+    this many optimizer steps. Between checkpoints its step journal and inbox let a restarted trainer
+    replay the steps since the last one bit for bit (docs/training.md, "Crash safety"); a larger value
+    costs that many steps of replay after a crash. Trainer only. Embedded model, 2 shared cores: a
+    checkpoint took 0.25 s (median) against 0.41 s of training, so 1 added 60% to every step; 10 adds
+    about 0.03 s a step."""
 
     seed: int | None = None
     """Seed for the worker's problem sampling (None: random)."""
