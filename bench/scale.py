@@ -238,13 +238,15 @@ def idle_window(nodes: list[Node], window: float, hb_topic: str,
 
 async def reach(work: Path, nodes: list[Node], rounds: int, pool: ThreadPoolExecutor) -> dict[str, Any]:
     """Publish ``rounds`` heartbeats from an in-process probe node; when did each node hear each one?"""
+    from intellect_node.node.config.schema import NetworkConfig
     from intellect_node.p2p.heartbeat import Heartbeats
     from intellect_node.p2p.swarm import Swarm
     from intellect_node.protocol.signing import SigningKey
 
     swarm = await Swarm.start(SigningKey.generate(), run_id=RUN_ID, listen=["/ip4/127.0.0.1/tcp/0"])
     try:
-        hb = Heartbeats(swarm, interval=3600.0, peer_timeout=7200.0)  # beat() only: no loops started
+        net = NetworkConfig()  # an ordinary node's heartbeat; beat() only, no loops started
+        hb = Heartbeats(swarm, interval=net.heartbeat_interval, peer_timeout=net.peer_timeout)
         swarm.subscribe(hb.topic, lambda data, origin: data, lambda msg, origin: None)
         picks = (nodes[0], nodes[len(nodes) // 2], nodes[-1])
         await swarm.bootstrap(list(dict.fromkeys(nd.addr for nd in picks)))
@@ -330,6 +332,19 @@ def lookups(work: Path, nodes: list[Node], count: int, rng: random.Random) -> di
 
 # -- one swarm -------------------------------------------------------------------------------------------
 
+def late_joiners(work: Path, nodes: list[Node], count: int, rng: random.Random) -> list[Node]:
+    """Start ``count`` more nodes one at a time into the settled swarm: start-up without a wave beside it
+    (the caller stops them with the rest)."""
+    joined = []
+    for _ in range(count):
+        i = len(nodes)
+        node = _spawn(work, i, list(dict.fromkeys([nodes[0].addr, nodes[rng.randrange(i)].addr])))
+        nodes.append(node)
+        _wait_wave([node])
+        joined.append(node)
+    return joined
+
+
 def run_swarm(root: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
     from intellect_node.node.processes import stop_all
     from intellect_node.protocol.topics import topic
@@ -347,12 +362,14 @@ def run_swarm(root: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
         idle = idle_window(nodes, args.window, topic(RUN_ID, "heartbeat"), sts, pool)
         gossip = asyncio.run(reach(work, nodes, args.reach_rounds, pool))
         look = lookups(work, nodes, args.lookups, rng) if n > 1 else {"lookup_s": [], "asked": 0}
+        late = late_joiners(work, nodes, args.joiners, rng)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         stop_all([nd.proc for nd in nodes], 20.0)
     return {"n": n, "start_all_s": started_s, "settle_polls": polls,
-            "ready_s": [nd.ready_s for nd in nodes], "own_ready_s": [nd.own_ready_s for nd in nodes],
-            "first_peer_s": [nd.extra.get("first_peer_s") for nd in nodes],
+            "ready_s": [nd.ready_s for nd in nodes[:n]], "own_ready_s": [nd.own_ready_s for nd in nodes[:n]],
+            "first_peer_s": [nd.extra.get("first_peer_s") for nd in nodes[:n]],
+            "late_ready_s": [nd.ready_s for nd in late], "late_own_ready_s": [nd.own_ready_s for nd in late],
             "idle": idle, "reach": gossip, "lookups": look}
 
 
@@ -365,6 +382,8 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
         "n": r["n"],
         "start_p50": pct(r["ready_s"], 0.5), "start_p95": pct(r["ready_s"], 0.95),
         "own_p50": pct(r["own_ready_s"], 0.5), "own_p95": pct(r["own_ready_s"], 0.95),
+        "late_max": max(r["late_ready_s"]) if r["late_ready_s"] else None,
+        "late_med": statistics.median(r["late_ready_s"]) if r["late_ready_s"] else None,
         "cpu_mean": statistics.fmean(idle["cpu_share"]), "cpu_max": max(idle["cpu_share"]),
         "rss_mean": statistics.fmean(idle["rss_mib"]), "rss_max": max(idle["rss_mib"]),
         "conn_mean": statistics.fmean(idle["connections"]), "conn_max": max(idle["connections"]),
@@ -391,9 +410,10 @@ def _ratio(value: float | None, aim: float) -> str:
 
 
 def report(rows: list[dict[str, Any]]) -> None:
-    print("\nscale: N idle role-less nodes on 127.0.0.1 (figure | aim | ratio figure/aim)")
-    head = ("N", "start p50/p95 s", "own ready p50/p95", "CPU/node mean/max", "RSS MiB mean/max",
-            "conns mean/max (high)", "hb/s/node", "reach99 med/max s", "lookup p50/p95 s", "load 1m")
+    print("\nscale: N idle role-less nodes on 127.0.0.1")
+    head = ("N", "start in waves p50/p95 s", "own ready p50/p95", "lone joiner med/max s",
+            "CPU/node mean/max", "RSS MiB mean/max", "conns mean/max (high)", "hb/s/node",
+            "reach99 med/max s", "lookup p50/p95 s", "load 1m")
     print(" | ".join(head))
     for s in rows:
         reach = (f"{_fig(s['reach99_med'])}/{_fig(s['reach99_max'])}"
@@ -401,14 +421,16 @@ def report(rows: list[dict[str, Any]]) -> None:
         look = f"{_fig(s['lookup_p50'])}/{_fig(s['lookup_p95'])} ({s['lookups']})"
         print(" | ".join([
             str(s["n"]), f"{s['start_p50']:.2f}/{s['start_p95']:.2f}",
-            f"{s['own_p50']:.2f}/{s['own_p95']:.2f}", f"{100 * s['cpu_mean']:.2f}%/{100 * s['cpu_max']:.2f}%",
+            f"{s['own_p50']:.2f}/{s['own_p95']:.2f}", f"{_fig(s['late_med'])}/{_fig(s['late_max'])}",
+            f"{100 * s['cpu_mean']:.2f}%/{100 * s['cpu_max']:.2f}%",
             f"{s['rss_mean']:.0f}/{s['rss_max']:.0f}",
             f"{s['conn_mean']:.1f}/{s['conn_max']} ({s['conn_high']})", f"{s['hb_per_s']:.2f}", reach, look,
             f"{s['load'][0]:.1f}-{s['load'][1]:.1f}"]))
     print("\nagainst the aims (ratio = figure / aim; at or under 1 meets it):")
     for s in rows:
-        print(f"  N={s['n']:3d}: start p95 {_fig(s['start_p95'])} s / {AIM_START_S:.0f} s = "
-              f"{_ratio(s['start_p95'], AIM_START_S)}; idle CPU max {100 * s['cpu_max']:.2f}% / 1% = "
+        print(f"  N={s['n']:3d}: start p95 in waves {_fig(s['start_p95'])} s / {AIM_START_S:.0f} s = "
+              f"{_ratio(s['start_p95'], AIM_START_S)}, lone joiner worst {_fig(s['late_max'])} s = "
+              f"{_ratio(s['late_max'], AIM_START_S)}; idle CPU max {100 * s['cpu_max']:.2f}% / 1% = "
               f"{_ratio(s['cpu_max'], AIM_CPU)}; connections max {s['conn_max']} / high {s['conn_high']} = "
               f"{_ratio(s['conn_max'], s['conn_high'] or 1)}; reach99 worst {_fig(s['reach99_max'])} s "
               f"(+/-{s['reach_unc'] * 1000:.0f} ms) / {AIM_REACH_S:.0f} s = "
@@ -429,6 +451,8 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=30.0, help="idle measurement window, s")
     ap.add_argument("--reach-rounds", type=int, default=5, help="probe heartbeats published")
     ap.add_argument("--lookups", type=int, default=12, help="provider lookups, each from another node")
+    ap.add_argument("--joiners", type=int, default=3, help="nodes started one at a time after the rest")
+    ap.add_argument("--keep", action="store_true", help="keep the data dirs and logs (printed)")
     ap.add_argument("--simulate", action="store_true", help="also print bench/scale_model.py's model")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "scale.json")
     args = ap.parse_args()
@@ -440,8 +464,9 @@ def main() -> None:
         print(f"--nodes {args.nodes!r}: give swarm sizes of at least 1, comma-separated (e.g. 4,8,16)",
               file=sys.stderr)
         sys.exit(2)
-    if args.wave < 1 or args.window <= 0 or args.reach_rounds < 1 or args.lookups < 1:
-        print("--wave, --reach-rounds and --lookups must be at least 1, --window above 0", file=sys.stderr)
+    if args.wave < 1 or args.window <= 0 or args.reach_rounds < 1 or args.lookups < 1 or args.joiners < 0:
+        print("--wave, --reach-rounds and --lookups must be at least 1, --joiners at least 0, --window "
+              "above 0", file=sys.stderr)
         sys.exit(2)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     root = Path(tempfile.mkdtemp(prefix="bench-scale-"))
@@ -456,7 +481,10 @@ def main() -> None:
             print(f"  started in {s['start_all_s']:.0f} s; idle CPU {100 * s['cpu_mean']:.2f}% per node; "
                   f"reach99 {_fig(s['reach99_med'])} s; lookup p95 {_fig(s['lookup_p95'])} s", flush=True)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if args.keep:
+            print(f"data dirs and logs kept in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
     report(rows)
     model = None
     if args.simulate:
