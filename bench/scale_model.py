@@ -176,8 +176,8 @@ def main_report(*, sizes: tuple[int, ...] = SIZES, fixed: int = 2, session_s: fl
         for n, got in sorted(measured.items()):
             want = heartbeat_rate(p, n, 0)[0]
             check.append({"n": n, "measured": got, "model": want})
-            ratio = got / want if want else float("nan")
-            print(f"  N={n:3d}: measured {got:.2f}, model {want:.2f}, ratio {ratio:.2f}")
+            ratio = f"{got / want:.2f}" if want else "n/a"
+            print(f"  N={n:3d}: measured {got:.2f}, model {want:.2f}, ratio {ratio}")
     first, last = rows[0], rows[-1]
     print(f"per-node total from N={first['n']:,} to N={last['n']:,}: "
           f"x{last['total_per_s'] / first['total_per_s']:.2f} (N x{last['n'] / first['n']:.0f}); heartbeats "
