@@ -269,25 +269,52 @@ def role_tcp_client(port: int, out: Path, size: int) -> None:
     sys.stdin.read()  # stay alive until the bench has read our CPU time
 
 
-def role_sc_origin(src: Path, d: Path) -> None:
+def _bind_shardcast_to(host: str) -> int:
+    """Bind shardcast's servers to ``host`` (it binds 0.0.0.0) and pick a free port there."""
     import shardcast.server as sc_server
-    from shardcast import OriginServer
 
     base_init = sc_server.ShardcastServer.__init__
 
-    def loopback_init(self: Any, address: tuple[str, int], *a: Any, **k: Any) -> None:
-        base_init(self, ("127.0.0.1", address[1]), *a, **k)
+    def bound_init(self: Any, address: tuple[str, int], *a: Any, **k: Any) -> None:
+        base_init(self, (host, address[1]), *a, **k)
 
-    sc_server.ShardcastServer.__init__ = loopback_init  # type: ignore[method-assign]
-    with socket.create_server(("127.0.0.1", 0)) as probe:
-        port = probe.getsockname()[1]
+    sc_server.ShardcastServer.__init__ = bound_init  # type: ignore[method-assign]
+    with socket.create_server((host, 0)) as probe:
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def role_sc_origin(src: Path, d: Path, host: str) -> None:
+    from shardcast import OriginServer
+
+    port = _bind_shardcast_to(host)
     d.mkdir(parents=True)
     (d / "data1.bin").write_bytes(b"\0" * 1024)  # its client fetches this probe file from every server
     origin = OriginServer(str(d), port)
     version = origin.broadcast(str(src))
-    print(json.dumps({"event": "ready", "url": f"http://127.0.0.1:{port}", "version": version}), flush=True)
+    print(json.dumps({"event": "ready", "url": f"http://{host}:{port}", "version": version}), flush=True)
     sys.stdin.read()
     origin.shutdown()
+
+
+def role_sc_middle(upstream: str, d: Path, host: str, version: str) -> None:
+    """shardcast's relay (``MiddleNode``): serves its directory from the start (clients probe it at
+    construction); on "go" it starts pulling every shard from ``upstream`` and serving them as they land."""
+    import shardcast.middle_node as sc_middle
+    import shardcast.server as sc_server
+
+    port = _bind_shardcast_to(host)
+    d.mkdir(parents=True)
+    (d / "data1.bin").write_bytes(b"\0" * 1024)
+    started = sc_server.run_server(str(d), port)
+    sc_middle.server.run_server = lambda *a, **k: started  # type: ignore[attr-defined]
+    print(json.dumps({"event": "ready", "url": f"http://{host}:{port}"}), flush=True)
+    sys.stdin.readline()
+    node = sc_middle.MiddleNode([upstream], str(d), port, check_interval=1)
+    while version not in node.processed_versions:
+        time.sleep(0.05)
+    print(json.dumps({"event": "done", "ok": True}), flush=True)
+    sys.stdin.read()
 
 
 def role_sc_client(url: str, d: Path, version: str) -> None:
@@ -317,7 +344,7 @@ def role_sc_client(url: str, d: Path, version: str) -> None:
 
     sc_client.ShardDownloader._init_server_metrics = init_metrics  # type: ignore[method-assign]
     sc_client.ShardDownloader.download_distribution_file = download_distribution_file  # type: ignore[method-assign]
-    node = ClientNode([url], output_dir=str(d))
+    node = ClientNode(url.split(","), output_dir=str(d))  # one server, or the origin and its relays
     print(json.dumps({"event": "ready"}), flush=True)
     sys.stdin.readline()
     out = node.download_version(version, str(d / "out.bin"))
@@ -352,6 +379,7 @@ def main() -> None:
     ap.add_argument("--url", default="")
     ap.add_argument("--version-name", default="")
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--size", type=int, default=0)
     args = ap.parse_args()
@@ -360,7 +388,9 @@ def main() -> None:
     if args.role == "tcp-client":
         return role_tcp_client(args.port, args.out, args.size)
     if args.role == "sc-origin":
-        return role_sc_origin(args.src, args.dir)
+        return role_sc_origin(args.src, args.dir, args.host)
+    if args.role == "sc-middle":
+        return role_sc_middle(args.url, args.dir, args.host, args.version_name)
     if args.role == "sc-client":
         return role_sc_client(args.url, args.dir, args.version_name)
 

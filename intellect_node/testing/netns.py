@@ -342,3 +342,58 @@ class Topology:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+STAR_NET = "100.64.78"
+
+
+@dataclass
+class Star(Topology):
+    """Hosts on one bridge, each behind a link shaped to ``rate_mbit`` each way (bench/broadcast_links.py).
+
+        namespace <p>-br holds bridge br0
+          +-- <p>-hK   eth0 100.64.78.(10+K)   uplink: tbf on eth0; downlink: tbf on the bridge port sK
+
+    ``tc`` token-bucket shaping (``tbf``) on both ends of every host's veth: egress on the host's eth0 is
+    what the host can send (its uplink), egress on the bridge's port towards it is what it can receive
+    (its downlink), so a host with many peers still shares one link each way, as behind a real access
+    line. No delay is added (``netem`` is not available here); the queue tbf keeps is bounded by
+    ``queue_ms``. ``rate_mbit=0`` leaves the links unshaped.
+    """
+
+    hosts: int = 2
+    rate_mbit: float = 100.0
+    queue_ms: int = 50
+    """tbf ``latency``: how long a packet may wait in the shaper's queue before it is dropped (what a
+    home router's buffer holds; TCP sees drops, not an unbounded queue)."""
+    n_public: int = 0
+    nats: tuple[bool, ...] = ()
+    host_ns: list[str] = field(default_factory=list)
+
+    @staticmethod
+    def ip(k: int) -> str:
+        return f"{STAR_NET}.{10 + k}"
+
+    def _shape(self, ns: str, dev: str) -> None:
+        if not self.rate_mbit:
+            return
+        # burst: at least one rate/HZ worth of bytes and a few 64 KiB GSO segments (tbf splits larger
+        # segments, but a burst below one segment would stall a veth that hands it TSO-sized packets).
+        burst = max(256 * 1024, int(self.rate_mbit * 1e6 / 8 / 100))
+        _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
+             f"{self.rate_mbit}mbit", "burst", str(burst), "latency", f"{self.queue_ms}ms")
+
+    def _build(self) -> None:
+        if self.rate_mbit and shutil.which("tc") is None:
+            raise RuntimeError("`tc` is not installed (apt-get install iproute2)")
+        br = self._ns("br")
+        _run("ip", "-n", br, "link", "add", "br0", "type", "bridge")
+        _run("ip", "-n", br, "link", "set", "br0", "up")
+        for k in range(self.hosts):
+            ns = self._ns(f"h{k}")
+            self._veth(ns, "eth0", br, f"s{k}")
+            _run("ip", "-n", br, "link", "set", f"s{k}", "master", "br0")
+            _run("ip", "-n", ns, "addr", "add", f"{self.ip(k)}/24", "dev", "eth0")
+            self._shape(ns, "eth0")
+            self._shape(br, f"s{k}")
+            self.host_ns.append(ns)
