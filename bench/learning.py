@@ -46,6 +46,12 @@ HYPER = dict(group_size=8, problems_per_batch=4, groups_per_step=8, max_new_toke
              batches_per_version=2)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far, all its threads (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def windowed(values: list[float], window: int) -> float:
     tail = values[-window:]
     return sum(tail) / len(tail) if tail else 0.0
@@ -180,15 +186,22 @@ def run_swarm(target: float, window: int, timeout: float, workdir: Path) -> dict
             start_node(workdir / n, "worker", procs, bootstrap=[t_addr, v_addr], **common)
         metrics_path = workdir / "trainer" / "trainer" / "metrics.jsonl"
         reached = None
+        names = ["trainer", "validator", "w1", "w2"]
+        cpu_first: tuple[int, list[float]] | None = None  # (trained steps, CPU seconds) at the first look
         while time.monotonic() - t0 < timeout:
             time.sleep(1.0)
             lines = ([json.loads(x) for x in metrics_path.read_text().splitlines()]
                      if metrics_path.exists() else [])
             trained = [m for m in lines if m["trained"]]
+            if trained and cpu_first is None:
+                cpu_first = (len(trained), [cpu_seconds(p.pid) for p in procs])
             if len(trained) >= window and windowed([m["pass_rate"] for m in trained], window) >= target:
                 reached = time.monotonic() - t0
                 break
         status = trainer.status()["trainer"]
+        lines = [json.loads(x) for x in metrics_path.read_text().splitlines()]
+        n_end = len([m for m in lines if m["trained"]])
+        cpu_end = [cpu_seconds(p.pid) for p in procs]
     finally:
         for p in procs:
             p.kill()
@@ -208,7 +221,11 @@ def run_swarm(target: float, window: int, timeout: float, workdir: Path) -> dict
                                  if first_step_t else None),
             "step_medians": {k: _median([m.get(k) for m in trained]) for k in
                              ("train_s", "publish_wait_s", "checkpoint_s", "publish_s")},
-            "verified": status.get("accepted_rollouts"), "hops": hops}
+            "verified": status.get("accepted_rollouts"), "hops": hops,
+            # CPU seconds each process spent per trained step while training ran: the work a step costs
+            # the machine, whatever the pipeline overlaps
+            "cpu_s_per_step": ({n: (b - a) / max(n_end - cpu_first[0], 1)
+                                for n, a, b in zip(names, cpu_first[1], cpu_end)} if cpu_first else None)}
 
 
 def run_trl(target: float, window: int, timeout: float, workdir: Path) -> dict[str, Any]:
@@ -243,6 +260,7 @@ def run_trl(target: float, window: int, timeout: float, workdir: Path) -> dict[s
         report_to="none", save_strategy="no", logging_steps=1, max_steps=100000, seed=0)
     rewards: list[float] = []
     times: list[float] = []
+    cpu: list[float] = []
     t0 = time.monotonic()
 
     class Stop(TrainerCallback):  # type: ignore[misc]
@@ -250,6 +268,7 @@ def run_trl(target: float, window: int, timeout: float, workdir: Path) -> dict[s
             if logs and "reward" in logs:
                 rewards.append(float(logs["reward"]))
                 times.append(time.monotonic() - t0)
+                cpu.append(time.process_time())
                 if (len(rewards) >= window and windowed(rewards, window) >= target) or \
                         time.monotonic() - t0 > timeout:
                     control.should_training_stop = True
@@ -271,7 +290,8 @@ def run_trl(target: float, window: int, timeout: float, workdir: Path) -> dict[s
             "start_pass_rate": windowed(rewards[:window], window),
             "final_pass_rate": windowed(rewards, window),
             "held_out_start": held_out[0], "held_out_final": held_out[1],
-            "seconds_per_step": (times[-1] - times[0]) / max(len(times) - 1, 1) if times else None}
+            "seconds_per_step": (times[-1] - times[0]) / max(len(times) - 1, 1) if times else None,
+            "cpu_s_per_step": (cpu[-1] - cpu[0]) / max(len(cpu) - 1, 1) if cpu else None}
 
 
 def main() -> None:
@@ -306,6 +326,12 @@ def main() -> None:
         for k, v in s["hops"].items():
             print(f"  {k:40s} {'-' if v is None else f'{v:.3f}'}")
         print("swarm step medians (s):", json.dumps(s["step_medians"]))
+    if s.get("cpu_s_per_step") and t.get("cpu_s_per_step"):
+        total = sum(s["cpu_s_per_step"].values())
+        print(f"CPU seconds per step: swarm {total:.2f} ("
+              + ", ".join(f"{k} {v:.2f}" for k, v in s["cpu_s_per_step"].items())
+              + f"), TRL {t['cpu_s_per_step']:.2f}, ratio {total / t['cpu_s_per_step']:.2f}; on "
+              f"{os.cpu_count()} cores the swarm's floor is {total / (os.cpu_count() or 1):.2f} s/step")
     if s:
         print(f"swarm trainer idle fraction {s['idle_fraction']}, staleness mean {s['staleness_mean']:.2f} "
               f"max {s['staleness_max']}")

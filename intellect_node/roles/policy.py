@@ -52,7 +52,7 @@ from intellect_node.errors import (
     ProtocolError,
     TransportError,
 )
-from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
+from intellect_node.fsutil import atomic_write_text
 from intellect_node.node.status import StatusBoard
 from intellect_node.protocol.blob import Manifest
 from intellect_node.protocol.policy import (
@@ -97,6 +97,24 @@ def _policy_dtype(ckpt: PolicyWeights) -> str:
     if not by:
         raise ConfigError("the policy has no F32, BF16 or F16 tensors to publish", field="dtype")
     return max(by, key=lambda k: by[k])
+
+
+def _write_unsynced(path: Path, data: bytes | bytearray | memoryview) -> None:
+    """Write a file atomically (a temporary name, then a rename) but without fsync.
+
+    For files that are caches of content-addressed data, checked against a hash when read back: a policy
+    version held (``CURRENT`` names its hash) and the publisher's last version (``publisher.json``), and
+    a delta on its way into the blob store. After an OS crash a torn file fails that check and the node
+    fetches the version again (follower) or publishes the next one in full (publisher). An fsync of a
+    model-sized file took tens to hundreds of milliseconds on the loaded test machine, on the path of
+    every new version."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 class _Clock:
@@ -194,7 +212,7 @@ class PolicyPublisher:
             path = self.root / _ckpt_name(version)
             if isinstance(policy, PolicyWeights):
                 ckpt = policy
-                await asyncio.to_thread(ckpt.save, path)
+                await asyncio.to_thread(_write_unsynced, path, ckpt.to_bytes())
             else:  # streamed to the file tensor by tensor and mapped back: no in-memory copy of the model
                 ckpt = await asyncio.to_thread(PolicyWeights.write, path, policy)
             clock.lap("save_s")
@@ -204,7 +222,7 @@ class PolicyPublisher:
                 delta = await asyncio.to_thread(encode_delta, prev, ckpt, level=self.zstd_level,
                                                 dense=self.dense_kinds)
                 delta_path = self.root / f"v{version:010d}.delta"
-                await asyncio.to_thread(atomic_write_bytes, delta_path, delta)
+                await asyncio.to_thread(_write_unsynced, delta_path, delta)
                 delta_cid, _ = await self.blobs.put_file(delta_path, name=f"{self.run_id}-v{version}.delta")
                 delta_path.unlink()  # the blob store holds it now
                 clock.lap("delta_s")
@@ -463,7 +481,7 @@ class PolicyFollower:
 
     def _persist(self, version: int, ckpt: PolicyWeights) -> None:
         old = self.version
-        ckpt.save(self.root / _ckpt_name(version))
+        _write_unsynced(self.root / _ckpt_name(version), ckpt.to_bytes())
         atomic_write_text(self.root / CURRENT, json.dumps({"version": version, "hash": ckpt.content_hash}))
         if old is not None and old != version:
             (self.root / _ckpt_name(old)).unlink(missing_ok=True)

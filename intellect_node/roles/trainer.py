@@ -312,7 +312,8 @@ class Trainer:
         except Exception:  # keep training: the next step (or a restart) publishes again
             log.exception("publishing policy v%d failed", version)
             return
-        self._published = {"version": version, "time": time.time(), "publish_s": time.monotonic() - t0}
+        self._published = {"version": version, "time": time.time(), "publish_s": time.monotonic() - t0,
+                           **self.publisher.timings}
         self.rt.board.set_policy(current=version, local=version)
 
     # -- accepted work ---------------------------------------------------------------------------
