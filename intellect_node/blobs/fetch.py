@@ -11,13 +11,22 @@ The fetcher
   the CID drop the provider for the whole fetch and are reported through ``penalise`` (the peerbook),
 - reports each committed chunk through ``on_progress``.
 
-Chunk order is a per-fetch random permutation, so peers that start together pull different chunks from
-the origin and then serve them to each other (BitTorrent-style swarming without a rarest-first census).
+Which chunk next, from a given provider (what decides a broadcast over real links, where the origin's
+uplink is the limit; measured in bench/broadcast_links.py):
+
+- rarest first: among the chunks this provider can give, the one the fewest known providers hold (from
+  their ``/have`` bitmaps), ties broken by a per-fetch random order, so peers that start together pull
+  different chunks and then serve them to each other;
+- the seed is spared: a complete provider (the origin) is not asked for a chunk that a partial holder
+  with a free request slot could give instead. The origin's uplink then carries chunks nobody else has
+  yet, and what peers already hold travels between peers. A partial holder that is stuck (all its slots
+  busy, a frozen peer) does not hold chunks back: the seed serves them.
 
 End game: when every missing chunk is in flight, idle workers duplicate requests that have been slow
 for :data:`ENDGAME_AFTER_S`; the first copy wins and cancels the other.
 
-Shortcuts: no rarest-first census and no upload-slot choking on the serving side.
+Shortcuts: no upload-slot choking on the serving side; requests that two peers make of the origin at
+the same moment for the same rare chunk are not coordinated (random order makes them rare).
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ import random
 import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol, Sequence
+
+import numpy as np
 
 from intellect_node.blobs.http import ChunkSink, ChunkUnavailable
 from intellect_node.blobs.store import BlobStore
@@ -52,6 +63,11 @@ ENDGAME_AFTER_S = 1.0
 running this long at another provider; the first copy to arrive wins and cancels the other. A frozen or
 slow provider then delays the tail by about this much instead of its 15 s read timeout. The threshold
 keeps fast links (a 4 MiB chunk in tens of ms on a LAN) from doubling their last requests."""
+
+SPARE_FRESH_S = 1.0
+"""A partial holder spares the seed only while its bitmap answered this recently (every HAVE_REFRESH_S
+while it has a free slot): one that went silent (frozen, unreachable) stops holding chunks back within
+this time."""
 
 STALL_S = 15.0
 """A pass over the current providers ends when no chunk arrived for this long and none is in flight
@@ -139,6 +155,8 @@ class _Peer:
     consecutive_failures: int = 0
     failed_chunks: set[int] = field(default_factory=set)
     dropped: bool = False
+    busy: int = 0  # this fetch's requests to it in flight
+    answered_at: float = 0.0  # when its bitmap last arrived
 
 
 class Fetcher:
@@ -309,11 +327,29 @@ class _Download:
         self.last_progress = time.monotonic()
         self.slots = asyncio.Semaphore(fetcher.max_inflight)
         self.changed = asyncio.Event()
+        self._avail: list[int] | None = None  # chunk -> live providers holding it; None: recount
+
+    def _availability(self) -> list[int]:
+        """How many live providers hold each chunk (recounted after any bitmap or provider change)."""
+        if self._avail is None:
+            n = len(self.m.chunks)
+            counts = np.zeros(n, dtype=np.int32)
+            for p in self.peers:
+                if p.dropped:
+                    continue
+                if p.complete:
+                    counts += 1
+                elif p.have is not None:
+                    bits = np.unpackbits(np.frombuffer(p.have.bitmap, dtype=np.uint8), bitorder="little")
+                    counts += bits[:n]
+            self._avail = counts.tolist()
+        return self._avail
 
     def _finished(self) -> bool:
         return not self.todo and not self.inflight
 
     def _notify(self) -> None:
+        self._avail = None
         self.changed.set()
         self.changed = asyncio.Event()
 
@@ -322,12 +358,27 @@ class _Download:
             return False
         return peer.complete or (peer.have is not None and peer.have.has(i))
 
+    def _spared(self, peer: _Peer, i: int) -> bool:
+        """Leave chunk ``i`` to a partial holder with a free slot rather than take it from a seed."""
+        if not peer.complete:
+            return False
+        fresh = time.monotonic() - SPARE_FRESH_S
+        return any(q is not peer and not q.dropped and not q.complete and q.busy < self.f.per_provider
+                   and q.answered_at >= fresh and self._useful(q, i) for q in self.peers)
+
     def _pick(self, peer: _Peer) -> int | None:
+        """The rarest chunk this provider can give (first in the random order among equals)."""
+        avail = self._availability()
+        best = -1
         for pos, i in enumerate(self.todo):
-            if self._useful(peer, i):
-                del self.todo[pos]
-                return i
-        return None
+            if (best < 0 or avail[i] < avail[self.todo[best]]) and self._useful(peer, i) \
+                    and not self._spared(peer, i):
+                best = pos
+                if avail[i] <= 1:
+                    break  # held by this provider alone: nothing is rarer
+        if best < 0:
+            return None
+        return self.todo.pop(best)
 
     def _hopeless(self) -> bool:
         """True when nothing left to fetch can come from any live provider (even after a refresh)."""
@@ -356,6 +407,7 @@ class _Download:
             self._notify()
             return
         peer.have = have
+        peer.answered_at = time.monotonic()
         peer.complete = have.held() == len(self.m.chunks)
         self._notify()
 
@@ -401,6 +453,7 @@ class _Download:
                     task = asyncio.ensure_future(self._fetch_one(peer, i))
                     self.inflight.setdefault(i, {})[pid] = task
                     self.started.setdefault(i, time.monotonic())
+                    peer.busy += 1
                     try:
                         ok = await task
                     except asyncio.CancelledError:
@@ -409,6 +462,7 @@ class _Download:
                             raise
                         ok = True  # another provider delivered this chunk first
                     finally:
+                        peer.busy -= 1
                         holders = self.inflight.get(i, {})
                         holders.pop(pid, None)
                         if not holders:

@@ -1,0 +1,88 @@
+"""Which chunk a fetch asks a provider for (the pure part of ``blobs/fetch.py``'s ``_Download``): rarest
+first, and the seed spared for chunks a partial holder with a free slot can give. Real stores, bitmaps
+decoded from the wire format; no network (the scheduler decides before any request is made)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from intellect_node.blobs.fetch import (
+    PER_PROVIDER,
+    SPARE_FRESH_S,
+    Fetcher,
+    FetchStats,
+    StaticProvider,
+    _Download,
+    _Peer,
+)
+from intellect_node.blobs.http import HttpChunkSource
+from intellect_node.blobs.store import BlobStore
+from intellect_node.protocol.blob import decode_have, encode_have
+from intellect_node.protocol.signing import SigningKey
+
+N = 8
+
+
+def _setup(tmp_path: Path) -> tuple[_Download, list[_Peer]]:
+    origin = BlobStore(tmp_path / "origin")
+    src = tmp_path / "f.bin"
+    src.write_bytes(os.urandom(N * 1024))
+    cid, _ = origin.add_file(src, SigningKey.generate(), chunk_size=1024)
+    mine = BlobStore(tmp_path / "mine")
+    mine.put_manifest(cid, origin.manifest_bytes(cid) or b"")
+
+    async def nobody(_: str) -> list[StaticProvider]:
+        return []
+
+    fetcher = Fetcher(mine, [HttpChunkSource()], nobody)
+    peers = [_Peer(StaticProvider(f"p{k}", "http://127.0.0.1:1"), HttpChunkSource()) for k in range(3)]
+    m = mine.manifest(cid)
+    assert m is not None
+    dl = _Download(fetcher, cid, m, peers, FetchStats(), None)
+    dl.todo = list(range(N))  # a known order instead of the random one
+    return dl, peers
+
+
+def _holds(dl: _Download, peer: _Peer, chunks: set[int]) -> None:
+    """Peer's bitmap as it arrives from ``/have`` (just now)."""
+    peer.have = decode_have(encode_have(dl.cid, [i in chunks for i in range(N)]), dl.cid, N)
+    peer.complete = len(chunks) == N
+    peer.answered_at = time.monotonic()
+    dl._notify()
+
+
+def test_rarest_first_and_the_seed_spared(tmp_path: Path) -> None:
+    dl, (seed, a, b) = _setup(tmp_path)
+    _holds(dl, seed, set(range(N)))
+    _holds(dl, a, {0, 1, 2, 3})
+    _holds(dl, b, {2, 3, 4})
+    # From a partial holder: the chunk fewest providers hold (1 is held by the seed and a; 2 by all).
+    assert dl._pick(a) == 0
+    # From the seed: never 1-4 (a partial holder with a free slot gives them), the rarest of the rest.
+    assert dl._pick(seed) == 5
+    assert dl._pick(seed) == 6 and dl._pick(seed) == 7
+    assert dl._pick(seed) is None  # the rest are left to a and b
+    assert dl._pick(b) == 4  # only b and the seed hold it
+    assert dl._pick(a) == 1
+    assert sorted(dl.todo) == [2, 3]
+
+
+def test_the_seed_serves_what_a_busy_or_silent_holder_holds(tmp_path: Path) -> None:
+    dl, (seed, a, _) = _setup(tmp_path)
+    _holds(dl, seed, set(range(N)))
+    _holds(dl, a, set(range(N - 1)))
+    dl.todo = [0, 1, 7]
+    assert dl._pick(seed) == 7  # only the seed holds it
+    assert dl._pick(seed) is None
+    a.busy = PER_PROVIDER  # every slot of a is taken: the seed does not wait for it
+    assert dl._pick(seed) == 0
+    a.busy = 0
+    a.answered_at = time.monotonic() - SPARE_FRESH_S - 1  # a stopped answering (frozen, unreachable)
+    assert dl._pick(seed) == 1
+    a.answered_at = time.monotonic()
+    a.dropped = True  # and a dropped provider counts for nothing
+    dl.todo = [3]
+    dl._notify()
+    assert dl._availability()[3] == 1 and dl._pick(seed) == 3
