@@ -223,7 +223,9 @@ class NodeRuntime:
             await svc.start()
 
         self.heartbeats = Heartbeats(self.swarm, interval=net.heartbeat_interval,
-                                     peer_timeout=net.peer_timeout, spawn=self.spawn)
+                                     peer_timeout=net.peer_timeout,
+                                     stretch_above=net.heartbeat_stretch_above,
+                                     max_interval=net.heartbeat_max_interval, spawn=self.spawn)
         self.heartbeats.start()
         if net.bootstrap or self.swarm.peerbook.remembered():
             reached = await self.swarm.bootstrap(list(net.bootstrap))
@@ -271,6 +273,7 @@ class NodeRuntime:
             "known_peers": sw.peerbook.snapshot() if sw else [],
             "gossip": {"delivered": dict(sw.delivered), "dropped": dict(sw.dropped)} if sw else {},
             "connections": sw.connmgr.snapshot(len(sw.connected_peers())) if sw else {},
+            "heartbeats": self.heartbeats.snapshot() if self.heartbeats else {},
             "snapshot": snap.to_dict(),
             "health": {"state": snap.state, "healthy": snap.healthy, "reasons": list(snap.health.reasons),
                        "restarts": dict(snap.health.restarts),

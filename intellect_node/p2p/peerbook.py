@@ -3,11 +3,12 @@
 Shared by the trio thread (gossip validators record rejections, the connection notifee marks peers
 connected) and the asyncio side (roles, status), so every method takes one lock and none blocks.
 
-Liveness: a peer is ``alive`` while its last heartbeat is younger than ``peer_timeout``; the runtime's
-sweep marks it ``gone`` after that (a peer frozen with SIGSTOP stays "connected" at the libp2p level
-but stops heartbeating, so heartbeats, not connections, decide). Remembered peers (``peers.json``) are
-the listen addresses of peers we were connected to, most recent first, capped at
-:data:`MAX_REMEMBERED`, written atomically and at most every :data:`SAVE_INTERVAL_S`.
+Liveness: a peer is ``alive`` while its last heartbeat is younger than its timeout: ``peer_timeout``,
+or longer for a peer that announced a stretched heartbeat interval (``heard(..., timeout=)``, set by
+``p2p/heartbeat.py``); the runtime's sweep marks it ``gone`` after that (a peer frozen with SIGSTOP
+stays "connected" at the libp2p level but stops heartbeating, so heartbeats, not connections, decide).
+Remembered peers (``peers.json``) are the listen addresses of peers we were connected to, most recent
+first, capped at :data:`MAX_REMEMBERED`, written atomically and at most every :data:`SAVE_INTERVAL_S`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class PeerRecord:
     connected: bool = False
     state: str = "unknown"  # unknown | alive | gone
     last_heartbeat: float | None = None  # time.monotonic()
+    timeout: float | None = None  # seconds of silence before gone; None: the book's peer_timeout
     http_url: str = ""
     addrs: list[str] = field(default_factory=list)
     roles: list[str] = field(default_factory=list)
@@ -58,7 +60,8 @@ class PeerRecord:
             "peer_id": self.peer_id, "connected": self.connected, "state": self.state,
             "last_heartbeat_age_s": (None if self.last_heartbeat is None
                                      else round(now - self.last_heartbeat, 3)),
-            "http_url": self.http_url, "roles": list(self.roles), "rejections": self.rejections,
+            "timeout_s": self.timeout, "http_url": self.http_url, "roles": list(self.roles),
+            "rejections": self.rejections,
             "last_rejection": self.reasons[-1] if self.reasons else None, "banned": self.banned,
         }
 
@@ -104,12 +107,14 @@ class PeerBook:
             self._rec(peer_id).connected = connected
 
     def heard(self, peer_id: str, *, http_url: str = "", addrs: list[str] | None = None,
-              roles: list[str] | None = None) -> bool:
-        """Record a verified heartbeat; True if the peer was not alive before (new or back)."""
+              roles: list[str] | None = None, timeout: float | None = None) -> bool:
+        """Record a verified heartbeat; True if the peer was not alive before (new or back).
+        ``timeout``: how long this peer may now stay silent before it is gone (None: ``peer_timeout``);
+        every heartbeat sets it afresh, so a peer that stops stretching is timed by the default again."""
         with self._lock:
             rec = self._rec(peer_id)
             was = rec.state
-            rec.state, rec.last_heartbeat = "alive", time.monotonic()
+            rec.state, rec.last_heartbeat, rec.timeout = "alive", time.monotonic(), timeout
             if http_url:
                 rec.http_url = http_url
             if addrs:
@@ -119,13 +124,14 @@ class PeerBook:
             return was != "alive"
 
     def sweep(self, now: float | None = None) -> list[str]:
-        """Mark peers whose last heartbeat is older than ``peer_timeout`` as gone; return them."""
+        """Mark peers whose last heartbeat is older than their timeout as gone; return them."""
         now = time.monotonic() if now is None else now
         gone = []
         with self._lock:
             for rec in self._peers.values():
+                timeout = self.peer_timeout if rec.timeout is None else rec.timeout
                 if rec.state == "alive" and rec.last_heartbeat is not None \
-                        and now - rec.last_heartbeat > self.peer_timeout:
+                        and now - rec.last_heartbeat > timeout:
                     rec.state = "gone"
                     gone.append(rec.peer_id)
         return gone
@@ -138,6 +144,13 @@ class PeerBook:
     def alive_peers(self) -> list[str]:
         with self._lock:
             return sorted(p for p, r in self._peers.items() if r.state == "alive")
+
+    def count_alive(self, *, without_roles: frozenset[str] = frozenset()) -> int:
+        """Alive peers, leaving out those announcing any of ``without_roles`` (no list built: this runs
+        before every heartbeat, in a book of up to :data:`MAX_PEERS` records)."""
+        with self._lock:
+            return sum(1 for r in self._peers.values()
+                       if r.state == "alive" and not without_roles.intersection(r.roles))
 
     def set_info(self, peer_id: str, *, http_url: str, addrs: list[str], roles: list[str]) -> None:
         with self._lock:

@@ -7,6 +7,8 @@ a DHT provider (a peer ID) becomes a URL to fetch chunks from. Receivers bound e
 
 from __future__ import annotations
 
+import msgspec
+
 from intellect_node.errors import ProtocolError
 from intellect_node.protocol import codec
 from intellect_node.protocol.signing import open_envelope
@@ -24,10 +26,21 @@ MAX_ROLES = 8
 MAX_URL_LEN = 256
 MAX_CLOCK_SKEW_MS = 5 * 60 * 1000
 """Heartbeats stamped further than this from our clock are refused (stale replays, broken clocks)."""
+MAX_INTERVAL_MS = 24 * 3600 * 1000
+"""Largest announced heartbeat interval accepted; receivers cap what they honour far lower
+(``network.heartbeat_max_interval``), this only refuses nonsense."""
 
 
 class Heartbeat(codec.Message, frozen=True):
-    """Sent every ``network.heartbeat_interval`` seconds on ``/intellect/<run>/heartbeat/1``."""
+    """Sent on ``/intellect/<run>/heartbeat/1`` every ``network.heartbeat_interval`` seconds, or less
+    often in a large swarm (``p2p/heartbeat.py``).
+
+    ``interval_ms`` is the most the sender waits before its next heartbeat, present only when it is
+    longer than the sender's base interval: receivers then time the sender out after a few of *its*
+    intervals. It is ``UNSET`` (absent from the bytes, not a zero) otherwise, so a heartbeat of a node
+    that does not stretch encodes exactly as before the field existed and nodes of the previous release
+    still accept it; a heartbeat without the field (every old node's) parses as unstretched.
+    """
 
     run_id: str
     seq: int  # strictly increasing per sender within one process lifetime
@@ -35,6 +48,7 @@ class Heartbeat(codec.Message, frozen=True):
     http_url: str  # bulk HTTP base URL, "" if none
     listen_addrs: list[str]  # full multiaddrs ending /p2p/<id>
     roles: list[str] = []
+    interval_ms: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class NodeInfo(codec.Message, frozen=True):
@@ -72,6 +86,8 @@ def open_heartbeat(data: bytes, *, run_id: str, now_ms: int) -> tuple[Heartbeat,
         raise ProtocolError(f"heartbeat for run {hb.run_id!r}, this node is in {run_id!r}")
     if hb.seq < 0 or abs(hb.time_ms - now_ms) > MAX_CLOCK_SKEW_MS:
         raise ProtocolError("heartbeat seq/time out of range")
+    if hb.interval_ms is not msgspec.UNSET and not 0 < hb.interval_ms <= MAX_INTERVAL_MS:
+        raise ProtocolError(f"heartbeat interval_ms {hb.interval_ms} out of range")
     return hb, signer
 
 
