@@ -71,8 +71,8 @@ AIM_START_S = 2.0
 START_TIMEOUT_S = 120.0
 """Per wave: two cores starting a wave beside 40 idle nodes take seconds, never minutes."""
 SETTLE_POLL_S = 3.0
-SETTLE_MAX_POLLS = 30
-"""Settled = two polls ``SETTLE_POLL_S`` apart with the same connections on every node; at most this many."""
+SETTLE_MAX_POLLS = 40
+"""Polls before measuring anyway (see :func:`settle`)."""
 REACH_TIMEOUT_S = 20.0
 REACH_POLL_S = 0.2
 LOOKUP_TIMEOUT_S = 60.0
@@ -194,14 +194,31 @@ def statuses(nodes: list[Node], pool: ThreadPoolExecutor) -> list[tuple[float, f
     return list(pool.map(one, nodes))
 
 
+def _heartbeat_settled(st: dict[str, Any], n: int) -> bool:
+    """The node beats at the interval its rule gives for the whole swarm (it grows towards it at most
+    doubling per beat, so it lags the swarm's growth by a few beats). Nodes whose status has no
+    ``heartbeats`` (before the interval stretched with the swarm) beat at a fixed interval."""
+    hb = st.get("heartbeats")
+    if not hb or hb.get("fixed_rate"):
+        return True
+    from intellect_node.node.config.schema import NetworkConfig
+    from intellect_node.p2p.heartbeat import stretched_interval
+
+    net = NetworkConfig()
+    target = stretched_interval(hb["base_interval_s"], n, stretch_above=net.heartbeat_stretch_above,
+                                max_interval=net.heartbeat_max_interval)
+    return bool(hb["interval_s"] >= target * 0.999)
+
+
 def settle(nodes: list[Node], pool: ThreadPoolExecutor) -> tuple[int, list[dict[str, Any]]]:
-    """Poll until every node has heard every other one (so its heartbeat interval follows the whole
-    swarm) and two consecutive polls show the same connections everywhere; (polls, last statuses)."""
+    """Poll until every node has heard every other one and beats at the interval its rule gives for the
+    swarm, and two consecutive polls show the same connections everywhere; (polls, last statuses)."""
     last: list[Any] = []
     for polls in range(1, SETTLE_MAX_POLLS + 1):
         sts = [s for _, _, s in statuses(nodes, pool)]
         conns = [sorted(s["peers"]) for s in sts]
-        if conns == last and all(len(s["alive_peers"]) >= len(nodes) - 1 for s in sts):
+        if (conns == last and all(len(s["alive_peers"]) >= len(nodes) - 1 for s in sts)
+                and all(_heartbeat_settled(s, len(nodes)) for s in sts)):
             return polls, sts
         last = conns
         time.sleep(SETTLE_POLL_S)
@@ -230,6 +247,7 @@ def idle_window(nodes: list[Node], window: float, hb_topic: str,
     return {"cpu_share": cpu, "rss_mib": [rss_mib(nd.proc.pid) for nd in nodes], "hb_per_s": hb_rate,
             "connections": conns, "conn_high": high, "conn_low": after[0]["connections"].get("low"),
             "alive_peers": [len(s["alive_peers"]) for s in after],
+            "hb_interval_s": [s.get("heartbeats", {}).get("interval_s") for s in after],
             "trims": sum(s["connections"].get("trims", 0) for s in after),
             "window_s": elapsed, "load": [load0[0], load1[0]]}
 
@@ -358,7 +376,9 @@ def run_swarm(root: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
         t_start = time.monotonic()
         start_swarm(work, n, args.wave, rng, nodes)
         started_s = time.monotonic() - t_start
+        t_settle = time.monotonic()
         polls, sts = settle(nodes, pool)
+        settle_s = time.monotonic() - t_settle
         idle = idle_window(nodes, args.window, topic(RUN_ID, "heartbeat"), sts, pool)
         gossip = asyncio.run(reach(work, nodes, args.reach_rounds, pool))
         look = lookups(work, nodes, args.lookups, rng) if n > 1 else {"lookup_s": [], "asked": 0}
@@ -366,7 +386,7 @@ def run_swarm(root: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         stop_all([nd.proc for nd in nodes], 20.0)
-    return {"n": n, "start_all_s": started_s, "settle_polls": polls,
+    return {"n": n, "start_all_s": started_s, "settle_polls": polls, "settle_s": settle_s,
             "ready_s": [nd.ready_s for nd in nodes[:n]], "own_ready_s": [nd.own_ready_s for nd in nodes[:n]],
             "first_peer_s": [nd.extra.get("first_peer_s") for nd in nodes[:n]],
             "late_ready_s": [nd.ready_s for nd in late], "late_own_ready_s": [nd.own_ready_s for nd in late],

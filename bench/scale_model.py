@@ -10,9 +10,10 @@ and the library's own IHAVE peer count), so the model follows the code when eith
 
 Per node, steady state, no role (what the benchmark runs), one line per protocol:
 
-- heartbeats delivered: the sum over the other nodes of 1 / their interval. A node stretches its
+- heartbeats delivered: the sum over the other nodes of 1 / their mean period. A node stretches its
   interval to ``base * n / stretch_above`` once it counts more than ``stretch_above`` stretching nodes
-  (capped at ``max_interval``); the run's trainer and validators beat at the base interval
+  (capped at ``max_interval``) and sleeps up to ``JITTER`` of it less (a mean period of
+  ``interval * (1 - JITTER / 2)``); the run's trainer and validators beat at the base interval
   (``--fixed`` of them). This is what ``scale.py`` measures (``gossip.delivered``), the check below.
 - gossip copies: gossipsub forwards each new message to every mesh peer but the one it came from, so a
   node receives each message from up to D mesh peers (D copies, the first delivered, the rest dropped
@@ -95,7 +96,7 @@ def params() -> dict[str, Any]:
         "rt_refresh_s": kad_dht.ROUTING_TABLE_REFRESH_INTERVAL,
         "reprovide_s": provider_store.PROVIDER_RECORD_REPUBLISH_INTERVAL,
         "walk_max": host.PROVIDER_WALK_MAX_PEERS, "discovery_max_s": host.DISCOVERY_INTERVAL_S[1],
-        "stretched_interval": heartbeat.stretched_interval,
+        "stretched_interval": heartbeat.stretched_interval, "jitter": heartbeat.JITTER,
     })
     return p
 
@@ -106,8 +107,10 @@ def heartbeat_rate(p: dict[str, Any], n: int, fixed: int) -> tuple[float, float]
     stretching = n - fixed
     interval = p["stretched_interval"](p["base"], stretching, stretch_above=p["stretch_above"],
                                        max_interval=p["max_interval"])
-    swarm_rate = stretching / interval + fixed / p["base"]
-    return swarm_rate - 1 / interval, swarm_rate  # a node does not deliver its own
+    # a node sleeps a uniform 0..JITTER fraction less than the interval it announced
+    period, base = interval * (1 - p["jitter"] / 2), p["base"] * (1 - p["jitter"] / 2)
+    swarm_rate = stretching / period + fixed / base
+    return swarm_rate - 1 / period, swarm_rate  # a node does not deliver its own
 
 
 def connections(p: dict[str, Any], n: int) -> int:
