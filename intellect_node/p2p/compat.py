@@ -15,6 +15,7 @@ What is here:
   stream that replaced it; pubsub's per-peer outbound queue is deeper than the stock 32 RPCs.
 - :func:`contain_streams` (per host): the one choke point through which every inbound stream of every
   protocol reaches its handler (see :mod:`intellect_node.p2p.guard`).
+- :func:`prune_low_scores` (per gossipsub router): peers whose score fell leave the mesh.
 - :func:`replace_pruner` and :func:`close_peer` (per host): our connection manager
   (:mod:`intellect_node.p2p.connmgr`) trims in place of the stock pruner, and closing a peer keeps a
   connection it opened meanwhile.
@@ -235,6 +236,26 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "test); a peer redialing as soon as it sees the close: 5 of 5 lost",
         "tests/p2p/test_connmgr.py::test_stock_close_peer_forgets_a_connection_opened_meanwhile",
         "not reported", "upstream closes only the connections it found (each removes itself)"),
+    Workaround(
+        "adaptive-gossip", "P2PHost: GossipSub(adaptive_gossip_enabled=False)",
+        "the adaptive mode (on by default) recomputes a 'network health' every 30 s in which peer scores "
+        "count only when above 0 and are taken over no topic (so 0 for every honest peer), then slows "
+        "the gossipsub heartbeat from 1 s to 30 s (60 s at medium health) and raises D_low/D_high and "
+        "the gossip factor: mesh repair after churn or trims takes 30-60 s instead of 1 s",
+        "a healthy 5-node ring: heartbeat 1 s -> 30 s, health 0.33, D_low/D_high 4/12 -> 6/15, gossip "
+        "factor 0.25 -> 0.45, 30 s after start; a full mesh of 6: 60 s (measured, issue #17)",
+        "tests/p2p/test_scoring.py::test_stock_adaptive_gossip_slows_the_heartbeat_of_a_healthy_mesh",
+        "not reported", "upstream's health counts honest peers as healthy and keeps the configured "
+        "heartbeat (the test then fails: the stock mode keeps 1 s)"),
+    Workaround(
+        "score-mesh-prune", "prune_low_scores (wraps the router's mesh_heartbeat)",
+        "peer scoring feeds the gates (publish, gossip, graylist on GRAFT) but the mesh heartbeat neither "
+        "removes a mesh peer whose score fell nor avoids grafting one (gossipsub v1.1: peers with a "
+        "negative score are pruned), so a peer forwarding invalid messages stays in the mesh",
+        "read from the 0.8.1 source (mesh_heartbeat selects by degree only); the stock heartbeat keeps "
+        "a peer at score -500 in the mesh",
+        "tests/p2p/test_scoring.py::test_stock_mesh_heartbeat_keeps_a_negative_score_peer",
+        "not reported", "upstream prunes and skips peers below a threshold in mesh_heartbeat"),
 )
 
 
@@ -467,6 +488,36 @@ class _ManagedPruner:
     async def maybe_prune_connections(self) -> None:
         if self._connmgr.over_high():
             self._connmgr.wake()
+
+
+def prune_low_scores(router: GossipSub, threshold: float,
+                     on_prune: Any = None) -> None:
+    """``score-mesh-prune``: after each stock mesh heartbeat, take peers scoring below ``threshold`` out
+    of every mesh: PRUNE (with the stock back-off) those that were in it, silently drop those the
+    heartbeat had just picked to graft. ``on_prune(peer, topic, score)`` is called for each PRUNE."""
+    stock_heartbeat = router.mesh_heartbeat
+
+    def mesh_heartbeat() -> tuple[Any, Any]:
+        graft, prune = stock_heartbeat()
+        scorer = router.scorer
+        if scorer is None:
+            return graft, prune
+        for topic, peers in list(router.mesh.items()):
+            for peer in [p for p in list(peers) if scorer.score(p, [topic]) < threshold]:
+                peers.discard(peer)
+                scorer.on_leave_mesh(peer, topic)
+                if topic in graft.get(peer, ()):  # picked just now and not told yet: drop the pick
+                    graft[peer].remove(topic)
+                    if not graft[peer]:
+                        del graft[peer]
+                    continue
+                prune[peer].append(topic)
+                router._add_back_off(peer, topic, False)
+                if on_prune is not None:
+                    on_prune(peer, topic, scorer.score(peer, [topic]))
+        return graft, prune
+
+    router.mesh_heartbeat = mesh_heartbeat  # type: ignore[method-assign]
 
 
 async def close_peer(network: Any, peer: ID) -> None:

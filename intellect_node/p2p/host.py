@@ -10,7 +10,9 @@ talks to it only through :class:`intellect_node.p2p.swarm.Swarm`.
 - Gossipsub: meshsub 1.2 and 1.1, heartbeat 1 s (library default 120 s). The library's per-forwarder
   limit of 10 messages/s/topic is raised to :data:`GOSSIP_RATE_LIMIT_PER_TOPIC` on our nodes because a
   forwarder relays *every* publisher's messages on a topic; publishers pace themselves below the stock
-  limit (see :mod:`intellect_node.p2p.swarm`).
+  limit (see :mod:`intellect_node.p2p.swarm`). Mesh degrees, message cache and peer scoring for large
+  swarms: :mod:`intellect_node.p2p.gossip_params`; the library's adaptive mode is off and low scorers
+  leave the mesh (compat's ``adaptive-gossip``, ``score-mesh-prune``).
 - Provider lookups: py-libp2p's ``find_providers`` returns only the local cache once it holds any
   provider for the key, so providers that appear later would never be found. :meth:`P2PHost.find_providers`
   does its own iterative walk (shortcut: it calls the provider store's per-peer query helper, a private
@@ -50,6 +52,7 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from intellect_node.errors import ConfigError, ProtocolError, TransportError
 from intellect_node.p2p import compat as compat
+from intellect_node.p2p import gossip_params
 from intellect_node.p2p.compat import apply_fixes as apply_libp2p_fixes  # noqa: F401  (re-exported)
 from intellect_node.p2p.connmgr import ConnLimits, ConnManager, PeerView, survey
 from intellect_node.p2p.peerbook import PeerBook
@@ -242,11 +245,17 @@ class P2PHost:
         # strict_validation: value records only under namespaces with a validator (/pk, /ipns), as
         # go-libp2p does; otherwise any peer may park arbitrary values in our store (notes).
         self.dht = KadDHT(self.host, DHTMode.SERVER, enable_random_walk=False, strict_validation=True)
+        # Mesh degrees, message cache and peer scoring for large swarms: p2p/gossip_params.py. The
+        # adaptive mode is off: it slows the heartbeat to 30 s in a healthy mesh (compat: adaptive-gossip).
         self.gossipsub = GossipSub(
-            protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11], degree=6, degree_low=4, degree_high=12,
+            protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11], degree=gossip_params.D,
+            degree_low=gossip_params.D_LOW, degree_high=gossip_params.D_HIGH,
+            gossip_window=gossip_params.GOSSIP_WINDOW, gossip_history=gossip_params.GOSSIP_HISTORY,
             heartbeat_interval=GOSSIP_HEARTBEAT_S, heartbeat_initial_delay=0.1,
             max_messages_per_topic_per_second=GOSSIP_RATE_LIMIT_PER_TOPIC,
+            score_params=gossip_params.score_params(), adaptive_gossip_enabled=False,
         )
+        compat.prune_low_scores(self.gossipsub, gossip_params.MESH_THRESHOLD, self._pruned_for_score)
         self.pubsub = Pubsub(self.host, self.gossipsub, strict_signing=True)
         compat.replace_pruner(self.host.get_network(), self.connmgr)
         # Below low with few peers to dial, the dialer asks for more: a self-lookup (rate-limited).
@@ -457,6 +466,16 @@ class P2PHost:
 
     def mesh_peers(self, topic: str) -> list[str]:
         return sorted(p.to_base58() for p in list(self.gossipsub.mesh.get(topic, ())))
+
+    def peer_score(self, peer: str, topic: str) -> float:
+        """The peer's gossipsub score on ``topic`` as this node's scorer sees it (p2p/gossip_params.py)."""
+        return float(self.gossipsub.scorer.score(ID.from_base58(peer), [topic])) if self.gossipsub.scorer \
+            else 0.0
+
+    def _pruned_for_score(self, peer: ID, topic: str, score: float) -> None:
+        # The invalid messages behind the score were each recorded already: this one does not count.
+        self.peerbook.record_rejection(peer.to_base58(), f"gossip score {score:.0f} on {topic}: pruned "
+                                       "from the mesh", counts=False)
 
     # -- DHT -----------------------------------------------------------------------------------------
 

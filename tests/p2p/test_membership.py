@@ -197,8 +197,8 @@ def test_ten_nodes_with_few_connections_track_each_other_and_mark_the_silent_gon
                 (i, g.count(trainer_id), rts[i].swarm.peerbook.state(trainer_id) if i < len(rts) else "")
                 for i, g in enumerate(gone.values())]
             assert all(rt.swarm.peerbook.state(trainer_id) == "alive" for rt in workers[2:])
-        finally:
-            await asyncio.gather(*(rt.stop() for rt in rts), return_exceptions=True)
+        finally:  # bounded, so that a failure above is reported rather than the outer timeout
+            await asyncio.wait_for(asyncio.gather(*(rt.stop() for rt in rts), return_exceptions=True), 60)
 
     run(main(), timeout=220)
 
