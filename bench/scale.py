@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import math
 import os
 import random
@@ -490,6 +491,9 @@ def main() -> None:
         sys.exit(2)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     root = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    # The probe's libp2p logs (connections its close resets) go to a file, not between the figures.
+    logging.basicConfig(filename=root / "bench.log", level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     raw, rows = [], []
     try:
         for n in sizes:
