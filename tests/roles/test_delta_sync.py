@@ -57,6 +57,9 @@ def test_chain_anchors_late_joiner_and_restart(tmp_path: Path) -> None:
                 assert got.path == ("full" if v == 0 else "delta")
                 if v:  # a delta costs a fraction of the checkpoint on the wire
                     assert 0 < got.bytes_fetched < versions[v].nbytes / 2
+                # Where the time went is told (a worker logs it to worker/hops.jsonl).
+                assert {"fetch_s", "apply_s", "persist_s"} <= set(got.timings) and fa.last is got
+                assert {"save_s", "state_s"} <= set(pub.timings) and ("delta_s" in pub.timings) == (v > 0)
             assert [x.full_version for x in anns] == [0, 0, 0, 3, 3, 3]
             chains = [[link.version for link in x.deltas] for x in anns]
             assert chains == [[], [1], [1, 2], [3], [3, 4], [3, 4, 5]]
