@@ -102,3 +102,51 @@ def test_sigkill_at_any_moment_leaves_a_consistent_checkpoint(tmp_path: Path) ->
         assert st.consumed == {f"b{i}" for i in range(st.version)}
         assert json.loads((latest_dir(root) / "state.json").read_text())["version"] == st.version  # type: ignore[operator]
         last = st.version
+
+
+REPLAYER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    torch.set_num_threads(1)
+    from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+    from intellect_node.trainer.grpo import GRPOConfig
+    from intellect_node.trainer.policy_weights import PolicyWeights
+    from intellect_node.trainer.step import Sample, make_optimizer, train_step
+    from tests.support.grpo import tiny_llama
+
+    root, fresh = Path(sys.argv[1]), sys.argv[2] == "fresh"
+    m = tiny_llama(seed=3 if fresh else 9)  # the resumed process starts from other weights
+    opt = make_optimizer(m, 1e-2)
+    cfg = GRPOConfig(group_size=4, token_budget=16, max_grad_norm=1.0)
+    if fresh:
+        warm = [Sample((1, 3), (4, 5), (-2.0, -2.5), float(i % 2)) for i in range(4)]
+        train_step(m, opt, warm, cfg)  # AdamW has state before the checkpoint
+        save_checkpoint(root, m, opt, TrainerState(version=1))
+    else:
+        assert load_checkpoint(root, m, opt) is not None
+    for k in range(3):  # the journaled steps after the checkpoint
+        batch = [Sample((1, 2 + k, 3), (4 + i, 5, 6), (-2.0, -2.5 + 0.1 * i, -1.0), float(i % 3 == 0))
+                 for i in range(8)]
+        train_step(m, opt, batch, cfg)
+    print(PolicyWeights.from_state_dict(m.state_dict()).content_hash)
+""")
+
+
+def test_steps_replayed_in_a_new_process_from_a_checkpoint_give_bit_identical_weights(tmp_path: Path) -> None:
+    """What a trainer SIGKILLed between checkpoints relies on (``rl.checkpoint_every``, roles/trainer.py):
+    the checkpoint's weights and AdamW state plus the same samples in the same order reproduce the
+    versions it announced, to the bit, in another process."""
+    script = tmp_path / "replayer.py"
+    script.write_text(REPLAYER)
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+
+    def run(mode: str) -> str:
+        out = subprocess.run([sys.executable, str(script), str(tmp_path / "ckpt"), mode], env=env, cwd=REPO,
+                             capture_output=True, text=True, timeout=120, check=True)
+        return out.stdout.strip().splitlines()[-1]
+
+    first = run("fresh")
+    assert first.startswith("b") and run("resumed") == first
