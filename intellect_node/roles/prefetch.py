@@ -42,9 +42,8 @@ class Prefetched:
     worker: str
     cid: str
     version: int
-    task: asyncio.Task[tuple[bytes, RolloutBatch] | None]
+    task: asyncio.Task[tuple[bytes, RolloutBatch, float] | None]
     started: float
-    done_at: float | None = None
 
 
 class Prefetch:
@@ -72,32 +71,28 @@ class Prefetch:
         self.counts["started"] += 1
         return True
 
-    async def _run(self, worker: str, cid: str, size: int) -> tuple[bytes, RolloutBatch] | None:
+    async def _run(self, worker: str, cid: str, size: int) -> tuple[bytes, RolloutBatch, float] | None:
         async with self._slots:
             try:
-                got = await self._fetch(worker, cid, size)
+                data, batch = await self._fetch(worker, cid, size)
             except asyncio.CancelledError:
                 raise
             except (IntellectNodeError, asyncio.TimeoutError, OSError) as exc:
                 self.counts["failed"] += 1
                 log.debug("prefetch of %s from %s failed: %s", cid, worker, exc)
                 return None
-        held = self._held.get((worker, cid))
-        if held is not None:
-            held.done_at = time.time()  # wall clock: a hop timestamp (metrics.jsonl)
-        return got
+        return data, batch, time.time()  # wall clock: a hop timestamp (metrics.jsonl)
 
-    async def claim(self, worker: str, cid: str) -> tuple[bytes, RolloutBatch, float | None] | None:
+    async def claim(self, worker: str, cid: str) -> tuple[bytes, RolloutBatch, float] | None:
         """The prefetched batch (waiting for a fetch under way) and when it arrived; None when there is
         none or it failed. A claimed batch leaves the prefetch."""
         held = self._held.pop((worker, cid), None)
         if held is None:
             return None
         got = await held.task
-        if got is None:
-            return None
-        self.counts["used"] += 1
-        return got[0], got[1], held.done_at
+        if got is not None:
+            self.counts["used"] += 1
+        return got
 
     def _expire(self, now: float, floor: int) -> None:
         for key, p in list(self._held.items()):

@@ -407,8 +407,7 @@ class Trainer:
         got = await self.prefetch.claim(w, cid)
         if got is not None:
             data, batch, arrived = got
-            if arrived is not None:
-                self._hop(cid, "prefetched", arrived)
+            self._hop(cid, "prefetched", arrived)
         else:  # not prefetched (or that failed): from the worker or the validator, which holds it
             data = await self.fetcher.fetch(cid, holders=[w, validator], max_size=MAX_BATCH_SIZE,
                                             timeout=FETCH_TIMEOUT_S)
