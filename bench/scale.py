@@ -79,6 +79,9 @@ REACH_POLL_S = 0.2
 LOOKUP_TIMEOUT_S = 60.0
 BLOB_BYTES = 256 * 1024
 STATUS_THREADS = 8
+STATUS_TIMEOUT_S = 20.0
+STATUS_TRIES = 3
+"""A status request on a saturated machine (48 nodes on 2 cores) can take seconds; bounded all the same."""
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -186,12 +189,21 @@ def start_swarm(work: Path, n: int, wave_size: int, rng: random.Random, nodes: l
 
 def statuses(nodes: list[Node], pool: ThreadPoolExecutor) -> list[tuple[float, float, dict[str, Any]]]:
     """Every node's status with the wall-clock times just before and after its request."""
+    from intellect_node.errors import IntellectNodeError
+
     def one(node: Node) -> tuple[float, float, dict[str, Any]]:
-        if not node.proc.alive():
-            raise SystemExit(node.proc.death_note())
-        t0 = time.time()
-        st = node.proc.status(timeout=15.0)
-        return t0, time.time(), st
+        for attempt in range(STATUS_TRIES):
+            if not node.proc.alive():
+                raise SystemExit(node.proc.death_note())
+            t0 = time.time()
+            try:
+                st = node.proc.status(timeout=STATUS_TIMEOUT_S)
+            except IntellectNodeError:  # a node starved of CPU answers late; a dead one is caught above
+                if attempt == STATUS_TRIES - 1:
+                    raise
+                continue
+            return t0, time.time(), st
+        raise AssertionError("unreachable")
     return list(pool.map(one, nodes))
 
 
@@ -336,17 +348,23 @@ def lookups(work: Path, nodes: list[Node], count: int, rng: random.Random) -> di
     found, total, errors = [], [], []
     for i in askers:
         manifest_at = None
-        for at, ev in _stream(nodes[i].proc.data_dir, "/v1/blob/get", {"cid": put["cid"], "out": None},
-                              LOOKUP_TIMEOUT_S):
-            if ev["event"] == "manifest" and manifest_at is None:
-                manifest_at = at
-            elif ev["event"] == "error":
-                errors.append(ev.get("message", "")[:200])
-            elif ev["event"] == "done":
-                total.append(at)
+        try:
+            for at, ev in _stream(nodes[i].proc.data_dir, "/v1/blob/get", {"cid": put["cid"], "out": None},
+                                  LOOKUP_TIMEOUT_S):
+                if ev["event"] == "manifest" and manifest_at is None:
+                    manifest_at = at
+                elif ev["event"] == "error":
+                    errors.append(ev.get("message", "")[:200])
+                elif ev["event"] == "done":
+                    total.append(at)
+                if manifest_at is None and at > LOOKUP_TIMEOUT_S:
+                    break  # leaving ends the node's fetch; counted as a failed lookup
+        except OSError as exc:  # no line for LOOKUP_TIMEOUT_S (a read timeout), or the node went away
+            errors.append(f"node {i}: {type(exc).__name__}: {exc}"[:200])
         if manifest_at is not None:
             found.append(manifest_at)
-    return {"put_s": put_s, "lookup_s": found, "get_total_s": total, "errors": errors, "asked": len(askers)}
+    return {"put_s": put_s, "lookup_s": found, "failed": len(askers) - len(found), "get_total_s": total,
+            "errors": errors, "asked": len(askers)}
 
 
 # -- one swarm -------------------------------------------------------------------------------------------
@@ -398,6 +416,7 @@ def run_swarm(root: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
 
 def summary(r: dict[str, Any]) -> dict[str, Any]:
     idle, look = r["idle"], r["lookups"]
+    attempts = look["lookup_s"] + [math.inf] * look.get("failed", 0)
     reach99 = [x["reach99_s"] for x in r["reach"]["rounds"] if x["reach99_s"] is not None]
     return {
         "n": r["n"],
@@ -415,19 +434,24 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
         "reach99_max": max(reach99) if reach99 else None,
         "reached_all": all(x["reached"] == x["of"] for x in r["reach"]["rounds"]),
         "reach_unc": max(x["uncertainty_s"] for x in r["reach"]["rounds"]),
-        "lookup_p50": pct(look["lookup_s"], 0.5) if look["lookup_s"] else None,
-        "lookup_p95": pct(look["lookup_s"], 0.95) if look["lookup_s"] else None,
+        # a lookup that found nothing within LOOKUP_TIMEOUT_S counts as infinitely slow
+        "lookup_p50": pct(attempts, 0.5) if attempts else None,
+        "lookup_p95": pct(attempts, 0.95) if attempts else None,
         "lookups": f"{len(look['lookup_s'])}/{look['asked']}",
         "load": idle["load"], "start_all_s": r["start_all_s"],
     }
 
 
 def _fig(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
+    if value is None:
+        return "n/a"
+    return f">{LOOKUP_TIMEOUT_S:.0f}" if math.isinf(value) else f"{value:.2f}"
 
 
 def _ratio(value: float | None, aim: float) -> str:
-    return "n/a" if value is None else f"{value / aim:.2f}"
+    if value is None:
+        return "n/a"
+    return "inf" if math.isinf(value) else f"{value / aim:.2f}"
 
 
 def report(rows: list[dict[str, Any]]) -> None:
@@ -503,8 +527,13 @@ def main() -> None:
             raw.append(r)
             rows.append(summary(r))
             s = rows[-1]
-            print(f"  started in {s['start_all_s']:.0f} s; idle CPU {100 * s['cpu_mean']:.2f}% per node; "
+            print(f"  started in {s['start_all_s']:.0f} s, settled in {r['settle_s']:.0f} s; idle CPU "
+                  f"{100 * s['cpu_mean']:.2f}% per node (max {100 * s['cpu_max']:.2f}%), RSS "
+                  f"{s['rss_mean']:.0f} MiB, connections {s['conn_mean']:.1f} (max {s['conn_max']}), "
+                  f"heartbeats {s['hb_per_s']:.2f}/s; "
                   f"reach99 {_fig(s['reach99_med'])} s; lookup p95 {_fig(s['lookup_p95'])} s", flush=True)
+            args.out.parent.mkdir(parents=True, exist_ok=True)  # what is measured so far survives a failure
+            args.out.write_text(json.dumps({"runs": raw, "summary": rows}, indent=2))
     finally:
         if args.keep:
             print(f"data dirs and logs kept in {root}")
