@@ -86,13 +86,14 @@ def run_intellect(star: Star, src: Path, work: Path, n: int, chunk_mib: int) -> 
         from_peers = sum(c for ev in done for p, c in ev["by_provider"].items() if p != hello["peer_id"])
         total = sum(sum(ev["by_provider"].values()) for ev in done)
         dups = sum(ev.get("endgame_requests", 0) for ev in done)
+        busy = sum(ev.get("busy_answers", 0) for ev in done)
     finally:
         for k in [*kids, origin]:
             k.close()
     _verify(src, [root / f"out{i}.bin" for i in range(n)])
     shutil.rmtree(root, ignore_errors=True)
     note = (f"origin sent {served / src.stat().st_size:.2f} copies; {from_peers}/{total} chunks from other "
-            f"peers; {dups} end-game duplicates")
+            f"peers; {dups} end-game duplicates; {busy} busy answers")
     return {"time": elapsed, "file": with_file, "note": note}
 
 

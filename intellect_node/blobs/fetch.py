@@ -17,13 +17,20 @@ uplink is the limit; measured in bench/broadcast_links.py):
 - rarest first: among the chunks this provider can give, the one the fewest known providers hold (from
   their ``/have`` bitmaps), ties broken by a per-fetch random order, so peers that start together pull
   different chunks and then serve them to each other;
-- the seed is spared: a complete provider (the origin) is not asked for a chunk that a partial holder
-  with a free request slot could give instead. The origin's uplink then carries chunks nobody else has
-  yet, and what peers already hold travels between peers. A partial holder that is stuck (all its slots
-  busy, a frozen peer) does not hold chunks back: the seed serves them.
+- a provider already sending a chunk to another peer answers "busy" (``X-Blob-If-Idle``, see
+  ``blobs/http.py``) and is asked for another: peers that picked the same rare chunk at once do not
+  both pull it through the origin's uplink;
+- the seed is spared: a complete provider (the origin) is not asked for a chunk that a responsive
+  partial holder (heard from within :data:`SPARE_FRESH_S`: a bitmap or chunk bytes) could give, even if
+  that holder is busy, and while partial holders exist it gets :data:`SEED_REQUESTS` requests at a time
+  from this fetch. The origin's uplink then carries chunks nobody else has yet, each about once, and
+  what peers already hold travels between peers. A holder that went silent (frozen, unreachable) stops
+  holding chunks back within a second: the seed serves them.
 
 End game: when every missing chunk is in flight, idle workers duplicate requests that have been slow
-for :data:`ENDGAME_AFTER_S`; the first copy wins and cancels the other.
+(:data:`ENDGAME_AFTER_S`, or twice this fetch's mean chunk time if that is longer: on a slow link every
+chunk takes seconds and is not late), preferring a partial holder to the seed; the first copy wins and
+cancels the other.
 
 Shortcuts: no upload-slot choking on the serving side; requests that two peers make of the origin at
 the same moment for the same rare chunk are not coordinated (random order makes them rare).
@@ -40,7 +47,7 @@ from typing import Awaitable, Callable, Protocol, Sequence
 
 import numpy as np
 
-from intellect_node.blobs.http import ChunkSink, ChunkUnavailable
+from intellect_node.blobs.http import ChunkBusy, ChunkSink, ChunkUnavailable
 from intellect_node.blobs.store import BlobStore
 from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError, TransportError
 from intellect_node.protocol.blob import Have, Manifest, decode_have
@@ -56,7 +63,7 @@ MAX_INFLIGHT = 8
 
 MAX_CONSECUTIVE_FAILURES = 3
 HAVE_REFRESH_S = 0.2
-"""How often an idle worker re-asks a partial holder for its bitmap."""
+"""How often a fetch re-asks each partial holder for its bitmap."""
 
 ENDGAME_AFTER_S = 1.0
 """End game: once every missing chunk is in flight, an idle worker duplicates a request that has been
@@ -65,9 +72,19 @@ slow provider then delays the tail by about this much instead of its 15 s read t
 keeps fast links (a 4 MiB chunk in tens of ms on a LAN) from doubling their last requests."""
 
 SPARE_FRESH_S = 1.0
-"""A partial holder spares the seed only while its bitmap answered this recently (every HAVE_REFRESH_S
-while it has a free slot): one that went silent (frozen, unreachable) stops holding chunks back within
-this time."""
+"""A partial holder spares the seed only while it was heard from this recently (its bitmap, asked every
+HAVE_REFRESH_S by an idle worker, or bytes of a chunk it is sending): one that went silent (frozen,
+unreachable) stops holding chunks back within this time."""
+
+SEED_REQUESTS = 1
+"""Requests in flight to one complete provider per fetch while partial holders exist. Each request the
+origin serves at once splits its uplink further, so every chunk takes longer to reach its first peer
+(and be served on from there), and requests of different peers for the same rare chunk overlap more
+often (bench/README.md, "broadcast": with 2 per peer the origin sent 1.6 copies of the file)."""
+
+BUSY_RETRY_S = 0.5
+"""A provider that answered "busy with this chunk" (X-Blob-Busy: sending it to another peer) is not
+asked for it again for this long; meanwhile the chunk may appear at that other peer."""
 
 STALL_S = 15.0
 """A pass over the current providers ends when no chunk arrived for this long and none is in flight
@@ -137,6 +154,7 @@ class FetchStats:
     lookups: list[str] = field(default_factory=list)  # what each provider lookup found, for the error
     bad: dict[str, str] = field(default_factory=dict)  # peer ID -> why it was dropped as malicious
     endgame_requests: int = 0  # duplicate requests for chunks slow to arrive elsewhere
+    busy_answers: int = 0  # "sending this chunk to another peer right now" (X-Blob-Busy)
     by_provider: dict[str, int] = field(default_factory=dict)  # peer ID -> chunks received
     seconds: float = 0.0
 
@@ -156,7 +174,22 @@ class _Peer:
     failed_chunks: set[int] = field(default_factory=set)
     dropped: bool = False
     busy: int = 0  # this fetch's requests to it in flight
-    answered_at: float = 0.0  # when its bitmap last arrived
+    heard_at: float = 0.0  # when its bitmap or a piece of a chunk from it last arrived
+    busy_until: dict[int, float] = field(default_factory=dict)  # chunk -> when to ask it again
+
+
+class _Heard:
+    """A chunk sink that notes when bytes last came from the provider (a busy holder is not silent)."""
+
+    __slots__ = ("peer", "sink")
+
+    def __init__(self, peer: _Peer, sink: ChunkSink) -> None:
+        self.peer = peer
+        self.sink = sink
+
+    def write(self, piece: bytes | bytearray | memoryview) -> None:
+        self.sink.write(piece)
+        self.peer.heard_at = time.monotonic()
 
 
 class Fetcher:
@@ -328,6 +361,8 @@ class _Download:
         self.slots = asyncio.Semaphore(fetcher.max_inflight)
         self.changed = asyncio.Event()
         self._avail: list[int] | None = None  # chunk -> live providers holding it; None: recount
+        self.chunk_seconds = 0.0  # summed duration of the chunk requests that delivered
+        self.chunks_timed = 0
 
     def _availability(self) -> list[int]:
         """How many live providers hold each chunk (recounted after any bitmap or provider change)."""
@@ -363,16 +398,24 @@ class _Download:
         if not peer.complete:
             return False
         fresh = time.monotonic() - SPARE_FRESH_S
-        return any(q is not peer and not q.dropped and not q.complete and q.busy < self.f.per_provider
-                   and q.answered_at >= fresh and self._useful(q, i) for q in self.peers)
+        return any(q is not peer and not q.dropped and not q.complete and q.heard_at >= fresh
+                   and self._useful(q, i) for q in self.peers)
+
+    def _seed_limited(self, peer: _Peer) -> bool:
+        """A seed already has SEED_REQUESTS of ours while partial holders could take part."""
+        return peer.complete and peer.busy >= SEED_REQUESTS and any(
+            not q.complete and not q.dropped for q in self.peers)
 
     def _pick(self, peer: _Peer) -> int | None:
         """The rarest chunk this provider can give (first in the random order among equals)."""
+        if self._seed_limited(peer):
+            return None
         avail = self._availability()
+        now = time.monotonic()
         best = -1
         for pos, i in enumerate(self.todo):
             if (best < 0 or avail[i] < avail[self.todo[best]]) and self._useful(peer, i) \
-                    and not self._spared(peer, i):
+                    and peer.busy_until.get(i, 0.0) <= now and not self._spared(peer, i):
                 best = pos
                 if avail[i] <= 1:
                     break  # held by this provider alone: nothing is rarer
@@ -407,7 +450,7 @@ class _Download:
             self._notify()
             return
         peer.have = have
-        peer.answered_at = time.monotonic()
+        peer.heard_at = time.monotonic()
         peer.complete = have.held() == len(self.m.chunks)
         self._notify()
 
@@ -426,13 +469,15 @@ class _Download:
 
     def _pick_endgame(self, peer: _Peer) -> int | None:
         """Nothing left to start: duplicate a chunk that has been in flight elsewhere for a while."""
-        if self.todo:
+        if self.todo or self._seed_limited(peer):
             return None
         now = time.monotonic()
         pid = peer.provider.peer_id
+        late = max(ENDGAME_AFTER_S, 2 * self.chunk_seconds / self.chunks_timed) if self.chunks_timed \
+            else ENDGAME_AFTER_S
         for i, holders in self.inflight.items():
             if (len(holders) == 1 and pid not in holders and i not in self.done and self._useful(peer, i)
-                    and now - self.started[i] >= ENDGAME_AFTER_S):
+                    and now - self.started[i] >= late and not self._spared(peer, i)):
                 return i
         return None
 
@@ -441,9 +486,6 @@ class _Download:
         while not self._finished() and not peer.dropped:
             if self._hopeless():
                 return
-            if not peer.complete and time.monotonic() - peer.have_at >= HAVE_REFRESH_S:
-                await self._refresh_have(peer)
-                continue
             async with self.slots:
                 i = self._pick(peer)
                 if i is None and (i := self._pick_endgame(peer)) is not None:
@@ -488,12 +530,18 @@ class _Download:
             self._commit_progress(peer, i, n, fetched=False)
             return True
         writer = self.store.open_chunk_writer(chunk, n)
+        t0 = time.monotonic()
         try:
-            await peer.source.read_chunk(peer.provider, chunk, n, writer)
+            await peer.source.read_chunk(peer.provider, chunk, n, _Heard(peer, writer))
             writer.commit()
         except (IntegrityError, ProtocolError) as exc:
             writer.abort()
             self.f._bad(peer, f"chunk {i}: {exc}", self.stats)
+            return False
+        except ChunkBusy:  # it is sending this chunk to another peer: take another, ask again later
+            writer.abort()
+            peer.busy_until[i] = time.monotonic() + BUSY_RETRY_S
+            self.stats.busy_answers += 1
             return False
         except TransportError as exc:
             writer.abort()
@@ -503,6 +551,8 @@ class _Download:
             writer.abort()
             raise
         self.done.add(i)
+        self.chunk_seconds += time.monotonic() - t0
+        self.chunks_timed += 1
         me = asyncio.current_task()
         for other in self.inflight.get(i, {}).values():
             if other is not me:
@@ -524,10 +574,27 @@ class _Download:
                                       self.done_chunks, len(self.m.chunks), self.done_bytes,
                                       self.m.total_size))
 
+    async def _refresher(self, peer: _Peer) -> None:
+        """Keep a partial holder's bitmap fresh (every HAVE_REFRESH_S), whether or not our requests to
+        it are busy: a stale view of what peers hold sends requests to the origin for chunks a peer
+        already has."""
+        while not peer.dropped:
+            if not peer.complete:  # a complete one is asked again only after a "not held" (below)
+                await self._refresh_have(peer)
+            await asyncio.sleep(HAVE_REFRESH_S)  # a poll period, not a wait for a condition
+
     async def run(self) -> None:
         if self._finished():
             return
-        async with asyncio.TaskGroup() as tg:
-            for peer in self.peers:
-                for _ in range(self.f.per_provider):
-                    tg.create_task(self._worker(peer))
+        refreshers = [asyncio.ensure_future(self._refresher(p)) for p in self.peers]
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for peer in self.peers:
+                    for _ in range(self.f.per_provider):
+                        tg.create_task(self._worker(peer))
+        finally:
+            for r in refreshers:
+                r.cancel()
+            for res in await asyncio.gather(*refreshers, return_exceptions=True):
+                if isinstance(res, Exception):
+                    log.warning("bitmap refresher of %s failed: %r", self.cid, res)

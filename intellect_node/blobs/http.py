@@ -6,6 +6,13 @@ Routes (mounted on the node's bulk HTTP app, see :func:`blob_routes`)::
     GET /blob/v1/chunk/<chunk-cid>     the chunk's bytes (sendfile from the chunk file, zero-copy)
     GET /blob/v1/have/<blob-cid>       msgpack ``Have`` bitmap of the chunks this node holds
 
+A chunk request may carry ``X-Blob-If-Idle: 1``: "only if you are not sending this chunk to someone
+else right now". A node that is answers ``503`` with ``X-Blob-Busy: 1`` instead, and the requester
+takes another chunk and comes back (or, once the other peer holds it, asks that peer). This is what
+keeps an origin from sending one chunk to several peers at once when they picked the same rare chunk
+in the same moment: over shaped links such overlaps made the origin send 1.4 copies of a file
+(bench/README.md, "broadcast"). Requests without the header (earlier versions) are served as before.
+
 HTTP rather than libp2p streams because a TCP + Noise + Yamux stream measured about 13x slower than
 plain TCP here (../shared/notes/libp2p-0.8.1.md). Nothing served needs trust: chunks are checked
 against their CID and manifests against their CID and signature by the receiver.
@@ -41,13 +48,44 @@ from intellect_node.protocol.ids import validate_cid
 OCTET = "application/octet-stream"
 
 
+IF_IDLE = "X-Blob-If-Idle"
+BUSY = "X-Blob-Busy"
+
+
+class ChunkBusy(ChunkUnavailable):
+    """The provider is sending this chunk to another peer right now (it answered ``X-Blob-Busy``): ask
+    again shortly, or the peer it goes to."""
+
+
 @dataclass
 class ServeStats:
     """Counters of what this node served (status, /metrics and tests read them)."""
 
     chunks: int = 0
     bytes: int = 0
+    busy: int = 0  # requests answered X-Blob-Busy
     requests_by_cid: dict[str, int] = field(default_factory=dict)
+    sending: dict[str, int] = field(default_factory=dict)  # chunk CID -> responses being sent now
+
+
+class _CountedFileResponse(web.FileResponse):
+    """A FileResponse that counts itself in ``stats.sending`` while its body goes out (``prepare``
+    sends the whole file)."""
+
+    def __init__(self, stats: ServeStats, cid: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stats, self._cid = stats, cid
+
+    async def prepare(self, request: web.BaseRequest) -> Any:
+        sending = self._stats.sending
+        sending[self._cid] = sending.get(self._cid, 0) + 1
+        try:
+            return await super().prepare(request)
+        finally:
+            if (left := sending[self._cid] - 1) > 0:
+                sending[self._cid] = left
+            else:
+                del sending[self._cid]
 
 
 def blob_routes(store: BlobStore, stats: ServeStats | None = None) -> list[web.RouteDef]:
@@ -76,12 +114,16 @@ def blob_routes(store: BlobStore, stats: ServeStats | None = None) -> list[web.R
         cid = _cid(request)
         if not store.has_chunk(cid):
             raise web.HTTPNotFound(text="chunk not held")
+        if stats.sending.get(cid) and request.headers.get(IF_IDLE) == "1":
+            stats.busy += 1
+            raise web.HTTPServiceUnavailable(text="sending this chunk to another peer", headers={BUSY: "1"})
         path = store.chunk_path(cid)
         stats.chunks += 1
         stats.bytes += path.stat().st_size
         stats.requests_by_cid[cid] = stats.requests_by_cid.get(cid, 0) + 1
         # FileResponse sends with loop.sendfile (zero-copy); chunk files are immutable once renamed in.
-        return web.FileResponse(path, headers={"Content-Type": OCTET, "Cache-Control": "immutable"})
+        return _CountedFileResponse(stats, cid, path,
+                                    headers={"Content-Type": OCTET, "Cache-Control": "immutable"})
 
     return [
         web.get(f"{HTTP_PREFIX}/manifest/{{cid}}", get_manifest),
@@ -230,13 +272,14 @@ class HttpChunkSource:
         return int(parts[1]), headers, bytes(data[end + 4:])
 
     async def _get(self, provider: object, path: str, *, sink: "ChunkSink",
-                   check_length: Callable[[int], None]) -> int:
-        """GET ``path``; stream the body to ``sink``; return the status. Retries once on a stale
-        keep-alive connection (the server may have closed it while idle)."""
+                   check_length: Callable[[int], None], extra: str = "") -> tuple[int, dict[str, str]]:
+        """GET ``path`` (``extra``: more header lines, each ending CRLF); stream the body to ``sink``;
+        return the status and headers. Retries once on a stale keep-alive connection (the server may
+        have closed it while idle)."""
         host, port, base = self._split(provider)
         key = (host, port)
         request = (f"GET {base}{path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-                   "Accept-Encoding: identity\r\n\r\n").encode("ascii")
+                   f"Accept-Encoding: identity\r\n{extra}\r\n").encode("ascii")
         for attempt in (0, 1):
             idle = self._idle.get(key)
             reused = bool(idle)
@@ -249,7 +292,8 @@ class HttpChunkSource:
                         conn.close()
                         continue
                     raise
-                return await self._body(key, conn, status, headers, prefix, sink, check_length)
+                await self._body(key, conn, status, headers, prefix, sink, check_length)
+                return status, headers
             except BaseException as exc:
                 conn.close()
                 if isinstance(exc, (OSError, TimeoutError)):
@@ -258,7 +302,7 @@ class HttpChunkSource:
         raise AssertionError("unreachable")
 
     async def _body(self, key: tuple[str, int], conn: _Conn, status: int, headers: dict[str, str],
-                    prefix: bytes, sink: "ChunkSink", check_length: Callable[[int], None]) -> int:
+                    prefix: bytes, sink: "ChunkSink", check_length: Callable[[int], None]) -> None:
         if "transfer-encoding" in headers:
             raise TransportError("chunked transfer encoding is not used by the blob protocol")
         try:
@@ -289,7 +333,6 @@ class HttpChunkSource:
             conn.close()
         else:
             self._release(key, conn)
-        return status
 
     # -- the ChunkSource interface --------------------------------------------------------------
 
@@ -300,7 +343,7 @@ class HttpChunkSource:
             if n > limit:
                 raise ProtocolError(f"{kind} of {n} bytes exceeds {limit}")
 
-        status = await self._get(provider, f"{HTTP_PREFIX}/{kind}/{cid}", sink=out, check_length=check)
+        status, _ = await self._get(provider, f"{HTTP_PREFIX}/{kind}/{cid}", sink=out, check_length=check)
         if status == 404:
             raise ChunkUnavailable(f"{kind} {cid[:16]}... not held")
         if status != 200:
@@ -322,8 +365,11 @@ class HttpChunkSource:
             if n != length:
                 raise IntegrityError(f"chunk announced as {n} bytes, expected {length}")
 
-        status = await self._get(provider, f"{HTTP_PREFIX}/chunk/{cid}", sink=sink, check_length=check)
+        status, headers = await self._get(provider, f"{HTTP_PREFIX}/chunk/{cid}", sink=sink,
+                                          check_length=check, extra=f"{IF_IDLE}: 1\r\n")
         if status == 404:
             raise ChunkUnavailable(f"chunk {cid[:16]}... not held")
+        if status == 503 and headers.get(BUSY.lower()) == "1":
+            raise ChunkBusy(f"chunk {cid[:16]}... is being sent to another peer")
         if status != 200:
             raise TransportError(f"chunk request answered HTTP {status}")

@@ -137,7 +137,7 @@ async def _main(args: argparse.Namespace) -> None:
                 _emit({"event": "done", "chunks_fetched": st.chunks_fetched,
                        "chunks_resumed": st.chunks_resumed, "seconds": st.seconds,
                        "by_provider": st.by_provider, "failures": st.failures, "bad": st.bad,
-                       "endgame_requests": st.endgame_requests})
+                       "endgame_requests": st.endgame_requests, "busy_answers": st.busy_answers})
             elif op == "export":
                 await asyncio.to_thread(svc.store.export, cmd["cid"], cmd["out"])
                 _emit({"event": "exported", "out": cmd["out"]})

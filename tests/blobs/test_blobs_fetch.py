@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from pathlib import Path
 from typing import Any, Sequence
 
+import pytest
 from aiohttp import web
 
 from intellect_node.blobs.fetch import Progress, Provider, StaticProvider
+from intellect_node.blobs.http import ChunkBusy, HttpChunkSource
 from intellect_node.blobs.service import BlobService
 from intellect_node.blobs.store import BlobStore
 from intellect_node.p2p.peerbook import PeerBook
@@ -315,3 +318,51 @@ def test_downloader_announces_and_serves_before_it_is_complete(tmp_path: Path) -
         await runner.cleanup()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_chunk_being_sent_is_busy_for_if_idle_requests(tmp_path: Path) -> None:
+    """While a provider sends a chunk to one peer (a reader that does not drain it), a request for the
+    same chunk with ``X-Blob-If-Idle`` is answered busy; one without the header (an earlier version) is
+    served; once the first transfer ends, the chunk is served again."""
+    big = 16 << 20  # larger than the socket buffers, so the first send stays in progress
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(big))
+
+    async def main() -> None:
+        origin = await Node(tmp_path / "o").start()
+        cid, m = await origin.svc.put_file(src, chunk_size=big)
+        chunk = m.chunks[0]
+        host, port = origin.url.removeprefix("http://").split(":")
+        slow = socket.socket()
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        slow.setblocking(False)
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(slow, (host, int(port)))
+        await loop.sock_sendall(slow, f"GET {HTTP_PREFIX}/chunk/{chunk} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        await _until(lambda: chunk in origin.svc.serve_stats.sending, "the slow transfer to start")
+        source = HttpChunkSource()
+        sink = origin.svc.store.open_chunk_writer(chunk, big)  # any sink: nothing may reach it
+        with pytest.raises(ChunkBusy):
+            await source.read_chunk(origin.as_provider(), chunk, big, sink)
+        assert sink.received == 0 and origin.svc.serve_stats.busy == 1
+        sink.abort()
+        got = bytearray()
+
+        class Collect:
+            def write(self, piece: bytes | bytearray | memoryview) -> None:
+                got.extend(piece)
+
+        status, _ = await source._get(origin.as_provider(), f"{HTTP_PREFIX}/chunk/{chunk}", sink=Collect(),
+                                      check_length=lambda n: None)  # an earlier version's request
+        assert status == 200 and bytes(got) == src.read_bytes()
+        slow.close()
+        await _until(lambda: not origin.svc.serve_stats.sending, "the slow transfer to end")
+        f = await Node(tmp_path / "f").start()
+        f.providers = [origin.as_provider()]
+        stats = await f.svc.fetch(cid, out=tmp_path / "out.bin")
+        assert (tmp_path / "out.bin").read_bytes() == src.read_bytes() and stats.busy_answers == 0
+        source.close()
+        for n in (origin, f):
+            await n.stop()
+
+    asyncio.run(main())

@@ -23,7 +23,7 @@ from intellect_node.protocol.blob import (
     open_manifest,
     seal_manifest,
 )
-from intellect_node.protocol.ids import cid_of
+from intellect_node.protocol.ids import BLAKE3, cid_of
 from intellect_node.protocol.signing import Envelope, SigningKey
 
 ALICE = SigningKey(bytes(range(32)))
@@ -138,7 +138,7 @@ def test_store_add_export_and_reload(tmp_path: Path) -> None:
     src.write_bytes(data)
     store = BlobStore(tmp_path / "s")
     cid, m = store.add_file(src, ALICE, chunk_size=4096)
-    assert m.chunks == [cid_of(data[i:i + 4096]) for i in range(0, len(data), 4096)]
+    assert m.chunks == [cid_of(data[i:i + 4096], BLAKE3) for i in range(0, len(data), 4096)]
     assert m.chunks[2] == m.chunks[3] and m.chunk_lengths() == [4096] * 4 + [4]
     assert store.is_complete(cid)
     store.export(cid, tmp_path / "out.bin")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from intellect_node.blobs.fetch import (
     PER_PROVIDER,
+    SEED_REQUESTS,
     SPARE_FRESH_S,
     Fetcher,
     FetchStats,
@@ -49,7 +50,7 @@ def _holds(dl: _Download, peer: _Peer, chunks: set[int]) -> None:
     """Peer's bitmap as it arrives from ``/have`` (just now)."""
     peer.have = decode_have(encode_have(dl.cid, [i in chunks for i in range(N)]), dl.cid, N)
     peer.complete = len(chunks) == N
-    peer.answered_at = time.monotonic()
+    peer.heard_at = time.monotonic()
     dl._notify()
 
 
@@ -67,22 +68,43 @@ def test_rarest_first_and_the_seed_spared(tmp_path: Path) -> None:
     assert dl._pick(b) == 4  # only b and the seed hold it
     assert dl._pick(a) == 1
     assert sorted(dl.todo) == [2, 3]
+    # While partial holders take part, the seed gets one request of this fetch at a time.
+    dl.todo = [7]
+    seed.busy = SEED_REQUESTS
+    assert dl._pick(seed) is None
+    seed.busy = 0
+    assert dl._pick(seed) == 7
 
 
-def test_the_seed_serves_what_a_busy_or_silent_holder_holds(tmp_path: Path) -> None:
+def test_the_seed_serves_what_a_silent_holder_holds(tmp_path: Path) -> None:
     dl, (seed, a, _) = _setup(tmp_path)
     _holds(dl, seed, set(range(N)))
     _holds(dl, a, set(range(N - 1)))
     dl.todo = [0, 1, 7]
     assert dl._pick(seed) == 7  # only the seed holds it
+    a.busy = PER_PROVIDER  # a is busy but sending: its chunks wait for it, the origin's uplink is spared
     assert dl._pick(seed) is None
-    a.busy = PER_PROVIDER  # every slot of a is taken: the seed does not wait for it
+    a.heard_at = time.monotonic() - SPARE_FRESH_S - 1  # a went silent (frozen, unreachable)
     assert dl._pick(seed) == 0
-    a.busy = 0
-    a.answered_at = time.monotonic() - SPARE_FRESH_S - 1  # a stopped answering (frozen, unreachable)
-    assert dl._pick(seed) == 1
-    a.answered_at = time.monotonic()
+    a.heard_at = time.monotonic()
     a.dropped = True  # and a dropped provider counts for nothing
     dl.todo = [3]
     dl._notify()
     assert dl._availability()[3] == 1 and dl._pick(seed) == 3
+
+
+def test_end_game_waits_for_a_slow_link_and_spares_the_seed(tmp_path: Path) -> None:
+    """A duplicate is sent only for a request late against this fetch's own chunk times, and to the
+    seed only when no responsive partial holder has the chunk."""
+    dl, (seed, a, b) = _setup(tmp_path)
+    _holds(dl, seed, set(range(N)))
+    _holds(dl, a, {0})
+    _holds(dl, b, {0})
+    dl.todo = []
+    dl.inflight = {0: {"p2": None}}  # type: ignore[dict-item]  # chunk 0 is on its way from b
+    dl.chunk_seconds, dl.chunks_timed = 10.0, 2  # chunks take 5 s each here
+    dl.started[0] = time.monotonic() - 6
+    assert dl._pick_endgame(a) is None  # 6 s is not late when a chunk takes 5
+    dl.started[0] = time.monotonic() - 11
+    assert dl._pick_endgame(seed) is None  # a, responsive, holds it: not from the seed
+    assert dl._pick_endgame(a) == 0

@@ -3,14 +3,14 @@ running node processes (their control API), on real files."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
 import pytest
 
-from intellect_node.protocol.ids import cid_from_digest
+from intellect_node.blobs.store import CHUNK_HASH
+from intellect_node.protocol.ids import cid_of
 from tests.support.common import run_cli
 from tests.support.swarm import NodeProcess
 
@@ -93,7 +93,7 @@ def test_ls_rm_gc_without_a_node(tmp_path: Path) -> None:
 
 
 def _chunk_cid(data: bytes) -> str:
-    return cid_from_digest(hashlib.sha256(data).digest())
+    return cid_of(data, CHUNK_HASH)  # chunk files are named by their CID
 
 
 def test_get_no_keep_and_gc_through_running_nodes(tmp_path: Path) -> None:
