@@ -211,8 +211,10 @@ class PolicyPublisher:
                 raise ValueError(f"policy version {version} is not after the last published {self._version}")
             path = self.root / _ckpt_name(version)
             if isinstance(policy, PolicyWeights):
-                ckpt = policy
-                await asyncio.to_thread(_write_unsynced, path, ckpt.to_bytes())
+                await asyncio.to_thread(_write_unsynced, path, policy.to_bytes())
+                # Kept mapped from the file, not as the caller's bytes (the trainer's copy of its weights),
+                # so the publisher holds no model-sized buffer between versions.
+                ckpt = await asyncio.to_thread(PolicyWeights.load, path, max_size=1 << 62)
             else:  # streamed to the file tensor by tensor and mapped back: no in-memory copy of the model
                 ckpt = await asyncio.to_thread(PolicyWeights.write, path, policy)
             clock.lap("save_s")
