@@ -6,7 +6,8 @@ that start together on a "go" line (process start-up and imports are not timed):
 - ``intellect``: ``intellect_node.blobs.peer`` processes. The origin has published the file (4 MiB
   chunks, signed manifest). Each peer fetches the blob with the origin *and the other peers* as
   providers (swarming: a peer serves what it holds while still downloading), checks every chunk's
-  sha2-256 on arrival, commits it (fsync + rename) and finally writes the assembled file.
+  hash (BLAKE3, what its CID names) on arrival, commits it (rename; fsync batched after the fetch) and
+  finally writes the assembled file.
   Provider discovery is static here (the DHT lookup, about 0.6 s on this machine, is measured by the
   swarm tests, not here).
 - ``shardcast``: shardcast 0.3.2 (``pip install -e '.[bench]'``), origin ``OriginServer`` +

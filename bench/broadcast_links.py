@@ -82,7 +82,11 @@ def run_intellect(star: Star, src: Path, work: Path, n: int, chunk_mib: int) -> 
             if ev["event"] != "done":
                 raise RuntimeError(f"intellect fetch failed: {ev}")
         origin.send({"op": "stats"})
-        served = origin.read_until({"stats"})["bytes_served"]
+        ostats = origin.read_until({"stats"})
+        served = ostats["bytes_served"]
+        finish = sorted(ev["seconds"] for ev in done)
+        print(f"    peers finished at {', '.join(f'{t:.1f}' for t in finish)} s; origin sent chunks "
+              f"n times: {ostats['chunks_sent_n_times']}", flush=True)
         from_peers = sum(c for ev in done for p, c in ev["by_provider"].items() if p != hello["peer_id"])
         total = sum(sum(ev["by_provider"].values()) for ev in done)
         dups = sum(ev.get("endgame_requests", 0) for ev in done)

@@ -7,8 +7,9 @@ Routes (mounted on the node's bulk HTTP app, see :func:`blob_routes`)::
     GET /blob/v1/have/<blob-cid>       msgpack ``Have`` bitmap of the chunks this node holds
 
 A chunk request may carry ``X-Blob-If-Idle: 1``: "only if you are not sending this chunk to someone
-else right now". A node that is answers ``503`` with ``X-Blob-Busy: 1`` instead, and the requester
-takes another chunk and comes back (or, once the other peer holds it, asks that peer). This is what
+else right now (or did a moment ago)". A node that is answers ``503`` with ``X-Blob-Busy: 1`` instead,
+and the requester takes another chunk and comes back (or, once the other peer holds it, asks that
+peer). This is what
 keeps an origin from sending one chunk to several peers at once when they picked the same rare chunk
 in the same moment: over shaped links such overlaps made the origin send 1.4 copies of a file
 (bench/README.md, "broadcast"). Requests without the header (earlier versions) are served as before.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 from urllib.parse import urlsplit
@@ -66,6 +68,21 @@ class ServeStats:
     busy: int = 0  # requests answered X-Blob-Busy
     requests_by_cid: dict[str, int] = field(default_factory=dict)
     sending: dict[str, int] = field(default_factory=dict)  # chunk CID -> responses being sent now
+    sent_at: dict[str, float] = field(default_factory=dict)  # chunk CID -> when a send last ended
+    busy_after_send_s: float = 1.0
+    """A chunk sent this recently counts as busy too: its receiver holds it now, and a peer asking
+    within this time has not yet seen that peer's bitmap (refreshed every 0.2 s)."""
+
+    def busy_with(self, cid: str) -> bool:
+        if self.sending.get(cid):
+            return True
+        return time.monotonic() - self.sent_at.get(cid, float("-inf")) < self.busy_after_send_s
+
+    def sent(self, cid: str) -> None:
+        now = time.monotonic()
+        if len(self.sent_at) > 4096:  # keep only what can still answer busy
+            self.sent_at = {c: t for c, t in self.sent_at.items() if now - t < self.busy_after_send_s}
+        self.sent_at[cid] = now
 
 
 class _CountedFileResponse(web.FileResponse):
@@ -86,6 +103,7 @@ class _CountedFileResponse(web.FileResponse):
                 sending[self._cid] = left
             else:
                 del sending[self._cid]
+            self._stats.sent(self._cid)
 
 
 def blob_routes(store: BlobStore, stats: ServeStats | None = None) -> list[web.RouteDef]:
@@ -114,7 +132,7 @@ def blob_routes(store: BlobStore, stats: ServeStats | None = None) -> list[web.R
         cid = _cid(request)
         if not store.has_chunk(cid):
             raise web.HTTPNotFound(text="chunk not held")
-        if stats.sending.get(cid) and request.headers.get(IF_IDLE) == "1":
+        if request.headers.get(IF_IDLE) == "1" and stats.busy_with(cid):
             stats.busy += 1
             raise web.HTTPServiceUnavailable(text="sending this chunk to another peer", headers={BUSY: "1"})
         path = store.chunk_path(cid)

@@ -142,8 +142,12 @@ async def _main(args: argparse.Namespace) -> None:
                 await asyncio.to_thread(svc.store.export, cmd["cid"], cmd["out"])
                 _emit({"event": "exported", "out": cmd["out"]})
             elif op == "stats":
+                times: dict[int, int] = {}  # sent n times -> how many chunks
+                for n in svc.serve_stats.requests_by_cid.values():
+                    times[n] = times.get(n, 0) + 1
                 _emit({"event": "stats", "chunks_served": svc.serve_stats.chunks,
-                       "bytes_served": svc.serve_stats.bytes, "rejections": rejections})
+                       "bytes_served": svc.serve_stats.bytes, "rejections": rejections,
+                       "chunks_sent_n_times": times})
             else:
                 _emit({"event": "error", "message": f"unknown op {op!r}"})
     finally:

@@ -321,9 +321,9 @@ def test_downloader_announces_and_serves_before_it_is_complete(tmp_path: Path) -
 
 
 def test_a_chunk_being_sent_is_busy_for_if_idle_requests(tmp_path: Path) -> None:
-    """While a provider sends a chunk to one peer (a reader that does not drain it), a request for the
-    same chunk with ``X-Blob-If-Idle`` is answered busy; one without the header (an earlier version) is
-    served; once the first transfer ends, the chunk is served again."""
+    """While a provider sends a chunk to one peer (a reader that does not drain it), and a moment after,
+    a request for the same chunk with ``X-Blob-If-Idle`` is answered busy; one without the header (an
+    earlier version) is served; after that moment the chunk is served again."""
     big = 16 << 20  # larger than the socket buffers, so the first send stays in progress
     src = tmp_path / "big.bin"
     src.write_bytes(os.urandom(big))
@@ -355,8 +355,14 @@ def test_a_chunk_being_sent_is_busy_for_if_idle_requests(tmp_path: Path) -> None
         status, _ = await source._get(origin.as_provider(), f"{HTTP_PREFIX}/chunk/{chunk}", sink=Collect(),
                                       check_length=lambda n: None)  # an earlier version's request
         assert status == 200 and bytes(got) == src.read_bytes()
+        origin.svc.serve_stats.busy_after_send_s = 3600.0  # "a moment ago" lasts the whole test
         slow.close()
         await _until(lambda: not origin.svc.serve_stats.sending, "the slow transfer to end")
+        sink = origin.svc.store.open_chunk_writer(chunk, big)
+        with pytest.raises(ChunkBusy):  # its receiver holds it now: ask that peer
+            await source.read_chunk(origin.as_provider(), chunk, big, sink)
+        sink.abort()
+        origin.svc.serve_stats.busy_after_send_s = 0.0
         f = await Node(tmp_path / "f").start()
         f.providers = [origin.as_provider()]
         stats = await f.svc.fetch(cid, out=tmp_path / "out.bin")
