@@ -31,7 +31,7 @@ from libp2p.peer.id import ID
 from intellect_node.errors import IntegrityError, ProtocolError, TransportError
 from intellect_node.p2p.nat.relay import relay_of_connection
 from intellect_node.protocol import codec
-from intellect_node.protocol.ids import cid_of, validate_cid
+from intellect_node.protocol.ids import cid_of, hash_code, validate_cid
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ class ChunkStreamClient:
                     pass
         # Chunks and manifests alike are named by the CID of their bytes (the manifest's ID is the CID
         # of its signed envelope), so both are checked here; a have bitmap is checked by its reader.
-        if kind != "have" and cid_of(data) != cid:
+        if kind != "have" and cid_of(data, hash_code(cid)) != cid:  # the function the CID names
             raise IntegrityError(f"{kind} from {self.peer} does not match {cid}")
         return data
 
