@@ -282,3 +282,45 @@ def test_a_node_started_before_its_bootstrap_peer_joins_once_it_is_up(tmp_path: 
             await asyncio.gather(early.stop(), late.stop(), return_exceptions=True)
 
     run(main(), timeout=90)
+
+
+def test_advertised_addresses_are_kept_briefly_and_follow_circuits_and_listeners_at_once() -> None:
+    """py-libp2p asks for the host's addresses for every pubsub RPC's peer record: the wrapper answers
+    from a short cache, but a new circuit, a change of view or a new listener shows at once."""
+    from multiaddr import Multiaddr
+
+    from intellect_node.p2p.nat import relay
+
+    class Net:
+        listeners: dict[str, object] = {}
+
+    class Host:
+        calls = 0
+
+        def get_network(self) -> Net:
+            return net
+
+        def get_addrs(self) -> list[Multiaddr]:
+            Host.calls += 1
+            return [Multiaddr(f"/ip4/127.0.0.1/tcp/{4000 + len(net.listeners)}")]
+
+    net, host = Net(), Host()
+    circuits: list[str] = []
+    private = [False]
+    relay.advertise_circuit_addrs(host, lambda: list(circuits), private=lambda: private[0])
+    assert [str(a) for a in host.get_addrs()] == ["/ip4/127.0.0.1/tcp/4000"]
+    for _ in range(50):
+        host.get_addrs()
+    assert Host.calls == 1  # answered from the cache
+    net.listeners["tcp"] = object()  # listening now
+    assert [str(a) for a in host.get_addrs()] == ["/ip4/127.0.0.1/tcp/4001"]
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.id import ID
+
+    relay_id = ID.from_pubkey(create_new_key_pair(b"\x01" * 32).public_key)
+    circ = f"/ip4/10.0.0.1/tcp/1/p2p/{relay_id}/p2p-circuit"
+    circuits.append(circ)
+    assert [str(a) for a in host.get_addrs()][-1] == circ
+    private[0] = True
+    assert [str(a) for a in host.get_addrs()] == [circ]
+    assert Host.calls == 3

@@ -372,14 +372,32 @@ def advertise_circuit_addrs(host: Any, circuits: Callable[[], list[str]], *,
     host instance.
     """
     original = host.get_addrs
+    # py-libp2p calls get_addrs for the signed peer record it attaches to every pubsub RPC, so an idle
+    # node of a busy swarm asked for its addresses many times a second, and parsing them again each
+    # time was 5.5% of its CPU (py-spy, bench/scale.py at 16 nodes). The answer is kept for
+    # ADDRS_CACHE_S, keyed by everything it depends on that changes by event (the circuits, the private
+    # view, the number of listeners); listen and observed addresses change rarely and are re-read after
+    # that long.
+    cached: list[Any] = [None, 0.0, []]  # key, monotonic time, answer
 
     def get_addrs() -> list[Multiaddr]:
-        relayed = [Multiaddr(a) for a in circuits()]
-        if private() and not OWN_ADDRS_VIEW.get():
-            return relayed
-        return [a for a in original() if not is_circuit(a)] + relayed
+        circ = tuple(circuits())
+        only_relayed = bool(private()) and not OWN_ADDRS_VIEW.get()
+        listeners = len(getattr(host.get_network(), "listeners", ()) or ())  # a listen right after start
+        key = (circ, only_relayed, listeners)
+        now = time.monotonic()
+        if cached[0] == key and now - cached[1] < ADDRS_CACHE_S:
+            return list(cached[2])
+        relayed = [Multiaddr(a) for a in circ]
+        answer = relayed if only_relayed else [a for a in original() if not is_circuit(a)] + relayed
+        cached[:] = [key, now, answer]
+        return list(answer)
 
     host.get_addrs = get_addrs
+
+
+ADDRS_CACHE_S = 1.0
+"""How long :func:`advertise_circuit_addrs` keeps the host's own addresses before reading them again."""
 
 
 def is_circuit(addr: str | Multiaddr) -> bool:
