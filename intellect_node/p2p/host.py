@@ -256,6 +256,7 @@ class P2PHost:
             score_params=gossip_params.score_params(), adaptive_gossip_enabled=False,
         )
         compat.prune_low_scores(self.gossipsub, gossip_params.MESH_THRESHOLD, self._pruned_for_score)
+        compat.idontwant_only_for_large(self.gossipsub)
         self.pubsub = Pubsub(self.host, self.gossipsub, strict_signing=True)
         compat.replace_pruner(self.host.get_network(), self.connmgr)
         # Below low with few peers to dial, the dialer asks for more: a self-lookup (rate-limited).

@@ -137,3 +137,34 @@ def test_a_peer_forwarding_invalid_messages_is_pruned_and_gated_while_honest_gos
             assert b.p2p.peer_score(a.peer_id, TOPIC) >= 0  # a forwarded only what was valid
 
     run(main(), 90)
+
+
+def test_idontwant_goes_out_for_large_messages_only() -> None:
+    """``idontwant-threshold``: a heartbeat-sized message gets no IDONTWANT, a 2 KiB one does. Every
+    IDONTWANT the three nodes receive names one message ID, the large message's: RPCs on a connection
+    arrive in order, so one for the small message (published first) would have come before."""
+    async def main() -> None:
+        async with swarm_nodes(3, {0: [1], 1: [2]}) as nodes:
+            got: dict[str, list[bytes]] = {n.peer_id: [] for n in nodes}
+            ids: list[bytes] = []
+            for n in nodes:
+                n.subscribe(TOPIC, _validate, lambda msg, origin, me=n.peer_id: got[me].append(msg))
+                stock = n.p2p.gossipsub.handle_idontwant
+
+                async def record(msg: Any, sender: ID, stock: Any = stock) -> None:
+                    ids.extend(bytes(m) for m in msg.messageIDs)
+                    await stock(msg, sender)
+
+                n.p2p.gossipsub.handle_idontwant = record
+            await wait_until(lambda: all(n.mesh_peers(TOPIC) for n in nodes)
+                             and len(nodes[1].mesh_peers(TOPIC)) == 2, 20, what="meshes")
+            small, large = b"ok:" + b"s" * 200, b"ok:" + b"L" * 2048
+            await nodes[0].publish(TOPIC, small)
+            others = [got[n.peer_id] for n in nodes[1:]]  # the publisher does not hear its own
+            await wait_until(lambda: all(small in g for g in others), 15, what="the small message")
+            await nodes[0].publish(TOPIC, large)
+            await wait_until(lambda: all(large in g for g in others) and len(ids) >= 2, 15,
+                             what="the large message and its IDONTWANTs")
+            assert len(set(ids)) == 1, ids
+
+    run(main(), 60)
