@@ -245,7 +245,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "the gossip factor: mesh repair after churn or trims takes 30-60 s instead of 1 s",
         "a healthy 5-node ring: heartbeat 1 s -> 30 s, health 0.33, D_low/D_high 4/12 -> 6/15, gossip "
         "factor 0.25 -> 0.45, 30 s after start; a full mesh of 6: 60 s (measured, issue #17)",
-        "tests/p2p/test_scoring.py::test_stock_adaptive_gossip_slows_the_heartbeat_of_a_healthy_mesh",
+        "tests/p2p/test_gossip_scoring.py::test_stock_adaptive_gossip_slows_the_heartbeat_of_a_healthy_mesh",
         "not reported", "upstream's health counts honest peers as healthy and keeps the configured "
         "heartbeat (the test then fails: the stock mode keeps 1 s)"),
     Workaround(
@@ -255,7 +255,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "negative score are pruned), so a peer forwarding invalid messages stays in the mesh",
         "read from the 0.8.1 source (mesh_heartbeat selects by degree only); the stock heartbeat keeps "
         "a peer at score -500 in the mesh",
-        "tests/p2p/test_scoring.py::test_stock_mesh_heartbeat_keeps_a_negative_score_peer",
+        "tests/p2p/test_gossip_scoring.py::test_stock_mesh_heartbeat_keeps_a_negative_score_peer",
         "not reported", "upstream prunes and skips peers below a threshold in mesh_heartbeat"),
     Workaround(
         "idontwant-threshold", "idontwant_only_for_large (wraps the router's publish and IDONTWANT emit)",
@@ -264,7 +264,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "copies it saves cost more than the notice",
         "py-spy of an idle node in a 16-node swarm: 6% of its CPU in IDONTWANTs for heartbeats of a few "
         "hundred bytes (bench/README.md, scale)",
-        "tests/p2p/test_scoring.py::test_idontwant_goes_out_for_large_messages_only",
+        "tests/p2p/test_gossip_scoring.py::test_idontwant_goes_out_for_large_messages_only",
         "not reported", "upstream sends IDONTWANT only above a size threshold"),
 )
 
