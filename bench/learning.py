@@ -42,6 +42,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from intellect_node.fsutil import read_jsonl  # noqa: E402  (after the path: runs from a checkout)
+
 HYPER = dict(group_size=8, problems_per_batch=4, groups_per_step=8, max_new_tokens=5, lr=2e-4,
              batches_per_version=1)
 """The learning settings are TRL's below; ``batches_per_version`` is the swarm's pipeline: two workers
@@ -76,15 +78,7 @@ def held_out_pass_rates(trainer_dir: Path) -> tuple[float, float | None]:
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a line torn by the kill at the end of the run
-    return out
+    return read_jsonl(path)  # type: ignore[return-value]  # a line torn by the kill at the end is skipped
 
 
 def _median(xs: list[float]) -> float | None:

@@ -48,3 +48,24 @@ def atomic_replace_file(src: str | os.PathLike[str], dst: str | os.PathLike[str]
         os.fsync(f.fileno())
     os.replace(src, dst)
     fsync_dir(Path(dst).parent)
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, object]]:
+    """The JSON objects of an append-only JSONL log (``metrics.jsonl``, ``hops.jsonl``), oldest first;
+    ``[]`` when there is no file. A line that does not parse as an object is skipped: appends are not
+    atomic, so a process killed mid-write leaves a torn last line, which must not hide the rest."""
+    import json
+
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out

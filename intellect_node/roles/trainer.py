@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError
-from intellect_node.fsutil import atomic_write_bytes
+from intellect_node.fsutil import atomic_write_bytes, read_jsonl
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement
 from intellect_node.protocol.rl import (
     NOTICE_KIND,
@@ -253,15 +253,11 @@ class Trainer:
 
     def _last_recorded_seq(self) -> int:
         """The journal entry of the last line in metrics.jsonl: replayed steps are not recorded twice."""
-        try:
-            lines = (self.dir / METRICS_FILE).read_text().splitlines()
-        except FileNotFoundError:
-            return 0
-        for line in reversed(lines):
+        for record in reversed(read_jsonl(self.dir / METRICS_FILE)):  # a line torn by a crash is skipped
             try:
-                return int(json.loads(line).get("seq", 0))
-            except (ValueError, AttributeError, TypeError):
-                continue  # torn by a crash
+                return int(record.get("seq", 0))  # type: ignore[call-overload]
+            except (ValueError, TypeError):
+                continue
         return 0
 
     # -- policy publication ----------------------------------------------------------------------

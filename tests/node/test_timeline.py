@@ -25,7 +25,7 @@ from intellect_node.node.status import (
     process_started_at,
 )
 from tests.support.common import CLI
-from tests.support.roles import listen_addr, make_key, start_role
+from tests.support.roles import make_key, start_role, start_trainer_and_validator
 from tests.support.wait import wait_for
 
 
@@ -125,10 +125,7 @@ def test_a_fresh_worker_reports_its_join_in_status(tmp_path: Path) -> None:
                                   model=str(embedded_model_dir()), rl=RL)
     procs: list[Any] = []
     try:
-        trainer = start_role(tmp_path / "trainer", "trainer", procs, **common)
-        t_addr = listen_addr(trainer)
-        validator = start_role(tmp_path / "validator", "validator", procs, bootstrap=[t_addr], **common)
-        v_addr = listen_addr(validator)
+        trainer, t_addr, validator, v_addr = start_trainer_and_validator(tmp_path, procs, **common)
         (tmp_path / "worker").mkdir()  # a fresh worker: no key yet, join makes one
         launched = time.time() - 0.02  # the kernel counts starts in 10 ms ticks
         worker = start_role(tmp_path / "worker", "worker", procs, bootstrap=[t_addr, v_addr], **common)

@@ -20,7 +20,15 @@ import pytest
 from intellect_node.protocol.rollout import decode_batch
 from intellect_node.roles.admission import rollout_keys
 from intellect_node.roles.common import read_blob
-from tests.support.roles import CheatProcess, hostile_process, listen_addr, make_key, start_role, write_config
+from tests.support.roles import (
+    CheatProcess,
+    hostile_process,
+    listen_addr,
+    make_key,
+    start_role,
+    start_trainer_and_validator,
+    write_config,
+)
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -39,10 +47,7 @@ def test_validator_refuses_resubmitted_rollouts_once_verified_and_bans(tmp_path:
     common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=_model(), rl=rl)
     procs: list[Any] = []
     try:
-        trainer = start_role(tmp_path / "trainer", "trainer", procs, **common)
-        t_addr = listen_addr(trainer)
-        validator = start_role(tmp_path / "validator", "validator", procs, bootstrap=[t_addr], **common)
-        v_addr = listen_addr(validator)
+        trainer, t_addr, validator, v_addr = start_trainer_and_validator(tmp_path, procs, **common)
         write_config(tmp_path / "cheat", bootstrap=[t_addr, v_addr], **common)  # type: ignore[arg-type]
         cheat = CheatProcess(tmp_path / "cheat", "replay")
         procs.append(cheat)

@@ -30,7 +30,13 @@ import pytest
 from intellect_node.inference.evaluate import pass_rate, with_weights
 from intellect_node.models.loader import load_model
 from intellect_node.trainer.checkpoint import latest_weights_path
-from tests.support.roles import CheatProcess, listen_addr, make_key, start_role, write_config
+from tests.support.roles import (
+    CheatProcess,
+    make_key,
+    start_role,
+    start_trainer_and_validator,
+    write_config,
+)
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -67,10 +73,7 @@ def test_swarm_learns_rejects_cheats_and_survives_a_trainer_sigkill(tmp_path: Pa
     common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=model, rl=RL)
     procs: list[Any] = []
     try:
-        trainer = start_role(tmp_path / "trainer", "trainer", procs, **common)
-        t_addr = listen_addr(trainer)
-        validator = start_role(tmp_path / "validator", "validator", procs, bootstrap=[t_addr], **common)
-        v_addr = listen_addr(validator)
+        trainer, t_addr, validator, v_addr = start_trainer_and_validator(tmp_path, procs, **common)
         w1, w2 = [start_role(tmp_path / n, "worker", procs, bootstrap=[t_addr, v_addr], **common)
                   for n in ("w1", "w2")]
         write_config(tmp_path / "cheat", bootstrap=[t_addr, v_addr], **common)  # type: ignore[arg-type]

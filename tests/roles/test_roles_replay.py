@@ -18,15 +18,15 @@ with one content hash only.
 
 from __future__ import annotations
 
-import json
 import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from intellect_node.fsutil import read_jsonl
 from intellect_node.trainer.checkpoint import latest_dir, read_state
-from tests.support.roles import listen_addr, make_key, start_role
+from tests.support.roles import make_key, start_role, start_trainer_and_validator
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -37,15 +37,7 @@ RL = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # the last line of a killed process
-    return out
+    return read_jsonl(path)  # type: ignore[return-value]  # the last line of a killed process is skipped
 
 
 def _announced(tmp: Path) -> dict[int, set[str]]:
@@ -88,10 +80,7 @@ def test_trainer_killed_between_checkpoints_replays_or_bumps(tmp_path: Path) -> 
     tdir = tmp_path / "trainer" / "trainer"
     procs: list[Any] = []
     try:
-        trainer = start_role(tmp_path / "trainer", "trainer", procs, **common)
-        t_addr = listen_addr(trainer)
-        validator = start_role(tmp_path / "validator", "validator", procs, bootstrap=[t_addr], **common)
-        v_addr = listen_addr(validator)
+        trainer, t_addr, validator, v_addr = start_trainer_and_validator(tmp_path, procs, **common)
         for n in ("w1", "w2"):
             start_role(tmp_path / n, "worker", procs, bootstrap=[t_addr, v_addr], **common)
 

@@ -18,7 +18,7 @@ import pytest
 
 from intellect_node.node.ledger import Ledger
 from intellect_node.roles.validator import HEARD_RECENTLY_S
-from tests.support.roles import listen_addr, make_key, start_role
+from tests.support.roles import make_key, start_role, start_trainer_and_validator
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -50,10 +50,7 @@ def test_verdicts_issued_while_the_trainer_was_down_reach_it_when_it_returns(tmp
                   rl=RL)
     procs: list[Any] = []
     try:
-        trainer = start_role(tmp_path / "trainer", "trainer", procs, **common)
-        t_addr = listen_addr(trainer)
-        validator = start_role(tmp_path / "validator", "validator", procs, bootstrap=[t_addr], **common)
-        v_addr = listen_addr(validator)
+        trainer, t_addr, validator, v_addr = start_trainer_and_validator(tmp_path, procs, **common)
         worker = start_role(tmp_path / "worker", "worker", procs, bootstrap=[t_addr, v_addr], **common)
         wait_for(lambda: trainer.status()["trainer"]["accepted_batches"] >= 1, timeout=300,
                  what="a first batch at the trainer")

@@ -72,6 +72,16 @@ def listen_addr(proc: NodeProcess, timeout: float = 180) -> str:
     return str(proc.wait_ready(timeout)["listen_addrs"][0])
 
 
+def start_trainer_and_validator(root: Path, procs: list[Any],
+                                **config: Any) -> tuple[NodeProcess, str, NodeProcess, str]:
+    """The run's trainer in ``root/trainer``, then its validator in ``root/validator`` bootstrapped to it,
+    each ready: ``(trainer, its address, validator, its address)``; workers bootstrap to both."""
+    trainer = start_role(root / "trainer", "trainer", procs, **config)
+    t_addr = listen_addr(trainer)
+    validator = start_role(root / "validator", "validator", procs, bootstrap=[t_addr], **config)
+    return trainer, t_addr, validator, listen_addr(validator)
+
+
 class CheatProcess(NodeProcess):
     """A cheating worker as a child process (same control API as an honest node). ``module``: the test
     module whose ``__main__`` runs it (``tests.support.hostile`` for the other hostile peers)."""
