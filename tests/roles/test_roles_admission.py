@@ -55,6 +55,10 @@ def test_validator_refuses_resubmitted_rollouts_once_verified_and_bans(tmp_path:
                  what="the replayer banned")
         wait_for(lambda: trainer.status()["trainer"]["banned"] >= 1, timeout=60,
                  what="the ban at the trainer")
+        # The accepted batches were prefetched on their notices; the ban verdict can overtake the
+        # admission of the last one (its fetch still running), which then follows.
+        wait_for(lambda: trainer.status()["trainer"]["awaiting_quorum"] == 0, timeout=60,
+                 what="the trainer done with the accepted batches")
         vstat = validator.status()["validator"]
         tstat = trainer.status()["trainer"]
     finally:
