@@ -100,6 +100,28 @@ class Child:
                 self.p.wait()
 
 
+def _fetch_all(kids: list[Child], cid: str, providers: list[dict[str, str]], root: Path,
+               cpu: list[Child] | None = None) -> tuple[list[dict[str, Any]], float, float, float]:
+    """Every peer fetches ``cid`` from ``providers`` at once, then writes the assembled file:
+    ``(done events, seconds to all verified, seconds including the files, CPU s of cpu's processes
+    during the fetch)``; RuntimeError if a peer's fetch failed."""
+    cpu0 = sum(c.cpu() for c in cpu or [])
+    t0 = time.perf_counter()
+    for k in kids:
+        k.send({"op": "fetch", "cid": cid, "providers": providers})
+    done = _wait_all(kids, {"done", "error"})
+    elapsed = time.perf_counter() - t0
+    cpu_s = sum(c.cpu() for c in cpu or []) - cpu0
+    for i, k in enumerate(kids):
+        k.send({"op": "export", "cid": cid, "out": str(root / f"out{i}.bin")})
+    _wait_all(kids, {"exported"})
+    with_export = time.perf_counter() - t0
+    for ev in done:
+        if ev["event"] != "done":
+            raise RuntimeError(f"intellect fetch failed: {ev}")
+    return done, elapsed, with_export, cpu_s
+
+
 def _wait_all(children: list[Child], kinds: set[str]) -> list[dict[str, Any]]:
     """Read each child's next matching event in parallel threads (so no pipe backs up)."""
     out: list[dict[str, Any] | None] = [None] * len(children)
@@ -137,20 +159,8 @@ def run_intellect(src: Path, work: Path, peers: int, chunk_mib: int, *, label: s
                 for i in range(peers)]
         hellos = _wait_all(kids, {"listening"})
         everyone = [{"peer_id": h["peer_id"], "http_url": h["url"]} for h in [hello, *hellos]]
-        cpu0 = sum(c.cpu() for c in [origin, *kids])
-        t0 = time.perf_counter()
-        for k in kids:
-            k.send({"op": "fetch", "cid": cid, "providers": everyone[:1] if origin_only else everyone})
-        done = _wait_all(kids, {"done", "error"})
-        elapsed = time.perf_counter() - t0
-        CPU[label] = sum(c.cpu() for c in [origin, *kids]) - cpu0
-        for i, k in enumerate(kids):
-            k.send({"op": "export", "cid": cid, "out": str(root / f"out{i}.bin")})
-        _wait_all(kids, {"exported"})
-        with_export = time.perf_counter() - t0
-        for ev in done:
-            if ev["event"] != "done":
-                raise RuntimeError(f"intellect fetch failed: {ev}")
+        done, elapsed, with_export, CPU[label] = _fetch_all(
+            kids, cid, everyone[:1] if origin_only else everyone, root, cpu=[origin, *kids])
         from_peers = sum(n for ev in done for p, n in ev["by_provider"].items() if p != hello["peer_id"])
         total = sum(sum(ev["by_provider"].values()) for ev in done)
         dups = sum(ev.get("endgame_requests", 0) for ev in done)

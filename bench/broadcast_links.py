@@ -42,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broadcast import MIB, PY, Child, _make_source, _verify, _wait_all  # noqa: E402
+from broadcast import MIB, PY, Child, _fetch_all, _make_source, _verify, _wait_all  # noqa: E402
 
 from intellect_node.testing.netns import Star, netns_unavailable_reason  # noqa: E402
 
@@ -69,18 +69,7 @@ def run_intellect(star: Star, src: Path, work: Path, n: int, chunk_mib: int) -> 
                 for k in range(1, n + 1)]
         hellos = _wait_all(kids, {"listening"})
         everyone = [{"peer_id": h["peer_id"], "http_url": h["url"]} for h in [hello, *hellos]]
-        t0 = time.perf_counter()
-        for k in kids:
-            k.send({"op": "fetch", "cid": cid, "providers": everyone})
-        done = _wait_all(kids, {"done", "error"})
-        elapsed = time.perf_counter() - t0
-        for i, k in enumerate(kids):
-            k.send({"op": "export", "cid": cid, "out": str(root / f"out{i}.bin")})
-        _wait_all(kids, {"exported"})
-        with_file = time.perf_counter() - t0
-        for ev in done:
-            if ev["event"] != "done":
-                raise RuntimeError(f"intellect fetch failed: {ev}")
+        done, elapsed, with_file, _cpu = _fetch_all(kids, cid, everyone, root)
         origin.send({"op": "stats"})
         ostats = origin.read_until({"stats"})
         served = ostats["bytes_served"]
