@@ -39,11 +39,14 @@ class TrainerPolicy:
     """The run's trainer's policy, followed in ``directory`` for one role (see the module docstring).
 
     ``on_version`` is awaited with each version obtained, in increasing order; ``on_announcement`` sees
-    every valid announcement first (repeats included) and must not block."""
+    every valid announcement first (repeats included) and must not block. With ``keep_passing`` k it is
+    also awaited with each of the k versions before an obtained one that the delta walk passed through
+    (a validator holds every version it may be asked to judge, not only the newest)."""
 
     def __init__(self, runtime: Runtime, fetcher: HintedFetcher, directory: Path, tasks: RoleTasks,
                  on_version: OnVersion, *,
-                 on_announcement: Callable[[PolicyAnnouncement], None] | None = None) -> None:
+                 on_announcement: Callable[[PolicyAnnouncement], None] | None = None,
+                 keep_passing: int = 0) -> None:
         self.run_id = runtime.config.run.run_id
         self.trainer = require_trainer(runtime.config, tasks.name)
         self._rt = runtime
@@ -52,7 +55,8 @@ class TrainerPolicy:
         self._on_announcement = on_announcement
         self.follower = PolicyFollower(directory, fetcher.holding([self.trainer]), run_id=self.run_id,
                                        trainer=self.trainer, max_checkpoint_bytes=MAX_POLICY_BYTES,
-                                       board=runtime.board, on_reject=runtime.swarm.peerbook.record_rejection)
+                                       board=runtime.board, on_reject=runtime.swarm.peerbook.record_rejection,
+                                       on_passing=on_version, keep_passing=keep_passing)
 
     @property
     def version(self) -> int | None:

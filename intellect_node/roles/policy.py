@@ -283,7 +283,16 @@ class PolicyFollower:
 
     def __init__(self, root: str | os.PathLike[str], blobs: PolicyBlobs, *, run_id: str, trainer: str,
                  max_checkpoint_bytes: int, board: StatusBoard | None = None,
-                 on_reject: Callable[[str, str], object] | None = None) -> None:
+                 on_reject: Callable[[str, str], object] | None = None,
+                 on_passing: Callable[[int, PolicyWeights], Awaitable[None]] | None = None,
+                 keep_passing: int = 0) -> None:
+        """``on_passing(version, checkpoint)`` is awaited for each version a chain walk passes through on
+        its way to the announced one, for the ``keep_passing`` versions just before it (a validator
+        judges batches of the last ``async_level`` versions too: without this, a version superseded
+        while the follower was busy would never be held, and every batch made on it would be refused).
+        Each such checkpoint hashed to the announced ``target_hash`` of its link before it is passed.
+        :meth:`follow` then also obtains, oldest first, each version offered within that window before the
+        newest (one the walk cannot pass through: the one before an anchor)."""
         if max_checkpoint_bytes <= 0:
             raise ConfigError("max_checkpoint_bytes must be positive", field="max_checkpoint_bytes")
         self.root = Path(root)
@@ -294,6 +303,12 @@ class PolicyFollower:
         self.max_checkpoint_bytes = max_checkpoint_bytes
         self._board = board
         self._on_reject = on_reject or (lambda peer, reason: None)
+        self._on_passing = on_passing
+        self._keep_passing = keep_passing
+        self._offered: dict[int, PolicyAnnouncement] = {}
+        """With ``keep_passing``: versions offered within the window, obtained in turn (oldest first)
+        before the newest. A delta walk cannot pass through a version just before an anchor (the anchor's
+        chain starts at it), so those are obtained one by one."""
         self._lock = asyncio.Lock()
         self._pending: PolicyAnnouncement | None = None
         self._wake = asyncio.Event()
@@ -361,9 +376,30 @@ class PolicyFollower:
         """Hand over a (validated) announcement from the gossip handler; :meth:`follow` obtains the newest
         one offered and skips versions superseded while it was busy. Offering a version again (the
         trainer's repeats) gets one given up on tried again."""
+        if self._keep_passing and (self.version is None or ann.version > self.version):
+            self._offered.setdefault(ann.version, ann)
+            newest = max(self._offered)
+            for v in [v for v in self._offered if v < newest - self._keep_passing]:
+                del self._offered[v]
         if self._pending is None or ann.version > self._pending.version:
             self._pending = ann
             self._wake.set()
+
+    def _take_offer(self) -> PolicyAnnouncement | None:
+        """The next announcement to obtain: the newest offered, or (with ``keep_passing``) an earlier one
+        in its window not held yet, each taken once, while the newest waits its turn."""
+        ann, self._pending = self._pending, None
+        if ann is None:
+            return None
+        floor = max(ann.version - self._keep_passing, -1 if self.version is None else self.version + 1)
+        earlier = [v for v in sorted(self._offered) if floor <= v < ann.version]
+        if earlier:
+            self._pending = ann
+            self._wake.set()
+            ann = self._offered[earlier[0]]
+        for v in [v for v in self._offered if v <= ann.version]:
+            del self._offered[v]
+        return ann
 
     async def follow(self, on_new: Callable[[ObtainResult], Awaitable[None] | None], *,
                      retries: int = FOLLOW_RETRIES, backoff_s: float = 1.0) -> None:
@@ -376,7 +412,7 @@ class PolicyFollower:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            ann, self._pending = self._pending, None
+            ann = self._take_offer()
             if ann is None or (self.version is not None and ann.version <= self.version):
                 continue
             for attempt in range(retries + 1):
@@ -432,9 +468,16 @@ class PolicyFollower:
             raise IntegrityError(f"full checkpoint v{ann.full_version} hashes to {full.content_hash}, "
                                  f"announced {ann.full_hash}")
         self._clock.lap("apply_s")
+        if self.version is None or ann.full_version > self.version:
+            await self._passing(ann, ann.full_version, full)
         out.checkpoint = await self._walk(ann, ann.full_version, full, out)
         out.path = "full"
         return out
+
+    async def _passing(self, ann: PolicyAnnouncement, version: int, ckpt: PolicyWeights) -> None:
+        """Hand a version passed on the way to ``ann.version`` to ``on_passing`` if it is wanted."""
+        if self._on_passing is not None and ann.version - self._keep_passing <= version < ann.version:
+            await self._on_passing(version, ckpt)
 
     async def _walk(self, ann: PolicyAnnouncement, version: int, ckpt: PolicyWeights,
                     out: ObtainResult) -> PolicyWeights:
@@ -447,6 +490,7 @@ class PolicyFollower:
             self._clock.lap("apply_s")
             version += 1
             out.deltas_applied += 1
+            await self._passing(ann, version, ckpt)
         return ckpt
 
     async def _fetch(self, cid: str, size: int, limit: int, out: ObtainResult) -> bytearray:

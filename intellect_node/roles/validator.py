@@ -38,10 +38,11 @@ The same notice again (same worker, same blob) is ignored and not charged: anyon
 gossip message once the gossip layer's seen-cache has forgotten it.
 
 The validator keeps an engine for each of the last ``async_level + 1`` policy versions so it can check
-rollouts from any version the trainer would still accept. Its engines are the verifier's, the torch
-engine on ``inference.device`` (it prefills, it never generates), and its thresholds are the run's for
-every pair ``run.rollout_engines`` admits against that verifier (``roles/engines.py``): a pair not
-calibrated stops it at start.
+rollouts from any version the trainer would still accept, including versions announced while it was
+busy (its follower obtains each one in the window, or the delta walk to the newest passes through it:
+``keep_passing``). Its engines are the verifier's, the torch engine on ``inference.device`` (it
+prefills, it never generates), and its thresholds are the run's for every pair ``run.rollout_engines``
+admits against that verifier (``roles/engines.py``): a pair not calibrated stops it at start.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ class Validator:
         self.fetcher = HintedFetcher(self.blobs, self.rt.swarm)
         await self.tasks.open()
         self.policy = TrainerPolicy(self.rt, self.fetcher, self.dir / "policy", self.tasks, self._add_engine,
-                                    on_announcement=self._on_announcement)
+                                    on_announcement=self._on_announcement, keep_passing=self.async_level)
         await self.policy.start()
         self.rt.swarm.subscribe(topic(self.run_id, NOTICE_KIND), self._notice_validator(), self._on_notice)
         self.tasks.loop("validator-loop", self._dispatch_loop)

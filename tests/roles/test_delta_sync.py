@@ -228,3 +228,79 @@ def test_follow_retries_then_takes_the_newest_offer(tmp_path: Path, caplog: pyte
                 await p.stop()
 
     asyncio.run(main())
+
+
+def test_versions_passed_on_the_way_reach_on_passing(tmp_path: Path) -> None:
+    """A validator that skipped versions (the newest offered wins) still holds those within its window:
+    the delta walk hands each one it passes through, hash-checked, to ``on_passing``."""
+    versions = policy_versions(torch.bfloat16, 7)
+
+    async def main() -> None:
+        trainer, v1, v2 = peers = await _peers(tmp_path, 3)
+        try:
+            pub = PolicyPublisher(tmp_path / "pub", trainer.blobs, trainer.key, RUN, full_every=4)
+            anns = [(await pub.publish(v, versions[v]))[0] for v in range(7)]
+            passed: list[tuple[int, bytes]] = []
+
+            async def on_passing(version: int, ckpt: PolicyWeights) -> None:
+                passed.append((version, bytes(ckpt.to_bytes())))
+
+            # By deltas: held v0, obtains v3 with a window of 1: v1 is outside it, v2 is passed.
+            fa = _follower(tmp_path, "a", v1, trainer.key.peer_id, on_passing=on_passing, keep_passing=1)
+            await fa.obtain(anns[0])
+            assert passed == []  # nothing passed on the way to a first version at the anchor
+            got = await fa.obtain(anns[3])
+            assert got.path == "delta" and got.deltas_applied == 3
+            assert passed == [(2, bytes(versions[2].to_bytes()))]
+            # From the full checkpoint (v4, then deltas to v6): v4 and v5 are both in a window of 2.
+            passed.clear()
+            fb = _follower(tmp_path, "b", v2, trainer.key.peer_id, on_passing=on_passing, keep_passing=2)
+            got = await fb.obtain(anns[6])
+            assert got.path == "full" and anns[6].full_version == 4
+            assert passed == [(4, bytes(versions[4].to_bytes())), (5, bytes(versions[5].to_bytes()))]
+            # Without a window (workers) nothing is passed.
+            passed.clear()
+            fc = _follower(tmp_path, "c", v2, trainer.key.peer_id, on_passing=on_passing)
+            await fc.obtain(anns[6])
+            assert passed == []
+        finally:
+            for p in peers:
+                await p.stop()
+
+    asyncio.run(main())
+
+
+def test_follow_with_a_window_obtains_the_version_before_an_anchor(tmp_path: Path) -> None:
+    """v3 and v4 offered together, v4 an anchor whose chain starts at v4: no walk passes through v3, so a
+    follower with a window obtains v3, then v4; one without (a worker) takes only the newest."""
+    versions = policy_versions(torch.bfloat16, 5)
+
+    async def main() -> None:
+        trainer, a, b = peers = await _peers(tmp_path, 3)
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            pub = PolicyPublisher(tmp_path / "pub", trainer.blobs, trainer.key, RUN, full_every=4)
+            anns = [(await pub.publish(v, versions[v]))[0] for v in range(5)]
+            assert [link.version for link in anns[4].deltas] == [4] and anns[4].full_version == 4
+            got: dict[str, list[tuple[int, str]]] = {"window": [], "worker": []}
+            fols = {}
+            for name, peer, keep in (("window", a, 2), ("worker", b, 0)):
+                fol = _follower(tmp_path, name, peer, trainer.key.peer_id, keep_passing=keep)
+                await fol.obtain(anns[2])
+                fols[name] = fol
+                out = got[name]
+                follow = fol.follow(lambda r, out=out: out.append((r.version, r.path)))
+                tasks.append(asyncio.create_task(follow))
+                fol.offer(anns[3])
+                fol.offer(anns[4])
+                fol.offer(anns[4])  # the trainer's repeat
+            await _until(lambda: all(f.version == 4 for f in fols.values()))
+            assert got["window"] == [(3, "delta"), (4, "delta")]
+            assert got["worker"] == [(4, "full")]
+        finally:
+            for t in tasks:
+                t.cancel()
+            for p in peers:
+                await p.stop()
+
+    asyncio.run(main())

@@ -136,8 +136,11 @@ def test_swarm_learns_rejects_cheats_and_survives_a_trainer_sigkill(tmp_path: Pa
     assert rejected_workers == {ids["cheat"]}, vstat
     assert all(s["rejected"] == 0 and s["accepted"] > 0 for s in w_stats), w_stats
     reasons = vstat["reasons_by_worker"][ids["cheat"]]
-    assert len(reasons) == RL["ban_after"] and reasons[0] == "reward", reasons
-    assert set(reasons[1:]) <= {"toploc", "logprob", "sampling"}, reasons
+    # Its batches cheat in turn (reward, tokens, model); one may go stale unjudged (not held against it),
+    # so the counted ones are a run of that cycle with gaps: both kinds of check caught it.
+    proofs = {"toploc", "logprob", "sampling"}
+    assert len(reasons) == RL["ban_after"] and set(reasons) <= proofs | {"reward"}, reasons
+    assert "reward" in reasons and proofs & set(reasons), reasons
     assert vstat["banned"] == 1
     # Banned: its later batches drew no verdicts (dropped at the gossip validator), the run went on.
     assert cstat["batches"] > RL["ban_after"] and cstat["rejected"] <= RL["ban_after"], cstat
