@@ -58,6 +58,15 @@ DISCOVERY_TIMEOUT_S = 5.0
 DEFAULT_WANT = 2
 """Reservations a private node holds: one relay dying must not make it unreachable."""
 
+SEARCH_MAX_INTERVAL_S = 300.0
+"""Longest wait between two DHT searches for relays while searches find none to try. The wait starts at
+the client's check interval and doubles after each search that found no relay to try (a swarm without
+relays, or all of them full): every such search walks the DHT (up to 32 peers asked, one stream each),
+and on every node of an idle 16-node swarm on 127.0.0.1, where AutoNAT reaches no verdict and the NAT
+service holds relay slots as insurance, it was the largest single cost (a fifth of a node's CPU, 3.5 new
+Kademlia streams a second: bench/README.md, scale). A relay that connects meanwhile is still taken at
+the next check (connected peers are asked for nothing), and a lost reservation searches at once."""
+
 MAX_RESERVATION_ADDRS = 8
 
 
@@ -228,7 +237,11 @@ class RelayClient:
         self.held: dict[str, HeldReservation] = {}
         self.renewals = 0
         self.lost = 0
+        self.searches = 0
+        """DHT searches for relays made (``status``; the tests count them)."""
         self._backoff_until: dict[str, float] = {}
+        self._search_every = check_interval_s
+        self._search_at = 0.0  # trio clock: the next DHT search may run from then
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         async with background_trio_service(self.stop_protocol):
@@ -263,6 +276,7 @@ class RelayClient:
     def _drop(self, rid: str) -> None:
         if self.held.pop(rid, None) is not None:
             self.lost += 1
+            self._search_at, self._search_every = 0.0, self.check_interval_s  # replace it now
         self._backoff_until[rid] = time.time() + 10.0
 
     def _connected(self, rid: str) -> bool:
@@ -289,25 +303,35 @@ class RelayClient:
             except Exception:
                 logger.warning("static relay %s is not a /p2p/ address", ma)
         out.extend(self._connected_relays())
-        if len(out) >= self.want + len(self.held):
+        if len(out) >= self.want + len(self.held) or trio.current_time() < self._search_at:
             return out
         t0 = time.monotonic()
+        found: list[PeerInfo] = []
+        self.searches += 1
         try:
             with trio.move_on_after(DISCOVERY_TIMEOUT_S):
-                out.extend(await self.dht.find_providers(RELAY_DHT_KEY, 20))
+                found = list(await self.dht.find_providers(RELAY_DHT_KEY, 20))
         except Exception as exc:  # no DHT answer this round; try again next tick
             logger.debug("relay discovery failed: %s", exc)
-        logger.debug("relay discovery: %d candidates after %.2fs", len(out), time.monotonic() - t0)
-        return out
+        logger.debug("relay discovery: %d candidates after %.2fs", len(found), time.monotonic() - t0)
+        # Back off while searches bring nothing to try (SEARCH_MAX_INTERVAL_S); one that does resets.
+        new = [i for i in found if self._may_try(i.peer_id)]
+        longest = max(self.check_interval_s, SEARCH_MAX_INTERVAL_S)
+        self._search_every = self.check_interval_s if new else min(2 * self._search_every, longest)
+        self._search_at = trio.current_time() + self._search_every
+        return out + found
+
+    def _may_try(self, peer: ID) -> bool:
+        rid = peer.to_base58()
+        return (peer != self.host.get_id() and rid not in self.held
+                and self._backoff_until.get(rid, 0) <= time.time())
 
     async def _top_up(self) -> None:
-        me = self.host.get_id()
         now = time.time()
         seen: set[str] = set()
         for info in await self._candidates():
             rid = info.peer_id.to_base58()
-            if (info.peer_id == me or rid in self.held or rid in seen
-                    or self._backoff_until.get(rid, 0) > now):
+            if rid in seen or not self._may_try(info.peer_id):
                 continue
             seen.add(rid)
             try:
