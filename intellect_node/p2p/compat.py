@@ -12,7 +12,8 @@ What is here:
   half window; yamux writes whole messages atomically and reset a stream whose write failed part-way;
   connection tasks (yamux read loop, stream accept loop) that fail end their connection, not the swarm;
   pubsub's per-peer tasks contain their failures; a stale pubsub stream's failure never tears down the
-  stream that replaced it; pubsub's per-peer outbound queue is deeper than the stock 32 RPCs.
+  stream that replaced it; pubsub's per-peer outbound queue is deeper than the stock 32 RPCs; a peer's
+  signed record, attached to every pubsub RPC, is checked once per change, not once per RPC.
 - :func:`contain_streams` (per host): the one choke point through which every inbound stream of every
   protocol reaches its handler (see :mod:`intellect_node.p2p.guard`).
 - :func:`prune_low_scores` (per gossipsub router): peers whose score fell leave the mesh.
@@ -30,6 +31,8 @@ import contextvars
 import logging
 import re
 import struct
+import time
+import weakref
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -60,6 +63,7 @@ from libp2p.host.autonat.autonat import AutoNATService, _addr_ip  # noqa: E402
 from libp2p.network.connection.swarm_connection import SwarmConn  # noqa: E402
 from libp2p.network.stream.exceptions import StreamError  # noqa: E402
 from libp2p.peer.id import ID  # noqa: E402
+from libp2p.pubsub import gossipsub as _gossipsub_module  # noqa: E402
 from libp2p.pubsub import pubsub as _pubsub_module  # noqa: E402
 from libp2p.pubsub import rpc_queue as _rpc_queue  # noqa: E402
 from libp2p.pubsub.gossipsub import GossipSub  # noqa: E402
@@ -266,6 +270,17 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "hundred bytes (bench/README.md, scale)",
         "tests/p2p/test_gossip_scoring.py::test_idontwant_goes_out_for_large_messages_only",
         "not reported", "upstream sends IDONTWANT only above a size threshold"),
+    Workaround(
+        "peer-record-per-rpc", "apply_fixes: maybe_consume_signed_record as pubsub and gossipsub call it",
+        "every pubsub RPC carries the sender's signed peer record and the receiver parses it, checks its "
+        "ed25519 signature and rewrites the peer's addresses for each one (twice for an RPC with control "
+        "messages: pubsub and gossipsub each consume it), though a peer's record changes only when its "
+        "addresses do",
+        "py-spy of an idle node in a 16-node swarm: 7% of its CPU checking the same records again, about "
+        "19 RPCs a second each carrying one (bench/README.md, scale)",
+        "tests/p2p/test_compat_records.py::test_stock_pubsub_checks_the_same_peer_record_on_every_rpc",
+        "not reported", "upstream checks a record once per change (or stops attaching it to every RPC; "
+        "the test then fails)"),
 )
 
 
@@ -329,6 +344,10 @@ def apply_fixes() -> None:
            guard.contained_peer_task(GossipSub.flush_pending_messages, "gossip flush"))
     _patch(GossipSub, "on_peer_subscribed",
            guard.contained_peer_task(GossipSub.on_peer_subscribed, "gossip subscribe"))
+    # Both modules imported the function by name: replace the name each of them calls.
+    _STOCK.setdefault("pubsub.maybe_consume_signed_record", _pubsub_module.maybe_consume_signed_record)
+    _pubsub_module.maybe_consume_signed_record = _consume_record_once
+    _gossipsub_module.maybe_consume_signed_record = _consume_record_once
 
 
 async def _window_update(self: Any, *, bytes_read: int = 0) -> None:
@@ -416,6 +435,51 @@ async def _write_msg(self: Pubsub, stream: INetStream, rpc_msg: rpc_pb2.RPC) -> 
         if self.peers.get(peer) is stream:
             self._handle_dead_peer(peer)
         return False
+
+
+RECORD_RECHECK_S = 60.0
+"""A peer's signed record seen again byte for byte is taken as checked for this long; after it, the next
+RPC runs the full check and store once more (the stored addresses' 2-hour TTL is renewed then)."""
+RECORD_CACHE_PEERS = 4096
+"""Peers whose last record a host remembers as checked; past that the memory starts afresh."""
+_checked_records: weakref.WeakKeyDictionary[Any, dict[ID, tuple[bytes, Any, float]]] = \
+    weakref.WeakKeyDictionary()
+"""Per peerstore: peer -> (record bytes, the peerstore's entry they produced, monotonic time)."""
+
+
+def _consume_record_once(msg: Any, host: Any, peer_id: ID) -> bool:
+    """``maybe_consume_signed_record`` as pubsub calls it for every RPC, with the verdict on a record
+    kept while it is unchanged (``peer-record-per-rpc``).
+
+    The stock check (parse, ed25519 signature, peer ID, sequence number, then replacing the peer's
+    addresses in the peerstore) runs when the bytes differ from the last record this peer sent, when the
+    peerstore's entry for the peer is no longer the one those bytes produced (a newer record arrived by
+    another way, or the entry expired: the stock check then decides as it would have), or after
+    :data:`RECORD_RECHECK_S`. A record that fails is never remembered, so each of its RPCs is refused as
+    the stock check refuses it."""
+    stock = _STOCK["pubsub.maybe_consume_signed_record"]
+    if not msg.HasField("senderRecord"):
+        return bool(stock(msg, host, peer_id))
+    store = host.get_peerstore()
+    raw = bytes(msg.senderRecord)
+    try:
+        checked = _checked_records.setdefault(store, {})
+    except TypeError:  # a peerstore that cannot be weakly referenced: no memory, the stock check
+        return bool(stock(msg, host, peer_id))
+    seen = checked.get(peer_id)
+    now = time.monotonic()
+    entry = store.peer_record_map.get(peer_id)
+    if (seen is not None and seen[0] == raw and entry is not None and seen[1] is entry
+            and now - seen[2] < RECORD_RECHECK_S):
+        return True
+    ok = bool(stock(msg, host, peer_id))
+    if ok:
+        if len(checked) >= RECORD_CACHE_PEERS and peer_id not in checked:
+            checked.clear()
+        checked[peer_id] = (raw, store.peer_record_map.get(peer_id), now)
+    else:
+        checked.pop(peer_id, None)
+    return ok
 
 
 # -- what a failed dial means ----------------------------------------------------------------------------
