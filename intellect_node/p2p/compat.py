@@ -12,8 +12,9 @@ What is here:
   half window; yamux writes whole messages atomically and reset a stream whose write failed part-way;
   connection tasks (yamux read loop, stream accept loop) that fail end their connection, not the swarm;
   pubsub's per-peer tasks contain their failures; a stale pubsub stream's failure never tears down the
-  stream that replaced it; pubsub's per-peer outbound queue is deeper than the stock 32 RPCs; a peer's
-  signed record, attached to every pubsub RPC, is checked once per change, not once per RPC.
+  stream that replaced it; pubsub's per-peer outbound queue is deeper than the stock 32 RPCs and sends
+  an RPC that fits as it is; a peer's signed record, attached to every pubsub RPC, is checked once per
+  change, not once per RPC; a copy of a message already seen starts no task.
 - :func:`contain_streams` (per host): the one choke point through which every inbound stream of every
   protocol reaches its handler (see :mod:`intellect_node.p2p.guard`).
 - :func:`prune_low_scores` (per gossipsub router): peers whose score fell leave the mesh.
@@ -278,9 +279,26 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "addresses do",
         "py-spy of an idle node in a 16-node swarm: 7% of its CPU checking the same records again, about "
         "19 RPCs a second each carrying one (bench/README.md, scale)",
-        "tests/p2p/test_compat_records.py::test_stock_pubsub_checks_the_same_peer_record_on_every_rpc",
+        "tests/p2p/test_compat_idle.py::test_stock_pubsub_checks_the_same_peer_record_on_every_rpc",
         "not reported", "upstream checks a record once per change (or stops attaching it to every RPC; "
         "the test then fails)"),
+    Workaround(
+        "task-per-duplicate", "apply_fixes: Pubsub._is_subscribed_to_msg (the read loop's filter)",
+        "the read loop starts a service task (push_msg) for every copy of a message, and the task's first "
+        "step drops a copy already seen; a node in a mesh of degree d gets about d copies of each message",
+        "an idle node of a 16-node swarm received 7.3 copies of each heartbeat (bench/scale_profile.py), "
+        "each a task started, named and registered by the service manager",
+        "tests/p2p/test_compat_idle.py::test_stock_pubsub_starts_a_task_for_every_copy_of_a_message",
+        "not reported", "upstream drops seen messages before starting a task (the test then fails)"),
+    Workaround(
+        "rpc-split-per-send", "apply_fixes: pubsub.RpcQueue.split_rpc",
+        "every outbound RPC is rebuilt by the splitter (each published message copied into a new RPC, "
+        "control copied into another) even when the whole RPC is far under the size limit; go-libp2p "
+        "returns such an RPC as it is",
+        "py-spy of an idle node in a 16-node swarm: 6% of its CPU splitting heartbeat forwards of a few "
+        "hundred bytes",
+        "tests/p2p/test_compat_idle.py::test_stock_rpc_queue_rebuilds_rpcs_that_fit",
+        "not reported", "upstream returns an RPC within the limit unsplit (the test then fails)"),
 )
 
 
@@ -298,10 +316,19 @@ for a peer that never reads is this times the 512 KiB publish limit, and its con
 
 
 class _DeepRpcQueue(_rpc_queue.RpcQueue):
-    """The stock per-peer queue with :data:`PEER_OUTBOUND_QUEUE` as its default size."""
+    """The stock per-peer queue with :data:`PEER_OUTBOUND_QUEUE` as its default size, which sends an RPC
+    that fits the size limit as it is (``rpc-split-per-send``)."""
 
     def __init__(self, max_size: int = PEER_OUTBOUND_QUEUE, **kwargs: Any) -> None:
         super().__init__(max_size, **kwargs)
+
+    def split_rpc(self, rpc: rpc_pb2.RPC) -> list[rpc_pb2.RPC]:
+        """One RPC within the limit goes out whole, as go-libp2p's ``RPC.split`` returns it; the stock
+        splitter copies every part into new RPCs first. An RPC with nothing in it (the stock splitter
+        sends none) and one over the limit take the stock path."""
+        if _rpc_queue._rpc_has_data(rpc) and rpc.ByteSize() <= self.max_message_size:
+            return [rpc]
+        return list(super().split_rpc(rpc))
 
 
 _STOCK: dict[str, Any] = {}
@@ -344,6 +371,7 @@ def apply_fixes() -> None:
            guard.contained_peer_task(GossipSub.flush_pending_messages, "gossip flush"))
     _patch(GossipSub, "on_peer_subscribed",
            guard.contained_peer_task(GossipSub.on_peer_subscribed, "gossip subscribe"))
+    _patch(Pubsub, "_is_subscribed_to_msg", _is_new_and_subscribed)
     # Both modules imported the function by name: replace the name each of them calls.
     _STOCK.setdefault("pubsub.maybe_consume_signed_record", _pubsub_module.maybe_consume_signed_record)
     _pubsub_module.maybe_consume_signed_record = _consume_record_once
@@ -435,6 +463,13 @@ async def _write_msg(self: Pubsub, stream: INetStream, rpc_msg: rpc_pb2.RPC) -> 
         if self.peers.get(peer) is stream:
             self._handle_dead_peer(peer)
         return False
+
+
+def _is_new_and_subscribed(self: Pubsub, msg: rpc_pb2.Message) -> bool:
+    """The read loop's filter before it starts a ``push_msg`` task for a received message: also false for
+    a message already seen (``task-per-duplicate``), which that task would drop as its first step after
+    the blacklist checks (which drop too); nothing else of it runs for a seen message."""
+    return bool(_STOCK["Pubsub._is_subscribed_to_msg"](self, msg)) and not self._is_msg_seen(msg)
 
 
 RECORD_RECHECK_S = 60.0

@@ -1,8 +1,14 @@
-"""``peer-record-per-rpc``: a peer's signed record, attached to every pubsub RPC, is checked once per
-change (compat's ``_consume_record_once``), with the stock check's verdict for every other case.
+"""Workarounds that cut what py-libp2p's pubsub does per RPC (issue #17, an idle node's CPU), each shown
+on the stock library first:
 
-Records are real (py-libp2p's ``seal_record`` with real ed25519 keys) and so is the receiving host's
-peerstore; the signature checks are counted where the library makes them (``Envelope.validate``)."""
+- ``peer-record-per-rpc``: a peer's signed record, attached to every pubsub RPC, is checked once per
+  change (compat's ``_consume_record_once``), with the stock check's verdict for every other case.
+  Records are real (py-libp2p's ``seal_record`` with real ed25519 keys) and so is the receiving host's
+  peerstore; signature checks are counted where the library makes them (``Envelope.validate``).
+- ``task-per-duplicate``: a copy of a message already seen starts no ``push_msg`` task (real nodes; a
+  peer sends the same signed message ten times on its real pubsub stream).
+- ``rpc-split-per-send``: an outbound RPC that fits goes out as it is; a large one is split as before.
+"""
 
 from __future__ import annotations
 
@@ -149,3 +155,111 @@ def test_gossip_between_real_nodes_checks_each_peer_record_a_few_times_not_per_r
             assert len(checks) - before <= 8, len(checks) - before
 
     run(main(), 90)
+
+
+def _duplicates_scenario(filter_fn: Any) -> tuple[int, int]:
+    """Node 1 publishes one message to node 0, then writes the same signed message nine more times on its
+    pubsub stream to node 0, then one new message. Node 0's read loop uses ``filter_fn`` as its filter.
+    Returns (push_msg tasks node 0 started for node 1's messages, messages node 0 delivered)."""
+    from libp2p.pubsub.pb import rpc_pb2
+    from libp2p.pubsub.pubsub import Pubsub
+
+    async def main() -> tuple[int, int]:
+        async with swarm_nodes(2, {0: [1]}) as nodes:
+            got: list[bytes] = []
+            for n in nodes:
+                n.subscribe(TOPIC, lambda data, origin: data, lambda msg, origin: got.append(msg))
+            await wait_until(lambda: all(n.mesh_peers(TOPIC) for n in nodes), 20, what="meshes")
+            receiver, sender = nodes[0].p2p, nodes[1].p2p
+            tasks: list[str] = []
+            manager = receiver.pubsub.manager
+            stock_run_task = manager.run_task
+
+            def run_task(fn: Any, *args: Any, **kwargs: Any) -> Any:
+                if getattr(fn, "__name__", "") == "push_msg":
+                    tasks.append(args[0].to_base58())
+                return stock_run_task(fn, *args, **kwargs)
+
+            manager.run_task = run_task
+            sent: list[Any] = []
+            stock_publish = sender.gossipsub.publish
+
+            async def keep(forwarder: Any, msg: Any) -> None:
+                sent.append(msg)
+                await stock_publish(forwarder, msg)
+
+            sender.gossipsub.publish = keep
+            await nodes[1].publish(TOPIC, b"once")
+            await wait_until(lambda: b"once" in got and sent, 15, what="the first message")
+
+            async def resend() -> None:
+                stream = sender.pubsub.peers[receiver.host.get_id()]
+                for _ in range(9):
+                    await sender.pubsub.write_msg(stream, rpc_pb2.RPC(publish=[sent[0]]))
+
+            await nodes[1].bridge.call(resend)
+            await nodes[1].publish(TOPIC, b"after")  # RPCs on a stream arrive in order: the copies came first
+            await wait_until(lambda: b"after" in got, 15, what="the message after the copies")
+            return sum(t == nodes[1].peer_id for t in tasks), got.count(b"once")
+
+    stock = Pubsub._is_subscribed_to_msg
+    Pubsub._is_subscribed_to_msg = filter_fn  # type: ignore[method-assign]
+    try:
+        return run(main(), 60)
+    finally:
+        Pubsub._is_subscribed_to_msg = stock  # type: ignore[method-assign]
+
+
+def test_stock_pubsub_starts_a_task_for_every_copy_of_a_message() -> None:
+    """The defect: ten copies, ten tasks (plus one for the message after them); delivered once."""
+    compat.apply_fixes()
+    assert _duplicates_scenario(compat.stock("Pubsub._is_subscribed_to_msg")) == (11, 1)
+
+
+def test_copies_of_a_seen_message_start_no_task() -> None:
+    """With the fix: one task for the first copy, one for the next message; delivered once."""
+    from libp2p.pubsub.pubsub import Pubsub
+
+    compat.apply_fixes()
+    assert _duplicates_scenario(Pubsub._is_subscribed_to_msg) == (2, 1)
+
+
+def _rpcs() -> tuple[Any, Any]:
+    """A heartbeat-sized forward with control piggybacked, and an RPC of 40 messages of 40 KiB."""
+    from libp2p.pubsub.pb import rpc_pb2
+
+    def msg(i: int, size: int) -> Any:
+        return rpc_pb2.Message(from_id=b"p" * 38, data=bytes([i % 256]) * size, seqno=i.to_bytes(8, "big"),
+                               topicIDs=[TOPIC])
+
+    small = rpc_pb2.RPC(publish=[msg(1, 300)])
+    small.control.ihave.extend([rpc_pb2.ControlIHave(topicID=TOPIC, messageIDs=[b"id1", b"id2"])])
+    small.senderRecord = b"r" * 200
+    large = rpc_pb2.RPC(publish=[msg(i, 40 * 1024) for i in range(40)])
+    large.senderRecord = b"r" * 200
+    return small, large
+
+
+def test_stock_rpc_queue_rebuilds_rpcs_that_fit() -> None:
+    """The defect: a 600-byte RPC comes out of the stock splitter as two new RPCs (its message copied
+    into one, its control into another)."""
+    compat.apply_fixes()
+    small, _ = _rpcs()
+    parts = compat.stock("pubsub.RpcQueue")().split_rpc(small)
+    assert len(parts) == 2 and all(p is not small for p in parts)
+
+
+def test_an_rpc_that_fits_goes_out_whole_and_a_large_one_is_split_as_before() -> None:
+    from libp2p.pubsub import pubsub
+
+    compat.apply_fixes()
+    small, large = _rpcs()
+    queue = pubsub.RpcQueue()  # what pubsub builds for each peer
+    assert queue.split_rpc(small) == [small] and queue.split_rpc(small)[0] is small
+    ours, stock = queue.split_rpc(large), compat.stock("pubsub.RpcQueue")().split_rpc(large)
+    assert [p.SerializeToString() for p in ours] == [p.SerializeToString() for p in stock]
+    assert len(ours) > 1 and all(p.ByteSize() <= queue.max_message_size for p in ours)
+    from libp2p.pubsub.pb import rpc_pb2
+
+    assert queue.split_rpc(rpc_pb2.RPC(senderRecord=b"r" * 10)) == \
+        compat.stock("pubsub.RpcQueue")().split_rpc(rpc_pb2.RPC(senderRecord=b"r" * 10))
