@@ -83,11 +83,17 @@ class Prefetch:
                 return None
         return data, batch, time.time()  # wall clock: a hop timestamp (metrics.jsonl)
 
-    async def claim(self, worker: str, cid: str) -> tuple[bytes, RolloutBatch, float] | None:
-        """The prefetched batch (waiting for a fetch under way) and when it arrived; None when there is
-        none or it failed. A claimed batch leaves the prefetch."""
+    async def claim(self, worker: str, cid: str, *,
+                    wait: bool = True) -> tuple[bytes, RolloutBatch, float] | None:
+        """The prefetched batch (waiting for a fetch under way, unless ``wait`` is False: the worker was
+        banned meanwhile, so a fetch from it will not finish and the caller asks the validator) and when
+        it arrived; None when there is none or it failed. A claimed batch leaves the prefetch."""
         held = self._held.pop((worker, cid), None)
         if held is None:
+            return None
+        if not wait and not held.task.done():
+            held.task.cancel()
+            self.counts["unused"] += 1
             return None
         got = await held.task
         if got is not None:

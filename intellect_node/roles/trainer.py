@@ -400,13 +400,14 @@ class Trainer:
 
     async def _admit(self, verdict: BatchVerdict, validator: str) -> Accepted:
         w, cid, version = verdict.worker, verdict.batch_cid, verdict.policy_version
-        got = await self.prefetch.claim(w, cid)
+        banned = self.rt.swarm.is_banned(w)  # accepted before its ban: the validator holds the batch
+        got = await self.prefetch.claim(w, cid, wait=not banned)
         if got is not None:
             data, batch, arrived = got
             self._hop(cid, "prefetched", arrived)
         else:  # not prefetched (or that failed): from the worker or the validator, which holds it
-            data = await self.fetcher.fetch(cid, holders=[w, validator], max_size=MAX_BATCH_SIZE,
-                                            timeout=FETCH_TIMEOUT_S)
+            data = await self.fetcher.fetch(cid, holders=[validator] if banned else [w, validator],
+                                            max_size=MAX_BATCH_SIZE, timeout=FETCH_TIMEOUT_S)
             batch = await asyncio.to_thread(decode_batch, data)
         # re-scoring runs checkers (math-verify: ~12 ms a rollout, up to rl.reward_timeout_s on hostile
         # text): off the event loop

@@ -51,3 +51,27 @@ def test_prefetch_bounds_and_hand_over() -> None:
         assert not pf._held
 
     asyncio.run(main())
+
+
+def test_a_fetch_from_a_banned_worker_is_not_waited_for() -> None:
+    """The worker was banned after its batch was accepted: its fetch will not finish (its connections are
+    closed), so the trainer does not wait for it and asks the validator instead."""
+    async def main() -> None:
+        started = asyncio.Event()
+
+        async def fetch(worker: str, cid: str, size: int) -> tuple[bytes, RolloutBatch]:
+            started.set()
+            await asyncio.Event().wait()  # never served
+            raise AssertionError("unreachable")
+
+        pf = Prefetch(fetch)
+        assert pf.offer("w1", "a", 5, 10, 3, 5)
+        await started.wait()
+        task = pf._held[("w1", "a")].task
+        assert await pf.claim("w1", "a", wait=False) is None
+        assert not pf._held and pf.counts["unused"] == 1
+        await asyncio.sleep(0)  # let the cancellation land
+        assert task.cancelled()
+        pf.close()
+
+    asyncio.run(main())
