@@ -9,6 +9,13 @@ or longer for a peer that announced a stretched heartbeat interval (``heard(...,
 stays "connected" at the libp2p level but stops heartbeating, so heartbeats, not connections, decide).
 Remembered peers (``peers.json``) are the listen addresses of peers we were connected to, most recent
 first, capped at :data:`MAX_REMEMBERED`, written atomically and at most every :data:`SAVE_INTERVAL_S`.
+
+Bans are kept in the same file (``banned``: peer, reason, when), so a restart does not hand a cheater a
+clean slate: a validator's verdict or a trainer's ban cost the swarm evidence to reach. They last
+:data:`BAN_KEPT_S` from the ban (peer IDs are free to make, so a ban is mostly worth the days after it,
+and an honest peer banned automatically by mistake comes back by itself); the newest :data:`MAX_BANS_KEPT`
+are written. ``intellect-node peers bans`` lists them and ``peers unban`` lifts one while the node is
+stopped.
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ AUTO_BAN_AFTER = 100
 """Rejections after which a peer is banned automatically; honest peers reach a handful at most (a
 message that arrives after our clock moved past a deadline, say), a hostile one reaches it fast."""
 SAVE_INTERVAL_S = 5.0
+BAN_KEPT_S = 7 * 24 * 3600.0
+"""A persisted ban is forgotten at the first start this long after it."""
+MAX_BANS_KEPT = 1024
 REFRESH_S = 600.0
 """A remembered peer's "last seen" is refreshed (and the file rewritten) at most this often."""
 
@@ -54,6 +64,7 @@ class PeerRecord:
     rejections: int = 0
     reasons: deque[str] = field(default_factory=lambda: deque(maxlen=MAX_REASONS))
     banned: str | None = None
+    banned_at: float | None = None  # unix time
 
     def snapshot(self, now: float) -> dict[str, Any]:
         return {
@@ -184,8 +195,8 @@ class PeerBook:
             rec.reasons.append(reason[:200])
             count = rec.rejections
             if self.auto_ban_after is not None and count >= self.auto_ban_after and rec.banned is None:
-                rec.banned = f"auto: {count} rejections, last: {reason[:120]}"
-                auto_ban = True
+                rec.banned, rec.banned_at = f"auto: {count} rejections, last: {reason[:120]}", time.time()
+                self._dirty = auto_ban = True
         log.info("rejected input from %s: %s", peer_id, reason[:200])
         if auto_ban:
             log.warning("banned %s after %d rejections", peer_id, count)
@@ -200,10 +211,29 @@ class PeerBook:
 
     def ban(self, peer_id: str, reason: str) -> None:
         with self._lock:
-            self._rec(peer_id).banned = reason[:200] or "banned"
+            rec = self._rec(peer_id)
+            rec.banned, rec.banned_at = reason[:200] or "banned", time.time()
             self._remembered.pop(peer_id, None)
             self._dirty = True
         log.warning("banned %s: %s", peer_id, reason[:200])
+
+    def unban(self, peer_id: str) -> bool:
+        """Lift a ban (its rejection count starts again); False when the peer was not banned."""
+        with self._lock:
+            rec = self._peers.get(peer_id)
+            if rec is None or rec.banned is None:
+                return False
+            rec.banned, rec.banned_at, rec.rejections = None, None, 0
+            self._dirty = True
+        log.warning("unbanned %s", peer_id)
+        return True
+
+    def bans(self) -> list[dict[str, Any]]:
+        """Banned peers, newest ban first: ``peer_id``, ``reason``, ``at`` (unix time)."""
+        with self._lock:
+            out = [{"peer_id": r.peer_id, "reason": r.banned, "at": r.banned_at}
+                   for r in self._peers.values() if r.banned is not None]
+        return sorted(out, key=lambda b: -(b["at"] or 0.0))
 
     def is_banned(self, peer_id: str) -> bool:
         with self._lock:
@@ -243,8 +273,12 @@ class PeerBook:
         with self._lock:
             if not self._dirty or (not force and time.monotonic() - self._last_save < SAVE_INTERVAL_S):
                 return
+            banned = sorted((r for r in self._peers.values() if r.banned is not None),
+                            key=lambda r: -(r.banned_at or 0.0))[:MAX_BANS_KEPT]
             doc = {"version": 1, "peers": [{"peer_id": p, "addrs": a, "last_seen": round(t, 3)}
-                                           for p, (a, t) in self._remembered.items()]}
+                                           for p, (a, t) in self._remembered.items()],
+                   "banned": [{"peer_id": r.peer_id, "reason": r.banned,
+                               "at": round(r.banned_at or time.time(), 3)} for r in banned]}
             self._dirty, self._last_save = False, time.monotonic()
         try:
             atomic_write_text(self._path, json.dumps(doc, indent=1) + "\n", mode=0o600)
@@ -263,7 +297,14 @@ class PeerBook:
                 if (isinstance(peer, str) and isinstance(addrs, list)
                         and all(isinstance(a, str) for a in addrs)):
                     self._remembered[peer] = (addrs[:8], t)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            now = time.time()
+            for item in doc.get("banned", [])[:MAX_BANS_KEPT]:
+                peer, reason, at = item["peer_id"], item["reason"], float(item["at"])
+                if isinstance(peer, str) and isinstance(reason, str) and now - at < BAN_KEPT_S:
+                    rec = self._rec(peer)
+                    rec.banned, rec.banned_at = reason[:200] or "banned", at
+                    self._remembered.pop(peer, None)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             # Our own cache file; a damaged one only costs the remembered peers.
             log.warning("ignoring unreadable %s: %s", self._path, exc)
 

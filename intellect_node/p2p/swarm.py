@@ -419,8 +419,10 @@ class Swarm:
     # -- bans ----------------------------------------------------------------------------------------
 
     async def ban(self, peer: str, reason: str) -> None:
-        """Ban ``peer``: record why, close its connections, refuse its gossip and provider records."""
+        """Ban ``peer``: record why (persisted at once: a restart keeps it), close its connections,
+        refuse its gossip and provider records."""
         self.peerbook.ban(peer, reason)
+        await asyncio.to_thread(self.peerbook.save, True)
         try:
             await self._bridge.call(self._p2p.ban, peer)
         except ValueError as exc:  # not a peer ID libp2p can parse
