@@ -236,6 +236,17 @@ def record_to_sample(r: RolloutRecord, reward: float) -> Sample:
                   task_id=r.problem_id)
 
 
-def rescore(r: RolloutRecord, problem: Problem, decode: Callable[[list[int]], str]) -> float:
-    """The reward recomputed from the task (a worker's claimed reward is never used)."""
-    return problem.reward(decode(list(r.completion_tokens)))
+def rescored_group(recs: Sequence[RolloutRecord], problem: Problem,
+                   decode: Callable[[list[int]], str]) -> list[Sample] | None:
+    """One group's samples with each reward recomputed from the task (a worker's claimed reward is never
+    used); None when this node's checker ran out of time on one of them (``timeout``): its reward is
+    unknown here, and training on it as 0 would teach the policy that a right answer is wrong (a validator
+    calls the same case ``reward_unjudged``). Other reasons for a 0 (no answer, too long, a checker
+    error) are the completion's own and are trained on."""
+    out = []
+    for r in recs:
+        judged = problem.judge(decode(list(r.completion_tokens)))
+        if judged.reason == "timeout":
+            return None
+        out.append(record_to_sample(r, judged.reward))
+    return out

@@ -74,8 +74,7 @@ from intellect_node.roles.common import (
     blob_service,
     group_slices,
     model_dir,
-    record_to_sample,
-    rescore,
+    rescored_group,
     run_task,
 )
 from intellect_node.roles.inbox import DuplicateRollouts, Inbox, JournalEntry, StepJournal
@@ -137,7 +136,7 @@ class Trainer:
         self._announcement: tuple[PolicyAnnouncement, bytes] | None = None  # the newest version's
         self.counts = {"accepted_batches": 0, "rejected_batches": 0, "stale_batches": 0,
                        "accepted_rollouts": 0, "rejected_rollouts": 0, "stale_rollouts": 0, "banned": 0,
-                       "duplicate_batches": 0, "not_allowed_batches": 0}
+                       "duplicate_batches": 0, "not_allowed_batches": 0, "unjudged_groups": 0}
         self.replay: dict[str, Any] = {"steps": 0, "outcome": "none"}
         self.idle_s = 0.0
         self.busy_s = 0.0
@@ -425,8 +424,13 @@ class Trainer:
             raise ProtocolError(slices)
         out = []
         for sl in slices:
-            problem = self.task.get(recs[sl.start].problem_id)
-            out.append([record_to_sample(r, rescore(r, problem, self.tokenizer.decode)) for r in recs[sl]])
+            group = rescored_group(recs[sl], self.task.get(recs[sl.start].problem_id), self.tokenizer.decode)
+            if group is None:  # a reward this node could not judge in time: the group is left out
+                self.counts["unjudged_groups"] += 1
+                log.warning("batch of %s at v%d: a group of %s left out (the reward checker timed out here)",
+                            worker, version, recs[sl.start].problem_id)
+                continue
+            out.append(group)
         return out
 
     def _reload_inbox(self) -> None:

@@ -18,7 +18,7 @@ from intellect_node.models.loader import embedded_model_dir
 from intellect_node.proofs.thresholds import load_thresholds
 from intellect_node.protocol.rollout import RolloutRecord
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.roles.common import rescore
+from intellect_node.roles.common import rescored_group
 from intellect_node.trainer.tasks import Task
 from tests.support.rollouts import resign
 
@@ -73,8 +73,29 @@ def test_worker_validator_and_trainer_give_the_same_rewards(engine: TorchEngine,
     assert verdicts[0].accepted
     assert (verdicts[1].accepted, verdicts[1].reason) == (False, "reward")
     decode = engine.loaded.tokenizer.decode
-    assert [rescore(r, task.get(r.problem_id), decode) for r in [*honest, right]] == \
-        [r.reward for r in honest] + [1.0]
+    groups = [rescored_group([r], task.get(r.problem_id), decode) for r in [*honest, right]]
+    assert [g[0].reward for g in groups if g is not None] == [r.reward for r in honest] + [1.0]
+
+
+def test_the_trainer_leaves_out_a_group_its_checker_could_not_judge(engine: TorchEngine, task: Task,
+                                                                     honest: list[RolloutRecord]) -> None:
+    """The trainer re-scores every rollout; where its checker times out (a busy trainer, a completion a
+    faster validator scored) the group's rewards are unknown there: left out, not trained on as 0."""
+    import dataclasses
+
+    from intellect_node.trainer.tasks import Judgement
+
+    decode = engine.loaded.tokenizer.decode
+    p = task.get(honest[0].problem_id)
+    group = [r for r in honest if r.problem_id == p.problem_id]
+    got = rescored_group(group, p, decode)
+    assert got is not None and [s.reward for s in got] == [r.reward for r in group]
+    slow = dataclasses.replace(p, scorer=lambda text: Judgement(0.0, "timeout"))
+    assert rescored_group(group, slow, decode) is None
+    # A zero for the completion's own reason is a reward like any other.
+    empty = dataclasses.replace(p, scorer=lambda text: Judgement(0.0, "no_answer"))
+    got = rescored_group(group, empty, decode)
+    assert got is not None and {s.reward for s in got} == {0.0}
 
 
 def test_a_validator_with_other_settings_refuses_the_problems(engine: TorchEngine,
