@@ -62,6 +62,7 @@ class Child:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         self.p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                                   cwd=cwd)
+        self.skipped: list[dict[str, Any]] = []  # events read_until passed over (a peer's chunk events)
 
     def cpu(self) -> float:
         """CPU seconds this process and its waited-for children (shardcast's wget) have used so far."""
@@ -86,7 +87,7 @@ class Child:
 
     def read_until(self, kinds: set[str]) -> dict[str, Any]:
         while (ev := self.read()).get("event") not in kinds:
-            pass
+            self.skipped.append(ev)
         return ev
 
     def close(self) -> None:

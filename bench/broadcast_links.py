@@ -32,10 +32,13 @@ check: ``--size-mib 32 --peers 2``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -51,12 +54,93 @@ BROADCAST = HERE.with_name("broadcast.py")
 SYSTEMS = ("intellect", "shardcast", "shardcast-relay")
 
 
+class LinkSampler:
+    """Bytes through every host's link over time, read from the bridge's ports every ``period`` s: what
+    port sK receives is host K's uplink, what it sends is host K's downlink. One ``ip -s -j link`` per
+    sample, in a thread, while a transfer runs."""
+
+    def __init__(self, star: Star, period: float = 0.2) -> None:
+        self.ns = f"{star.prefix}-br"
+        self.hosts = len(star.host_ns)
+        self.period = period
+        self.samples: list[tuple[float, list[int], list[int]]] = []  # (t, uplink bytes, downlink bytes)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _read(self) -> tuple[float, list[int], list[int]]:
+        out = subprocess.run(["ip", "-n", self.ns, "-s", "-j", "link", "show"], capture_output=True,
+                             text=True, check=True).stdout
+        up, down = [0] * self.hosts, [0] * self.hosts
+        for link in json.loads(out):
+            name = link.get("ifname", "")
+            if name.startswith("s") and name[1:].isdigit() and int(name[1:]) < self.hosts:
+                k = int(name[1:])
+                up[k] = link["stats64"]["rx"]["bytes"]
+                down[k] = link["stats64"]["tx"]["bytes"]
+        return time.monotonic(), up, down
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(self._read())
+            self._stop.wait(self.period)
+
+    def __enter__(self) -> "LinkSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(self._read())
+
+    def rates(self, k: int, t0: float, bin_s: float = 1.0) -> list[tuple[float, float]]:
+        """Host ``k``'s (uplink, downlink) Mbit/s in bins of ``bin_s`` from ``t0``."""
+        out: list[tuple[float, float]] = []
+        s = [x for x in self.samples if x[0] >= t0 - self.period]
+        edge, j = t0 + bin_s, 0
+        while s and edge <= s[-1][0] + bin_s / 2:
+            a = max((x for x in s if x[0] <= edge - bin_s), key=lambda x: x[0], default=s[0])
+            b = max((x for x in s if x[0] <= edge), key=lambda x: x[0], default=s[0])
+            dt = (b[0] - a[0]) or 1.0
+            out.append(((b[1][k] - a[1][k]) * 8 / dt / 1e6, (b[2][k] - a[2][k]) * 8 / dt / 1e6))
+            edge += bin_s
+            j += 1
+        return out
+
+
+def _where_time_goes(kids: list[Child], t0: float, elapsed: float, sampler: LinkSampler,
+                     rate_mbit: float, n_chunks: int) -> dict[str, Any]:
+    """What the chunk events and link samples say: each peer's first and last chunk, the origin's uplink
+    utilisation per second, its idle seconds, and how long the last eighth of the chunks took."""
+    firsts, lasts, tails = [], [], []
+    for k in kids:
+        ts = sorted(ev["t"] - t0 for ev in k.skipped if ev.get("event") == "chunk" and "t" in ev)
+        if not ts:
+            continue
+        firsts.append(ts[0])
+        lasts.append(ts[-1])
+        tails.append(ts[-1] - ts[max(0, len(ts) - max(1, n_chunks // 8))])
+    origin = sampler.rates(0, t0)
+    up = [u for u, _ in origin][: max(1, round(elapsed))]
+    downs = [sum(d for _, d in sampler.rates(k, t0)[: max(1, round(elapsed))]) / max(1, round(elapsed))
+             for k in range(1, len(kids) + 1)]
+    return {
+        "first_chunk_s": [round(x, 2) for x in sorted(firsts)],
+        "origin_up_mbit_per_s": [round(u) for u in up],
+        "origin_up_mean": sum(up) / len(up),
+        "origin_idle_s": sum(1.0 - min(1.0, u / rate_mbit) for u in up),
+        "peer_down_mean": sum(downs) / len(downs) if downs else 0.0,
+        "tail_s": round(max(tails), 2) if tails else 0.0,
+    }
+
+
 def _in(ns: str, argv: list[str]) -> list[str]:
     """``argv`` run inside namespace ``ns`` (``ip netns exec`` execs: the PID we hold is the program's)."""
     return ["ip", "netns", "exec", ns, *argv]
 
 
-def run_intellect(star: Star, src: Path, work: Path, n: int, chunk_mib: int) -> dict[str, Any]:
+def run_intellect(star: Star, src: Path, work: Path, n: int, chunk_mib: int, rate_mbit: float,
+                  trace: Path | None = None) -> dict[str, Any]:
     root = work / f"intellect-{n}"
     peer = [PY, "-m", "intellect_node.blobs.peer"]
     origin = Child(_in(star.host_ns[0], [*peer, "--root", str(root / "origin"), "--host", star.ip(0)]))
@@ -69,7 +153,23 @@ def run_intellect(star: Star, src: Path, work: Path, n: int, chunk_mib: int) -> 
                 for k in range(1, n + 1)]
         hellos = _wait_all(kids, {"listening"})
         everyone = [{"peer_id": h["peer_id"], "http_url": h["url"]} for h in [hello, *hellos]]
-        done, elapsed, with_file, _cpu = _fetch_all(kids, cid, everyone, root)
+        t0 = time.monotonic()
+        with LinkSampler(star) as sampler:
+            done, elapsed, with_file, _cpu = _fetch_all(kids, cid, everyone, root)
+        chunks = -(-src.stat().st_size // (chunk_mib * MIB))
+        w = _where_time_goes(kids, t0, elapsed, sampler, rate_mbit, chunks)
+        print(f"    first chunk at {w['first_chunk_s']} s; origin uplink {w['origin_up_mean']:.0f} Mbit/s "
+              "mean, "
+              f"{w['origin_idle_s']:.1f} s idle-equivalent; peer downlinks {w['peer_down_mean']:.0f} Mbit/s "
+              f"mean; last eighth of the chunks took up to {w['tail_s']} s\n"
+              f"    origin uplink per second: {w['origin_up_mbit_per_s']}", flush=True)
+        if trace is not None:  # every chunk event and link sample, for a closer look
+            trace.write_text(json.dumps({
+                "t0": t0, "elapsed": elapsed, "origin": hello["peer_id"],
+                "peers": [{"peer_id": h["peer_id"], "done": d,
+                           "chunks": [ev for ev in k.skipped if ev.get("event") == "chunk"]}
+                          for h, k, d in zip(hellos, kids, done)],
+                "links": sampler.samples}))
         origin.send({"op": "stats"})
         ostats = origin.read_until({"stats"})
         served = ostats["bytes_served"]
@@ -146,6 +246,8 @@ def main() -> None:
     ap.add_argument("--rate-mbit", type=float, default=100.0, help="every host's uplink and downlink")
     ap.add_argument("--chunk-mib", type=int, default=4)
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"any of {', '.join(SYSTEMS)}")
+    ap.add_argument("--trace", type=Path, default=None,
+                    help="write intellect's chunk events and link samples to TRACE-<peers>.json")
     args = ap.parse_args()
     counts = _peer_counts(args.peers)
     if not counts:
@@ -174,7 +276,9 @@ def main() -> None:
                 results: dict[str, float] = {}
                 for system in systems:
                     if system == "intellect":
-                        r = run_intellect(star, src, work, n, args.chunk_mib)
+                        trace = args.trace.with_name(f"{args.trace.stem}-{n}{args.trace.suffix}") \
+                            if args.trace else None
+                        r = run_intellect(star, src, work, n, args.chunk_mib, args.rate_mbit, trace)
                         rows.append((n, "intellect", r["time"], r["note"]))
                         rows.append((n, "intellect+file", r["file"], ""))
                     else:

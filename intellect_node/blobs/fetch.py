@@ -129,6 +129,8 @@ class ChunkSource(Protocol):
     async def get_have(self, provider: Provider, manifest_cid: str) -> bytes: ...
 
     async def read_chunk(self, provider: Provider, cid: str, length: int, sink: ChunkSink) -> None: ...
+    # Optional: a source with ``speaks_if_idle = True`` also takes ``if_idle: bool`` (keyword) on
+    # read_chunk, whether to ask the provider "only if you are not sending this chunk" (blobs/http.py).
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,7 @@ class Progress:
     chunks_total: int
     bytes_done: int
     bytes_total: int
+    seconds: float = 0.0  # how long its request took (0 for a chunk found on disk)
 
 
 @dataclass
@@ -361,6 +364,8 @@ class _Download:
         self.slots = asyncio.Semaphore(fetcher.max_inflight)
         self.changed = asyncio.Event()
         self._avail: list[int] | None = None  # chunk -> live providers holding it; None: recount
+        self._partial: list[int] = []  # chunk -> live partial holders holding it (with _avail)
+        self._seed_free: bool | None = None  # None: ask _seed_has_nothing_unique again
         self.chunk_seconds = 0.0  # summed duration of the chunk requests that delivered
         self.chunks_timed = 0
 
@@ -368,23 +373,37 @@ class _Download:
         """How many live providers hold each chunk (recounted after any bitmap or provider change)."""
         if self._avail is None:
             n = len(self.m.chunks)
-            counts = np.zeros(n, dtype=np.int32)
+            seeds = 0
+            partial = np.zeros(n, dtype=np.int32)
             for p in self.peers:
                 if p.dropped:
                     continue
                 if p.complete:
-                    counts += 1
+                    seeds += 1
                 elif p.have is not None:
                     bits = np.unpackbits(np.frombuffer(p.have.bitmap, dtype=np.uint8), bitorder="little")
-                    counts += bits[:n]
-            self._avail = counts.tolist()
+                    partial += bits[:n]
+            self._partial = partial.tolist()
+            self._avail = (partial + seeds).tolist()
         return self._avail
+
+    def _seed_has_nothing_unique(self) -> bool:
+        """Every chunk this fetch still needs is held by some live partial holder: a seed has nothing
+        left that only it can give, so sparing it would only leave its uplink idle while the last
+        chunks crawl from one partial holder to the rest (bench/README.md, "broadcast": the origin idle
+        for the last 5 s of a 28 s run). From here the seed is asked like anyone else."""
+        if self._seed_free is None:
+            partial = self._availability() and self._partial
+            self._seed_free = all(partial[i] > 0 for i in self.todo) and all(
+                partial[i] > 0 for i in self.inflight)
+        return self._seed_free
 
     def _finished(self) -> bool:
         return not self.todo and not self.inflight
 
     def _notify(self) -> None:
         self._avail = None
+        self._seed_free = None
         self.changed.set()
         self.changed = asyncio.Event()
 
@@ -395,7 +414,7 @@ class _Download:
 
     def _spared(self, peer: _Peer, i: int) -> bool:
         """Leave chunk ``i`` to a partial holder with a free slot rather than take it from a seed."""
-        if not peer.complete:
+        if not peer.complete or self._seed_has_nothing_unique():
             return False
         fresh = time.monotonic() - SPARE_FRESH_S
         return any(q is not peer and not q.dropped and not q.complete and q.heard_at >= fresh
@@ -404,14 +423,14 @@ class _Download:
     def _seed_limited(self, peer: _Peer) -> bool:
         """A seed already has SEED_REQUESTS of ours while partial holders could take part."""
         return peer.complete and peer.busy >= SEED_REQUESTS and any(
-            not q.complete and not q.dropped for q in self.peers)
+            not q.complete and not q.dropped for q in self.peers) and not self._seed_has_nothing_unique()
 
     def _pick(self, peer: _Peer) -> int | None:
         """The rarest chunk this provider can give (first in the random order among equals)."""
+        now = time.monotonic()
         if self._seed_limited(peer):
             return None
         avail = self._availability()
-        now = time.monotonic()
         best = -1
         for pos, i in enumerate(self.todo):
             if (best < 0 or avail[i] < avail[self.todo[best]]) and self._useful(peer, i) \
@@ -469,9 +488,9 @@ class _Download:
 
     def _pick_endgame(self, peer: _Peer) -> int | None:
         """Nothing left to start: duplicate a chunk that has been in flight elsewhere for a while."""
+        now = time.monotonic()
         if self.todo or self._seed_limited(peer):
             return None
-        now = time.monotonic()
         pid = peer.provider.peer_id
         late = max(ENDGAME_AFTER_S, 2 * self.chunk_seconds / self.chunks_timed) if self.chunks_timed \
             else ENDGAME_AFTER_S
@@ -532,7 +551,15 @@ class _Download:
         writer = self.store.open_chunk_writer(chunk, n)
         t0 = time.monotonic()
         try:
-            await peer.source.read_chunk(peer.provider, chunk, n, _Heard(peer, writer))
+            # Only a seed that still holds chunks nobody else has is asked "if idle" (paced, each chunk
+            # once). A partial holder sends what it holds to everyone who asks (refusing made peers
+            # wait for each other), and so does a seed with nothing unique left (its uplink is free).
+            sink = _Heard(peer, writer)
+            if getattr(peer.source, "speaks_if_idle", False):
+                await peer.source.read_chunk(peer.provider, chunk, n, sink,  # type: ignore[call-arg]
+                                             if_idle=peer.complete and not self._seed_has_nothing_unique())
+            else:
+                await peer.source.read_chunk(peer.provider, chunk, n, sink)
             writer.commit()
         except (IntegrityError, ProtocolError) as exc:
             writer.abort()
@@ -563,16 +590,16 @@ class _Download:
         self.stats.bytes_fetched += n
         pid = peer.provider.peer_id
         self.stats.by_provider[pid] = self.stats.by_provider.get(pid, 0) + 1
-        self._commit_progress(peer, i, n, fetched=True)
+        self._commit_progress(peer, i, n, fetched=True, seconds=time.monotonic() - t0)
         return True
 
-    def _commit_progress(self, peer: _Peer, i: int, n: int, *, fetched: bool) -> None:
+    def _commit_progress(self, peer: _Peer, i: int, n: int, *, fetched: bool, seconds: float = 0.0) -> None:
         self.done_chunks += 1
         self.done_bytes += n
         if self.on_progress is not None:
             self.on_progress(Progress(self.cid, i, n, peer.provider.peer_id if fetched else "",
                                       self.done_chunks, len(self.m.chunks), self.done_bytes,
-                                      self.m.total_size))
+                                      self.m.total_size, seconds))
 
     async def _refresher(self, peer: _Peer) -> None:
         """Keep a partial holder's bitmap fresh (every HAVE_REFRESH_S), whether or not our requests to

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 from urllib.parse import urlsplit
@@ -69,6 +70,7 @@ class ServeStats:
     requests_by_cid: dict[str, int] = field(default_factory=dict)
     sending: dict[str, int] = field(default_factory=dict)  # chunk CID -> responses being sent now
     sent_at: dict[str, float] = field(default_factory=dict)  # chunk CID -> when a send last ended
+    pacer: "SeedPacer" = field(default_factory=lambda: SeedPacer())
     busy_after_send_s: float = 1.0
     """A chunk sent this recently counts as busy too: its receiver holds it now, and a peer asking
     within this time has not yet seen that peer's bitmap (refreshed every 0.2 s)."""
@@ -85,20 +87,123 @@ class ServeStats:
         self.sent_at[cid] = now
 
 
+MAX_TURN_S = 2.0
+"""The longest one send holds a seed's turn: a receiver that stops reading (frozen, or on a slow link)
+delays the next send by at most this much, and before any send was measured a turn lasts this long
+or until its send ends."""
+
+
+class SeedPacer:
+    """Turns for the sends a seed is asked for (``X-Blob-If-Idle``): one starts at a time, and a send
+    holds its turn for as long as it would take alone at the fastest rate this node has sent at, or
+    until it ends if sooner.
+
+    Why: when a blob is new, every peer asks the origin at once and nobody else holds anything. Sent
+    side by side, 8 first chunks shared the uplink and landed together after 8 chunk times, while the
+    peers' links idled (bench/README.md, "broadcast": first chunks at 0.8-3.2 s). One at a time, the
+    first lands after one chunk time and its receiver serves it on while the origin sends the next.
+    Later, a send slowed by its receiver's busy downlink gives up its turn after that solo time, so
+    more sends overlap and the uplink stays full: turns start at most at the link's rate, never slower
+    than the link can carry them. A turn never lasts more than :data:`MAX_TURN_S`.
+    Waiting is bounded (``max_wait_s``, ``max_waiting``); past either the asker is answered busy.
+    """
+
+    def __init__(self, *, slots: int = 1, max_wait_s: float = 5.0, max_waiting: int = 64,
+                 max_turn_s: float = MAX_TURN_S) -> None:
+        self.slots, self.max_wait_s, self.max_waiting = slots, max_wait_s, max_waiting
+        self.max_turn_s = max_turn_s
+        self.held = 0
+        self.best_rate = 0.0  # bytes/s of the fastest paced send so far
+        self.waited_s = 0.0  # summed time askers spent waiting for a turn (status, benchmarks)
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    async def turn(self) -> "_Turn | None":
+        """Wait for a turn; None when it would take too long (answer busy)."""
+        if self.held < self.slots and not self._waiters:
+            self.held += 1
+            return _Turn(self)
+        if len(self._waiters) >= self.max_waiting:
+            return None
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        t0 = time.monotonic()
+        try:
+            async with asyncio.timeout(self.max_wait_s):
+                await fut
+        except BaseException as exc:
+            if fut.done() and not fut.cancelled():
+                self._release()  # handed a turn in the same moment: pass it on
+            else:
+                fut.cancel()
+            if isinstance(exc, TimeoutError):
+                return None
+            raise
+        finally:
+            self.waited_s += time.monotonic() - t0
+        return _Turn(self)
+
+    def _release(self) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)  # the turn passes on; ``held`` stays
+                return
+        self.held -= 1
+
+
+class _Turn:
+    __slots__ = ("_pacer", "_done", "_timer", "_t0")
+
+    def __init__(self, pacer: SeedPacer) -> None:
+        self._pacer, self._done = pacer, False
+        # Released at the latest after max_turn_s even if the response is never sent.
+        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(pacer.max_turn_s,
+                                                                                         self.release)
+        self._t0 = 0.0
+
+    def start(self, size: int) -> None:
+        self._t0 = time.monotonic()
+        if self._timer is not None:
+            self._timer.cancel()
+        rate = self._pacer.best_rate
+        hold = min(self._pacer.max_turn_s, size / rate) if rate > 0 else self._pacer.max_turn_s
+        self._timer = asyncio.get_running_loop().call_later(hold, self.release)
+
+    def end(self, size: int, ok: bool) -> None:
+        if ok and self._t0 and (dt := time.monotonic() - self._t0) > 0:
+            self._pacer.best_rate = max(self._pacer.best_rate, size / dt)
+        self.release()
+
+    def release(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if not self._done:
+            self._done = True
+            self._pacer._release()
+
+
 class _CountedFileResponse(web.FileResponse):
     """A FileResponse that counts itself in ``stats.sending`` while its body goes out (``prepare``
-    sends the whole file)."""
+    sends the whole file), and holds a seed's turn (``turn``) while it does."""
 
-    def __init__(self, stats: ServeStats, cid: str, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, stats: ServeStats, cid: str, size: int, turn: "_Turn | None", *args: Any,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._stats, self._cid = stats, cid
+        self._stats, self._cid, self._size, self._turn = stats, cid, size, turn
 
     async def prepare(self, request: web.BaseRequest) -> Any:
         sending = self._stats.sending
         sending[self._cid] = sending.get(self._cid, 0) + 1
+        ok = False
+        if self._turn is not None:
+            self._turn.start(self._size)
         try:
-            return await super().prepare(request)
+            out = await super().prepare(request)
+            ok = True
+            return out
         finally:
+            if self._turn is not None:
+                self._turn.end(self._size, ok)
             if (left := sending[self._cid] - 1) > 0:
                 sending[self._cid] = left
             else:
@@ -132,15 +237,29 @@ def blob_routes(store: BlobStore, stats: ServeStats | None = None) -> list[web.R
         cid = _cid(request)
         if not store.has_chunk(cid):
             raise web.HTTPNotFound(text="chunk not held")
-        if request.headers.get(IF_IDLE) == "1" and stats.busy_with(cid):
-            stats.busy += 1
-            raise web.HTTPServiceUnavailable(text="sending this chunk to another peer", headers={BUSY: "1"})
-        path = store.chunk_path(cid)
+        turn: _Turn | None = None
+        if request.headers.get(IF_IDLE) == "1":  # asked as a seed: one chunk at a time, each once
+            if not stats.busy_with(cid):
+                turn = await stats.pacer.turn()
+                if turn is not None and (stats.busy_with(cid) or not store.has_chunk(cid)):
+                    turn.release()  # sent to someone else (or removed) while this one waited
+                    turn = None
+            if turn is None:
+                stats.busy += 1
+                raise web.HTTPServiceUnavailable(text="sending this chunk to another peer",
+                                                 headers={BUSY: "1"})
+        try:
+            path = store.chunk_path(cid)
+            size = path.stat().st_size
+        except OSError as exc:
+            if turn is not None:
+                turn.release()
+            raise web.HTTPNotFound(text="chunk not held") from exc
         stats.chunks += 1
-        stats.bytes += path.stat().st_size
+        stats.bytes += size
         stats.requests_by_cid[cid] = stats.requests_by_cid.get(cid, 0) + 1
         # FileResponse sends with loop.sendfile (zero-copy); chunk files are immutable once renamed in.
-        return _CountedFileResponse(stats, cid, path,
+        return _CountedFileResponse(stats, cid, size, turn, path,
                                     headers={"Content-Type": OCTET, "Cache-Control": "immutable"})
 
     return [
@@ -206,6 +325,8 @@ class HttpChunkSource:
         self.read_timeout = read_timeout
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
         self._addr_cache: dict[tuple[str, int], tuple[Any, ...]] = {}
+
+    speaks_if_idle = True  # read_chunk takes if_idle (see ChunkSource)
 
     def accepts(self, provider: object) -> bool:
         return str(getattr(provider, "http_url", "") or "").startswith("http://")
@@ -374,9 +495,11 @@ class HttpChunkSource:
     async def get_have(self, provider: object, manifest_cid: str) -> bytes:
         return await self._small(provider, "have", manifest_cid, MAX_HAVE_SIZE)
 
-    async def read_chunk(self, provider: object, cid: str, length: int, sink: "ChunkSink") -> None:
+    async def read_chunk(self, provider: object, cid: str, length: int, sink: "ChunkSink", *,
+                         if_idle: bool = True) -> None:
         """Stream chunk ``cid`` into ``sink``; IntegrityError if the peer announces another length (the
-        sink itself refuses bytes past ``length``)."""
+        sink itself refuses bytes past ``length``). ``if_idle``: send ``X-Blob-If-Idle`` (ChunkBusy if
+        the provider is sending this chunk to someone else or just did)."""
         assert length <= MAX_CHUNK_SIZE
 
         def check(n: int) -> None:
@@ -384,7 +507,8 @@ class HttpChunkSource:
                 raise IntegrityError(f"chunk announced as {n} bytes, expected {length}")
 
         status, headers = await self._get(provider, f"{HTTP_PREFIX}/chunk/{cid}", sink=sink,
-                                          check_length=check, extra=f"{IF_IDLE}: 1\r\n")
+                                          check_length=check,
+                                          extra=f"{IF_IDLE}: 1\r\n" if if_idle else "")
         if status == 404:
             raise ChunkUnavailable(f"chunk {cid[:16]}... not held")
         if status == 503 and headers.get(BUSY.lower()) == "1":

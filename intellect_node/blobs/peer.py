@@ -30,6 +30,7 @@ import asyncio
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -127,7 +128,9 @@ async def _main(args: argparse.Namespace) -> None:
 
                 def progress(p: Progress) -> None:
                     _emit({"event": "chunk", "index": p.index, "provider": p.provider,
-                           "chunks_done": p.chunks_done, "chunks_total": p.chunks_total})
+                           "chunks_done": p.chunks_done, "chunks_total": p.chunks_total,
+                           "seconds": p.seconds,
+                           "t": time.monotonic()})  # system-wide clock: a benchmark lines peers up
 
                 try:
                     st = await svc.fetch(cmd["cid"], out=cmd.get("out"), on_progress=progress)

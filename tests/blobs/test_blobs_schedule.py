@@ -4,6 +4,7 @@ decoded from the wire format; no network (the scheduler decides before any reque
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ from intellect_node.blobs.fetch import (
     _Download,
     _Peer,
 )
-from intellect_node.blobs.http import HttpChunkSource
+from intellect_node.blobs.http import ChunkSink, HttpChunkSource
 from intellect_node.blobs.store import BlobStore
 from intellect_node.protocol.blob import decode_have, encode_have
 from intellect_node.protocol.signing import SigningKey
@@ -101,10 +102,63 @@ def test_end_game_waits_for_a_slow_link_and_spares_the_seed(tmp_path: Path) -> N
     _holds(dl, a, {0})
     _holds(dl, b, {0})
     dl.todo = []
-    dl.inflight = {0: {"p2": None}}  # type: ignore[dict-item]  # chunk 0 is on its way from b
+    # chunk 0 is on its way from b; chunk 1, which only the seed holds, from the seed
+    dl.inflight = {0: {"p2": None}, 1: {"p0": None}}  # type: ignore[dict-item]
     dl.chunk_seconds, dl.chunks_timed = 10.0, 2  # chunks take 5 s each here
-    dl.started[0] = time.monotonic() - 6
+    dl.started[0] = dl.started[1] = time.monotonic() - 6
     assert dl._pick_endgame(a) is None  # 6 s is not late when a chunk takes 5
     dl.started[0] = time.monotonic() - 11
     assert dl._pick_endgame(seed) is None  # a, responsive, holds it: not from the seed
     assert dl._pick_endgame(a) == 0
+
+
+def test_a_seed_with_nothing_unique_left_is_asked_like_anyone(tmp_path: Path) -> None:
+    """Once every chunk this fetch still needs is held by some partial holder, sparing the seed would
+    only leave its uplink idle while the last chunks crawl between peers: it is neither spared nor
+    limited to one request, and it is asked without X-Blob-If-Idle (it no longer needs pacing)."""
+    dl, (seed, a, b) = _setup(tmp_path)
+    _holds(dl, seed, set(range(N)))
+    _holds(dl, a, {0, 1, 2, 3})
+    _holds(dl, b, {2, 3, 4})
+    dl.todo = [0, 1, 5]
+    assert not dl._seed_has_nothing_unique()  # 5: only the seed has it
+    assert dl._pick(seed) == 5 and dl._pick(seed) is None  # 0 and 1 are left to a
+    dl.todo = [0, 1]
+    dl._notify()
+    assert dl._seed_has_nothing_unique()
+    seed.busy = SEED_REQUESTS
+    assert dl._pick(seed) == 0  # not spared, not limited: its uplink is free
+    _holds(dl, a, {1})  # a no longer shows 0 (a stale bitmap, re-asked): the seed has something again
+    dl.todo = [0]
+    assert not dl._seed_has_nothing_unique()
+
+
+def test_only_a_seed_with_unique_chunks_is_asked_if_idle(tmp_path: Path) -> None:
+    """X-Blob-If-Idle (busy answers, paced turns) goes only to a seed that still holds chunks nobody
+    else has; a partial holder serves whoever asks."""
+    dl, (seed, a, _b) = _setup(tmp_path)
+    asked: list[tuple[str, bool]] = []
+    origin = BlobStore(tmp_path / "origin")
+
+    class Recording:
+        speaks_if_idle = True
+
+        def accepts(self, provider: object) -> bool:
+            return True
+
+        async def read_chunk(self, provider: StaticProvider, cid: str, length: int, sink: ChunkSink, *,
+                             if_idle: bool = True) -> None:
+            asked.append((provider.peer_id, if_idle))
+            sink.write(origin.chunk_path(cid).read_bytes())
+
+    for p in (seed, a):
+        p.source = Recording()  # type: ignore[assignment]
+    _holds(dl, seed, set(range(N)))
+    _holds(dl, a, {0, 1})
+    asyncio.run(dl._fetch_one(seed, 5))  # 5 (and 2-4, 6, 7): only the seed has them
+    asyncio.run(dl._fetch_one(a, 0))
+    dl.todo = [1]
+    dl._notify()
+    asyncio.run(dl._fetch_one(seed, 1))  # everything still needed is held by a
+    assert asked == [("p0", True), ("p1", False), ("p0", False)]
+    assert dl.store.has_chunk(dl.m.chunks[5]) and dl.store.has_chunk(dl.m.chunks[1])
