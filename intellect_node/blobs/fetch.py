@@ -17,23 +17,28 @@ uplink is the limit; measured in bench/broadcast_links.py):
 - rarest first: among the chunks this provider can give, the one the fewest known providers hold (from
   their ``/have`` bitmaps), ties broken by a per-fetch random order, so peers that start together pull
   different chunks and then serve them to each other;
-- a provider already sending a chunk to another peer answers "busy" (``X-Blob-If-Idle``, see
-  ``blobs/http.py``) and is asked for another: peers that picked the same rare chunk at once do not
-  both pull it through the origin's uplink;
+- a seed already sending a chunk to another peer answers "busy" (``X-Blob-If-Idle``, see
+  ``blobs/http.py``, which also paces a seed's sends one at a time) and is asked for another: peers
+  that picked the same rare chunk at once do not both pull it through the origin's uplink. Only a seed
+  is asked this way; a partial holder serves whoever asks (refusing held every chunk to one receiver
+  at a time);
 - the seed is spared: a complete provider (the origin) is not asked for a chunk that a responsive
   partial holder (heard from within :data:`SPARE_FRESH_S`: a bitmap or chunk bytes) could give, even if
   that holder is busy, and while partial holders exist it gets :data:`SEED_REQUESTS` requests at a time
   from this fetch. The origin's uplink then carries chunks nobody else has yet, each about once, and
   what peers already hold travels between peers. A holder that went silent (frozen, unreachable) stops
-  holding chunks back within a second: the seed serves them.
+  holding chunks back within a second: the seed serves them. Once every chunk this fetch still needs
+  is held by some partial holder, the seed has nothing unique left and is asked like anyone (its
+  uplink would otherwise idle through the last chunks).
 
 End game: when every missing chunk is in flight, idle workers duplicate requests that have been slow
 (:data:`ENDGAME_AFTER_S`, or twice this fetch's mean chunk time if that is longer: on a slow link every
 chunk takes seconds and is not late), preferring a partial holder to the seed; the first copy wins and
 cancels the other.
 
-Shortcuts: no upload-slot choking on the serving side; requests that two peers make of the origin at
-the same moment for the same rare chunk are not coordinated (random order makes them rare).
+Shortcuts: no upload slots on a partial holder (four slots measured slower, docs/blobs.md); requests
+that two peers make of the origin at the same moment for the same rare chunk are not coordinated
+beyond its busy answers (random order makes them rare).
 """
 
 from __future__ import annotations
