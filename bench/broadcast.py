@@ -160,8 +160,15 @@ def run_intellect(src: Path, work: Path, peers: int, chunk_mib: int, *, label: s
                 for i in range(peers)]
         hellos = _wait_all(kids, {"listening"})
         everyone = [{"peer_id": h["peer_id"], "http_url": h["url"]} for h in [hello, *hellos]]
+        origin_cpu0 = origin.cpu()
+        t0 = time.monotonic()
         done, elapsed, with_export, CPU[label] = _fetch_all(
             kids, cid, everyone[:1] if origin_only else everyone, root, cpu=[origin, *kids])
+        firsts = sorted(min(ev["t"] for ev in k.skipped if ev.get("event") == "chunk") - t0 for k in kids)
+        ends = ", ".join(f"{ev['seconds']:.2f}" for ev in done)
+        print(f"  {label}: first chunk at {', '.join(f'{x:.2f}' for x in firsts)} s; peers done at "
+              f"{ends} s; origin CPU "
+              f"{origin.cpu() - origin_cpu0:.2f} s of {CPU[label]:.2f} s", flush=True)
         from_peers = sum(n for ev in done for p, n in ev["by_provider"].items() if p != hello["peer_id"])
         total = sum(sum(ev["by_provider"].values()) for ev in done)
         dups = sum(ev.get("endgame_requests", 0) for ev in done)

@@ -68,7 +68,12 @@ MAX_INFLIGHT = 8
 
 MAX_CONSECUTIVE_FAILURES = 3
 HAVE_REFRESH_S = 0.2
-"""How often a fetch re-asks each partial holder for its bitmap."""
+"""How often a fetch re-asks each partial holder for its bitmap when the holder answers at once (an
+earlier version, or it does not know the blob yet)."""
+
+HAVE_WAIT_S = 0.5
+"""How long a partial holder may hold a bitmap request open while it has nothing new. Below
+SPARE_FRESH_S: a quiet holder still answers often enough to count as responsive."""
 
 ENDGAME_AFTER_S = 1.0
 """End game: once every missing chunk is in flight, an idle worker duplicates a request that has been
@@ -178,6 +183,7 @@ class _Peer:
     have: Have | None = None
     complete: bool = False
     have_at: float = 0.0
+    have_version: int | None = None  # its store's version with the bitmap we hold (long-poll)
     consecutive_failures: int = 0
     failed_chunks: set[int] = field(default_factory=set)
     dropped: bool = False
@@ -459,24 +465,34 @@ class _Download:
         # Partial holders might still gain chunks; a complete holder that failed a chunk will not.
         return all(p.complete and all(i in p.failed_chunks for i in self.todo) for p in live)
 
-    async def _refresh_have(self, peer: _Peer) -> None:
+    async def _refresh_have(self, peer: _Peer) -> bool:
+        """Ask for the peer's bitmap; True when the provider holds such requests open until it has
+        something new (it answered with its store's version): then the next one can follow at once."""
         peer.have_at = time.monotonic()
+        long_poll = getattr(peer.source, "get_have_after", None)
         try:
-            raw = await peer.source.get_have(peer.provider, self.cid)
+            if long_poll is not None:
+                raw, version = await long_poll(peer.provider, self.cid, peer.have_version, HAVE_WAIT_S)
+            else:
+                raw, version = await peer.source.get_have(peer.provider, self.cid), None
             have = decode_have(raw, self.cid, len(self.m.chunks))
         except ChunkUnavailable:  # it does not know the manifest (yet)
-            return
+            peer.have_version = None
+            return False
         except TransportError as exc:
+            peer.have_version = None
             self._failure(peer, None, exc)
-            return
+            return False
         except ProtocolError as exc:
             self.f._bad(peer, f"bad have bitmap: {exc}", self.stats)
             self._notify()
-            return
+            return False
+        peer.have_version = version
         peer.have = have
         peer.heard_at = time.monotonic()
         peer.complete = have.held() == len(self.m.chunks)
         self._notify()
+        return version is not None
 
     def _failure(self, peer: _Peer, index: int | None, exc: Exception) -> None:
         pid = peer.provider.peer_id
@@ -607,12 +623,15 @@ class _Download:
                                       self.m.total_size, seconds))
 
     async def _refresher(self, peer: _Peer) -> None:
-        """Keep a partial holder's bitmap fresh (every HAVE_REFRESH_S), whether or not our requests to
-        it are busy: a stale view of what peers hold sends requests to the origin for chunks a peer
-        already has."""
+        """Keep a partial holder's bitmap fresh, whether or not our requests to it are busy: a stale
+        view of what peers hold sends requests to the origin for chunks a peer already has. A provider
+        that holds the request open until it commits a chunk (``/have?after=``) is asked again as soon
+        as it answers: its new chunks are known here a round trip after they land, not up to a poll
+        period later (which on a fast link cost more than the transfer). Others are polled every
+        HAVE_REFRESH_S."""
         while not peer.dropped:
-            if not peer.complete:  # a complete one is asked again only after a "not held" (below)
-                await self._refresh_have(peer)
+            if not peer.complete and await self._refresh_have(peer):
+                continue  # it answered because something changed, or after HAVE_WAIT_S: ask again
             await asyncio.sleep(HAVE_REFRESH_S)  # a poll period, not a wait for a condition
 
     async def run(self) -> None:

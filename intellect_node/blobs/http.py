@@ -5,6 +5,8 @@ Routes (mounted on the node's bulk HTTP app, see :func:`blob_routes`)::
     GET /blob/v1/manifest/<blob-cid>   signed manifest envelope bytes
     GET /blob/v1/chunk/<chunk-cid>     the chunk's bytes (sendfile from the chunk file, zero-copy)
     GET /blob/v1/have/<blob-cid>       msgpack ``Have`` bitmap of the chunks this node holds
+        ?after=<version>&wait_ms=<ms>  ...once the store is past ``version`` (held open up to 2 s);
+                                       ``X-Blob-Version`` says the version answered (docs/blobs.md)
 
 A chunk request may carry ``X-Blob-If-Idle: 1``: "only if you are not sending this chunk to someone
 else right now (or did a moment ago)". A node that is answers ``503`` with ``X-Blob-Busy: 1`` instead,
@@ -53,6 +55,11 @@ OCTET = "application/octet-stream"
 
 IF_IDLE = "X-Blob-If-Idle"
 BUSY = "X-Blob-Busy"
+VERSION = "X-Blob-Version"
+MAX_HAVE_WAIT_S = 2.0
+"""The longest a ``/have?after=`` request is held open (the client's read deadline is longer)."""
+MAX_HAVE_WAITERS = 256
+"""Bitmap requests held open at once; past this they are answered at once (bounded connections)."""
 
 
 class ChunkBusy(ChunkUnavailable):
@@ -67,6 +74,7 @@ class ServeStats:
     chunks: int = 0
     bytes: int = 0
     busy: int = 0  # requests answered X-Blob-Busy
+    have_waiters: int = 0  # bitmap requests held open now (``/have?after=``)
     requests_by_cid: dict[str, int] = field(default_factory=dict)
     sending: dict[str, int] = field(default_factory=dict)  # chunk CID -> responses being sent now
     sent_at: dict[str, float] = field(default_factory=dict)  # chunk CID -> when a send last ended
@@ -211,6 +219,17 @@ class _CountedFileResponse(web.FileResponse):
             self._stats.sent(self._cid)
 
 
+def _have_wait(request: web.Request) -> tuple[int, float]:
+    """``?after=<version>&wait_ms=<ms>`` of a bitmap request: hold the answer until this node's store
+    is past ``version`` or ``wait_ms`` passed (capped at MAX_HAVE_WAIT_S). (-1, 0) without them."""
+    after, wait_ms = request.query.get("after"), request.query.get("wait_ms", "1000")
+    if after is None:
+        return -1, 0.0
+    if not (after.isdigit() and len(after) <= 18 and wait_ms.isdigit() and len(wait_ms) <= 6):
+        raise web.HTTPBadRequest(text="'after' and 'wait_ms' must be non-negative integers")
+    return int(after), min(MAX_HAVE_WAIT_S, int(wait_ms) / 1000)
+
+
 def blob_routes(store: BlobStore, stats: ServeStats | None = None) -> list[web.RouteDef]:
     """The three GET routes of the blob protocol, serving from ``store``."""
     stats = stats if stats is not None else ServeStats()
@@ -227,11 +246,33 @@ def blob_routes(store: BlobStore, stats: ServeStats | None = None) -> list[web.R
             raise web.HTTPNotFound(text="unknown manifest")
         return web.Response(body=raw, content_type=OCTET)
 
+    changed = [asyncio.Event()]
+
+    def wake() -> None:
+        changed[0].set()
+        changed[0] = asyncio.Event()
+
+    store.on_chunk(wake)
+
     async def get_have(request: web.Request) -> web.StreamResponse:
-        raw = store.have_bytes(_cid(request))
+        cid = _cid(request)
+        after, wait_s = _have_wait(request)
+        if after == store.version and store.manifest(cid) is not None \
+                and stats.have_waiters < MAX_HAVE_WAITERS:
+            stats.have_waiters += 1
+            try:
+                async with asyncio.timeout(wait_s):
+                    while store.version == after:
+                        await changed[0].wait()
+            except TimeoutError:
+                pass  # nothing new: the asker gets the same bitmap and asks again
+            finally:
+                stats.have_waiters -= 1
+        version = store.version  # before the bitmap: a chunk landing in between shows next time
+        raw = store.have_bytes(cid)
         if raw is None:
             raise web.HTTPNotFound(text="unknown manifest")
-        return web.Response(body=raw, content_type=OCTET)
+        return web.Response(body=raw, content_type=OCTET, headers={VERSION: str(version)})
 
     async def get_chunk(request: web.Request) -> web.StreamResponse:
         cid = _cid(request)
@@ -475,25 +516,37 @@ class HttpChunkSource:
 
     # -- the ChunkSource interface --------------------------------------------------------------
 
-    async def _small(self, provider: object, kind: str, cid: str, limit: int) -> bytes:
+    async def _small(self, provider: object, kind: str, cid: str, limit: int, query: str = ""
+                     ) -> tuple[bytes, dict[str, str]]:
         out = _Collect()
 
         def check(n: int) -> None:
             if n > limit:
                 raise ProtocolError(f"{kind} of {n} bytes exceeds {limit}")
 
-        status, _ = await self._get(provider, f"{HTTP_PREFIX}/{kind}/{cid}", sink=out, check_length=check)
+        status, headers = await self._get(provider, f"{HTTP_PREFIX}/{kind}/{cid}{query}", sink=out,
+                                          check_length=check)
         if status == 404:
             raise ChunkUnavailable(f"{kind} {cid[:16]}... not held")
         if status != 200:
             raise TransportError(f"{kind} request answered HTTP {status}")
-        return bytes(out.data)
+        return bytes(out.data), headers
 
     async def get_manifest(self, provider: object, cid: str) -> bytes:
-        return await self._small(provider, "manifest", cid, MAX_MANIFEST_ENVELOPE_SIZE)
+        return (await self._small(provider, "manifest", cid, MAX_MANIFEST_ENVELOPE_SIZE))[0]
 
     async def get_have(self, provider: object, manifest_cid: str) -> bytes:
-        return await self._small(provider, "have", manifest_cid, MAX_HAVE_SIZE)
+        return (await self._small(provider, "have", manifest_cid, MAX_HAVE_SIZE))[0]
+
+    async def get_have_after(self, provider: object, manifest_cid: str, after: int | None,
+                             wait_s: float) -> tuple[bytes, int | None]:
+        """The provider's bitmap once its store has changed since version ``after`` (or ``wait_s``
+        passed; at once for None), and its version now: None from a provider that does not hold
+        requests open (an earlier version), which the caller then polls."""
+        query = "" if after is None else f"?after={after}&wait_ms={int(wait_s * 1000)}"
+        raw, headers = await self._small(provider, "have", manifest_cid, MAX_HAVE_SIZE, query)
+        version = headers.get(VERSION.lower(), "")
+        return raw, int(version) if version.isdigit() and len(version) <= 18 else None
 
     async def read_chunk(self, provider: object, cid: str, length: int, sink: "ChunkSink", *,
                          if_idle: bool = True) -> None:

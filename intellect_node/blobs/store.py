@@ -164,6 +164,9 @@ class BlobStore:
             except ProtocolError as exc:
                 log.warning("ignoring damaged manifest %s: %s", p.name, exc)
         self._unsynced: set[str] = set()
+        self.version = 0
+        """Goes up whenever the set of chunks or manifests changes: ``GET /have?after=`` waits on it."""
+        self._on_chunk: list[Callable[[], None]] = []
         self._sync_lock = threading.Lock()  # the loop adds to _unsynced while a worker thread flushes
         self._flush_lock = threading.Lock()
         if (self.root / DIRTY).exists():
@@ -220,11 +223,20 @@ class BlobStore:
         return ChunkWriter(self, cid, length)
 
     def mark_chunk(self, cid: str, *, synced: bool = True) -> None:
-        """Record a chunk file now in ``chunks/`` (on the event loop thread)."""
+        """Record a chunk file now in ``chunks/`` (on the event loop thread) and tell the watchers."""
         self._chunks.add(cid)
         if not synced:
             with self._sync_lock:
                 self._unsynced.add(cid)
+        self.version += 1
+        for fn in self._on_chunk:
+            fn()
+
+    def on_chunk(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` (on the event loop thread) after every chunk :meth:`mark_chunk` records: the
+        bulk routes wake the peers waiting for this node's next bitmap. Other changes (manifests,
+        removals, which may run in worker threads) only raise :attr:`version`."""
+        self._on_chunk.append(fn)
 
     def verify_chunk(self, cid: str) -> bool:
         """Re-hash a chunk file; drop it from the store if it no longer matches (blocking)."""
@@ -251,6 +263,7 @@ class BlobStore:
         if cid not in self._manifests:
             atomic_write_bytes(self.manifests_dir / cid, raw)
             self._manifests[cid] = m
+            self.version += 1
         return m
 
     def manifest(self, cid: str) -> Manifest | None:
@@ -302,6 +315,7 @@ class BlobStore:
         return out
 
     def _drop_chunks(self, cids: set[str]) -> int:
+        self.version += 1
         freed = 0
         for c in cids:
             self._chunks.discard(c)

@@ -1,18 +1,24 @@
-"""A seed's turns (``blobs/http.py``'s ``SeedPacer``): chunks asked of it ``X-Blob-If-Idle`` start one
-at a time, a send gives up its turn after its solo time, waiting is bounded, and plain requests (a
-partial holder's, an earlier version's) are never paced. Real aiohttp servers on 127.0.0.1 for the
-served path; the pacer's own rules on the event loop."""
+"""What a provider holds back and what it holds open (``blobs/http.py``): a seed's turns
+(``SeedPacer``: chunks asked ``X-Blob-If-Idle`` start one at a time, a send gives up its turn after its
+solo time, waiting is bounded, plain requests are never paced) and bitmap requests held open until the
+next chunk lands (``/have?after=``). Real aiohttp servers on 127.0.0.1 for the served paths; the
+pacer's own rules on the event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import socket
+import urllib.error
+import urllib.request
 from pathlib import Path
 
+from aiohttp import web
+
+from intellect_node.blobs.fetch import StaticProvider
 from intellect_node.blobs.http import HttpChunkSource, SeedPacer
 from intellect_node.blobs.peer import BlobPeer
-from intellect_node.protocol.blob import HTTP_PREFIX
+from intellect_node.protocol.blob import HTTP_PREFIX, decode_have, encode_have
 from tests.support.wait import wait_until
 
 
@@ -111,3 +117,69 @@ def test_if_idle_requests_wait_their_turn_plain_requests_do_not(tmp_path: Path) 
             await origin.stop()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_bitmap_request_waits_for_the_next_chunk(tmp_path: Path) -> None:
+    """``/have?after=<version>`` is held open until the provider commits a chunk (then answered with
+    the new bitmap and version), or until its wait ends; malformed parameters are refused; a provider
+    without the header (an earlier version) yields no version, so the fetcher polls it."""
+    src = tmp_path / "f.bin"
+    src.write_bytes(os.urandom(4 * 1024))
+
+    async def main() -> None:
+        origin = await BlobPeer(tmp_path / "o").start()
+        holder = await BlobPeer(tmp_path / "h").start()
+        source = HttpChunkSource()
+        try:
+            cid, m = await origin.blobs.put_file(src, chunk_size=1024)
+            holder.blobs.store.put_manifest(cid, origin.blobs.store.manifest_bytes(cid) or b"")
+            raw, version = await source.get_have_after(holder.as_provider(), cid, None, 30.0)
+            assert version is not None and decode_have(raw, cid, 4).held() == 0
+            # Nothing new within the wait: the same bitmap and version come back.
+            assert await source.get_have_after(holder.as_provider(), cid, version, 0.05) == (raw, version)
+            waiting = asyncio.ensure_future(source.get_have_after(holder.as_provider(), cid, version, 30.0))
+            stats = holder.blobs.serve_stats
+            await wait_until(lambda: stats.have_waiters == 1, what="the bitmap request to be held open")
+            writer = holder.blobs.store.open_chunk_writer(m.chunks[2], 1024)
+            writer.write(origin.blobs.store.chunk_path(m.chunks[2]).read_bytes())
+            writer.commit()  # the holder got chunk 2
+            raw2, version2 = await asyncio.wait_for(waiting, 30)
+            assert version2 is not None and version2 > version
+            assert [i for i in range(4) if decode_have(raw2, cid, 4).has(i)] == [2]
+            assert stats.have_waiters == 0
+            for bad in ("after=x", "after=1&wait_ms=-5", "after=" + "9" * 40):
+                body = await asyncio.to_thread(_get_status, f"{holder.url}{HTTP_PREFIX}/have/{cid}?{bad}")
+                assert body == 400, bad
+        finally:
+            source.close()
+            await origin.stop()
+            await holder.stop()
+
+        async def earlier_version(_: web.Request) -> web.Response:  # answers at once, no version
+            return web.Response(body=encode_have(cid, [True] * 4))
+
+        app = web.Application()
+        app.add_routes([web.get(f"{HTTP_PREFIX}/have/{{cid}}", earlier_version)])
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        old = HttpChunkSource()
+        try:
+            earlier = StaticProvider("p", f"http://127.0.0.1:{port}")
+            raw, version = await old.get_have_after(earlier, cid, 7, 30.0)
+            assert version is None and decode_have(raw, cid, 4).held() == 4
+        finally:
+            old.close()
+            await runner.cleanup()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def _get_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
