@@ -398,6 +398,9 @@ def run_swarm(root: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
         t_settle = time.monotonic()
         polls, sts = settle(nodes, pool)
         settle_s = time.monotonic() - t_settle
+        if args.quiet > 0:  # steady state: start-up work that backs off (relay searches) has backed off
+            time.sleep(args.quiet)
+            sts = [s for _, _, s in statuses(nodes, pool)]
         idle = idle_window(nodes, args.window, topic(RUN_ID, "heartbeat"), sts, pool)
         gossip = asyncio.run(reach(work, nodes, args.reach_rounds, pool))
         look = lookups(work, nodes, args.lookups, rng) if n > 1 else {"lookup_s": [], "asked": 0}
@@ -495,6 +498,9 @@ def main() -> None:
     ap.add_argument("--nodes", default="4,8,16,32,48", help="swarm sizes, comma-separated")
     ap.add_argument("--wave", type=int, default=4, help="nodes started together")
     ap.add_argument("--window", type=float, default=30.0, help="idle measurement window, s")
+    ap.add_argument("--quiet", type=float, default=0.0,
+                    help="seconds to wait after settling before the idle window (steady state: a node's "
+                         "relay searches back off to one in 5 minutes about 330 s after its start)")
     ap.add_argument("--reach-rounds", type=int, default=5, help="probe heartbeats published")
     ap.add_argument("--lookups", type=int, default=12, help="provider lookups, each from another node")
     ap.add_argument("--joiners", type=int, default=3, help="nodes started one at a time after the rest")
