@@ -71,6 +71,11 @@ HAVE_REFRESH_S = 0.2
 """How often a fetch re-asks each partial holder for its bitmap when the holder answers at once (an
 earlier version, or it does not know the blob yet)."""
 
+HAVE_MIN_INTERVAL_S = 0.05
+"""At most one bitmap per provider this often, held open or not: on a fast link chunks land every few
+milliseconds, and a bitmap for each cost CPU the chunks needed (4 peers on loopback: 2.8-2.9 CPU s/GB
+without this floor, 2.4-2.6 with it; bench/README.md, "broadcast")."""
+
 HAVE_WAIT_S = 0.5
 """How long a partial holder may hold a bitmap request open while it has nothing new. Below
 SPARE_FRESH_S: a quiet holder still answers often enough to count as responsive."""
@@ -630,8 +635,13 @@ class _Download:
         period later (which on a fast link cost more than the transfer). Others are polled every
         HAVE_REFRESH_S."""
         while not peer.dropped:
+            asked = time.monotonic()
             if not peer.complete and await self._refresh_have(peer):
-                continue  # it answered because something changed, or after HAVE_WAIT_S: ask again
+                # It answered because something changed (or after HAVE_WAIT_S): ask again, but not
+                # more often than HAVE_MIN_INTERVAL_S.
+                if (left := HAVE_MIN_INTERVAL_S - (time.monotonic() - asked)) > 0:
+                    await asyncio.sleep(left)
+                continue
             await asyncio.sleep(HAVE_REFRESH_S)  # a poll period, not a wait for a condition
 
     async def run(self) -> None:
