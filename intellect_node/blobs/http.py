@@ -113,27 +113,31 @@ class SeedPacer:
     Later, a send slowed by its receiver's busy downlink gives up its turn after that solo time, so
     more sends overlap and the uplink stays full: turns start at most at the link's rate, never slower
     than the link can carry them. A turn never lasts more than :data:`MAX_TURN_S`.
-    Waiting is bounded (``max_wait_s``, ``max_waiting``); past either the asker is answered busy.
+    Waiting is bounded (``max_wait_s``, ``max_waiting``, and ``max_per_asker`` waiting requests from
+    one address, so one peer cannot fill the queue); past any of them the asker is answered busy.
     """
 
     def __init__(self, *, slots: int = 1, max_wait_s: float = 5.0, max_waiting: int = 64,
-                 max_turn_s: float = MAX_TURN_S) -> None:
+                 max_per_asker: int = 4, max_turn_s: float = MAX_TURN_S) -> None:
         self.slots, self.max_wait_s, self.max_waiting = slots, max_wait_s, max_waiting
-        self.max_turn_s = max_turn_s
+        self.max_per_asker, self.max_turn_s = max_per_asker, max_turn_s
+        self._waiting_by: dict[str, int] = {}  # asker address -> its requests waiting now
         self.held = 0
         self.best_rate = 0.0  # bytes/s of the fastest paced send so far
         self.waited_s = 0.0  # summed time askers spent waiting for a turn (status, benchmarks)
         self._waiters: deque[asyncio.Future[None]] = deque()
 
-    async def turn(self) -> "_Turn | None":
+    async def turn(self, asker: str = "") -> "_Turn | None":
         """Wait for a turn; None when it would take too long (answer busy)."""
         if self.held < self.slots and not self._waiters:
             self.held += 1
             return _Turn(self)
-        if len(self._waiters) >= self.max_waiting:
+        mine = self._waiting_by.get(asker, 0)
+        if len(self._waiters) >= self.max_waiting or mine >= self.max_per_asker:
             return None
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
+        self._waiting_by[asker] = mine + 1
         t0 = time.monotonic()
         try:
             async with asyncio.timeout(self.max_wait_s):
@@ -148,6 +152,10 @@ class SeedPacer:
             raise
         finally:
             self.waited_s += time.monotonic() - t0
+            if (left := self._waiting_by[asker] - 1) > 0:
+                self._waiting_by[asker] = left
+            else:
+                del self._waiting_by[asker]
         return _Turn(self)
 
     def _release(self) -> None:
@@ -281,7 +289,7 @@ def blob_routes(store: BlobStore, stats: ServeStats | None = None) -> list[web.R
         turn: _Turn | None = None
         if request.headers.get(IF_IDLE) == "1":  # asked as a seed: one chunk at a time, each once
             if not stats.busy_with(cid):
-                turn = await stats.pacer.turn()
+                turn = await stats.pacer.turn(request.remote or "")
                 if turn is not None and (stats.busy_with(cid) or not store.has_chunk(cid)):
                     turn.release()  # sent to someone else (or removed) while this one waited
                     turn = None

@@ -41,6 +41,21 @@ def test_turns_one_at_a_time_bounded_and_never_leaked() -> None:
         await asyncio.gather(third, return_exceptions=True)
         got.release()
         assert pacer.held == 0 and not pacer._waiters
+        # One asker cannot fill the queue: past max_per_asker waiting requests it is answered busy.
+        busy = SeedPacer(max_per_asker=2, max_turn_s=3600.0)
+        taken = await busy.turn("10.0.0.1")
+        waits = [asyncio.ensure_future(busy.turn("10.0.0.1")) for _ in range(2)]
+        await wait_until(lambda: len(busy._waiters) == 2, what="two requests of one asker to queue")
+        assert await busy.turn("10.0.0.1") is None
+        other = asyncio.ensure_future(busy.turn("10.0.0.2"))  # another asker still queues
+        await wait_until(lambda: len(busy._waiters) == 3, what="another asker to queue")
+        assert taken is not None
+        taken.release()
+        for w in [*waits, other]:
+            t = await w
+            assert t is not None
+            t.release()
+        assert busy.held == 0 and not busy._waiting_by
         # Waiting longer than max_wait_s is answered busy, and the turn is still there for the next.
         slow = SeedPacer(max_wait_s=0.05, max_turn_s=3600.0)
         held = await slow.turn()
