@@ -16,7 +16,8 @@ from pathlib import Path
 from aiohttp import web
 
 from intellect_node.blobs.fetch import StaticProvider
-from intellect_node.blobs.http import HttpChunkSource, SeedPacer
+from intellect_node.blobs.http import HttpChunkSource
+from intellect_node.blobs.pacing import SeedPacer
 from intellect_node.blobs.peer import BlobPeer
 from intellect_node.protocol.blob import HTTP_PREFIX, decode_have, encode_have
 from tests.support.wait import wait_until
