@@ -57,16 +57,14 @@ def test_a_restarted_node_still_refuses_the_peer_it_banned(tmp_path: Path) -> No
     key = SigningKey.generate()
 
     async def start(d: Path, k: SigningKey) -> Swarm:
-        return await Swarm.start(k, run_id="test", listen=["/ip4/127.0.0.1/tcp/0"], http_url="http://127.0.0.1:1",
-                                 data_dir=d)
+        return await Swarm.start(k, run_id="test", listen=["/ip4/127.0.0.1/tcp/0"],
+                                 http_url="http://127.0.0.1:1", data_dir=d)
 
     async def main() -> None:
         a = await start(tmp_path / "a", key)
         cheat = await start(tmp_path / "cheat", SigningKey.generate())
         friend = await start(tmp_path / "friend", SigningKey.generate())
         try:
-            await cheat.connect(a.listen_addrs()[0])
-            await wait_until(lambda: cheat.peer_id in a.connected_peers(), 20, what="cheat connected")
             await a.ban(cheat.peer_id, "banned by validator v1: toploc")
             # Persisted at once, not at the next periodic save.
             doc = json.loads((tmp_path / "a" / "peers.json").read_text())
@@ -87,7 +85,7 @@ def test_a_restarted_node_still_refuses_the_peer_it_banned(tmp_path: Path) -> No
         finally:
             await asyncio.gather(a.close(), cheat.close(), friend.close(), return_exceptions=True)
 
-    run(main(), timeout=90)
+    run(main(), timeout=180)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
