@@ -10,15 +10,19 @@ from __future__ import annotations
 import datetime
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from intellect_node.commands.common import DataDirOption, data_dir, data_dir_lock
 from intellect_node.errors import ConfigError
 
+if TYPE_CHECKING:
+    from intellect_node.p2p.peerbook import PeerBook
 
-def _book(d: Path):  # type: ignore[no-untyped-def]
+
+def _book(d: Path) -> "PeerBook":
+    """The data dir's peer book as a node would load it (bans older than a week dropped)."""
     from intellect_node.p2p.peerbook import PeerBook
 
     return PeerBook("", d)

@@ -374,8 +374,9 @@ class PolicyFollower:
 
     def offer(self, ann: PolicyAnnouncement) -> None:
         """Hand over a (validated) announcement from the gossip handler; :meth:`follow` obtains the newest
-        one offered and skips versions superseded while it was busy. Offering a version again (the
-        trainer's repeats) gets one given up on tried again."""
+        one offered and skips versions superseded while it was busy (with ``keep_passing``, only those
+        older than its window). Offering a version again (the trainer's repeats) gets one given up on
+        tried again."""
         if self._keep_passing and (self.version is None or ann.version > self.version):
             self._offered.setdefault(ann.version, ann)
             newest = max(self._offered)

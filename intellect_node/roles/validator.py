@@ -226,11 +226,13 @@ class Validator:
         self.notices.forget_below(floor)
 
     async def _add_engine(self, version: int, ckpt: PolicyWeights) -> None:
+        if version in self.engines and self.engines[version][0] == ckpt.content_hash:
+            return  # passed again (a delta walk retried from the full checkpoint): already held
         loaded = await asyncio.to_thread(loaded_from_checkpoint, self.base, ckpt)
         engine = await asyncio.to_thread(make_engine, loaded, "torch", device=self.device)
         self.engines[version] = (ckpt.content_hash, engine)
-        while len(self.engines) > self.async_level + 1:
-            self.engines.popitem(last=False)
+        while len(self.engines) > self.async_level + 1:  # the oldest versions go, whatever the arrival order
+            del self.engines[min(self.engines)]
         self.latest_announced = max(self.latest_announced, version)
         self._forget_stale()
         self._wake.set()
