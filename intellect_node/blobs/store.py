@@ -114,7 +114,7 @@ class ChunkWriter:
         if self.received != self.length:
             raise IntegrityError(f"chunk {self.cid[:16]}... ended after {self.received} of {self.length} "
                                  "bytes")
-        if cid_from_digest(self._hash.digest(), self._code) != self.cid:
+        if self._hash.digest() != digest_from_cid(self.cid):
             raise IntegrityError(f"chunk {self.cid[:16]}... does not match its hash")
 
     def commit(self) -> None:
