@@ -54,7 +54,13 @@ from intellect_node.errors import (
 )
 from intellect_node.fsutil import atomic_write_text
 from intellect_node.node.status import StatusBoard
-from intellect_node.protocol.blob import Manifest
+from intellect_node.protocol.blob import (
+    DEFAULT_CHUNK_SIZE,
+    MAX_CHUNK_SIZE,
+    MAX_CHUNKS,
+    MIN_CHUNK_SIZE,
+    Manifest,
+)
 from intellect_node.protocol.policy import (
     MAX_CHAIN,
     POLICY_DTYPES,
@@ -136,7 +142,12 @@ class PolicyPublisher:
 
     def __init__(self, root: str | os.PathLike[str], blobs: BlobService, key: SigningKey, run_id: str, *,
                  full_every: int = DEFAULT_FULL_EVERY, zstd_level: int = ZSTD_LEVEL,
-                 dense_kinds: tuple[str, ...] = DENSE_KINDS, board: StatusBoard | None = None) -> None:
+                 dense_kinds: tuple[str, ...] = DENSE_KINDS, board: StatusBoard | None = None,
+                 chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
+        if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
+            raise ConfigError(f"chunk_size must be in [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}] bytes; got "
+                              f"{chunk_size}", field="policy_chunk_mib")
+        self.chunk_size = chunk_size
         if not 1 <= full_every <= MAX_CHAIN:
             raise ConfigError(f"full_every must be in [1, {MAX_CHAIN}] (an announcement carries at most "
                               f"{MAX_CHAIN} delta links); got {full_every}", field="full_every")
@@ -194,6 +205,16 @@ class PolicyPublisher:
             return None
         return self._announce(self._version, self._prev, self._full, self._links)
 
+    def _chunk_size_for(self, path: Path) -> int:
+        """The configured chunk size, doubled until the file fits in MAX_CHUNKS chunks."""
+        size, chunk = path.stat().st_size, self.chunk_size
+        while -(-size // chunk) > MAX_CHUNKS and chunk < MAX_CHUNK_SIZE:
+            chunk *= 2
+        if chunk != self.chunk_size:
+            log.info("publishing %s in %d MiB chunks (%d bytes need more than %d chunks of the configured "
+                     "%d bytes)", path.name, chunk >> 20, size, MAX_CHUNKS, self.chunk_size)
+        return min(chunk, MAX_CHUNK_SIZE)
+
     def _announce(self, version: int, ckpt: PolicyWeights, full: tuple[int, str, int],
                   links: list[DeltaLink]) -> tuple[PolicyAnnouncement, bytes]:
         ann = PolicyAnnouncement(run_id=self.run_id, version=version, dtype=_policy_dtype(ckpt),
@@ -225,7 +246,8 @@ class PolicyPublisher:
                                                 dense=self.dense_kinds)
                 delta_path = self.root / f"v{version:010d}.delta"
                 await asyncio.to_thread(_write_unsynced, delta_path, delta)
-                delta_cid, _ = await self.blobs.put_file(delta_path, name=f"{self.run_id}-v{version}.delta")
+                delta_cid, _ = await self.blobs.put_file(delta_path, name=f"{self.run_id}-v{version}.delta",
+                                                         chunk_size=self._chunk_size_for(delta_path))
                 delta_path.unlink()  # the blob store holds it now
                 clock.lap("delta_s")
                 links.append(DeltaLink(version=version, base_hash=prev.content_hash,
@@ -233,7 +255,8 @@ class PolicyPublisher:
                                        delta_size=len(delta)))
             full = self._full
             if prev is None or force_full or full is None or version - full[0] >= self.full_every:
-                full_cid, m = await self.blobs.put_file(path, name=f"{self.run_id}-v{version}.safetensors")
+                full_cid, m = await self.blobs.put_file(path, name=f"{self.run_id}-v{version}.safetensors",
+                                                        chunk_size=self._chunk_size_for(path))
                 full = (version, full_cid, m.total_size)
                 links = links[-1:]  # a full version keeps only the delta from its predecessor
                 clock.lap("full_s")

@@ -180,7 +180,8 @@ class Trainer:
         self._reload_inbox()
         await self.admitted.compact(fresh_floor(self.version, self.cfg.run.async_level))
         self.publisher = PolicyPublisher(self.dir / "policy", self.blobs, self.rt.swarm.key, self.run_id,
-                                         full_every=self.rl.full_every)
+                                         full_every=self.rl.full_every,
+                                         chunk_size=int(self.rl.policy_chunk_mib * (1 << 20)))
         await self.tasks.open()
         newest = await self._replay(self.journal.after(covered))
         await self._publish_current(self.version, newest)

@@ -304,3 +304,35 @@ def test_follow_with_a_window_obtains_the_version_before_an_anchor(tmp_path: Pat
                 await p.stop()
 
     asyncio.run(main())
+
+
+def test_policy_files_published_in_the_configured_chunk_size(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``rl.policy_chunk_mib``: the full file and the delta go out in that chunk size, and a file that
+    would need more than MAX_CHUNKS chunks gets doubled chunks instead of a failed publication."""
+    from intellect_node.errors import ConfigError
+    from intellect_node.roles import policy as policy_mod
+
+    versions = policy_versions(torch.bfloat16, 2)
+
+    async def main() -> None:
+        trainer, a = peers = await _peers(tmp_path, 2)
+        try:
+            with pytest.raises(ConfigError, match="chunk_size"):
+                PolicyPublisher(tmp_path / "x", trainer.blobs, trainer.key, RUN, chunk_size=100)
+            pub = PolicyPublisher(tmp_path / "pub", trainer.blobs, trainer.key, RUN, full_every=8,
+                                  chunk_size=4096)
+            ann0, _ = await pub.publish(0, versions[0].to_state_dict())
+            m0 = trainer.blobs.store.manifest(ann0.full_cid)
+            assert m0 is not None and m0.chunk_size == 4096 and len(m0.chunks) > 1
+            monkeypatch.setattr(policy_mod, "MAX_CHUNKS", 2)  # as if the files were thousands of times larger
+            ann1, _ = await pub.publish(1, versions[1].to_state_dict())
+            m1 = trainer.blobs.store.manifest(ann1.deltas[-1].delta_cid)
+            assert m1 is not None and len(m1.chunks) <= 2 and m1.chunk_size >= 4096
+            got = await _follower(tmp_path, "a", a, trainer.key.peer_id).obtain(ann1)
+            assert bytes(got.checkpoint.to_bytes()) == bytes(versions[1].to_bytes())
+        finally:
+            for p in peers:
+                await p.stop()
+
+    asyncio.run(main())
