@@ -436,10 +436,18 @@ class _Download:
         return any(q is not peer and not q.dropped and not q.complete and q.heard_at >= fresh
                    and self._useful(q, i) for q in self.peers)
 
+    def _knows_partial_holders(self) -> bool:
+        """Some live provider of this fetch is not a seed: a chunk a seed sends elsewhere can come from
+        it later. Without one (the DHT named only the publisher, as for a policy just announced), a
+        busy answer would only make fetchers queue for the seed one after another: 1.2 s and 2.4 s
+        for the second and third of three fetchers of a small policy delta (bench/README.md,
+        "learning")."""
+        return any(not q.complete and not q.dropped for q in self.peers)
+
     def _seed_limited(self, peer: _Peer) -> bool:
         """A seed already has SEED_REQUESTS of ours while partial holders could take part."""
-        return peer.complete and peer.busy >= SEED_REQUESTS and any(
-            not q.complete and not q.dropped for q in self.peers) and not self._seed_has_nothing_unique()
+        return peer.complete and peer.busy >= SEED_REQUESTS and self._knows_partial_holders() \
+            and not self._seed_has_nothing_unique()
 
     def _pick(self, peer: _Peer) -> int | None:
         """The rarest chunk this provider can give (first in the random order among equals)."""
@@ -578,12 +586,15 @@ class _Download:
         t0 = time.monotonic()
         try:
             # Only a seed that still holds chunks nobody else has is asked "if idle" (paced, each chunk
-            # once). A partial holder sends what it holds to everyone who asks (refusing made peers
-            # wait for each other), and so does a seed with nothing unique left (its uplink is free).
+            # once), and only while this fetch knows a partial holder to take the chunk from instead. A
+            # partial holder sends what it holds to everyone who asks (refusing made peers wait for
+            # each other), and so does a seed with nothing unique left (its uplink is free).
             sink = _Heard(peer, writer)
             if getattr(peer.source, "speaks_if_idle", False):
+                if_idle = peer.complete and self._knows_partial_holders() \
+                    and not self._seed_has_nothing_unique()
                 await peer.source.read_chunk(peer.provider, chunk, n, sink,  # type: ignore[call-arg]
-                                             if_idle=peer.complete and not self._seed_has_nothing_unique())
+                                             if_idle=if_idle)
             else:
                 await peer.source.read_chunk(peer.provider, chunk, n, sink)
             writer.commit()

@@ -136,3 +136,31 @@ def test_cid_cache_never_keeps_a_refusal() -> None:
     for not_a_string in [None, 5, [good], good.encode()]:
         with pytest.raises(ProtocolError):
             validate_cid(not_a_string)  # type: ignore[arg-type]
+
+
+def test_fetchers_that_know_only_the_seed_are_not_told_busy(tmp_path: Path) -> None:
+    """Three peers fetch a new one-chunk blob at once, each knowing only the publisher (what a DHT lookup
+    right after an announcement gives). None is answered busy: with nobody else to take the chunk from,
+    "ask again later" would only queue them for the seed one after another."""
+    from intellect_node.blobs.peer import BlobPeer
+
+    src = tmp_path / "delta.bin"
+    src.write_bytes(os.urandom(300_000))
+
+    async def main() -> None:
+        seed = await BlobPeer(tmp_path / "seed").start()
+        fetchers = [await BlobPeer(tmp_path / f"f{i}").start() for i in range(3)]
+        try:
+            cid, _ = await seed.blobs.put_file(src)
+            for f in fetchers:
+                f.providers = [seed.as_provider()]
+            stats = await asyncio.gather(*(f.blobs.fetch(cid) for f in fetchers))
+            assert [s.busy_answers for s in stats] == [0, 0, 0]
+            assert seed.blobs.serve_stats.busy == 0 and seed.blobs.serve_stats.chunks == 3
+            for f in fetchers:
+                assert not f.blobs.store.missing(cid)
+        finally:
+            for p in [seed, *fetchers]:
+                await p.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
