@@ -108,6 +108,14 @@ STALL_S = 15.0
 REDISCOVER_ROUNDS = 5
 """How many times a fetch looks for providers again when all it knows have dropped out."""
 
+REDISCOVER_DURING_S = 2.0
+"""While a pass knows no partial holder (the DHT named only the publisher when the fetch began, as for
+a policy just announced), it looks for providers again after this long, then at doubling intervals up
+to REDISCOVER_DURING_MAX_S: peers fetching the same blob announce themselves once they hold its
+manifest, and taking chunks from them spares the publisher's uplink."""
+
+REDISCOVER_DURING_MAX_S = 30.0
+
 FIND_TIMEOUT_S = 30.0
 """While no provider has answered yet, a fetch keeps looking this long, beyond REDISCOVER_ROUNDS: a
 provider record takes a moment to reach the peers close to the key (a ``blob put`` on another node a
@@ -659,14 +667,47 @@ class _Download:
         if self._finished():
             return
         refreshers = [asyncio.ensure_future(self._refresher(p)) for p in self.peers]
+        discoverer: asyncio.Future[None] | None = None
         try:
             async with asyncio.TaskGroup() as tg:
                 for peer in self.peers:
                     for _ in range(self.f.per_provider):
                         tg.create_task(self._worker(peer))
+                discoverer = asyncio.ensure_future(self._discover(tg, refreshers))
         finally:
+            if discoverer is not None:
+                discoverer.cancel()
+                refreshers.append(discoverer)
             for r in refreshers:
                 r.cancel()
             for res in await asyncio.gather(*refreshers, return_exceptions=True):
                 if isinstance(res, Exception):
-                    log.warning("bitmap refresher of %s failed: %r", self.cid, res)
+                    log.warning("bitmap refresher or provider search of %s failed: %r", self.cid, res)
+
+    async def _discover(self, tg: asyncio.TaskGroup, refreshers: list[asyncio.Future[None]]) -> None:
+        """Look for providers again while this pass knows no partial holder (REDISCOVER_DURING_S), and
+        put the new ones to work in this pass."""
+        delay = REDISCOVER_DURING_S
+        while True:
+            await asyncio.sleep(delay)  # a search interval, not a wait for a condition
+            delay = min(2 * delay, REDISCOVER_DURING_MAX_S)
+            if self._finished():
+                return
+            if self._knows_partial_holders():
+                continue
+            known = {p.provider.peer_id for p in self.peers}
+            found = await self.f._providers(self.cid, self.stats)
+            new = [p for p in found if p.provider.peer_id not in known]
+            if not new or self._finished():
+                continue
+            try:
+                for p in new:
+                    for _ in range(self.f.per_provider):
+                        tg.create_task(self._worker(p))
+            except RuntimeError:  # the pass ended while we looked
+                return
+            for p in new:
+                self.peers.append(p)
+                refreshers.append(asyncio.ensure_future(self._refresher(p)))
+            log.info("fetch of %s: %d more provider(s) found during the download", self.cid, len(new))
+            self._notify()

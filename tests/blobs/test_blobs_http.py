@@ -7,6 +7,7 @@ import asyncio
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -164,3 +165,66 @@ def test_fetchers_that_know_only_the_seed_are_not_told_busy(tmp_path: Path) -> N
                 await p.stop()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_fetch_that_knows_only_the_seed_finds_partial_holders_while_it_downloads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three peers fetch a many-chunk blob whose first provider lookup names only the publisher, as right
+    after an announcement. The publisher's uplink is slow. Looking again during the download, each finds
+    the others (partial holders by then) and takes chunks from them: the publisher sends fewer than
+    three copies."""
+    from intellect_node.blobs import fetch as fetch_mod
+    from intellect_node.blobs.fetch import Provider
+    from intellect_node.blobs.peer import BlobPeer
+
+    monkeypatch.setattr(fetch_mod, "REDISCOVER_DURING_S", 0.5)
+    chunk, n_chunks = 64 * 1024, 48
+    src = tmp_path / "ckpt.bin"
+    src.write_bytes(os.urandom(chunk * n_chunks))
+
+    class SlowFromSeed(HttpChunkSource):
+        """The publisher's uplink: every chunk from it takes 0.1 s more."""
+
+        def __init__(self, seed_url: str) -> None:
+            super().__init__()
+            self.seed_url = seed_url
+
+        def accepts(self, provider: object) -> bool:
+            return getattr(provider, "http_url", None) == self.seed_url
+
+        async def read_chunk(self, provider: object, cid: str, length: int, sink: Any, *,
+                             if_idle: bool = True) -> None:
+            await asyncio.sleep(0.1)
+            await super().read_chunk(provider, cid, length, sink, if_idle=if_idle)
+
+    async def main() -> None:
+        seed = await BlobPeer(tmp_path / "seed").start()
+        slow = [SlowFromSeed(seed.url) for _ in range(3)]
+        fetchers = [await BlobPeer(tmp_path / f"f{i}", extra_sources=[slow[i]]).start() for i in range(3)]
+        lookups = [0, 0, 0]
+        try:
+            cid, _ = await seed.blobs.put_file(src, chunk_size=chunk)
+
+            def finder(i: int) -> Any:
+                async def find(_cid: str) -> list[Provider]:
+                    lookups[i] += 1
+                    if lookups[i] == 1:
+                        return [seed.as_provider()]  # the first lookup: only the publisher
+                    return [seed.as_provider(), *(f.as_provider() for f in fetchers)]
+                return find
+
+            for i, f in enumerate(fetchers):
+                f.blobs._fetcher._find = finder(i)  # type: ignore[union-attr]
+            stats = await asyncio.gather(*(f.blobs.fetch(cid) for f in fetchers))
+            for f in fetchers:
+                assert not f.blobs.store.missing(cid)
+            from_peers = sum(n for s in stats for p, n in s.by_provider.items() if p != seed.key.peer_id)
+            assert all(n >= 2 for n in lookups), lookups
+            assert from_peers > 0 and seed.blobs.serve_stats.chunks < 3 * n_chunks
+        finally:
+            for p in [seed, *fetchers]:
+                await p.stop()
+            for s in slow:
+                s.close()
+
+    asyncio.run(asyncio.wait_for(main(), 120))
