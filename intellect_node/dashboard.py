@@ -145,15 +145,20 @@ def _trend(history_source: StatusSnapshot | None, width: int) -> RenderableType:
         grid.add_row("pass", "", "")
     else:
         # Per-step values from small batches are noisy: the numbers are means over the last and the
-        # first n steps, so the trend reads at a glance; the sparkline keeps the per-step detail.
+        # first n steps, so the trend reads at a glance; the sparkline keeps the per-step detail. The
+        # first steps come from ``first`` (kept from the start) once the history has moved past them.
         n = max(1, min(TREND_WINDOW, len(hist) // 2))
+        training = history_source.training if history_source else None
+        start = training.first if training and len(training.first) >= n else hist
         rewards = [p.reward_mean for p in hist]
         passes = [p.pass_rate for p in hist]
         spark_w = max(8, width - 7 - 28 - 6)
         grid.add_row("reward", Text(sparkline(rewards, spark_w), style="magenta"),
-                     f"last{n} {_mean(rewards[-n:]):6.3f} · first{n} {_mean(rewards[:n]):.3f}")
+                     f"last{n} {_mean(rewards[-n:]):6.3f} · first{n} "
+                     f"{_mean([p.reward_mean for p in start[:n]]):.3f}")
         grid.add_row("pass", Text(sparkline(passes, spark_w), style="green"),
-                     f"last{n} {_mean(passes[-n:]):6.1%} · first{n} {_mean(passes[:n]):.1%}")
+                     f"last{n} {_mean(passes[-n:]):6.1%} · first{n} "
+                     f"{_mean([p.pass_rate for p in start[:n]]):.1%}")
     step = history_source.training.step if history_source else -1
     return Panel(grid, title=f"training · step {step if step >= 0 else '-'}", title_align="left",
                  box=box.ROUNDED, padding=(0, 1))

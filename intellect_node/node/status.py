@@ -58,6 +58,9 @@ from intellect_node.errors import ProtocolError
 RATE_WINDOW_S = 30.0
 """Seconds of generated tokens that tokens/s is averaged over."""
 HISTORY_LEN = 240
+FIRST_LEN = 10
+"""Steps kept from the start of training whatever the history holds: the dashboard's "first10" trend
+(the demo makes more than HISTORY_LEN steps in three minutes)."""
 """Training points kept for the reward and pass-rate trends (a sparkline shows the last ~60)."""
 RECENT_LEN = 8
 """Rejections and warnings kept in a snapshot (the dashboard shows the last few)."""
@@ -198,7 +201,8 @@ class TrainPoint:
 @dataclass(frozen=True)
 class Training:
     step: int = -1
-    history: tuple[TrainPoint, ...] = ()
+    history: tuple[TrainPoint, ...] = ()  # the newest HISTORY_LEN steps
+    first: tuple[TrainPoint, ...] = ()  # the first FIRST_LEN steps this process made, kept past history
 
 
 @dataclass(frozen=True)
@@ -362,6 +366,7 @@ class StatusBoard:
         self._shards: dict[str, ShardProgress] = {}
         self._token_window: collections.deque[tuple[float, int]] = collections.deque()
         self._history: collections.deque[TrainPoint] = collections.deque(maxlen=HISTORY_LEN)
+        self._first: list[TrainPoint] = []
         self._rejections: collections.deque[Rejection] = collections.deque(maxlen=RECENT_LEN)
         self._warnings: collections.deque[Notice] = collections.deque(maxlen=RECENT_LEN)
         self._failures: dict[str, int] = {}
@@ -407,7 +412,7 @@ class StatusBoard:
             rollouts=dataclasses.replace(s.rollouts, last_rejections=tuple(self._rejections)),
             proofs=dataclasses.replace(s.proofs, failures_by_reason=dict(self._failures)),
             throughput=dataclasses.replace(s.throughput, tokens_per_s=round(rate, 3)),
-            training=dataclasses.replace(s.training, history=tuple(self._history)),
+            training=dataclasses.replace(s.training, history=tuple(self._history), first=tuple(self._first)),
             warnings=tuple(self._warnings),
         )
 
@@ -582,6 +587,8 @@ class StatusBoard:
 
         def change(s: StatusSnapshot) -> dict[str, object]:
             self._history.append(point)
+            if len(self._first) < FIRST_LEN:
+                self._first.append(point)
             return {"training": Training(step=step)}
         self._update(change)
 

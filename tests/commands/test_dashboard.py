@@ -48,6 +48,26 @@ def test_node_view_fits_and_shows_every_section(width: int, height: int) -> None
         assert expected in text, expected
 
 
+def test_first_steps_trend_survives_a_long_run() -> None:
+    """Past HISTORY_LEN steps (the demo makes more in three minutes) "first10" still means the run's first
+    ten steps, not the oldest ten the history still holds."""
+    from intellect_node.node.status import HISTORY_LEN
+
+    clock = FakeClock()
+    b = busy_board(clock)
+    for i in range(HISTORY_LEN + 100):
+        clock.t += 1
+        b.train_step(i, reward_mean=0.0 if i < 10 else 1.0, pass_rate=0.0 if i < 10 else 1.0)
+    s = b.snapshot()
+    c = _console()
+    c.print(dashboard.render_node(s, width=80, now=s.ts))
+    text = _fits(c, 80, 24)
+    first = s.training.first  # the board's own first steps, then ours at 0.0
+    assert len(first) == 10 and s.training.history[0].step > first[-1].step
+    expected = sum(p.reward_mean for p in first) / 10
+    assert f"first10 {expected:.3f}" in text and expected < 0.5 and "last10  1.000" in text
+
+
 def test_empty_snapshot_renders() -> None:
     c = _console()
     c.print(dashboard.render_node(StatusSnapshot()))

@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from intellect_node.errors import ProtocolError
-from intellect_node.node.status import HISTORY_LEN, RECENT_LEN, BoardLogHandler, StatusBoard, StatusSnapshot
+from intellect_node.node.status import (
+    FIRST_LEN,
+    HISTORY_LEN,
+    RECENT_LEN,
+    BoardLogHandler,
+    StatusBoard,
+    StatusSnapshot,
+)
 from tests.support.operator_node import FakeClock, busy_board
 
 
@@ -50,6 +57,8 @@ def test_histories_are_bounded_and_shards_drop_when_done() -> None:
         b.verdict(False, reason=f"r{i}")
     s = b.snapshot()
     assert len(s.training.history) == HISTORY_LEN and s.training.history[-1].step == HISTORY_LEN + 49
+    assert [p.step for p in s.training.first] == list(range(FIRST_LEN))  # the start, kept
+    assert StatusSnapshot.from_json(s.to_json()).training.first == s.training.first
     assert len(s.warnings) == RECENT_LEN and len(s.rollouts.last_rejections) == RECENT_LEN
     b.shard_progress("c1", "s", 1, 2)
     b.shard_done("c1", new_bytes=2)
