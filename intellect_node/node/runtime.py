@@ -196,7 +196,8 @@ class NodeRuntime:
         self.swarm = await Swarm.start(key, run_id=self.config.run.run_id, listen=list(net.listen),
                                        data_dir=self.data_dir, http_url=self.http_url, roles=self.roles,
                                        peer_timeout=net.peer_timeout, announce=list(net.announce),
-                                       conn=ConnLimits.from_config(self.config))
+                                       conn=ConnLimits.from_config(self.config),
+                                       auto_ban_after=net.auto_ban_after or None)
         self.swarm.watch.listeners.append(self._libp2p_health)
         self.swarm.on_fatal = self.fail
         self.board.set_identity(key.peer_id, version=__version__, data_dir=str(self.data_dir),

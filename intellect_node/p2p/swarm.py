@@ -43,7 +43,7 @@ from intellect_node.errors import ProtocolError, TransportError
 from intellect_node.p2p.bridge import TrioThread
 from intellect_node.p2p.connmgr import ConnLimits, ConnManager
 from intellect_node.p2p.liveness import Libp2pWatch
-from intellect_node.p2p.peerbook import PeerBook
+from intellect_node.p2p.peerbook import AUTO_BAN_AFTER, PeerBook
 from intellect_node.p2p.ports import check_listen_ports
 from intellect_node.protocol import gossip
 from intellect_node.protocol.signing import SigningKey
@@ -131,12 +131,13 @@ class Swarm:
     async def start(cls, key: SigningKey, *, run_id: str, listen: list[str], data_dir: Path | None = None,
                     http_url: str = "", roles: list[str] | None = None,
                     peer_timeout: float = 15.0, announce: list[str] | None = None,
-                    conn: ConnLimits | None = None) -> "Swarm":
+                    conn: ConnLimits | None = None, auto_ban_after: int | None = AUTO_BAN_AFTER) -> "Swarm":
         """Start libp2p (host, DHT, gossipsub) on ``listen`` and return once it listens. ``conn``: the
-        connection manager's watermarks and protected peers (``ConnLimits.from_config``)."""
+        connection manager's watermarks and protected peers (``ConnLimits.from_config``);
+        ``auto_ban_after``: rejections before the peerbook bans a peer (None: never)."""
         quiet_libp2p_logging()
-        self = cls(key, run_id, PeerBook(key.peer_id, data_dir, peer_timeout=peer_timeout), http_url,
-                   roles or [], conn)
+        book = PeerBook(key.peer_id, data_dir, peer_timeout=peer_timeout, auto_ban_after=auto_ban_after)
+        self = cls(key, run_id, book, http_url, roles or [], conn)
         self.peerbook.on_auto_ban = self._auto_ban
         self._listen, self._announce = list(listen), list(announce or [])
         await self._start_host()

@@ -85,6 +85,12 @@ class NetworkConfig(_Section):
     a frozen peer is marked gone at the latest peer_timeout * heartbeat_max_interval /
     heartbeat_interval seconds after its last heartbeat. At least heartbeat_interval."""
 
+    auto_ban_after: int = Field(default=100, ge=0, le=1_000_000)
+    """Rejections recorded against a peer (bad proofs, malformed messages, corrupt chunks...) after which
+    this node bans it: its connections are closed and refused, and the ban is kept in peers.json for 7
+    days (`intellect-node peers unban` lifts it). Honest peers reach a handful at most; 0 never bans
+    automatically (the validators' own bans, rl.ban_after, still apply)."""
+
     conn_low: int = Field(default=32, ge=0, le=10_000)
     """Connections the connection manager trims down to, and below which the node dials peers it knows
     of (libp2p's low watermark). Gossip reaches everyone through the mesh, not through a connection to
