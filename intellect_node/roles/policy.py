@@ -211,8 +211,8 @@ class PolicyPublisher:
         while -(-size // chunk) > MAX_CHUNKS and chunk < MAX_CHUNK_SIZE:
             chunk *= 2
         if chunk != self.chunk_size:
-            log.info("publishing %s in %d MiB chunks (%d bytes need more than %d chunks of the configured "
-                     "%d bytes)", path.name, chunk >> 20, size, MAX_CHUNKS, self.chunk_size)
+            log.info("publishing %s in %g MiB chunks (%d bytes need more than %d chunks of the configured "
+                     "%g MiB)", path.name, chunk / (1 << 20), size, MAX_CHUNKS, self.chunk_size / (1 << 20))
         return min(chunk, MAX_CHUNK_SIZE)
 
     def _announce(self, version: int, ckpt: PolicyWeights, full: tuple[int, str, int],
