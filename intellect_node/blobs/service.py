@@ -126,6 +126,11 @@ class BlobService:
             self._http = None
         await asyncio.to_thread(self.store.close)
 
+    def announce(self, cid: str) -> None:
+        """Provide ``cid`` in the DHT in the background, once (a blob fetched by other means than
+        :meth:`fetch`, which announces by itself)."""
+        self._announce(cid)
+
     def _announce(self, cid: str) -> asyncio.Task[None] | None:
         """Provide ``cid`` in the DHT in the background (about half a second per record); returns the
         task, or None when it was announced already."""

@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 MAX_POLICY_BYTES = 4 << 30
 """Largest policy checkpoint a worker or validator accepts (the announced size is checked first)."""
 
+ANNOUNCE_MIN_CHUNKS = 4
+"""A blob a role fetched is announced in the DHT from this many chunks (16 MiB at 4 MiB chunks): large
+enough that its followers gain from fetching from each other (see ``HintedFetcher``)."""
+
 
 def run_task(cfg: NodeConfig, *, filtered: bool = True) -> Task:
     """The run's task: the reward environment (``rl.env``), the JSONL file, or ``rl.task``, under the
@@ -125,8 +129,16 @@ class HintedFetcher:
 
     The node that announced a blob is its first provider, and its HTTP URL is in its heartbeats; asking
     it directly avoids depending on a DHT provider record that may not have reached the peers we know
-    yet (it is made a moment before the notice). The DHT lookup remains the fallback, and every chunk is
-    hash-checked by the fetcher as usual, so a hint can only cost time, never inject bytes.
+    yet (it is made a moment before the notice). Every chunk is hash-checked by the fetcher as usual, so
+    a hint can only cost time, never inject bytes.
+
+    The first lookup of a blob answers with the hinted holders alone; every later one (a fetch looking
+    again while it downloads from the holder alone, or after its providers failed) adds what the DHT
+    knows. A fetched blob of ANNOUNCE_MIN_CHUNKS chunks or more is announced in the DHT as soon as its
+    manifest is in, so the followers of a large policy find each other and take chunks from each other
+    instead of all from the trainer (docs/training.md, "Blob fetching in the roles"). Smaller blobs (a
+    policy delta, a rollout batch) are not: a provider record costs every node DHT traffic, and the
+    holder serves them in a moment.
     """
 
     def __init__(self, blobs: BlobService, swarm: Swarm) -> None:
@@ -137,6 +149,7 @@ class HintedFetcher:
         self.swarm = swarm
         self._http = HttpChunkSource()
         self._hints: dict[str, list[str]] = {}  # CID -> holders named by the fetches under way
+        self._looked: set[str] = set()  # CIDs whose hinted-only first lookup was answered
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # CID -> (one fetch at a time, users)
         self._fetcher = Fetcher(blobs.store, [self._http], self._find, self_peer_id=swarm.peer_id,
                                 penalise=swarm.peerbook.record_rejection, is_banned=swarm.peerbook.is_banned)
@@ -144,11 +157,22 @@ class HintedFetcher:
     async def _find(self, cid: str) -> Sequence[Provider]:
         from intellect_node.blobs.fetch import StaticProvider
 
-        hinted = [StaticProvider(p, url) for p in dict.fromkeys(self._hints.get(cid, []))
-                  if (url := self.swarm.peerbook.http_url(p))]
-        if hinted:
+        hinted: list[Provider] = [StaticProvider(p, url) for p in dict.fromkeys(self._hints.get(cid, []))
+                                  if (url := self.swarm.peerbook.http_url(p))]
+        if hinted and cid not in self._looked:
+            self._looked.add(cid)
             return hinted
-        return list(await self.swarm.find_providers(cid))
+        named = {p.peer_id for p in hinted}
+        return hinted + [p for p in await self.swarm.find_providers(cid) if p.peer_id not in named]
+
+    def _seen(self, cid: str, check: Callable[[Manifest], None] | None) -> Callable[[Manifest], None]:
+        """``check``, then announce a large blob (see the class docstring) once its manifest passed."""
+        def on_manifest(m: Manifest) -> None:
+            if check is not None:
+                check(m)
+            if len(m.chunks) >= ANNOUNCE_MIN_CHUNKS:
+                self.blobs.announce(cid)
+        return on_manifest
 
     async def fetch(self, cid: str, *, holders: Sequence[str], max_size: int, size: int | None = None,
                     timeout: float) -> bytes:
@@ -167,7 +191,7 @@ class HintedFetcher:
                     if m is not None:
                         check(m)
                     if m is None or self.blobs.store.missing(cid):
-                        await self._fetcher.fetch(cid, on_manifest=check)
+                        await self._fetcher.fetch(cid, on_manifest=self._seen(cid, check))
             finally:
                 lock, users = self._locks[cid]
                 if users > 1:
@@ -190,6 +214,7 @@ class HintedFetcher:
                 left.remove(h)
         if not left:
             self._hints.pop(cid, None)
+            self._looked.discard(cid)
 
     def holding(self, holders: Sequence[str]) -> _HintedBlobs:
         """A ``BlobService`` stand-in for ``PolicyFollower``: fetches try ``holders`` (the trainer) first."""
@@ -211,7 +236,7 @@ class _HintedBlobs:
         o = self._owner
         o._hints.setdefault(cid, []).extend(self._holders)
         try:
-            return await o._fetcher.fetch(cid, on_manifest=on_manifest)
+            return await o._fetcher.fetch(cid, on_manifest=o._seen(cid, on_manifest))
         finally:
             o._unhint(cid, self._holders)
 

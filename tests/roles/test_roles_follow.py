@@ -115,3 +115,62 @@ def test_a_role_follows_its_trainer_only_and_restarts_from_what_it_holds(tmp_pat
                     await r.close()
 
     run(main(), 240)
+
+
+def test_followers_of_a_large_blob_announce_it_and_look_past_the_trainer(tmp_path: Path) -> None:
+    """A role's fetch asks the hinted holder (the trainer) first, without a DHT lookup. A blob of
+    ANNOUNCE_MIN_CHUNKS chunks or more is announced by each follower once its manifest is in, and a later
+    lookup of the same fetch adds what the DHT knows: the followers find each other. A small blob (a
+    delta, a rollout batch) is not announced."""
+    import asyncio
+    import os
+
+    from intellect_node.roles.common import ANNOUNCE_MIN_CHUNKS
+
+    big, small = tmp_path / "ckpt.bin", tmp_path / "delta.bin"
+    big.write_bytes(os.urandom(64 * 1024 * (ANNOUNCE_MIN_CHUNKS + 2)))
+    small.write_bytes(os.urandom(1000))
+
+    async def main() -> None:
+        factory = [lambda rt: BlobService.from_swarm(rt.swarm, rt.data_dir, board=rt.board)]
+        async with runtime_nodes(tmp_path, 3, line(3), run_id=RUN, services=factory) as rts:
+            trainer = rts[0].swarm.peer_id
+            await wait_until(lambda: all(rt.swarm.peerbook.http_url(trainer) for rt in rts[1:]), 30,
+                             what="the trainer's URL heard")
+            big_cid, _ = await _blobs(rts[0]).put_file(big, chunk_size=64 * 1024)
+            small_cid, _ = await _blobs(rts[0]).put_file(small)
+            one, two = (HintedFetcher(_blobs(rt), rt.swarm) for rt in rts[1:])
+            lookups: list[str] = []
+            real = rts[1].swarm.find_providers
+
+            async def counted(cid: str, **kw: Any) -> Any:
+                lookups.append(cid)
+                return await real(cid, **kw)
+
+            rts[1].swarm.find_providers = counted  # type: ignore[method-assign]
+            try:
+                for cid in (big_cid, small_cid):
+                    await one.fetch(cid, holders=[trainer], max_size=1 << 24, timeout=60)
+                assert lookups == []  # the hint served both: no DHT lookup
+                assert big_cid in _blobs(rts[1])._provided and small_cid not in _blobs(rts[1])._provided
+                # Node 1's record reaches the DHT; node 2's second lookup of the blob finds it.
+                two._hints[big_cid] = [trainer]
+                first = await two._find(big_cid)
+                assert [p.peer_id for p in first] == [trainer]
+                found: list[str] = []
+
+                async def second_lookup_finds_node_1() -> bool:
+                    two._looked.add(big_cid)
+                    found[:] = [p.peer_id for p in await two._find(big_cid)]
+                    return rts[1].swarm.peer_id in found
+
+                for _ in range(60):  # bounded: DHT records of a moment ago may take a few rounds
+                    if await second_lookup_finds_node_1():
+                        break
+                    await asyncio.sleep(0.25)
+                assert found[0] == trainer and rts[1].swarm.peer_id in found
+            finally:
+                one.close()
+                two.close()
+
+    run(main(), 240)
