@@ -99,6 +99,7 @@ class Libp2pWatch:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._replay: asyncio.Task[None] | None = None
+        self._closing = False
 
     def start(self) -> None:
         self.swarm.bridge.on_exit = lambda _why: self._wake.set()
@@ -106,9 +107,20 @@ class Libp2pWatch:
         self._task.add_done_callback(self._loop_ended)
 
     async def close(self) -> None:
-        for t in (self._task, self._replay):
-            if t is not None:
+        """Stop watching. The loop also checks ``_closing``: on Python 3.11 ``asyncio.wait_for`` returns
+        its inner result when a cancel lands as that result arrives (a probe answering as the node
+        stops), so a cancel alone could be lost and this close wait for ever (seen once in a full
+        suite: a node's stop hung until the test's 280 s deadline)."""
+        self._closing = True
+        self._wake.set()
+        tasks = [t for t in (self._task, self._replay) if t is not None]
+        while tasks:
+            for t in tasks:
                 t.cancel()
+            await asyncio.wait(tasks, timeout=1.0)  # a lost cancel is sent again
+            tasks = [t for t in tasks if not t.done()]
+            if self._replay is not None and not self._replay.done() and self._replay not in tasks:
+                tasks.append(self._replay)  # started by a recovery that was under way
         await asyncio.gather(*(t for t in (self._task, self._replay) if t is not None),
                              return_exceptions=True)
 
@@ -125,9 +137,11 @@ class Libp2pWatch:
         self.swarm.fatal(why)
 
     async def _loop(self) -> None:
-        while True:
+        while not self._closing:
             self._wake.clear()
             why = await self.check()
+            if self._closing:
+                return
             if why:
                 if not await self._recover(why):
                     return
