@@ -178,13 +178,17 @@ class BlobService:
 
     async def put_file(self, path: str | Path, *, name: str | None = None,
                        chunk_size: int = DEFAULT_CHUNK_SIZE, wait_announced: float = 0.0,
+                       announce_min_chunks: int = 0,
                        on_bytes: Callable[[int, int], None] | None = None) -> tuple[str, Manifest]:
         """Add a file as a blob and announce it; with ``wait_announced`` > 0, return once the DHT
         provider record is out (or that many seconds passed; the announcement goes on regardless).
+        A blob of fewer than ``announce_min_chunks`` chunks is not announced: for the roles' small blobs
+        (a rollout batch, a policy delta) every fetcher is told the holder by the message that names the
+        blob, and a provider record would cost a DHT lookup here and a request at every close peer.
         ``on_bytes(done, total)`` runs on the event loop as chunks are stored."""
         cid, m = await asyncio.to_thread(self.store.add_file, path, self.key, name=name,
                                          chunk_size=chunk_size, on_bytes=_on_loop(on_bytes))
-        announcing = self._announce(cid)
+        announcing = self._announce(cid) if len(m.chunks) >= announce_min_chunks else None
         if self._board is not None:
             self._board.shard_done(cid, new_bytes=0)
         if announcing is not None and wait_announced > 0:

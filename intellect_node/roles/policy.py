@@ -143,7 +143,11 @@ class PolicyPublisher:
     def __init__(self, root: str | os.PathLike[str], blobs: BlobService, key: SigningKey, run_id: str, *,
                  full_every: int = DEFAULT_FULL_EVERY, zstd_level: int = ZSTD_LEVEL,
                  dense_kinds: tuple[str, ...] = DENSE_KINDS, board: StatusBoard | None = None,
-                 chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
+                 chunk_size: int = DEFAULT_CHUNK_SIZE, announce_min_chunks: int = 0) -> None:
+        """``announce_min_chunks``: a delta of fewer chunks gets no DHT provider record (the roles'
+        followers fetch with the announcement's signer as the holder, ``roles/common.HintedFetcher``);
+        full checkpoints are always announced."""
+        self.announce_min_chunks = announce_min_chunks
         if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
             raise ConfigError(f"chunk_size must be in [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}] bytes; got "
                               f"{chunk_size}", field="policy_chunk_mib")
@@ -247,7 +251,8 @@ class PolicyPublisher:
                 delta_path = self.root / f"v{version:010d}.delta"
                 await asyncio.to_thread(_write_unsynced, delta_path, delta)
                 delta_cid, _ = await self.blobs.put_file(delta_path, name=f"{self.run_id}-v{version}.delta",
-                                                         chunk_size=self._chunk_size_for(delta_path))
+                                                         chunk_size=self._chunk_size_for(delta_path),
+                                                         announce_min_chunks=self.announce_min_chunks)
                 delta_path.unlink()  # the blob store holds it now
                 clock.lap("delta_s")
                 links.append(DeltaLink(version=version, base_hash=prev.content_hash,

@@ -70,6 +70,7 @@ from intellect_node.protocol.topics import topic
 from intellect_node.roles.admission import BoundedMap, rollout_keys
 from intellect_node.roles.batching import Accepted, Admission, fresh_floor
 from intellect_node.roles.common import (
+    ANNOUNCE_MIN_CHUNKS,
     HintedFetcher,
     blob_service,
     group_slices,
@@ -181,7 +182,8 @@ class Trainer:
         await self.admitted.compact(fresh_floor(self.version, self.cfg.run.async_level))
         self.publisher = PolicyPublisher(self.dir / "policy", self.blobs, self.rt.swarm.key, self.run_id,
                                          full_every=self.rl.full_every,
-                                         chunk_size=int(self.rl.policy_chunk_mib * (1 << 20)))
+                                         chunk_size=int(self.rl.policy_chunk_mib * (1 << 20)),
+                                         announce_min_chunks=ANNOUNCE_MIN_CHUNKS)
         await self.tasks.open()
         newest = await self._replay(self.journal.after(covered))
         await self._publish_current(self.version, newest)

@@ -9,7 +9,10 @@ configured trainer (checked in the gossip validator); a new version is fetched t
 (delta or full, hash-checked; ``roles/follow.py``) while generation continues on the old one.
 
 A worker submits at most ``rl.batches_per_version`` batches per policy version, then waits for the next
-announcement: older work would only be refused as stale once the trainer moves on.
+announcement: older work would only be refused as stale once the trainer moves on. With ``rl.work_ahead``
+= k it starts with k versions' worth more (each new version then adds one version's worth, up to that
+cap), so its batches for the trainer's next step are made and verified while the trainer runs the current
+one, one version stale, and it still makes no more rollouts than the trainer takes.
 
 A problem is submitted at most once per policy version: its sampling seeds derive from (run, version,
 worker, problem, sample index), so a second batch of it would repeat the same rollouts, which validators
@@ -56,6 +59,7 @@ from intellect_node.protocol.rollout import RolloutBatch, RolloutRecord, encode_
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.admission import BoundedMap
 from intellect_node.roles.common import (
+    ANNOUNCE_MIN_CHUNKS,
     HintedFetcher,
     base_model,
     blob_service,
@@ -224,18 +228,23 @@ class Worker:
             return -1, set()
 
     async def _loop(self) -> None:
-        per_version = 0
+        per_version = self.rl.batches_per_version
+        cap = per_version * (1 + self.rl.work_ahead)
+        credit = cap  # batches this worker may still submit before the next version (``rl.work_ahead``)
         version_seen, used = self._load_used()  # problems submitted at version_seen
         last_submit = 0.0
         while True:
-            capped = self.version == version_seen and per_version >= self.rl.batches_per_version
+            capped = self.version == version_seen and credit <= 0
             # A trainer that gets no signal (every group's rewards equal) does not move on; after a
             # while, keep feeding it rather than waiting for a version that needs our rollouts to exist.
             if self.engine is None or (capped and time.monotonic() - last_submit < RESUBMIT_AFTER_S):
                 await asyncio.sleep(0.05)
                 continue
             if self.version != version_seen:
-                version_seen, per_version = self.version, 0
+                # every version the trainer made adds a version's worth; versions this worker missed
+                # count too, so a worker that fell behind makes up its share on the newest one
+                gained = per_version * (self.version - version_seen) if version_seen >= 0 else cap
+                version_seen, credit = self.version, min(cap, credit + max(gained, per_version))
                 used = set()
             engine, version, ckpt_hash = self.engine, self.version, self.checkpoint_hash
             t0 = time.monotonic()
@@ -243,7 +252,7 @@ class Worker:
             # an item): off the event loop
             problems = await asyncio.to_thread(self.sample_problems, used)
             if not problems:  # every problem of the task was submitted at this version: wait for the next
-                per_version, last_submit = self.rl.batches_per_version, time.monotonic()
+                credit, last_submit = 0, time.monotonic()
                 continue
             # Persisted before generating: a restart at this version must not draw these again.
             await asyncio.to_thread(atomic_write_text, self.dir / USED_FILE,
@@ -260,7 +269,7 @@ class Worker:
                 log.warning("could not submit a batch: %s", exc)
                 await asyncio.sleep(0.5)
                 continue
-            per_version += 1
+            credit = max(credit - 1, 0)
             last_submit = time.monotonic()
             log.debug("batch of %d rollouts at v%d in %.2fs", len(records), version, time.monotonic() - t0)
 
@@ -268,7 +277,8 @@ class Worker:
         data = encode_batch(RolloutBatch(run_id=self.run_id, policy_version=version, rollouts=records))
         path = self.dir / "outbox" / f"{records[0].rollout_id}.batch"
         await asyncio.to_thread(atomic_write_bytes, path, data)
-        cid, _ = await self.blobs.put_file(path, name=f"{self.run_id}-rollouts-v{version}")
+        cid, _ = await self.blobs.put_file(path, name=f"{self.run_id}-rollouts-v{version}",
+                                           announce_min_chunks=ANNOUNCE_MIN_CHUNKS)
         path.unlink(missing_ok=True)  # the blob store holds it now
         if self.ledger is not None:
             await asyncio.to_thread(self.ledger.record_submission, cid, run_id=self.run_id,

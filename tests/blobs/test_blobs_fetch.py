@@ -372,3 +372,27 @@ def test_a_chunk_being_sent_is_busy_for_if_idle_requests(tmp_path: Path) -> None
             await n.stop()
 
     asyncio.run(main())
+
+
+def test_a_blob_under_the_announce_floor_gets_no_provider_record(tmp_path: Path) -> None:
+    """``put_file(announce_min_chunks=N)``: the roles' small blobs (a rollout batch, a policy delta), whose
+    fetchers are told the holder, cost no DHT announcement; a blob of N chunks or more is announced, and
+    the small one is still served."""
+    small, big = tmp_path / "small.bin", tmp_path / "big.bin"
+    small.write_bytes(os.urandom(3 * CHUNK))
+    big.write_bytes(os.urandom(4 * CHUNK))
+
+    async def main() -> None:
+        origin = await Node(tmp_path / "o").start()
+        small_cid, _ = await origin.svc.put_file(small, chunk_size=CHUNK, announce_min_chunks=4)
+        big_cid, _ = await origin.svc.put_file(big, chunk_size=CHUNK, announce_min_chunks=4)
+        await origin.svc.settle()
+        assert [cid for cid, _ in origin.provided] == [big_cid]
+        fetcher = await Node(tmp_path / "f").start()
+        fetcher.providers = [origin.as_provider()]  # the holder named by the notice
+        await fetcher.svc.fetch(small_cid, out=tmp_path / "got.bin")
+        assert (tmp_path / "got.bin").read_bytes() == small.read_bytes()
+        for n in (fetcher, origin):
+            await n.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))

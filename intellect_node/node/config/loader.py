@@ -52,7 +52,9 @@ def build_config(data: dict[str, Any] | None = None, **sections: Any) -> NodeCon
         if err["type"] == "extra_forbidden":
             msg = f"unknown field; {_known_fields(err['loc'])}"
         more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-        raise ConfigError(f"config field {field}: {msg}{more}", field=field) from exc
+        # a check across sections (a model validator) has no location: its message names the fields
+        where = f"config field {field}" if err["loc"] else "config"
+        raise ConfigError(f"{where}: {msg}{more}", field=field) from exc
 
 
 # -- files, environment and flags ------------------------------------------------------------------

@@ -338,6 +338,13 @@ class RLConfig(_Section):
     batches_per_version: int = Field(default=4, ge=1, le=1024)
     """A worker submits at most this many batches per policy version, then waits for the next one."""
 
+    work_ahead: int = Field(default=0, ge=0, le=16)
+    """Versions' worth of batches a worker may run ahead of the trainer: it starts with (1 + work_ahead)
+    x batches_per_version batches to submit, and each new version adds batches_per_version, up to that
+    cap. 1 overlaps generation and verification of the next step's rollouts with the trainer's current
+    step (one version stale, as INTELLECT-2's async level) without making more rollouts than the trainer
+    takes; 0 waits for each version. At most run.async_level."""
+
     verify_fraction: float = Field(default=1.0, gt=0, le=1)
     """Fraction of each batch's rollouts a validator runs the tensor checks on (the rest get the cheap
     checks: signature, structure, reward recomputed from the task)."""
@@ -552,6 +559,14 @@ class NodeConfig(_Section):
 
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     """The rollout engine (torch, vLLM or auto), the device, vLLM's settings and the memory check."""
+
+    @model_validator(mode="after")
+    def _work_ahead(self) -> "NodeConfig":
+        if self.rl.work_ahead > self.run.async_level:
+            raise ValueError(f"rl.work_ahead {self.rl.work_ahead} exceeds run.async_level "
+                             f"{self.run.async_level}: batches made that far ahead would be refused as "
+                             "stale; lower rl.work_ahead or raise run.async_level")
+        return self
 
 
 def section_models() -> dict[str, type[BaseModel]]:

@@ -1,0 +1,63 @@
+"""``rl.work_ahead``: a worker makes the trainer's next batch while the trainer runs the current step,
+one version stale, and never makes more than the trainer takes (docs/training.md, "Working ahead")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from intellect_node.errors import ConfigError
+from intellect_node.node.config import load_config
+
+
+def test_work_ahead_beyond_the_async_level_is_an_operator_error(tmp_path: Path) -> None:
+    ok = tmp_path / "ok.toml"
+    ok.write_text("[run]\nasync_level = 1\n[rl]\nwork_ahead = 1\n")
+    assert load_config(ok, environ={}).rl.work_ahead == 1
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run]\nasync_level = 1\n[rl]\nwork_ahead = 2\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(bad, environ={})
+    assert "rl.work_ahead" in str(e.value) and "run.async_level" in str(e.value)
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+@pytest.mark.slow
+def test_a_worker_a_version_ahead_feeds_each_step_without_waste(tmp_path: Path) -> None:
+    """Real processes on loopback, one worker whose batch is one step's work (``groups_per_step`` =
+    ``problems_per_batch``) and ``work_ahead`` 1: it submits two batches on the first policy and then one
+    per version, so from the second step on the trainer trains on a batch made one version back (made
+    while it ran the step before) and no batch is ever left over as stale."""
+    from intellect_node.models.loader import embedded_model_dir
+    from tests.support.roles import make_key, start_role, start_trainer_and_validator
+    from tests.support.wait import wait_for
+
+    rl = dict(group_size=8, problems_per_batch=4, groups_per_step=4, max_new_tokens=5, batches_per_version=1,
+              work_ahead=1)
+    ids = {n: make_key(tmp_path / n) for n in ("trainer", "validator", "w")}
+    common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=str(embedded_model_dir()),
+                  rl=rl)
+    procs: list[Any] = []
+    try:
+        trainer, t_addr, _, v_addr = start_trainer_and_validator(tmp_path, procs, **common)
+        start_role(tmp_path / "w", "worker", procs, bootstrap=[t_addr, v_addr], **common)
+        wait_for(lambda: trainer.status()["trainer"]["step"] >= 6, timeout=300, what="6 trained steps")
+        st = trainer.status()["trainer"]
+    finally:
+        for p in procs:
+            p.close()
+    submitted = [h for h in _lines(tmp_path / "w" / "worker" / "hops.jsonl") if h["event"] == "submitted"]
+    first = submitted[0]["version"]
+    assert [h["version"] for h in submitted].count(first) == 2, submitted  # the pipeline is filled once
+    # credit: two batches to start, one more per version the worker held, never more
+    assert len(submitted) <= 2 + max(h["version"] for h in submitted) - first, submitted
+    trained = [m for m in _lines(tmp_path / "trainer" / "trainer" / "metrics.jsonl") if m["trained"]]
+    assert trained[0]["staleness_max"] == 0  # the first step: the first batch, on the policy it updates
+    assert trained[1]["staleness_max"] == 1, trained[1]  # the second: the batch made beside the first step
+    assert st["stale_batches"] == 0, st
