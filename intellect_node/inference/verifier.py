@@ -20,7 +20,13 @@ import torch
 
 from intellect_node.errors import ConfigError, ProtocolError
 from intellect_node.inference.torch_engine import TorchEngine
-from intellect_node.proofs.sampling import batch_seeds, check_sampling, derived_rollout_id, rollout_key
+from intellect_node.proofs.sampling import (
+    SamplingCheck,
+    batch_seeds,
+    check_sampling_many,
+    derived_rollout_id,
+    rollout_key,
+)
 from intellect_node.proofs.thresholds import Thresholds
 from intellect_node.proofs.toploc import ChunkResult, verify_proofs_batch
 from intellect_node.protocol.rollout import RolloutRecord, check_record, verify_rollout_signature
@@ -173,17 +179,15 @@ class Verifier:
                 except ProtocolError as exc:
                     toploc.append(exc)
         th = self.thresholds
+        sampled = self._sampling_checks(records, [logits for _, logits in states])
         verdicts = []
-        for r, (_, logits), chunks in zip(records, states, toploc):
+        for r, sc, chunks in zip(records, sampled, toploc):
             if isinstance(chunks, ProtocolError):
                 verdicts.append(self._reject(r, "malformed", str(chunks)))
                 continue
             figs = {"exp_mismatches": float(max(c.exp_mismatches for c in chunks)),
                     "mant_err_mean": max(c.mant_err_mean for c in chunks),
                     "mant_err_median": max(c.mant_err_median for c in chunks)}
-            s = r.sampling
-            sc = check_sampling(logits, torch.tensor(r.completion_tokens), torch.tensor(r.logprobs),
-                                rollout_key(s.seed, r.rollout_id), s.temperature, s.top_p)
             figs.update(logprob_diff=sc.max_logprob_diff, sampling_gap=sc.max_gap)
             if (figs["exp_mismatches"] > th.exp_mismatches or figs["mant_err_mean"] > th.mant_err_mean
                     or figs["mant_err_median"] > th.mant_err_median):
@@ -198,6 +202,26 @@ class Verifier:
             else:
                 verdicts.append(Verdict(r.rollout_id, r.worker, True, None, "", figs))
         return verdicts
+
+
+    @staticmethod
+    def _sampling_checks(records: Sequence[RolloutRecord],
+                         logits: Sequence[torch.Tensor]) -> list[SamplingCheck]:
+        """The sampler re-run for each record, records of one (temperature, top-p) together."""
+        by_params: dict[tuple[float, float], list[int]] = {}
+        for i, r in enumerate(records):
+            by_params.setdefault((r.sampling.temperature, r.sampling.top_p), []).append(i)
+        out: list[SamplingCheck | None] = [None] * len(records)
+        for (temperature, top_p), idx in by_params.items():
+            rs = [records[i] for i in idx]
+            checks = check_sampling_many([logits[i] for i in idx],
+                                         [torch.tensor(r.completion_tokens) for r in rs],
+                                         [torch.tensor(r.logprobs) for r in rs],
+                                         [rollout_key(r.sampling.seed, r.rollout_id) for r in rs],
+                                         temperature, top_p)
+            for i, sc in zip(idx, checks):
+                out[i] = sc
+        return [sc for sc in out if sc is not None]
 
 
 def _fmt(figs: dict[str, float], *names: str) -> str:

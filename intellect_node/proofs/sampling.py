@@ -132,13 +132,33 @@ class SamplingCheck:
 def check_sampling(logits: torch.Tensor, tokens: torch.Tensor, claimed_logprobs: torch.Tensor, key: int,
                    temperature: float, top_p: float, top_p_slack: float = 1e-4) -> SamplingCheck:
     """Re-run the sampler on recomputed ``logits [n, V]`` for one rollout's completion ``tokens [n]``."""
-    n, vocab = logits.shape
-    if tokens.shape != (n,) or claimed_logprobs.shape != (n,):
-        raise ValueError("logits, tokens and logprobs disagree in length")
-    logp = log_probs(logits, temperature)
-    pos = torch.arange(n, device=logits.device)
-    scores = logp + gumbel_noise(torch.full((n,), key, dtype=torch.int64, device=logits.device), pos, vocab)
-    tok = tokens.to(device=logits.device, dtype=torch.int64).view(-1, 1)
+    return check_sampling_many([logits], [tokens], [claimed_logprobs], [key], temperature, top_p,
+                               top_p_slack)[0]
+
+
+def check_sampling_many(logits: Sequence[torch.Tensor], tokens: Sequence[torch.Tensor],
+                        claimed_logprobs: Sequence[torch.Tensor], keys: Sequence[int], temperature: float,
+                        top_p: float, top_p_slack: float = 1e-4) -> list[SamplingCheck]:
+    """:func:`check_sampling` for several rollouts drawn with the same temperature and top-p, as one set
+    of row-wise tensor operations over all their positions (a validator checks a batch's rollouts
+    together: per rollout, the operations' fixed cost outweighed their work). Every operation is per row,
+    so each rollout's figures are those it would get alone."""
+    if not (len(logits) == len(tokens) == len(claimed_logprobs) == len(keys)):
+        raise ValueError("logits, tokens, logprobs and keys disagree in number")
+    lens = [int(x.shape[0]) for x in logits]
+    for x, t, c, n in zip(logits, tokens, claimed_logprobs, lens):
+        if x.dim() != 2 or t.shape != (n,) or c.shape != (n,):
+            raise ValueError("logits, tokens and logprobs disagree in length")
+    if not lens:
+        return []
+    all_logits = torch.cat(list(logits))
+    device, vocab = all_logits.device, all_logits.shape[-1]
+    logp = log_probs(all_logits, temperature)
+    pos = torch.cat([torch.arange(n, device=device) for n in lens])
+    row_keys = torch.repeat_interleave(torch.tensor(list(keys), dtype=torch.int64, device=device),
+                                       torch.tensor(lens, device=device))
+    scores = logp + gumbel_noise(row_keys, pos, vocab)
+    tok = torch.cat(list(tokens)).to(device=device, dtype=torch.int64).view(-1, 1)
     if top_p < 1.0:
         strict = nucleus_mask(logp, top_p)
         wide = nucleus_mask(logp, min(1.0, top_p + top_p_slack))
@@ -146,9 +166,16 @@ def check_sampling(logits: torch.Tensor, tokens: torch.Tensor, claimed_logprobs:
         inside = wide.gather(-1, tok).view(-1)
     else:
         best = scores.max(dim=-1).values
-        inside = torch.ones(n, dtype=torch.bool, device=logits.device)
+        inside = torch.ones(len(tok), dtype=torch.bool, device=device)
     gap = best - scores.gather(-1, tok).view(-1)
     gap = torch.where(inside, gap, torch.full_like(gap, float("inf")))
-    lp_diff = (logp.gather(-1, tok).view(-1) - claimed_logprobs.to(logp)).abs()
-    worst = int(torch.maximum(gap, lp_diff).argmax())
-    return SamplingCheck(float(gap.max()), float(lp_diff.max()), worst)
+    lp_diff = (logp.gather(-1, tok).view(-1) - torch.cat(list(claimed_logprobs)).to(logp)).abs()
+    gaps, diffs, worse = gap.tolist(), lp_diff.tolist(), torch.maximum(gap, lp_diff).tolist()
+    out, start = [], 0
+    for n in lens:
+        seg = slice(start, start + n)
+        w = worse[seg]
+        out.append(SamplingCheck(max(gaps[seg], default=float("-inf")),
+                                 max(diffs[seg], default=float("-inf")), w.index(max(w)) if w else 0))
+        start += n
+    return out

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from intellect_node.proofs.sampling import check_sampling, gumbel_noise, nucleus_mask, rollout_key, sample
+from intellect_node.proofs.sampling import (
+    check_sampling,
+    check_sampling_many,
+    gumbel_noise,
+    nucleus_mask,
+    rollout_key,
+    sample,
+)
 
 
 def test_noise_depends_only_on_key_position_token() -> None:
@@ -54,3 +61,26 @@ def test_check_accepts_honest_and_flags_an_edited_token() -> None:
     other_seed = rollout_key(6, "r1")
     assert check_sampling(logits, tokens, claimed, other_seed, 1.0, 0.9).max_gap > 1e-3
     assert check_sampling(logits, tokens, claimed - 0.5, key, 1.0, 0.9).max_logprob_diff > 0.4
+
+
+def test_checking_rollouts_together_gives_each_its_own_figures() -> None:
+    """A validator checks a batch's rollouts in one pass (``check_sampling_many``): each rollout's figures
+    are the ones it gets alone, and an edited token is pinned to its own rollout and position."""
+    g = torch.Generator().manual_seed(1)
+    rollouts = []
+    for j, n in enumerate((5, 1, 9, 3)):
+        logits = torch.randn(n, 50, generator=g) * 3
+        key = rollout_key(j, f"r{j}")
+        pairs = [sample(logits[i:i + 1], torch.tensor([key]), torch.tensor([i]), 1.0, 0.95) for i in range(n)]
+        rollouts.append((logits, torch.tensor([int(t) for t, _ in pairs]),
+                         torch.tensor([float(lp) for _, lp in pairs]), key))
+    logits2, tokens2, lps2, key2 = rollouts[2]
+    edited = tokens2.clone()
+    edited[6] = (edited[6] + 1) % 50
+    rollouts[2] = (logits2, edited, lps2, key2)
+    together = check_sampling_many(*[list(x) for x in zip(*rollouts)], 1.0, 0.95)
+    alone = [check_sampling(*r, 1.0, 0.95) for r in rollouts]
+    assert together == alone
+    assert [c.max_gap > 1e-3 for c in together] == [False, False, True, False]
+    assert together[2].worst_position == 6
+    assert check_sampling_many([], [], [], [], 1.0, 1.0) == []
