@@ -102,3 +102,17 @@ def test_ctrl_c_keeps_the_logs_and_says_where(tmp_path: Path) -> None:
         assert stat.S_IMODE((kept / name).stat().st_mode) == 0o600, name
     trainer_log = (kept / "trainer.log").read_text()
     assert '"stopping"' in trainer_log or "stopped in" in trainer_log  # the log runs to the clean stop
+
+
+def test_demo_workers_together_make_at_least_a_step_each_version() -> None:
+    """One batch per worker per version (``work_ahead`` runs them ahead): however many workers the demo
+    starts, their batches of one version hold at least the groups one step takes, so the trainer never
+    waits on a worker's resubmission timer."""
+    from intellect_node.commands.demo import DEMO_RL, demo_rl
+
+    for workers in range(1, 9):
+        rl = demo_rl(workers)
+        assert rl["batches_per_version"] == 1 and rl["work_ahead"] >= 1
+        made = workers * rl["problems_per_batch"]
+        assert rl["groups_per_step"] <= made < rl["groups_per_step"] + workers, (workers, rl)
+    assert demo_rl(2) == DEMO_RL
