@@ -38,6 +38,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from aiohttp import web
 
+from intellect_node.aioutil import cancel_and_wait
 from intellect_node.blobs.fetch import ChunkSource, Fetcher, FetchStats, FindProviders, Progress, Provider
 from intellect_node.blobs.http import HttpChunkSource, ServeStats, blob_routes
 from intellect_node.blobs.store import BlobStore
@@ -117,10 +118,7 @@ class BlobService:
                 self._announce(cid)
 
     async def close(self) -> None:
-        for t in list(self._tasks):
-            t.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(list(self._tasks))
         if self._http is not None:
             self._http.close()
             self._http = None

@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from intellect_node.aioutil import cancel_and_wait
 from intellect_node.p2p.bridge import describe
 
 log = logging.getLogger(__name__)
@@ -75,10 +76,7 @@ class TaskSupervisor:
     async def close(self) -> None:
         """Cancel every task still running and wait for them (the node is stopping)."""
         self._closing = True
-        tasks = list(self._tasks)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(list(self._tasks))
 
     def begin_close(self) -> None:
         """From now on a task that ends is not restarted (services are closing what they use)."""

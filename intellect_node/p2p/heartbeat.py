@@ -45,6 +45,7 @@ from typing import Any
 
 import msgspec
 
+from intellect_node.aioutil import cancel_and_wait
 from intellect_node.errors import ProtocolError, TransportError
 from intellect_node.p2p.swarm import Swarm
 from intellect_node.protocol import gossip
@@ -130,9 +131,7 @@ class Heartbeats:
                        self._spawn("heartbeat-sweep", self._sweep_loop)]
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         self._tasks = []
 
     def _validate(self, data: bytes, origin: str) -> gossip.Heartbeat:

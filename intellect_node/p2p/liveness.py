@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from intellect_node.aioutil import cancel_and_wait
 from intellect_node.errors import TransportError
 from intellect_node.p2p.bridge import describe
 
@@ -113,16 +114,9 @@ class Libp2pWatch:
         suite: a node's stop hung until the test's 280 s deadline)."""
         self._closing = True
         self._wake.set()
-        tasks = [t for t in (self._task, self._replay) if t is not None]
-        while tasks:
-            for t in tasks:
-                t.cancel()
-            await asyncio.wait(tasks, timeout=1.0)  # a lost cancel is sent again
-            tasks = [t for t in tasks if not t.done()]
-            if self._replay is not None and not self._replay.done() and self._replay not in tasks:
-                tasks.append(self._replay)  # started by a recovery that was under way
-        await asyncio.gather(*(t for t in (self._task, self._replay) if t is not None),
-                             return_exceptions=True)
+        # a replay started by a recovery that was under way is caught on the next pass
+        while pending := [t for t in (self._task, self._replay) if t is not None and not t.done()]:
+            await cancel_and_wait(pending)  # a lost cancel is sent again
 
     def answering(self) -> bool:
         """True while libp2p works and answered a probe recently (what the systemd watchdog needs)."""

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from intellect_node.aioutil import cancel_and_wait
 from intellect_node.node.config import NodeConfig
 from intellect_node.node.status import StatusBoard
 from intellect_node.p2p.swarm import Swarm
@@ -109,6 +110,4 @@ class RoleTasks:
     async def close(self) -> None:
         """Cancel the loops and every job still running, and wait for them."""
         loops, self._loops = self._loops, []
-        for t in loops:
-            t.cancel()
-        await asyncio.gather(*loops, return_exceptions=True)
+        await cancel_and_wait(loops)

@@ -29,6 +29,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from intellect_node.aioutil import cancel_and_wait
 from intellect_node.errors import IntellectNodeError, ProtocolError
 from intellect_node.protocol import sweep as wire
 from intellect_node.protocol.topics import topic
@@ -113,9 +114,7 @@ class SweepCoordinatorService:
                        asyncio.create_task(self._tick_loop(), name="sweep-tick")]
 
     async def close(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         self._persist()
         self.journal.close()
 
