@@ -255,6 +255,71 @@ def run_swarm(target: float, window: int, timeout: float, workdir: Path) -> dict
                                 for n, a, b in zip(names, cpu_first[1], cpu_end)} if cpu_first else None)}
 
 
+def work_floor(repeats: int = 15) -> dict[str, float]:
+    """CPU seconds of the swarm's own work for one step, each part alone in this process (one thread,
+    median of ``repeats``): the workers' generation of the step's rollouts with proofs (two batches of
+    ``problems_per_batch`` groups, as two workers make them), the validator's verification of all of them,
+    and the trainer's optimizer step on them. What is left of the swarm's CPU per step is the overhead of
+    its processes (libp2p, gossip, HTTP, policy deltas, persistence)."""
+    import random
+
+    import torch
+
+    from intellect_node.inference.base import SamplingConfig
+    from intellect_node.inference.rollouts import checkpoint_cid, generate_rollouts
+    from intellect_node.inference.torch_engine import TorchEngine
+    from intellect_node.inference.verifier import Expectations, Verifier
+    from intellect_node.proofs.thresholds import Thresholds
+    from intellect_node.protocol.signing import SigningKey
+    from intellect_node.roles.common import record_to_sample
+    from intellect_node.trainer.grpo import GRPOConfig
+    from intellect_node.trainer.model import load_trainable
+    from intellect_node.trainer.step import make_optimizer, train_step
+    from intellect_node.trainer.tasks import embedded_task
+
+    torch.set_num_threads(1)
+    h = HYPER
+    engine = TorchEngine.from_dir(None)
+    task, key, ckpt = embedded_task(), SigningKey(bytes(32)), checkpoint_cid(engine.loaded.path)
+    sampling = SamplingConfig(max_new_tokens=int(h["max_new_tokens"]))
+    batches = int(h["groups_per_step"]) // int(h["problems_per_batch"])
+    rng = random.Random(0)
+
+    def generate() -> list[Any]:
+        out = []
+        for _ in range(batches):
+            drawn = task.sample(rng, int(h["problems_per_batch"]))
+            problems = [p for p in drawn for _ in range(int(h["group_size"]))]
+            seed = rng.randrange(1 << 30)
+            out += generate_rollouts(engine, engine.loaded.tokenizer, problems, key=key, run_id="floor",
+                                     policy_version=0, checkpoint=ckpt, sampling=sampling,
+                                     seeds=[seed + i for i in range(len(problems))])
+        return out
+
+    def timed(fn: Any) -> float:
+        fn()  # warm-up
+        times = []
+        for _ in range(repeats):
+            t0 = time.process_time()
+            fn()
+            times.append(time.process_time() - t0)
+        return sorted(times)[len(times) // 2]
+
+    records = generate()
+    # loose thresholds: the figures are timed here, not judged
+    verifier = Verifier(engine, Thresholds(exp_mismatches=1 << 20, mant_err_mean=1e9, mant_err_median=1e9,
+                                           logprob_diff=1e9, sampling_gap=1e9), Expectations())
+    model = load_trainable(None)
+    opt = make_optimizer(model, float(h["lr"]))
+    cfg = GRPOConfig(group_size=int(h["group_size"]), max_grad_norm=0.1)
+    samples = [record_to_sample(r, float(i % 3 == 0)) for i, r in enumerate(records)]
+    out = {"generate": timed(generate),
+           "verify": timed(lambda: [verifier.verify(records[i:i + 32]) for i in range(0, len(records), 32)]),
+           "train": timed(lambda: train_step(model, opt, samples, cfg))}
+    out["total"] = sum(out.values())
+    return out
+
+
 def run_trl_child(target: float, window: int, timeout: float, workdir: Path) -> dict[str, Any]:
     """:func:`run_trl` in a fresh process (``--trl-child``), timed from its launch: a TRL user pays the
     imports as the swarm's processes do."""
@@ -355,6 +420,9 @@ def main() -> None:
         if args.only in (None, "swarm"):
             results["swarm"] = run_swarm(args.target, args.window, args.timeout, work / "swarm")
             print("swarm:", json.dumps(results["swarm"]), flush=True)
+        if args.only is None:
+            results["work_floor"] = work_floor()
+            print("work floor:", json.dumps(results["work_floor"]), flush=True)
         if args.trl_child is not None:
             results["trl"] = run_trl(args.target, args.window, args.timeout, work, args.trl_child)
         elif args.only in (None, "trl"):
@@ -389,6 +457,12 @@ def main() -> None:
               + ", ".join(f"{k} {v:.2f}" for k, v in s["cpu_s_per_step"].items())
               + f"), TRL {t['cpu_s_per_step']:.2f}, ratio {total / t['cpu_s_per_step']:.2f}; on "
               f"{os.cpu_count()} cores the swarm's floor is {total / (os.cpu_count() or 1):.2f} s/step")
+    f = results.get("work_floor")
+    if f and t.get("seconds_per_step"):
+        ratio = f["total"] / t["seconds_per_step"]
+        print(f"the swarm's own work per step, each part alone (CPU s): generate {f['generate']:.3f} + "
+              f"verify {f['verify']:.3f} + train {f['train']:.3f} = {f['total']:.3f}, {ratio:.2f}x TRL's "
+              "whole step; its overhead is the rest of the CPU per step above")
     if s:
         print(f"swarm trainer idle fraction {s['idle_fraction']}, staleness mean {s['staleness_mean']:.2f} "
               f"max {s['staleness_max']}")
