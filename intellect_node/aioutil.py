@@ -4,9 +4,9 @@ tasks.
 A single ``task.cancel()`` followed by ``gather`` waits for ever if the cancel is lost, and on Python 3.11
 it can be: ``asyncio.wait_for`` returns its inner result when the cancel of the waiting task lands as that
 result arrives, and a task that catches ``CancelledError`` to clean up may await something that absorbs a
-second one. A node's stop hung this way once for 280 s (docs/architecture.md, "Stopping" under the node runtime). So the cancel
-is sent again every ``resend_s`` until each task has ended, and a task still running after ``warn_after_s``
-is logged once with where it is stuck, so a stop that still hangs says why.
+second one. A node's stop hung this way once for 280 s (docs/architecture.md, "Stopping", under the node
+runtime). So the cancel is sent again every ``resend_s`` until each task has ended, and a task still
+running after ``warn_after_s`` is logged once with where it is stuck, so a stop that still hangs says why.
 """
 
 from __future__ import annotations
