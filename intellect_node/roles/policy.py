@@ -73,6 +73,7 @@ from intellect_node.trainer.delta import (
     ALL_DENSE_KINDS,
     DENSE_KINDS,
     ZSTD_LEVEL,
+    KindMemo,
     apply_delta,
     delta_size_limit,
     encode_delta,
@@ -172,6 +173,7 @@ class PolicyPublisher:
         self._version: int | None = None
         self._full: tuple[int, str, int] | None = None  # (version, blob cid, size)
         self._links: list[DeltaLink] = []
+        self._kinds = KindMemo()  # each tensor's winning dense encoding (trainer/delta.py)
         self.timings: dict[str, float] = {}
         """Where the last publication's time went (seconds): save, delta, full, state."""
         self._load_state()
@@ -247,7 +249,7 @@ class PolicyPublisher:
             links = list(self._links) if prev is not None else []
             if prev is not None:
                 delta = await asyncio.to_thread(encode_delta, prev, ckpt, level=self.zstd_level,
-                                                dense=self.dense_kinds)
+                                                dense=self.dense_kinds, memo=self._kinds)
                 delta_path = self.root / f"v{version:010d}.delta"
                 await asyncio.to_thread(_write_unsynced, delta_path, delta)
                 delta_cid, _ = await self.blobs.put_file(delta_path, name=f"{self.run_id}-v{version}.delta",

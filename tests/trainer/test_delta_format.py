@@ -270,3 +270,26 @@ def test_hostile_deltas_refused_before_allocating() -> None:
         read_delta(delta, max_size=len(delta) - 1)
     with pytest.raises(ProtocolError, match="checkpoint of .* exceeds"):  # the result, before allocating
         apply_delta(base, delta, expected_hash=h, max_size=target.nbytes - 1)
+
+
+def test_a_kind_memo_tries_the_last_winner_alone_and_the_deltas_still_apply() -> None:
+    """``encode_delta(memo=)``: after the first delta, each tensor is encoded with the kind that won for
+    it last time (one compression pass instead of one per kind); every ``refresh`` deltas all are tried
+    again; every delta applies to its exact target whatever was tried."""
+    from intellect_node.trainer.delta import KindMemo
+
+    versions = policy_versions(torch.float32, 6)
+    names = list(versions[0].tensors)
+    memo = KindMemo(refresh=3)
+    tried: list[dict[str, tuple[str, ...]]] = []
+    for a, b in zip(versions, versions[1:]):
+        delta = encode_delta(a, b, memo=memo)
+        tried.append(dict(memo.tried))
+        held = apply_delta(a, delta, expected_hash=b.content_hash, max_size=MAX)
+        assert bytes(held.to_bytes()) == bytes(b.to_bytes())
+        assert set(memo.won) <= set(names) and all(k in DENSE_KINDS for k in memo.won.values())
+    every = {n: DENSE_KINDS for n in names}
+    assert tried[0] == every  # nothing known yet: every kind
+    assert all(len(k) == 1 for k in tried[1].values())  # then each tensor's winner alone
+    assert tried[3] == every  # every third delta tries them all again
+    assert all(len(k) == 1 for k in tried[4].values())
