@@ -415,8 +415,12 @@ def test_joiners_of_one_bootstrap_peer_find_each_other_and_survive_its_trim() ->
                             lambda msg, origin, me=n.peer_id: got[me].append(msg))
             for n in joiners:  # one after the other, as nodes join
                 assert await n.bootstrap(boot.listen_addrs()[:1]) == [boot.peer_id]
-            await wait_until(lambda: boot.connmgr.trims >= 3 and len(boot.connected_peers()) <= 2, 30,
-                             what="the bootstrap peer trimmed down to low")
+            # Trimmed (3 closed: 5 joiners down to low). A joiner left below its own low may dial the
+            # bootstrap peer again in a self-lookup: that leaves it at high, which it does not trim, so
+            # "within high" is the lasting state (a full suite once saw it stay at 3 for 30 s).
+            await wait_until(lambda: boot.connmgr.trims >= 3 and
+                             len(boot.connected_peers()) <= boot_limits.high, 30,
+                             what="the bootstrap peer trimmed, within its high watermark")
             # The self-lookups connected the joiners to one another: none depends on the bootstrap peer.
             assert all(len(n.connected_peers()) >= 2 for n in joiners), [
                 len(n.connected_peers()) for n in joiners]
