@@ -265,6 +265,7 @@ def work_floor(repeats: int = 15) -> dict[str, float]:
 
     import torch
 
+    from bench.rollouts import median_time
     from intellect_node.inference.base import SamplingConfig
     from intellect_node.inference.rollouts import checkpoint_cid, generate_rollouts
     from intellect_node.inference.torch_engine import TorchEngine
@@ -298,12 +299,7 @@ def work_floor(repeats: int = 15) -> dict[str, float]:
 
     def timed(fn: Any) -> float:
         fn()  # warm-up
-        times = []
-        for _ in range(repeats):
-            t0 = time.process_time()
-            fn()
-            times.append(time.process_time() - t0)
-        return sorted(times)[len(times) // 2]
+        return median_time(fn, repeats)
 
     records = generate()
     # loose thresholds: the figures are timed here, not judged

@@ -203,7 +203,6 @@ class Verifier:
                 verdicts.append(Verdict(r.rollout_id, r.worker, True, None, "", figs))
         return verdicts
 
-
     @staticmethod
     def _sampling_checks(records: Sequence[RolloutRecord],
                          logits: Sequence[torch.Tensor]) -> list[SamplingCheck]:

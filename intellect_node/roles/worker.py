@@ -241,10 +241,11 @@ class Worker:
                 await asyncio.sleep(0.05)
                 continue
             if self.version != version_seen:
-                # every version the trainer made adds a version's worth; versions this worker missed
-                # count too, so a worker that fell behind makes up its share on the newest one
-                gained = per_version * (self.version - version_seen) if version_seen >= 0 else cap
-                version_seen, credit = self.version, min(cap, credit + max(gained, per_version))
+                if version_seen >= 0:  # (the first version: the credit is the whole cap already)
+                    # every version the trainer made adds a version's worth; versions this worker missed
+                    # count too, so a worker that fell behind makes up its share on the newest one
+                    credit = min(cap, credit + per_version * max(self.version - version_seen, 1))
+                version_seen = self.version
                 used = set()
             engine, version, ckpt_hash = self.engine, self.version, self.checkpoint_hash
             t0 = time.monotonic()
