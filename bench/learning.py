@@ -2,8 +2,11 @@
 """Learning benchmark: wall time for the swarm to lift the sampled pass rate of the embedded model to a
 target (default 0.60), and in the same run TRL's GRPOTrainer on the same model, task and hyperparameters.
 
-Swarm: trainer, validator and two workers as real ``intellect-node join --role ...`` processes on
-127.0.0.1 (every rollout verified: proofs, logprobs, sampler, reward). The pass rate is that of the
+Swarm: trainer, validator and ``--workers`` workers (default 1) as real ``intellect-node join --role ...``
+processes on 127.0.0.1, launched together (every rollout verified: proofs, logprobs, sampler, reward). One
+worker is the layout that fits this 2-core machine: it makes a step's 8 groups in 0.04 CPU-seconds, and
+each further process adds its libp2p, gossip and HTTP overhead to the same two cores (``--workers 2``
+measures that). The pass rate is that of the
 rollouts the trainer trains on (temperature 1), averaged over the last ``--window`` steps. Also reported:
 the trainer's idle fraction (time waiting for accepted work / wall time) and rollout staleness (versions
 between the policy a rollout was sampled from and the weights it updates).
@@ -19,13 +22,13 @@ step's taken/trained times, publications), the validator's and workers' ``hops.j
 batch CID and policy version into the median time of each hop from a worker's batch to the next policy
 it generates with (:func:`hop_breakdown`).
 
-Clocks stop at the first step whose windowed pass rate reaches the target. The swarm's starts when its
-processes are launched, so it includes their imports (torch, libp2p), the joins and the first policy
-fetch; TRL runs in a child process and is timed both from that process's launch (imports of torch,
-transformers, trl and datasets included: the like-for-like figure) and from its trainer's construction
-(the figure earlier runs reported). Run:
+Clocks stop at the first step whose windowed pass rate reaches the target (each timed by its own record).
+The swarm's starts when its processes are launched, so it includes their imports (torch, libp2p), the joins
+and the first policy fetch; TRL runs in a child process and is timed both from that process's launch
+(imports of torch, transformers, trl and datasets included: the like-for-like figure) and from its trainer's
+construction (the figure earlier runs reported). Run:
 
-    .venv/bin/python bench/learning.py [--target 0.6] [--timeout 900] [--only swarm|trl]
+    .venv/bin/python bench/learning.py [--target 0.6] [--timeout 900] [--only swarm|trl] [--workers 1]
 
 Needs ``pip install -e '.[bench]'`` for TRL. One thread per process (torch.set_num_threads(1)).
 """
@@ -50,12 +53,13 @@ from intellect_node.fsutil import read_jsonl  # noqa: E402  (after the path: run
 HYPER = dict(group_size=8, problems_per_batch=4, groups_per_step=8, max_new_tokens=5, lr=2e-4,
              batches_per_version=1, work_ahead=2)
 """The learning settings are TRL's below; ``batches_per_version`` and ``work_ahead`` are the swarm's
-pipeline: two workers at one 4-group batch each per version make exactly the 8 groups a step takes, and
+pipeline: the workers at one batch each per version (``problems_per_batch`` is set to ``groups_per_step /
+--workers``: 8 groups for one worker, 4 each for two) make exactly the groups a step takes, and
 ``work_ahead`` 2 has them make (and the validator verify) the batches of step k+2 while the trainer runs
-step k, up to two versions stale (``run.async_level`` 2, as INTELLECT-2). With ``batches_per_version`` 2
-and no work-ahead (before) they made 16 groups a version and about a third of all generation and
-verification went into batches the trainer never used; with 1 and no work-ahead the swarm ran in
-series, each step waiting for rollouts of the version it had just published."""
+step k, up to two versions stale (``run.async_level`` 2, as INTELLECT-2). With ``batches_per_version`` 2 and
+no work-ahead (before) they made 16 groups a version and about a third of all generation and verification
+went into batches the trainer never used; with 1 and no work-ahead the swarm ran in series, each step
+waiting for rollouts of the version it had just published."""
 
 
 def cpu_seconds(pid: int) -> float:
@@ -67,6 +71,14 @@ def cpu_seconds(pid: int) -> float:
 def windowed(values: list[float], window: int) -> float:
     tail = values[-window:]
     return sum(tail) / len(tail) if tail else 0.0
+
+
+def first_reaching(rates: list[float], window: int, target: float) -> int | None:
+    """Index of the first step whose mean pass rate over the last ``window`` steps reaches ``target``."""
+    for i in range(window - 1, len(rates)):
+        if windowed(rates[:i + 1], window) >= target:
+            return i
+    return None
 
 
 def held_out_pass_rates(trainer_dir: Path) -> tuple[float, float | None]:
@@ -150,7 +162,7 @@ def hop_breakdown(work: Path, workers: list[str]) -> dict[str, float | None]:
 
 
 def startup_timeline(work: Path, workers: list[str], t0_wall: float, trainer_ready: float) -> dict[str, Any]:
-    """Seconds from launch to each start-up milestone: the trainer ready (the others are launched then),
+    """Seconds from launch to each start-up milestone: the trainer ready (all four are launched together),
     the first policy loaded by a worker, its first batch submitted, the validator's first verdict."""
     loaded, submitted = [], []
     for w in workers:
@@ -165,13 +177,23 @@ def startup_timeline(work: Path, workers: list[str], t0_wall: float, trainer_rea
             "first_verdict": min(verdicts) - t0_wall if verdicts else None}
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick; the node binds it moments
+    later, and its own check refuses the port if something took it in between)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def start_node(data_dir: Path, role: str, procs: list[Any], *, ids: dict[str, str], model: str,
-               bootstrap: list[str] | None = None) -> Any:
+               bootstrap: list[str] | None = None, port: int = 0) -> Any:
     """``intellect-node join --role ROLE`` with ``data_dir/config.toml`` (the run: trainer, validator,
     model, HYPER), started through the node's process supervisor and added to ``procs``."""
     from intellect_node.node.processes import NodeProcess, child_env, write_config
 
-    network: dict[str, Any] = {"listen": ["/ip4/127.0.0.1/tcp/0"], "http_host": "127.0.0.1",
+    network: dict[str, Any] = {"listen": [f"/ip4/127.0.0.1/tcp/{port}"], "http_host": "127.0.0.1",
                                "heartbeat_interval": 1.0, "peer_timeout": 10.0}
     if bootstrap:
         network["bootstrap"] = bootstrap
@@ -185,29 +207,33 @@ def start_node(data_dir: Path, role: str, procs: list[Any], *, ids: dict[str, st
     return proc
 
 
-def run_swarm(target: float, window: int, timeout: float, workdir: Path) -> dict[str, Any]:
+def run_swarm(target: float, window: int, timeout: float, workdir: Path, workers: int = 2) -> dict[str, Any]:
     from intellect_node.models.loader import embedded_model_dir
     from intellect_node.p2p.identity import init_key
 
     model = str(embedded_model_dir())
     ids = {}
-    for n in ("trainer", "validator", "w1", "w2"):
+    wnames = [f"w{i + 1}" for i in range(workers)]
+    names = ["trainer", "validator", *wnames]
+    for n in names:
         (workdir / n).mkdir(parents=True, exist_ok=True)
         ids[n] = init_key(workdir / n).peer_id
     common = dict(ids=ids, model=model)
     procs: list[Any] = []
     t0, t0_wall = time.monotonic(), time.time()
     try:
-        trainer = start_node(workdir / "trainer", "trainer", procs, **common)
-        t_addr = trainer.wait_ready(300)["listen_addrs"][0]
-        trainer_ready = time.time() - t0_wall
-        # The validator and the workers start together (each process spends seconds importing torch):
-        # they meet through the trainer, as joiners of a real run do.
-        for n, role in (("validator", "validator"), ("w1", "worker"), ("w2", "worker")):
+        # All four start together, as a swarm's operators would start them: the trainer on a port chosen
+        # beforehand, so the others can name it as their bootstrap peer before it is up (they dial it
+        # again until it answers) and import torch while it loads its model.
+        port = free_port()
+        trainer = start_node(workdir / "trainer", "trainer", procs, port=port, **common)
+        t_addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{ids['trainer']}"
+        for n, role in (("validator", "validator"), *((w, "worker") for w in wnames)):
             start_node(workdir / n, role, procs, bootstrap=[t_addr], **common)
+        trainer.wait_ready(300)
+        trainer_ready = time.time() - t0_wall
         metrics_path = workdir / "trainer" / "trainer" / "metrics.jsonl"
-        reached = None
-        names = ["trainer", "validator", "w1", "w2"]
+        reached, hit = None, None
         cpu_first: tuple[int, list[float]] | None = None  # (trained steps, CPU seconds) at the first look
         while time.monotonic() - t0 < timeout:
             time.sleep(1.0)
@@ -216,8 +242,9 @@ def run_swarm(target: float, window: int, timeout: float, workdir: Path) -> dict
             trained = [m for m in lines if m["trained"]]
             if trained and cpu_first is None:
                 cpu_first = (len(trained), [cpu_seconds(p.pid) for p in procs])
-            if len(trained) >= window and windowed([m["pass_rate"] for m in trained], window) >= target:
-                reached = time.monotonic() - t0
+            hit = first_reaching([m["pass_rate"] for m in trained], window, target)
+            if hit is not None:  # timed by the step's own record, not by this poll
+                reached = trained[hit]["time"] - t0_wall
                 break
         status = trainer.status()["trainer"]
         lines = [json.loads(x) for x in metrics_path.read_text().splitlines()]
@@ -227,11 +254,12 @@ def run_swarm(target: float, window: int, timeout: float, workdir: Path) -> dict
         for p in procs:
             p.kill()
     held_out = held_out_pass_rates(workdir / "trainer" / "trainer")
-    hops = hop_breakdown(workdir, ["w1", "w2"])
+    hops = hop_breakdown(workdir, wnames)
     trained = [json.loads(x) for x in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
     trained = [m for m in trained if m["trained"]]
     first_step_t = trained[0]["time"] if trained else None
     return {"seconds_to_target": reached, "steps": len(trained),
+            "steps_to_target": hit + 1 if hit is not None else None,
             "start_pass_rate": windowed([m["pass_rate"] for m in trained[:window]], window),
             "final_pass_rate": windowed([m["pass_rate"] for m in trained], window),
             "held_out_start": held_out[0], "held_out_final": held_out[1],
@@ -242,7 +270,7 @@ def run_swarm(target: float, window: int, timeout: float, workdir: Path) -> dict
                                  if first_step_t else None),
             # launch -> first trained step: imports, joins, the first policy, the first batches verified
             "seconds_to_first_step": first_step_t - t0_wall if first_step_t else None,
-            "startup": startup_timeline(workdir, ["w1", "w2"], t0_wall, trainer_ready),
+            "startup": startup_timeline(workdir, wnames, t0_wall, trainer_ready),
             "step_medians": {k: _median([m.get(k) for m in trained]) for k in
                              ("train_s", "publish_wait_s", "checkpoint_s", "publish_s")},
             "verified": status.get("accepted_rollouts"), "hops": hops,
@@ -257,8 +285,8 @@ def run_swarm(target: float, window: int, timeout: float, workdir: Path) -> dict
 
 def work_floor(repeats: int = 15) -> dict[str, float]:
     """CPU seconds of the swarm's own work for one step, each part alone in this process (one thread,
-    median of ``repeats``): the workers' generation of the step's rollouts with proofs (two batches of
-    ``problems_per_batch`` groups, as two workers make them), the validator's verification of all of them,
+    median of ``repeats``): the workers' generation of the step's rollouts with proofs (in batches of
+    ``problems_per_batch`` groups, as the workers make them), the validator's verification of all of them,
     and the trainer's optimizer step on them. What is left of the swarm's CPU per step is the overhead of
     its processes (libp2p, gossip, HTTP, policy deltas, persistence)."""
     import random
@@ -390,6 +418,7 @@ def run_trl(target: float, window: int, timeout: float, workdir: Path,
     reached = times[-1] if rewards and windowed(rewards, window) >= target else None
     from_launch = t0 - launched if launched is not None else None  # imports, dataset, up to t0
     return {"seconds_to_target": reached, "steps": len(rewards),
+            "steps_to_target": len(rewards) if reached is not None else None,  # it stops on reaching
             "seconds_launch_to_trainer": from_launch,
             "seconds_to_target_from_launch": (reached + from_launch if reached is not None and
                                               from_launch is not None else None),
@@ -406,15 +435,20 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per system before giving up")
     ap.add_argument("--only", choices=["swarm", "trl"])
+    ap.add_argument("--workers", type=int, choices=[1, 2, 4, 8], default=1,
+                    help="worker processes in the swarm; each makes groups_per_step/workers groups a version")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "learning.json")
     ap.add_argument("--trl-child", type=float, default=None, help=argparse.SUPPRESS)  # the parent's launch
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    results: dict[str, Any] = {"target": args.target, "window": args.window, "hyper": HYPER}
+    HYPER["problems_per_batch"] = int(HYPER["groups_per_step"]) // args.workers  # one step a version
+    results: dict[str, Any] = {"target": args.target, "window": args.window, "hyper": HYPER,
+                               "workers": args.workers}
     with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
         work = Path(tmp)
         if args.only in (None, "swarm"):
-            results["swarm"] = run_swarm(args.target, args.window, args.timeout, work / "swarm")
+            results["swarm"] = run_swarm(args.target, args.window, args.timeout, work / "swarm",
+                                         args.workers)
             print("swarm:", json.dumps(results["swarm"]), flush=True)
         if args.only is None:
             results["work_floor"] = work_floor()
@@ -439,6 +473,9 @@ def main() -> None:
         print(f"time to pass rate {args.target:.2f}, TRL from its trainer's construction: swarm "
               f"{s['seconds_to_target']:.1f} s, TRL {t['seconds_to_target']:.1f} s, ratio swarm/TRL "
               f"{s['seconds_to_target'] / t['seconds_to_target']:.2f}")
+    if s.get("steps_to_target") and t.get("steps_to_target"):
+        print(f"steps to pass rate {args.target:.2f}: swarm {s['steps_to_target']}, "
+              f"TRL {t['steps_to_target']}")
     if s.get("seconds_per_step") and t.get("seconds_per_step"):
         print(f"seconds per step: swarm {s['seconds_per_step']:.2f}, TRL {t['seconds_per_step']:.2f}, ratio "
               f"{s['seconds_per_step'] / t['seconds_per_step']:.2f}")
