@@ -55,9 +55,11 @@ STOP_TIMEOUT_S = 20.0
 """Upper bound on a clean shutdown; each service gets :data:`SERVICE_STOP_TIMEOUT_S` of it."""
 SERVICE_STOP_TIMEOUT_S = 5.0
 LOCK_FILE = "node.lock"
-BOOTSTRAP_RETRY_S = (2.0, 4.0, 8.0, 15.0, 30.0)
+BOOTSTRAP_RETRY_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 """Waits between bootstrap attempts while no peer is connected (the last one repeats), e.g. when the
-bootstrap node starts a little later than this one; :data:`BOOTSTRAP_RETRIES` attempts at most."""
+bootstrap node starts a little later than this one; :data:`BOOTSTRAP_RETRIES` attempts at most. The first
+waits are short: nodes launched together (a compose file, a benchmark) import torch for seconds, and the
+one they bootstrap from is then listening a moment later; a dial to a closed port fails at once."""
 BOOTSTRAP_RETRIES = 20
 NO_PEERS_DEGRADED_S = 30.0
 """A node without a single connected peer for this long reads degraded ("no peers for N s")."""

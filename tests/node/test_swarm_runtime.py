@@ -110,3 +110,40 @@ async def _ato(fn: Any) -> Any:
 
 async def _aget(url: str, token: str | None = None) -> tuple[int, Any]:
     return await _ato(lambda: _get(url, token))
+
+
+def test_a_node_started_before_its_bootstrap_peer_reaches_it_once_that_peer_listens(tmp_path: Path) -> None:
+    """Nodes launched together (a compose file, the learning benchmark): the joiner's first dial meets a
+    closed port, and its bootstrap retry (``runtime.BOOTSTRAP_RETRY_S``) reaches the peer once it is up."""
+    import socket
+
+    from intellect_node.node.assembly import build_node
+    from intellect_node.node.config import build_config
+    from intellect_node.p2p.identity import init_key
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    boot_id = init_key(tmp_path / "boot").peer_id
+    net = {"heartbeat_interval": 2.0, "peer_timeout": 8.0, "http_host": "127.0.0.1"}
+    boot_addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{boot_id}"
+    joiner = build_node(build_config(network={**net, "bootstrap": [boot_addr]}, run={"run_id": "test"}),
+                        tmp_path / "joiner", common=False)
+    boot = build_node(build_config(network={**net, "listen": [f"/ip4/127.0.0.1/tcp/{port}"]},
+                                   run={"run_id": "test"}), tmp_path / "boot", common=False)
+
+    async def main() -> None:
+        await joiner.start()
+        try:
+            assert joiner.swarm.connected_peers() == []  # nothing listened there: its dial failed
+            await boot.start()
+            try:
+                assert boot.swarm.peer_id == boot_id
+                await wait_until(lambda: boot_id in joiner.swarm.connected_peers(), 60,
+                                 what="the joiner's retry reaches the bootstrap peer")
+            finally:
+                await boot.stop()
+        finally:
+            await joiner.stop()
+
+    run(main(), 120)
