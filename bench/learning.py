@@ -207,7 +207,8 @@ def start_node(data_dir: Path, role: str, procs: list[Any], *, ids: dict[str, st
     return proc
 
 
-def run_swarm(target: float, window: int, timeout: float, workdir: Path, workers: int = 2) -> dict[str, Any]:
+def run_swarm(target: float, window: int, timeout: float, workdir: Path, workers: int = 1,
+              nice: int = 0) -> dict[str, Any]:
     from intellect_node.models.loader import embedded_model_dir
     from intellect_node.p2p.identity import init_key
 
@@ -229,7 +230,9 @@ def run_swarm(target: float, window: int, timeout: float, workdir: Path, workers
         trainer = start_node(workdir / "trainer", "trainer", procs, port=port, **common)
         t_addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{ids['trainer']}"
         for n, role in (("validator", "validator"), *((w, "worker") for w in wnames)):
-            start_node(workdir / n, role, procs, bootstrap=[t_addr], **common)
+            proc = start_node(workdir / n, role, procs, bootstrap=[t_addr], **common)
+            if nice:  # the roles that work ahead yield the CPU to the trainer, the one serial stage
+                os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
         trainer.wait_ready(300)
         trainer_ready = time.time() - t0_wall
         metrics_path = workdir / "trainer" / "trainer" / "metrics.jsonl"
@@ -435,6 +438,8 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per system before giving up")
     ap.add_argument("--only", choices=["swarm", "trl"])
+    ap.add_argument("--nice", type=int, default=0,
+                    help="niceness of the validator and worker processes (the trainer's stays 0)")
     ap.add_argument("--workers", type=int, choices=[1, 2, 4, 8], default=1,
                     help="worker processes in the swarm; each makes groups_per_step/workers groups a version")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "learning.json")
@@ -443,12 +448,12 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     HYPER["problems_per_batch"] = int(HYPER["groups_per_step"]) // args.workers  # one step a version
     results: dict[str, Any] = {"target": args.target, "window": args.window, "hyper": HYPER,
-                               "workers": args.workers}
+                               "workers": args.workers, "nice": args.nice}
     with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
         work = Path(tmp)
         if args.only in (None, "swarm"):
             results["swarm"] = run_swarm(args.target, args.window, args.timeout, work / "swarm",
-                                         args.workers)
+                                         args.workers, args.nice)
             print("swarm:", json.dumps(results["swarm"]), flush=True)
         if args.only is None:
             results["work_floor"] = work_floor()
