@@ -272,6 +272,16 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "tests/p2p/test_gossip_scoring.py::test_idontwant_goes_out_for_large_messages_only",
         "not reported", "upstream sends IDONTWANT only above a size threshold"),
     Workaround(
+        "graylist-control", "apply_fixes: GossipSub.handle_rpc",
+        "the graylist gate refuses a graylisted peer's GRAFTs and (with the publish gate) its messages, "
+        "but its IHAVE, IWANT, PRUNE and IDONTWANT are still handled; gossipsub v1.1 ignores every RPC of "
+        "a peer whose score is below the graylist threshold",
+        "read from the 0.8.1 source (handle_rpc dispatches control messages without a score check); a "
+        "graylisted peer's IWANT is answered from the message cache",
+        "tests/p2p/test_gossip_scoring.py::test_stock_router_answers_a_graylisted_peers_iwant",
+        "not reported", "upstream ignores the control messages of a graylisted peer (the test then fails: "
+        "the stock router no longer answers)"),
+    Workaround(
         "peer-record-per-rpc", "apply_fixes: maybe_consume_signed_record as pubsub and gossipsub call it",
         "every pubsub RPC carries the sender's signed peer record and the receiver parses it, checks its "
         "ed25519 signature and rewrites the peer's addresses for each one (twice for an RPC with control "
@@ -372,6 +382,7 @@ def apply_fixes() -> None:
     _patch(GossipSub, "on_peer_subscribed",
            guard.contained_peer_task(GossipSub.on_peer_subscribed, "gossip subscribe"))
     _patch(Pubsub, "_is_subscribed_to_msg", _is_new_and_subscribed)
+    _patch(GossipSub, "handle_rpc", _graylist_gated_rpc)
     # Both modules imported the function by name: replace the name each of them calls.
     _STOCK.setdefault("pubsub.maybe_consume_signed_record", _pubsub_module.maybe_consume_signed_record)
     _pubsub_module.maybe_consume_signed_record = _consume_record_once
@@ -470,6 +481,22 @@ def _is_new_and_subscribed(self: Pubsub, msg: rpc_pb2.Message) -> bool:
     a message already seen (``task-per-duplicate``), which that task would drop as its first step after
     the blacklist checks (which drop too); nothing else of it runs for a seen message."""
     return bool(_STOCK["Pubsub._is_subscribed_to_msg"](self, msg)) and not self._is_msg_seen(msg)
+
+
+async def _graylist_gated_rpc(self: GossipSub, rpc: rpc_pb2.RPC, sender_peer_id: ID) -> None:
+    """``GossipSub.handle_rpc`` (the control part of an RPC; its messages and subscriptions were handled
+    before) that ignores the whole control part from a peer scoring below the graylist threshold over
+    the topics we subscribe to (``graylist-control``); counted in ``graylist_ignored``."""
+    scorer = getattr(self, "scorer", None)
+    if scorer is not None and self.pubsub is not None and rpc.HasField("control") and \
+            scorer.is_graylisted(sender_peer_id, list(self.pubsub.topic_ids)):
+        GRAYLIST_IGNORED[self] = GRAYLIST_IGNORED.get(self, 0) + 1
+        return
+    await _STOCK["GossipSub.handle_rpc"](self, rpc, sender_peer_id)
+
+
+GRAYLIST_IGNORED: weakref.WeakKeyDictionary[GossipSub, int] = weakref.WeakKeyDictionary()
+"""Per router: RPCs whose control messages were ignored because their sender was graylisted."""
 
 
 RECORD_RECHECK_S = 60.0

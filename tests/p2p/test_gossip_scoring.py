@@ -83,6 +83,44 @@ def test_stock_mesh_heartbeat_keeps_a_negative_score_peer() -> None:
         assert bad not in router.mesh[TOPIC] and bad not in graft and set(honest) <= router.mesh[TOPIC]
 
 
+def test_stock_router_answers_a_graylisted_peers_iwant() -> None:
+    """A peer below the graylist threshold sends an RPC with IHAVE and IWANT: the stock router handles
+    both (the defect: the spec ignores every RPC of a graylisted peer); ours ignores its control part and
+    counts it, and still handles the same RPC from an honest peer (``graylist-control``)."""
+    import trio
+    from libp2p.pubsub.pb import rpc_pb2
+
+    compat.apply_fixes()
+    honest, bad = _peers(2)
+    rpc = rpc_pb2.RPC(control=rpc_pb2.ControlMessage(
+        ihave=[rpc_pb2.ControlIHave(topicID=TOPIC, messageIDs=[b"00"])],
+        iwant=[rpc_pb2.ControlIWant(messageIDs=[b"00"])]))
+    for patched in (False, True):
+        router = _router(score_params=gossip_params.score_params(), adaptive_gossip_enabled=False)
+        _with_subscribers(router, [honest, bad])
+        router.pubsub.topic_ids = {TOPIC: None}.keys()  # type: ignore[attr-defined]  (what we subscribe)
+        handled: list[tuple[str, ID]] = []
+
+        def recorder(kind: str) -> Any:
+            async def handle(_msg: Any, sender: ID) -> None:
+                handled.append((kind, sender))
+            return handle
+
+        router.handle_ihave = recorder("ihave")  # type: ignore[method-assign]
+        router.handle_iwant = recorder("iwant")  # type: ignore[method-assign]
+        for _ in range(SENT):
+            router.scorer.on_invalid_message(bad, TOPIC)
+        assert router.scorer.is_graylisted(bad, [TOPIC]) and not router.scorer.is_graylisted(honest, [TOPIC])
+        handle_rpc = GossipSub.handle_rpc if patched else compat.stock("GossipSub.handle_rpc")
+        trio.run(handle_rpc, router, rpc, bad)
+        trio.run(handle_rpc, router, rpc, honest)
+        if not patched:
+            assert handled == [("ihave", bad), ("iwant", bad), ("ihave", honest), ("iwant", honest)]
+            continue
+        assert handled == [("ihave", honest), ("iwant", honest)]
+        assert compat.GRAYLIST_IGNORED[router] == 1
+
+
 def _validate(data: bytes, origin: str) -> bytes:
     if not data.startswith(b"ok:"):
         raise ProtocolError(f"not a note: {data[:20]!r}")
