@@ -143,6 +143,7 @@ class Trainer:
         self.busy_s = 0.0
         self.last: dict[str, Any] = {}
         self._timing: dict[str, float] = {}
+        self._checkpoint_s = 0.0  # the last checkpoint's seconds, reported on the next step's line
         self._publishing: asyncio.Task[None] | None = None
         self._published: dict[str, float] = {}  # the last finished publication: version, time, seconds
         self.hops: BoundedMap[str, dict[str, float]] = BoundedMap(1024)  # batch CID -> hop -> wall time
@@ -519,19 +520,25 @@ class Trainer:
         t_wait = time.monotonic() - t1
         self.version += 1
         self.step += 1
-        if self.version - self._ckpt_version >= self.rl.checkpoint_every:
-            await self._checkpoint()
-        t2 = time.monotonic()
-        # Rollouts older than async_level are refused as stale from now on: their keys can go.
-        await self.admitted.compact(fresh_floor(self.version, self.cfg.run.async_level))
-        # Where a step's time goes (seconds): the optimizer step with the weights' copy, the checkpoint
-        # (0 between checkpoints); publish_s is the last finished publication's (it runs beside the next
-        # step), publish_wait_s how long this step waited for it to finish.
-        self._timing = {"train_s": t1 - t0, "publish_wait_s": t_wait, "checkpoint_s": t2 - t1 - t_wait,
+        # Where a step's time goes (seconds): the optimizer step with the weights' copy; publish_s is the
+        # last finished publication's (it runs beside the next step), publish_wait_s how long this step
+        # waited for it to finish; checkpoint_s the checkpoint written after the previous step's line (0
+        # when none was).
+        self._timing = {"train_s": t1 - t0, "publish_wait_s": t_wait, "checkpoint_s": self._checkpoint_s,
                         "publish_s": self._published.get("publish_s", 0.0),
                         "taken_t": t_taken, "trained_t": time.time()}
+        self._checkpoint_s = 0.0
+        # The step's line goes out before a checkpoint that covers the step: killed between the two, the
+        # trainer replays the journaled step and finds it recorded; the other way round, the checkpoint
+        # would hold a step whose line was never written (and no replay would write it).
         if record:
             self._record(stats, samples_all, len(groups), len(useful), taken, stale, entry.seq)
+        if self.version - self._ckpt_version >= self.rl.checkpoint_every:
+            t_ckpt = time.monotonic()
+            await self._checkpoint()
+            self._checkpoint_s = time.monotonic() - t_ckpt
+        # Rollouts older than async_level are refused as stale from now on: their keys can go.
+        await self.admitted.compact(fresh_floor(self.version, self.cfg.run.async_level))
         return snap
 
     async def _checkpoint(self) -> None:
