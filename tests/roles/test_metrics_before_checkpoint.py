@@ -58,12 +58,9 @@ def test_each_checkpointed_step_has_its_metrics_line_before_the_checkpoint(tmp_p
 
 
 def _trainer_main(data_dir: Path) -> int:
-    from intellect_node.commands.join import build_node_config
     from intellect_node.fsutil import read_jsonl
-    from intellect_node.logsetup import setup_logging
-    from intellect_node.node.assembly import build_node
-    from intellect_node.node.runtime import run_node
     from intellect_node.roles.trainer import METRICS_FILE, Trainer
+    from tests.support.roles import run_custom_node
 
     class Observed(Trainer):
         async def _checkpoint(self) -> None:
@@ -73,11 +70,7 @@ def _trainer_main(data_dir: Path) -> int:
                 f.write(json.dumps({"version": self.version, "recorded": recorded}) + "\n")
             await super()._checkpoint()
 
-    setup_logging(level="INFO", json_lines=True, file=None)
-    cfg = build_node_config(listen=[], bootstrap=[], run_id=None, trainer_peer_id=None, http_host=None,
-                            http_port=None, http_public_url=None, control_port=None, heartbeat_interval=None,
-                            peer_timeout=None, data_dir=data_dir)
-    return run_node(build_node(cfg, data_dir, labels=["trainer"], services=[Observed.for_runtime]))
+    return run_custom_node(data_dir, "trainer", [Observed.for_runtime])
 
 
 if __name__ == "__main__":

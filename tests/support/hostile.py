@@ -163,26 +163,15 @@ class Stamp:
 
 
 def _main(mode: str, data_dir: Path) -> int:
-    from intellect_node.commands.join import build_node_config
-    from intellect_node.logsetup import setup_logging
-    from intellect_node.node.assembly import build_node
-    from intellect_node.node.runtime import run_node
+    from tests.support.roles import run_custom_node
 
-    setup_logging(level="INFO", json_lines=True, file=None)
-    cfg = build_node_config(listen=[], bootstrap=[], run_id=None, trainer_peer_id=None, http_host=None,
-                            http_port=None, http_public_url=None, control_port=None, heartbeat_interval=None,
-                            peer_timeout=None, data_dir=data_dir)
     # None of the common services (no blob service: the bulk routes are the tarpit's), only the attack.
     if mode in ("flood", "tarpit"):
-        runtime = build_node(cfg, data_dir, labels=["worker"], services=[lambda rt: Attacker(rt, mode)],
-                             common=False)
-    elif mode in ("stamp", "stamp-outsider"):
-        runtime = build_node(cfg, data_dir, labels=["validator"], common=False,
-                             services=[lambda rt: Stamp(rt, outsider=mode == "stamp-outsider")])
-    else:
-        raise SystemExit(f"unknown mode {mode!r}")
-    return run_node(runtime)
-
+        return run_custom_node(data_dir, "worker", [lambda rt: Attacker(rt, mode)], common=False)
+    if mode in ("stamp", "stamp-outsider"):
+        outsider = mode == "stamp-outsider"
+        return run_custom_node(data_dir, "validator", [lambda rt: Stamp(rt, outsider=outsider)], common=False)
+    raise SystemExit(f"unknown mode {mode!r}")
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:

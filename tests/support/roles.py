@@ -100,18 +100,30 @@ def hostile_process(data_dir: Path, mode: str, procs: list[Any], **config: Any) 
     return proc
 
 
+def run_custom_node(data_dir: Path, label: str, services: list[Any], *, common: bool = True) -> int:
+    """Run a node from ``data_dir``'s config as ``join`` would (JSON log lines), labelled ``label`` in its
+    heartbeats, with ``services`` (factories of a runtime) in place of its RL role: a test's cheating or
+    observed role in a child process. ``common``: the common services (blob service, ledger) too."""
+    from intellect_node.commands.join import build_node_config
+    from intellect_node.logsetup import setup_logging
+    from intellect_node.node.assembly import build_node
+    from intellect_node.node.runtime import run_node
+
+    setup_logging(level="INFO", json_lines=True, file=None)
+    cfg = build_node_config(listen=[], bootstrap=[], run_id=None, trainer_peer_id=None, http_host=None,
+                            http_port=None, http_public_url=None, control_port=None, heartbeat_interval=None,
+                            peer_timeout=None, data_dir=data_dir)
+    return run_node(build_node(cfg, data_dir, labels=[label], services=services, common=common))
+
+
 def _cheat_main(mode: str, data_dir: Path) -> int:
     import dataclasses
 
     import msgspec
     import torch
 
-    from intellect_node.commands.join import build_node_config
     from intellect_node.fsutil import atomic_write_bytes
     from intellect_node.inference.torch_engine import TorchEngine
-    from intellect_node.logsetup import setup_logging
-    from intellect_node.node.assembly import build_node
-    from intellect_node.node.runtime import run_node
     from intellect_node.protocol.rl import NOTICE_KIND, RolloutNotice, seal_notice
     from intellect_node.protocol.rollout import RolloutBatch, encode_batch, sign_rollout
     from intellect_node.protocol.topics import topic
@@ -184,12 +196,8 @@ def _cheat_main(mode: str, data_dir: Path) -> int:
                 return out
             return recs
 
-    setup_logging(level="INFO", json_lines=True, file=None)
-    cfg = build_node_config(listen=[], bootstrap=[], run_id=None, trainer_peer_id=None, http_host=None,
-                            http_port=None, http_public_url=None, control_port=None, heartbeat_interval=None,
-                            peer_timeout=None, data_dir=data_dir)
     # A worker node in every way but its role's code: the common services, then the cheating worker.
-    return run_node(build_node(cfg, data_dir, labels=["worker"], services=[Cheater.for_runtime]))
+    return run_custom_node(data_dir, "worker", [Cheater.for_runtime])
 
 
 if __name__ == "__main__":
