@@ -486,7 +486,7 @@ def _is_new_and_subscribed(self: Pubsub, msg: rpc_pb2.Message) -> bool:
 async def _graylist_gated_rpc(self: GossipSub, rpc: rpc_pb2.RPC, sender_peer_id: ID) -> None:
     """``GossipSub.handle_rpc`` (the control part of an RPC; its messages and subscriptions were handled
     before) that ignores the whole control part from a peer scoring below the graylist threshold over
-    the topics we subscribe to (``graylist-control``); counted in ``graylist_ignored``."""
+    the topics we subscribe to (``graylist-control``); counted in :data:`GRAYLIST_IGNORED`."""
     scorer = getattr(self, "scorer", None)
     if scorer is not None and self.pubsub is not None and rpc.HasField("control") and \
             scorer.is_graylisted(sender_peer_id, list(self.pubsub.topic_ids)):
