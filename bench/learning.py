@@ -162,7 +162,7 @@ def hop_breakdown(work: Path, workers: list[str]) -> dict[str, float | None]:
 
 
 def startup_timeline(work: Path, workers: list[str], t0_wall: float, trainer_ready: float) -> dict[str, Any]:
-    """Seconds from launch to each start-up milestone: the trainer ready (all four are launched together),
+    """Seconds from launch to each start-up milestone: the trainer ready (every process is launched at once),
     the first policy loaded by a worker, its first batch submitted, the validator's first verdict."""
     loaded, submitted = [], []
     for w in workers:
@@ -223,7 +223,7 @@ def run_swarm(target: float, window: int, timeout: float, workdir: Path, workers
     procs: list[Any] = []
     t0, t0_wall = time.monotonic(), time.time()
     try:
-        # All four start together, as a swarm's operators would start them: the trainer on a port chosen
+        # All processes start together, as a swarm's operators would start them: the trainer on a port chosen
         # beforehand, so the others can name it as their bootstrap peer before it is up (they dial it
         # again until it answers) and import torch while it loads its model.
         port = free_port()
