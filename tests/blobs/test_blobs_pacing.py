@@ -127,7 +127,10 @@ def test_if_idle_requests_wait_their_turn_plain_requests_do_not(tmp_path: Path) 
             slow.close()  # the send ends: its turn passes to the waiting request
             await asyncio.wait_for(waiting, 30)
             assert bytes(got) == src.read_bytes()[big:]
-            assert stats.pacer.held == 0 and stats.busy == 0
+            # The client has every byte once the server's last write is out; the server hands the turn
+            # back only after that write returns, so the turn's end is awaited, not assumed.
+            await wait_until(lambda: stats.pacer.held == 0, what="the served request to give its turn back")
+            assert stats.busy == 0 and not stats.pacer._waiters
             source.close()
         finally:
             await origin.stop()
