@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "LoadedModel", "ModelTokenizer", "embedded_model_dir", "export_model",
-           "load_hf_model", "load_model", "load_tokenizer", "resolve_model_dir", "torch_dtype"]
+           "load_hf_model", "load_model", "load_tokenizer", "read_config", "read_weights",
+           "resolve_model_dir", "torch_dtype"]
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
@@ -237,10 +238,17 @@ def load_model(model: str | Path | None = None, dtype: str = "float32", device: 
 
     Tensors are read one at a time from the safetensors file(s) and converted to ``dtype`` on ``device``
     as they arrive, so at most one tensor exists twice: a model that fits once fits while loading."""
-    from safetensors import safe_open
-
     path = resolve_model_dir(model)
     config = read_config(path)
+    state = read_weights(path, dtype, device)
+    return LoadedModel(path=path, config=config, state=state, tokenizer=ModelTokenizer(path), dtype=dtype)
+
+
+def read_weights(path: Path, dtype: str = "float32", device: str = "cpu") -> dict[str, "torch.Tensor"]:
+    """Every tensor of the folder's safetensors file(s) by name, in ``dtype`` on ``device``, read one at a
+    time (at most one tensor exists twice while loading)."""
+    from safetensors import safe_open
+
     td = torch_dtype(dtype)
     weight_map, files = _weight_files(path)
     state: dict[str, torch.Tensor] = {}
@@ -254,7 +262,7 @@ def load_model(model: str | Path | None = None, dtype: str = "float32", device: 
                 if weight_map is not None and weight_map.get(key) != name:
                     continue
                 state[key] = f.get_tensor(key).to(device=device, dtype=td)
-    return LoadedModel(path=path, config=config, state=state, tokenizer=ModelTokenizer(path), dtype=dtype)
+    return state
 
 
 def load_hf_model(model: str | Path | None = None, dtype: str = "float32") -> "PreTrainedModel":

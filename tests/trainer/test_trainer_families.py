@@ -171,5 +171,5 @@ def test_other_architectures_and_non_folders_are_refused(tmp_path: Path) -> None
 
 def test_the_embedded_model_loads_for_training() -> None:
     model = load_trainable(None)
-    assert type(model).__name__ == "LlamaForCausalLM" and model.training
+    assert type(model).__name__ == "LeanCausalLM" and model.training
     assert all(p.dtype == torch.float32 for p in model.parameters())

@@ -325,6 +325,11 @@ class RLConfig(_Section):
     train_device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
     """Where the trainer holds its model: "cpu", "cuda" or "cuda:N". Trainer only."""
 
+    train_implementation: Literal["lean", "transformers"] = "lean"
+    """The trainer's network: "lean" (this project's modules, no transformers import: about 2 s faster to
+    start) or "transformers" (AutoModelForCausalLM, the reference). Same parameter names, same outputs
+    (tests/trainer/test_lean_model.py). Trainer only."""
+
     micro_batch_tokens: int = Field(default=16384, ge=1)
     """Padded tokens (rows x longest row) per forward/backward of the trainer: bounds activation memory
     whatever the completion lengths (docs/training.md)."""
