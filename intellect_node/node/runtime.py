@@ -238,7 +238,7 @@ class NodeRuntime:
             if not reached and net.bootstrap:
                 boot = list(net.bootstrap)
                 self._bootstrap_task = self.spawn("bootstrap-retry", lambda: self._retry_bootstrap(boot),
-                                                  essential=False)
+                                                  essential=False, may_end=True)  # done once a peer is in
         self._status_task = self.spawn("status-peers", self._status_loop)
         control.write_control_file(self.data_dir, self.control_url, self._token)
         self.board.set_state("running")

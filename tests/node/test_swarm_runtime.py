@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -112,9 +114,11 @@ async def _aget(url: str, token: str | None = None) -> tuple[int, Any]:
     return await _ato(lambda: _get(url, token))
 
 
-def test_a_node_started_before_its_bootstrap_peer_reaches_it_once_that_peer_listens(tmp_path: Path) -> None:
+def test_a_node_started_before_its_bootstrap_peer_reaches_it_once_that_peer_listens(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Nodes launched together (a compose file, the learning benchmark): the joiner's first dial meets a
-    closed port, and its bootstrap retry (``runtime.BOOTSTRAP_RETRY_S``) reaches the peer once it is up."""
+    closed port, and its bootstrap retry (``runtime.BOOTSTRAP_RETRY_S``) reaches the peer once it is up,
+    then ends as a task that is done, not as one that died (no error in the operator's log)."""
     import socket
 
     from intellect_node.node.assembly import build_node
@@ -141,6 +145,12 @@ def test_a_node_started_before_its_bootstrap_peer_reaches_it_once_that_peer_list
                 assert boot.swarm.peer_id == boot_id
                 await wait_until(lambda: boot_id in joiner.swarm.connected_peers(), 60,
                                  what="the joiner's retry reaches the bootstrap peer")
+                retry = joiner._bootstrap_task
+                assert retry is not None
+                await asyncio.wait_for(retry, 60)  # it ends once a peer is connected
+                errors = [r.getMessage() for r in caplog.records
+                          if r.levelno >= logging.ERROR and r.name.startswith("intellect_node")]
+                assert errors == [], errors
             finally:
                 await boot.stop()
         finally:
