@@ -82,7 +82,7 @@ from intellect_node.roles.inbox import DuplicateRollouts, Inbox, JournalEntry, S
 from intellect_node.roles.policy import PolicyPublisher
 from intellect_node.roles.prefetch import Prefetch
 from intellect_node.roles.seams import RoleTasks, Runtime
-from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, read_optimizer, save_checkpoint
 from intellect_node.trainer.filtering import informative_groups
 from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.trainer.policy_weights import PolicyWeights
@@ -165,13 +165,18 @@ class Trainer:
         self.tokenizer = ModelTokenizer(model_dir(self.cfg))
         self.train_options = TrainOptions.from_section(self.rl)  # fp32 on the CPU unless the config says
         self.model = await asyncio.to_thread(load_trainable, model_dir(self.cfg), self.train_options)
-        self.opt = make_optimizer(self.model, self.rl.lr)
-        state = await asyncio.to_thread(load_checkpoint, self.dir / "checkpoints", self.model, self.opt)
+        ckpt = self.dir / "checkpoints"
+        state = await asyncio.to_thread(load_checkpoint, ckpt, self.model)
+        self.opt: torch.optim.Optimizer | None = None
         if state is None:
-            await asyncio.to_thread(save_checkpoint, self.dir / "checkpoints", self.model, self.opt,
+            # Version 0's checkpoint holds the weights alone: an optimizer has no state before its first
+            # step. Building one imports torch._dynamo (torch.optim does, about 1 s of one core here), so
+            # the training loop builds it while the first batches are made, after v0 is out.
+            await asyncio.to_thread(save_checkpoint, ckpt, self.model, None,
                                     TrainerState(version=0, extra={"journal_seq": self.journal.seq}))
             covered = self.journal.seq
         else:
+            self.opt = await asyncio.to_thread(self._optimizer, read_optimizer(ckpt))
             self.version, self.step, self.consumed = state.version, state.step, set(state.consumed)
             covered = int(state.extra.get("journal_seq", 0))
             log.info("resumed at policy v%d (step %d, %d batches consumed)", self.version, self.step,
@@ -449,6 +454,8 @@ class Trainer:
     # -- training --------------------------------------------------------------------------------
 
     async def _train_loop(self) -> None:
+        if self.opt is None:  # a fresh start (see start): built while the first batches are made
+            self.opt = await asyncio.to_thread(self._optimizer, None)
         t_mark = time.monotonic()
         while self.rl.max_steps is None or self.step < self.rl.max_steps:
             got = self.admission.take(self.version)
@@ -481,9 +488,17 @@ class Trainer:
         self._publishing = self.tasks.job(self._publish_in_background(self.version, snap),
                                           f"publishing policy v{self.version}")
 
+    def _optimizer(self, saved: dict[str, Any] | None) -> torch.optim.Optimizer:
+        """AdamW over the model, holding the checkpoint's optimizer state ``saved`` when there is one."""
+        opt = make_optimizer(self.model, self.rl.lr)
+        if saved is not None:
+            opt.load_state_dict(saved)
+        return opt
+
     def _train(self, samples: list[Sample]) -> tuple[StepStats, PolicyWeights]:
         """The optimizer step, then a copy of the new weights in canonical policy bytes (worker thread):
         what gets published while the next step moves the weights."""
+        assert self.opt is not None, "the training loop builds the optimizer before any step"
         stats = train_step(self.model, self.opt, samples, self.gcfg, temperature=self.rl.temperature,
                            micro_tokens=self.train_options.micro_batch_tokens,
                            compute_dtype=self.train_options.compute_dtype)
