@@ -11,21 +11,16 @@ import pytest
 from intellect_node.commands import doctor
 from intellect_node.p2p.swarm import Swarm
 from intellect_node.protocol.signing import SigningKey
+from tests.support.ports import free_port
 from tests.support.swarm import run, swarm_nodes
 
 STALE = "12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA"  # a peer ID nobody here has
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_doctor_tells_another_peer_id_from_a_host_that_is_down() -> None:
-    down = _free_port()
+    down = free_port()
 
     async def probe() -> tuple[str, list[doctor.Check]]:
         async with swarm_nodes(1) as (target,):

@@ -22,6 +22,7 @@ from intellect_node.node.ledger import Ledger
 from intellect_node.p2p.identity import ensure_data_dir, ensure_private_file, init_key
 from intellect_node.p2p.ports import check_listen_ports, fixed_ports
 from tests.support.common import CLI, run_cli
+from tests.support.ports import free_port
 from tests.support.wait import wait_for
 
 
@@ -29,10 +30,6 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- modes, in process ----------------------------------------------------------------------------

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,16 +19,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from intellect_node.p2p.liveness import EXIT_UNHEALTHY
 from tests.support.common import CLI, REPO
+from tests.support.ports import free_port
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slow
 LAUNCHER = str(REPO / "tests" / "support" / "liveness.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _status(data_dir: Path) -> dict[str, Any]:
@@ -54,7 +50,7 @@ def _metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def test_libp2p_restart_is_reported_and_an_unrestorable_one_exits_75(tmp_path: Path) -> None:
     d = tmp_path / "node"
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path / "node.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, LAUNCHER, "join", "--data-dir", str(d), "--headless",

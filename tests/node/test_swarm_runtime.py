@@ -15,6 +15,7 @@ from aiohttp import web
 
 from intellect_node.errors import ConfigError
 from intellect_node.node import control
+from tests.support.ports import free_port
 from tests.support.swarm import line, run, runtime_nodes
 from tests.support.wait import wait_until
 
@@ -119,15 +120,11 @@ def test_a_node_started_before_its_bootstrap_peer_reaches_it_once_that_peer_list
     """Nodes launched together (a compose file, the learning benchmark): the joiner's first dial meets a
     closed port, and its bootstrap retry (``runtime.BOOTSTRAP_RETRY_S``) reaches the peer once it is up,
     then ends as a task that is done, not as one that died (no error in the operator's log)."""
-    import socket
-
     from intellect_node.node.assembly import build_node
     from intellect_node.node.config import build_config
     from intellect_node.p2p.identity import init_key
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     boot_id = init_key(tmp_path / "boot").peer_id
     net = {"heartbeat_interval": 2.0, "peer_timeout": 8.0, "http_host": "127.0.0.1"}
     boot_addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{boot_id}"

@@ -247,16 +247,13 @@ def test_a_node_started_before_its_bootstrap_peer_joins_once_it_is_up(tmp_path: 
     # Nodes behind NAT and their bootstrap node often start together (the NAT node test starts five at
     # once); the first dial fails, the runtime retries it (runtime.BOOTSTRAP_RETRY_S), and py-libp2p's
     # 60 s dial negative cache must not refuse those retries (host.P2PHost.connect clears it).
-    import socket
-
     from intellect_node.node.config import build_config
     from intellect_node.node.runtime import NodeRuntime
     from intellect_node.p2p import identity
+    from tests.support.ports import free_port
     from tests.support.swarm import run
 
-    with socket.socket() as s:  # a free port for the bootstrap node, known before it starts
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # for the bootstrap node, known before it starts
     boot_key = identity.init_key(tmp_path / "boot")
     boot_addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{boot_key.peer_id}"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from intellect_node.commands.join import build_node_config
 from intellect_node.errors import ConfigError
 from intellect_node.protocol.signing import SigningKey
 from tests.support.common import run_cli
+from tests.support.ports import free_port
 from tests.support.swarm import NodeProcess
 from tests.support.wait import wait_for
 
@@ -21,11 +21,7 @@ HB = ["--heartbeat-interval", "0.5", "--peer-timeout", "2"]
 
 
 def _dead_addr() -> str:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return f"/ip4/127.0.0.1/tcp/{port}/p2p/{SigningKey.generate().peer_id}"
+    return f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{SigningKey.generate().peer_id}"
 
 
 def _peer_state(node: NodeProcess, peer: str) -> str:

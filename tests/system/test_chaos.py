@@ -41,6 +41,7 @@ import pytest
 from intellect_node.fsutil import read_jsonl
 from intellect_node.testing.netns import Topology, http_get_in, netns_unavailable_reason
 from tests.support.common import CLI
+from tests.support.ports import free_port
 from tests.support.roles import ENV, make_key, write_config
 from tests.support.wait import wait_for
 
@@ -220,7 +221,7 @@ class Swarm:
             if topo is not None:
                 self.nodes[name] = Node(name, root, topo.public_ns[i], topo.public_ip(i), PORT)
             else:
-                self.nodes[name] = Node(name, root, None, "127.0.0.1", _free_port())
+                self.nodes[name] = Node(name, root, None, "127.0.0.1", free_port())
         ids = {n: node.peer_id for n, node in self.nodes.items()}
         for node in self.nodes.values():
             write_config(node.data_dir, trainer=ids["trainer"], validators=[ids["validator"]],
@@ -346,12 +347,6 @@ class Swarm:
             node.stop()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
