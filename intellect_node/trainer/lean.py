@@ -4,7 +4,7 @@ Why: importing transformers' model code and building a model through ``from_pret
 trainer about 2.4 s of one core at start (measured on this project's 2-core machine: the import 1.0 s,
 the load 1.4 s, for the embedded 1M-parameter model), and a trainer's start is the swarm's critical path
 to its first step. This module builds the same network from ``config.json`` and the safetensors in
-about 0.1 s.
+about 0.01 s.
 
 What it computes is what ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM`` and
 ``Qwen3ForCausalLM`` compute, from the same :mod:`models.families` description the inference decoder
@@ -199,9 +199,6 @@ class LeanCausalLM(nn.Module):
         device = input_ids.device
         if position_ids is None:
             position_ids = torch.arange(T, device=device).unsqueeze(0).expand(B, T)
-        if int(position_ids.max()) >= self.arch.max_positions:
-            raise ConfigError(f"a sequence reaches position {int(position_ids.max())}; the model has "
-                              f"{self.arch.max_positions}", field="max_new_tokens")
         x = self.model.embed_tokens(input_ids)
         inv: torch.Tensor = self.inv_freq
         with torch.autocast(device_type=device.type, enabled=False):  # angles in float32, as transformers
