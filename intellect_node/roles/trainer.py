@@ -176,7 +176,7 @@ class Trainer:
                                     TrainerState(version=0, extra={"journal_seq": self.journal.seq}))
             covered = self.journal.seq
         else:
-            self.opt = await asyncio.to_thread(self._optimizer, read_optimizer(ckpt))
+            self.opt = await asyncio.to_thread(self._optimizer, ckpt)
             self.version, self.step, self.consumed = state.version, state.step, set(state.consumed)
             covered = int(state.extra.get("journal_seq", 0))
             log.info("resumed at policy v%d (step %d, %d batches consumed)", self.version, self.step,
@@ -455,7 +455,7 @@ class Trainer:
 
     async def _train_loop(self) -> None:
         if self.opt is None:  # a fresh start (see start): built while the first batches are made
-            self.opt = await asyncio.to_thread(self._optimizer, None)
+            self.opt = await asyncio.to_thread(self._optimizer)
         t_mark = time.monotonic()
         while self.rl.max_steps is None or self.step < self.rl.max_steps:
             got = self.admission.take(self.version)
@@ -488,9 +488,11 @@ class Trainer:
         self._publishing = self.tasks.job(self._publish_in_background(self.version, snap),
                                           f"publishing policy v{self.version}")
 
-    def _optimizer(self, saved: dict[str, Any] | None) -> torch.optim.Optimizer:
-        """AdamW over the model, holding the checkpoint's optimizer state ``saved`` when there is one."""
+    def _optimizer(self, ckpt: Path | None = None) -> torch.optim.Optimizer:
+        """AdamW over the model, holding the optimizer state of the latest checkpoint under ``ckpt`` when it
+        has one (worker thread: the state is read here, off the event loop)."""
         opt = make_optimizer(self.model, self.rl.lr)
+        saved = read_optimizer(ckpt) if ckpt is not None else None
         if saved is not None:
             opt.load_state_dict(saved)
         return opt

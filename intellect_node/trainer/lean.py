@@ -190,7 +190,7 @@ class LeanCausalLM(nn.Module):
         window = None
         if self.arch.sliding_window is not None and any(self.arch.sliding_layers):
             band = (slot.view(T, 1) - slot.view(1, T)) < self.arch.sliding_window
-            window = ((allowed & band) | torch.eye(T, dtype=torch.bool, device=device)).unsqueeze(1)
+            window = (allowed & band).unsqueeze(1)  # the diagonal stays: every row keeps its own slot
         return full, window
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,

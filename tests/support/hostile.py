@@ -173,6 +173,7 @@ def _main(mode: str, data_dir: Path) -> int:
         return run_custom_node(data_dir, "validator", [lambda rt: Stamp(rt, outsider=outsider)], common=False)
     raise SystemExit(f"unknown mode {mode!r}")
 
+
 if __name__ == "__main__":
     if len(sys.argv) != 3:
         sys.exit(f"usage: {sys.argv[0]} flood|tarpit|stamp|stamp-outsider DATA_DIR")
