@@ -9,7 +9,8 @@ delete what the new version fixed. Importing this module refuses any other versi
 What is here:
 
 - :func:`apply_fixes` (class-level patches, idempotent, before any host runs): yamux window credits per
-  half window; yamux writes whole messages atomically and reset a stream whose write failed part-way;
+  half window; a peer that sends past a yamux receive window loses its connection; yamux writes whole
+  messages atomically and reset a stream whose write failed part-way;
   connection tasks (yamux read loop, stream accept loop) that fail end their connection, not the swarm;
   pubsub's per-peer tasks contain their failures; a stale pubsub stream's failure never tears down the
   stream that replaced it; pubsub's per-peer outbound queue is deeper than the stock 32 RPCs and sends
@@ -115,6 +116,15 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "tests/p2p/test_libp2p_compat.py::test_stock_yamux_write_interleaves_concurrent_messages",
         "not reported", "upstream holds a per-stream lock for the whole message and resets a stream "
         "whose write failed part-way (the test then fails: the stock write no longer interleaves)"),
+    Workaround(
+        "yamux-receive-window", "apply_fixes: YamuxStream.recv_window, Yamux.handle_incoming",
+        "DATA past the receive window a peer was granted is logged, the window clamped to 0 and the bytes "
+        "buffered anyway, without end, on a stream nobody reads; go-yamux closes such a connection",
+        "40 frames of 256 KiB on a stream whose handler had returned: 10 MiB held on one stream, the "
+        "connection kept (an experiment on 0.8.1); repeated, any peer could exhaust a node's memory",
+        "tests/p2p/test_libp2p_fuzz.py::test_a_peer_that_sends_past_its_receive_window_loses_its_connection",
+        "not reported", "upstream closes a connection whose peer exceeds a receive window (GO_AWAY, "
+        "protocol error)"),
     Workaround(
         "stream-containment", "contain_streams (p2p/guard.py): the network's common stream handler",
         "an exception a stream handler does not catch escapes to the connection's nursery and stops the "
@@ -369,6 +379,9 @@ def apply_fixes() -> None:
     _applied = True
     _patch(_yamux.YamuxStream, "_auto_tune_and_send_window_update", _window_update)
     _patch(_yamux.YamuxStream, "write", _atomic_write)
+    _STOCK.setdefault("YamuxStream.recv_window", None)  # a plain instance attribute before
+    _yamux.YamuxStream.recv_window = _ReceiveWindow()  # type: ignore[assignment]
+    _patch(_yamux.Yamux, "handle_incoming", _enforce_receive_window)
     _patch(SwarmConn, "start", guard.contained_connection_task(SwarmConn.start, "stream accept loop"))
     _patch(_yamux.Yamux, "start", guard.contained_connection_task(_yamux.Yamux.start, "yamux read loop"))
     _patch(Pubsub, "write_msg", _write_msg)
@@ -403,6 +416,57 @@ async def _window_update(self: Any, *, bytes_read: int = 0) -> None:
         self.recv_window += delta
         increment = delta + self._apply_autotune_epoch(buffered)
     await self.send_window_update(increment)
+
+
+class _ReceiveWindow:
+    """``YamuxStream.recv_window`` that notices a peer sending past the window it was granted.
+
+    The stock read loop subtracts each DATA frame from the stream's receive window and, when that goes
+    below zero, logs a warning, clamps it to zero and buffers the bytes anyway: a peer that ignores flow
+    control grows a stream nobody reads by up to 16 MiB a frame, without end. Every place the loop
+    subtracts (DATA, SYN+DATA, ACK+DATA) assigns the result here, so one data descriptor sees them all.
+    A negative result marks the connection as exceeded and stops its read loop after that frame
+    (:func:`_enforce_receive_window` then closes it): the most held beyond the window is one frame.
+    Our own credits never exceed it: the window is raised here before the WINDOW_UPDATE goes out."""
+
+    def __get__(self, stream: Any, owner: type | None = None) -> Any:
+        if stream is None:
+            return self
+        return stream.__dict__.get("_recv_window", 0)
+
+    def __set__(self, stream: Any, value: int) -> None:
+        if value < 0:
+            muxer = stream.conn
+            if getattr(muxer, "_window_exceeded", None) is None:
+                muxer._window_exceeded = (stream.stream_id, -value)
+            muxer.event_shutting_down.set()  # the read loop ends after this frame
+            value = 0
+        stream.__dict__["_recv_window"] = value
+
+
+async def _enforce_receive_window(self: Any) -> None:
+    """``Yamux.handle_incoming`` that closes the connection of a peer that exceeded a receive window.
+
+    go-yamux does the same (ErrRecvWindowExceeded: GO_AWAY with a protocol error, then close). The
+    rejection is recorded against the peer through the host's containment (p2p/guard.py)."""
+    await _STOCK["Yamux.handle_incoming"](self)
+    exceeded = getattr(self, "_window_exceeded", None)
+    if exceeded is None:
+        return
+    stream_id, excess = exceeded
+    peer = self.peer_id.to_base58() if self.peer_id is not None else ""
+    log.warning("peer %s sent %d bytes beyond the receive window of stream %d: closing its connection",
+                peer or "?", excess, stream_id)
+    owner = getattr(self.on_close, "__self__", None)  # the SwarmConn that set on_close
+    guard.reject_reason(getattr(owner, "swarm", None), peer,
+                        f"yamux: {excess} bytes beyond the receive window of stream {stream_id}")
+    with trio.CancelScope(shield=True), trio.move_on_after(RESET_TIMEOUT_S):
+        try:
+            await self._write_frame(struct.pack(_yamux.YAMUX_HEADER_FORMAT, 0, _yamux.TYPE_GO_AWAY, 0, 0,
+                                                _yamux.GO_AWAY_PROTOCOL_ERROR))
+        except Exception as exc:  # the connection may be gone already: closing it is what matters
+            log.debug("GO_AWAY to %s: %r", peer, exc)
+    await self._cleanup_on_error()  # as the stock loop's own error paths end
 
 
 class _WindowTimeout(MuxedStreamError):

@@ -108,10 +108,10 @@ def containment_of(network: Any) -> Containment | None:
 
 
 def _reject(network: Any, peer: str, what: str, exc: BaseException) -> None:
-    _reject_reason(network, peer, f"{what}: {describe(exc)}")
+    reject_reason(network, peer, f"{what}: {describe(exc)}")
 
 
-def _reject_reason(network: Any, peer: str, reason: str) -> None:
+def reject_reason(network: Any, peer: str, reason: str) -> None:
     c = containment_of(network)
     if c is not None and peer:
         try:
@@ -161,7 +161,7 @@ def contain_streams(host: Any, on_reject: OnReject, is_banned: Callable[[str], b
 
         async def guarded(stream: Any) -> None:
             def bad(reason: str) -> None:
-                _reject_reason(network, _peer_of_stream(stream), f"{protocol}: {reason}")
+                reject_reason(network, _peer_of_stream(stream), f"{protocol}: {reason}")
 
             await inner_handler(GuardedStream(stream, framing, bad))
 

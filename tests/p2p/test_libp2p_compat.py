@@ -279,6 +279,52 @@ def test_a_failing_connection_task_ends_only_its_connection() -> None:
     trio.run(main)
 
 
+def test_honest_bulk_streams_to_slow_readers_stay_within_the_receive_window() -> None:
+    """The receive-window check closes a connection at the first byte past the window
+    (yamux-receive-window), so our own credits must never grant more than the window holds: several
+    concurrent streams of 4 MiB each, written in 1 MiB messages (the window auto-tunes up) to readers that
+    take 8 KiB at a time and pause, arrive intact on the same connection."""
+    compat.apply_fixes()
+    a, b, listen, info = _pair()
+    proto = "/intellect-test/bulk/1.0.0"
+    payloads = [os.urandom(4 * 1024 * 1024) for _ in range(4)]
+    got: dict[int, bytes] = {}
+
+    async def main() -> None:
+        async def reader(stream: Any) -> None:
+            head = await stream.read(1)
+            buf = bytearray()
+            while len(buf) < len(payloads[0]):
+                buf += await stream.read(8192)
+                if len(buf) % (256 * 1024) < 8192:
+                    await trio.sleep(0.002)
+            got[head[0]] = bytes(buf)
+
+        async with a.run(listen), b.run(listen):
+            a.set_stream_handler(proto, reader)
+            await b.connect(info(a.get_addrs()[0]))
+
+            async def send(i: int) -> None:
+                s = await b.new_stream(a.get_id(), [proto])
+                await s.write(bytes([i]))
+                for k in range(0, len(payloads[i]), 1 << 20):
+                    await s.write(payloads[i][k:k + (1 << 20)])
+
+            with trio.fail_after(120):
+                async with trio.open_nursery() as nursery:
+                    for i in range(len(payloads)):
+                        nursery.start_soon(send, i)
+                while len(got) < len(payloads):
+                    await trio.sleep(0.01)
+            muxers = [h.get_network().get_connections(p)[0].muxed_conn
+                      for h, p in ((a, b.get_id()), (b, a.get_id()))]
+            assert [getattr(m, "_window_exceeded", None) for m in muxers] == [None, None]
+            assert not any(m.is_closed for m in muxers)
+
+    trio.run(main)
+    assert [got[i] == payloads[i] for i in range(len(payloads))] == [True] * len(payloads)
+
+
 def test_stock_pubsub_outbound_queue_rejects_past_32_rpcs() -> None:
     """Pubsub builds each peer's queue with no size, so the stock one refuses the 33rd queued RPC (a burst
     a stalled forwarder accepted is lost); ours, the one pubsub now builds, holds PEER_OUTBOUND_QUEUE."""

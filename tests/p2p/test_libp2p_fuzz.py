@@ -324,3 +324,51 @@ def _info(addr: str) -> Any:
     from multiaddr import Multiaddr
 
     return info_from_p2p_addr(Multiaddr(addr))
+
+
+def test_a_peer_that_sends_past_its_receive_window_loses_its_connection(tmp_path: Path) -> None:
+    """Yamux flow control is the only bound on what a peer can make the node buffer for a stream nobody
+    reads. The stock read loop logged a warning and buffered on (10 MiB on one stream, connection kept,
+    in an experiment with 40 frames of 256 KiB); the node now closes the connection at the first frame
+    past the window and holds it against the sender."""
+    from libp2p.network.stream.exceptions import StreamEOF
+
+    frame = 256 * 1024
+
+    async def main() -> None:
+        async with target_and_honest(tmp_path / "nodes") as (target, honest):
+            async with Attackers(target.swarm.listen_addrs()[0]) as attackers:
+                async def fn(host: Any, tid: Any) -> int:
+                    # A real stream whose handler has written and closed its side (node info): nothing on
+                    # the target reads it again, so only the window bounds what it holds.
+                    stream = await host.new_stream(tid, [INFO])
+                    with trio.fail_after(10):
+                        try:
+                            while await stream.read(1 << 16):
+                                pass
+                        except StreamEOF:  # the info is written and the target's side closed
+                            pass
+                    muxed = stream.muxed_stream
+                    sent = 0
+                    with trio.move_on_after(10):
+                        try:
+                            for _ in range(40):  # 10 MiB, ignoring the window the target granted
+                                await muxed.conn._write_frame(
+                                    yamux_frame(0, 0, muxed.stream_id, frame, bytes(frame)))
+                                sent += 1
+                        except Exception:  # the target closed on us: what the test wants
+                            pass
+                        while tid in host.get_network().connections:
+                            await trio.sleep(0.05)
+                    assert tid not in host.get_network().connections, "the target kept the connection"
+                    return sent
+
+                attacker, _sent = await attackers.run(fn)
+            count, reasons = target.swarm.peerbook.rejections(attacker)
+            beyond = [r for r in reasons if r.startswith("yamux:")]
+            assert len(beyond) == 1, reasons
+            excess = int(beyond[0].split()[1])
+            assert 0 < excess <= frame, beyond  # caught at the first frame past the window
+            await assert_serves(target, honest, "after a window overrun", tmp_path)
+
+    run(main(), 180)
