@@ -14,6 +14,8 @@ the library hands work to code that reads peer input:
   sender. For those protocols the dispatcher hands the handler a stream that checks each of the first
   frames it reads (varint length within the protocol's limit, a protobuf of the protocol's message type)
   before the handler sees it; a malformed frame resets the stream and is recorded against the peer.
+- :data:`MAX_INBOUND_STREAMS`: a connection's inbound streams still open to input are capped; the next
+  is reset before negotiation and recorded against the peer.
 - :func:`contained_connection_task`: a connection task that fails closes its own connection.
 - :func:`contained_peer_task`: pubsub's per-message and per-peer tasks.
 
@@ -136,6 +138,46 @@ async def _reset(stream: Any) -> None:
         log.debug("reset: %r", exc)
 
 
+MAX_INBOUND_STREAMS = 256
+"""Inbound streams one connection may hold open (the peer has not closed its side) at once; the next is
+reset before negotiation and recorded against the peer. Each can hold up to its yamux receive window
+(256 KiB until its reader reads) that nobody may ever read: a handler that returned, a protocol that only
+writes. 256 bounds that at 64 MiB a connection; the stock library bounds it nowhere. An honest node
+keeps a few open (gossip, a DHT query or two, chunk requests, relayed circuits); go-libp2p's resource
+manager and rust-yamux cap streams per peer or connection likewise."""
+
+_inbound: "weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]]" = weakref.WeakKeyDictionary()
+"""Muxed connection -> its inbound muxed streams dispatched and, when last looked at, open to input."""
+
+
+def _receiving(muxed_stream: Any) -> bool:
+    """Whether the peer may still send on a muxed stream (yamux flags; what is already buffered stays
+    bounded by the window)."""
+    return not (getattr(muxed_stream, "recv_closed", True) or getattr(muxed_stream, "closed", True)
+                or getattr(muxed_stream, "reset_received", True))
+
+
+def _admit(stream: Any) -> bool:
+    """Count ``stream`` against its connection's :data:`MAX_INBOUND_STREAMS`; False when it is over.
+
+    Counted by muxed stream: the muxer holds it until both sides are done, while the ``NetStream`` may be
+    collected as soon as its handler returns."""
+    conn, ms = getattr(stream, "muxed_conn", None), getattr(stream, "muxed_stream", None)
+    if conn is None or ms is None:
+        return True
+    try:
+        live = _inbound.setdefault(conn, weakref.WeakSet())
+        for s in list(live):
+            if not _receiving(s):
+                live.discard(s)
+        if len(live) >= MAX_INBOUND_STREAMS:
+            return False
+        live.add(ms)
+    except TypeError:  # not weak-referenceable: not a connection we can count
+        pass
+    return True
+
+
 def contain_streams(host: Any, on_reject: OnReject, is_banned: Callable[[str], bool]) -> None:
     """Route every inbound stream of ``host`` through the containment dispatcher (call once, before
     the host runs). Uses only public API: ``network.set_stream_handler`` and ``host.get_mux()``."""
@@ -172,6 +214,11 @@ def contain_streams(host: Any, on_reject: OnReject, is_banned: Callable[[str], b
     async def dispatch(stream: Any) -> None:
         peer = _peer_of_stream(stream)
         if peer and is_banned(peer):
+            await _reset(stream)
+            return
+        if not _admit(stream):
+            reject_reason(network, peer, f"streams: more than {MAX_INBOUND_STREAMS} inbound streams open "
+                                         "on one connection")
             await _reset(stream)
             return
         try:

@@ -372,3 +372,43 @@ def test_a_peer_that_sends_past_its_receive_window_loses_its_connection(tmp_path
             await assert_serves(target, honest, "after a window overrun", tmp_path)
 
     run(main(), 180)
+
+
+def test_a_peer_that_holds_too_many_streams_open_gets_the_next_ones_reset(tmp_path: Path) -> None:
+    """Each inbound stream may hold up to its receive window that nobody reads; only a cap on the streams
+    a connection holds open bounds the total. 300 raw SYNs, each negotiating node info (whose handler
+    writes and returns) and never closed: the streams past guard.MAX_INBOUND_STREAMS are reset and held
+    against the sender, the target keeps serving."""
+    from intellect_node.p2p.guard import MAX_INBOUND_STREAMS
+
+    n = MAX_INBOUND_STREAMS + 44
+    hello = b"\x13/multistream/1.0.0\n"
+    ask = _varint(len(INFO) + 1) + INFO.encode() + b"\n"
+
+    async def main() -> None:
+        async with target_and_honest(tmp_path / "nodes") as (target, honest):
+            book = target.swarm.peerbook
+            async with Attackers(target.swarm.listen_addrs()[0]) as attackers:
+                async def fn(host: Any, tid: Any) -> int:
+                    muxer = host.get_network().get_connections(tid)[0].muxed_conn
+                    me = host.get_id().to_base58()
+                    for i in range(n):  # odd IDs: the dialer's; far above what its own streams use
+                        sid = 10_001 + 2 * i
+                        await muxer._write_frame(yamux_frame(1, 0x1, sid, 0))
+                        await muxer._write_frame(yamux_frame(0, 0, sid, len(hello + ask), hello + ask))
+                    await wait_until_trio(lambda: book.rejections(me)[0] >= n - MAX_INBOUND_STREAMS, 60)
+                    return len(muxer.streams)
+
+                attacker, _held = await attackers.run(fn)
+            count, reasons = book.rejections(attacker)
+            assert count == n - MAX_INBOUND_STREAMS, (count, reasons[:3])
+            assert all(r.startswith("streams:") for r in reasons), reasons[:3]
+            await assert_serves(target, honest, "after a stream flood", tmp_path)
+
+    run(main(), 180)
+
+
+async def wait_until_trio(cond: Any, timeout: float) -> None:
+    with trio.fail_after(timeout):
+        while not cond():
+            await trio.sleep(0.05)
