@@ -12,6 +12,8 @@ on is tried again at the next repeat. The role gets every version obtained as ``
 checkpoint)``, and at start the version already held on disk.
 
 Policy blobs come from the trainer first (it holds every one), the DHT second (``HintedFetcher``).
+Version 0 is built from the node's own copy of the run's model folder when its hash is the trainer's
+(``PolicyFollower``'s ``base``): at a run's start no node fetches the whole model.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, announcement_validator
 from intellect_node.protocol.topics import topic
-from intellect_node.roles.common import MAX_POLICY_BYTES, HintedFetcher, require_trainer
+from intellect_node.roles.common import MAX_POLICY_BYTES, HintedFetcher, model_dir, require_trainer
 from intellect_node.roles.policy import ObtainResult, PolicyFollower
 from intellect_node.roles.seams import RoleTasks, Runtime
 from intellect_node.trainer.policy_weights import PolicyWeights
@@ -56,7 +58,8 @@ class TrainerPolicy:
         self.follower = PolicyFollower(directory, fetcher.holding([self.trainer]), run_id=self.run_id,
                                        trainer=self.trainer, max_checkpoint_bytes=MAX_POLICY_BYTES,
                                        board=runtime.board, on_reject=runtime.swarm.peerbook.record_rejection,
-                                       on_passing=on_version, keep_passing=keep_passing)
+                                       on_passing=on_version, keep_passing=keep_passing,
+                                       base=_initial_policy(model_dir(runtime.config)))
 
     @property
     def version(self) -> int | None:
@@ -83,3 +86,12 @@ class TrainerPolicy:
     async def _obtained(self, res: ObtainResult) -> None:
         await self._on_version(res.version, res.checkpoint)
         log.info("policy v%d loaded (%s, %d bytes fetched)", res.version, res.path, res.bytes_fetched)
+
+
+def _initial_policy(model: Path) -> Callable[[Path], PolicyWeights]:
+    def build(dest: Path) -> PolicyWeights:
+        from intellect_node.trainer.model import initial_policy
+
+        return initial_policy(model, dest)  # type: ignore[no-any-return]
+
+    return build

@@ -24,6 +24,15 @@ differs) it fetches the latest full checkpoint and walks the chain from there. A
 after its bytes hash to the announced hash, whichever path produced them; it is persisted (checkpoint
 file, then the ``CURRENT`` pointer, both atomic) before ``obtain`` returns.
 
+Version 0 from the model folder: a fresh trainer publishes, as version 0, the run's model as it loaded
+it (fp32, the trainer's tensor names), and every worker and validator holds that model folder already.
+Given ``base`` (a function writing that file from the local folder, ``trainer.model.initial_policy``),
+a follower that holds no version builds it in a worker thread as soon as it hears a chain that starts
+at version 0 (not before: a node joining a run further on never needs it, and for a large model it is
+the whole model written to disk) and, when its hash is the announced one, walks the chain from it
+instead of fetching the full checkpoint (path ``"local"``). Any other hash (another model, another
+dtype) or a chain whose anchor is later fetches as before; the hash check is the same either way.
+
 Shortcuts: old chunks stay in the blob store (the blob layer does not collect garbage yet); a delta
 chain that fails from the full checkpoint too leaves the node on its old version until the next
 announcement (the next anchor at the latest) instead of asking the trainer for an extra full copy.
@@ -84,6 +93,8 @@ log = logging.getLogger(__name__)
 
 POLICY_DIR = "policy"
 CURRENT = "CURRENT"
+BASE_FILE = "base-v0.safetensors"
+"""Version 0 as built from the local model folder, until it is held (or found to differ)."""
 PUBLISHER_STATE = "publisher.json"
 FOLLOW_RETRIES = 3
 DEFAULT_FULL_EVERY = 8
@@ -287,7 +298,9 @@ class PolicyPublisher:
 class ObtainResult:
     version: int
     checkpoint: PolicyWeights
-    path: str  # "current" (already held), "delta", "full" (full checkpoint, then any deltas), "stale"
+    path: str
+    """"current" (already held), "delta", "full" (full checkpoint, then any deltas), "local" (version 0
+    from the model folder, then any deltas), "stale"."""
     bytes_fetched: int = 0
     deltas_applied: int = 0
     fallback: str = ""  # why the delta path was not taken or failed; empty when it was not needed
@@ -315,14 +328,17 @@ class PolicyFollower:
                  max_checkpoint_bytes: int, board: StatusBoard | None = None,
                  on_reject: Callable[[str, str], object] | None = None,
                  on_passing: Callable[[int, PolicyWeights], Awaitable[None]] | None = None,
-                 keep_passing: int = 0) -> None:
+                 keep_passing: int = 0, base: Callable[[Path], PolicyWeights] | None = None) -> None:
         """``on_passing(version, checkpoint)`` is awaited for each version a chain walk passes through on
         its way to the announced one, for the ``keep_passing`` versions just before it (a validator
         judges batches of the last ``async_level`` versions too: without this, a version superseded
         while the follower was busy would never be held, and every batch made on it would be refused).
         Each such checkpoint hashed to the announced ``target_hash`` of its link before it is passed.
         :meth:`follow` then also obtains, oldest first, each version offered within that window before the
-        newest (one the walk cannot pass through: the one before an anchor)."""
+        newest (one the walk cannot pass through: the one before an anchor).
+
+        ``base(path)`` writes version 0 as the trainer would publish it from the local model folder and
+        returns it (see the module docstring); :meth:`prepare_base` starts it."""
         if max_checkpoint_bytes <= 0:
             raise ConfigError("max_checkpoint_bytes must be positive", field="max_checkpoint_bytes")
         self.root = Path(root)
@@ -347,6 +363,8 @@ class PolicyFollower:
         """The last version obtained (its ``timings`` say where the time went)."""
         self.version: int | None = None
         self.checkpoint: PolicyWeights | None = None
+        self._base = base
+        self._base_task: asyncio.Future[PolicyWeights] | None = None
         self._load_current()
 
     @property
@@ -368,6 +386,7 @@ class PolicyFollower:
             log.warning("held policy in %s unusable (%s); starting without one", self.root, exc)
             return
         self.version, self.checkpoint = int(cur["version"]), ckpt
+        (self.root / BASE_FILE).unlink(missing_ok=True)  # left by a build that a crash interrupted
         if self._board is not None:
             self._board.set_policy(local=self.version)
 
@@ -392,9 +411,15 @@ class PolicyFollower:
             self._clock = clock
             result = await self._by_delta(ann)
             if result.path != "delta":
-                result = await self._by_full(ann, result)
+                base = await self._local_base(ann) if held is None else None
+                if base is not None:
+                    result = await self._from_base(ann, base, result)
+                else:
+                    result = await self._by_full(ann, result)
             await asyncio.to_thread(self._persist, result.version, result.checkpoint)
             clock.lap("persist_s")
+            if self._base_task is not None:  # a version is held: the base is never needed again
+                self._drop_base()
             result.timings = clock.laps
             self.last = result
             self.version, self.checkpoint = result.version, result.checkpoint
@@ -412,6 +437,8 @@ class PolicyFollower:
             newest = max(self._offered)
             for v in [v for v in self._offered if v < newest - self._keep_passing]:
                 del self._offered[v]
+        if ann.full_version == 0:  # a chain from version 0: the base may serve, start on it now
+            self.prepare_base()
         if self._pending is None or ann.version > self._pending.version:
             self._pending = ann
             self._wake.set()
@@ -503,6 +530,58 @@ class PolicyFollower:
             await self._passing(ann, ann.full_version, full)
         out.checkpoint = await self._walk(ann, ann.full_version, full, out)
         out.path = "full"
+        return out
+
+    def prepare_base(self) -> None:
+        """Start building version 0 from the model folder (in a worker thread) when this follower holds
+        no version and was given ``base``; ``obtain`` uses it if the trainer's version 0 hashes the same."""
+        if self._base is None or self._base_task is not None or self.version is not None:
+            return
+        build, path = self._base, self.root / BASE_FILE
+
+        def run() -> PolicyWeights:
+            ckpt = build(path)
+            if self._base is not build:  # dropped while it was written
+                path.unlink(missing_ok=True)
+            return ckpt
+
+        self._base_task = asyncio.ensure_future(asyncio.to_thread(run))
+        # Retrieved here too, so a build that fails while nothing awaits it is not reported as lost.
+        self._base_task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _local_base(self, ann: PolicyAnnouncement) -> PolicyWeights | None:
+        """Version 0 from the model folder when ``ann``'s chain starts at version 0 and it hashes to
+        the announced hash; None otherwise (then it is not tried again)."""
+        if self._base is None or ann.full_version != 0:
+            return None
+        self.prepare_base()
+        assert self._base_task is not None
+        try:
+            base = await self._base_task
+        except Exception as exc:  # a folder the engine loaded but the trainer's loader refuses, a full disk
+            log.warning("version 0 not built from the model folder (%s); fetching it", exc)
+            self._drop_base()
+            return None
+        if base.content_hash != ann.full_hash:
+            log.info("the model folder's weights are not the trainer's version 0 (%s, announced %s); "
+                     "fetching it", base.content_hash, ann.full_hash)
+            self._drop_base()
+            return None
+        return base
+
+    def _drop_base(self) -> None:
+        """Never use the local base again (a version is held, or it differs); its file goes."""
+        if self._base_task is not None and not self._base_task.done():
+            self._base_task.cancel()  # the thread finishes its write; the file is removed below anyway
+        self._base, self._base_task = None, None
+        (self.root / BASE_FILE).unlink(missing_ok=True)  # a mapping of it stays valid while used
+
+    async def _from_base(self, ann: PolicyAnnouncement, base: PolicyWeights,
+                         out: ObtainResult) -> ObtainResult:
+        self._clock.lap("base_s")
+        await self._passing(ann, 0, base)
+        out.checkpoint = await self._walk(ann, 0, base, out)
+        out.path = "local"
         return out
 
     async def _passing(self, ann: PolicyAnnouncement, version: int, ckpt: PolicyWeights) -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,6 +190,18 @@ def load_trainable(model: str | Path | None = None, options: TrainOptions | None
     return m
 
 
+def initial_policy(model: str | Path | None, dest: str | os.PathLike[str]) -> Any:
+    """Write version 0 of a run on ``model`` to ``dest``, as a fresh trainer publishes it: the weights
+    :func:`load_trainable` gives (fp32, this project's network and its tensor names, which are
+    transformers'), in the canonical policy format. Returns the file mapped (a ``PolicyWeights``).
+
+    Followers build it from their own copy of the model folder and use it when its hash is the one the
+    trainer announced (``roles/policy.py``), instead of fetching the whole checkpoint."""
+    from intellect_node.trainer.policy_weights import PolicyWeights
+
+    return PolicyWeights.write(dest, load_trainable(model, TrainOptions()).state_dict())
+
+
 __all__ = ["TRAINABLE_MODEL_TYPES", "TRAIN_DTYPES", "TRAIN_IMPLEMENTATIONS", "TrainOptions", "autocast",
-           "check_model_type", "enable_checkpointing", "is_checkpointing", "load_trainable", "model_device",
-           "trainable_model_dir"]
+           "check_model_type", "enable_checkpointing", "initial_policy", "is_checkpointing", "load_trainable",
+           "model_device", "trainable_model_dir"]

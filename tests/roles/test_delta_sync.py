@@ -20,6 +20,7 @@ from intellect_node.roles.policy import PolicyFollower, PolicyPublisher
 from intellect_node.trainer.delta import encode_delta, read_delta
 from intellect_node.trainer.policy_weights import PolicyWeights
 from tests.support.delta import policy_versions
+from tests.support.wait import wait_until
 
 torch.set_num_threads(1)
 RUN = "delta-test"
@@ -331,6 +332,70 @@ def test_policy_files_published_in_the_configured_chunk_size(tmp_path: Path,
             assert m1 is not None and len(m1.chunks) <= 2 and m1.chunk_size >= 4096
             got = await _follower(tmp_path, "a", a, trainer.key.peer_id).obtain(ann1)
             assert bytes(got.checkpoint.to_bytes()) == bytes(versions[1].to_bytes())
+        finally:
+            for p in peers:
+                await p.stop()
+
+    asyncio.run(main())
+
+
+def test_version_0_is_built_from_the_model_folder_when_it_hashes_as_the_trainers(tmp_path: Path) -> None:
+    """A fresh trainer's version 0 is the run's model as it loads it; a follower holding the same model
+    folder builds those bytes itself and fetches only the deltas after it. A folder that differs, a build
+    that fails, or a chain that no longer starts at version 0 fetch the full checkpoint as before."""
+    from intellect_node.roles.policy import BASE_FILE
+    from intellect_node.trainer.model import initial_policy, load_trainable
+
+    trained = load_trainable(None)  # what a fresh trainer holds and publishes as version 0
+    v0 = {k: t.detach().clone() for k, t in trained.state_dict().items()}
+    gen = torch.Generator().manual_seed(0)
+    v1 = {k: t + 1e-3 * torch.randn(t.shape, generator=gen) for k, t in v0.items()}
+    v2 = {k: t + 1e-3 * torch.randn(t.shape, generator=gen) for k, t in v1.items()}
+    calls: list[str] = []
+
+    def local(dest: Path) -> PolicyWeights:
+        calls.append("local")
+        return initial_policy(None, dest)  # type: ignore[no-any-return]
+
+    def other(dest: Path) -> PolicyWeights:  # another model under the same name
+        return PolicyWeights.write(dest, {k: t + 1 for k, t in v0.items()})
+
+    def broken(dest: Path) -> PolicyWeights:
+        raise OSError("No space left on device")
+
+    async def main() -> None:
+        trainer, a, b, c, d = peers = await _peers(tmp_path, 5)
+        try:
+            pub = PolicyPublisher(tmp_path / "pub", trainer.blobs, trainer.key, RUN, full_every=3)
+            anns = [(await pub.publish(v, s))[0] for v, s in enumerate((v0, v1, v2))]
+            want = bytes(PolicyWeights.from_state_dict(v2).to_bytes())
+
+            fa = _follower(tmp_path, "a", a, trainer.key.peer_id, base=local)
+            fa.prepare_base()
+            got = await fa.obtain(anns[2])
+            assert got.path == "local" and got.deltas_applied == 2, (got.path, got.fallback)
+            assert bytes(got.checkpoint.to_bytes()) == want
+            deltas = sum(link.delta_size for link in anns[2].deltas)
+            assert got.bytes_fetched == deltas  # the deltas, nothing of the full checkpoint
+            assert a.blobs.store.manifest(anns[2].full_cid) is None
+            assert calls == ["local"] and not (tmp_path / "a" / BASE_FILE).exists()
+            assert _follower(tmp_path, "a", a, trainer.key.peer_id, base=local).version == 2  # persisted
+
+            for name, peer, build in (("b", b, other), ("c", c, broken)):
+                f = _follower(tmp_path, name, peer, trainer.key.peer_id, base=build)
+                f.prepare_base()
+                got = await f.obtain(anns[2])
+                assert got.path == "full" and bytes(got.checkpoint.to_bytes()) == want, name
+                assert not (tmp_path / name / BASE_FILE).exists()
+
+            # Three versions on, the chain starts at the v3 anchor: version 0 is no use any more.
+            ann3, _ = await pub.publish(3, {k: t * 1.001 for k, t in v2.items()})
+            assert ann3.full_version == 3
+            fd = _follower(tmp_path, "d", d, trainer.key.peer_id, base=local)
+            fd.prepare_base()
+            got = await fd.obtain(ann3)
+            assert got.path == "full" and got.version == 3
+            await wait_until(lambda: not (tmp_path / "d" / BASE_FILE).exists(), 30, what="base gone")
         finally:
             for p in peers:
                 await p.stop()

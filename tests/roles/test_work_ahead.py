@@ -52,7 +52,12 @@ def test_a_worker_a_version_ahead_feeds_each_step_without_waste(tmp_path: Path) 
     finally:
         for p in procs:
             p.close()
-    submitted = [h for h in _lines(tmp_path / "w" / "worker" / "hops.jsonl") if h["event"] == "submitted"]
+    hops = _lines(tmp_path / "w" / "worker" / "hops.jsonl")
+    loaded = [h for h in hops if h["event"] == "loaded"]
+    # Version 0 is the model the worker already holds: built from its folder, not fetched (roles/policy.py).
+    assert (loaded[0]["version"], loaded[0]["path"]) == (0, "local"), loaded[0]
+    assert {h["path"] for h in loaded[1:]} == {"delta"}, loaded
+    submitted = [h for h in hops if h["event"] == "submitted"]
     first = submitted[0]["version"]
     assert [h["version"] for h in submitted].count(first) == 2, submitted  # the pipeline is filled once
     # credit: two batches to start, one more per version the worker held, never more
