@@ -158,7 +158,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         "negative-dial-cache", "unblock_peer", "a peer whose addresses all failed is refused for 60 s",
         "a bootstrap peer that came up seconds after us stayed unreachable for a minute",
-        "tests/p2p/test_nat_units.py::test_a_node_started_before_its_bootstrap_peer_joins_once_it_is_up",
+        "tests/node/test_swarm_runtime.py::test_a_node_started_before_its_bootstrap_peer_reaches_it_once_that_peer_listens",
         "by design upstream (it has unblock_peer for this)", "never: explicit dials must dial"),
     Workaround(
         "ban-without-add-to-blacklist", "blacklist",

@@ -119,7 +119,9 @@ def test_a_node_started_before_its_bootstrap_peer_reaches_it_once_that_peer_list
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Nodes launched together (a compose file, the learning benchmark): the joiner's first dial meets a
     closed port, and its bootstrap retry (``runtime.BOOTSTRAP_RETRY_S``) reaches the peer once it is up,
-    then ends as a task that is done, not as one that died (no error in the operator's log)."""
+    then ends as a task that is done, not as one that died (no error in the operator's log). The failed
+    dial also put the peer in py-libp2p's 60 s dial negative cache, which must not refuse the retries
+    (``host.P2PHost.connect`` clears it)."""
     from intellect_node.node.assembly import build_node
     from intellect_node.node.config import build_config
     from intellect_node.p2p.identity import init_key

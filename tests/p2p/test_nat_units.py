@@ -243,44 +243,6 @@ def test_yamux_credits_the_window_per_half_window_not_per_read(monkeypatch: pyte
     assert got[-1] == bulk
 
 
-def test_a_node_started_before_its_bootstrap_peer_joins_once_it_is_up(tmp_path: Path) -> None:
-    # Nodes behind NAT and their bootstrap node often start together (the NAT node test starts five at
-    # once); the first dial fails, the runtime retries it (runtime.BOOTSTRAP_RETRY_S), and py-libp2p's
-    # 60 s dial negative cache must not refuse those retries (host.P2PHost.connect clears it).
-    from intellect_node.node.config import build_config
-    from intellect_node.node.runtime import NodeRuntime
-    from intellect_node.p2p import identity
-    from tests.support.ports import free_port
-    from tests.support.swarm import run
-
-    port = free_port()  # for the bootstrap node, known before it starts
-    boot_key = identity.init_key(tmp_path / "boot")
-    boot_addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{boot_key.peer_id}"
-
-    def cfg(listen: str, bootstrap: list[str]) -> Any:
-        return build_config(network={"listen": [listen], "bootstrap": bootstrap, "http_host": "127.0.0.1",
-                                     "heartbeat_interval": 2.0}, run={"run_id": "test"})
-
-    async def main() -> None:
-        import asyncio
-
-        late = NodeRuntime(cfg(f"/ip4/127.0.0.1/tcp/{port}", []), tmp_path / "boot")
-        early = NodeRuntime(cfg("/ip4/127.0.0.1/tcp/0", [boot_addr]), tmp_path / "early")
-        await early.start()
-        try:
-            # The dial failed, which also put the peer into py-libp2p's negative cache for 60 s.
-            assert early.swarm is not None and not early.swarm.connected_peers()
-            await late.start()
-            deadline = asyncio.get_running_loop().time() + 30
-            while boot_key.peer_id not in early.swarm.connected_peers():
-                assert asyncio.get_running_loop().time() < deadline, "the bootstrap dial was not retried"
-                await asyncio.sleep(0.1)
-        finally:
-            await asyncio.gather(early.stop(), late.stop(), return_exceptions=True)
-
-    run(main(), timeout=90)
-
-
 def test_advertised_addresses_are_kept_briefly_and_follow_circuits_and_listeners_at_once() -> None:
     """py-libp2p asks for the host's addresses for every pubsub RPC's peer record: the wrapper answers
     from a short cache, but a new circuit, a change of view or a new listener shows at once."""
