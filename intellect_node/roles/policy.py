@@ -416,7 +416,8 @@ class PolicyFollower:
                     result = await self._from_base(ann, base, result)
                 else:
                     result = await self._by_full(ann, result)
-            await asyncio.to_thread(self._persist, result.version, result.checkpoint)
+            await asyncio.to_thread(self._persist, result.version, result.checkpoint,
+                                    from_base=result.path == "local" and result.version == 0)
             clock.lap("persist_s")
             if self._base_task is not None:  # a version is held: the base is never needed again
                 self._drop_base()
@@ -635,9 +636,14 @@ class PolicyFollower:
             raise IntegrityError(f"blob {cid}: chunks on disk hold {pos} of {m.total_size} bytes")
         return buf
 
-    def _persist(self, version: int, ckpt: PolicyWeights) -> None:
+    def _persist(self, version: int, ckpt: PolicyWeights, *, from_base: bool = False) -> None:
+        """``from_base``: ``ckpt`` is the base file itself (version 0 built here, its hash checked), which
+        is renamed into place rather than written again: for a large model, no second copy on disk."""
         old = self.version
-        _write_unsynced(self.root / _ckpt_name(version), ckpt.to_bytes())
+        if from_base:
+            os.replace(self.root / BASE_FILE, self.root / _ckpt_name(version))
+        else:
+            _write_unsynced(self.root / _ckpt_name(version), ckpt.to_bytes())
         atomic_write_text(self.root / CURRENT, json.dumps({"version": version, "hash": ckpt.content_hash}))
         if old is not None and old != version:
             (self.root / _ckpt_name(old)).unlink(missing_ok=True)

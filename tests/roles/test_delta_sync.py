@@ -381,6 +381,15 @@ def test_version_0_is_built_from_the_model_folder_when_it_hashes_as_the_trainers
             assert calls == ["local"] and not (tmp_path / "a" / BASE_FILE).exists()
             assert _follower(tmp_path, "a", a, trainer.key.peer_id, base=local).version == 2  # persisted
 
+            # Version 0 itself is held as the file built here (renamed into place, not written twice).
+            f0 = _follower(tmp_path, "a0", a, trainer.key.peer_id, base=local)
+            got = await f0.obtain(anns[0])
+            assert (got.path, got.version, got.bytes_fetched) == ("local", 0, 0)
+            assert f0.checkpoint_path is not None and sorted(p.name for p in (tmp_path / "a0").iterdir()) == [
+                "CURRENT", f0.checkpoint_path.name]
+            assert f0.checkpoint_path.read_bytes() == bytes(PolicyWeights.from_state_dict(v0).to_bytes())
+            assert _follower(tmp_path, "a0", a, trainer.key.peer_id).version == 0
+
             for name, peer, build in (("b", b, other), ("c", c, broken)):
                 f = _follower(tmp_path, name, peer, trainer.key.peer_id, base=build)
                 f.prepare_base()
