@@ -379,7 +379,6 @@ def apply_fixes() -> None:
     _applied = True
     _patch(_yamux.YamuxStream, "_auto_tune_and_send_window_update", _window_update)
     _patch(_yamux.YamuxStream, "write", _atomic_write)
-    _STOCK.setdefault("YamuxStream.recv_window", None)  # a plain instance attribute before
     _yamux.YamuxStream.recv_window = _ReceiveWindow()  # type: ignore[assignment]
     _patch(_yamux.Yamux, "handle_incoming", _enforce_receive_window)
     _patch(SwarmConn, "start", guard.contained_connection_task(SwarmConn.start, "stream accept loop"))

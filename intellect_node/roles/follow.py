@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, announcement_validator
@@ -27,6 +28,7 @@ from intellect_node.protocol.topics import topic
 from intellect_node.roles.common import MAX_POLICY_BYTES, HintedFetcher, model_dir, require_trainer
 from intellect_node.roles.policy import ObtainResult, PolicyFollower
 from intellect_node.roles.seams import RoleTasks, Runtime
+from intellect_node.trainer.model import initial_policy
 from intellect_node.trainer.policy_weights import PolicyWeights
 
 log = logging.getLogger(__name__)
@@ -59,7 +61,7 @@ class TrainerPolicy:
                                        trainer=self.trainer, max_checkpoint_bytes=MAX_POLICY_BYTES,
                                        board=runtime.board, on_reject=runtime.swarm.peerbook.record_rejection,
                                        on_passing=on_version, keep_passing=keep_passing,
-                                       base=_initial_policy(model_dir(runtime.config)))
+                                       base=partial(initial_policy, model_dir(runtime.config)))
 
     @property
     def version(self) -> int | None:
@@ -86,12 +88,3 @@ class TrainerPolicy:
     async def _obtained(self, res: ObtainResult) -> None:
         await self._on_version(res.version, res.checkpoint)
         log.info("policy v%d loaded (%s, %d bytes fetched)", res.version, res.path, res.bytes_fetched)
-
-
-def _initial_policy(model: Path) -> Callable[[Path], PolicyWeights]:
-    def build(dest: Path) -> PolicyWeights:
-        from intellect_node.trainer.model import initial_policy
-
-        return initial_policy(model, dest)  # type: ignore[no-any-return]
-
-    return build

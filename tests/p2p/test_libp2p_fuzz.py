@@ -21,6 +21,7 @@ import trio
 
 from tests.support.fuzz import TOPIC, Attackers, assert_serves, hit, target_and_honest
 from tests.support.swarm import run
+from tests.support.wait import wait_trio
 
 SEED = 12
 
@@ -338,7 +339,7 @@ def test_a_peer_that_sends_past_its_receive_window_loses_its_connection(tmp_path
     async def main() -> None:
         async with target_and_honest(tmp_path / "nodes") as (target, honest):
             async with Attackers(target.swarm.listen_addrs()[0]) as attackers:
-                async def fn(host: Any, tid: Any) -> int:
+                async def fn(host: Any, tid: Any) -> None:
                     # A real stream whose handler has written and closed its side (node info): nothing on
                     # the target reads it again, so only the window bounds what it holds.
                     stream = await host.new_stream(tid, [INFO])
@@ -349,21 +350,18 @@ def test_a_peer_that_sends_past_its_receive_window_loses_its_connection(tmp_path
                         except StreamEOF:  # the info is written and the target's side closed
                             pass
                     muxed = stream.muxed_stream
-                    sent = 0
                     with trio.move_on_after(10):
                         try:
                             for _ in range(40):  # 10 MiB, ignoring the window the target granted
                                 await muxed.conn._write_frame(
                                     yamux_frame(0, 0, muxed.stream_id, frame, bytes(frame)))
-                                sent += 1
                         except Exception:  # the target closed on us: what the test wants
                             pass
-                        while tid in host.get_network().connections:
-                            await trio.sleep(0.05)
+                    await wait_trio(lambda: tid not in host.get_network().connections, 10,
+                                    what="the target to close the connection")
                     assert tid not in host.get_network().connections, "the target kept the connection"
-                    return sent
 
-                attacker, _sent = await attackers.run(fn)
+                attacker, _ = await attackers.run(fn)
             count, reasons = target.swarm.peerbook.rejections(attacker)
             beyond = [r for r in reasons if r.startswith("yamux:")]
             assert len(beyond) == 1, reasons
@@ -389,26 +387,20 @@ def test_a_peer_that_holds_too_many_streams_open_gets_the_next_ones_reset(tmp_pa
         async with target_and_honest(tmp_path / "nodes") as (target, honest):
             book = target.swarm.peerbook
             async with Attackers(target.swarm.listen_addrs()[0]) as attackers:
-                async def fn(host: Any, tid: Any) -> int:
+                async def fn(host: Any, tid: Any) -> None:
                     muxer = host.get_network().get_connections(tid)[0].muxed_conn
                     me = host.get_id().to_base58()
                     for i in range(n):  # odd IDs: the dialer's; far above what its own streams use
                         sid = 10_001 + 2 * i
                         await muxer._write_frame(yamux_frame(1, 0x1, sid, 0))
                         await muxer._write_frame(yamux_frame(0, 0, sid, len(hello + ask), hello + ask))
-                    await wait_until_trio(lambda: book.rejections(me)[0] >= n - MAX_INBOUND_STREAMS, 60)
-                    return len(muxer.streams)
+                    await wait_trio(lambda: book.rejections(me)[0] >= n - MAX_INBOUND_STREAMS, 60,
+                                    what="the streams past the cap refused")
 
-                attacker, _held = await attackers.run(fn)
+                attacker, _ = await attackers.run(fn)
             count, reasons = book.rejections(attacker)
             assert count == n - MAX_INBOUND_STREAMS, (count, reasons[:3])
             assert all(r.startswith("streams:") for r in reasons), reasons[:3]
             await assert_serves(target, honest, "after a stream flood", tmp_path)
 
     run(main(), 180)
-
-
-async def wait_until_trio(cond: Any, timeout: float) -> None:
-    with trio.fail_after(timeout):
-        while not cond():
-            await trio.sleep(0.05)

@@ -1,8 +1,9 @@
 """The one way tests wait: poll a condition until it holds, fail with what was awaited after a deadline.
 
-``wait_for`` (plain code, sleeps the thread) and ``wait_until`` (asyncio, sleeps the task) are the same
-loop: both ask a :class:`Deadline` after every poll, so the two forms cannot drift apart in what they
-count as success, when they give up, or what they say when they do. Never a fixed sleep in a test.
+``wait_for`` (plain code, sleeps the thread), ``wait_until`` (asyncio, sleeps the task) and ``wait_trio``
+(trio, for code on a libp2p host's own thread) are the same loop: each asks a :class:`Deadline` after
+every poll, so the forms cannot drift apart in what they count as success, when they give up, or what
+they say when they do. Never a fixed sleep in a test.
 """
 
 from __future__ import annotations
@@ -48,4 +49,15 @@ async def wait_until(predicate: Callable[[], object], timeout: float = 10.0, int
     deadline = Deadline(timeout, what)
     while (value := deadline.poll(predicate)) is None:
         await asyncio.sleep(interval)
+    return value
+
+
+async def wait_trio(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.05,
+                    what: str = "condition") -> object:
+    """The trio form of :func:`wait_for` (attacker hosts and other code that runs under ``trio.run``)."""
+    import trio
+
+    deadline = Deadline(timeout, what)
+    while (value := deadline.poll(predicate)) is None:
+        await trio.sleep(interval)
     return value
