@@ -85,6 +85,7 @@ from intellect_node.roles.seams import RoleTasks, Runtime
 from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, read_optimizer, save_checkpoint
 from intellect_node.trainer.filtering import informative_groups
 from intellect_node.trainer.grpo import GRPOConfig
+from intellect_node.trainer.optim import Optimizer
 from intellect_node.trainer.policy_weights import PolicyWeights
 from intellect_node.trainer.step import Sample, StepStats, make_optimizer, train_step
 
@@ -167,11 +168,11 @@ class Trainer:
         self.model = await asyncio.to_thread(load_trainable, model_dir(self.cfg), self.train_options)
         ckpt = self.dir / "checkpoints"
         state = await asyncio.to_thread(load_checkpoint, ckpt, self.model)
-        self.opt: torch.optim.Optimizer | None = None
+        self.opt: Optimizer | None = None
         if state is None:
             # Version 0's checkpoint holds the weights alone: an optimizer has no state before its first
-            # step. Building one imports torch._dynamo (torch.optim does, about 1 s of one core here), so
-            # the training loop builds it while the first batches are made, after v0 is out.
+            # step. The training loop builds it while the first batches are made, after v0 is out: on a
+            # GPU, torch.optim imports torch._dynamo then (about 1 s of one core; trainer/optim.py).
             await asyncio.to_thread(save_checkpoint, ckpt, self.model, None,
                                     TrainerState(version=0, extra={"journal_seq": self.journal.seq}))
             covered = self.journal.seq
@@ -488,7 +489,7 @@ class Trainer:
         self._publishing = self.tasks.job(self._publish_in_background(self.version, snap),
                                           f"publishing policy v{self.version}")
 
-    def _optimizer(self, ckpt: Path | None = None) -> torch.optim.Optimizer:
+    def _optimizer(self, ckpt: Path | None = None) -> Optimizer:
         """AdamW over the model, holding the optimizer state of the latest checkpoint under ``ckpt`` when it
         has one (worker thread: the state is read here, off the event loop)."""
         opt = make_optimizer(self.model, self.rl.lr)

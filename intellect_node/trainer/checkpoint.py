@@ -39,6 +39,7 @@ import torch
 
 from intellect_node.errors import IntegrityError, ProtocolError
 from intellect_node.fsutil import atomic_replace_file, atomic_write_text, fsync_dir
+from intellect_node.trainer.optim import Optimizer
 from intellect_node.trainer.policy_weights import DTYPES, PolicyWeights
 
 LATEST = "LATEST"
@@ -62,7 +63,7 @@ def state_dict_bytes(model: Any) -> bytes:
     return bytes(PolicyWeights.from_state_dict(model.state_dict()).to_bytes())
 
 
-def save_checkpoint(root: str | os.PathLike[str], model: Any, optimizer: torch.optim.Optimizer | None,
+def save_checkpoint(root: str | os.PathLike[str], model: Any, optimizer: Optimizer | None,
                     state: TrainerState, *, keep: int = 2) -> Path:
     """Write checkpoint ``state.version`` atomically and point ``LATEST`` at it."""
     return save_checkpoint_state(root, model.state_dict(),
@@ -190,7 +191,7 @@ def read_optimizer(root: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 def load_checkpoint(root: str | os.PathLike[str], model: Any,
-                    optimizer: torch.optim.Optimizer | None = None) -> TrainerState | None:
+                    optimizer: Optimizer | None = None) -> TrainerState | None:
     """Load the latest checkpoint into ``model`` (and ``optimizer``); None when there is none yet."""
     path = latest_dir(root)
     if path is None:

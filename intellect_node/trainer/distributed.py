@@ -271,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         state = load_checkpoint(args.checkpoint_dir, model) if args.checkpoint_dir else None
         version = state.version if state else 0
         held["model"] = model = wrap(model, args.strategy, compute_dtype=options.compute_dtype)
-        held["opt"] = opt = (make_optimizer(model, args.lr) if args.optimizer == "adamw"
+        held["opt"] = opt = (make_optimizer(model, args.lr, torch_optim=True) if args.optimizer == "adamw"
                              else torch.optim.SGD(model.parameters(), lr=args.lr))
         if args.checkpoint_dir:
             saved = read_optimizer(args.checkpoint_dir)

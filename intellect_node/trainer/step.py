@@ -37,6 +37,7 @@ from intellect_node.trainer.grpo import (
     token_logprobs,
 )
 from intellect_node.trainer.model import autocast, model_device
+from intellect_node.trainer.optim import CpuAdamW, Optimizer
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,7 @@ def summarize(parts: Sequence[LossParts], samples: Sequence[Sample], grad_norm: 
         kl=sum(p.kl for p in parts), entropy=sum(p.entropy for p in parts))
 
 
-def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[Sample], cfg: GRPOConfig,
+def train_step(model: Any, optimizer: Optimizer, samples: Sequence[Sample], cfg: GRPOConfig,
                *, micro_batch: int = 64, micro_tokens: int | None = None, pad_id: int = 0,
                ref_model: Any | None = None, temperature: float = 1.0,
                compute_dtype: torch.dtype | None = None) -> StepStats:
@@ -232,6 +233,14 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[S
 
 
 def make_optimizer(model: Any, lr: float, *, weight_decay: float = 0.0,
-                   betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.Optimizer:
-    """AdamW (the optimizer INTELLECT-2 trains with); torch's default betas, no weight decay by default."""
-    return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+                   betas: tuple[float, float] = (0.9, 0.999), torch_optim: bool = False) -> Optimizer:
+    """AdamW (the optimizer INTELLECT-2 trains with); torch's default betas, no weight decay by default.
+
+    :class:`~intellect_node.trainer.optim.CpuAdamW` when every parameter is a plain CPU tensor (the same
+    update as torch's, without its ``torch._dynamo`` import on the first step's path); ``torch.optim.AdamW``
+    on GPUs, for sharded parameters, and when ``torch_optim`` asks for it (``trainer/distributed.py``)."""
+    params = list(model.parameters())
+    if not torch_optim and all(type(p) in (torch.Tensor, torch.nn.Parameter) and p.device.type == "cpu"
+                               and not p.is_complex() for p in params):
+        return CpuAdamW(params, lr, betas=betas, weight_decay=weight_decay)
+    return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
