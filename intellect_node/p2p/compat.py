@@ -117,7 +117,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "not reported", "upstream holds a per-stream lock for the whole message and resets a stream "
         "whose write failed part-way (the test then fails: the stock write no longer interleaves)"),
     Workaround(
-        "yamux-receive-window", "apply_fixes: YamuxStream.recv_window, Yamux.handle_incoming",
+        "yamux-receive-window", "apply_fixes: YamuxStream.recv_window, Yamux.handle_incoming, "
+        "Yamux._read_data_body, the yamux module's read_exactly",
         "DATA past the receive window a peer was granted is logged, the window clamped to 0 and the bytes "
         "buffered anyway, without end, on a stream nobody reads; go-yamux closes such a connection",
         "40 frames of 256 KiB on a stream whose handler had returned: 10 MiB held on one stream, the "
@@ -381,6 +382,9 @@ def apply_fixes() -> None:
     _patch(_yamux.YamuxStream, "write", _atomic_write)
     _yamux.YamuxStream.recv_window = _ReceiveWindow()  # type: ignore[assignment]
     _patch(_yamux.Yamux, "handle_incoming", _enforce_receive_window)
+    _STOCK.setdefault("yamux.read_exactly", _yamux.read_exactly)
+    _yamux.read_exactly = _read_noting_header  # the name the read loop reads frames with
+    _patch(_yamux.Yamux, "_read_data_body", _read_body_within_window)
     _patch(SwarmConn, "start", guard.contained_connection_task(SwarmConn.start, "stream accept loop"))
     _patch(_yamux.Yamux, "start", guard.contained_connection_task(_yamux.Yamux.start, "yamux read loop"))
     _patch(Pubsub, "write_msg", _write_msg)
@@ -425,8 +429,10 @@ class _ReceiveWindow:
     control grows a stream nobody reads by up to 16 MiB a frame, without end. Every place the loop
     subtracts (DATA, SYN+DATA, ACK+DATA) assigns the result here, so one data descriptor sees them all.
     A negative result marks the connection as exceeded and stops its read loop after that frame
-    (:func:`_enforce_receive_window` then closes it): the most held beyond the window is one frame.
-    Our own credits never exceed it: the window is raised here before the WINDOW_UPDATE goes out."""
+    (:func:`_enforce_receive_window` then closes it). :func:`_read_body_within_window` refuses such a
+    frame from its header, before its body is read; this stays as the check of what was actually
+    subtracted. Our own credits never exceed the window: it is raised here before the WINDOW_UPDATE
+    goes out."""
 
     def __get__(self, stream: Any, owner: type | None = None) -> Any:
         if stream is None:
@@ -441,6 +447,40 @@ class _ReceiveWindow:
             muxer.event_shutting_down.set()  # the read loop ends after this frame
             value = 0
         stream.__dict__["_recv_window"] = value
+
+
+async def _read_noting_header(reader: Any, n: int, *args: Any, **kwargs: Any) -> bytes:
+    """The yamux module's ``read_exactly``: the read loop reads each frame header with it, so the header
+    is kept on the connection for :func:`_read_body_within_window` (a 12-byte body overwrites it too, after
+    that check, and the next header replaces it)."""
+    data: bytes = await _STOCK["yamux.read_exactly"](reader, n, *args, **kwargs)
+    if n == _yamux.HEADER_SIZE:
+        reader._intellect_yamux_header = data
+    return data
+
+
+async def _read_body_within_window(self: Any, length: int) -> bytes:
+    """``Yamux._read_data_body`` that refuses a DATA frame longer than its stream's window before reading it.
+
+    The stock loop reads the whole body (up to 16 MiB) before it subtracts it from the window, so a peer
+    could make a node hold a frame's worth past the window per connection until :class:`_ReceiveWindow`
+    ended it. Here the header kept by :func:`_read_noting_header` names the stream: a frame longer than
+    that stream's window (a new stream's initial window for a SYN) marks the connection as exceeded, ends
+    the read loop and returns no bytes; :func:`_enforce_receive_window` closes the connection. A frame for
+    a stream the node no longer knows is read and dropped as before (data in flight when it reset)."""
+    header = getattr(self.secured_conn, "_intellect_yamux_header", None)
+    if header is not None and len(header) == _yamux.HEADER_SIZE:
+        _, typ, flags, stream_id, announced = struct.unpack(_yamux.YAMUX_HEADER_FORMAT, header)
+        if typ == _yamux.TYPE_DATA and announced == length:
+            stream = self.streams.get(stream_id)
+            window = stream.recv_window if stream is not None else \
+                _yamux.DEFAULT_WINDOW_SIZE if flags & _yamux.FLAG_SYN else None
+            if window is not None and length > window:
+                if getattr(self, "_window_exceeded", None) is None:
+                    self._window_exceeded = (stream_id, length - window)
+                self.event_shutting_down.set()  # the read loop ends after this frame
+                return b""
+    return await _STOCK["Yamux._read_data_body"](self, length)  # type: ignore[no-any-return]
 
 
 async def _enforce_receive_window(self: Any) -> None:

@@ -372,6 +372,40 @@ def test_a_peer_that_sends_past_its_receive_window_loses_its_connection(tmp_path
     run(main(), 180)
 
 
+def test_a_frame_announced_past_the_window_closes_the_connection_before_its_body_is_read(
+        tmp_path: Path) -> None:
+    """The stock read loop reads a DATA frame's whole body (up to 16 MiB) before it counts it against the
+    window. A header announcing 1 MiB on a stream with at most 256 KiB of window, and no body: the target
+    refuses the frame from its header alone (it would otherwise wait for the body) and closes the
+    connection, on a stream it knows and on a new one (SYN, whose window is the initial 256 KiB)."""
+    announced = 1 << 20
+
+    async def main() -> None:
+        async with target_and_honest(tmp_path / "nodes") as (target, honest):
+            book = target.swarm.peerbook
+            for syn in (False, True):
+                async with Attackers(target.swarm.listen_addrs()[0]) as attackers:
+                    async def fn(host: Any, tid: Any) -> None:
+                        muxer = host.get_network().get_connections(tid)[0].muxed_conn
+                        if syn:
+                            sid, flags = 10_001, 0x1
+                        else:
+                            stream = await host.new_stream(tid, [INFO])
+                            sid, flags = stream.muxed_stream.stream_id, 0
+                        await muxer._write_frame(yamux_frame(0, flags, sid, announced))  # the header alone
+                        await wait_trio(lambda: tid not in host.get_network().connections, 30,
+                                        what="the target to close the connection")
+
+                    attacker, _ = await attackers.run(fn)
+                reasons = [r for r in book.rejections(attacker)[1] if r.startswith("yamux:")]
+                assert len(reasons) == 1 + syn, (syn, book.rejections(attacker))  # one key, two attacks
+                excess = int(reasons[-1].split()[1])
+                assert announced - 256 * 1024 <= excess < announced, (syn, reasons)
+            await assert_serves(target, honest, "after frames announced past the window", tmp_path)
+
+    run(main(), 180)
+
+
 def test_a_peer_that_holds_too_many_streams_open_gets_the_next_ones_reset(tmp_path: Path) -> None:
     """Each inbound stream may hold up to its receive window that nobody reads; only a cap on the streams
     a connection holds open bounds the total. 300 raw SYNs, each negotiating node info (whose handler
