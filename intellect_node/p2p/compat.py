@@ -455,7 +455,10 @@ async def _read_noting_header(reader: Any, n: int, *args: Any, **kwargs: Any) ->
     that check, and the next header replaces it)."""
     data: bytes = await _STOCK["yamux.read_exactly"](reader, n, *args, **kwargs)
     if n == _yamux.HEADER_SIZE:
-        reader._intellect_yamux_header = data
+        try:
+            reader._intellect_yamux_header = data
+        except AttributeError:  # a connection class with __slots__: the window descriptor still checks
+            pass
     return data
 
 
