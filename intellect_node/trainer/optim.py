@@ -9,8 +9,8 @@ one core on the development machine, on the path to a fresh trainer's first step
 path, which is what it runs for CPU parameters: no foreach or fused kernels there), so its weights are
 bit-identical to torch's step after step (``tests/trainer/test_optim.py``). Its ``state_dict`` has torch's
 format (state keyed by parameter index with ``step``, ``exp_avg`` and ``exp_avg_sq``; torch's param-group
-keys), so a checkpoint written by either loads into the other and continues bit-identically: a run can
-move between a CPU and a GPU trainer.
+keys), so a checkpoint written by either loads into the other and continues bit-identically (what lets a
+run move between a CPU and a GPU trainer; the GPU side is not tested on the development machine).
 
 On GPUs, and wherever a trainer shards its parameters (DDP, FSDP2: ``trainer/distributed.py``),
 ``torch.optim.AdamW`` stays: its foreach and fused kernels are what such runs want, and there the import
@@ -47,12 +47,17 @@ class CpuAdamW:
         if not 0.0 <= lr or not 0.0 <= eps or not all(0.0 <= b < 1.0 for b in betas) or weight_decay < 0:
             raise ConfigError(f"AdamW needs lr >= 0, eps >= 0, betas in [0, 1) and weight_decay >= 0; got lr "
                               f"{lr}, eps {eps}, betas {betas}, weight_decay {weight_decay}", field="lr")
-        for p in params:
-            if p.device.type != "cpu" or type(p) not in (torch.Tensor, torch.nn.Parameter) or p.is_complex():
-                raise ValueError(f"CpuAdamW takes real CPU tensors; got a {type(p).__name__} on {p.device}")
+        if not self.takes(params):
+            raise ValueError("CpuAdamW takes real, plain CPU tensors (not sharded, not on a GPU)")
         group = {"params": params, "lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         self.param_groups: list[dict[str, Any]] = [{**group, **_GROUP_DEFAULTS}]
         self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
+
+    @staticmethod
+    def takes(params: list[torch.Tensor]) -> bool:
+        """Whether every parameter is a real, plain CPU tensor (what this class steps exactly as torch)."""
+        return all(type(p) in (torch.Tensor, torch.nn.Parameter) and p.device.type == "cpu"
+                   and not p.is_complex() for p in params)
 
     @property
     def _params(self) -> list[torch.Tensor]:
@@ -114,8 +119,8 @@ class CpuAdamW:
         if list(group.get("params", [])) != list(range(len(params))):
             raise ValueError(f"saved optimizer state covers {len(group.get('params', []))} parameters; the "
                              f"model has {len(params)}")
-        odd = {k: group.get(k) for k, v in _GROUP_DEFAULTS.items() if k in group and group[k] != v
-               and k not in ("foreach", "fused")}
+        odd = {k: group[k] for k, v in _GROUP_DEFAULTS.items()
+               if k not in ("foreach", "fused") and group.get(k, v) != v}
         if odd:
             raise ValueError(f"saved optimizer state uses AdamW options this trainer does not implement: "
                              f"{odd}")

@@ -240,7 +240,6 @@ def make_optimizer(model: Any, lr: float, *, weight_decay: float = 0.0,
     update as torch's, without its ``torch._dynamo`` import on the first step's path); ``torch.optim.AdamW``
     on GPUs, for sharded parameters, and when ``torch_optim`` asks for it (``trainer/distributed.py``)."""
     params = list(model.parameters())
-    if not torch_optim and all(type(p) in (torch.Tensor, torch.nn.Parameter) and p.device.type == "cpu"
-                               and not p.is_complex() for p in params):
+    if not torch_optim and CpuAdamW.takes(params):
         return CpuAdamW(params, lr, betas=betas, weight_decay=weight_decay)
     return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)

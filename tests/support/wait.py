@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 
 class Deadline:
@@ -43,13 +43,18 @@ def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: f
     return value
 
 
+async def _wait_async(predicate: Callable[[], object], timeout: float, interval: float, what: str,
+                      sleep: Callable[[float], Awaitable[object]]) -> object:
+    deadline = Deadline(timeout, what)
+    while (value := deadline.poll(predicate)) is None:
+        await sleep(interval)
+    return value
+
+
 async def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.05,
                      what: str = "condition") -> object:
     """The asyncio form of :func:`wait_for`: the event loop keeps running while it waits."""
-    deadline = Deadline(timeout, what)
-    while (value := deadline.poll(predicate)) is None:
-        await asyncio.sleep(interval)
-    return value
+    return await _wait_async(predicate, timeout, interval, what, asyncio.sleep)
 
 
 async def wait_trio(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.05,
@@ -57,7 +62,4 @@ async def wait_trio(predicate: Callable[[], object], timeout: float = 10.0, inte
     """The trio form of :func:`wait_for` (attacker hosts and other code that runs under ``trio.run``)."""
     import trio
 
-    deadline = Deadline(timeout, what)
-    while (value := deadline.poll(predicate)) is None:
-        await trio.sleep(interval)
-    return value
+    return await _wait_async(predicate, timeout, interval, what, trio.sleep)
