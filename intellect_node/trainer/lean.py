@@ -193,10 +193,27 @@ class LeanCausalLM(nn.Module):
             window = (allowed & band).unsqueeze(1)  # the diagonal stays: every row keeps its own slot
         return full, window
 
+    def _given_masks(self, allowed: torch.Tensor,
+                     position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(full, window) from a caller's ``allowed`` [B, T, T]; the sliding band is measured in
+        positions, not slots (a packed row's slots are not its tokens' positions)."""
+        window = None
+        if self.arch.sliding_window is not None and any(self.arch.sliding_layers):
+            band = (position_ids.unsqueeze(2) - position_ids.unsqueeze(1)) < self.arch.sliding_window
+            window = (allowed & band).unsqueeze(1)
+        return allowed.unsqueeze(1), window
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None) -> CausalLMOutput:
+                position_ids: torch.Tensor | None = None, *,
+                allowed: torch.Tensor | None = None) -> CausalLMOutput:
+        """Logits [B, T, vocab]. ``allowed`` [B, T, T] (True: the query slot may attend the key slot),
+        with ``position_ids``, replaces ``attention_mask`` for layouts that are not one sequence per
+        row: the trainer's packed groups (``step.pack_groups``), where completions share one prompt.
+        Every row of ``allowed`` must allow at least one slot (its own)."""
         B, T = input_ids.shape
         device = input_ids.device
+        if allowed is not None and (position_ids is None or attention_mask is not None):
+            raise ValueError("allowed needs position_ids and replaces attention_mask")
         if position_ids is None:
             position_ids = torch.arange(T, device=device).unsqueeze(0).expand(B, T)
         x = self.model.embed_tokens(input_ids)
@@ -205,7 +222,10 @@ class LeanCausalLM(nn.Module):
             freqs = position_ids[..., None].float() * inv.float()
             emb = torch.cat([freqs, freqs], dim=-1)
             cos, sin = emb.cos().to(x.dtype).unsqueeze(1), emb.sin().to(x.dtype).unsqueeze(1)  # [B, 1, T, d]
-        full, window = self._masks(attention_mask, T, device)
+        if allowed is None:
+            full, window = self._masks(attention_mask, T, device)
+        else:
+            full, window = self._given_masks(allowed, position_ids)
         recompute = self.is_gradient_checkpointing and self.training
         for layer in self.model.layers:
             if recompute:
