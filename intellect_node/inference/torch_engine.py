@@ -1,7 +1,8 @@
 """The default engine: batched sampling with a static KV cache over :class:`DecoderRunner` (CPU, GPU).
 
-One prefill of the left-padded prompts, then one token per step for the whole batch until every row has
-emitted one of the model's EOS IDs or ``max_new_tokens`` is reached. Rows that finished keep stepping
+One prefill of the left-padded prompts (each distinct prompt once: a GRPO group repeats one), then one
+token per step for the whole batch until every row has emitted one of the model's EOS IDs or
+``max_new_tokens`` is reached. Rows that finished keep stepping
 (a static batch wastes a little compute but never reshapes the cache); their extra tokens are discarded.
 """
 
@@ -13,9 +14,12 @@ import torch
 
 from intellect_node.errors import ConfigError
 from intellect_node.inference.base import Generation, SamplingConfig
-from intellect_node.inference.decoder import DecoderRunner, left_pad
+from intellect_node.inference.decoder import DecoderRunner, KVCache, left_pad
 from intellect_node.models.loader import LoadedModel, load_model
 from intellect_node.proofs import sampling as S
+
+Pair = tuple[Sequence[int], Sequence[int]]
+"""(prompt, completion) token IDs."""
 
 
 class TorchEngine:
@@ -51,7 +55,7 @@ class TorchEngine:
         key_t = torch.tensor(list(keys), dtype=torch.int64, device=dev)
         valid = torch.cat([valid, torch.ones(B, max_new, dtype=torch.bool, device=dev)], dim=1)
         next_pos = positions[:, -1:] + 1
-        hidden = self.runner.forward(ids, positions, valid, cache)[:, -1]  # [B, H]
+        hidden = self._prefill_prompts(prompts, ids, positions, valid, cache)  # [B, H]
         toks, lps, hids = [], [], []
         done = torch.zeros(B, dtype=torch.bool, device=dev)
         eos_t = torch.tensor(sorted(self.eos_ids), device=dev)
@@ -78,11 +82,79 @@ class TorchEngine:
                                   logprobs=lp_m[r, :n].tolist(), hidden=hid_m[r, :n].clone()))
         return out
 
+    @staticmethod
+    def _distinct(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+        """(the first row of each distinct prompt, each row's distinct prompt)."""
+        index: dict[tuple[int, ...], int] = {}
+        distinct: list[int] = []
+        rows: list[int] = []
+        for i, p in enumerate(prompts):
+            rows.append(index.setdefault(tuple(p), len(distinct)))
+            if rows[-1] == len(distinct):
+                distinct.append(i)
+        return distinct, rows
+
+    def _prompt_cache(self, prompts: Sequence[Sequence[int]], distinct: list[int], rows: list[int],
+                      cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Compute each distinct prompt once, left-padded, and copy its keys and values into ``cache``'s
+        first slots for every row that repeats it. Returns (hidden states [B, L, H], valid [B, L])."""
+        dev = self.device
+        ids, positions, valid = left_pad([list(prompts[i]) for i in distinct], self.pad_id, dev)
+        L = ids.shape[1]
+        once = self.runner.new_cache(len(distinct), L)
+        hidden = self.runner.forward(ids, positions, valid, once)
+        expand = torch.tensor(rows, device=dev)
+        cache.k[:, :, :, :L] = once.k[:, expand]
+        cache.v[:, :, :, :L] = once.v[:, expand]
+        cache.length = L
+        return hidden[expand], valid[expand]
+
+    def _prefill_prompts(self, prompts: Sequence[Sequence[int]], ids: torch.Tensor, positions: torch.Tensor,
+                         valid: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Fill ``cache`` with the left-padded prompts and return each row's last hidden state [B, H].
+
+        A GRPO group repeats one prompt ``group_size`` times: each distinct prompt is computed once and
+        its keys and values copied to every row that repeats it (as a prefix cache would)."""
+        distinct, rows = self._distinct(prompts)
+        if len(distinct) == len(prompts):
+            return self.runner.forward(ids, positions, valid, cache)[:, -1]
+        return self._prompt_cache(prompts, distinct, rows, cache)[0][:, -1]
+
     @torch.inference_mode()
-    def prefill(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[tuple[torch.Tensor,
-                                                                                              torch.Tensor]]:
+    def prefill(self, sequences: Sequence[Pair]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """For (prompt, completion) pairs: the hidden states [n, H] (float32, CPU) and logits [n, V] that
-        produced each completion token, recomputed in one batched forward pass (the verifier's view)."""
+        produced each completion token, recomputed in one batched forward pass (the verifier's view).
+
+        Where prompts repeat (a GRPO group), each distinct prompt is computed once and the completions,
+        right-padded, continue from its keys and values: every token attends to what it attends to in
+        its own sequence, with the prompt's share of the work done once per group."""
+        distinct, rows = self._distinct([p for p, _ in sequences])
+        if len(distinct) == len(sequences):
+            return self._prefill_rows(sequences)
+        dev = self.device
+        tails = [list(c)[:-1] for _, c in sequences]  # a completion's last token is only ever predicted
+        T = max(len(t) for t in tails)
+        cache = self.runner.new_cache(len(sequences), max(len(p) for p, _ in sequences) + T)
+        prompt_hidden, valid = self._prompt_cache([p for p, _ in sequences], distinct, rows, cache)
+        last = prompt_hidden[:, -1:]  # [B, 1, H]: predicts each completion's first token
+        if T:
+            ids = torch.full((len(sequences), T), self.pad_id, dtype=torch.long, device=dev)
+            tail_valid = torch.zeros((len(sequences), T), dtype=torch.bool, device=dev)
+            for r, t in enumerate(tails):
+                ids[r, :len(t)] = torch.tensor(t, dtype=torch.long, device=dev)
+                tail_valid[r, :len(t)] = True
+            starts = torch.tensor([len(p) for p, _ in sequences], device=dev).view(-1, 1)
+            positions = starts + torch.arange(T, device=dev).view(1, T)
+            tail = self.runner.forward(ids, positions, torch.cat([valid, tail_valid], dim=1), cache)
+            hidden = torch.cat([last, tail], dim=1)  # slot k predicts completion token k
+        else:
+            hidden = last
+        logits = self.runner.logits(hidden)
+        return [(hidden[r, :len(c)].float().cpu(), logits[r, :len(c)].float().cpu())
+                for r, (_, c) in enumerate(sequences)]
+
+    def _prefill_rows(self, sequences: Sequence[Pair]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`prefill` with one left-padded row per sequence."""
         seqs = [list(p) + list(c)[:-1] for p, c in sequences]
         ids, positions, valid = left_pad(seqs, self.pad_id, self.device)
         hidden = self.runner.forward(ids, positions, valid)

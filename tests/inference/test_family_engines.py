@@ -53,6 +53,27 @@ def engine(request: pytest.FixtureRequest) -> TorchEngine:
     return TorchEngine.from_dir(str(family_model(request.param)))
 
 
+def test_the_verifiers_prefill_computes_a_repeated_prompt_once_with_the_same_result(
+        engine: TorchEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    tok = engine.loaded.tokenizer
+    prompts = [tok.prompt_ids(t, system=SYSTEM if i == 0 else None) for i, t in enumerate(TEXTS)]
+    g = torch.Generator().manual_seed(4)
+    # Groups of 3 per prompt, completions of 0 to 17 tokens: rows cross Mistral's window of 12.
+    seqs = [(p, torch.randint(3, 200, (int(n),), generator=g).tolist())
+            for p in prompts for n in torch.randint(0, 18, (3,), generator=g)]
+    rows: list[int] = []
+    forward = engine.runner.forward
+    monkeypatch.setattr(engine.runner, "forward",
+                        lambda ids, *a, **k: rows.append(ids.shape[0]) or forward(ids, *a, **k))
+    shared = engine.prefill(seqs)
+    assert rows == [len(prompts), len(seqs)]  # the prompts once, then every completion
+    monkeypatch.undo()
+    for (_, c), (h, lg), (h_ref, lg_ref) in zip(seqs, shared, engine._prefill_rows(seqs)):
+        assert h.shape == h_ref.shape == (len(c), h_ref.shape[1]) and lg.shape == lg_ref.shape
+        torch.testing.assert_close(h, h_ref, atol=1e-4, rtol=0)
+        torch.testing.assert_close(lg, lg_ref, atol=1e-4, rtol=0)
+
+
 def test_prefill_of_a_left_padded_batch_matches_transformers(engine: TorchEngine) -> None:
     tok = engine.loaded.tokenizer
     seqs = [tok.prompt_ids(t, system=SYSTEM if i == 0 else None) for i, t in enumerate(TEXTS)]

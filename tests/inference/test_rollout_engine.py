@@ -63,6 +63,28 @@ def test_seeded_sampling_does_not_depend_on_the_batch(eng: TorchEngine) -> None:
         assert torch.allclose(alone.hidden, together[i].hidden, atol=1e-5)
 
 
+def test_a_group_computes_its_prompt_once_and_samples_as_if_alone(eng: TorchEngine,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    tok = eng.loaded.tokenizer
+    texts = ["12+34=", "x" * 30, "12+34=", "5", "x" * 30, "12+34="]  # three prompts, two repeated
+    prompts = [tok.prompt_ids(t) for t in texts]
+    keys = [31 * i + 5 for i in range(len(texts))]
+    cfg = SamplingConfig(temperature=1.0, max_new_tokens=12)
+    rows: list[int] = []
+    forward = eng.runner.forward
+    monkeypatch.setattr(eng.runner, "forward",
+                        lambda ids, *a, **k: rows.append(ids.shape[0]) or forward(ids, *a, **k))
+    grouped = eng.generate(prompts, keys, cfg)
+    assert rows[0] == 3 and set(rows[1:]) == {6}  # the prefill: one row per distinct prompt
+    monkeypatch.undo()
+    for i, (p, key) in enumerate(zip(prompts, keys)):
+        alone = eng.generate([p], [key], cfg)[0]
+        assert grouped[i].prompt_tokens == p
+        assert alone.tokens == grouped[i].tokens, i
+        assert torch.allclose(alone.hidden, grouped[i].hidden, atol=1e-5), i
+        assert grouped[i].logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+
+
 def test_long_rollouts_verify_and_an_edit_deep_inside_is_caught(eng: TorchEngine, rand_dir: Path) -> None:
     key = SigningKey.generate()
     # A random model says <eos> at ~1/128 per token: some of 8 rollouts reach 70 tokens, three proof
