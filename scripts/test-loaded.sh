@@ -3,7 +3,8 @@
 # way a user's busy 2-core machine looks (issue #12: stalls appeared at load 8-16 from other programs).
 #
 # The burners are this script's own children, ended by PID on every exit path (suite passed, failed, or
-# the script interrupted), never by name. Arguments replace `tests` as pytest's (e.g. one test file).
+# the script interrupted), never by name. Arguments replace `tests` as pytest's (e.g. one test file). The
+# suite runs as `make test` runs it: TEST_WORKERS pytest workers (2; 0 for one process).
 set -u
 PY="${PY:-.venv/bin/python}"
 BURNERS="${BURNERS:-2}"
@@ -29,7 +30,7 @@ done
 echo "test-loaded: $BURNERS CPU burners running (pids ${pids[*]}); load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 start=$(date +%s)
-"$PY" -m pytest -q "${@:-tests}"
+"$PY" -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile "${@:-tests}"
 rc=$?
 took=$(( $(date +%s) - start ))
 echo "test-loaded: pytest exited $rc after ${took}s beside $BURNERS burners; load $(cut -d' ' -f1-3 /proc/loadavg)"
