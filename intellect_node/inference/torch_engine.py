@@ -97,17 +97,18 @@ class TorchEngine:
     def _prompt_cache(self, prompts: Sequence[Sequence[int]], distinct: list[int], rows: list[int],
                       cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """Compute each distinct prompt once, left-padded, and copy its keys and values into ``cache``'s
-        first slots for every row that repeats it. Returns (hidden states [B, L, H], valid [B, L])."""
+        first slots for every row that repeats it. Returns (each row's prompt's last hidden state [B, H],
+        valid [B, L])."""
         dev = self.device
         ids, positions, valid = left_pad([list(prompts[i]) for i in distinct], self.pad_id, dev)
         L = ids.shape[1]
         once = self.runner.new_cache(len(distinct), L)
-        hidden = self.runner.forward(ids, positions, valid, once)
+        last = self.runner.forward(ids, positions, valid, once)[:, -1]
         expand = torch.tensor(rows, device=dev)
         cache.k[:, :, :, :L] = once.k[:, expand]
         cache.v[:, :, :, :L] = once.v[:, expand]
         cache.length = L
-        return hidden[expand], valid[expand]
+        return last[expand], valid[expand]
 
     def _prefill_prompts(self, prompts: Sequence[Sequence[int]], ids: torch.Tensor, positions: torch.Tensor,
                          valid: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -118,7 +119,7 @@ class TorchEngine:
         distinct, rows = self._distinct(prompts)
         if len(distinct) == len(prompts):
             return self.runner.forward(ids, positions, valid, cache)[:, -1]
-        return self._prompt_cache(prompts, distinct, rows, cache)[0][:, -1]
+        return self._prompt_cache(prompts, distinct, rows, cache)[0]
 
     @torch.inference_mode()
     def prefill(self, sequences: Sequence[Pair]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -135,8 +136,8 @@ class TorchEngine:
         tails = [list(c)[:-1] for _, c in sequences]  # a completion's last token is only ever predicted
         T = max(len(t) for t in tails)
         cache = self.runner.new_cache(len(sequences), max(len(p) for p, _ in sequences) + T)
-        prompt_hidden, valid = self._prompt_cache([p for p, _ in sequences], distinct, rows, cache)
-        last = prompt_hidden[:, -1:]  # [B, 1, H]: predicts each completion's first token
+        last, valid = self._prompt_cache([p for p, _ in sequences], distinct, rows, cache)
+        last = last.unsqueeze(1)  # [B, 1, H]: predicts each completion's first token
         if T:
             ids = torch.full((len(sequences), T), self.pad_id, dtype=torch.long, device=dev)
             tail_valid = torch.zeros((len(sequences), T), dtype=torch.bool, device=dev)

@@ -371,14 +371,15 @@ def train_step(model: Any, optimizer: Optimizer, samples: Sequence[Sample], cfg:
     """One GRPO optimizer step on ``samples`` (whole groups, consecutive). Returns the step's statistics.
 
     ``pack``: share each group's prompt (:func:`pack_groups`) where the model takes that layout
-    (:class:`~intellect_node.trainer.lean.LeanCausalLM`, and the reference model too when there is one)
+    (:class:`~intellect_node.trainer.lean.LeanCausalLM`, and the reference model too when the KL term uses it)
     and :func:`packable` says the batch fits; otherwise, and with ``pack=False``, padded rows."""
     if len(samples) % cfg.group_size:
         raise ValueError(f"{len(samples)} samples are not whole groups of {cfg.group_size}")
     model.train()
     optimizer.zero_grad(set_to_none=True)
     adv = batch_advantages(samples, cfg)
-    packed = pack and takes_packed(model) and (ref_model is None or takes_packed(ref_model)) \
+    ref_used = ref_model is not None and cfg.kl_coef > 0.0
+    packed = pack and takes_packed(model) and (not ref_used or takes_packed(ref_model)) \
         and packable(samples, cfg.group_size)
     parts = accumulate_gradients(model, samples, adv, cfg, micro_batch=micro_batch, micro_tokens=micro_tokens,
                                  pad_id=pad_id, ref_model=ref_model, temperature=temperature,
