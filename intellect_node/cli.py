@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from intellect_node import __version__
+from intellect_node import __version__, gcpolicy
 from intellect_node.errors import ConfigError
 
 app = typer.Typer(
@@ -58,6 +58,7 @@ for _name in COMMAND_MODULES:
 
 
 def main() -> None:
+    gcpolicy.defer()  # a node's start-up builds a large heap: no full collections until it settles
     try:
         app()
     except ConfigError as exc:

@@ -35,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from aiohttp import web
 
-from intellect_node import __version__
+from intellect_node import __version__, gcpolicy
 from intellect_node.errors import ConfigError
 from intellect_node.node import control
 from intellect_node.node.config import NodeConfig
@@ -240,6 +240,7 @@ class NodeRuntime:
                 self._bootstrap_task = self.spawn("bootstrap-retry", lambda: self._retry_bootstrap(boot),
                                                   essential=False, may_end=True)  # done once a peer is in
         self._status_task = self.spawn("status-peers", self._status_loop)
+        gcpolicy.settle()  # what start-up built stays: later collections need not walk it
         control.write_control_file(self.data_dir, self.control_url, self._token)
         self.board.set_state("running")
         if self.notifier.enabled:

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.common import REPO
 
 HEAVY = ("torch", "transformers", "tokenizers", "safetensors", "reasoning_gym", "math_verify", "vllm")
@@ -54,6 +56,10 @@ def report():
         except IntellectNodeError:  # not up yet: no control.json, or not answering
             time.sleep(0.05)
     (d / "modules.json").write_text(json.dumps(sorted(sys.modules)))
+    import gc
+    from intellect_node import gcpolicy
+    (d / "gc.json").write_text(json.dumps({"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(),
+                                           "deferred": gcpolicy.deferred()}))
     os.kill(os.getpid(), signal.SIGTERM)
 
 threading.Thread(target=report, daemon=True).start()
@@ -76,12 +82,19 @@ def test_the_modules_of_a_role_less_node_import_no_ml_stack() -> None:
     assert _heavy(doc["modules"]) == []
 
 
-def test_a_running_role_less_node_has_not_imported_the_ml_stack(tmp_path: Path) -> None:
-    d = tmp_path / "node"
+@pytest.fixture(scope="module")
+def ran_node(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The data dir of a role-less ``intellect-node join --headless`` that ran until its first status
+    answer, with what it had loaded (modules.json) and its collector's state (gc.json) then."""
+    d = tmp_path_factory.mktemp("startup") / "node"
     out = subprocess.run([sys.executable, "-c", RUN_NODE, str(d)], capture_output=True, text=True,
                          timeout=180, cwd=REPO, env={**_env(), "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
-    modules = json.loads((d / "modules.json").read_text())
+    return d
+
+
+def test_a_running_role_less_node_has_not_imported_the_ml_stack(ran_node: Path) -> None:
+    modules = json.loads((ran_node / "modules.json").read_text())
     assert "libp2p" in modules and "intellect_node.node.runtime" in modules  # it did run a node
     assert _heavy(modules) == []
 
@@ -91,3 +104,11 @@ def _env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if not k.startswith("INTELLECT_NODE_")}
+
+
+def test_a_running_node_collects_garbage_again_with_its_start_up_heap_frozen(ran_node: Path) -> None:
+    """The CLI holds the collector off during start-up (intellect_node/gcpolicy.py); by the time the node
+    answers, it must be back on (not waiting for the fallback limit) with the start-up heap frozen."""
+    state = json.loads((ran_node / "gc.json").read_text())
+    assert state == {"enabled": True, "frozen": state["frozen"], "deferred": False}
+    assert state["frozen"] > 10_000  # the imported libraries, not a handful of objects
