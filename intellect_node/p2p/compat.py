@@ -120,7 +120,9 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "yamux-receive-window", "apply_fixes: YamuxStream.recv_window, Yamux.handle_incoming, "
         "Yamux._read_data_body, the yamux module's read_exactly",
         "DATA past the receive window a peer was granted is logged, the window clamped to 0 and the bytes "
-        "buffered anyway, without end, on a stream nobody reads; go-yamux closes such a connection",
+        "buffered anyway, without end, on a stream nobody reads; go-yamux closes such a connection. A DATA "
+        "frame for an unknown stream is read whole (up to 16 MiB) only to be dropped; ours drains it in "
+        "64 KiB pieces",
         "40 frames of 256 KiB on a stream whose handler had returned: 10 MiB held on one stream, the "
         "connection kept (an experiment on 0.8.1); repeated, any peer could exhaust a node's memory",
         "tests/p2p/test_libp2p_fuzz.py::test_a_peer_that_sends_past_its_receive_window_loses_its_connection",
@@ -469,8 +471,12 @@ async def _read_body_within_window(self: Any, length: int) -> bytes:
     could make a node hold a frame's worth past the window per connection until :class:`_ReceiveWindow`
     ended it. Here the header kept by :func:`_read_noting_header` names the stream: a frame longer than
     that stream's window (a new stream's initial window for a SYN) marks the connection as exceeded, ends
-    the read loop and returns no bytes; :func:`_enforce_receive_window` closes the connection. A frame for
-    a stream the node no longer knows is read and dropped as before (data in flight when it reset)."""
+    the read loop and returns no bytes; :func:`_enforce_receive_window` closes the connection.
+
+    A frame for a stream the node does not know (data in flight when it reset it, or a peer's invention)
+    is read and dropped, as go-yamux drains it, but in pieces of at most :data:`DRAIN_PIECE` bytes under
+    the stock body deadline: the stock loop would first hold the whole body, up to 16 MiB a frame on every
+    connection at once, only to drop it."""
     header = getattr(self.secured_conn, "_intellect_yamux_header", None)
     if header is not None and len(header) == _yamux.HEADER_SIZE:
         _, typ, flags, stream_id, announced = struct.unpack(_yamux.YAMUX_HEADER_FORMAT, header)
@@ -483,7 +489,18 @@ async def _read_body_within_window(self: Any, length: int) -> bytes:
                     self._window_exceeded = (stream_id, length - window)
                 self.event_shutting_down.set()  # the read loop ends after this frame
                 return b""
+            if window is None:  # no such stream: nothing will read these bytes
+                with trio.fail_after(_yamux._yamux_data_read_timeout()):
+                    left = length
+                    while left:  # read_exactly raises IncompleteReadError if the connection ends first
+                        left -= len(await _STOCK["yamux.read_exactly"](self.secured_conn,
+                                                                       min(left, DRAIN_PIECE)))
+                return b""
     return await _STOCK["Yamux._read_data_body"](self, length)  # type: ignore[no-any-return]
+
+
+DRAIN_PIECE = 64 * 1024
+"""Largest read when dropping the body of a DATA frame for an unknown stream (yamux's own frame size)."""
 
 
 async def _enforce_receive_window(self: Any) -> None:

@@ -406,6 +406,73 @@ def test_a_frame_announced_past_the_window_closes_the_connection_before_its_body
     run(main(), 180)
 
 
+def test_data_for_an_unknown_stream_is_drained_and_the_connection_keeps_serving(tmp_path: Path) -> None:
+    """A DATA frame for a stream the target does not know (what arrives after it reset a stream) is read and
+    dropped in pieces (``compat.DRAIN_PIECE``), then the read loop goes on: a 4 MiB body for an unknown
+    stream, then a node-info request on the same connection, answered. Nothing is held against the sender:
+    honest peers send such frames when a reset crosses their data."""
+    body = (4 << 20) + 123  # not a whole number of pieces
+
+    async def main() -> None:
+        async with target_and_honest(tmp_path / "nodes") as (target, honest):
+            book = target.swarm.peerbook
+            async with Attackers(target.swarm.listen_addrs()[0]) as attackers:
+                async def fn(host: Any, tid: Any) -> tuple[int, bool]:
+                    from libp2p.network.stream.exceptions import StreamEOF
+                    from libp2p.stream_muxer.exceptions import MuxedStreamEOF
+
+                    conn = host.get_network().get_connections(tid)[0]
+                    await conn.muxed_conn._write_frame(yamux_frame(0, 0, 40_001, body, bytes(body)))
+                    got = b""
+                    with trio.fail_after(30):  # the answer comes only once the read loop is past the body
+                        stream = await host.new_stream(tid, [INFO])
+                        try:
+                            while piece := await stream.read(1 << 16):
+                                got += piece
+                        except (StreamEOF, MuxedStreamEOF):
+                            pass
+                    return len(got), tid in host.get_network().connections
+
+                attacker, (answered, connected) = await attackers.run(fn)
+            assert answered > 0 and connected
+            assert not [r for r in book.rejections(attacker)[1] if r.startswith("yamux:")]
+            await assert_serves(target, honest, "after data for an unknown stream", tmp_path)
+
+    run(main(), 180)
+
+
+def test_the_drain_reads_an_unknown_streams_body_in_pieces_and_nothing_after_it() -> None:
+    """The unit under the test above: every read is at most ``DRAIN_PIECE`` bytes, the frame's body is
+    consumed exactly (the next frame's bytes stay), and nothing is returned for the stream."""
+    from types import SimpleNamespace
+
+    from trio.testing import memory_stream_pair
+
+    from intellect_node.p2p import compat
+
+    length = 5 * compat.DRAIN_PIECE + 123
+
+    class Reader:  # the read interface of a secured connection, over a real in-memory trio stream
+        def __init__(self, stream: Any) -> None:
+            self.stream, self.sizes = stream, []
+            self._intellect_yamux_header = yamux_frame(0, 0, 7, length)
+
+        async def read(self, n: int) -> bytes:
+            self.sizes.append(n)
+            return bytes(await self.stream.receive_some(n))
+
+    async def main() -> tuple[bytes, list[int], bytes]:
+        send, receive = memory_stream_pair()
+        reader = Reader(receive)
+        await send.send_all(bytes(length) + b"next")
+        got = await compat._read_body_within_window(SimpleNamespace(secured_conn=reader, streams={}), length)
+        return got, reader.sizes, bytes(await receive.receive_some(4))
+
+    got, sizes, rest = trio.run(main)
+    assert got == b"" and rest == b"next"
+    assert sizes and max(sizes) <= compat.DRAIN_PIECE
+
+
 def test_a_peer_that_holds_too_many_streams_open_gets_the_next_ones_reset(tmp_path: Path) -> None:
     """Each inbound stream may hold up to its receive window that nobody reads; only a cap on the streams
     a connection holds open bounds the total. 300 raw SYNs, each negotiating node info (whose handler
