@@ -16,6 +16,10 @@ the library hands work to code that reads peer input:
   before the handler sees it; a malformed frame resets the stream and is recorded against the peer.
 - :data:`MAX_INBOUND_STREAMS`: a connection's inbound streams still open to input are capped; the next
   is reset before negotiation and recorded against the peer.
+- :func:`_finish`: a handler that returned on the peer's EOF without closing its own side (pubsub's read
+  loop, the relay's HOP handler) gets it closed, so the muxer forgets the stream. Left half-open, each
+  such stream stayed in its connection's table until the connection closed: as many as a peer cared to
+  open and close, none counted by the cap above (the peer can no longer send on them).
 - :func:`contained_connection_task`: a connection task that fails closes its own connection.
 - :func:`contained_peer_task`: pubsub's per-message and per-peer tasks.
 
@@ -138,6 +142,26 @@ async def _reset(stream: Any) -> None:
         log.debug("reset: %r", exc)
 
 
+CLOSE_TIMEOUT_S = 1.0
+"""How long closing our side may take (one FIN frame; a peer that stops reading cannot hold the handler)."""
+
+
+async def _finish(stream: Any) -> None:
+    """After a handler returned normally: close our side of a stream whose peer has closed its own.
+
+    Only then: a handler that returns while the peer may still send can have handed the stream on (the
+    relay's STOP handler makes it a relayed connection); with the peer's side closed, nothing of ours
+    reads it any more, and whatever still had to be written went out before the handler returned."""
+    ms = getattr(stream, "muxed_stream", None)
+    if ms is None or not getattr(ms, "recv_closed", False) or getattr(ms, "send_closed", True):
+        return
+    try:
+        with trio.move_on_after(CLOSE_TIMEOUT_S):
+            await stream.close()
+    except Exception as exc:  # the connection died meanwhile: it takes the stream with it
+        log.debug("close after handler: %r", exc)
+
+
 MAX_INBOUND_STREAMS = 256
 """Inbound streams one connection may hold open (the peer has not closed its side) at once; the next is
 reset before negotiation and recorded against the peer. Each can hold up to its yamux receive window
@@ -233,6 +257,8 @@ def contain_streams(host: Any, on_reject: OnReject, is_banned: Callable[[str], b
             else:
                 log.debug("stream %s from %s ended: %r", protocol, peer, exc)
             await _reset(stream)
+        else:
+            await _finish(stream)
 
     network.set_stream_handler(dispatch)
 

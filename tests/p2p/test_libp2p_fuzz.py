@@ -473,6 +473,39 @@ def test_the_drain_reads_an_unknown_streams_body_in_pieces_and_nothing_after_it(
     assert sizes and max(sizes) <= compat.DRAIN_PIECE
 
 
+def test_streams_the_peer_closed_are_forgotten_once_their_handlers_return(tmp_path: Path) -> None:
+    """Pubsub's read loop and the relay's HOP handler return on the peer's EOF without closing their own
+    side; the stock library then keeps each such stream in the connection's table until the connection
+    closes, uncounted by the stream cap (the peer can no longer send on it), so a peer could grow that
+    table by opening and closing streams. The dispatcher closes our side once the handler has returned
+    (``guard._finish``): 40 streams each of meshsub 1.1, meshsub 1.2 and HOP, each closed by the attacker
+    at once, and the target's table for that connection empties while the connection stays up."""
+    per_protocol = 40
+
+    async def main() -> None:
+        async with target_and_honest(tmp_path / "nodes") as (target, honest):
+            net = target.swarm.p2p.host.get_network()  # read from the attacker's thread: len() only
+            async with Attackers(target.swarm.listen_addrs()[0]) as attackers:
+                async def fn(host: Any, tid: Any) -> int:
+                    me = host.get_id()
+
+                    def held() -> int:  # streams of this connection in the target's muxer
+                        return sum(len(c.muxed_conn.streams) for c in list(net.connections.get(me) or []))
+
+                    for proto in [*MESHSUB, HOP]:
+                        for _ in range(per_protocol):
+                            stream = await host.new_stream(tid, [proto])
+                            await stream.close()
+                    await wait_trio(lambda: held() == 0, 60, what="the target to forget the closed streams")
+                    assert tid in host.get_network().connections
+                    return held()
+
+                await attackers.run(fn)
+            await assert_serves(target, honest, "after streams closed by the peer", tmp_path)
+
+    run(main(), 180)
+
+
 def test_a_peer_that_holds_too_many_streams_open_gets_the_next_ones_reset(tmp_path: Path) -> None:
     """Each inbound stream may hold up to its receive window that nobody reads; only a cap on the streams
     a connection holds open bounds the total. 300 raw SYNs, each negotiating node info (whose handler
