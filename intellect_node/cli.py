@@ -57,8 +57,15 @@ for _name in COMMAND_MODULES:
     _mod.register(app)
 
 
+NODE_COMMANDS = frozenset({"join", "sweep"})
+"""Commands that run a node in this process: its start-up holds the garbage collector off until the node
+runtime settles it (:mod:`intellect_node.gcpolicy`). Others (the demo's supervisor, one-shot tools) keep
+the collector as it is."""
+
+
 def main() -> None:
-    gcpolicy.defer()  # a node's start-up builds a large heap: no full collections until it settles
+    if len(sys.argv) > 1 and sys.argv[1] in NODE_COMMANDS:
+        gcpolicy.defer()  # a node's start-up builds a large heap: no full collections until it settles
     try:
         app()
     except ConfigError as exc:

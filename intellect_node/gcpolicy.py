@@ -7,12 +7,13 @@ paid for five or six of them, the last ones 0.2-0.3 s each: about 1 CPU second p
 ``gc.callbacks`` in ``bench/learning.py``'s three node processes (docs/architecture.md, node runtime).
 Almost none of those objects is ever garbage.
 
-:func:`defer` (the CLI's first step for every command) turns the collector off; :func:`settle` (the node
-runtime, once its services have started: the roles have imported their stack and built their models) moves
-every object alive at that moment into the permanent generation (``gc.freeze``), which later collections do
-not walk, and turns the collector back on. What start-up left as cyclic garbage stays until exit: a
-bounded, one-time cost. A command that never settles (a one-shot tool, a crash before ``running``) gets
-the collector back after :data:`DEFER_LIMIT_S` anyway, so nothing runs unbounded without it.
+:func:`defer` (the CLI's first step for the commands that run a node: ``join``, ``sweep``) turns the
+collector off; :func:`settle` (the node runtime, once its services have started: the roles have imported
+their stack and built their models) moves every object alive at that moment into the permanent generation
+(``gc.freeze``), which later collections do not walk, and turns the collector back on. What start-up left
+as cyclic garbage stays until exit: a bounded, one-time cost. A command that never settles (a ``sweep``
+command that runs no node, a crash before ``running``) gets the collector back after :data:`DEFER_LIMIT_S`
+anyway, so nothing runs unbounded without it.
 """
 
 from __future__ import annotations

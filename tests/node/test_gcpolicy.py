@@ -57,3 +57,17 @@ def test_a_collector_turned_off_on_purpose_stays_off() -> None:
         assert not gc.isenabled()  # nor ours to turn back on
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("argv, defers", [(["--version"], False), (["keys", "--help"], False),
+                                          (["join", "--no-such-flag"], True), (["sweep", "--help"], True)])
+def test_the_cli_defers_collections_only_for_commands_that_run_a_node(monkeypatch: pytest.MonkeyPatch,
+                                                                      argv: list[str], defers: bool) -> None:
+    import sys
+
+    from intellect_node import cli
+
+    monkeypatch.setattr(sys, "argv", ["intellect-node", *argv])
+    with pytest.raises(SystemExit):
+        cli.main()
+    assert gcpolicy.deferred() is defers and gc.isenabled() is not defers
