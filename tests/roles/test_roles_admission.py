@@ -138,7 +138,11 @@ def test_trainer_refuses_copies_behind_a_lying_validator_across_a_sigkill(tmp_pa
             p.close()
     assert st1["banned"] == 0 and st2["trainer"]["banned"] == 0  # ban_after 1000: refused, not banned yet
     book = {r["peer_id"]: r for r in st2["known_peers"]}
-    assert "duplicate" in (book[ids["cheat"]]["last_rejection"] or ""), book[ids["cheat"]]
-    assert cstat["copies"] >= 2, cstat
+    refused = book[ids["cheat"]]["last_rejection"] or ""  # the restarted trainer's own record
+    assert "duplicate" in refused, book[ids["cheat"]]
+    # The copy refused after the restart is one the cheat made: a new one, or the first one again (gossip's
+    # message cache can hand a trainer that restarts quickly the notices of the last few seconds). Either
+    # way only the journal still knows those rollouts: the first copy's inbox entry went when it was refused.
+    assert any(cid in refused for cid in cstat["copy_cids"]), (refused, cstat["copy_cids"])
     keys = _consumed_keys(tmp_path / "trainer")
     assert keys and len(keys) == len(set(keys)), "a rollout was trained on twice"

@@ -132,9 +132,10 @@ def _cheat_main(mode: str, data_dir: Path) -> int:
     class Cheater(Worker):
         copies = 0
         first: Any = None
+        copy_cids: list[str] = []
 
         def status(self) -> dict[str, Any]:
-            return {**super().status(), "copies": self.copies}
+            return {**super().status(), "copies": self.copies, "copy_cids": list(self.copy_cids)}
 
         async def submit(self, records: Any, version: int, n_tokens: int) -> str:
             cid = await super().submit(records, version, n_tokens)
@@ -157,6 +158,7 @@ def _cheat_main(mode: str, data_dir: Path) -> int:
             path = self.dir / "outbox" / f"copy-{self.copies}.batch"
             await asyncio.to_thread(atomic_write_bytes, path, data)
             cid, _ = await self.blobs.put_file(path, name=f"copy-{self.copies}")
+            self.copy_cids = [*self.copy_cids, cid]
             path.unlink(missing_ok=True)
             notice = RolloutNotice(run_id=self.run_id, batch_cid=cid, policy_version=version,
                                    n_rollouts=len(records), batch_bytes=len(data))
