@@ -177,16 +177,6 @@ def startup_timeline(work: Path, workers: list[str], t0_wall: float, trainer_rea
             "first_verdict": min(verdicts) - t0_wall if verdicts else None}
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick; the node binds it moments
-    later, and its own check refuses the port if something took it in between)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_node(data_dir: Path, role: str, procs: list[Any], *, ids: dict[str, str], model: str,
                bootstrap: list[str] | None = None, port: int = 0) -> Any:
     """``intellect-node join --role ROLE`` with ``data_dir/config.toml`` (the run: trainer, validator,
@@ -211,6 +201,7 @@ def run_swarm(target: float, window: int, timeout: float, workdir: Path, workers
               nice: int = 0) -> dict[str, Any]:
     from intellect_node.models.loader import embedded_model_dir
     from intellect_node.p2p.identity import init_key
+    from intellect_node.p2p.ports import free_tcp_port
 
     model = str(embedded_model_dir())
     ids = {}
@@ -226,7 +217,7 @@ def run_swarm(target: float, window: int, timeout: float, workdir: Path, workers
         # All processes start together, as a swarm's operators would start them: the trainer on a port chosen
         # beforehand, so the others can name it as their bootstrap peer before it is up (they dial it
         # again until it answers) and import torch while it loads its model.
-        port = free_port()
+        port = free_tcp_port()
         trainer = start_node(workdir / "trainer", "trainer", procs, port=port, **common)
         t_addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{ids['trainer']}"
         for n, role in (("validator", "validator"), *((w, "worker") for w in wnames)):

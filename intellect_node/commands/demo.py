@@ -1,10 +1,11 @@
 """``intellect-node demo``: a complete swarm on this machine, one process per node, with the dashboard.
 
 The demo is a thin orchestrator over the real CLI: it creates a key per node (so it knows the trainer's
-peer ID before anything starts), writes one config file for the run, starts the trainer with
-``intellect-node join --role trainer``, then the validators and workers bootstrapped to it, each as its
-own process on 127.0.0.1. It reads every node's status snapshot through the node's control API (the
-same JSON ``intellect-node status`` shows) and renders them with the dashboard's swarm view.
+peer ID before anything starts), writes one config file for the run, and starts every node at once, each
+as its own process on 127.0.0.1: the trainer with ``intellect-node join --role trainer`` on a port picked
+just before, the validators and workers bootstrapped to that address (:meth:`DemoSwarm.start`). It reads
+every node's status snapshot through the node's control API (the same JSON ``intellect-node status``
+shows) and renders them with the dashboard's swarm view.
 
 ``--headless --steps N --report FILE`` waits for N trainer steps and writes::
 
@@ -49,7 +50,11 @@ from intellect_node.node.processes import (
     stop_all,
     write_config,
 )
+from intellect_node.p2p.ports import free_tcp_port
 
+START_ATTEMPTS = 3
+"""Ports the demo tries for its trainer: another process can take the one picked before the trainer
+binds it."""
 READY_TIMEOUT_S = 120.0
 """Start-up bound per node: imports of torch and libp2p take seconds on a loaded 2-core machine."""
 POLL_S = 0.5
@@ -128,9 +133,11 @@ class DemoSwarm:
         write_config(self.config_path, doc)
         load_config(self.config_path, environ={})  # fail here, naming the field, not in four children
 
-    def _spawn(self, node: DemoNode, bootstrap: list[str]) -> None:
+    def _spawn(self, node: DemoNode, bootstrap: list[str], listen: str | None = None) -> None:
         args = [*cli_argv(), "join", "--headless", "--role", node.role, "--data-dir", str(node.data_dir),
                 "--config", str(self.config_path), "--log-file", str(node.log_path)]
+        if listen is not None:
+            args += ["--listen", listen]
         for addr in bootstrap:
             args += ["--bootstrap", addr]
         # The demo is self-contained: the operator's INTELLECT_NODE_* settings are not applied to it.
@@ -148,18 +155,38 @@ class DemoSwarm:
         return node.proc.death_note()
 
     def start(self, progress: Any = None) -> None:
-        """Trainer first (everyone bootstraps to it), then the others in parallel."""
+        """Every node at once: the trainer on a port picked just before, the others bootstrapped to it.
+
+        They import torch and libp2p side by side instead of waiting for the trainer's start-up, and dial
+        the trainer again until it answers. If another process takes the port before the trainer binds
+        it (the trainer then exits 2, naming the port), everything stops and starts again on another
+        port, up to START_ATTEMPTS times."""
         say = progress or (lambda _m: None)
-        say(f"starting the trainer ({self.trainer.peer_id[-8:]})")
-        self._spawn(self.trainer, [])
-        status = self._wait_ready(self.trainer, time.monotonic() + READY_TIMEOUT_S)
-        boot = status["listen_addrs"][:1]
-        say(f"starting {len(self.nodes) - 1} more nodes")
-        for node in self.nodes[1:]:
-            self._spawn(node, boot)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        for node in self.nodes[1:]:
-            self._wait_ready(node, deadline)
+        for attempt in range(1, START_ATTEMPTS + 1):
+            port = free_tcp_port()
+            say(f"starting the trainer ({self.trainer.peer_id[-8:]}) on 127.0.0.1:{port} and "
+                f"{len(self.nodes) - 1} more nodes")
+            self._spawn(self.trainer, [], listen=f"/ip4/127.0.0.1/tcp/{port}")
+            boot = [f"/ip4/127.0.0.1/tcp/{port}/p2p/{self.trainer.peer_id}"]
+            for node in self.nodes[1:]:
+                self._spawn(node, boot)
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            try:
+                self._wait_ready(self.trainer, deadline)
+            except IntellectNodeError:
+                if attempt == START_ATTEMPTS or not self._trainer_lost_its_port():
+                    raise
+                say(f"port {port} was taken before the trainer could listen on it; starting again")
+                self.stop()
+                continue
+            for node in self.nodes[1:]:
+                self._wait_ready(node, deadline)
+            return
+
+    def _trainer_lost_its_port(self) -> bool:
+        """The trainer exited because its listen port is in use (``ports.check_listen_ports``)."""
+        proc = self.trainer.proc
+        return proc is not None and proc.proc.poll() == 2 and "already in use" in proc.output_text()
 
     def dead(self) -> list[DemoNode]:
         return [n for n in self.nodes if n.proc is not None and not n.proc.alive()]

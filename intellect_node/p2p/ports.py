@@ -50,6 +50,15 @@ def fixed_ports(listen: Iterable[str]) -> list[tuple[str, str, int, str]]:
     return out
 
 
+def free_tcp_port(ip: str = "127.0.0.1") -> int:
+    """A TCP port on ``ip`` that nothing listens on now: the kernel's pick, released at once. For a
+    listener whose address others must know before it starts; another process could take the port in
+    between, which the listener's own :func:`check_listen_ports` then refuses (ConfigError, exit 2)."""
+    with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET) as sock:
+        sock.bind((ip, 0))
+        return int(sock.getsockname()[1])
+
+
 def port_holder_error(ip: str, transport: str, port: int) -> OSError | None:
     """The OSError a bind of ``ip``:``port`` without ``SO_REUSEPORT`` raises now, or None if it is free."""
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET

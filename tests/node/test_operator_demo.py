@@ -116,3 +116,43 @@ def test_demo_workers_together_make_at_least_a_step_each_version() -> None:
         made = workers * rl["problems_per_batch"]
         assert rl["groups_per_step"] <= made < rl["groups_per_step"] + workers, (workers, rl)
     assert demo_rl(2) == DEMO_RL
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_demo_starts_again_when_its_trainer_port_is_taken(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every node starts at once, bootstrapped to a trainer port picked just before. If another process
+    listens there first, the trainer exits 2 naming the port, and the demo starts everything again on
+    another port instead of failing or leaving the others dialling nobody."""
+    import socket
+
+    from intellect_node.commands import demo
+    from intellect_node.p2p.ports import free_tcp_port
+    from tests.support.wait import wait_for
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    picks = iter([taken])
+    monkeypatch.setattr(demo, "free_tcp_port", lambda: next(picks, None) or free_tcp_port())
+    swarm = demo.DemoSwarm(tmp_path, workers=1, validators=1, run_id="demo-port",
+                           model=None, extra_config={"rl": demo.demo_rl(1)})
+    said: list[str] = []
+    try:
+        swarm.start(progress=said.append)
+        addrs = swarm.trainer.proc.status()["listen_addrs"] if swarm.trainer.proc else []
+        assert addrs and all(f"/tcp/{taken}/" not in a + "/" for a in addrs), addrs
+        assert any(f"port {taken} was taken" in m for m in said), said
+        assert sum(m.startswith("starting the trainer") for m in said) == 2, said
+        # the others reached the trainer at its new address
+        for node in swarm.nodes[1:]:
+            proc = node.proc
+            assert proc is not None
+            wait_for(lambda p=proc: swarm.trainer.peer_id in p.status()["peers"], timeout=120,
+                     interval=0.5, what=f"{node.name} knows the trainer")
+    finally:
+        codes = swarm.stop()
+        squatter.close()
+    assert all(code == 0 for code in codes.values()), codes

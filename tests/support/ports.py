@@ -6,10 +6,8 @@ address to dial). Another process could take it in between; every user binds it 
 
 from __future__ import annotations
 
-import socket
+from intellect_node.p2p.ports import free_tcp_port
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_tcp_port()
