@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from intellect_node.errors import ConfigError
 from intellect_node.models.families import inv_frequencies
 from intellect_node.models.loader import LoadedModel
+from intellect_node.models.ops import rms_norm, rotate
 
 FUSE_MAX_PARAMS = 200_000_000
 """Fuse projections below this many parameters: the fused copies then cost at most ~0.8 GB in fp32,
@@ -134,13 +135,7 @@ class DecoderRunner:
         self.cos, self.sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # x * rsqrt(mean(x^2) + eps) in float32, then the weight in the model dtype (as transformers does).
-        return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = self.head_dim // 2
-        rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rot * sin
+        return rms_norm(x, weight, self.eps)
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         shape = (self.n_layers, batch, self.n_kv, max_len, self.head_dim)
@@ -197,10 +192,10 @@ class DecoderRunner:
             if layer.qk_norm is not None:  # Qwen3: RMSNorm over each head's dimensions, before RoPE
                 qk = self._norm(qkv[:, :, :nq + nkv], layer.qk_norm).transpose(1, 2)
                 v = qkv[:, :, nq + nkv:].transpose(1, 2)
-                qk = self._rope(qk, cos, sin)
+                qk = rotate(qk, cos, sin)
             else:
                 qkv = qkv.transpose(1, 2)
-                qk = self._rope(qkv[:, :nq + nkv], cos, sin)  # queries and keys rotated together
+                qk = rotate(qkv[:, :nq + nkv], cos, sin)  # queries and keys rotated together
                 v = qkv[:, nq + nkv:]
             q, k = qk[:, :nq], qk[:, nq:]
             if cache is not None:

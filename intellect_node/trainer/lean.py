@@ -36,6 +36,7 @@ from torch.utils.checkpoint import checkpoint
 
 from intellect_node.errors import ConfigError
 from intellect_node.models.families import Architecture, architecture, inv_frequencies
+from intellect_node.models.ops import rms_norm, rotate
 
 Device = str | torch.device
 
@@ -65,13 +66,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x * rsqrt(mean(x^2) + eps) in float32, then the weight in x's dtype (as transformers does).
-        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+        return rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -97,7 +92,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv, d).transpose(1, 2)
         if self.qk_norm:  # Qwen3: RMSNorm over each head's dimensions, before RoPE
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = _rotate(q.transpose(1, 2), cos, sin), _rotate(k.transpose(1, 2), cos, sin)
+        q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                            enable_gqa=self.n_kv != self.n_heads)
         return self.o_proj(a.transpose(1, 2).reshape(B, T, self.n_heads * d))
