@@ -3,8 +3,8 @@
 Three transfers of the same file in the same run, each with one origin process and N peer processes
 that start together on a "go" line (process start-up and imports are not timed):
 
-- ``intellect``: ``intellect_node.blobs.peer`` processes. The origin has published the file (4 MiB
-  chunks, signed manifest). Each peer fetches the blob with the origin *and the other peers* as
+- ``intellect``: ``intellect_node.blobs.peer`` processes. The origin has published the file (3 MiB
+  chunks by default, signed manifest). Each peer fetches the blob with the origin *and the other peers* as
   providers (swarming: a peer serves what it holds while still downloading), checks every chunk's
   hash (BLAKE3, what its CID names) on arrival, commits it (rename; fsync batched after the fetch) and
   finally writes the assembled file.
@@ -386,7 +386,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="Broadcast benchmark (see the module docstring).")
     ap.add_argument("--size-mib", type=int, default=256)
     ap.add_argument("--peers", type=int, default=4)
-    ap.add_argument("--chunk-mib", type=int, default=4)
+    ap.add_argument("--chunk-mib", type=int, default=3)
     ap.add_argument("--skip-shardcast", action="store_true")
     ap.add_argument("--origin-only", action="store_true",
                     help="also run intellect with the origin as the only provider (no swarming)")

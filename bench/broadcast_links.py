@@ -6,7 +6,7 @@ the origin's uplink. Each host sits in its own network namespace on one bridge
 (100 Mbit/s) on both ends of its veth: its uplink and its downlink. The origin publishes a
 ``--size-mib`` (256 MiB) checkpoint; N peers fetch it at once. For each N in ``--peers`` (2,4,8):
 
-- ``intellect``: ``intellect_node.blobs.peer`` processes (4 MiB chunks, each hash-checked on arrival);
+- ``intellect``: ``intellect_node.blobs.peer`` processes (3 MiB chunks by default, each checked on arrival);
   every peer has the origin and every other peer as providers and serves the verified chunks it holds
   while it downloads (swarming). Time-to-all = the last peer holds every chunk in its store (what a
   node serves and loads from); ``intellect+file`` adds writing the assembled file on every peer.
@@ -244,7 +244,7 @@ def main() -> None:
     ap.add_argument("--size-mib", type=int, default=256)
     ap.add_argument("--peers", default="2,4,8", help="peer counts to run, comma-separated")
     ap.add_argument("--rate-mbit", type=float, default=100.0, help="every host's uplink and downlink")
-    ap.add_argument("--chunk-mib", type=int, default=4)
+    ap.add_argument("--chunk-mib", type=int, default=3)
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"any of {', '.join(SYSTEMS)}")
     ap.add_argument("--trace", type=Path, default=None,
                     help="write intellect's chunk events and link samples to TRACE-<peers>.json")

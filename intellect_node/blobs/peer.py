@@ -12,7 +12,7 @@ As a process, driven by JSON lines on stdin:
 ``{"event": "listening", "url": ..., "peer_id": ...}`` and then answers commands, one JSON object per
 line on stdin, with JSON lines on stdout:
 
-    {"op": "put", "path": "/abs/file", "chunk_size": 4194304}   -> {"event": "put", "cid": ...}
+    {"op": "put", "path": "/abs/file", "chunk_size": 3145728}   -> {"event": "put", "cid": ...}
     {"op": "fetch", "cid": ..., "providers": [{"peer_id": ..., "http_url": ...}], "out": null}
         -> {"event": "chunk", ...}* then {"event": "done", ...} or {"event": "error", ...}
     {"op": "export", "cid": ..., "out": "/abs/file"}           -> {"event": "exported", ...}
@@ -40,6 +40,7 @@ from intellect_node.blobs.fetch import ChunkSource, Progress, Provider, StaticPr
 from intellect_node.blobs.service import BlobService
 from intellect_node.blobs.store import BlobStore
 from intellect_node.errors import IntellectNodeError
+from intellect_node.protocol.blob import DEFAULT_CHUNK_SIZE
 from intellect_node.protocol.signing import SigningKey
 
 
@@ -121,7 +122,8 @@ async def _main(args: argparse.Namespace) -> None:
             cmd = json.loads(line)
             op = cmd.get("op")
             if op == "put":
-                cid, m = await svc.put_file(cmd["path"], chunk_size=int(cmd.get("chunk_size") or 4 << 20))
+                chunk_size = int(cmd.get("chunk_size") or DEFAULT_CHUNK_SIZE)
+                cid, m = await svc.put_file(cmd["path"], chunk_size=chunk_size)
                 _emit({"event": "put", "cid": cid, "chunks": m.chunks, "size": m.total_size})
             elif op == "fetch":
                 providers[:] = [StaticProvider(p["peer_id"], p["http_url"]) for p in cmd.get("providers", [])]

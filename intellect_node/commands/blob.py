@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
         data_dir_opt: Optional[Path] = DataDirOption,
         name: Optional[str] = typer.Option(None, "--name", help="Name recorded in the manifest (default: "
                                                                 "the file name)."),
-        chunk_mib: float = typer.Option(4.0, "--chunk-mib", help="Chunk size in MiB (default 4)."),
+        chunk_mib: float = typer.Option(3.0, "--chunk-mib", help="Chunk size in MiB (default 3)."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress."),
     ) -> None:
         """Chunk FILE, sign its manifest and print the blob CID."""

@@ -37,8 +37,8 @@ MAX_POLICY_BYTES = 4 << 30
 """Largest policy checkpoint a worker or validator accepts (the announced size is checked first)."""
 
 ANNOUNCE_MIN_CHUNKS = 4
-"""A blob a role fetched is announced in the DHT from this many chunks (16 MiB at 4 MiB chunks): large
-enough that its followers gain from fetching from each other (see ``HintedFetcher``)."""
+"""A blob a role fetched is announced in the DHT from this many chunks (12 MiB at the default 3 MiB
+chunks): large enough that its followers gain from fetching from each other (see ``HintedFetcher``)."""
 
 
 def run_task(cfg: NodeConfig, *, filtered: bool = True) -> Task:
