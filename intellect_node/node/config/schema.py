@@ -370,7 +370,7 @@ class RLConfig(_Section):
     policy_chunk_mib: float = Field(default=3.0, ge=0.25, le=64.0)
     """Chunk size (MiB) of the policy files the trainer publishes. A peer serves a chunk only once it
     holds and has checked all of it, so smaller chunks spread faster over slow links (256 MiB to 8 peers
-    at 100 Mbit/s: 1.30-1.38x the one-copy bound at 4 MiB, 1.26-1.31x at 3, 1.22-1.24x at 2, 1.16x at 1)
+    at 100 Mbit/s: 1.30-1.38x the one-copy bound at 4 MiB, 1.25-1.31x at 3, 1.22-1.24x at 2, 1.16x at 1)
     and cost more CPU per byte on fast ones (bench/README.md, "broadcast"). Raised for a file that would
     need more than 16,384 chunks. Trainer only."""
 
