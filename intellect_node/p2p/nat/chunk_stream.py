@@ -39,14 +39,14 @@ PROTOCOL_ID = "/intellect/blob-chunk/1.0.0"
 MAX_REQUEST = 256
 MAX_RESPONSE_HEADER = 256
 MAX_CHUNK_BYTES = 16 * 1024 * 1024
-"""Upper bound on one served item (chunks are 4 MiB by default; manifests are far smaller)."""
+"""Upper bound on one served item (chunks are 3 MiB by default; manifests are far smaller)."""
 BUDGET_SHARE = 0.75
 UNKNOWN_RELAY_LIMIT = 128 * 1024
 """go-libp2p's default per-circuit data limit: the safe assumption when the limit is not known."""
 READ_TIMEOUT_S = 60.0
 KINDS = ("chunk", "manifest", "have")
 MAX_HAVE_BYTES = 1 << 20
-"""A have bitmap: one bit per chunk; 1 MiB covers 8 M chunks (32 TiB at 4 MiB each)."""
+"""A have bitmap: one bit per chunk; 1 MiB covers 8 M chunks (24 TiB at 3 MiB each)."""
 
 
 class ChunkRequest(codec.Message, frozen=True):
