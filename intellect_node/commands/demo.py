@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import sys
@@ -346,10 +347,16 @@ def run_dashboard(swarm: DemoSwarm) -> int:
     return 0
 
 
-def demo_thresholds(model: str, base: Path, progress: Any = None) -> Path:
+def demo_thresholds(model: str, base: Path, progress: Any = None, *, engine: Any = None,
+                    problems: Any = None, max_new_tokens: int | None = None,
+                    temperature: float = 1.0) -> Path:
     """The model folder's thresholds when they cover the demo's pair (torch@cpu), else a quick
     calibration of that pair written into the demo's own directory: a model brought with --model rarely
-    ships thresholds, and the validators refuse to start without them."""
+    ships thresholds, and the validators refuse to start without them.
+
+    The calibration samples the run's own ``problems`` (its prompts) with the run's ``max_new_tokens`` and
+    ``temperature``: the figures depend on the prompts' lengths and the completions' shapes, so thresholds
+    calibrated on the embedded task's 5-token sums do not hold a real model's 16-token answers."""
     from intellect_node.models.loader import resolve_model_dir
     from intellect_node.proofs.thresholds import THRESHOLDS_FILE, load_thresholds
 
@@ -368,20 +375,144 @@ def demo_thresholds(model: str, base: Path, progress: Any = None) -> Path:
     from intellect_node.inference.calibrate import calibrate
     from intellect_node.proofs.thresholds import merge_into
 
+    new_tokens = int(DEMO_RL["max_new_tokens"]) if max_new_tokens is None else max_new_tokens
     if progress:
-        progress(f"calibrating proof thresholds for {folder.name} (torch@cpu, 32 honest rollouts)")
+        progress(f"calibrating proof thresholds for {folder.name} (torch@cpu, 32 honest rollouts of the "
+                 f"run's prompts, {new_tokens} new tokens)")
     torch.set_num_threads(1)
     path = base / THRESHOLDS_FILE
-    for cal in calibrate(make_engine(folder, "torch"), n=32, batch_sizes=(1, 8),
-                         sampling=SamplingConfig(max_new_tokens=int(DEMO_RL["max_new_tokens"]))):
+    engine = engine if engine is not None else make_engine(folder, "torch")
+    sampling = SamplingConfig(max_new_tokens=new_tokens, temperature=temperature)
+    for cal in calibrate(engine, n=32, batch_sizes=(1, 8), sampling=sampling,
+                         problems=list(problems) if problems is not None else None):
         atomic_write_text(path, json.dumps(merge_into(path, cal), indent=2) + "\n")
     return path
+
+
+def parse_env_args(text: str | None) -> dict[str, Any]:
+    """``--env-args``: a JSON object (``'{"max_digits": 1}'``) or ``key=value`` pairs separated by commas
+    (values read as JSON where they parse, else as strings)."""
+    if not text:
+        return {}
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"--env-args is not valid JSON ({exc}); e.g. --env-args "
+                              "'{\"max_digits\": 1}' or --env-args max_digits=1,max_terms=2",
+                              field="--env-args") from exc
+        if not isinstance(doc, dict):
+            raise ConfigError("--env-args must be a JSON object", field="--env-args")
+        return doc
+    out: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, raw = part.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--env-args: {part!r} is not key=value; e.g. --env-args "
+                              "max_digits=1,max_terms=2", field="--env-args")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except ValueError:
+            out[key.strip()] = raw.strip()
+    return out
+
+
+@dataclass
+class DemoPlan:
+    """What the demo runs: the model folder, the config sections beyond the demo's own, the settings
+    chosen for the model (with why), and the worker count."""
+
+    folder: Path | None
+    extra: dict[str, dict[str, Any]]
+    choices: list[Any]
+    workers: int
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_demo(*, model: str | None, env: str | None, env_args: dict[str, Any], config_file: Path | None,
+              workers: int | None) -> DemoPlan:
+    """The demo's run: ``--config``'s sections, then the settings that fit the model
+    (:func:`inference.run_settings.fit_settings`: a model other than the embedded one), then the flags.
+    The demo's own pipeline settings (:data:`DEMO_RL`) fill what is left."""
+    from intellect_node.inference.run_settings import apply, fit_settings, model_facts
+    from intellect_node.models.loader import resolve_model_dir
+
+    doc: dict[str, Any] = {}
+    if config_file is not None:
+        from intellect_node.node.config.loader import read_toml
+
+        doc = read_toml(config_file)
+    extra: dict[str, dict[str, Any]] = {k: dict(v) for k, v in doc.items() if isinstance(v, dict)}
+    for section in ("network", "metrics"):
+        extra.pop(section, None)  # the demo's nodes listen on loopback with their own ports
+    run = extra.setdefault("run", {})
+    for key in ("run_id", "trainer_peer_id", "validator_peer_ids"):
+        run.pop(key, None)  # the demo makes its own keys
+    from_file = run.pop("model", None)
+    model = model or from_file or None
+    folder = resolve_model_dir(model) if model else None
+    given = dict(extra.get("rl", {}))
+    if env:
+        given["env"] = env
+    if env_args:
+        given["env_args"] = env_args
+    facts = model_facts(folder) if folder is not None else None
+    choices = fit_settings(facts, given) if facts is not None else []
+    chosen = apply(choices) if choices else given
+    notes: list[str] = []
+    if workers is None:
+        workers = 1 if facts is not None and facts.n_params > 50e6 and (os.cpu_count() or 1) <= 4 else 2
+        if workers == 1 and facts is not None:
+            notes.append(f"1 worker: a {facts.n_params / 1e6:.0f}M model on {os.cpu_count()} cores "
+                         "(--workers sets more)")
+    rl = {**demo_rl(workers), **chosen}
+    if "problems_per_batch" not in given:
+        rl["problems_per_batch"] = -(-int(rl["groups_per_step"]) // workers)
+    extra["rl"] = rl
+    return DemoPlan(folder=folder, extra=extra, choices=choices, workers=workers, notes=notes)
+
+
+def preflight_and_thresholds(plan: DemoPlan, base: Path, say: Any) -> None:
+    """For a model brought with --model: the starting policy's solve rate on a sample of the run's
+    problems (a warning when no group can be learned from), and the proof thresholds calibrated on the
+    run's own prompts (``run.proof_thresholds``) unless the folder or ``--config`` has them."""
+    assert plan.folder is not None
+    import torch
+
+    from intellect_node.inference import make_engine
+    from intellect_node.inference.run_settings import preflight
+    from intellect_node.node.config import load_config
+    from intellect_node.node.processes import write_config
+    from intellect_node.roles.common import run_task
+
+    torch.set_num_threads(1)
+    probe = base / "plan.toml"
+    write_config(probe, {**plan.extra, "run": {**plan.extra.get("run", {}), "model": str(plan.folder)}})
+    cfg = load_config(probe, environ={})  # a bad setting fails here, naming the field
+    probe.unlink()
+    task = run_task(cfg)
+    problems = task.sample(random.Random(7), 32)
+    engine = make_engine(plan.folder, "torch", dtype=cfg.run.dtype)
+    say(f"preflight: sampling {cfg.rl.group_size} completions of 8 problems with the run's settings")
+    pre = preflight(engine, problems[:8], group_size=cfg.rl.group_size, max_new_tokens=cfg.rl.max_new_tokens,
+                    temperature=cfg.rl.temperature)
+    say(pre.summary())
+    for answer, text, reward in pre.examples[:2]:
+        say(f"  e.g. expected {answer!r}, wrote {text[:80]!r}: reward {reward:.2f}")
+    if not cfg.run.proof_thresholds:
+        path = demo_thresholds(str(plan.folder), base, progress=say, engine=engine, problems=problems,
+                               max_new_tokens=cfg.rl.max_new_tokens, temperature=cfg.rl.temperature)
+        plan.extra.setdefault("run", {})["proof_thresholds"] = str(path)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
-        workers: int = typer.Option(2, "--workers", min=1, max=8, help="Worker nodes (generate rollouts)."),
+        workers: Optional[int] = typer.Option(None, "--workers", min=1, max=8,
+                                              help="Worker nodes (generate rollouts; default 2, or 1 for a "
+                                                   "model over 50M parameters on a machine of 4 cores or "
+                                                   "fewer)."),
         validators: int = typer.Option(1, "--validators", min=1, max=4,
                                        help="Validator nodes (check proofs; the trainer trains only on "
                                             "work they accepted)."),
@@ -395,30 +526,48 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(1800.0, "--timeout", min=10, help="Give up after this many seconds "
                                                                         "(--headless); exit code 1."),
         model: Optional[str] = typer.Option(None, "--model",
-                                            help="Model folder (default: the embedded model)."),
+                                            help="Model folder or .gguf file (default: the embedded "
+                                                 "model). Settings that fit it are chosen and printed."),
         root: Optional[Path] = typer.Option(None, "--dir", help="Keep the nodes' data dirs here (default: a "
                                                                  "temporary dir, removed after a clean stop; "
                                                                  "the logs move to the user log dir)."),
         run_id: str = typer.Option("", "--run-id", help="Run ID (default: demo-<random>)."),
         env: Optional[str] = typer.Option(None, "--env", help="Reward environment (rl.env), e.g. "
-                                          "reasoning_gym:basic_arithmetic (default: the embedded task)."),
+                                          "reasoning_gym:basic_arithmetic (default: the embedded task, or "
+                                          "basic_arithmetic for another model)."),
+        env_args: Optional[str] = typer.Option(None, "--env-args",
+                                               help="The environment's settings (rl.env_args): JSON, or "
+                                                    "key=value pairs, e.g. max_digits=1,max_terms=2."),
+        config_file: Optional[Path] = typer.Option(None, "--config",
+                                                   help="A node config file whose [rl], [run] (model, "
+                                                        "dtype, thresholds), [validator] and [inference] "
+                                                        "settings the demo's run takes; flags win."),
     ) -> None:
         """Run a whole swarm locally (trainer, validator, two workers) on the embedded model and task.
 
         With a terminal it shows the dashboard until Ctrl-C; `--headless --steps N --report FILE` runs N
         trainer steps and writes {"steps": [{step, pass_rate, reward_mean}], "rollouts": {accepted,
-        rejected}}. Every node is a real `intellect-node join` process on 127.0.0.1.
+        rejected}}. Every node is a real `intellect-node join` process on 127.0.0.1. With --model, the
+        settings that fit the model and task are chosen and printed, a preflight samples the starting
+        policy on the run's problems, and proof thresholds are calibrated on the run's own prompts.
         """
+        say = lambda m: typer.echo(m, err=True)  # noqa: E731
+        plan = plan_demo(model=model, env=env, env_args=parse_env_args(env_args), config_file=config_file,
+                         workers=workers)
         temp = root is None
         base = Path(tempfile.mkdtemp(prefix="intellect-demo-")) if root is None else root.expanduser()
         base.mkdir(parents=True, exist_ok=True)
         rid = run_id or f"demo-{os.urandom(3).hex()}"
-        extra: dict[str, dict[str, Any]] = {"rl": {**demo_rl(workers), **({"env": env} if env else {})}}
-        if model:
-            path = demo_thresholds(model, base, progress=lambda m: typer.echo(m, err=True))
-            extra["run"] = {"proof_thresholds": str(path)}
-        swarm = DemoSwarm(base, workers=workers, validators=validators, run_id=rid, model=model,
-                          extra_config=extra)
+        if plan.folder is not None:
+            say(f"model {plan.folder}; settings for it ([rl]):")
+            for c in plan.choices:
+                say(c.line())
+            for note in plan.notes:
+                say(note)
+            preflight_and_thresholds(plan, base, say)
+        swarm = DemoSwarm(base, workers=plan.workers, validators=validators, run_id=rid,
+                          model=str(plan.folder) if plan.folder is not None else None,
+                          extra_config=plan.extra)
         typer.echo(f"run {rid}: node data and logs in {base}" + (" (logs kept after a stop)" if temp else ""),
                    err=True)
         use_dashboard = not headless and sys.stdout.isatty()
