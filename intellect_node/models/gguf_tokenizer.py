@@ -1,0 +1,185 @@
+"""The tokenizer files of a GGUF model: ``tokenizer.json``, ``tokenizer_config.json`` (with the chat
+template) and ``generation_config.json``, built from the file's ``tokenizer.ggml.*`` metadata.
+
+A GGUF holds no ``tokenizer.json``: it stores the vocabulary, the merges, each token's type and the
+special token IDs under llama.cpp's key names, and names the pre-tokenizer (the text splitting before
+BPE) by a label, ``tokenizer.ggml.pre``. What we do:
+
+1. Only byte-level BPE (``tokenizer.ggml.model == "gpt2"``: SmolLM, Llama 3, StarCoder) is built;
+   SentencePiece vocabularies (``"llama"``: Llama 2, TinyLlama, Mistral) are refused with a ConfigError.
+2. The pre-tokenizer follows llama.cpp's split for that label (``PRE_TOKENIZERS``); an unknown label is
+   refused rather than guessed, since a wrong split silently changes the prompt token IDs.
+   transformers' own GGUF conversion ignores some labels: for ``smollm`` it leaves out the split of every
+   digit that llama.cpp and SmolLM's own ``tokenizer.json`` make (they differ on text such as two
+   spaces before a digit).
+3. Tokens typed CONTROL (3) become special added tokens, USER_DEFINED (4) plain added tokens, as in
+   transformers' conversion.
+4. The JSON is written by this module, not serialised by ``tokenizers`` or transformers, so the bytes do
+   not depend on which version of either is installed. Merges are written as ``"a b"`` strings, which
+   every ``tokenizers`` release reads (a byte-level token never holds a space).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any
+
+from intellect_node.errors import ConfigError
+
+CONTROL, USER_DEFINED = 3, 4
+"""``tokenizer.ggml.token_type`` values (llama.cpp's ``LLAMA_TOKEN_TYPE_*``)."""
+
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _byte_level(use_regex: bool) -> dict[str, Any]:
+    return {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": use_regex}
+
+
+def _split(pattern: str) -> dict[str, Any]:
+    return {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
+
+
+_DIGITS = {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
+                                                  _byte_level(True)]}
+_LLAMA3 = {"type": "Sequence", "pretokenizers": [_split(_LLAMA3_SPLIT), _byte_level(False)]}
+PRE_TOKENIZERS: dict[str, tuple[dict[str, Any], bool]] = {
+    "default": (_byte_level(True), False),
+    "gpt2": (_byte_level(True), False),
+    "smollm": (_DIGITS, False),
+    "starcoder": (_DIGITS, False),
+    "refact": (_DIGITS, False),
+    "llama-bpe": (_LLAMA3, True),
+    "llama3": (_LLAMA3, True),
+    "llama-v3": (_LLAMA3, True),
+    "smaug-bpe": (_LLAMA3, True),
+}
+"""``tokenizer.ggml.pre`` -> (pre-tokenizer, ``ignore_merges``), after llama.cpp's ``llama-vocab.cpp``:
+GPT-2's regex; each digit apart then GPT-2's regex (``smollm``, ``starcoder``, ``refact``); Llama 3's
+regex, where a whole word found in the vocabulary is taken as is (``ignore_merges``, as in Llama 3's own
+``tokenizer.json``). GPT-2's regex is what ByteLevel's ``use_regex`` applies."""
+
+
+@lru_cache(maxsize=1)
+def _byte_alphabet() -> frozenset[str]:
+    """The 256 characters GPT-2's byte-to-unicode table spells bytes with."""
+    return frozenset(_byte_table().values())
+
+
+def _spelled(token: str) -> str:
+    """A token in the byte alphabet (as transformers' conversion respells one written as plain text)."""
+    if set(token) <= _byte_alphabet():
+        return token
+    table = _byte_table()
+    return "".join(table[b] for b in token.encode("utf-8"))
+
+
+@lru_cache(maxsize=1)
+def _byte_table() -> dict[int, str]:
+    """GPT-2's byte -> character table: printable Latin-1 bytes stand for themselves, the others are
+    moved up past U+0100 in byte order."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    table = {b: chr(b) for b in keep}
+    n = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + n)
+            n += 1
+    return table
+
+
+def tokenizer_files(meta: dict[str, Any], context_length: int) -> dict[str, str]:
+    """``tokenizer.json``, ``tokenizer_config.json`` and ``generation_config.json`` (name -> text) from
+    a GGUF's metadata (key -> value, as ``models.gguf`` reads it)."""
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ConfigError(f"the GGUF's tokenizer is {kind!r}; GGUF import supports byte-level BPE "
+                          "tokenizers ('gpt2': SmolLM, Llama 3) only", field="model")
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZERS:
+        raise ConfigError(f"the GGUF's pre-tokenizer {pre!r} is not known here (supported: "
+                          f"{', '.join(sorted(PRE_TOKENIZERS))})", field="model")
+    tokens: list[str] = meta.get("tokenizer.ggml.tokens") or []
+    merges: list[str] = meta.get("tokenizer.ggml.merges") or []
+    types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if not tokens or not merges or len(types) != len(tokens):
+        raise ConfigError("the GGUF's tokenizer has no tokens or merges, or a token_type list of another "
+                          "length", field="model")
+
+    def token_of(key: str) -> str | None:
+        i = meta.get(f"tokenizer.ggml.{key}")
+        return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
+
+    bos, eos = token_of("bos_token_id"), token_of("eos_token_id")
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+    pre_tok, ignore_merges = PRE_TOKENIZERS[pre]
+    tokenizer = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": _added_tokens(tokens, types),
+        "normalizer": None, "pre_tokenizer": pre_tok,
+        "post_processor": _post_processor(bos if add_bos else None, tokens),
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": ignore_merges,
+                  "vocab": {_spelled(t): i for i, t in enumerate(tokens)}, "merges": merges},
+    }
+    tok_cfg: dict[str, Any] = {
+        "add_bos_token": add_bos, "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        "bos_token": bos, "clean_up_tokenization_spaces": False, "eos_token": eos,
+        "model_max_length": context_length, "pad_token": token_of("padding_token_id"),
+        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": token_of("unknown_token_id")}
+    template = meta.get("tokenizer.chat_template")
+    if isinstance(template, str) and template:
+        tok_cfg["chat_template"] = template
+    tok_cfg = {k: v for k, v in tok_cfg.items() if v is not None}
+    eos_list = eos_ids(meta)
+    gen = {"bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+           "eos_token_id": eos_list[0] if len(eos_list) == 1 else (eos_list or None),
+           "pad_token_id": meta.get("tokenizer.ggml.padding_token_id")}
+    return {"tokenizer.json": _dump(tokenizer, indent=None), "tokenizer_config.json": _dump(tok_cfg),
+            "generation_config.json": _dump({k: v for k, v in gen.items() if v is not None})}
+
+
+def eos_ids(meta: dict[str, Any]) -> list[int]:
+    """The IDs that end generation: EOS, then end-of-turn and end-of-message where the file names them
+    (Llama 3 ends a turn with ``<|eot_id|>``, a document with ``<|end_of_text|>``)."""
+    ids = [meta.get(f"tokenizer.ggml.{k}") for k in ("eos_token_id", "eot_token_id", "eom_token_id")]
+    return list(dict.fromkeys(i for i in ids if isinstance(i, int) and not isinstance(i, bool)))
+
+
+def _added_tokens(tokens: list[str], types: list[int]) -> list[dict[str, Any]]:
+    """CONTROL tokens as special, USER_DEFINED as plain added tokens, both matched whole in text. A
+    CONTROL token outside the byte alphabet is a llama.cpp mislabel and left as an ordinary token."""
+    out = []
+    for i, (token, kind) in enumerate(zip(tokens, types)):
+        if kind == CONTROL and set(token) <= _byte_alphabet():
+            special = True
+        elif kind == USER_DEFINED:
+            special = False
+        else:
+            continue
+        out.append({"id": i, "content": _spelled(token) if not special else token, "single_word": False,
+                    "lstrip": False, "rstrip": False, "normalized": False, "special": special})
+    return out
+
+
+def _post_processor(bos: str | None, tokens: list[str]) -> dict[str, Any]:
+    """Add BOS to an encoding only where the file says so (``add_bos_token``); the chat template writes
+    it otherwise. (The swarm encodes prompts without special tokens either way.)"""
+    single: list[dict[str, Any]] = [{"Sequence": {"id": "A", "type_id": 0}}]
+    pair: list[dict[str, Any]] = single + [{"Sequence": {"id": "B", "type_id": 1}}]
+    special: dict[str, Any] = {}
+    if bos is not None:
+        head = {"SpecialToken": {"id": bos, "type_id": 0}}
+        single, pair = [head, *single], [head, *single, {"SpecialToken": {"id": bos, "type_id": 1}},
+                                         {"Sequence": {"id": "B", "type_id": 1}}]
+        special = {bos: {"id": bos, "ids": [tokens.index(bos)], "tokens": [bos]}}
+    return {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": special}
+
+
+def _dump(obj: dict[str, Any], indent: int | None = 2) -> str:
+    return json.dumps(obj, indent=indent, ensure_ascii=False) + "\n"
