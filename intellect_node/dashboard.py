@@ -1,10 +1,16 @@
 """The terminal dashboard: renders :class:`~intellect_node.node.status.StatusSnapshot` values, nothing else.
 
-Two views, both sized for an 80x24 terminal (and wider ones):
+Two views, both sized for an 80x24 terminal (and wider and taller ones: ``height`` gives the extra rows
+to the completions and events):
 
 - :func:`render_node`: one node in full (what ``intellect-node join`` shows);
 - :func:`render_swarm`: several nodes, one line each, plus the training trend and recent events merged
   across them (what ``intellect-node demo`` shows).
+
+Both put a run that is not learning (``training.no_signal_warning``: every group's rewards equal, step
+after step) in red under their title, and show the recent completions a node scored (its answer, the
+expected one, the reward) in a panel of their own: the trainer's in the swarm view, which re-scores
+every worker's. On 24 rows the warning and the completions take the events panel's place.
 
 Without a TTY (a pipe, a log file, systemd) :func:`run` prints a plain status line every
 ``plain_interval_s`` and one line per new rejection or warning instead of drawing.
@@ -21,6 +27,7 @@ no numbers. See :func:`condition`.
 from __future__ import annotations
 
 import datetime as _dt
+import textwrap
 import threading
 import time
 from typing import IO, Callable, Sequence
@@ -32,13 +39,15 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from intellect_node.node.status import Notice, Rejection, StatusSnapshot
+from intellect_node.node.status import Completion, Notice, Rejection, StatusSnapshot
 
 SPARK = "▁▂▃▄▅▆▇█"
 ROLE_STYLE = {"trainer": "bold magenta", "validator": "bold cyan", "worker": "bold green"}
 TREND_WINDOW = 10
 """Steps averaged for the trend's numbers (at most half the history, so the two means never overlap)."""
 REACH_STYLE = {"public": "green", "relayed": "yellow", "private": "red", "unknown": "dim"}
+WARNING_LINES = 3
+"""Lines the not-learning warning may take (its hint is cut past them)."""
 
 
 # -- small formatting helpers ----------------------------------------------------------------------
@@ -180,6 +189,77 @@ def _events(items: list[tuple[float, str, Text]], rows: int) -> RenderableType:
                  padding=(0, 1))
 
 
+def _not_learning(warning: str, width: int) -> list[Text]:
+    """The not-learning warning, wrapped into at most :data:`WARNING_LINES` lines of ``width``."""
+    if not warning:
+        return []
+    lines = textwrap.wrap("NOT LEARNING " + warning, width=max(20, width - 1))
+    if len(lines) > WARNING_LINES:
+        lines = lines[:WARNING_LINES]
+        lines[-1] = lines[-1][:max(0, width - 2)] + "…"
+    out = []
+    for i, line in enumerate(lines):
+        t = Text(no_wrap=True, overflow="ellipsis")
+        if i == 0:
+            t.append("NOT LEARNING", style="bold white on red").append(line[len("NOT LEARNING"):],
+                                                                       style="bold red")
+        else:
+            t.append(line, style="bold red")
+        out.append(t)
+    return out
+
+
+def _completions(items: Sequence[Completion], rows: int, width: int, who: str = "") -> RenderableType:
+    """The newest ``rows`` completions, newest last: reward, the answer found (or why none), the
+    expected one, and the end of the completion, where answers are (the prompt after it if room)."""
+    shown = list(items)[-rows:]
+    found = [_clip(f"'{c.answer}'", 16) if c.answer is not None else _clip(c.reason or "no answer", 16)
+             for c in shown]
+    want = [_clip(f"want {c.expected}", 14) for c in shown]
+    w_found, w_want = max(map(len, found), default=1), max(map(len, want), default=1)
+    room = max(8, width - 2 - 4 - w_found - w_want - 3)  # the panel's padding, 3 gaps
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True, width=4, justify="right")
+    grid.add_column(no_wrap=True, width=w_found)
+    grid.add_column(no_wrap=True, width=w_want)
+    grid.add_column(no_wrap=True, overflow="ellipsis")
+    for c, f, wnt in zip(shown, found, want):
+        body = Text(_clip(f"'{c.text}'", room, keep="tail"))
+        if len(body) + 8 < room:
+            body.append(f"  ← {c.prompt}", style="dim")
+        style = "green" if c.reward >= 1.0 else ("yellow" if c.reward > 0 else "red")
+        grid.add_row(Text(f"{c.reward:.2f}", style=style),
+                     Text(f, style="bold" if c.answer is not None else "red"), Text(wnt, style="dim"), body)
+    if not shown:
+        grid.add_row("", Text("no completions scored yet", style="dim"), "", "")
+    for _ in range(rows - max(1, len(shown))):
+        grid.add_row("", "", "", "")  # fixed height, as the events
+    title = "recent completions: reward, answer found, expected, text" + (f" · {who}" if who else "")
+    return Panel(grid, title=title, title_align="left", box=box.ROUNDED, padding=(0, 1))
+
+
+def _clip(text: str, n: int, *, keep: str = "head") -> str:
+    """``text`` in at most ``n`` characters, "…" where cut: its start kept, or its end (a completion's
+    answer is at its end)."""
+    if len(text) <= n:
+        return text
+    return "…" + text[len(text) - n + 1:] if keep == "tail" else text[:n - 1] + "…"
+
+
+def _bottom(events: list[tuple[float, str, Text]], completions: Sequence[Completion], rows: int,
+            width: int, max_events: int, who: str = "") -> list[RenderableType]:
+    """The completions and events panels in ``rows`` lines (their borders included): with completions,
+    the events get about half the rows (none when only 5 are left), otherwise all of them."""
+    if not completions:
+        return [_events(events, max(1, min(max_events, rows - 2)))]
+    inner = rows - 4
+    if inner < 2:  # too short for both: the completions, since the warning says what is wrong
+        return [_completions(completions, max(1, rows - 2), width, who)]
+    n_events = min(max_events, max(1, inner // 2))
+    n_comp = max(1, min(len(completions), inner - n_events))
+    return [_completions(completions, n_comp, width, who), _events(events, n_events)]
+
+
 def _rejection_text(r: Rejection) -> Text:
     t = Text("rejected ", style="red")
     t.append(r.reason, style="bold red")
@@ -216,10 +296,10 @@ def _identity_text(s: StatusSnapshot) -> Text:
     return ident
 
 
-def render_node(s: StatusSnapshot, *, width: int = 80, footer: str = "Ctrl-C stops the node",
-                now: float | None = None) -> RenderableType:
-    """Everything about one node, in at most 24 lines at 80 columns; a node in trouble gets a red title
-    and a line saying what is wrong in place of its identity line."""
+def render_node(s: StatusSnapshot, *, width: int = 80, height: int = 24,
+                footer: str = "Ctrl-C stops the node", now: float | None = None) -> RenderableType:
+    """Everything about one node, in at most ``height`` (24 or more) lines at 80 columns; a node in trouble
+    gets a red title and a line saying what is wrong in place of its identity line."""
     now = time.time() if now is None else now
     role = s.role or "node"
     label, _style, trouble = condition(s, now)
@@ -267,15 +347,23 @@ def render_node(s: StatusSnapshot, *, width: int = 80, footer: str = "Ctrl-C sto
     half.add_column(ratio=1)
     half.add_row(Panel(swarm, title="swarm", title_align="left", box=box.ROUNDED, padding=(0, 1)),
                  Panel(work, title="work", title_align="left", box=box.ROUNDED, padding=(0, 1)))
-    return Group(title, ident, half, _trend(s, width - 4), _events(_node_events(s), 4),
+    warning = _not_learning(s.training.no_signal_warning, width)
+    rows = height - NODE_FIXED_ROWS - len(warning)
+    return Group(title, ident, *warning, half, _trend(s, width - 4),
+                 *_bottom(_node_events(s), s.training.completions, rows, width - 4, max_events=4),
                  Text(footer, style="dim", no_wrap=True))
+
+
+NODE_FIXED_ROWS = 16
+"""The node view's rows outside its warning and its bottom panels: title, identity, the swarm and work
+panels (9), the trend (4), the footer."""
 
 
 # -- many nodes ------------------------------------------------------------------------------------
 
-def render_swarm(snaps: Sequence[StatusSnapshot], *, width: int = 80, title: str = "intellect-node demo",
-                 footer: str = "Ctrl-C stops every node", max_events: int = 6,
-                 now: float | None = None) -> RenderableType:
+def render_swarm(snaps: Sequence[StatusSnapshot], *, width: int = 80, height: int = 24,
+                 title: str = "intellect-node demo", footer: str = "Ctrl-C stops every node",
+                 max_events: int = 6, now: float | None = None) -> RenderableType:
     """One line per node, the trainer's trend, and the recent events of all nodes. A node in trouble
     shows its state in red, its numbers dimmed (stale) or left out (unreachable), and what is wrong
     among the events."""
@@ -323,8 +411,24 @@ def render_swarm(snaps: Sequence[StatusSnapshot], *, width: int = 80, title: str
             events.append((max(now, s.ts), who, _trouble_text(s, now)))
     trainer = next((s for s in snaps if s.training.history), None) or next(
         (s for s in snaps if s.role == "trainer"), None)
-    return Group(head, table, _swarm_line(snaps), _trend(trainer, width - 4), _events(events, max_events),
+    warning = _not_learning(next((s.training.no_signal_warning for s in snaps
+                                  if s.training.no_signal_warning), ""), width)
+    # The trainer's completions (it re-scores every worker's), else the workers' own, merged.
+    scorer = next((s for s in snaps if s.training.completions and "trainer" in s.role.split(",")), None)
+    if scorer is not None:
+        completions, who = scorer.training.completions, "trainer"
+    else:
+        completions = tuple(sorted((c for s in snaps for c in s.training.completions), key=lambda c: c.ts))
+        who = "workers" if completions else ""
+    rows = height - SWARM_FIXED_ROWS - len(snaps) - len(warning)
+    return Group(head, *warning, table, _swarm_line(snaps), _trend(trainer, width - 4),
+                 *_bottom(events, completions, rows, width - 4, max_events, who),
                  Text(footer, style="dim", no_wrap=True))
+
+
+SWARM_FIXED_ROWS = 9
+"""The swarm view's rows besides one per node, its warning and its bottom panels: title, the table's
+header and rule, the swarm line, the trend (4), the footer."""
 
 
 def _swarm_line(snaps: Sequence[StatusSnapshot]) -> Text:
@@ -362,6 +466,8 @@ def status_line(s: StatusSnapshot, now: float | None = None) -> str:
     if s.training.history:
         last = s.training.history[-1]
         parts.append(f"step={last.step} reward={last.reward_mean:.3f} pass={last.pass_rate:.2f}")
+    if s.training.no_signal_warning:
+        parts.append(f"NOT-LEARNING={s.training.no_signal_streak}")
     return " ".join(parts)
 
 
@@ -397,11 +503,13 @@ def run(source: Source, stop: threading.Event, *, console: Console | None = None
         _run_plain(source, stop, plain_stream or console.file, plain_interval_s)
 
 
-def _view(snaps: Sequence[StatusSnapshot], swarm_view: bool, width: int, title: str,
+def _view(snaps: Sequence[StatusSnapshot], swarm_view: bool, width: int, height: int, title: str,
           footer: str | None) -> RenderableType:
+    height = max(24, height)  # smaller terminals crop the bottom, as before
     if swarm_view or len(snaps) != 1:
-        return render_swarm(snaps, width=width, title=title, **({"footer": footer} if footer else {}))
-    return render_node(snaps[0], width=width, **({"footer": footer} if footer else {}))
+        return render_swarm(snaps, width=width, height=height, title=title,
+                            **({"footer": footer} if footer else {}))
+    return render_node(snaps[0], width=width, height=height, **({"footer": footer} if footer else {}))
 
 
 def _run_live(source: Source, stop: threading.Event, console: Console, swarm_view: bool, refresh_s: float,
@@ -413,7 +521,7 @@ def _run_live(source: Source, stop: threading.Event, console: Console, swarm_vie
             return Text(f"waiting for status: {exc}", style="yellow")
         if not snaps:
             return Text("waiting for the nodes to start…", style="dim")
-        return _view(snaps, swarm_view, console.width, title, footer)
+        return _view(snaps, swarm_view, console.width, console.height, title, footer)
 
     with Live(frame(), console=console, screen=True, auto_refresh=False, transient=False) as live:
         while not stop.wait(refresh_s):

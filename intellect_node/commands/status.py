@@ -5,7 +5,9 @@ there. ``--json`` prints the control API's answer unchanged: at least ``peer_id`
 (full multiaddrs with ``/p2p/<id>``), ``peers`` (connected peer IDs), ``health`` (``state``: running or
 degraded, ``reasons``, ``restarts``, recent ``warnings``) and the full ``snapshot``. The summary puts
 the state and its reasons first: a degraded node must not read as a healthy one; then what to hand to
-others (the listen multiaddrs) and the metrics URL to scrape (``metrics.metrics`` in the JSON).
+others (the listen multiaddrs) and the metrics URL to scrape (``metrics.metrics`` in the JSON). A trainer
+that is not learning (``snapshot.training.no_signal_warning``) says so right under the state, and its
+step attempts are on the ``training`` line.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ def summary(st: dict[str, Any]) -> str:
     state = health.get("state", "?")
     lines = [f"state       {state.upper() if state not in ('running', '?') else state}"
              + "".join(f"\n            - {r}" for r in health.get("reasons") or [])]
+    training = (st.get("snapshot") or {}).get("training") or {}
+    if training.get("no_signal_warning"):
+        lines.append(f"NOT LEARNING {training['no_signal_warning']}")
     restarts = {k: v for k, v in (health.get("restarts") or {}).items() if v}
     if restarts:
         lines.append("restarts    " + ", ".join(f"{k} {v}" for k, v in sorted(restarts.items())))
@@ -62,6 +67,13 @@ def summary(st: dict[str, Any]) -> str:
                if isinstance(timeline.get(stage), (int, float))]
     if reached:  # node/status.py: the join's stages, seconds from the process's start
         lines.append("timeline    " + " · ".join(reached) + "  (since process start)")
+    if training.get("attempts"):  # node/status.py: a trainer's step attempts, trained or not
+        causes = ", ".join(f"{k} {v}" for k, v in sorted((training.get("no_signal_causes") or {}).items()))
+        frac = training.get("filtered_fraction")
+        lines.append(f"training    step {training.get('step', -1)} · {training['attempts']} attempts, "
+                     f"{training.get('no_signal_attempts', 0)} with no learnable group"
+                     + (f" ({causes})" if causes else "")
+                     + (f" · last filtered {frac:.0%} of groups" if isinstance(frac, (int, float)) else ""))
     warnings = health.get("warnings") or []
     if warnings:
         lines.append(f"warnings    {len(warnings)} recent (newest last)")

@@ -45,7 +45,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from intellect_node.node.status import StatusBoard
+from intellect_node.node.status import NO_SIGNAL_CAUSES, StatusBoard, Training
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,7 @@ class StatusCollector(Collector):
                                     value=last.reward_mean)
             yield GaugeMetricFamily(f"{_PREFIX}_pass_rate", "Pass rate at the last step.",
                                     value=last.pass_rate)
+        yield from _learning_signal(s.training)
         yield GaugeMetricFamily(f"{_PREFIX}_uptime_seconds", "Seconds since the node started.",
                                 value=s.uptime_s)
         # The join timeline: a stage appears once reached (a validator never submits a batch), so an
@@ -141,6 +142,35 @@ class StatusCollector(Collector):
                                 value=s.age_s)
         yield GaugeMetricFamily(f"{_PREFIX}_warnings_recent",
                                 "Warnings among the recent ones kept in the status.", value=len(s.warnings))
+
+
+def _learning_signal(t: Training) -> Iterator[Metric]:
+    """The trainer's step attempts and the online filter (``node/status.py``, "Learning signal"): zeros
+    on other roles, so one alert rule fits every node."""
+    yield CounterMetricFamily(f"{_PREFIX}_train_attempts",
+                              "Step attempts: batches taken for a step, trained on or not.", value=t.attempts)
+    no_signal = CounterMetricFamily(f"{_PREFIX}_train_attempts_no_signal",
+                                    "Step attempts with no learnable group (every group's rewards equal), "
+                                    "by cause.", labels=["cause"])
+    for cause in NO_SIGNAL_CAUSES:
+        no_signal.add_metric([cause], t.no_signal_causes.get(cause, 0))
+    yield no_signal
+    yield GaugeMetricFamily(f"{_PREFIX}_no_signal_streak",
+                            "The newest step attempts in a row with no learnable group.",
+                            value=t.no_signal_streak)
+    yield GaugeMetricFamily(f"{_PREFIX}_not_learning",
+                            "1 while the status carries the no-learnable-group warning, else 0.",
+                            value=int(bool(t.no_signal_warning)))
+    groups = CounterMetricFamily(f"{_PREFIX}_train_groups",
+                                 "Groups in step attempts: seen, and filtered (rewards all equal).",
+                                 labels=["outcome"])
+    groups.add_metric(["seen"], t.groups_seen)
+    groups.add_metric(["filtered"], t.groups_filtered)
+    yield groups
+    if t.filtered_fraction is not None:
+        yield GaugeMetricFamily(f"{_PREFIX}_groups_filtered_fraction",
+                                "Fraction of the last step attempt's groups dropped by the online filter.",
+                                value=t.filtered_fraction)
 
 
 def build_registry(board: StatusBoard) -> CollectorRegistry:

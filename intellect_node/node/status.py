@@ -14,7 +14,9 @@ in worker threads):
 - worker: :meth:`set_policy`, :meth:`rollouts_generated` (with token counts), :meth:`rollouts_submitted`,
   :meth:`verdict` for each verdict it receives;
 - validator: :meth:`proof_checked` for each batch it checks, :meth:`verdict` for each verdict it issues;
-- trainer: :meth:`set_policy`, :meth:`train_step` per optimizer step;
+- trainer: :meth:`set_policy`, :meth:`train_step` per optimizer step, :meth:`train_attempt` per step
+  attempt (trained or not: see "Learning signal" below);
+- trainer and worker: :meth:`completions` with a few of the completions they scored;
 - anyone: :meth:`warn`. A ``logging.Handler`` (:class:`BoardLogHandler`) forwards WARNING+ records;
   ``join`` installs it for every node, headless or not;
 - runtime (liveness): :meth:`set_degraded` with a reason per part ("" once it works again),
@@ -29,6 +31,15 @@ and had a batch accepted. The first three are marked by the setters that report 
 (the dials run together, so the slowest counts: gossip from the first peer, and with it a policy, can
 come a little earlier), and its once-a-second status loop marks it for a node whose first peer dialled
 in. A stage is marked once and never moves.
+
+Learning signal (``snapshot.training``): every time the trainer takes queued batches for a step it
+reports the attempt, trained or not, with how many groups the online filter dropped (rewards all equal:
+zero advantage) and, when it dropped them all, why (:data:`NO_SIGNAL_CAUSES`) and a short hint on the
+likely causes. The newest attempts with no learnable group in a row are ``no_signal_streak``; once they
+reach :data:`NO_SIGNAL_ATTEMPTS`, or the first of them is :data:`NO_SIGNAL_WINDOW_S` old, the snapshot
+carries ``no_signal_warning`` (cleared by the next trained step). ``training.completions`` holds the
+newest :data:`RECENT_COMPLETIONS` completions the node scored (peer-supplied text: the board truncates it
+and strips control characters, so no view has to).
 
 Health: a ``running`` node with any degraded reason reads ``degraded`` (``snapshot.state``), with the
 reasons in ``snapshot.health.reasons``. ``health.refreshed_at`` is when the runtime's status loop last
@@ -64,6 +75,25 @@ FIRST_LEN = 10
 """Training points kept for the reward and pass-rate trends (a sparkline shows the last ~60)."""
 RECENT_LEN = 8
 """Rejections and warnings kept in a snapshot (the dashboard shows the last few)."""
+RECENT_COMPLETIONS = 8
+"""Completions kept in a snapshot (``training.completions``): enough to see what the model writes."""
+COMPLETION_CHARS = 200
+"""A completion's text in a snapshot is cut to this many characters (the answer is usually at its end:
+the tail is kept)."""
+PROMPT_CHARS = 120
+"""A problem's prompt in a snapshot is cut to this many characters (its start is kept)."""
+ANSWER_CHARS = 60
+"""Extracted and expected answers in a snapshot are cut to this many characters."""
+NO_SIGNAL_ATTEMPTS = 3
+"""Step attempts in a row with no learnable group that raise ``training.no_signal_warning``: a run whose
+groups are learnable has this happen by chance only with a handful of groups per step."""
+NO_SIGNAL_WINDOW_S = 60.0
+"""Fewer attempts raise it too once the first of them is this old: a slow run (a big model on a CPU)
+shows it within a minute of its first unlearnable attempt."""
+NO_SIGNAL_CAUSES = ("all_zero", "all_one", "all_equal", "no_groups")
+"""Why an attempt had no learnable group: every reward 0; every reward 1 (the maximum); each group's
+rewards equal at another value (or groups at 0 and groups at 1); no group at all (every one left out
+because its reward could not be judged in time)."""
 MAX_SHARDS_SHOWN = 8
 """Shard downloads listed in a snapshot (finished ones drop out)."""
 MAX_STATUS_BYTES = 4 * 1024 * 1024
@@ -199,10 +229,51 @@ class TrainPoint:
 
 
 @dataclass(frozen=True)
+class Completion:
+    """One completion as a node scored it (the trainer re-scores every rollout; a worker scores its own).
+    Peer-supplied text: the board keeps it short and free of control characters."""
+
+    ts: float
+    problem_id: str
+    prompt: str
+    """The problem's prompt, cut to :data:`PROMPT_CHARS`."""
+    text: str
+    """The completion, its last :data:`COMPLETION_CHARS` characters ("…" in front when cut)."""
+    answer: str | None
+    """What the run's answer extraction cut out of the text; None: nothing (``reason`` says why)."""
+    expected: str
+    reward: float
+    reason: str = ""
+    """Why there is no answer: ``no_answer``, ``too_long``, ``unclosed_think``; "" when there is one."""
+    policy_version: int = -1
+    worker: str = ""
+
+
+@dataclass(frozen=True)
 class Training:
     step: int = -1
     history: tuple[TrainPoint, ...] = ()  # the newest HISTORY_LEN steps
     first: tuple[TrainPoint, ...] = ()  # the first FIRST_LEN steps this process made, kept past history
+    attempts: int = 0
+    """Step attempts: each time the trainer took queued batches for a step, trained on or not."""
+    no_signal_attempts: int = 0
+    """Attempts with no learnable group (every group's rewards equal): nothing trained, no new version."""
+    no_signal_causes: dict[str, int] = field(default_factory=dict)
+    """``no_signal_attempts`` by cause (:data:`NO_SIGNAL_CAUSES`)."""
+    no_signal_streak: int = 0
+    """The newest attempts in a row with no learnable group (0 once one trains)."""
+    no_signal_since: float = 0.0
+    """Wall time of the first attempt of that streak (0: no streak)."""
+    groups_seen: int = 0
+    """Groups in all attempts."""
+    groups_filtered: int = 0
+    """Of those, dropped by the online filter (rewards all equal)."""
+    filtered_fraction: float | None = None
+    """The last attempt's fraction of groups dropped (None before the first attempt)."""
+    no_signal_warning: str = ""
+    """Why the run is not learning and what to check, while it is not ("" otherwise)."""
+    completions: tuple[Completion, ...] = ()
+    """The newest :data:`RECENT_COMPLETIONS` completions this node scored, oldest first."""
 
 
 @dataclass(frozen=True)
@@ -370,6 +441,9 @@ class StatusBoard:
         self._rejections: collections.deque[Rejection] = collections.deque(maxlen=RECENT_LEN)
         self._warnings: collections.deque[Notice] = collections.deque(maxlen=RECENT_LEN)
         self._failures: dict[str, int] = {}
+        self._no_signal_causes: dict[str, int] = {}
+        self._no_signal_hint = ""
+        self._completions: collections.deque[Completion] = collections.deque(maxlen=RECENT_COMPLETIONS)
         self._degraded: dict[str, str] = {}
         self._listeners: list[Listener] = []
 
@@ -412,7 +486,10 @@ class StatusBoard:
             rollouts=dataclasses.replace(s.rollouts, last_rejections=tuple(self._rejections)),
             proofs=dataclasses.replace(s.proofs, failures_by_reason=dict(self._failures)),
             throughput=dataclasses.replace(s.throughput, tokens_per_s=round(rate, 3)),
-            training=dataclasses.replace(s.training, history=tuple(self._history), first=tuple(self._first)),
+            training=dataclasses.replace(s.training, history=tuple(self._history), first=tuple(self._first),
+                                         no_signal_causes=dict(self._no_signal_causes),
+                                         no_signal_warning=self._no_signal_warning(s.training),
+                                         completions=tuple(self._completions)),
             warnings=tuple(self._warnings),
         )
 
@@ -589,7 +666,54 @@ class StatusBoard:
             self._history.append(point)
             if len(self._first) < FIRST_LEN:
                 self._first.append(point)
-            return {"training": Training(step=step)}
+            return {"training": dataclasses.replace(s.training, step=step)}
+        self._update(change)
+
+    def train_attempt(self, *, groups: int, filtered: int, cause: str = "", hint: str = "") -> None:
+        """The trainer took batches for a step: ``groups`` groups, ``filtered`` of them dropped by the
+        online filter. ``cause`` (one of :data:`NO_SIGNAL_CAUSES`) when no group was learnable, with
+        ``hint``, what the warning says about it; "" when the attempt trained."""
+        if cause and cause not in NO_SIGNAL_CAUSES:
+            raise ValueError(f"no-signal cause {cause!r}; one of {', '.join(NO_SIGNAL_CAUSES)}")
+        now = self._clock()
+
+        def change(s: StatusSnapshot) -> dict[str, object]:
+            t = s.training
+            if cause:
+                self._no_signal_causes[cause] = self._no_signal_causes.get(cause, 0) + 1
+                self._no_signal_hint = hint[:400]
+            return {"training": dataclasses.replace(
+                t, attempts=t.attempts + 1, no_signal_attempts=t.no_signal_attempts + int(bool(cause)),
+                no_signal_streak=t.no_signal_streak + 1 if cause else 0,
+                no_signal_since=(t.no_signal_since or now) if cause else 0.0,
+                groups_seen=t.groups_seen + groups, groups_filtered=t.groups_filtered + filtered,
+                filtered_fraction=filtered / groups if groups else 1.0)}
+        self._update(change)
+
+    def _no_signal_warning(self, t: Training) -> str:
+        """The warning for a streak of unlearnable attempts, once it is long or old enough ("" else)."""
+        streak = t.no_signal_streak
+        young = self._clock() - t.no_signal_since < NO_SIGNAL_WINDOW_S
+        if not streak or (streak < NO_SIGNAL_ATTEMPTS and young):
+            return ""
+        steps = "step attempt" if streak == 1 else f"{streak} step attempts"
+        return f"no learnable group in the last {steps}: {self._no_signal_hint}"
+
+    def completions(self, items: Iterable[Completion]) -> None:
+        """Completions this node just scored (the newest :data:`RECENT_COMPLETIONS` are kept); their text
+        is cut and cleaned here (:func:`clean_text`)."""
+        cleaned = [dataclasses.replace(
+            c, problem_id=clean_text(c.problem_id, ANSWER_CHARS), prompt=clean_text(c.prompt, PROMPT_CHARS),
+            text=clean_text(c.text, COMPLETION_CHARS, keep="tail"),
+            answer=None if c.answer is None else clean_text(c.answer, ANSWER_CHARS),
+            expected=clean_text(c.expected, ANSWER_CHARS), reason=clean_text(c.reason, ANSWER_CHARS),
+            worker=clean_text(c.worker, ANSWER_CHARS), reward=float(c.reward)) for c in items]
+        if not cleaned:
+            return
+
+        def change(s: StatusSnapshot) -> dict[str, object]:
+            self._completions.extend(cleaned)
+            return {}
         self._update(change)
 
     def warn(self, message: str, *, level: str = "WARNING") -> None:
@@ -599,6 +723,18 @@ class StatusBoard:
             self._warnings.append(notice)
             return {}
         self._update(change)
+
+
+def clean_text(text: str, limit: int, *, keep: str = "head") -> str:
+    """``text`` on one line, without control characters (C0, DEL, C1: a terminal escape in a peer's
+    completion must not reach a viewer's screen), cut to ``limit`` characters with "…" where it was cut:
+    its start kept (``keep="head"``) or its end (``"tail"``)."""
+    flat = "".join(" " if ch in "\t\n\r" else ch for ch in text
+                   if ch in "\t\n\r" or not (ord(ch) < 32 or 127 <= ord(ch) < 160))
+    flat = " ".join(flat.split())  # newlines and runs of spaces read as one space on one line
+    if len(flat) <= limit:
+        return flat
+    return "…" + flat[len(flat) - limit + 1:] if keep == "tail" else flat[:limit - 1] + "…"
 
 
 class BoardLogHandler(logging.Handler):

@@ -29,6 +29,12 @@
   are checkpointed atomically (``trainer/checkpoint.py``); then the inbox copies of the batches it holds
   and the journal entries it covers go. A line per step goes to ``trainer/metrics.jsonl``, with the
   timestamps of each batch's hops (notice heard, prefetched, verdict heard, admitted) and of the step's.
+- **No signal.** A step attempt whose groups all have equal rewards trains nothing: its batches are
+  consumed (journaled, recorded in ``metrics.jsonl`` with ``trained`` false and the cause), no version is
+  made, and the workers, capped per version, resubmit after a while. Every attempt is reported to the
+  status board (``board.train_attempt``: groups dropped, the cause when all were, a hint naming the
+  settings to check); a streak of them raises ``training.no_signal_warning``, logged once as a warning.
+  The first completion of each admitted group goes to ``training.completions`` (``roles/completions.py``).
 - **Prefetch.** The trainer also hears workers' notices and fetches and decodes the batches they name
   while the validators verify them (``roles/prefetch.py``), so a verdict only releases a batch.
 - **Crash safety.** After SIGKILL the trainer reloads the latest checkpoint (same version numbering),
@@ -45,6 +51,7 @@ itself, it relies on the validators it was configured to trust.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import os
@@ -54,8 +61,10 @@ from typing import Any
 
 import torch
 
+from intellect_node.envs.extract import Extraction
 from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError
 from intellect_node.fsutil import atomic_write_bytes, read_jsonl
+from intellect_node.node.status import Completion
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement
 from intellect_node.protocol.rl import (
     NOTICE_KIND,
@@ -78,12 +87,13 @@ from intellect_node.roles.common import (
     rescored_group,
     run_task,
 )
+from intellect_node.roles.completions import completion
 from intellect_node.roles.inbox import DuplicateRollouts, Inbox, JournalEntry, StepJournal
 from intellect_node.roles.policy import PolicyPublisher
 from intellect_node.roles.prefetch import Prefetch
 from intellect_node.roles.seams import RoleTasks, Runtime
 from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, read_optimizer, save_checkpoint
-from intellect_node.trainer.filtering import informative_groups
+from intellect_node.trainer.filtering import FilteredGroups, filter_groups
 from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.trainer.optim import Optimizer
 from intellect_node.trainer.policy_weights import PolicyWeights
@@ -97,6 +107,8 @@ FETCH_TIMEOUT_S = 60.0
 METRICS_FILE = "metrics.jsonl"
 ADMITTED_FILE = "admitted.jsonl"
 JOURNAL_FILE = "steps.jsonl"
+SHOWN_LEN = 32
+"""Recent completions (one per admitted group) the no-signal hint counts missing answers over."""
 
 
 class Trainer:
@@ -148,6 +160,11 @@ class Trainer:
         self._publishing: asyncio.Task[None] | None = None
         self._published: dict[str, float] = {}  # the last finished publication: version, time, seconds
         self.hops: BoundedMap[str, dict[str, float]] = BoundedMap(1024)  # batch CID -> hop -> wall time
+        # One completion per admitted group, newest last (appended from the admission thread): what the
+        # no-signal hint counts missing answers in. The answer format as the task resolves it ("auto").
+        self._shown: collections.deque[Completion] = collections.deque(maxlen=SHOWN_LEN)
+        self._answer_mode = ""
+        self._no_signal_logged = False  # the current streak's warning went to the log
 
     @classmethod
     def for_runtime(cls, runtime: Runtime) -> "Trainer":
@@ -433,14 +450,31 @@ class Trainer:
         if isinstance(slices, str):
             raise ProtocolError(slices)
         out = []
+        shown: list[Completion] = []
+        texts: list[str] = []
+
+        def decode(ids: list[int]) -> str:  # the re-scoring's own decode, its texts kept for the status
+            text = self.tokenizer.decode(ids)
+            texts.append(text)
+            return text
+
         for sl in slices:
-            group = rescored_group(recs[sl], self.task.get(recs[sl.start].problem_id), self.tokenizer.decode)
+            problem = self.task.get(recs[sl.start].problem_id)
+            texts.clear()
+            group = rescored_group(recs[sl], problem, decode)
             if group is None:  # a reward this node could not judge in time: the group is left out
                 self.counts["unjudged_groups"] += 1
                 log.warning("batch of %s at v%d: a group of %s left out (the reward checker timed out here)",
                             worker, version, recs[sl.start].problem_id)
                 continue
             out.append(group)
+            shown.append(completion(problem, texts[0], group[0].reward, policy_version=version,
+                                    worker=worker))
+            if not self._answer_mode:
+                how = getattr(problem.scorer, "extraction", None)
+                self._answer_mode = how.mode if isinstance(how, Extraction) else "whole"
+        self._shown.extend(shown)
+        self.rt.board.completions(shown)
         return out
 
     def _reload_inbox(self) -> None:
@@ -520,14 +554,18 @@ class Trainer:
                                             [a.cid for a in stale])
         groups = [g for a in taken for g in a.groups]
         samples_all = [s for g in groups for s in g]
-        useful = informative_groups(groups, lambda s: s.reward)
+        filtered = filter_groups(groups, lambda s: s.reward)
+        useful = filtered.useful
         ids = [a.cid for a in taken] + [a.cid for a in stale]
         self.consumed.update(ids)  # in memory; on disk at the next checkpoint, the journal until then
         self._undropped.update(ids)
         record = entry.seq > self._recorded_seq
         if not useful:
+            # Nothing to learn from: the batches are consumed all the same (the workers make new ones),
+            # and the attempt is counted, so a run that never trains says why (module docstring).
             if record:
-                self._record(None, samples_all, len(groups), 0, taken, stale, entry.seq)
+                self._record(None, samples_all, filtered, taken, stale, entry.seq)
+            self._attempted(filtered, samples_all)
             return None
         samples = [s for g in useful for s in g]
         t0 = time.monotonic()
@@ -550,7 +588,8 @@ class Trainer:
         # trainer replays the journaled step and finds it recorded; the other way round, the checkpoint
         # would hold a step whose line was never written (and no replay would write it).
         if record:
-            self._record(stats, samples_all, len(groups), len(useful), taken, stale, entry.seq)
+            self._record(stats, samples_all, filtered, taken, stale, entry.seq)
+        self._attempted(filtered, samples_all)
         if self.version - self._ckpt_version >= self.rl.checkpoint_every:
             t_ckpt = time.monotonic()
             await self._checkpoint()
@@ -572,7 +611,44 @@ class Trainer:
         self._undropped = set()
         await asyncio.to_thread(self.journal.trim, covered)
 
-    def _record(self, stats: StepStats | None, samples: list[Sample], n_groups: int, n_useful: int,
+    def _attempted(self, filtered: FilteredGroups[Sample], samples: list[Sample]) -> None:
+        """Report a step attempt to the status board; log the no-signal warning once per streak, when
+        the board raises it."""
+        cause = filtered.cause
+        hint = self._no_signal_hint(cause, samples) if cause else ""
+        self.rt.board.train_attempt(groups=filtered.total, filtered=filtered.dropped, cause=cause, hint=hint)
+        if not cause:
+            self._no_signal_logged = False
+            return
+        warning = self.rt.board.snapshot().training.no_signal_warning
+        if warning and not self._no_signal_logged:
+            log.warning("%s", warning)
+            self._no_signal_logged = True
+
+    def _no_signal_hint(self, cause: str, samples: list[Sample]) -> str:
+        """The likely causes of an attempt with no learnable group, naming the settings to check."""
+        rl = self.rl
+        if cause == "all_zero":
+            cut = sum(1 for s in samples if len(s.completion_ids) >= rl.max_new_tokens) / max(len(samples), 1)
+            shown = list(self._shown)
+            missing = sum(1 for c in shown if c.answer is None)
+            mode = self._answer_mode or "whole"
+            fmt = f"auto: {mode}" if rl.answer_format == "auto" else rl.answer_format
+            return (f"every reward 0: completions too short (rl.max_new_tokens {rl.max_new_tokens}, "
+                    f"{cut:.0%} reach it), an answer format the model does not write (rl.answer_format "
+                    f"{fmt}, no answer in {missing}/{len(shown)}), or a task too hard for the model; "
+                    "see the recent completions")
+        if cause == "all_one":
+            return ("every reward 1: the task is too easy for the model; raise its difficulty (rl.env_args) "
+                    "or pick a harder task (rl.task, rl.tasks_file)")
+        if cause == "all_equal":
+            return ("each group's rewards are equal (problems always or never solved, or partial credit "
+                    "alike): spread the difficulty (rl.env_args), or vary the samples more (rl.temperature "
+                    f"{rl.temperature}, rl.group_size {rl.group_size})")
+        return (f"no group could be judged: the reward checker ran out of time on each "
+                f"(rl.reward_timeout_s {rl.reward_timeout_s})")
+
+    def _record(self, stats: StepStats | None, samples: list[Sample], filtered: FilteredGroups[Sample],
                 taken: list[Accepted], stale: list[Accepted], seq: int) -> None:
         rewards = [s.reward for s in samples]
         pass_rate = sum(1 for r in rewards if r >= 1.0) / max(len(rewards), 1)
@@ -586,7 +662,9 @@ class Trainer:
         hops = {a.cid: {"worker": a.worker, **(self.hops.get(a.cid) or {})} for a in taken}
         line = {"step": self.step, "version": self.version, "trained": stats is not None, "time": time.time(),
                 "seq": seq, "pass_rate": pass_rate, "reward_mean": reward_mean, "samples": len(samples),
-                "groups": n_groups, "groups_used": n_useful,
+                "groups": filtered.total, "groups_used": len(filtered.useful),
+                "filtered_fraction": filtered.dropped / filtered.total if filtered.total else 1.0,
+                "no_signal": filtered.cause,
                 "loss": stats.loss if stats else 0.0, "grad_norm": stats.grad_norm if stats else 0.0,
                 "clipped_frac": stats.clipped_frac if stats else 0.0,
                 "staleness_mean": sum(stale_v) / max(len(stale_v), 1),
@@ -605,6 +683,7 @@ class Trainer:
         self._recorded_seq = seq
         if stats is not None:
             self.rt.board.train_step(self.step, reward_mean=reward_mean, pass_rate=pass_rate)
-        log.info("step %d -> v%d: pass %.3f reward %.3f (%d samples, %d/%d groups, staleness %.2f)",
-                 self.step, self.version, pass_rate, reward_mean, len(samples), n_useful, n_groups,
-                 line["staleness_mean"])
+        log.info("step %d -> v%d: pass %.3f reward %.3f (%d samples, %d/%d groups, staleness %.2f)%s",
+                 self.step, self.version, pass_rate, reward_mean, len(samples), len(filtered.useful),
+                 filtered.total, line["staleness_mean"],
+                 f": no learnable group ({filtered.cause}), nothing trained" if filtered.cause else "")

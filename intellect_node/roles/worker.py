@@ -27,6 +27,9 @@ engine@device the run does not list in ``run.rollout_engines`` refuses to start.
 
 The record-building step is :meth:`Worker.make_records`; tests subclass it to play a cheating worker.
 
+The first completion of each group it generates, with its reward and the answer the run's extraction
+finds in it, goes to the status board (``training.completions``; ``roles/completions.py``).
+
 ``worker/hops.jsonl`` (diagnostics, not fsynced) timestamps the worker's side of the learning loop for
 ``bench/learning.py``: each new version announced (heard) and loaded (with where the follower's time went:
 fetch, apply, persist, engine), and each batch submitted.
@@ -69,6 +72,7 @@ from intellect_node.roles.common import (
     require_trainer,
     run_task,
 )
+from intellect_node.roles.completions import completion
 from intellect_node.roles.engines import engine_choice, require_rollout_engine
 from intellect_node.roles.follow import TrainerPolicy
 from intellect_node.roles.seams import RoleTasks, Runtime
@@ -215,6 +219,14 @@ class Worker:
         return generate_rollouts(engine, self.tokenizer, problems, key=self.rt.swarm.key, run_id=self.run_id,
                                  policy_version=version, checkpoint=checkpoint, sampling=self.sampling)
 
+    def _show(self, problems: list[Problem], records: list[RolloutRecord]) -> None:
+        """The first completion of each group to the status board (worker thread: a decode each)."""
+        g = self.rl.group_size
+        self.rt.board.completions(
+            completion(p, self.tokenizer.decode(list(r.completion_tokens)), r.reward,
+                       policy_version=r.policy_version)
+            for p, r in list(zip(problems, records))[::g])
+
     def _load_used(self) -> tuple[int, set[str]]:
         """The problems used at the version this worker last generated for (``worker/used.json``)."""
         path = self.dir / USED_FILE
@@ -264,6 +276,7 @@ class Worker:
                 records = await asyncio.to_thread(self.make_records, engine, problems, version, ckpt_hash)
             n_tokens = sum(len(r.completion_tokens) for r in records)
             self.rt.board.rollouts_generated(len(records), tokens=n_tokens)
+            await asyncio.to_thread(self._show, problems, records)
             try:
                 await self.submit(records, version, n_tokens)
             except IntellectNodeError as exc:

@@ -1,4 +1,5 @@
-"""StatusBoard and StatusSnapshot: counters, bounded histories, JSON round trip, strict decoding."""
+"""StatusBoard and StatusSnapshot: counters, bounded histories, JSON round trip, strict decoding; the
+trainer's learning signal (step attempts with no learnable group, the warning) and recent completions."""
 
 from __future__ import annotations
 
@@ -11,12 +12,19 @@ from hypothesis import strategies as st
 
 from intellect_node.errors import ProtocolError
 from intellect_node.node.status import (
+    COMPLETION_CHARS,
     FIRST_LEN,
     HISTORY_LEN,
+    NO_SIGNAL_ATTEMPTS,
+    NO_SIGNAL_WINDOW_S,
+    PROMPT_CHARS,
+    RECENT_COMPLETIONS,
     RECENT_LEN,
     BoardLogHandler,
+    Completion,
     StatusBoard,
     StatusSnapshot,
+    clean_text,
 )
 from tests.support.operator_node import FakeClock, busy_board
 
@@ -163,3 +171,86 @@ def test_degraded_reasons_restarts_and_age() -> None:
     b.set_degraded("peers", "no peers for 31 s")
     b.set_state("stopping")
     assert b.snapshot().state == "stopping" and not b.snapshot().healthy
+
+
+HINT = "every reward 0: completions too short (rl.max_new_tokens 1, 100% reach it)"
+
+
+def test_attempts_with_no_learnable_group_are_counted_by_cause_and_raise_the_warning() -> None:
+    clock = FakeClock()
+    b = StatusBoard(role="trainer", clock=clock, monotonic=clock)
+    b.train_attempt(groups=8, filtered=3)  # trained: 5 learnable groups
+    for i in range(NO_SIGNAL_ATTEMPTS - 1):
+        clock.t += 1
+        b.train_attempt(groups=8, filtered=8, cause="all_zero", hint=HINT)
+        t = b.snapshot().training
+        assert t.no_signal_streak == i + 1 and t.no_signal_warning == ""  # not yet: a few can be chance
+    b.train_attempt(groups=4, filtered=4, cause="all_one", hint="every reward 1: too easy")
+    t = b.snapshot().training
+    assert (t.attempts, t.no_signal_attempts, t.no_signal_streak) == (NO_SIGNAL_ATTEMPTS + 1,
+                                                                      NO_SIGNAL_ATTEMPTS, NO_SIGNAL_ATTEMPTS)
+    assert t.no_signal_causes == {"all_zero": NO_SIGNAL_ATTEMPTS - 1, "all_one": 1}
+    assert (t.groups_seen, t.groups_filtered, t.filtered_fraction) == (28, 23, 1.0)
+    assert t.no_signal_warning == (f"no learnable group in the last {NO_SIGNAL_ATTEMPTS} step attempts: "
+                                   "every reward 1: too easy")  # the newest attempt's hint
+    assert t.no_signal_since == 1001.0
+    b.train_step(1, reward_mean=0.5, pass_rate=0.5)  # the step's counters survive a trained step
+    b.train_attempt(groups=8, filtered=2)
+    t = b.snapshot().training
+    assert t.no_signal_streak == 0 and t.no_signal_warning == "" and t.no_signal_since == 0.0
+    assert t.filtered_fraction == 0.25 and t.no_signal_attempts == NO_SIGNAL_ATTEMPTS and t.step == 1
+    with pytest.raises(ValueError, match="no-signal cause"):
+        b.train_attempt(groups=1, filtered=1, cause="bored")
+
+
+def test_a_slow_run_shows_the_warning_a_minute_after_its_first_unlearnable_attempt() -> None:
+    clock = FakeClock()
+    b = StatusBoard(role="trainer", clock=clock, monotonic=clock)
+    b.train_attempt(groups=8, filtered=8, cause="all_zero", hint=HINT)  # the run's very first attempt
+    assert b.snapshot().training.no_signal_warning == ""
+    clock.t += NO_SIGNAL_WINDOW_S  # no other attempt since (a big model on a CPU): the minute is up
+    assert b.snapshot().training.no_signal_warning == f"no learnable group in the last step attempt: {HINT}"
+
+
+def test_recent_completions_are_bounded_cut_and_clean() -> None:
+    clock = FakeClock()
+    b = StatusBoard(clock=clock)
+    hostile = "\x1b[2J\x1b]0;pwned\x07 think\r\nmore\x00\x9b" + "9" * 500 + " <answer>42</answer>"
+    b.completions([Completion(ts=clock.t, problem_id="add3/7", prompt="What is 1 + 2?\n" + "x" * 300,
+                              text=hostile, answer="42\x1b[31m", expected="3", reward=0.0)])
+    c = b.snapshot().training.completions[0]
+    assert c.text.endswith("<answer>42</answer>'"[:-1]) and c.text.startswith("…")
+    assert len(c.text) == COMPLETION_CHARS and len(c.prompt) == PROMPT_CHARS
+    for field_ in (c.text, c.prompt, c.answer or ""):
+        assert not any(ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in field_), field_
+    assert c.answer == "42[31m" and c.prompt.startswith("What is 1 + 2? xx")
+    b.completions([Completion(ts=clock.t + i, problem_id=f"p{i}", prompt="", text=str(i), answer=None,
+                              expected="", reward=1.0, reason="no_answer") for i in range(20)])
+    shown = b.snapshot().training.completions
+    assert [x.text for x in shown] == [str(i) for i in range(20 - RECENT_COMPLETIONS, 20)]
+
+
+def test_clean_text_keeps_one_line_and_cuts_where_asked() -> None:
+    assert clean_text("a\tb\n\nc  d", 50) == "a b c d"
+    assert clean_text("abcdef", 4) == "abc…" and clean_text("abcdef", 4, keep="tail") == "…def"
+    assert clean_text("\x1b[0m\u200bok\x7f", 10) == "[0m\u200bok"  # only control characters go
+
+
+def test_learning_signal_and_completions_round_trip_through_json() -> None:
+    clock = FakeClock()
+    b = busy_board(clock)
+    for _ in range(NO_SIGNAL_ATTEMPTS):
+        b.train_attempt(groups=8, filtered=8, cause="all_zero", hint=HINT)
+    b.completions([Completion(ts=clock.t, problem_id="add3/1", prompt="1+1", text="2 is it", answer=None,
+                              expected="2", reward=0.0, reason="no_answer", policy_version=3, worker="W"),
+                   Completion(ts=clock.t, problem_id="add3/2", prompt="1+2", text="3", answer="3",
+                              expected="3", reward=1.0)])
+    s = b.snapshot()
+    assert s.training.no_signal_warning and len(s.training.completions) == 2
+    back = StatusSnapshot.from_json(s.to_json())
+    assert back == s and back.training.completions[0].answer is None
+    doc = json.loads(s.to_json())
+    assert doc["training"]["no_signal_causes"] == {"all_zero": NO_SIGNAL_ATTEMPTS}
+    assert doc["training"]["completions"][1]["answer"] == "3"
+    fresh = StatusSnapshot.from_json(StatusBoard().snapshot().to_json())
+    assert fresh.training.filtered_fraction is None and fresh.training.completions == ()

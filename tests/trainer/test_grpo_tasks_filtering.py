@@ -10,7 +10,7 @@ import pytest
 from intellect_node.errors import ConfigError
 from intellect_node.trainer.filtering import (
     SolveRateBand,
-    informative_groups,
+    filter_groups,
     load_solve_rates,
     measure_solve_rates,
     offline_filter,
@@ -76,7 +76,21 @@ def test_offline_filter_keeps_the_band(tmp_path: Path) -> None:
 
 def test_online_filter_drops_all_equal_groups() -> None:
     groups = [[1.0, 1.0, 1.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.5, 0.25, 0.5]]
-    assert informative_groups(groups, float) == [[0.0, 1.0, 0.0], [0.5, 0.25, 0.5]]
+    got = filter_groups(groups, float)
+    assert got.useful == [[0.0, 1.0, 0.0], [0.5, 0.25, 0.5]]
+    assert (got.total, got.dropped, got.cause) == (4, 2, "")
+
+
+@pytest.mark.parametrize("groups,cause", [
+    ([[0.0, 0.0], [0.0, 0.0]], "all_zero"),
+    ([[1.0, 1.0], [1.0, 1.0]], "all_one"),
+    ([[0.5, 0.5], [0.5, 0.5]], "all_equal"),
+    ([[0.0, 0.0], [1.0, 1.0]], "all_equal"),  # some too hard, some too easy: nothing between
+    ([], "no_groups"),  # every group left out (its reward could not be judged)
+])
+def test_online_filter_says_why_it_dropped_every_group(groups: list[list[float]], cause: str) -> None:
+    got = filter_groups(groups, float)
+    assert got.useful == [] and got.dropped == len(groups) and got.cause == cause
 
 
 def test_offline_filter_in_a_run_from_the_cli_to_the_runs_task(tmp_path: Path) -> None:
