@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import threading
 
 import pytest
@@ -182,3 +183,83 @@ def test_stale_and_unreachable_nodes_never_look_healthy() -> None:
     row = next(line for line in text.splitlines() if "…or0001" in line)
     assert row.split()[2:] == ["unreachable"] + ["-"] * 7
     assert dashboard.status_line(gone, now=fresh.ts).endswith("unreachable: no answer in 3 s")
+
+
+def _not_learning_board() -> StatusBoard:
+    """A trainer whose every reward is 0, with a few completions it re-scored (one with a terminal escape,
+    as a hostile worker would send)."""
+    from intellect_node.node.status import NO_SIGNAL_ATTEMPTS, Completion
+
+    clock = FakeClock()
+    b = busy_board(clock)
+    for _ in range(NO_SIGNAL_ATTEMPTS):
+        clock.t += 1
+        b.train_attempt(groups=8, filtered=8, cause="all_zero",
+                        hint="every reward 0: completions too short (rl.max_new_tokens 1, 100% reach it), "
+                             "an answer format the model does not write (rl.answer_format answer_tags, no "
+                             "answer in 8/8), or a task too hard for the model; see the recent completions")
+    b.completions([Completion(ts=clock.t + i, problem_id=f"add3/{i}", prompt=f"What is {i} + 5?",
+                              text=f"\x1b[2J{i + 5}" if i else "12 <answer>12</answer>",
+                              answer="12" if i == 0 else None, expected=str(i + 5), reward=0.0,
+                              reason="" if i == 0 else "no_answer")
+                   for i in range(8)])
+    return b
+
+
+@pytest.mark.parametrize("width,height", [(80, 24), (120, 40)])
+def test_a_run_that_is_not_learning_says_so_with_its_completions(width: int, height: int) -> None:
+    s = _not_learning_board().snapshot()
+    c = _console(width, height)
+    c.print(dashboard.render_node(s, width=width, height=height, now=s.ts))
+    styled = c.export_text(styles=True, clear=False)
+    assert "\x1b[1;37;41mNOT LEARNING" in _line_with(c, "NOT LEARNING")  # white on red
+    text = _fits(c, width, height)
+    lines = text.splitlines()
+    # prominent: right under the identity line, before every panel
+    assert lines[2].startswith("NOT LEARNING no learnable group in the last 3 step attempts: every reward 0")
+    assert "completions too short (rl.max_new_tokens" in text and "recent completions" in text
+    assert "0.00 no_answer want 12 '[2J12'" in text  # reward, why no answer, expected, the text's end
+    assert height == 24 or "0.00 '12'      want 5  '12 <answer>12</answer>'" in text  # the answer found
+    assert "'[2J" in text and "\x1b[2J" not in styled  # the peer's escape never reaches the terminal
+    shown = sum(1 for line in lines if "want " in line)
+    assert shown == (3 if height == 24 else 8)  # 24 rows: the completions take the events' place
+    # the swarm view (the demo's) shows it too, with the trainer's completions
+    snaps = [dataclasses.replace(s, role=role, identity=dataclasses.replace(s.identity, peer_id=f"12D3K{i}"))
+             for i, role in enumerate(["trainer", "validator", "worker"])]
+    c = _console(width, height)
+    c.print(dashboard.render_swarm(snaps, width=width, height=height, now=s.ts))
+    text = _fits(c, width, height)
+    assert text.splitlines()[1].startswith("NOT LEARNING no learnable group")
+    assert "recent completions" in text and "· trainer" in text and "want " in text
+    assert "rejections and warnings" in text
+    assert "NOT-LEARNING=3" in dashboard.status_line(s, now=s.ts)
+
+
+def test_completions_and_no_warning_on_a_healthy_worker() -> None:
+    from intellect_node.node.status import Completion
+
+    clock = FakeClock()
+    b = busy_board(clock)
+    b.completions([Completion(ts=clock.t, problem_id="add3/1", prompt="What is 1 + 5?", text="6",
+                              answer="6", expected="6", reward=1.0)])
+    s = b.snapshot()
+    c = _console()
+    c.print(dashboard.render_node(s, now=s.ts))
+    text = _fits(c, 80, 24)
+    assert "NOT LEARNING" not in text and "1.00 '6'" in text and "← What is 1 + 5?" in text
+    assert "toploc_mismatch" in text  # the events keep a share of the rows
+
+
+def test_status_prints_the_not_learning_warning_and_the_attempts() -> None:
+    from intellect_node.commands.status import summary
+
+    s = _not_learning_board().snapshot()
+    doc = {"peer_id": "12D3KooWExample", "health": {"state": "running", "reasons": []},
+           "snapshot": json.loads(s.to_json())}
+    lines = summary(doc).splitlines()
+    assert lines[1].startswith("NOT LEARNING no learnable group in the last 3 step attempts: every reward 0")
+    assert ("training    step 1 · 3 attempts, 3 with no learnable group (all_zero 3) · last filtered 100% "
+            "of groups") in lines
+    calm = json.loads(busy_board(FakeClock()).snapshot().to_json())
+    healthy = summary({"health": {"state": "running"}, "snapshot": calm})
+    assert "NOT LEARNING" not in healthy and "attempts" not in healthy

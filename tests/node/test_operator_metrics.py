@@ -111,3 +111,25 @@ def test_the_join_timeline_is_exported_once_each_stage_is_reached() -> None:
     m = _samples(asyncio.run(_scrape(b))[0])
     stages = {dict(k[1])["stage"]: v for k, v in m.items() if k[0] == "intellect_node_timeline_seconds"}
     assert stages == {"ready": 1.0, "first_peer": 3.0}
+
+
+def test_step_attempts_without_a_learnable_group_are_exported_by_cause() -> None:
+    from intellect_node.node.status import NO_SIGNAL_ATTEMPTS
+
+    b = StatusBoard(role="trainer")
+    m = _samples(asyncio.run(_scrape(b))[0])
+    assert m[("intellect_node_train_attempts_total", ())] == 0 and m[("intellect_node_not_learning", ())] == 0
+    assert ("intellect_node_groups_filtered_fraction", ()) not in m  # no attempt yet
+    b.train_attempt(groups=8, filtered=6)
+    for _ in range(NO_SIGNAL_ATTEMPTS):
+        b.train_attempt(groups=8, filtered=8, cause="all_zero", hint="every reward 0")
+    m = _samples(asyncio.run(_scrape(b))[0])
+    assert m[("intellect_node_train_attempts_total", ())] == NO_SIGNAL_ATTEMPTS + 1
+    no_signal = "intellect_node_train_attempts_no_signal_total"
+    assert m[(no_signal, (("cause", "all_zero"),))] == NO_SIGNAL_ATTEMPTS
+    assert m[(no_signal, (("cause", "all_one"),))] == 0
+    assert m[("intellect_node_no_signal_streak", ())] == NO_SIGNAL_ATTEMPTS
+    assert m[("intellect_node_not_learning", ())] == 1
+    assert m[("intellect_node_train_groups_total", (("outcome", "seen"),))] == 8 * (NO_SIGNAL_ATTEMPTS + 1)
+    assert m[("intellect_node_train_groups_total", (("outcome", "filtered"),))] == 6 + 8 * NO_SIGNAL_ATTEMPTS
+    assert m[("intellect_node_groups_filtered_fraction", ())] == 1.0
