@@ -1,0 +1,93 @@
+"""A run that cannot learn says so: every reward 0, so every group is filtered and no step trains.
+
+Real processes on loopback: trainer, validator and one worker on the embedded model, with
+``rl.answer_format = "answer_tags"``, which the embedded model never writes (it writes digits): every
+completion has no answer and scores 0. Within its first few step attempts the trainer's status snapshot
+carries the not-learning warning with the cause and the settings to check, counts the attempts by cause,
+shows the completions it re-scored (no answer found, the expected one), and exports the same counts on
+``/metrics``; its ``metrics.jsonl`` records each attempt as untrained with the cause. The batches are
+consumed (not left queued) and no version is published.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from intellect_node.fsutil import read_jsonl
+from intellect_node.node.status import NO_SIGNAL_ATTEMPTS, StatusSnapshot
+from tests.support.roles import listen_addr, make_key, role_process, start_role, write_config
+from tests.support.wait import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+RL = dict(group_size=4, problems_per_batch=2, groups_per_step=1, max_new_tokens=4, batches_per_version=3,
+          answer_format="answer_tags")
+
+
+def _snapshot(proc: Any) -> StatusSnapshot:
+    return StatusSnapshot.from_json(json.dumps(proc.status()["snapshot"]))
+
+
+def _metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_a_run_whose_rewards_are_all_zero_says_why_it_is_not_learning(tmp_path: Path) -> None:
+    from intellect_node.models.loader import embedded_model_dir
+
+    ids = {n: make_key(tmp_path / n) for n in ("trainer", "validator", "w")}
+    common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=str(embedded_model_dir()),
+                  rl=RL)
+    procs: list[Any] = []
+    try:
+        config = write_config(tmp_path / "trainer", **common)  # type: ignore[arg-type]
+        # the trainer serves /metrics (on a free port): the helper's configs turn it off
+        config.write_text(config.read_text().replace("[metrics]\nenabled = false",
+                                                     "[metrics]\nenabled = true\nport = 0"))
+        trainer = role_process(tmp_path / "trainer", "trainer")
+        procs.append(trainer)
+        t_addr = listen_addr(trainer)
+        validator = start_role(tmp_path / "validator", "validator", procs, bootstrap=[t_addr], **common)
+        worker = start_role(tmp_path / "w", "worker", procs, bootstrap=[t_addr, listen_addr(validator)],
+                            **common)
+        wait_for(lambda: _snapshot(trainer).training.no_signal_warning, timeout=300,
+                 what="the trainer's not-learning warning")
+        s = _snapshot(trainer)
+        metrics = _metrics(trainer.status()["metrics"]["metrics"])
+        w = _snapshot(worker)
+        queued = trainer.status()["trainer"]["queued_batches"]
+    finally:
+        for p in procs:
+            p.close()
+
+    t = s.training
+    # the warning came with the first attempts that could not learn, and says why and what to check
+    assert NO_SIGNAL_ATTEMPTS <= t.no_signal_streak == t.no_signal_attempts == t.attempts, t
+    assert "every reward 0" in t.no_signal_warning and "rl.answer_format answer_tags" in t.no_signal_warning
+    assert "rl.max_new_tokens 4" in t.no_signal_warning
+    assert t.no_signal_causes == {"all_zero": t.attempts}
+    assert t.groups_seen == t.groups_filtered >= t.attempts and t.filtered_fraction == 1.0
+    assert t.step == -1 and s.policy.local == 0  # nothing trained, no version after v0
+    # what the trainer re-scored: the worker's completions, no answer found in them, the expected one
+    assert t.completions and all(c.reward == 0.0 and c.answer is None and c.reason == "no_answer"
+                                 and c.expected and c.text and c.worker == ids["w"] for c in t.completions)
+    assert w.training.completions and all(c.reward == 0.0 for c in w.training.completions)
+    # /metrics, from the same counters
+    assert metrics[("intellect_node_train_attempts_no_signal_total", (("cause", "all_zero"),))] >= \
+        NO_SIGNAL_ATTEMPTS
+    assert metrics[("intellect_node_not_learning", ())] == 1
+    assert metrics[("intellect_node_groups_filtered_fraction", ())] == 1.0
+    # every attempt recorded as untrained, its batches consumed, not left to pile up in the queue
+    lines = read_jsonl(tmp_path / "trainer" / "trainer" / "metrics.jsonl")
+    assert len(lines) >= NO_SIGNAL_ATTEMPTS and queued <= 1
+    assert all(not m["trained"] and m["no_signal"] == "all_zero" and m["filtered_fraction"] == 1.0
+               and m["version"] == 0 for m in lines), lines
