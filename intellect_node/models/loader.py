@@ -5,7 +5,8 @@ Models are Hugging Face folders (``config.json``, ``model.safetensors`` or shard
 docs/models.md says what a folder needs. The embedded model lives in ``intellect_node/assets/model``
 and is built by ``scripts/make_model.py``. A ``--model`` that is not a folder but looks like a hub ID
 (``org/name``) is taken from the Hugging Face cache, downloaded there first when the hub is reachable
-and not switched off (``HF_HUB_OFFLINE=1``).
+and not switched off (``HF_HUB_OFFLINE=1``). A ``.gguf`` file is imported once into the user cache
+(:mod:`models.gguf`) and that folder is used.
 
 The dtype is part of a run's configuration: the worker generates and the validator prefills in the same
 dtype, because TOPLOC and logprob thresholds are calibrated per dtype (fp32 on CPU is near bit-exact).
@@ -118,11 +119,15 @@ def embedded_model_dir() -> Path:
 
 
 def resolve_model_dir(model: str | Path | None) -> Path:
-    """``--model DIR`` (or a hub ID) or the embedded model; ConfigError naming the flag when it is not a
-    model folder."""
+    """``--model DIR`` (or a hub ID, or a ``.gguf`` file) or the embedded model; ConfigError naming the
+    flag when it is not a model folder."""
     if model is None:
         return embedded_model_dir()
     path = Path(model).expanduser()
+    if path.suffix.lower() == ".gguf" and not path.is_dir():
+        from intellect_node.models.gguf import imported_dir
+
+        return imported_dir(path)  # imported once into the user cache (docs/models.md, "GGUF files")
     if not path.exists() and _HUB_ID.match(str(model)):
         path = _from_hub(str(model))
     missing = [f for f in ("config.json", "tokenizer.json") if not (path / f).exists()]
@@ -130,8 +135,8 @@ def resolve_model_dir(model: str | Path | None) -> Path:
         missing.append(WEIGHTS)
     if missing:
         raise ConfigError(f"--model {path} is not a model folder (missing {', '.join(missing)}); "
-                          "pass a folder written by `intellect-node model export` or a Hugging Face "
-                          "model folder", field="model")
+                          "pass a folder written by `intellect-node model export`, a Hugging Face "
+                          "model folder or a .gguf file", field="model")
     return path
 
 
