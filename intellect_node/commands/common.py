@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import typer
 
+from intellect_node.errors import ConfigError
 from intellect_node.p2p.identity import resolve_data_dir
 
 DataDirOption = typer.Option(
@@ -28,7 +30,6 @@ def data_dir_lock(d: Path) -> Iterator[None]:
     import fcntl
     import os
 
-    from intellect_node.errors import ConfigError
     from intellect_node.node.runtime import LOCK_FILE
 
     fd = os.open(d / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
@@ -57,8 +58,6 @@ def task_and_model(config_path: Optional[Path], *, task_id: str, tasks_file: Opt
     validators build: reward environment, extraction, system prompt), and the model is ``run.model``
     unless ``--model`` is given. ``--task``/``--tasks`` beside ``--config`` would name two tasks, so that
     is refused (exit 2). ``filtered``: apply the run's offline solve-rate filter."""
-    from intellect_node.errors import ConfigError
-
     if config_path is None:
         if tasks_file is not None:
             from intellect_node.trainer.jsonl_tasks import load_jsonl_tasks
@@ -79,3 +78,32 @@ def task_and_model(config_path: Optional[Path], *, task_id: str, tasks_file: Opt
     cfg = load_config(config_path)
     model = model_dir if model_dir is not None else (Path(cfg.run.model) if cfg.run.model else None)
     return run_task(cfg, filtered=filtered), model, cfg.rl
+
+
+def parse_env_args(text: str | None) -> dict[str, Any]:
+    """``--env-args``: a JSON object (``'{"max_digits": 1}'``) or ``key=value`` pairs separated by commas
+    (values read as JSON where they parse, else as strings)."""
+    if not text:
+        return {}
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"--env-args is not valid JSON ({exc}); e.g. --env-args "
+                              "'{\"max_digits\": 1}' or --env-args max_digits=1,max_terms=2",
+                              field="--env-args") from exc
+        if not isinstance(doc, dict):
+            raise ConfigError("--env-args must be a JSON object", field="--env-args")
+        return doc
+    out: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, raw = part.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--env-args: {part!r} is not key=value; e.g. --env-args "
+                              "max_digits=1,max_terms=2", field="--env-args")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except ValueError:
+            out[key.strip()] = raw.strip()
+    return out

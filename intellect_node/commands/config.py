@@ -115,4 +115,73 @@ def register(app: typer.Typer) -> None:
             return
         typer.echo(as_toml(cfg, sources, file), nl=False)
 
+    @config.command("fit")
+    def fit(
+        model: str = typer.Option(..., "--model", help="Model folder or .gguf file."),
+        env: Optional[str] = typer.Option(None, "--env", help="Reward environment (rl.env), e.g. "
+                                                              "reasoning_gym:chain_sum."),
+        env_args: Optional[str] = typer.Option(None, "--env-args", help="rl.env_args: JSON, or key=value "
+                                                                        "pairs separated by commas."),
+        config_file: Optional[Path] = typer.Option(None, "--config", "-c",
+                                                   help="A config whose [rl] values are kept as given."),
+        check: bool = typer.Option(False, "--preflight", help="Also sample the starting policy on 8 of the "
+                                                              "run's problems and say whether anything is "
+                                                              "learnable (exit 1 when nothing is)."),
+    ) -> None:
+        """Print the [rl] settings that fit MODEL and the environment, each with why (TOML to paste
+        into the run's config). Given values (--config's [rl], --env, --env-args) are kept."""
+        from intellect_node.commands.common import parse_env_args
+        from intellect_node.inference.run_settings import fit_settings, model_facts, size_text
+        from intellect_node.models.loader import resolve_model_dir
+        from intellect_node.node.config.loader import read_toml
+
+        folder = resolve_model_dir(model)
+        given = dict(read_toml(config_file).get("rl", {})) if config_file is not None else {}
+        if env:
+            given["env"] = env
+        if env_args:
+            given["env_args"] = parse_env_args(env_args)
+        facts = model_facts(folder)
+        choices = fit_settings(facts, given)
+        typer.echo(f"# settings for {folder} ({size_text(facts.n_params)} parameters"
+                   f"{', chat template' if facts.chat_template else ', no chat template'})")
+        typer.echo("[rl]")
+        if facts.embedded and not choices:
+            typer.echo("# the embedded model: the defaults are its settings")
+        for c in choices:
+            typer.echo(f"{c.key} = {_toml_inline(c.value)}  # {'given' if c.given else c.why}")
+        if check:
+            raise typer.Exit(_preflight(folder, {c.key: c.value for c in choices}))
+
     app.add_typer(config, name="config")
+
+
+def _toml_inline(value: Any) -> str:
+    """A value as TOML: JSON for strings, numbers, booleans and lists; an inline table for a mapping."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_inline(v)}" for k, v in value.items()) + " }"
+    return json.dumps(value)
+
+
+def _preflight(folder: Path, rl: dict[str, Any]) -> int:
+    """The preflight of ``config fit --preflight``: 0 when some group is learnable, else 1."""
+    import random
+    import tempfile
+
+    import torch
+
+    from intellect_node.inference import make_engine
+    from intellect_node.inference.run_settings import preflight
+    from intellect_node.node.config import load_config
+    from intellect_node.node.processes import write_config
+    from intellect_node.roles.common import run_task
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as d:
+        path = write_config(Path(d) / "fit.toml", {"run": {"model": str(folder)}, "rl": rl})
+        cfg = load_config(path, environ={})
+    problems = run_task(cfg).sample(random.Random(7), 8)
+    pre = preflight(make_engine(folder, "torch"), problems, group_size=cfg.rl.group_size,
+                    max_new_tokens=cfg.rl.max_new_tokens, temperature=cfg.rl.temperature)
+    typer.echo("\n".join(f"# {line}" for line in pre.summary().splitlines()))
+    return 0 if pre.ok() else 1

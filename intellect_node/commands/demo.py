@@ -42,6 +42,7 @@ from typing import Any, Optional
 
 import typer
 
+from intellect_node.commands.common import parse_env_args
 from intellect_node.errors import ConfigError, IntellectNodeError
 from intellect_node.node.processes import (
     STOP_GRACE_S,
@@ -387,35 +388,6 @@ def demo_thresholds(model: str, base: Path, progress: Any = None, *, engine: Any
                          problems=list(problems) if problems is not None else None):
         atomic_write_text(path, json.dumps(merge_into(path, cal), indent=2) + "\n")
     return path
-
-
-def parse_env_args(text: str | None) -> dict[str, Any]:
-    """``--env-args``: a JSON object (``'{"max_digits": 1}'``) or ``key=value`` pairs separated by commas
-    (values read as JSON where they parse, else as strings)."""
-    if not text:
-        return {}
-    text = text.strip()
-    if text.startswith("{"):
-        try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            raise ConfigError(f"--env-args is not valid JSON ({exc}); e.g. --env-args "
-                              "'{\"max_digits\": 1}' or --env-args max_digits=1,max_terms=2",
-                              field="--env-args") from exc
-        if not isinstance(doc, dict):
-            raise ConfigError("--env-args must be a JSON object", field="--env-args")
-        return doc
-    out: dict[str, Any] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, eq, raw = part.partition("=")
-        if not eq or not key.strip():
-            raise ConfigError(f"--env-args: {part!r} is not key=value; e.g. --env-args "
-                              "max_digits=1,max_terms=2", field="--env-args")
-        try:
-            out[key.strip()] = json.loads(raw)
-        except ValueError:
-            out[key.strip()] = raw.strip()
-    return out
 
 
 @dataclass

@@ -93,8 +93,11 @@ def model_facts(model_dir: Path) -> ModelFacts:
                       embedded=embedded, name=model_dir.name)
 
 
-def _size(n: int) -> str:
-    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+def size_text(n: int) -> str:
+    """``135M``, ``0.3M``, ``1.7B``."""
+    if n >= 1e9:
+        return f"{n / 1e9:.1f}B"
+    return f"{n / 1e6:.0f}M" if n >= 10e6 else f"{n / 1e6:.1f}M"
 
 
 def _dataset(env: str | None) -> str:
@@ -107,7 +110,7 @@ def fit_settings(facts: ModelFacts, given: Mapping[str, Any]) -> list[Choice]:
     if facts.embedded:
         return [Choice(k, v, "set by the operator", True) for k, v in sorted(given.items())]
     out: dict[str, Choice] = {k: Choice(k, v, "set by the operator", True) for k, v in given.items()}
-    size = _size(facts.n_params)
+    size = size_text(facts.n_params)
     small = facts.n_params < SMALL_MODEL or not facts.chat_template
 
     def choose(key: str, value: Any, why: str) -> None:

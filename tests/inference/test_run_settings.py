@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from intellect_node.commands.demo import parse_env_args, plan_demo
+from intellect_node.commands.common import parse_env_args
+from intellect_node.commands.demo import plan_demo
 from intellect_node.errors import ConfigError
 from intellect_node.inference import make_engine
 from intellect_node.inference.run_settings import (
