@@ -46,6 +46,8 @@ ROLE_STYLE = {"trainer": "bold magenta", "validator": "bold cyan", "worker": "bo
 TREND_WINDOW = 10
 """Steps averaged for the trend's numbers (at most half the history, so the two means never overlap)."""
 REACH_STYLE = {"public": "green", "relayed": "yellow", "private": "red", "unknown": "dim"}
+NODE_FOOTER = "Ctrl-C stops the node"
+SWARM_FOOTER = "Ctrl-C stops every node"
 WARNING_LINES = 3
 """Lines the not-learning warning may take (its hint is cut past them)."""
 
@@ -297,7 +299,7 @@ def _identity_text(s: StatusSnapshot) -> Text:
 
 
 def render_node(s: StatusSnapshot, *, width: int = 80, height: int = 24,
-                footer: str = "Ctrl-C stops the node", now: float | None = None) -> RenderableType:
+                footer: str = NODE_FOOTER, now: float | None = None) -> RenderableType:
     """Everything about one node, in at most ``height`` (24 or more) lines at 80 columns; a node in trouble
     gets a red title and a line saying what is wrong in place of its identity line."""
     now = time.time() if now is None else now
@@ -362,7 +364,7 @@ panels (9), the trend (4), the footer."""
 # -- many nodes ------------------------------------------------------------------------------------
 
 def render_swarm(snaps: Sequence[StatusSnapshot], *, width: int = 80, height: int = 24,
-                 title: str = "intellect-node demo", footer: str = "Ctrl-C stops every node",
+                 title: str = "intellect-node demo", footer: str = SWARM_FOOTER,
                  max_events: int = 6, now: float | None = None) -> RenderableType:
     """One line per node, the trainer's trend, and the recent events of all nodes. A node in trouble
     shows its state in red, its numbers dimmed (stale) or left out (unreachable), and what is wrong
@@ -507,9 +509,8 @@ def _view(snaps: Sequence[StatusSnapshot], swarm_view: bool, width: int, height:
           footer: str | None) -> RenderableType:
     height = max(24, height)  # smaller terminals crop the bottom, as before
     if swarm_view or len(snaps) != 1:
-        return render_swarm(snaps, width=width, height=height, title=title,
-                            **({"footer": footer} if footer else {}))
-    return render_node(snaps[0], width=width, height=height, **({"footer": footer} if footer else {}))
+        return render_swarm(snaps, width=width, height=height, title=title, footer=footer or SWARM_FOOTER)
+    return render_node(snaps[0], width=width, height=height, footer=footer or NODE_FOOTER)
 
 
 def _run_live(source: Source, stop: threading.Event, console: Console, swarm_view: bool, refresh_s: float,
