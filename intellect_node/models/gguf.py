@@ -92,10 +92,9 @@ def _field_value(field: Any, gguf: Any) -> Any:
     return field.parts[field.data[0]].tolist()[0]
 
 
-def read_gguf(path: str | Path, flag: str = "--model") -> tuple[dict[str, Any], list[Any]]:
-    """(metadata key -> value, tensors) of a GGUF file; ConfigError naming ``flag`` when it is missing,
-    not a GGUF file, unreadable or big-endian."""
-    path = Path(path).expanduser()
+def check_gguf(path: Path, flag: str = "--model") -> None:
+    """ConfigError naming ``flag`` unless ``path`` is a file starting with GGUF's magic (a cheap check:
+    ``GGUFReader`` takes seconds to parse a large vocabulary)."""
     if not path.is_file():
         what = "is a folder" if path.is_dir() else "does not exist"
         raise ConfigError(f"{flag} {path}: the GGUF file {what}", field=flag)
@@ -104,6 +103,13 @@ def read_gguf(path: str | Path, flag: str = "--model") -> tuple[dict[str, Any], 
     if head != GGUF_MAGIC:
         raise ConfigError(f"{flag} {path} is not a GGUF file (it starts with {head!r}, not b'GGUF')",
                           field=flag)
+
+
+def read_gguf(path: str | Path, flag: str = "--model") -> tuple[dict[str, Any], list[Any]]:
+    """(metadata key -> value, tensors) of a GGUF file; ConfigError naming ``flag`` when it is missing,
+    not a GGUF file, unreadable or big-endian."""
+    path = Path(path).expanduser()
+    check_gguf(path, flag)
     gguf = _gguf()
     try:
         reader = gguf.GGUFReader(str(path), "r")
@@ -336,7 +342,7 @@ def imported_dir(path: str | Path, cache: Path | None = None) -> Path:
     import fcntl
 
     path = Path(path).expanduser()
-    read_gguf(path)  # a missing or wrong file: the error before hashing it
+    check_gguf(path)  # a missing or wrong file: the error before hashing it
     cache = cache or cache_root()
     dst = cache / f"{file_sha256(path)[:16]}-{CACHE_DTYPE}"
     if _complete(dst):

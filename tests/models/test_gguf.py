@@ -204,13 +204,17 @@ def test_model_gguf_resolves_to_one_cached_import(tmp_path: Path, monkeypatch: p
     assert load_model(path).arch.tied_embeddings
 
 
-def test_wrong_files_are_refused_with_the_reason(tmp_path: Path) -> None:
+def test_wrong_files_are_refused_with_the_reason(tiny: Any, tmp_path: Path) -> None:
     text = tmp_path / "notes.gguf"
     text.write_text("not a model\n")
     with pytest.raises(ConfigError, match="not a GGUF file"):
         resolve_model_dir(text)
     with pytest.raises(ConfigError, match="does not exist"):
         resolve_model_dir(tmp_path / "missing.gguf")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny[0].read_bytes()[:5000])  # a download that stopped early
+    with pytest.raises(ConfigError, match="the GGUF file cannot be read"):
+        import_gguf(cut, tmp_path / "out")
     write_gguf(tmp_path / "qwen.gguf", arch="qwen2")
     with pytest.raises(ConfigError, match="architecture is 'qwen2'; GGUF import supports llama"):
         import_gguf(tmp_path / "qwen.gguf", tmp_path / "out")
