@@ -124,14 +124,32 @@ class TorchEngine:
     @torch.inference_mode()
     def prefill(self, sequences: Sequence[Pair]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """For (prompt, completion) pairs: the hidden states [n, H] (float32, CPU) and logits [n, V] that
-        produced each completion token, recomputed in one batched forward pass (the verifier's view).
+        produced each completion token, recomputed in one batched forward pass (the verifier's view;
+        the verifier itself takes :meth:`prefill_hidden` and :meth:`logits_of` in slices, so that a
+        batch's [tokens, vocab] logits never exist all at once)."""
+        return self._with_logits(self.prefill_hidden(sequences))
+
+    def _with_logits(self, hidden: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(h.float().cpu(), lg.cpu()) for h, lg in zip(hidden, self.logits_of(hidden))]
+
+    @torch.inference_mode()
+    def logits_of(self, hidden: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Float32 logits [n, V] for hidden states [n, H] from :meth:`prefill_hidden`, one matmul for all."""
+        logits = self.runner.logits(torch.cat(list(hidden)))
+        ends = torch.tensor([h.shape[0] for h in hidden]).cumsum(0).tolist()
+        return [logits[e - h.shape[0]:e] for h, e in zip(hidden, ends)]
+
+    @torch.inference_mode()
+    def prefill_hidden(self, sequences: Sequence[Pair]) -> list[torch.Tensor]:
+        """The final-norm hidden states [n, H] (model dtype, on the engine's device) that produced each
+        completion token of the (prompt, completion) pairs, in one batched forward pass.
 
         Where prompts repeat (a GRPO group), each distinct prompt is computed once and the completions,
         right-padded, continue from its keys and values: every token attends to what it attends to in
         its own sequence, with the prompt's share of the work done once per group."""
         distinct, rows = self._distinct([p for p, _ in sequences])
         if len(distinct) == len(sequences):
-            return self._prefill_rows(sequences)
+            return self._rows_hidden(sequences)
         dev = self.device
         tails = [list(c)[:-1] for _, c in sequences]  # a completion's last token is only ever predicted
         T = max(len(t) for t in tails)
@@ -150,20 +168,19 @@ class TorchEngine:
             hidden = torch.cat([last, tail], dim=1)  # slot k predicts completion token k
         else:
             hidden = last
-        logits = self.runner.logits(hidden)
-        return [(hidden[r, :len(c)].float().cpu(), logits[r, :len(c)].float().cpu())
-                for r, (_, c) in enumerate(sequences)]
+        return [hidden[r, :len(c)] for r, (_, c) in enumerate(sequences)]
 
+    @torch.inference_mode()
     def _prefill_rows(self, sequences: Sequence[Pair]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """:meth:`prefill` with one left-padded row per sequence."""
+        """:meth:`prefill` with one left-padded row per sequence, even where prompts repeat (what the
+        shared-prompt path must agree with)."""
+        return self._with_logits(self._rows_hidden(sequences))
+
+    def _rows_hidden(self, sequences: Sequence[Pair]) -> list[torch.Tensor]:
+        """:meth:`prefill_hidden` with one left-padded row per sequence."""
         seqs = [list(p) + list(c)[:-1] for p, c in sequences]
         ids, positions, valid = left_pad(seqs, self.pad_id, self.device)
         hidden = self.runner.forward(ids, positions, valid)
-        logits = self.runner.logits(hidden)
         L = ids.shape[1]
-        out = []
-        for r, (_, c) in enumerate(sequences):
-            n = len(c)
-            sl = slice(L - n, L)  # the last n slots: the prompt's last token .. the completion's last but one
-            out.append((hidden[r, sl].float().cpu(), logits[r, sl].float().cpu()))
-        return out
+        # The last n slots: the prompt's last token .. the completion's last but one.
+        return [hidden[r, L - len(c):L] for r, (_, c) in enumerate(sequences)]

@@ -167,19 +167,20 @@ class Verifier:
     def verify_tensors(self, records: list[RolloutRecord]) -> list[Verdict]:
         """Only the prefill-based checks (TOPLOC, logprobs, sampler) on records that passed the cheap
         ones; :meth:`verify` calls it in batches of ``max_batch``. Benchmarks time it directly."""
-        states = self.engine.prefill([(r.prompt_tokens, r.completion_tokens) for r in records])
+        hidden = self.engine.prefill_hidden([(r.prompt_tokens, r.completion_tokens) for r in records])
+        states = [h.float().cpu() for h in hidden]
         toploc: list[list[ChunkResult] | ProtocolError]
         try:
-            toploc = list(verify_proofs_batch([h for h, _ in states], [r.proofs for r in records]))
+            toploc = list(verify_proofs_batch(states, [r.proofs for r in records]))
         except ProtocolError:  # a malformed proof somewhere: one by one, so only its record is rejected
             toploc = []
-            for (h, _), r in zip(states, records):
+            for h, r in zip(states, records):
                 try:
                     toploc.extend(verify_proofs_batch([h], [r.proofs]))
                 except ProtocolError as exc:
                     toploc.append(exc)
         th = self.thresholds
-        sampled = self._sampling_checks(records, [logits for _, logits in states])
+        sampled = self._sampling_checks(records, hidden)
         verdicts = []
         for r, sc, chunks in zip(records, sampled, toploc):
             if isinstance(chunks, ProtocolError):
@@ -203,24 +204,44 @@ class Verifier:
                 verdicts.append(Verdict(r.rollout_id, r.worker, True, None, "", figs))
         return verdicts
 
-    @staticmethod
-    def _sampling_checks(records: Sequence[RolloutRecord],
-                         logits: Sequence[torch.Tensor]) -> list[SamplingCheck]:
-        """The sampler re-run for each record, records of one (temperature, top-p) together."""
+    def _sampling_checks(self, records: Sequence[RolloutRecord],
+                         hidden: Sequence[torch.Tensor]) -> list[SamplingCheck]:
+        """The sampler re-run for each record, records of one (temperature, top-p) together, in slices
+        of about :data:`CHECK_ROWS` tokens whose logits are computed, checked and dropped in turn."""
         by_params: dict[tuple[float, float], list[int]] = {}
         for i, r in enumerate(records):
             by_params.setdefault((r.sampling.temperature, r.sampling.top_p), []).append(i)
         out: list[SamplingCheck | None] = [None] * len(records)
         for (temperature, top_p), idx in by_params.items():
-            rs = [records[i] for i in idx]
-            checks = check_sampling_many([logits[i] for i in idx],
-                                         [torch.tensor(r.completion_tokens) for r in rs],
-                                         [torch.tensor(r.logprobs) for r in rs],
-                                         [rollout_key(r.sampling.seed, r.rollout_id) for r in rs],
-                                         temperature, top_p)
-            for i, sc in zip(idx, checks):
-                out[i] = sc
+            for part in _slices(idx, [len(records[i].completion_tokens) for i in idx], CHECK_ROWS):
+                rs = [records[i] for i in part]
+                checks = check_sampling_many(self.engine.logits_of([hidden[i] for i in part]),
+                                             [torch.tensor(r.completion_tokens) for r in rs],
+                                             [torch.tensor(r.logprobs) for r in rs],
+                                             [rollout_key(r.sampling.seed, r.rollout_id) for r in rs],
+                                             temperature, top_p)
+                for i, sc in zip(part, checks):
+                    out[i] = sc
         return [sc for sc in out if sc is not None]
+
+
+CHECK_ROWS = 512
+"""Tokens whose logits the sampler check holds at once: 512 x a 49k vocabulary is 100 MB of float32,
+where a whole batch (32 x 128 tokens) would be 0.8 GB per intermediate. The figures do not depend on
+it (every operation of the check is per token)."""
+
+
+def _slices(idx: list[int], lengths: list[int], rows: int) -> list[list[int]]:
+    """``idx`` cut into consecutive runs of about ``rows`` tokens (a longer record gets a run of its own)."""
+    out: list[list[int]] = [[]]
+    total = 0
+    for i, n in zip(idx, lengths):
+        if out[-1] and total + n > rows:
+            out.append([])
+            total = 0
+        out[-1].append(i)
+        total += n
+    return out
 
 
 def _fmt(figs: dict[str, float], *names: str) -> str:
