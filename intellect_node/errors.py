@@ -5,7 +5,8 @@
      +-- ProtocolError      bytes from a peer (or a file) do not decode to a valid message
      +-- TransportError     a peer could not be reached, timed out, or broke a stream
      |    +-- ChunkUnavailable  the provider does not hold that blob part (ask another; no penalty)
-     +-- IntegrityError     content did not match its hash (a chunk, a blob, a checkpoint)
+     +-- IntegrityError     content did not match its hash (a chunk, a blob, a checkpoint), or weights
+     |                      to be written are not finite
      +-- ProofRejected      a rollout or result failed verification (``reason`` says why)
 
 Third-party exceptions are translated at the boundary: ``raise ProtocolError(...) from exc``.

@@ -44,6 +44,12 @@ MAX_GRAD_NORM = 0.1
 """Gradient-norm clipping threshold. INTELLECT-2 reports that aggressive clipping (thresholds as low as
 0.05-0.1) kept gradient norms from escalating over a long run; we take the upper end."""
 
+LOG_RATIO_BOUND = 20.0
+"""|log pi_theta - log pi_old| is clamped to this before ``exp``. The old log-probabilities come from the
+worker's record: an honest one is within a few nats of the trainer's, but a forged -89 would make
+exp(89) overflow fp32, and 0 * inf in the backward pass turns every weight into NaN. At e^20 the ratio is
+far past the clip and the delta cap, so the clamp changes no honest token's loss or gradient."""
+
 ASYNC_LEVEL = 2
 """Rollouts may come from a policy at most this many versions behind the one being trained.
 INTELLECT-2 ran with async level 2 (two-step asynchrony) and saw no loss in quality."""
@@ -140,6 +146,7 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
         adv = adv.unsqueeze(1).expand_as(logprobs)
     # Masked-out positions may hold anything (padding): zero the log-ratio there so exp() stays finite.
     log_ratio = torch.where(mask.bool(), logprobs - old_logprobs, torch.zeros_like(logprobs))
+    log_ratio = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     ratio = torch.exp(log_ratio)
     clipped = torch.clamp(ratio, 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)
     # Negative advantage: cap the unclipped ratio at delta (zero gradient above it).

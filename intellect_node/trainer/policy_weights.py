@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 import torch
 
-from intellect_node.errors import ProtocolError
+from intellect_node.errors import IntegrityError, ProtocolError
 from intellect_node.fsutil import atomic_replace_file, atomic_write_bytes
 from intellect_node.protocol.ids import cid_from_digest
 
@@ -296,6 +296,9 @@ def _specs(state: Mapping[str, torch.Tensor]) -> list[tuple[str, str, tuple[int,
             raise TypeError(f"tensor names must be str, got {name!r}")
         if t.dtype not in _CODE_OF:
             raise TypeError(f"tensor {name!r} has unsupported dtype {t.dtype}")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise IntegrityError(f"tensor {name!r} holds NaN or inf: a policy that is not finite is never "
+                                 "written, published or checkpointed")
         specs.append((name, _CODE_OF[t.dtype], tuple(int(d) for d in t.shape)))
     return specs
 

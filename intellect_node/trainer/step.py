@@ -33,6 +33,7 @@ takes one step per batch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
@@ -78,6 +79,8 @@ class StepStats:
     kl: float = 0.0
     entropy: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
+    skipped: bool = False
+    """The loss or the gradient was not finite: no optimizer step was taken, the weights are unchanged."""
 
 
 @dataclass(frozen=True)
@@ -385,6 +388,11 @@ def train_step(model: Any, optimizer: Optimizer, samples: Sequence[Sample], cfg:
                                  pad_id=pad_id, ref_model=ref_model, temperature=temperature,
                                  compute_dtype=compute_dtype, packed=packed)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+    loss = sum(float(p.loss.detach()) for p in parts)
+    if not (math.isfinite(grad_norm) and math.isfinite(loss)):
+        # clip_grad_norm_ scales a NaN gradient into NaN, and AdamW would write it into every weight.
+        optimizer.zero_grad(set_to_none=True)
+        return replace(summarize(parts, samples, grad_norm), skipped=True)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return summarize(parts, samples, grad_norm)

@@ -1,0 +1,82 @@
+"""Issue 32, item 4: a forged old log-probability must not turn the policy into NaN.
+
+An unsampled group (``rl.verify_fraction`` < 1) gets only cheap checks, so the trainer can see a record
+whose logprobs are finite but absurd (-89 or lower: exp(89) overflows fp32). Each layer is checked: the
+loss bounds the log-ratio, a step with a non-finite gradient is skipped, and weights that are not finite
+are never written as a policy or a checkpoint."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from intellect_node.errors import IntegrityError
+from intellect_node.models.loader import load_hf_model
+from intellect_node.trainer.checkpoint import TrainerState, save_checkpoint
+from intellect_node.trainer.grpo import GRPOConfig, grpo_loss
+from intellect_node.trainer.policy_weights import PolicyWeights
+from intellect_node.trainer.step import Sample, make_optimizer, train_step
+
+torch.set_num_threads(1)
+G = 4
+
+
+def test_a_forged_old_logprob_gives_a_finite_loss_and_gradient() -> None:
+    logits = torch.zeros(2, 3, requires_grad=True)
+    logprobs = torch.log_softmax(logits, -1)
+    old = torch.tensor([[-1.1, -1.1, -100.0], [-1.1, -1e30, -1.1]])  # finite, absurd
+    parts = grpo_loss(logprobs, old, torch.tensor([-1.0, 1.0]), torch.ones(2, 3), GRPOConfig(group_size=2))
+    parts.loss.backward()
+    assert math.isfinite(float(parts.loss.detach())) and logits.grad is not None
+    assert bool(torch.isfinite(logits.grad).all())
+
+
+def _samples(forged: float) -> list[Sample]:
+    prompt = (1, 40, 41, 42)
+    out = []
+    for i in range(G):
+        lp = [-0.5, -0.7, forged if i == 0 else -0.6]
+        out.append(Sample(prompt, (43, 44, 45 + i), tuple(lp), reward=float(i % 2)))
+    return out
+
+
+def test_a_step_on_a_forged_record_leaves_every_weight_finite() -> None:
+    torch.manual_seed(0)
+    model = load_hf_model(None)
+    opt = make_optimizer(model, 1e-3)
+    stats = train_step(model, opt, _samples(-1e4), GRPOConfig(group_size=G, token_budget=64))
+    assert not stats.skipped
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def test_a_step_with_a_non_finite_gradient_is_skipped() -> None:
+    torch.manual_seed(0)
+    model = load_hf_model(None)
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    first = next(model.parameters())
+    first.register_hook(lambda g: torch.full_like(g, float("nan")))
+    opt = make_optimizer(model, 1e-3)
+    stats = train_step(model, opt, _samples(-0.5), GRPOConfig(group_size=G, token_budget=64))
+    assert stats.skipped and not math.isfinite(stats.grad_norm)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_weights_that_are_not_finite_are_never_written(tmp_path: Path) -> None:
+    model = load_hf_model(None)
+    name, param = next(iter(model.named_parameters()))
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state[name].view(-1)[0] = float("inf")
+    with pytest.raises(IntegrityError, match=name):
+        PolicyWeights.write(tmp_path / "v1.safetensors", state)
+    with pytest.raises(IntegrityError):
+        PolicyWeights.from_state_dict(state)
+    assert not (tmp_path / "v1.safetensors").exists()
+    with torch.no_grad():
+        param.view(-1)[0] = float("nan")
+    with pytest.raises(IntegrityError):
+        save_checkpoint(tmp_path / "ckpt", model, None, TrainerState(version=1, step=1))
+    assert not (tmp_path / "ckpt" / "LATEST").exists()
