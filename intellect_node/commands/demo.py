@@ -221,10 +221,13 @@ class DemoSwarm:
 
 
 class StepLog:
-    """Trainer steps gathered across polls (a snapshot keeps only the most recent few hundred)."""
+    """Trainer steps gathered across polls (a snapshot keeps only the most recent few hundred), and the
+    trainer's learning diagnosis: step attempts with no learnable group, by cause, and its warning."""
 
     def __init__(self) -> None:
         self.steps: dict[int, dict[str, float]] = {}
+        self.learning: dict[str, Any] = {"attempts": 0, "no_signal_attempts": 0, "no_signal_causes": {},
+                                         "warning": "", "last_warning": ""}
 
     def update(self, snaps: list[Any]) -> None:
         for s in snaps:
@@ -232,6 +235,12 @@ class StepLog:
                 for p in s.training.history:
                     self.steps[p.step] = {"step": p.step, "pass_rate": p.pass_rate,
                                           "reward_mean": p.reward_mean}
+            if "trainer" in s.role.split(","):
+                t = s.training
+                self.learning.update(attempts=t.attempts, no_signal_attempts=t.no_signal_attempts,
+                                     no_signal_causes=dict(t.no_signal_causes), warning=t.no_signal_warning)
+                if t.no_signal_warning:
+                    self.learning["last_warning"] = t.no_signal_warning
 
     def ordered(self) -> list[dict[str, float]]:
         return [self.steps[k] for k in sorted(self.steps)]
@@ -279,6 +288,7 @@ def run_headless(swarm: DemoSwarm, steps: int, timeout: float, report: Optional[
     counts = {"accepted": 0, "rejected": 0, "generated": 0}
     t0 = time.monotonic()
     next_line = 0.0
+    warned = ""
     reason = "timeout"
     while time.monotonic() - t0 < timeout:
         dead = swarm.dead()
@@ -294,6 +304,9 @@ def run_headless(swarm: DemoSwarm, steps: int, timeout: float, report: Optional[
             for s in snaps:
                 typer.echo(f"{dashboard.clock(s.ts)} {dashboard.status_line(s)}", err=True)
             next_line = time.monotonic() + 10.0
+        if log.learning["warning"] and log.learning["warning"] != warned:
+            warned = log.learning["warning"]
+            typer.echo(f"NOT LEARNING: {warned}", err=True)
         if len(log.steps) >= steps:
             reason = "steps reached"
             break
@@ -302,7 +315,8 @@ def run_headless(swarm: DemoSwarm, steps: int, timeout: float, report: Optional[
     codes = swarm.stop()
     doc = {"steps": log.ordered()[:steps], "rollouts": {"accepted": counts["accepted"],
                                                       "rejected": counts["rejected"]},
-           "rollouts_generated": counts["generated"], "requested_steps": steps, "stopped_because": reason,
+           "rollouts_generated": counts["generated"], "learning": log.learning,
+           "requested_steps": steps, "stopped_because": reason,
            "seconds": round(elapsed, 1), "run_id": swarm.run_id, "exit_codes": codes,
            "nodes": [{"name": n.name, "role": n.role, "peer_id": n.peer_id} for n in swarm.nodes]}
     text = json.dumps(doc, indent=2)
@@ -316,6 +330,8 @@ def run_headless(swarm: DemoSwarm, steps: int, timeout: float, report: Optional[
     ok = reason == "steps reached" and all(c == 0 for c in codes.values())
     if not ok:
         typer.echo(f"demo ended early: {reason}; exit codes {codes}", err=True)
+        if log.learning["last_warning"]:
+            typer.echo(f"the run was not learning: {log.learning['last_warning']}", err=True)
     return 0 if ok else 1
 
 

@@ -59,6 +59,41 @@ def test_step_log_keeps_steps_across_polls_and_counts_validator_verdicts() -> No
     assert rollout_counts([trainer.snapshot(), worker.snapshot()])["accepted"] == 64
 
 
+def test_step_log_keeps_the_trainers_learning_diagnosis() -> None:
+    from intellect_node.commands.demo import StepLog
+    from intellect_node.node.status import StatusBoard
+
+    trainer = StatusBoard(role="trainer")
+    log = StepLog()
+    for _ in range(3):
+        trainer.train_attempt(groups=8, filtered=8, cause="all_zero", hint="every reward 0")
+    log.update([trainer.snapshot()])
+    assert log.learning["no_signal_attempts"] == 3 and log.learning["no_signal_causes"] == {"all_zero": 3}
+    assert "every reward 0" in log.learning["warning"] == log.learning["last_warning"]
+    trainer.train_step(1, reward_mean=0.5, pass_rate=0.5)
+    trainer.train_attempt(groups=8, filtered=2)
+    log.update([trainer.snapshot()])
+    assert log.learning["warning"] == "" and "every reward 0" in log.learning["last_warning"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_a_demo_that_cannot_learn_says_why(tmp_path: Path) -> None:
+    # The embedded model never writes answer tags: every reward 0, every group filtered out.
+    conf = tmp_path / "tags.toml"
+    conf.write_text('[rl]\nanswer_format = "answer_tags"\n')
+    report = tmp_path / "report.json"
+    r = run_cli("demo", "--headless", "--steps", "1", "--report", str(report), "--dir",
+                str(tmp_path / "swarm"), "--workers", "1", "--config", str(conf), "--timeout", "150",
+                timeout=400)
+    assert r.returncode == 1, r.stderr[-4000:]
+    doc = json.loads(report.read_text())
+    assert doc["steps"] == [] and doc["learning"]["no_signal_attempts"] >= 1
+    assert doc["learning"]["no_signal_causes"].get("all_zero", 0) >= 1
+    assert "NOT LEARNING" in r.stderr and "every reward 0" in r.stderr
+    assert "the run was not learning" in r.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_ctrl_c_keeps_the_logs_and_says_where(tmp_path: Path) -> None:
