@@ -48,8 +48,12 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("float32", "--dtype", help="The run's dtype (thresholds are per dtype)."),
         n: int = typer.Option(64, "--n", help="Honest rollouts per engine and batch size."),
         batch_sizes: str = typer.Option("1,32", "--batch-sizes", help="Comma-separated batch sizes."),
-        max_new_tokens: int = typer.Option(32, "--max-new-tokens"),
-        temperature: float = typer.Option(1.0, "--temperature"),
+        max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens",
+                                                     help="Default: the run's rl.max_new_tokens with "
+                                                          "--config, else 32."),
+        temperature: Optional[float] = typer.Option(None, "--temperature",
+                                                    help="Default: the run's rl.temperature with --config, "
+                                                         "else 1.0."),
         top_p: float = typer.Option(1.0, "--top-p"),
         engine_names: str = typer.Option("torch", "--engines", help="Engines whose honest rollouts are "
                                          "verified: torch, vllm (comma-separated)."),
@@ -76,8 +80,13 @@ def register(app: typer.Typer) -> None:
             sizes = []
         if not sizes or min(sizes) < 1:
             raise ConfigError("--batch-sizes must be positive integers, e.g. 1,32", field="batch_sizes")
-        task, model_dir, _rl = task_and_model(config_path, task_id=task_id, tasks_file=tasks_file,
-                                              model_dir=model_dir, filtered=True)
+        task, model_dir, rl = task_and_model(config_path, task_id=task_id, tasks_file=tasks_file,
+                                             model_dir=model_dir, filtered=True)
+        # The completions' lengths shape the figures as much as the prompts: the run's own by default.
+        if max_new_tokens is None:
+            max_new_tokens = rl.max_new_tokens if rl is not None else 32
+        if temperature is None:
+            temperature = rl.temperature if rl is not None else 1.0
         path = thresholds_target(model_dir, out)  # before minutes of calibration, not after
         import torch
 

@@ -45,7 +45,9 @@ def test_calibrate_generates_from_the_runs_task(tmp_path: Path) -> None:
     cfg = _run_config(tmp_path)
     out = tmp_path / "thresholds.json"
     r = run_cli("proofs", "calibrate", "--config", str(cfg), "--n", "4", "--batch-sizes", "1,4",
-                "--max-new-tokens", "4", "--out", str(out))
+                "--out", str(out))
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
     assert data and "8 honest rollouts" in r.stdout  # 4 per batch size
+    # the completions are as long as the run's (rl.max_new_tokens 4), not the flag's default
+    assert {p["max_new_tokens"] for p in data["pairs"].values()} == {4}
