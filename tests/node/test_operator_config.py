@@ -76,7 +76,8 @@ def test_default_file_locations(tmp_path: Path) -> None:
     ("", {"INTELLECT_NODE_NETWORK__HTTP_PORT": "99999"}, ["network.http_port", "65535",
                                                           "INTELLECT_NODE_NETWORK__HTTP_PORT"]),
     ("", {"INTELLECT_NODE_NETWORK__LISTN": "x"}, ["INTELLECT_NODE_NETWORK__LISTN", "listen"]),
-    ("", {"INTELLECT_NODE_RUN_ID": "x"}, ["INTELLECT_NODE_RUN__ID", "two underscores"]),
+    ("", {"INTELLECT_NODE_RUN_ID": "x"}, ["INTELLECT_NODE_RUN__RUN_ID", "two underscores"]),
+    ("", {"INTELLECT_NODE_RL_MAXNEW_TOKENS": "8"}, ["INTELLECT_NODE_RL__MAX_NEW_TOKENS", "two underscores"]),
     ("", {"INTELLECT_NODE_PROOFZ__X": "1"}, ["no config section 'proofz'"]),
 ])
 def test_mistakes_name_the_field_and_where_it_was_set(tmp_path: Path, toml: str, env: dict[str, str],

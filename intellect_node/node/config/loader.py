@@ -109,6 +109,17 @@ def _env_value(raw: str, annotation: Any) -> Any:
     return text
 
 
+def _nearest_field(model: type[BaseModel], name: str) -> str | None:
+    """The field of ``model`` a mistyped ``name`` most likely means: the name itself, a field that ends or
+    starts with it ("id" means run_id more often than difflib would guess), else the closest spelling."""
+    fields = list(model.model_fields)
+    if name in fields:
+        return name
+    near = [f for f in fields if name and (f.endswith("_" + name) or f.startswith(name + "_"))]
+    near = near or difflib.get_close_matches(name, fields, n=1)
+    return near[0] if near else None
+
+
 def env_layer(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
     """Config values from ``INTELLECT_NODE_<SECTION>__<FIELD>`` variables, and field -> variable name."""
     sections = section_models()
@@ -121,9 +132,11 @@ def env_layer(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
         if "__" not in rest:
             head = rest.split("_", 1)[0].lower()
             if head in sections and rest.lower() != head:
+                tail = rest.split("_", 1)[1].lower()
+                field = _nearest_field(sections[head], tail) or tail
                 raise ConfigError(f"environment variable {var}: config variables separate section and field "
                                   f"with two underscores, e.g. {ENV_PREFIX}{head.upper()}__"
-                                  f"{rest.split('_', 1)[1]}", field=var)
+                                  f"{field.upper()}", field=var)
             continue  # INTELLECT_NODE_DATA_DIR and other non-config variables
         section, _, name = rest.lower().partition("__")
         model = sections.get(section)
@@ -132,11 +145,8 @@ def env_layer(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
                               f"{', '.join(sections)})", field=var)
         info = model.model_fields.get(name)
         if info is None:
-            # Name the variable that works: "id" means run_id more often than difflib would guess.
-            near = [f for f in model.model_fields
-                    if name and (f.endswith("_" + name) or f.startswith(name + "_"))]
-            near = near or difflib.get_close_matches(name, list(model.model_fields), n=1)
-            hint = f"; did you mean {ENV_PREFIX}{section.upper()}__{near[0].upper()}?" if near else ""
+            near = _nearest_field(model, name)
+            hint = f"; did you mean {ENV_PREFIX}{section.upper()}__{near.upper()}?" if near else ""
             raise ConfigError(f"environment variable {var}: section {section} has no field {name!r}{hint} "
                               f"(fields: {', '.join(model.model_fields)})", field=var)
         values.setdefault(section, {})[name] = _env_value(raw, info.annotation)
