@@ -42,6 +42,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -178,9 +179,11 @@ def startup_timeline(work: Path, workers: list[str], t0_wall: float, trainer_rea
 
 
 def start_node(data_dir: Path, role: str, procs: list[Any], *, ids: dict[str, str], model: str,
-               bootstrap: list[str] | None = None, port: int = 0) -> Any:
+               bootstrap: list[str] | None = None, port: int = 0, rl: dict[str, Any] | None = None,
+               run_extra: dict[str, Any] | None = None) -> Any:
     """``intellect-node join --role ROLE`` with ``data_dir/config.toml`` (the run: trainer, validator,
-    model, HYPER), started through the node's process supervisor and added to ``procs``."""
+    model, ``run_extra``; ``rl`` or HYPER), started through the node's process supervisor and added to
+    ``procs``."""
     from intellect_node.node.processes import NodeProcess, child_env, write_config
 
     network: dict[str, Any] = {"listen": [f"/ip4/127.0.0.1/tcp/{port}"], "http_host": "127.0.0.1",
@@ -188,42 +191,66 @@ def start_node(data_dir: Path, role: str, procs: list[Any], *, ids: dict[str, st
     if bootstrap:
         network["bootstrap"] = bootstrap
     run = {"run_id": "e2e", "trainer_peer_id": ids["trainer"], "validator_peer_ids": [ids["validator"]],
-           "model": model, "async_level": 2, "verdict_quorum": 1, "worker_allowlist": []}
+           "model": model, "async_level": 2, "verdict_quorum": 1, "worker_allowlist": [], **(run_extra or {})}
     write_config(data_dir / "config.toml", {"network": network, "metrics": {"enabled": False}, "run": run,
-                                            "rl": HYPER, "validator": {}})
+                                            "rl": HYPER if rl is None else rl, "validator": {}})
     proc = NodeProcess.join(data_dir, "--role", role, output=data_dir.parent / f"{data_dir.name}.log",
                             env=child_env({"PYTHONPATH": str(REPO)}), cwd=REPO)
     procs.append(proc)
     return proc
 
 
-def run_swarm(target: float, window: int, timeout: float, workdir: Path, workers: int = 1,
-              nice: int = 0) -> dict[str, Any]:
-    from intellect_node.models.loader import embedded_model_dir
+@dataclass(frozen=True)
+class Swarm:
+    """A launched swarm: its trainer's process, the node names (data dirs under the work dir) and the
+    clocks at launch."""
+
+    trainer: Any
+    names: list[str]
+    """trainer, validator, then the workers."""
+    workers: list[str]
+    t0: float
+    """``time.monotonic()`` at launch."""
+    t0_wall: float
+
+
+def launch_swarm(workdir: Path, procs: list[Any], *, model: str, workers: int = 1, nice: int = 0,
+                 rl: dict[str, Any] | None = None, run_extra: dict[str, Any] | None = None) -> Swarm:
+    """Start a trainer, a validator and ``workers`` workers under ``workdir`` (keys, configs, logs), all
+    at once, as a swarm's operators would start them: the trainer on a port chosen beforehand, so the
+    others can name it as their bootstrap peer before it is up (they dial it again until it answers) and
+    import torch while it loads its model. Every process is added to ``procs`` as it starts (the caller
+    kills them)."""
     from intellect_node.p2p.identity import init_key
     from intellect_node.p2p.ports import free_tcp_port
 
-    model = str(embedded_model_dir())
     ids = {}
     wnames = [f"w{i + 1}" for i in range(workers)]
     names = ["trainer", "validator", *wnames]
     for n in names:
         (workdir / n).mkdir(parents=True, exist_ok=True)
         ids[n] = init_key(workdir / n).peer_id
-    common = dict(ids=ids, model=model)
-    procs: list[Any] = []
+    common = dict(ids=ids, model=model, rl=rl, run_extra=run_extra)
     t0, t0_wall = time.monotonic(), time.time()
+    port = free_tcp_port()
+    trainer = start_node(workdir / "trainer", "trainer", procs, port=port, **common)
+    t_addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{ids['trainer']}"
+    for n, role in (("validator", "validator"), *((w, "worker") for w in wnames)):
+        proc = start_node(workdir / n, role, procs, bootstrap=[t_addr], **common)
+        if nice:  # the roles that work ahead yield the CPU to the trainer, the one serial stage
+            os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
+    return Swarm(trainer, names, wnames, t0, t0_wall)
+
+
+def run_swarm(target: float, window: int, timeout: float, workdir: Path, workers: int = 1,
+              nice: int = 0) -> dict[str, Any]:
+    from intellect_node.models.loader import embedded_model_dir
+
+    procs: list[Any] = []
     try:
-        # All processes start together, as a swarm's operators would start them: the trainer on a port chosen
-        # beforehand, so the others can name it as their bootstrap peer before it is up (they dial it
-        # again until it answers) and import torch while it loads its model.
-        port = free_tcp_port()
-        trainer = start_node(workdir / "trainer", "trainer", procs, port=port, **common)
-        t_addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{ids['trainer']}"
-        for n, role in (("validator", "validator"), *((w, "worker") for w in wnames)):
-            proc = start_node(workdir / n, role, procs, bootstrap=[t_addr], **common)
-            if nice:  # the roles that work ahead yield the CPU to the trainer, the one serial stage
-                os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
+        swarm = launch_swarm(workdir, procs, model=str(embedded_model_dir()), workers=workers, nice=nice)
+        trainer, names, wnames, t0, t0_wall = (swarm.trainer, swarm.names, swarm.workers, swarm.t0,
+                                               swarm.t0_wall)
         trainer.wait_ready(300)
         trainer_ready = time.time() - t0_wall
         metrics_path = workdir / "trainer" / "trainer" / "metrics.jsonl"
@@ -351,12 +378,31 @@ def run_trl_child(target: float, window: int, timeout: float, workdir: Path) -> 
     return dict(json.loads(out.read_text())["trl"])
 
 
+def trl_config(h: dict[str, Any], output_dir: Path, max_steps: int = 100000) -> Any:
+    """TRL's ``GRPOConfig`` for the settings ``h`` (``HYPER``'s keys; ``temperature`` and
+    ``max_grad_norm`` where given): a plain GRPO loop as the swarm's trainer runs it (one optimizer step
+    per generation batch of ``groups_per_step`` groups, constant LR, AdamW, token sums over a constant
+    budget (``dr_grpo``), no KL, advantages not divided by the group std, PPO clipping 0.2 both sides
+    with the unclipped ratio capped at 4, fp32 on the CPU)."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=str(output_dir), learning_rate=h["lr"], lr_scheduler_type="constant",
+        optim="adamw_torch", per_device_train_batch_size=h["groups_per_step"] * h["group_size"],
+        num_generations=h["group_size"], max_completion_length=h["max_new_tokens"],
+        temperature=float(h.get("temperature", 1.0)),
+        beta=0.0, loss_type="dr_grpo", scale_rewards="none", epsilon=0.2, epsilon_high=0.2, delta=4.0,
+        max_grad_norm=float(h.get("max_grad_norm", 0.1)),
+        bf16=False, gradient_checkpointing=False, use_cpu=True, use_vllm=False, shuffle_dataset=False,
+        report_to="none", save_strategy="no", logging_steps=1, max_steps=max_steps, seed=0)
+
+
 def run_trl(target: float, window: int, timeout: float, workdir: Path,
             launched: float | None = None) -> dict[str, Any]:
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from intellect_node.models.loader import BOS, embedded_model_dir, load_hf_model
     from intellect_node.trainer.tasks import embedded_task
@@ -373,15 +419,7 @@ def run_trl(target: float, window: int, timeout: float, workdir: Path,
     def reward(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
         return [1.0 if c.strip() == a.strip() else 0.0 for c, a in zip(completions, answer)]
 
-    h = HYPER
-    cfg = GRPOConfig(
-        output_dir=str(workdir / "trl"), learning_rate=h["lr"], lr_scheduler_type="constant",
-        optim="adamw_torch", per_device_train_batch_size=h["groups_per_step"] * h["group_size"],
-        num_generations=h["group_size"], max_completion_length=h["max_new_tokens"], temperature=1.0,
-        beta=0.0, loss_type="dr_grpo", scale_rewards="none", epsilon=0.2, epsilon_high=0.2, delta=4.0,
-        max_grad_norm=0.1,
-        bf16=False, gradient_checkpointing=False, use_cpu=True, use_vllm=False, shuffle_dataset=False,
-        report_to="none", save_strategy="no", logging_steps=1, max_steps=100000, seed=0)
+    cfg = trl_config(HYPER, workdir / "trl")
     rewards: list[float] = []
     times: list[float] = []
     cpu: list[float] = []

@@ -1,4 +1,5 @@
-"""Measuring a policy with the engine: held-out pass rate, and per-problem solve rates (offline filter).
+"""Measuring a policy with the engine: held-out pass rate and mean reward, and per-problem solve rates
+(offline filter).
 
 The pass rate a trainer logs per step is measured on that step's 32-64 rollouts and swings by +-0.2
 from step to step; to tell whether a run learned, compare policies on the *same* problems with the
@@ -9,12 +10,19 @@ A policy is a model folder (Hugging Face layout) plus, optionally, a weights fil
 weights: a trainer checkpoint (``trainer/checkpoints/vNNN/model.safetensors``) or a published policy
 checkpoint. Shortcut: problems are drawn from the task with a seeded RNG, so "held out" means "not
 chosen for this purpose", not disjoint from training problems (a 10^6-problem task makes overlap rare).
+For a reward environment, :func:`held_out` evaluates problems ``0..n-1`` of a task built with its own
+generator seed (``env_args.seed``): distinct seeds from a run's, though a small problem space (sums of
+two digits) still repeats questions.
+
+Environments give partial credit (reasoning-gym's ``basic_arithmetic`` scores "5." 0.5 against "5"), so
+an :class:`Evaluation` keeps every reward: ``mean_reward``, and ``pass_rate``, the share with full credit.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -49,26 +57,62 @@ def with_weights(base: LoadedModel, weights: str | Path) -> LoadedModel:
     return dataclasses.replace(base, state={k: state[k].to(dtype=dt) for k in base.state})
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """One sampled completion's reward per problem, in the problems' order."""
+
+    rewards: tuple[float, ...]
+
+    @property
+    def mean_reward(self) -> float:
+        return sum(self.rewards) / len(self.rewards)
+
+    @property
+    def pass_rate(self) -> float:
+        """Share of problems with full credit (reward 1)."""
+        return sum(r >= 1.0 for r in self.rewards) / len(self.rewards)
+
+
+def _rewards(model: LoadedModel, problems: Sequence[Problem], keys: Sequence[int],
+             sampling: SamplingConfig, batch: int) -> Evaluation:
+    engine = TorchEngine(model)
+    tok = model.tokenizer
+    rewards: list[float] = []
+    with torch.inference_mode():
+        for i in range(0, len(problems), batch):
+            chunk = problems[i:i + batch]
+            gens = engine.generate([tok.prompt_ids(p.prompt, system=p.system or None) for p in chunk],
+                                   list(keys[i:i + batch]), sampling)
+            rewards += [p.reward(tok.decode(g.tokens)) for p, g in zip(chunk, gens)]
+    return Evaluation(tuple(rewards))
+
+
+def held_out(model: LoadedModel, task: Task, *, n: int = 256, seed: int = EVAL_SEED,
+             max_new_tokens: int = 16, temperature: float = 1.0, batch: int = 64) -> Evaluation:
+    """Rewards of problems ``0..n-1`` of ``task`` (built from held-out settings: another generator
+    seed), one completion each under sampler keys fixed by ``seed``: the same policy gives the same
+    figures, and two policies are compared on the same problems and noise."""
+    if not 1 <= n <= len(task):
+        raise ConfigError(f"--n {n}: the held-out task has {len(task)} problems", field="n")
+    problems = [task.problem(i) for i in range(n)]
+    rng = random.Random(seed)
+    keys = [rollout_key(rng.getrandbits(63), f"held-out-{i}") for i in range(n)]
+    sampling = SamplingConfig(temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens)
+    return _rewards(model, problems, keys, sampling, batch)
+
+
 def pass_rate(model: LoadedModel, *, task: Task | None = None, n: int = 512, seed: int = EVAL_SEED,
               max_new_tokens: int = 5, temperature: float = 1.0, batch: int = 128) -> float:
-    """Fraction of ``n`` fixed problems whose sampled completion the task's checker accepts."""
+    """Mean reward of ``n`` problems drawn from ``task`` (default: the embedded one, whose rewards are
+    0 or 1, so this is its pass rate) with a seeded RNG, one sampled completion each."""
     if n < 1:
         raise ConfigError("--n must be at least 1", field="n")
     task = task or embedded_task()
     rng = random.Random(seed)
     problems = task.sample(rng, n)
     keys = [rollout_key(rng.getrandbits(63), f"eval-{i}") for i in range(n)]
-    engine = TorchEngine(model)
-    tok = model.tokenizer
     sampling = SamplingConfig(temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens)
-    solved = 0.0
-    with torch.inference_mode():
-        for i in range(0, n, batch):
-            chunk = problems[i:i + batch]
-            gens = engine.generate([tok.prompt_ids(p.prompt, system=p.system or None) for p in chunk],
-                                   keys[i:i + batch], sampling)
-            solved += sum(p.reward(tok.decode(g.tokens)) for p, g in zip(chunk, gens))
-    return solved / n
+    return _rewards(model, problems, keys, sampling, batch).mean_reward
 
 
 def evaluate(model: str | Path | None = None, weights: str | Path | None = None, **kw: object) -> float:

@@ -1,16 +1,20 @@
 """Held-out evaluation (``inference/evaluate.py``, ``intellect-node model eval``): deterministic, follows the
-weights it is given, and refuses a bad weights file with exit code 2."""
+weights it is given, keeps partial credit apart from full credit, and refuses a bad weights file with exit
+code 2."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
-from intellect_node.inference.evaluate import pass_rate, with_weights
+from intellect_node.errors import ConfigError
+from intellect_node.inference.evaluate import Evaluation, held_out, pass_rate, with_weights
 from intellect_node.models.loader import load_model
+from intellect_node.trainer.tasks import embedded_task
 from tests.support.common import CLI
 
 
@@ -36,3 +40,14 @@ def test_cli_names_the_bad_flag(tmp_path: Path) -> None:
         assert r.returncode == 2 and "--weights" in r.stderr and needle in r.stderr, r.stderr
     ok = subprocess.run([CLI, "model", "eval", "--n", "16"], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0 and "pass rate" in ok.stdout and "on 16 problems" in ok.stdout
+
+
+def test_held_out_keeps_every_reward_and_counts_full_credit() -> None:
+    torch.set_num_threads(1)
+    partial = Evaluation((1.0, 0.5, 0.0, 1.0))
+    assert partial.mean_reward == 0.625 and partial.pass_rate == 0.5
+    base, task = load_model(None), embedded_task()
+    a, b = held_out(base, task, n=32, max_new_tokens=5), held_out(base, task, n=32, max_new_tokens=5)
+    assert a == b and len(a.rewards) == 32 and a.pass_rate == a.mean_reward  # add3 scores 0 or 1
+    with pytest.raises(ConfigError, match="--n"):
+        held_out(base, task, n=len(task) + 1)
