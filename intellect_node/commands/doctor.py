@@ -227,7 +227,7 @@ def check_model(model: str, dtype: str) -> list[Check]:
 
 
 def _describe_thresholds(entry: Any) -> str:
-    """``proofs/calibrate.py`` writes {dtype: {"thresholds": {...}, "observed": {...}, ...}}."""
+    """``inference/calibrate.py`` writes {dtype: {"thresholds": {...}, "observed": {...}, ...}}."""
     if isinstance(entry, dict) and isinstance(entry.get("thresholds"), dict):
         thr = entry["thresholds"]
         text = ", ".join(f"{k} ≤ {v:.4g}" if isinstance(v, float) else f"{k} ≤ {v}" for k, v in thr.items())

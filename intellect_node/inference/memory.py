@@ -25,8 +25,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-_ST_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-             "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 GIB = 1 << 30
 
 

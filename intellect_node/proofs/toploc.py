@@ -15,7 +15,7 @@ from the description:
 To verify, the validator takes *its own* top-k of the recomputed hidden states, evaluates the polynomial
 at its indices and compares bfloat16 exponent and mantissa bits: the number of exponent mismatches and the
 mean and median absolute mantissa difference where exponents agree (larger means further from honest).
-Thresholds come from calibration (``proofs/calibrate.py``), not from here.
+Thresholds come from calibration (``inference/calibrate.py``), not from here.
 
 Shortcuts and choices:
 * Top-k is selected on the fp32 magnitudes (fewer ties than on rounded values) and the values are then

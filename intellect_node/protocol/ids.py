@@ -30,7 +30,6 @@ BLAKE3 = 0x1e
 """Multihash codes of the hash functions a CID may name (both single-byte varints, 32-byte digests)."""
 # CIDv1 (0x01), raw codec (0x55), <multihash code>, digest of 32 bytes (0x20).
 _CID_PREFIXES = {code: bytes([0x01, 0x55, code, 0x20]) for code in (SHA2_256, BLAKE3)}
-_CID_PREFIX = _CID_PREFIXES[SHA2_256]
 CID_STR_LEN = 59  # 'b' + base32(36 bytes) without padding
 
 

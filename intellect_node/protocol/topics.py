@@ -18,9 +18,6 @@ INFO_PROTOCOL_ID = "/intellect/info/1.0.0"
 """Request/response over a libp2p stream: the dialer sends nothing, the listener answers one signed
 ``NodeInfo`` envelope (its HTTP base URL, addresses, run) and closes."""
 
-KAD_PROTOCOL_ID = "/ipfs/kad/1.0.0"
-"""The standard Kademlia DHT protocol (py-libp2p's default prefix)."""
-
 RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 

@@ -33,7 +33,8 @@ the whole model written to disk) and, when its hash is the announced one, walks 
 instead of fetching the full checkpoint (path ``"local"``). Any other hash (another model, another
 dtype) or a chain whose anchor is later fetches as before; the hash check is the same either way.
 
-Shortcuts: old chunks stay in the blob store (the blob layer does not collect garbage yet); a delta
+Shortcuts: old versions' chunks stay in the blob store until ``intellect-node blob gc`` removes the
+blobs no longer pinned (``commands/blob_store.py``); a delta
 chain that fails from the full checkpoint too leaves the node on its old version until the next
 announcement (the next anchor at the latest) instead of asking the trainer for an extra full copy.
 """
@@ -91,7 +92,6 @@ from intellect_node.trainer.policy_weights import PolicyWeights
 
 log = logging.getLogger(__name__)
 
-POLICY_DIR = "policy"
 CURRENT = "CURRENT"
 BASE_FILE = "base-v0.safetensors"
 """Version 0 as built from the local model folder, until it is held (or found to differ)."""

@@ -58,11 +58,6 @@ def _dir_name(version: int) -> str:
     return f"v{version:08d}"
 
 
-def state_dict_bytes(model: Any) -> bytes:
-    """The model's weights as canonical safetensors bytes in memory (small models and tests only)."""
-    return bytes(PolicyWeights.from_state_dict(model.state_dict()).to_bytes())
-
-
 def save_checkpoint(root: str | os.PathLike[str], model: Any, optimizer: Optimizer | None,
                     state: TrainerState, *, keep: int = 2) -> Path:
     """Write checkpoint ``state.version`` atomically and point ``LATEST`` at it."""

@@ -140,13 +140,6 @@ def parallel_train_step(model: Any, optimizer: torch.optim.Optimizer, samples: S
                      reward_mean=sum(s.reward for s in samples) / len(samples))
 
 
-def ddp_train_step(ddp_model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[Sample],
-                   cfg: GRPOConfig, *, micro_batch: int = 64, pad_id: int = 0) -> StepStats:
-    """The DDP step (kept for callers of the first version of this module)."""
-    return parallel_train_step(ddp_model, optimizer, samples, cfg, strategy="ddp", micro_batch=micro_batch,
-                               pad_id=pad_id)
-
-
 # ------------------------------------------------------------------------------ full state on rank 0
 def full_state(model: Any, optimizer: torch.optim.Optimizer | None,
                strategy: str) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
