@@ -52,10 +52,12 @@ from typing import Awaitable, Callable, Protocol, Sequence
 
 import numpy as np
 
+from intellect_node.blobs.addresses import AddressRefused
 from intellect_node.blobs.http import ChunkBusy, ChunkSink, ChunkUnavailable
 from intellect_node.blobs.store import BlobStore
 from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError, TransportError
-from intellect_node.protocol.blob import Have, Manifest, decode_have
+from intellect_node.protocol.blob import Have, Manifest, decode_have, open_manifest
+from intellect_node.protocol.ids import CID_STR_LEN, cid_of
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +184,66 @@ class FetchStats:
     endgame_requests: int = 0  # duplicate requests for chunks slow to arrive elsewhere
     busy_answers: int = 0  # "sending this chunk to another peer right now" (X-Blob-Busy)
     by_provider: dict[str, int] = field(default_factory=dict)  # peer ID -> chunks received
+    new_chunks: set[str] = field(default_factory=set)  # chunk CIDs this fetch committed
     seconds: float = 0.0
+
+
+MIN_BUDGET_CHUNK = 256 * 1024
+"""Under a :class:`Budget` a blob larger than one chunk must use chunks of at least this size (the
+smallest the roles publish: ``policy_chunk_mib`` >= 0.25; rollout batches use 3 MiB), so its manifest
+lists at most one CID per 256 KiB it announces."""
+
+MAX_CHUNK_REPEATS = 4
+"""Under a :class:`Budget` one chunk CID may appear at most this often in a manifest: 16,384 copies of
+one tiny chunk make a blob as large as announced that costs its sender nothing to serve."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a blob named by an unproven peer may be; checked on its manifest before it is stored.
+
+    ``size`` is what the peer announced (the manifest must say exactly that), ``max_size`` the caller's
+    limit. The manifest's bytes, chunk count and repeated chunks are bounded by the announced size
+    (:data:`MIN_BUDGET_CHUNK`, :data:`MAX_CHUNK_REPEATS`). A refusal is an IntegrityError: the blob is
+    not what it should be, whoever serves it."""
+
+    max_size: int
+    size: int | None = None
+
+    def max_manifest_bytes(self) -> int:
+        """Envelope bytes a manifest within this budget can take (name, key, signature, CIDs)."""
+        total = self.max_size if self.size is None else min(self.size, self.max_size)
+        return 2048 + (1 + total // MIN_BUDGET_CHUNK) * (CID_STR_LEN + 2)
+
+    def check(self, cid: str, m: Manifest) -> None:
+        if m.total_size > self.max_size or (self.size is not None and m.total_size != self.size):
+            raise IntegrityError(f"blob {cid} holds {m.total_size} bytes (announced {self.size}, "
+                                 f"limit {self.max_size})")
+        if len(m.chunks) > 1 and m.chunk_size < MIN_BUDGET_CHUNK:
+            raise IntegrityError(f"blob {cid} is cut into {len(m.chunks)} chunks of {m.chunk_size} bytes "
+                                 f"(at least {MIN_BUDGET_CHUNK} each expected)")
+        if len(m.chunks) > MAX_CHUNK_REPEATS:
+            counts: dict[str, int] = {}
+            for c in m.chunks:
+                if (n := counts.get(c, 0) + 1) > MAX_CHUNK_REPEATS:
+                    raise IntegrityError(f"blob {cid} lists chunk {c[:16]}... more than "
+                                         f"{MAX_CHUNK_REPEATS} times")
+                counts[c] = n
+
+
+def public_reason(exc: BaseException) -> str:
+    """A fixed phrase for why a fetch failed, safe to publish (a verdict's detail): the exception's own
+    text can carry a provider's address, port and error answers, which would make every published
+    verdict a port-scan oracle for whoever chose the address."""
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return "not served in time"
+    if isinstance(exc, AddressRefused):
+        return "the provider's address is not its own"
+    if isinstance(exc, IntegrityError):
+        return "the blob is not what was announced"
+    if isinstance(exc, ProtocolError):
+        return "malformed data"
+    return "not served"
 
 
 Penalise = Callable[[str, str], None]
@@ -243,8 +304,12 @@ class Fetcher:
 
     def _source_for(self, provider: Provider) -> ChunkSource | None:
         for s in self.sources:
-            if s.accepts(provider):
-                return s
+            try:
+                if s.accepts(provider):
+                    return s
+            except Exception as exc:  # the edge of one provider: its record is unusable, not the fetch
+                log.warning("provider %s has an unusable record: %r", provider.peer_id, exc)
+                return None
         return None
 
     async def _providers(self, cid: str, stats: FetchStats) -> list[_Peer]:
@@ -272,20 +337,41 @@ class Fetcher:
         stats.lookups.append(note)
         return out
 
-    async def get_manifest(self, cid: str, peers: list[_Peer], stats: FetchStats) -> Manifest:
-        m = self.store.manifest(cid)
-        if m is not None:
-            return m
+    async def get_manifest(self, cid: str, peers: list[_Peer], stats: FetchStats, *,
+                           vet: Callable[[Manifest], None] | None = None,
+                           max_bytes: int | None = None) -> Manifest:
+        """The blob's manifest from the store, else from the first provider that serves a valid one.
+        ``vet(manifest)`` runs before a fetched manifest is stored and may refuse it (raise): a refused
+        manifest is neither written nor kept in memory."""
+        held = self.store.manifest(cid)
+        if held is not None:
+            return held
         errors: list[str] = []
         for peer in peers:
             try:
                 raw = await peer.source.get_manifest(peer.provider, cid)
-                return self.store.put_manifest(cid, raw)
+                if max_bytes is not None and len(raw) > max_bytes and cid_of(raw) == cid:
+                    oversize = len(raw)  # the right bytes, more than the announced size can need
+                else:
+                    oversize = 0
+                    m = open_manifest(raw, cid)
             except ProtocolError as exc:
                 self._bad(peer, f"bad manifest: {exc}", stats)
                 errors.append(f"{peer.provider.peer_id}: {exc}")
+                continue
             except TransportError as exc:
                 errors.append(f"{peer.provider.peer_id}: {exc}")
+                continue
+            except Exception as exc:  # the edge of one provider: whatever it did, it is a failed source
+                log.warning("manifest %s from %s failed: %r", cid, peer.provider.peer_id, exc)
+                errors.append(f"{peer.provider.peer_id}: {exc!r}")
+                continue
+            if oversize:  # refused undecoded, whoever serves it: the blob is not what was announced
+                raise IntegrityError(f"manifest of blob {cid} takes {oversize} bytes, more than the "
+                                     f"{max_bytes} its announced size allows")
+            if vet is not None:
+                vet(m)
+            return self.store.put_manifest(cid, raw)
         raise TransportError(f"no provider served manifest {cid}: " + ("; ".join(errors) or "no providers"))
 
     def _bad(self, peer: _Peer, reason: str, stats: FetchStats) -> None:
@@ -295,12 +381,22 @@ class Fetcher:
         self._penalise(peer.provider.peer_id, reason)
 
     async def fetch(self, cid: str, *, on_progress: Callable[[Progress], None] | None = None,
-                    on_manifest: Callable[[Manifest], None] | None = None) -> FetchStats:
+                    on_manifest: Callable[[Manifest], None] | None = None,
+                    budget: Budget | None = None) -> FetchStats:
         """Fetch blob ``cid`` completely into the store. Raises TransportError when no provider can
         supply the remaining chunks after :data:`REDISCOVER_ROUNDS` lookups (and, while no manifest has
-        arrived, not before :data:`FIND_TIMEOUT_S`); the error says what each lookup found."""
+        arrived, not before :data:`FIND_TIMEOUT_S`); the error says what each lookup found.
+
+        ``budget`` (see :class:`Budget`) is checked on a fetched manifest before it is stored: a refused
+        one leaves nothing behind. ``on_manifest`` runs once it is stored and may raise to refuse the
+        blob. A fetch that fails after it stored the manifest itself removes it again when no chunk of
+        the blob is held, and with a budget removes the chunks it brought too."""
         t0 = time.monotonic()
         stats = FetchStats()
+
+        def vet(m: Manifest) -> None:
+            if budget is not None:
+                budget.check(cid, m)
 
         def got_manifest(m: Manifest) -> None:
             stats.chunks_resumed = len(m.chunks) - len(self.store.missing(cid))
@@ -309,7 +405,40 @@ class Fetcher:
 
         m = self.store.manifest(cid)
         if m is not None:
+            vet(m)
             got_manifest(m)
+        fetching = self.store.fetching
+        fetching[cid] = fetching.get(cid, 0) + 1
+        try:
+            return await self._fetch(cid, m, stats, t0, vet, got_manifest, on_progress,
+                                     None if budget is None else budget.max_manifest_bytes())
+        except BaseException:
+            if m is None and fetching[cid] == 1:  # the manifest (if any) came with this fetch alone
+                self._drop_failed(cid, stats, whole=budget is not None)
+            raise
+        finally:
+            if (left := fetching[cid] - 1) > 0:
+                fetching[cid] = left
+            else:
+                del fetching[cid]
+
+    def _drop_failed(self, cid: str, stats: FetchStats, *, whole: bool) -> None:
+        """Remove what a failed fetch stored: the manifest when no chunk of the blob is held, or with
+        ``whole`` (a blob fetched under a budget: an unproven peer's) the manifest and the chunks this
+        fetch brought. A dead or hostile provider's blob then leaves no file behind to reload at the
+        next start."""
+        m = self.store.manifest(cid)
+        if m is None:
+            return
+        if whole or len(self.store.missing(cid)) == len(m.chunks):
+            try:
+                self.store.forget_blob(cid, stats.new_chunks if whole else set())
+            except OSError as exc:
+                log.warning("could not remove the manifest of failed fetch %s: %s", cid, exc)
+
+    async def _fetch(self, cid: str, m: Manifest | None, stats: FetchStats, t0: float,
+                     vet: Callable[[Manifest], None], got_manifest: Callable[[Manifest], None],
+                     on_progress: Callable[[Progress], None] | None, max_bytes: int | None) -> FetchStats:
         round_ = 0
         answered = False  # some lookup found a provider
         while True:
@@ -325,7 +454,7 @@ class Fetcher:
             answered = answered or bool(peers)
             if m is None:
                 try:
-                    m = await self.get_manifest(cid, peers, stats)
+                    m = await self.get_manifest(cid, peers, stats, vet=vet, max_bytes=max_bytes)
                 except TransportError as exc:
                     log.info("manifest %s: %s", cid, exc)
                     if peers:
@@ -508,6 +637,11 @@ class _Download:
             self.f._bad(peer, f"bad have bitmap: {exc}", self.stats)
             self._notify()
             return False
+        except Exception as exc:  # the edge of one provider: a failed source, never the fetch's end
+            log.warning("bitmap of %s from %s failed: %r", self.cid, peer.provider.peer_id, exc)
+            peer.have_version = None
+            self._failure(peer, None, TransportError(repr(exc)))
+            return False
         peer.have_version = version
         peer.have = have
         peer.heard_at = time.monotonic()
@@ -619,6 +753,11 @@ class _Download:
             writer.abort()
             self._failure(peer, i, exc)
             return False
+        except Exception as exc:  # the edge of one provider: a failed source, never the fetch's end
+            writer.abort()
+            log.warning("chunk %d of %s from %s failed: %r", i, self.cid, peer.provider.peer_id, exc)
+            self._failure(peer, i, TransportError(repr(exc)))
+            return False
         except BaseException:
             writer.abort()
             raise
@@ -633,6 +772,7 @@ class _Download:
         peer.consecutive_failures = 0
         self.stats.chunks_fetched += 1
         self.stats.bytes_fetched += n
+        self.stats.new_chunks.add(chunk)
         pid = peer.provider.peer_id
         self.stats.by_provider[pid] = self.stats.by_provider.get(pid, 0) + 1
         self._commit_progress(peer, i, n, fetched=True, seconds=time.monotonic() - t0)

@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from intellect_node.blobs.addresses import AddressPolicy, AddressRefused
 from intellect_node.blobs.pacing import SeedPacer, Turn
 from intellect_node.blobs.store import BlobStore
 from intellect_node.errors import ChunkUnavailable, IntegrityError, ProtocolError, TransportError
@@ -49,6 +50,7 @@ from intellect_node.protocol.blob import (
     MAX_HAVE_SIZE,
     MAX_MANIFEST_ENVELOPE_SIZE,
 )
+from intellect_node.protocol.gossip import validate_http_url
 from intellect_node.protocol.ids import validate_cid
 
 OCTET = "application/octet-stream"
@@ -297,10 +299,14 @@ class HttpChunkSource:
     socket read and joins them again). The server side stays aiohttp with ``sendfile``.
     """
 
-    def __init__(self, *, connect_timeout: float = 5.0, read_timeout: float = 15.0) -> None:
+    def __init__(self, *, connect_timeout: float = 5.0, read_timeout: float = 15.0,
+                 addresses: AddressPolicy | None = None) -> None:
         # Split by phase: a dead peer fails the connect fast; a frozen one (SIGSTOP) fails a read.
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        self.addresses = addresses
+        """Where a provider's URL may lead (``blobs/addresses.py``); None: anywhere (providers given by
+        hand: tests, benchmarks, the bare blob peer)."""
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
         self._addr_cache: dict[tuple[str, int], tuple[Any, ...]] = {}
         self._split_cache: dict[str, tuple[str, int, str]] = {}  # provider URL -> (host, port, path)
@@ -329,24 +335,42 @@ class HttpChunkSource:
 
     @staticmethod
     def _parse(raw: str) -> tuple[str, int, str]:
+        """(host, port, path prefix) of a provider URL; TransportError for one this client cannot use
+        (every check of ``validate_http_url``, so no URL fails later in another way)."""
+        try:
+            validate_http_url(raw)
+        except ProtocolError as exc:
+            raise TransportError(f"unusable provider URL: {exc}") from exc
         url = urlsplit(raw)
         if url.scheme != "http" or not url.hostname:
-            raise TransportError(f"unsupported provider URL {url.geturl()!r}")
-        try:
-            port = url.port or 80
-        except ValueError as exc:
-            raise TransportError(f"bad port in provider URL {url.geturl()!r}") from exc
-        return url.hostname, port, url.path.rstrip("/")
+            raise TransportError(f"unsupported provider URL {raw[:80]!r} (plain http:// only)")
+        return url.hostname, url.port or 80, url.path.rstrip("/")
 
-    async def _connect(self, host: str, port: int) -> _Conn:
-        loop = asyncio.get_running_loop()
+    async def _resolve(self, provider: object, host: str, port: int) -> tuple[Any, ...]:
+        """The address ``host`` names, checked against the address policy for ``provider``."""
         key = (host, port)
+        addr = self._addr_cache.get(key)
+        if addr is None:
+            try:
+                async with asyncio.timeout(self.connect_timeout):
+                    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except (OSError, TimeoutError, UnicodeError) as exc:
+                raise TransportError(f"cannot resolve {host}:{port}: {exc!r}") from exc
+            if not infos:
+                raise TransportError(f"cannot resolve {host}:{port}")
+            if len(self._addr_cache) >= 1024:
+                self._addr_cache.clear()
+            addr = self._addr_cache[key] = infos[0]
+        if self.addresses is not None:
+            why = self.addresses.refusal(str(getattr(provider, "peer_id", "")), str(addr[4][0]))
+            if why:
+                raise AddressRefused(f"provider {str(getattr(provider, 'peer_id', ''))[:16]}...: {why}")
+        return addr
+
+    async def _connect(self, addr: tuple[Any, ...], host: str, port: int) -> _Conn:
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                addr = self._addr_cache.get(key)
-                if addr is None:
-                    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-                    addr = self._addr_cache[key] = infos[0]
                 family, type_, proto, _, sockaddr = addr
                 sock = socket.socket(family, type_, proto)
                 sock.setblocking(False)
@@ -404,13 +428,14 @@ class HttpChunkSource:
         return the status and headers. Retries once on a stale keep-alive connection (the server may
         have closed it while idle)."""
         host, port, base = self._split(provider)
+        addr = await self._resolve(provider, host, port)
         key = (host, port)
         request = (f"GET {base}{path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
                    f"Accept-Encoding: identity\r\n{extra}\r\n").encode("ascii")
         for attempt in (0, 1):
             idle = self._idle.get(key)
             reused = bool(idle)
-            conn = idle.pop() if idle else await self._connect(host, port)
+            conn = idle.pop() if idle else await self._connect(addr, host, port)
             try:
                 try:
                     status, headers, prefix = await self._head(conn, request)

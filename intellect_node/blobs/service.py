@@ -39,6 +39,7 @@ from typing import Any, Awaitable, Callable, Sequence
 from aiohttp import web
 
 from intellect_node.aioutil import cancel_and_wait
+from intellect_node.blobs.addresses import AddressPolicy
 from intellect_node.blobs.fetch import ChunkSource, Fetcher, FetchStats, FindProviders, Progress, Provider
 from intellect_node.blobs.http import HttpChunkSource, ServeStats, blob_routes
 from intellect_node.blobs.store import BlobStore
@@ -75,8 +76,10 @@ class BlobService:
                  board: Any = None, extra_sources: Sequence[ChunkSource] = (),
                  connect_timeout: float = 5.0, read_timeout: float = 15.0,
                  protect: Callable[[str, str], Any] | None = None,
-                 unprotect: Callable[[str, str], Any] | None = None) -> None:
+                 unprotect: Callable[[str, str], Any] | None = None,
+                 addresses: AddressPolicy | None = None) -> None:
         self.store = store
+        self.addresses = addresses  # where providers' URLs may lead (blobs/addresses.py); None: anywhere
         self._hold = (protect, unprotect)  # the swarm's (peer, tag) protection while downloading
         self._timeouts = (connect_timeout, read_timeout)
         self.key = key
@@ -101,14 +104,16 @@ class BlobService:
         return cls(BlobStore(data_dir / BLOBS_DIR), swarm.key, find_providers=swarm.find_providers,
                    provide=swarm.provide, penalise=book.record_rejection,
                    is_banned=getattr(book, "is_banned", None), board=board, extra_sources=extra_sources,
-                   protect=getattr(swarm, "protect", None), unprotect=getattr(swarm, "unprotect", None))
+                   protect=getattr(swarm, "protect", None), unprotect=getattr(swarm, "unprotect", None),
+                   addresses=AddressPolicy.from_swarm(swarm))
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self, *, announce: bool = True) -> None:
         """Open the HTTP client and (re-)announce every blob held, complete or partial."""
         # Every remote read has a deadline: a frozen peer (SIGSTOP) keeps its sockets open and silent.
-        self._http = HttpChunkSource(connect_timeout=self._timeouts[0], read_timeout=self._timeouts[1])
+        self._http = HttpChunkSource(connect_timeout=self._timeouts[0], read_timeout=self._timeouts[1],
+                                     addresses=self.addresses)
         sources: list[ChunkSource] = [*self._extra_sources, self._http]
         self._fetcher = Fetcher(self.store, sources, self._find, self_peer_id=self.key.peer_id,
                                 penalise=self._penalise, is_banned=self._is_banned,

@@ -39,6 +39,7 @@ import os
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -76,6 +77,8 @@ hashed once. Chunks are always checked with the function their CID names, so blo
 sha2-256 chunk CIDs (by earlier versions) are fetched, checked and served as before."""
 DIRTY = "dirty"
 SYNCED = "synced"
+MAX_DECODED = 256
+"""Decoded manifests kept in memory (the rest are read again when asked for)."""
 MTIME_SLACK_S = 2.0
 """Chunks modified less than this before the ``synced`` time are re-checked too (clock granularity)."""
 
@@ -154,15 +157,22 @@ class BlobStore:
                 p.unlink()  # a temp file of an interrupted atomic write
             else:
                 self._chunks.add(p.name)
-        self._manifests: dict[str, Manifest] = {}
+        # Manifests are read when first asked for, not at open: a store holding many (or large) ones
+        # must not cost their decoded form in memory at every start (a node that died of it would die
+        # again at each restart). The CIDs are known from the file names; the newest MAX_DECODED
+        # decoded manifests are kept.
+        self._manifest_cids: set[str] = set()
+        self._decoded: OrderedDict[str, Manifest] = OrderedDict()
         for p in self.manifests_dir.iterdir():
             if p.name.startswith("."):
                 p.unlink()
                 continue
             try:
-                self._manifests[p.name] = open_manifest(p.read_bytes(), p.name)
-            except ProtocolError as exc:
-                log.warning("ignoring damaged manifest %s: %s", p.name, exc)
+                self._manifest_cids.add(validate_cid(p.name))
+            except ProtocolError:
+                log.warning("ignoring %s: not a blob CID", p)
+        self.fetching: dict[str, int] = {}
+        """Blob CID -> fetches of it under way (``blobs/fetch.py``): what a failed fetch may remove."""
         self._unsynced: set[str] = set()
         self.version = 0
         """Goes up whenever the set of chunks or manifests changes: ``GET /have?after=`` waits on it."""
@@ -260,29 +270,59 @@ class BlobStore:
     def put_manifest(self, cid: str, raw: bytes) -> Manifest:
         """Verify and store manifest envelope bytes under their CID (idempotent)."""
         m = open_manifest(raw, cid)
-        if cid not in self._manifests:
+        if cid not in self._manifest_cids:
             atomic_write_bytes(self.manifests_dir / cid, raw)
-            self._manifests[cid] = m
+            self._manifest_cids.add(cid)
             self.version += 1
+        self._keep_decoded(cid, m)
         return m
 
+    def _keep_decoded(self, cid: str, m: Manifest) -> None:
+        self._decoded[cid] = m
+        self._decoded.move_to_end(cid)
+        while len(self._decoded) > MAX_DECODED:
+            self._decoded.popitem(last=False)
+
     def manifest(self, cid: str) -> Manifest | None:
-        return self._manifests.get(cid)
+        """The blob's manifest, read from disk the first time (a damaged file is dropped: None)."""
+        if cid not in self._manifest_cids:
+            return None
+        m = self._decoded.get(cid)
+        if m is not None:
+            self._decoded.move_to_end(cid)
+            return m
+        try:
+            m = open_manifest((self.manifests_dir / cid).read_bytes(), cid)
+        except (OSError, ProtocolError) as exc:
+            log.warning("ignoring damaged or missing manifest %s: %s", cid, exc)
+            self._manifest_cids.discard(cid)
+            return None
+        self._keep_decoded(cid, m)
+        return m
+
+    def _manifest(self, cid: str) -> Manifest:
+        m = self.manifest(cid)
+        if m is None:
+            raise KeyError(cid)
+        return m
 
     def manifest_bytes(self, cid: str) -> bytes | None:
-        if cid not in self._manifests:
+        if cid not in self._manifest_cids:
             return None
-        return (self.manifests_dir / cid).read_bytes()
+        try:
+            return (self.manifests_dir / cid).read_bytes()
+        except FileNotFoundError:
+            return None
 
     def manifest_cids(self) -> list[str]:
-        return sorted(self._manifests)
+        return sorted(self._manifest_cids)
 
     def present(self, cid: str) -> list[bool]:
-        m = self._manifests[cid]
+        m = self._manifest(cid)
         return [c in self._chunks for c in m.chunks]
 
     def have_bytes(self, cid: str) -> bytes | None:
-        if cid not in self._manifests:
+        if self.manifest(cid) is None:
             return None
         return encode_have(cid, self.present(cid))
 
@@ -290,14 +330,14 @@ class BlobStore:
         return [i for i, ok in enumerate(self.present(cid)) if not ok]
 
     def is_complete(self, cid: str) -> bool:
-        return cid in self._manifests and not self.missing(cid)
+        return self.manifest(cid) is not None and not self.missing(cid)
 
     # -- listing and removal ----------------------------------------------------------------------
 
     def blob_info(self, cid: str) -> dict[str, object]:
         """What ``blob ls`` shows of one blob: name, size, bytes held here, complete, publisher, and when
         its manifest arrived (unix seconds)."""
-        m = self._manifests[cid]
+        m = self._manifest(cid)
         present = self.present(cid)
         held = sum(m.chunk_length(i) for i, ok in enumerate(present) if ok)
         try:
@@ -308,10 +348,11 @@ class BlobStore:
                 "complete": all(present), "publisher": m.publisher, "since": since}
 
     def _referenced(self) -> set[str]:
-        """Chunk CIDs listed by some manifest."""
+        """Chunk CIDs listed by some manifest (reads every manifest: blocking)."""
         out: set[str] = set()
-        for m in list(self._manifests.values()):
-            out.update(m.chunks)
+        for cid in list(self._manifest_cids):
+            if (m := self.manifest(cid)) is not None:
+                out.update(m.chunks)
         return out
 
     def _drop_chunks(self, cids: set[str]) -> int:
@@ -331,7 +372,9 @@ class BlobStore:
         """Remove a blob: its manifest, and its chunks that no other blob lists. Returns the bytes freed
         (blocking: call from a worker thread on a running node). ConfigError when it is not held."""
         validate_cid(cid)
-        m = self._manifests.pop(cid, None)
+        m = self.manifest(cid)
+        self._manifest_cids.discard(cid)
+        self._decoded.pop(cid, None)
         if m is None:
             raise ConfigError(f"blob {cid} is not in {self.root}; `intellect-node blob ls` lists what is",
                               field="cid")
@@ -340,6 +383,19 @@ class BlobStore:
         path.unlink(missing_ok=True)
         fsync_dir(self.manifests_dir)  # a crash must not bring the manifest back over missing chunks
         return freed + self._drop_chunks(set(m.chunks) - self._referenced())
+
+    def forget_blob(self, cid: str, chunks: set[str]) -> None:
+        """Drop a blob's manifest and ``chunks`` (the caller knows no other blob needs them: the ones a
+        failed fetch itself brought) without reading the other manifests or waiting for the disk: a
+        manifest that a crash brings back only costs a refetch or a ``blob gc``. On the event loop."""
+        if cid not in self._manifest_cids:
+            return
+        self._manifest_cids.discard(cid)
+        self._decoded.pop(cid, None)
+        self.version += 1
+        (self.manifests_dir / cid).unlink(missing_ok=True)
+        if chunks:
+            self._drop_chunks(chunks)
 
     def gc(self, keep: set[str], *, older_than: float) -> tuple[list[str], int, int]:
         """Remove every blob not in ``keep`` whose manifest arrived before ``older_than`` (unix seconds),
@@ -413,7 +469,7 @@ class BlobStore:
 
         ``on_bytes(done, total)`` after each chunk; the last call, ``(total, total)``, comes before the
         final fsync, which for a large file on a slow disk takes seconds of its own."""
-        m = self._manifests.get(cid)
+        m = self.manifest(cid)
         if m is None or self.missing(cid):
             raise IntegrityError(f"blob {cid} is not complete in {self.root}")
         dst = Path(out)

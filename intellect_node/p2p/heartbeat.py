@@ -142,8 +142,9 @@ class Heartbeats:
 
     def _on_heartbeat(self, hb: gossip.Heartbeat, origin: str) -> None:
         self.received += 1
-        # The signed listen addresses beat what the connection showed (an inbound peer's ephemeral port).
-        self.swarm.peerbook.remember(origin, hb.listen_addrs)
+        # The signed listen addresses beat what the connection showed (an inbound peer's ephemeral port);
+        # only for a peer we had a connection with: any key's heartbeat reaches us through gossip.
+        self.swarm.peerbook.remember(origin, hb.listen_addrs, if_connected=True)
         announced = None if isinstance(hb.interval_ms, msgspec.UnsetType) else hb.interval_ms / 1000
         timeout = timeout_for(announced, interval=self.interval, peer_timeout=self.peer_timeout,
                               max_interval=self.max_interval)

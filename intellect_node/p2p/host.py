@@ -188,6 +188,18 @@ def make_addrs_factory(
     return factory
 
 
+def _remote_ip(conn: INetConn) -> str | None:
+    """The IP a connection came from (blob fetches from that peer may go there, ``blobs/addresses.py``);
+    None for a relayed connection (the address would be the relay's) or when the transport cannot say."""
+    try:
+        if any("p2p-circuit" in str(a) for a in conn.get_transport_addresses()):
+            return None
+        remote = conn.muxed_conn.get_remote_address()
+    except (AttributeError, OSError, ValueError):
+        return None
+    return remote[0] if remote else None
+
+
 class _Notifee(INotifee):
     """Connection events: fill the DHT routing table, refuse banned peers, keep the peerbook current."""
 
@@ -195,7 +207,7 @@ class _Notifee(INotifee):
         self._owner = owner
 
     async def connected(self, network: INetwork, conn: INetConn) -> None:
-        self._owner._on_connected(conn.muxed_conn.peer_id)
+        self._owner._on_connected(conn.muxed_conn.peer_id, _remote_ip(conn))
 
     async def disconnected(self, network: INetwork, conn: INetConn) -> None:
         self._owner._on_disconnected(conn.muxed_conn.peer_id)
@@ -302,13 +314,13 @@ class P2PHost:
 
     # -- connections ---------------------------------------------------------------------------------
 
-    def _on_connected(self, pid: ID) -> None:
+    def _on_connected(self, pid: ID, remote_ip: str | None = None) -> None:
         peer = pid.to_base58()
         if self.peerbook.is_banned(peer):
             if self._nursery is not None:
                 self._nursery.start_soon(self._close_peer, pid)
             return
-        self.peerbook.set_connected(peer, True)
+        self.peerbook.set_connected(peer, True, remote_ip=remote_ip)
         self.connmgr.connected(peer)
         if self._nursery is not None:
             self._nursery.start_soon(self._add_to_routing_table, pid)

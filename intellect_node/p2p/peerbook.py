@@ -24,7 +24,7 @@ import json
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +37,19 @@ log = logging.getLogger(__name__)
 PEERS_FILE = "peers.json"
 MAX_REMEMBERED = 64
 MAX_PEERS = 4096
-"""Peer records kept in memory; past it the longest-silent idle record is forgotten."""
+"""Peer records kept in memory; past it an idle record is forgotten: the longest-silent one without
+rejections first (its rejection count is kept in :data:`MAX_STRIKES_KEPT` entries apart), then the
+oldest ban."""
+MAX_BANNED = 2048
+"""Banned records kept in memory; past it the oldest ban is forgotten (the newest
+:data:`MAX_BANS_KEPT` are also what ``peers.json`` keeps)."""
+MAX_STRIKES_KEPT = 16384
+"""Rejection counts of forgotten records, so that evicting a record does not reset its count toward
+the automatic ban (4096 fresh keys would otherwise wipe every count): the oldest entries go first."""
+STRIKE_HALF_LIFE_S = 3600.0
+"""A forgotten record's rejection count halves every hour until the peer comes back."""
+MAX_CONN_IPS = 4
+"""Addresses a peer's connections came from, kept per peer (blob fetches may only go there)."""
 MAX_REASONS = 16
 """Recent rejection reasons kept per peer (the count keeps growing)."""
 AUTO_BAN_AFTER = 100
@@ -65,6 +77,8 @@ class PeerRecord:
     reasons: deque[str] = field(default_factory=lambda: deque(maxlen=MAX_REASONS))
     banned: str | None = None
     banned_at: float | None = None  # unix time
+    conn_ips: list[str] = field(default_factory=list)  # where its connections came from, newest last
+    had_connection: bool = False
 
     def snapshot(self, now: float) -> dict[str, Any]:
         return {
@@ -89,6 +103,7 @@ class PeerBook:
         self._lock = threading.Lock()
         self._peers: dict[str, PeerRecord] = {}
         self._remembered: dict[str, tuple[list[str], float]] = {}  # peer -> (addrs, unix time)
+        self._strikes: OrderedDict[str, tuple[float, float]] = OrderedDict()  # evicted: (count, when)
         self._dirty = False
         self._last_save = 0.0
         self.on_auto_ban: Callable[[str], None] | None = None
@@ -101,21 +116,64 @@ class PeerBook:
             if len(self._peers) >= MAX_PEERS:
                 self._evict()
             rec = self._peers[peer_id] = PeerRecord(peer_id)
+            kept = self._strikes.pop(peer_id, None)
+            if kept is not None:  # a peer evicted with rejections: its count comes back, decayed
+                count, when = kept
+                rec.rejections = int(count * 0.5 ** (max(0.0, time.time() - when) / STRIKE_HALF_LIFE_S))
         return rec
 
     def _evict(self) -> None:
-        """Forget the longest-silent record that is neither connected nor banned (peer IDs are free to
-        make, so a flood of them must not grow memory without bound)."""
+        """Forget one record (peer IDs are free to make, so a flood of them must not grow memory without
+        bound): the longest-silent idle record without rejections, else the longest-silent idle one
+        with rejections (its count is kept apart, :data:`MAX_STRIKES_KEPT`), else the oldest ban."""
         idle = [r for r in self._peers.values() if not r.connected and r.banned is None]
         if idle:
-            victim = min(idle, key=lambda r: r.last_heartbeat or 0.0)
+            victim = min(idle, key=lambda r: (r.rejections > 0, r.last_heartbeat or 0.0))
+            if victim.rejections:
+                self._strikes[victim.peer_id] = (float(victim.rejections), time.time())
+                while len(self._strikes) > MAX_STRIKES_KEPT:
+                    self._strikes.popitem(last=False)
             del self._peers[victim.peer_id]
+            return
+        self._drop_oldest_ban()
+
+    def _drop_oldest_ban(self) -> None:
+        banned = [r for r in self._peers.values() if r.banned is not None and not r.connected]
+        if banned:
+            victim = min(banned, key=lambda r: r.banned_at or 0.0)
+            log.info("forgetting the ban of %s (%s): more than %d banned peers", victim.peer_id,
+                     victim.banned, MAX_BANNED)
+            del self._peers[victim.peer_id]
+            self._dirty = True
 
     # -- liveness ----------------------------------------------------------------------------------
 
-    def set_connected(self, peer_id: str, connected: bool) -> None:
+    def set_connected(self, peer_id: str, connected: bool, *, remote_ip: str | None = None) -> None:
+        """Mark ``peer_id`` (dis)connected; ``remote_ip``: the address its new connection came from."""
         with self._lock:
-            self._rec(peer_id).connected = connected
+            rec = self._rec(peer_id)
+            rec.connected = connected
+            if connected:
+                rec.had_connection = True
+            if remote_ip:
+                if remote_ip in rec.conn_ips:
+                    rec.conn_ips.remove(remote_ip)
+                rec.conn_ips.append(remote_ip)
+                del rec.conn_ips[:-MAX_CONN_IPS]
+
+    def addresses(self, peer_id: str) -> tuple[list[str], list[str]]:
+        """``(connected, announced)``: the IPs ``peer_id``'s connections came from, and the IPs of the
+        listen addresses it signed (``/ip4/`` and ``/ip6/`` ones)."""
+        with self._lock:
+            rec = self._peers.get(peer_id)
+            if rec is None:
+                return [], []
+            announced = []
+            for a in rec.addrs:
+                parts = a.split("/")
+                if len(parts) > 2 and parts[1] in ("ip4", "ip6") and "p2p-circuit" not in parts:
+                    announced.append(parts[2])
+            return list(rec.conn_ips), announced
 
     def heard(self, peer_id: str, *, http_url: str = "", addrs: list[str] | None = None,
               roles: list[str] | None = None, timeout: float | None = None) -> bool:
@@ -197,6 +255,7 @@ class PeerBook:
             if self.auto_ban_after is not None and count >= self.auto_ban_after and rec.banned is None:
                 rec.banned, rec.banned_at = f"auto: {count} rejections, last: {reason[:120]}", time.time()
                 self._dirty = auto_ban = True
+                self._bound_bans()
         log.info("rejected input from %s: %s", peer_id, reason[:200])
         if auto_ban:
             log.warning("banned %s after %d rejections", peer_id, count)
@@ -215,7 +274,13 @@ class PeerBook:
             rec.banned, rec.banned_at = reason[:200] or "banned", time.time()
             self._remembered.pop(peer_id, None)
             self._dirty = True
+            self._bound_bans()
         log.warning("banned %s: %s", peer_id, reason[:200])
+
+    def _bound_bans(self) -> None:
+        """At most :data:`MAX_BANNED` banned records (a key is free: bans must not grow memory forever)."""
+        if sum(1 for r in self._peers.values() if r.banned is not None) > MAX_BANNED:
+            self._drop_oldest_ban()
 
     def unban(self, peer_id: str) -> bool:
         """Lift a ban (its rejection count starts again); False when the peer was not banned."""
@@ -242,14 +307,19 @@ class PeerBook:
 
     # -- remembered peers ------------------------------------------------------------------------------
 
-    def remember(self, peer_id: str, addrs: list[str]) -> None:
+    def remember(self, peer_id: str, addrs: list[str], *, if_connected: bool = False) -> None:
         """Note ``peer_id``'s listen addresses (in memory; :meth:`save` writes them, off the event loops:
-        an fsync took 40+ ms on a busy disk)."""
+        an fsync took 40+ ms on a busy disk). ``if_connected``: only if this node had a connection with
+        it (a heartbeat reaches us from any key through gossip: Sybils must not fill the list a
+        restarted node dials)."""
         if peer_id == self.self_id or not addrs:
             return
         now = time.time()
         with self._lock:
-            if self._peers.get(peer_id) is not None and self._peers[peer_id].banned:
+            rec = self._peers.get(peer_id)
+            if rec is not None and rec.banned:
+                return
+            if if_connected and (rec is None or not rec.had_connection):
                 return
             old = self._remembered.get(peer_id)
             addrs = list(addrs)[:8]

@@ -7,6 +7,10 @@ a DHT provider (a peer ID) becomes a URL to fetch chunks from. Receivers bound e
 
 from __future__ import annotations
 
+import ipaddress
+import re
+from urllib.parse import urlsplit
+
 import msgspec
 
 from intellect_node.errors import ProtocolError
@@ -24,6 +28,8 @@ MAX_ADDRS = 8
 MAX_ADDR_LEN = 256
 MAX_ROLES = 8
 MAX_URL_LEN = 256
+MAX_URL_PATH_LEN = 64
+"""A base URL's path prefix (a node behind a reverse proxy); the blob routes follow it."""
 MAX_CLOCK_SKEW_MS = 5 * 60 * 1000
 """Heartbeats stamped further than this from our clock are refused (stale replays, broken clocks)."""
 MAX_INTERVAL_MS = 24 * 3600 * 1000
@@ -64,13 +70,56 @@ class NodeInfo(codec.Message, frozen=True):
 P2P_URL_PREFIX = "p2p://"
 """A node behind NAT advertises ``p2p://<its own peer ID>``: "fetch my chunks over libp2p" (docs/nat.md)."""
 
+_DNS_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_URL_PATH = re.compile(r"(?:/[A-Za-z0-9._~-]+)*/?")
+
+
+def validate_http_url(url: str) -> str:
+    """Raise ProtocolError unless ``url`` is a plain HTTP(S) base URL a fetcher can use as it is.
+
+    Accepted: scheme ``http`` or ``https``; an ASCII host (a DNS name, an IPv4 address or a bracketed
+    IPv6 address); an optional port 1-65535; an optional path prefix of unreserved characters (no
+    ``..``, at most :data:`MAX_URL_PATH_LEN`); nothing else: no user info, query, fragment, escapes or
+    spaces, at most :data:`MAX_URL_LEN` characters. A URL that passes parses with ``urlsplit`` and
+    encodes as ASCII, so a fetcher cannot fail on it in another way than a failed connection."""
+    if not url or len(url) > MAX_URL_LEN or not url.isascii() or not url.isprintable() \
+            or any(c in url for c in " \\%@?#"):
+        raise ProtocolError(f"bad http_url {url[:80]!r}: not a short printable ASCII URL without user "
+                            "info, query or fragment")
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise ProtocolError(f"bad http_url {url[:80]!r}: {exc}") from exc
+    if parts.scheme not in ("http", "https"):
+        raise ProtocolError(f"bad http_url {url[:80]!r}: scheme must be http or https")
+    if parts.netloc.startswith("["):  # [IPv6]:port
+        host, _, port = parts.netloc[1:].partition("]")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError as exc:
+            raise ProtocolError(f"bad http_url {url[:80]!r}: bad IPv6 host") from exc
+        if port == ":" or port and not port.startswith(":"):
+            raise ProtocolError(f"bad http_url {url[:80]!r}: bad port")
+        port = port[1:]
+    else:
+        host, sep, port = parts.netloc.partition(":")
+        if len(host) > 253 or not all(_DNS_LABEL.fullmatch(label) for label in host.split(".")):
+            raise ProtocolError(f"bad http_url {url[:80]!r}: bad host")
+        if sep and not port:
+            raise ProtocolError(f"bad http_url {url[:80]!r}: bad port")
+    if port and not (port.isdigit() and len(port) <= 5 and 0 < int(port) <= 65535):
+        raise ProtocolError(f"bad http_url {url[:80]!r}: bad port")
+    path = parts.path
+    if len(path) > MAX_URL_PATH_LEN or not _URL_PATH.fullmatch(path) or ".." in path.split("/"):
+        raise ProtocolError(f"bad http_url {url[:80]!r}: bad path prefix")
+    return url
+
 
 def _check_common(run_id: str, http_url: str, listen_addrs: list[str], roles: list[str], signer: str) -> None:
     validate_run_id(run_id)
     # The only non-HTTP URL accepted names the signer itself: a node cannot point fetchers at another.
-    if len(http_url) > MAX_URL_LEN or (http_url and not http_url.startswith(("http://", "https://"))
-                                       and http_url != f"{P2P_URL_PREFIX}{signer}"):
-        raise ProtocolError(f"bad http_url {http_url[:80]!r}")
+    if http_url and http_url != f"{P2P_URL_PREFIX}{signer}":
+        validate_http_url(http_url)
     if len(listen_addrs) > MAX_ADDRS or any(len(a) > MAX_ADDR_LEN or not a.startswith("/")
                                             for a in listen_addrs):
         raise ProtocolError("bad listen_addrs")

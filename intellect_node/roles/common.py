@@ -147,7 +147,7 @@ class HintedFetcher:
 
         self.blobs = blobs
         self.swarm = swarm
-        self._http = HttpChunkSource()
+        self._http = HttpChunkSource(addresses=blobs.addresses)  # a peer's URL leads only to that peer
         self._hints: dict[str, list[str]] = {}  # CID -> holders named by the fetches under way
         self._looked: set[str] = set()  # CIDs whose hinted-only first lookup was answered
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # CID -> (one fetch at a time, users)
@@ -182,6 +182,8 @@ class HintedFetcher:
                 raise IntegrityError(f"blob {cid} holds {m.total_size} bytes (announced {size}, "
                                      f"limit {max_size})")
 
+        from intellect_node.blobs.fetch import Budget
+
         async def fetch_one() -> None:
             lock, users = self._locks.get(cid, (asyncio.Lock(), 0))
             self._locks[cid] = (lock, users + 1)
@@ -191,7 +193,9 @@ class HintedFetcher:
                     if m is not None:
                         check(m)
                     if m is None or self.blobs.store.missing(cid):
-                        await self._fetcher.fetch(cid, on_manifest=self._seen(cid, check))
+                        # The budget is checked before the manifest is stored (blobs/fetch.py, Budget).
+                        await self._fetcher.fetch(cid, on_manifest=self._seen(cid, check),
+                                                  budget=Budget(max_size=max_size, size=size))
             finally:
                 lock, users = self._locks[cid]
                 if users > 1:
