@@ -9,7 +9,7 @@ import asyncio
 
 from intellect_node.errors import TransportError
 from intellect_node.protocol.rollout import RolloutBatch
-from intellect_node.roles.prefetch import LIMIT, PER_WORKER, Prefetch
+from intellect_node.roles.prefetch import LIMIT, NEWCOMER_HELD, PER_WORKER, Prefetch
 
 
 def test_prefetch_bounds_and_hand_over() -> None:
@@ -40,9 +40,15 @@ def test_prefetch_bounds_and_hand_over() -> None:
         assert await pf.claim("w1", "a") is None  # handed over once
         assert await pf.claim("w2", "bad") is None and pf.counts["failed"] == 1
         assert await pf.claim("w3", "never-offered") is None
-        # In all at most LIMIT: the oldest are forgotten (their fetches cancelled) to make room.
+        # Workers with no used batch (w2, x...) hold at most NEWCOMER_HELD together.
         for i in range(LIMIT + 3):
             pf.offer(f"x{i}", f"c{i}", 5, 10, 3, 5)
+        assert sum(p.newcomer for p in pf._held.values()) == NEWCOMER_HELD
+        # In all at most LIMIT: the oldest are forgotten (their fetches cancelled) to make room.
+        for i in range(LIMIT // PER_WORKER + 1):
+            pf._proven[f"y{i}"] = None  # as if a batch of theirs had been used
+            for j in range(PER_WORKER):
+                pf.offer(f"y{i}", f"d{i}.{j}", 5, 10, 3, 5)
         assert len(pf._held) == LIMIT and await pf.claim("x0", "c0") is None
         # The floor moving past a version forgets its batches.
         pf.offer("y", "fresh", 7, 10, 6, 7)
