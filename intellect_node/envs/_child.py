@@ -1,9 +1,11 @@
 """The scoring process's side of :mod:`intellect_node.envs.sandbox` (``python -m`` this module).
 
-Reads length-prefixed pickles ``(module, function, args)`` from stdin, answers ``("ok", value)`` or
-``("err", "Type: message")`` on stdout. ``("", "import", (module,))`` imports a module ahead of the timed
-calls. The parent is our own node (the pickles come from it, never from a peer); the *arguments* are
-hostile text, which is why this process exists: whatever a checker does with them stays here.
+Reads length-prefixed pickles ``(module, function, args)`` from stdin and answers a length-prefixed
+msgpack :class:`Reply` (data only: a number or an error message) on stdout. ``("", "import", (module,))``
+imports a module ahead of the timed calls. The requests come from our own node, never from a peer, so
+they may be pickles (a reasoning-gym entry holds tuples and sets); the replies come from a process that
+has run a checker on hostile text, so the parent never unpickles them: a reply is decoded as a
+:class:`Reply` and nothing else, under a size limit.
 
 Kept free of heavy imports so a child starts fast; the checkers' modules are imported on request.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import os
 import pickle
 import struct
@@ -19,11 +22,41 @@ import sys
 import threading
 import time
 
+import msgspec
+
 MEMORY_ENV = "INTELLECT_NODE_SCORER_MEMORY"
 """Environment variable carrying the address-space limit in bytes (set by the parent)."""
 
 _HEADER = struct.Struct(">I")
 _MAX_REQUEST_BYTES = 64 << 20
+MAX_REPLY_BYTES = 4096
+"""Largest reply (a number and an error message of at most ``MAX_ERROR_CHARS``)."""
+MAX_ERROR_CHARS = 300
+
+
+class Reply(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One answer: ``ok`` with the function's ``value`` (a float, or None for an import), or the error."""
+
+    ok: bool
+    value: float | None = None
+    error: str = ""
+
+
+def encode_reply(reply: Reply) -> bytes:
+    return msgspec.msgpack.encode(reply)
+
+
+def decode_reply(data: bytes) -> Reply:
+    """The reply in ``data``; ValueError for anything else (too long, not a :class:`Reply`)."""
+    if len(data) > MAX_REPLY_BYTES:
+        raise ValueError(f"reply of {len(data)} bytes")
+    try:
+        reply = msgspec.msgpack.decode(data, type=Reply)
+    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
+        raise ValueError(f"not a reply: {exc}") from None
+    if len(reply.error) > MAX_ERROR_CHARS:
+        raise ValueError("reply error message too long")
+    return reply
 
 
 def _watch_parent(parent: int) -> None:
@@ -76,13 +109,16 @@ def _read_exact(stream, n: int) -> bytes | None:  # type: ignore[no-untyped-def]
     return bytes(buf)
 
 
-def _run(module: str, function: str, args: tuple[object, ...]) -> object:
+def _run(module: str, function: str, args: tuple[object, ...]) -> float | None:
     if not module.startswith("intellect_node.envs.") and not (module == "" and function == "import"):
         raise ValueError(f"refused to run {module}.{function}")
     if module == "":
         importlib.import_module(str(args[0]))
         return None
-    return getattr(importlib.import_module(module), function)(*args)
+    value = getattr(importlib.import_module(module), function)(*args)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{module}.{function} returned {type(value).__name__}, not a number")
+    return float(value) if math.isfinite(value) else float("nan")
 
 
 def main() -> None:
@@ -107,13 +143,10 @@ def main() -> None:
             return
         try:
             module, function, args = pickle.loads(body)
-            reply: tuple[str, object] = ("ok", _run(module, function, args))
+            reply = Reply(ok=True, value=_run(module, function, args))
         except Exception as exc:  # noqa: BLE001 - this process's edge: any checker failure is an answer
-            reply = ("err", f"{type(exc).__name__}: {str(exc)[:300]}")
-        try:
-            data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # noqa: BLE001 - an unpicklable result is the checker's fault
-            data = pickle.dumps(("err", f"unpicklable result: {type(exc).__name__}"))
+            reply = Reply(ok=False, error=f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS])
+        data = encode_reply(reply)
         stdout.write(_HEADER.pack(len(data)) + data)
         stdout.flush()
 

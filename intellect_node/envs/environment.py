@@ -174,9 +174,16 @@ class SettledTask:
         return [self._settle(p) for p in self.base.sample(rng, n)]
 
 
+SLOW_CHECKERS = frozenset({"math"})
+"""Checkers that run in a scoring process under a time limit: a task naming one is always scored through
+a :class:`Scorer` and its memo, so a hostile completion repeated across a batch pays the limit once."""
+
+
 def settle(task: Task, settings: EnvSettings) -> Task:
-    """``task`` as is under the default settings, else wrapped in :class:`SettledTask`."""
-    if settings == EnvSettings():
+    """``task`` as is under the default settings when its checkers are cheap, else wrapped in
+    :class:`SettledTask` (the same task ID under the default settings: nothing hashed differs)."""
+    slow = SLOW_CHECKERS & frozenset(getattr(task, "checkers", ()))
+    if settings == EnvSettings() and not slow:
         return task
     return SettledTask(task, settings)
 

@@ -7,15 +7,19 @@ processes this module owns: the caller sends ``(module, function, args)``, waits
 for the reply, and on a timeout kills that child by its PID and starts another. Nothing in the caller's
 process can hang or run out of memory because of a completion.
 
-A child is a plain ``python -m intellect_node.envs._child`` talking length-prefixed pickles over its
-stdin/stdout (not ``multiprocessing``: no re-import of the parent's ``__main__``, no fork of a process
-holding libp2p and torch threads). It runs with a fixed ``PYTHONHASHSEED`` (so set iteration order in a
-checker is the same on every node), one BLAS thread, an address-space limit, and a watchdog that ends it
-when its parent is gone. Only functions in modules under ``intellect_node.envs`` may be called.
+A child is a plain ``python -m intellect_node.envs._child`` reading length-prefixed pickled requests on
+its stdin and answering length-prefixed msgpack replies of a fixed, data-only shape
+(:class:`~intellect_node.envs._child.Reply`: a number or an error message, at most
+:data:`~intellect_node.envs._child.MAX_REPLY_BYTES`) on its stdout: a child has run a checker on
+hostile text, so what it sends back is never unpickled (not ``multiprocessing``: no re-import of the
+parent's ``__main__``, no fork of a process holding libp2p and torch threads). It runs with a fixed
+``PYTHONHASHSEED`` (so set iteration order in a checker is the same on every node), one BLAS thread, an
+address-space limit, and a watchdog that ends it when its parent is gone. Only functions in modules
+under ``intellect_node.envs`` may be called, and they must return a number.
 
 Modules a checker needs are imported once per child before the first timed call (``warm``), so the time
 limit measures the checker and not an import of sympy. Overhead per call on an idle 2-core machine: see
-``bench/reward_scoring.py`` (a pipe round trip and two pickles, well under a millisecond).
+``bench/reward_scoring.py`` (a pipe round trip, a pickle and a msgpack reply, well under a millisecond).
 """
 
 from __future__ import annotations
@@ -51,9 +55,6 @@ MEMORY_LIMIT_BYTES = 4 << 30
 """Address-space limit of a child (RLIMIT_AS): a checker that tries to build an astronomically large
 number fails with MemoryError (reward 0, ``checker_error``) instead of pushing the node into swap."""
 
-MAX_REPLY_BYTES = 1 << 20
-"""Largest reply a child may send (a score and a short message need far less)."""
-
 _HEADER = struct.Struct(">I")
 
 
@@ -80,12 +81,15 @@ class _Child:
             raise ChildGone(f"scoring process ended ({exc})") from exc
         deadline = time.monotonic() + timeout_s
         (size,) = _HEADER.unpack(self._read(_HEADER.size, deadline))
-        if size > MAX_REPLY_BYTES:
+        if size > _child.MAX_REPLY_BYTES:
             raise ChildGone(f"scoring process sent a {size}-byte reply")
-        status, value = pickle.loads(self._read(size, deadline))
-        if status == "ok":
-            return value
-        raise ScoringFailed("checker_error", str(value)[:200])
+        try:
+            reply = _child.decode_reply(self._read(size, deadline))
+        except ValueError as exc:
+            raise ChildGone(f"scoring process broke the reply format: {exc}") from None
+        if reply.ok:
+            return reply.value
+        raise ScoringFailed("checker_error", reply.error[:200])
 
     def _read(self, n: int, deadline: float) -> bytes:
         assert self.proc.stdout is not None

@@ -43,6 +43,8 @@ class JsonlTask:
         self.task_id = task_id
         self._problems = problems
         self._by_id = {p.problem_id: p for p in problems}
+        self.checkers = frozenset(p.checker for p in problems)
+        """The checker kinds its problems name (``envs.environment.settle`` gives ``math`` a memo)."""
         self.sha256 = sha256
         """Hash of the file's bytes: what a run config pins so every node scores the same problems."""
 
