@@ -11,11 +11,21 @@ Flow (topics ``/intellect/<run_id>/rollouts/1`` and ``/intellect/<run_id>/verdic
 
 A verdict covers the whole batch: one rejected rollout rejects the batch (the trainer then has no
 partial group to make sense of), and the first rejection's reason is carried for the worker's ledger.
+
+A verdict is signed by the validator that published it (gossip origin == signer) and carries the time it
+was sealed: anyone can replay signed gossip once the gossip layer's seen-cache has forgotten it, so a
+receiver acts only on verdicts inside a bounded window around its own clock (:func:`verdict_time_error`).
+Reasons in :data:`NOT_WORKERS_FAULT` say the validator could not judge the batch, not that it is bad: they
+decide nothing at the trainer.
 """
 
 from __future__ import annotations
 
+import re
+import time
 from typing import Callable
+
+import msgspec
 
 from intellect_node.errors import ProtocolError
 from intellect_node.protocol import codec
@@ -32,6 +42,23 @@ MAX_VERDICT_BYTES = 2048
 MAX_REASON_LEN = 64
 MAX_DETAIL_LEN = 400
 MAX_BATCH_ROLLOUTS = 1024  # same bound as protocol.rollout
+VERDICT_MAX_AGE_MS = 300_000
+"""A verdict older than this (by the receiver's clock) is ignored: gossip delivers in seconds and a
+validator re-seals what it re-sends, so only replays (and clocks minutes apart) fall outside."""
+VERDICT_MAX_AHEAD_MS = 60_000
+"""A verdict dated further ahead than this is ignored (a broken clock, or one sealed to outlive the
+age window)."""
+NOT_WORKERS_FAULT = frozenset({"stale", "policy_version", "reward_unjudged"})
+"""Verdict reasons that say the validator could not judge the batch (the swarm moved on; it lacks the
+policy; its reward checker ran out of time on a completion a faster node scores): never held against
+the worker, and at the trainer they decide nothing while another validator can."""
+_REASON_RE = re.compile(r"[a-z_]*")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def now_ms() -> int:
+    """Wall-clock time in unix milliseconds (what verdicts are dated with)."""
+    return time.time_ns() // 1_000_000
 
 
 class RolloutNotice(codec.Message, frozen=True):
@@ -57,8 +84,13 @@ class BatchVerdict(codec.Message, frozen=True):
     "duplicate" (rollouts already counted), "unavailable" (the signer did not serve the blob in time),
     "policy_version" (no such policy to check against)."""
     detail: str = ""
+    """Free text for people (no control characters; validators build it with peer-supplied IDs cleaned)."""
     ban: bool = False
-    """The validator banned ``worker`` with this verdict (its rejection count reached the run's limit)."""
+    """The validator banned ``worker`` with this verdict (its rejection count reached the run's limit).
+    The trainer bans the worker only when ``run.verdict_quorum`` validators say so."""
+    time_ms: int = msgspec.field(default_factory=now_ms)
+    """When the validator sealed it (unix ms; set at construction). Decoding requires it: a message
+    without it is not canonically encoded."""
 
 
 def _check_common(run_id: str, cid: str, version: int, n: int) -> None:
@@ -87,10 +119,23 @@ def check_verdict(v: BatchVerdict) -> BatchVerdict:
         raise ProtocolError("accepted must mean: no rollout rejected")
     if len(v.reason) > MAX_REASON_LEN or len(v.detail) > MAX_DETAIL_LEN:
         raise ProtocolError("reason or detail too long")
+    if not _REASON_RE.fullmatch(v.reason) or _CONTROL_RE.search(v.detail):
+        raise ProtocolError("reason must be [a-z_]*, detail without control characters")
+    if not 0 < v.time_ms < 1 << 53:
+        raise ProtocolError(f"verdict time {v.time_ms} out of range")
     if v.accepted and (v.reason or v.ban):
         raise ProtocolError("an accepting verdict carries no reason and no ban")
     public_key_from_peer_id(v.worker)
     return v
+
+
+def verdict_time_error(v: BatchVerdict, now: int) -> str:
+    """Why ``v`` is outside the window a receiver at ``now`` (unix ms) acts in; "" when inside."""
+    if v.time_ms < now - VERDICT_MAX_AGE_MS:
+        return f"verdict sealed {(now - v.time_ms) / 1000:.0f} s ago (replayed, or a clock behind)"
+    if v.time_ms > now + VERDICT_MAX_AHEAD_MS:
+        return f"verdict dated {(v.time_ms - now) / 1000:.0f} s ahead (a clock ahead)"
+    return ""
 
 
 def seal_notice(key: SigningKey, notice: RolloutNotice) -> bytes:
@@ -121,10 +166,15 @@ def notice_validator(run_id: str, allowed: frozenset[str] | None = None
 
 def verdict_validator(run_id: str, trusted: frozenset[str] | None) -> Callable[[bytes, str],
                                                                                  tuple[BatchVerdict, str]]:
-    """Gossip validator: a verdict of this run signed by a trusted validator (any signer if ``None``)."""
+    """Gossip validator: a verdict of this run signed by the peer that published it, a trusted validator
+    (any signer if ``None``). Its time is not checked here: a refusal here is blamed on the origin, and a
+    replay of a validator's old verdict must not count against that validator; receivers check the time
+    (:func:`verdict_time_error`) when they act on it."""
 
     def validate(data: bytes, origin: str) -> tuple[BatchVerdict, str]:
         verdict, signer = open_envelope(data, VERDICT_DOMAIN, BatchVerdict, max_size=MAX_VERDICT_BYTES)
+        if signer != origin:
+            raise ProtocolError("verdict signed by another peer than its publisher")
         if trusted is not None and signer not in trusted:
             raise ProtocolError(f"verdict signed by {signer}, not one of the run's validators")
         if verdict.run_id != run_id:

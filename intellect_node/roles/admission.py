@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Generic, Hashable, Iterable, Sequence, TypeVar
 
 from intellect_node.fsutil import atomic_write_text
+from intellect_node.node.status import clean_text
 from intellect_node.protocol.rollout import RolloutRecord
 
 log = logging.getLogger(__name__)
@@ -47,13 +48,13 @@ def rollout_keys(records: Sequence[RolloutRecord]) -> list[str]:
 
 
 def describe_key(key: str) -> str:
-    """A key as a reader wants it in a refusal's detail."""
+    """A key as a reader wants it in a refusal's detail (its IDs are the worker's: cleaned and cut)."""
     parts = key.split("\0")
     if parts[0] == "s" and len(parts) == 5:
-        return f"sample {parts[4]} of {parts[3]}"
+        return f"sample {parts[4]} of {clean_text(parts[3], 80)}"
     if parts[0] == "i" and len(parts) == 3:
-        return f"rollout ID {parts[2]}"
-    return repr(key)
+        return f"rollout ID {clean_text(parts[2], 80)}"
+    return clean_text(repr(key), 120)
 
 
 class SeenRollouts:

@@ -8,9 +8,17 @@ rules in one place where unit tests reach every case:
   comes first refuses it (:class:`VerdictTally`). Votes and decisions are per (worker, batch CID)
   (:func:`vote_key`): a verdict on a notice that named another worker's blob cannot decide that worker's
   batch.
+- **Abstentions.** A rejection for a reason that is not the worker's fault
+  (:data:`~intellect_node.protocol.rl.NOT_WORKERS_FAULT`: the validator lags, lacks the policy, or its
+  checker timed out) decides nothing (``abstain``): the batch waits for another validator's verdict, or
+  goes stale.
+- **Bans.** A verdict's ``ban`` counts as one validator's vote to ban that worker (:class:`BanTally`);
+  ``run.verdict_quorum`` distinct validators ban it, and never a ``protected`` peer (the run's trainer
+  and validators). The caller counts only verdicts about a batch the worker itself announced.
 - **Each batch decided once.** A decided batch (queued, consumed, refused) is ``known``; later verdicts
   on it are ignored. A batch whose admission failed (its blob could not be fetched) is forgotten again, so
-  another validator's verdict can bring it back.
+  another validator's verdict can bring it back. What is known is kept for the versions still fresh
+  (:meth:`Admission.forget_below`): a verdict on an older batch is refused as stale anyway.
 - **Bounded staleness.** At policy version v the trainer trains only on rollouts generated with a version
   >= v - ``run.async_level`` (:func:`fresh_floor`; INTELLECT-2 uses 2); older accepted work is refused as
   stale, both when its verdict comes and when it has waited in the queue too long.
@@ -25,15 +33,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from intellect_node.protocol.rl import BatchVerdict
+from intellect_node.protocol.rl import NOT_WORKERS_FAULT, BatchVerdict
 
 if TYPE_CHECKING:
     from intellect_node.trainer.step import Sample
 
-Decision = Literal["ignore", "not_allowed", "wait", "refuse", "banned", "stale", "admit"]
+Decision = Literal["ignore", "not_allowed", "wait", "abstain", "refuse", "banned", "stale", "admit"]
 """What the trainer does with a verdict: nothing (``ignore``: decided before; ``wait``: short of the quorum;
-``banned``: the worker is banned here), count a refusal (``not_allowed``: a closed run's outsider;
-``refuse``: a validator rejected it; ``stale``: too old), or fetch and queue the batch (``admit``)."""
+``abstain``: the validator could not judge it; ``banned``: the worker is banned here), count a refusal
+(``not_allowed``: a closed run's outsider; ``refuse``: a validator rejected it; ``stale``: too old), or
+fetch and queue the batch (``admit``)."""
 
 
 def vote_key(worker: str, cid: str) -> str:
@@ -55,14 +64,14 @@ class VerdictTally:
     def __init__(self, quorum: int, limit: int = 4096) -> None:
         self.quorum = quorum
         self.limit = limit
-        self._votes: dict[str, set[str]] = {}
+        self._votes: dict[str, tuple[int, set[str]]] = {}  # key -> (policy version, acceptors)
 
-    def vote(self, cid: str, validator: str, accepted: bool) -> str:
+    def vote(self, cid: str, validator: str, accepted: bool, version: int = 0) -> str:
         """"admit" (the quorum-th distinct acceptance), "refuse" (a rejection) or "wait"."""
         if not accepted:
             self._votes.pop(cid, None)
             return "refuse"
-        votes = self._votes.setdefault(cid, set())
+        _, votes = self._votes.setdefault(cid, (version, set()))
         votes.add(validator)
         while len(self._votes) > self.limit:
             del self._votes[next(iter(self._votes))]
@@ -71,9 +80,38 @@ class VerdictTally:
     def done(self, cid: str) -> None:
         self._votes.pop(cid, None)
 
+    def forget_below(self, floor: int) -> None:
+        """Batches of versions below ``floor`` are stale: their votes can go."""
+        for key in [k for k, (v, _) in self._votes.items() if v < floor]:
+            del self._votes[key]
+
     def __len__(self) -> int:
         """Batches with some acceptances but not yet a decision."""
         return len(self._votes)
+
+
+class BanTally:
+    """Validators' votes to ban a worker: ``quorum`` distinct validators ban it; a ``protected`` peer
+    (the run's trainer and validators) never. Bounded: beyond ``limit`` workers the oldest votes go."""
+
+    def __init__(self, quorum: int, protected: frozenset[str] = frozenset(), limit: int = 4096) -> None:
+        self.quorum = quorum
+        self.protected = protected
+        self.limit = limit
+        self._votes: dict[str, set[str]] = {}
+
+    def vote(self, worker: str, validator: str) -> bool:
+        """Count ``validator``'s ban of ``worker``; True when the quorum is reached (the caller bans)."""
+        if worker in self.protected:
+            return False
+        votes = self._votes.setdefault(worker, set())
+        votes.add(validator)
+        while len(self._votes) > self.limit:
+            del self._votes[next(iter(self._votes))]
+        if len(votes) < self.quorum:
+            return False
+        del self._votes[worker]
+        return True
 
 
 @dataclass
@@ -100,15 +138,16 @@ class Admission:
     """Which verified batches the trainer takes in and which form each step (see the module docstring)."""
 
     def __init__(self, *, quorum: int, async_level: int, groups_per_step: int,
-                 allowed: frozenset[str] = frozenset()) -> None:
+                 allowed: frozenset[str] = frozenset(), protected: frozenset[str] = frozenset()) -> None:
         self.tally = VerdictTally(quorum)
+        self.bans = BanTally(quorum, protected)
         self.async_level = async_level
         self.groups_per_step = groups_per_step
         self.allowed = allowed
         """A closed run's workers (``run.worker_allowlist``); empty: anyone."""
         self.queue: deque[Accepted] = deque()
-        self.known: set[str] = set()
-        """:func:`vote_key` of the batches decided: queued, consumed or refused."""
+        self.known: dict[str, int] = {}
+        """:func:`vote_key` of the batches decided (queued, consumed or refused) -> their policy version."""
 
     def decide(self, verdict: BatchVerdict, validator: str, *, version: int, consumed: bool,
                banned: bool) -> Decision:
@@ -116,20 +155,23 @@ class Admission:
         checkpoint already; ``banned``: its worker is banned here. After ``admit`` the caller fetches the
         batch and reports :meth:`add`, :meth:`refused` (it was a duplicate) or :meth:`failed`."""
         key = vote_key(verdict.worker, verdict.batch_cid)
+        v = verdict.policy_version
         if key in self.known or consumed:
             return "ignore"
         if self.allowed and verdict.worker not in self.allowed:
-            self.known.add(key)
+            self.known[key] = v
             return "not_allowed"
-        if self.tally.vote(key, validator, verdict.accepted) == "wait":
+        if not verdict.accepted and verdict.reason in NOT_WORKERS_FAULT:
+            return "abstain"  # this validator could not judge it: another one may
+        if self.tally.vote(key, validator, verdict.accepted, v) == "wait":
             return "wait"  # fewer than run.verdict_quorum validators have accepted it so far
         if not verdict.accepted:
-            self.known.add(key)
+            self.known[key] = v
             return "refuse"
         if banned:
             return "banned"
-        self.known.add(key)
-        if verdict.policy_version < fresh_floor(version, self.async_level):
+        self.known[key] = v
+        if v < fresh_floor(version, self.async_level):
             self.tally.done(key)
             return "stale"
         return "admit"
@@ -138,7 +180,7 @@ class Admission:
         """Queue an admitted batch (after :meth:`decide`, or found in the inbox after a restart)."""
         key = vote_key(acc.worker, acc.cid)
         self.tally.done(key)
-        self.known.add(key)
+        self.known[key] = acc.version
         self.queue.append(acc)
 
     def refused(self, worker: str, cid: str) -> None:
@@ -147,7 +189,14 @@ class Admission:
 
     def failed(self, worker: str, cid: str) -> None:
         """An admission that could not finish (the blob was unavailable): another verdict may retry it."""
-        self.known.discard(vote_key(worker, cid))
+        self.known.pop(vote_key(worker, cid), None)
+
+    def forget_below(self, version: int) -> None:
+        """The trainer is at policy ``version``: forget decisions and votes on batches now stale."""
+        floor = fresh_floor(version, self.async_level)
+        for key in [k for k, v in self.known.items() if v < floor]:
+            del self.known[key]
+        self.tally.forget_below(floor)
 
     def take(self, version: int) -> Step | None:
         """The next step's batches at policy ``version``, or None while fewer than ``groups_per_step``

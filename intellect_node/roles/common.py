@@ -20,6 +20,7 @@ from intellect_node.errors import ConfigError, IntegrityError, TransportError
 from intellect_node.models.loader import LoadedModel, load_model, resolve_model_dir, torch_dtype
 from intellect_node.node.config import NodeConfig
 from intellect_node.node.ledger import Ledger, LedgerService
+from intellect_node.node.status import clean_text
 from intellect_node.p2p.swarm import Swarm
 from intellect_node.protocol.blob import Manifest
 from intellect_node.protocol.rollout import RolloutRecord
@@ -243,6 +244,21 @@ class _HintedBlobs:
             return await o._fetcher.fetch(cid, on_manifest=o._seen(cid, on_manifest))
         finally:
             o._unhint(cid, self._holders)
+
+
+def wrong_task(task: Task, records: Sequence[RolloutRecord]) -> str:
+    """Why ``records`` are not all work on the run's ``task`` ("" when they are). Every registered task
+    resolves its own problem IDs (the embedded ``add3`` always), so the verifier's lookup alone would
+    accept another task's work: validators and the trainer check against the run's task first."""
+    for r in records:
+        if r.task_id != task.task_id:
+            return f"a rollout of task {clean_text(r.task_id, 80)!r}; the run's task is {task.task_id!r}"
+    for pid in dict.fromkeys(r.problem_id for r in records):
+        try:
+            task.get(pid)
+        except ConfigError:
+            return f"{clean_text(pid, 80)!r} is not a problem of the run's task {task.task_id!r}"
+    return ""
 
 
 def group_slices(records: Sequence[RolloutRecord], group_size: int) -> list[slice] | str:

@@ -43,8 +43,25 @@ GroupsOf = Callable[[RolloutBatch, str, int], "list[list[Sample]]"]
 raises an IntellectNodeError for a batch that does not match."""
 
 
-class DuplicateRollouts(ProtocolError):
+class RefusedBatch(ProtocolError):
+    """A batch its validators accepted that the trainer refuses itself: ``reason`` (a verdict reason) and
+    ``workers_fault`` (held against the worker: only it could have signed what is wrong)."""
+
+    reason = "refused"
+    workers_fault = True
+
+    def __init__(self, message: str, *, reason: str | None = None, workers_fault: bool | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+        if workers_fault is not None:
+            self.workers_fault = workers_fault
+
+
+class DuplicateRollouts(RefusedBatch):
     """An accepted batch holds rollouts the trainer already admitted."""
+
+    reason = "duplicate"
 
 
 class Inbox:

@@ -8,9 +8,15 @@
   notice cannot get it refused.
   Admission fetches the batch blob, decodes it strictly, checks it is the named worker's and in whole
   groups, recomputes every reward from the task (claimed rewards are never used), and *persists* it to
-  ``trainer/inbox`` before queueing it (``roles/inbox.py``). A verdict carrying ``ban`` bans the worker
-  here too, so its later notices and verdict replays are dropped at the gossip validator. In a closed run
-  (``run.worker_allowlist``) other workers' batches are refused (``not_allowed``).
+  ``trainer/inbox`` before queueing it (``roles/inbox.py``). Every record's signature is checked (a
+  validator cannot plant records under an honest worker's name) and every problem must be of the run's
+  task (``wrong_task``). A verdict is acted on only inside a time window around this node's clock
+  (``protocol.rl.verdict_time_error``: an old one replayed is ignored); one whose reason is not the
+  worker's fault (the validator lags or lacks the policy) decides nothing. A verdict carrying ``ban`` is
+  one validator's vote: ``run.verdict_quorum`` of them, each about a batch the worker itself announced
+  (this trainer heard its notice), ban the worker here too; the run's trainer and validators are never
+  banned by verdicts. In a closed run (``run.worker_allowlist``) other workers' batches are refused
+  (``not_allowed``).
 - **Each rollout once.** A batch holding a rollout already admitted (same run, version, worker, problem
   and sample index, or rollout ID; ``roles/admission.py``) is refused as ``duplicate`` whatever its blob
   CID, recorded against the worker, and ``rl.ban_after`` such batches ban it. The admitted keys are
@@ -72,12 +78,19 @@ from intellect_node.protocol.rl import (
     BatchVerdict,
     RolloutNotice,
     notice_validator,
+    now_ms,
+    verdict_time_error,
     verdict_validator,
 )
-from intellect_node.protocol.rollout import MAX_BATCH_SIZE, RolloutBatch, decode_batch
+from intellect_node.protocol.rollout import (
+    MAX_BATCH_SIZE,
+    RolloutBatch,
+    decode_batch,
+    verify_rollout_signature,
+)
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.admission import BoundedMap, rollout_keys
-from intellect_node.roles.batching import Accepted, Admission, fresh_floor
+from intellect_node.roles.batching import Accepted, Admission, fresh_floor, vote_key
 from intellect_node.roles.common import (
     ANNOUNCE_MIN_CHUNKS,
     HintedFetcher,
@@ -86,9 +99,10 @@ from intellect_node.roles.common import (
     model_dir,
     rescored_group,
     run_task,
+    wrong_task,
 )
 from intellect_node.roles.completions import completion
-from intellect_node.roles.inbox import DuplicateRollouts, Inbox, JournalEntry, StepJournal
+from intellect_node.roles.inbox import Inbox, JournalEntry, RefusedBatch, StepJournal
 from intellect_node.roles.policy import PolicyPublisher
 from intellect_node.roles.prefetch import Prefetch
 from intellect_node.roles.seams import RoleTasks, Runtime
@@ -109,6 +123,12 @@ ADMITTED_FILE = "admitted.jsonl"
 JOURNAL_FILE = "steps.jsonl"
 SHOWN_LEN = 32
 """Recent completions (one per admitted group) the no-signal hint counts missing answers over."""
+CONSUMED_KEEP_VERSIONS = 64
+"""Consumed batch IDs are kept (in memory and in each checkpoint) for this many policy versions: a verdict
+on an older batch is refused as stale anyway (``run.async_level`` is at most 16), and the set no longer
+grows with the length of the run."""
+PEERS_KEPT = 65536
+"""Workers whose refusals are counted here, and notices remembered (what a peer can make us hold)."""
 
 
 class Trainer:
@@ -135,11 +155,15 @@ class Trainer:
         budget = self.rl.groups_per_step * self.rl.group_size * self.rl.max_new_tokens
         self.gcfg = GRPOConfig(group_size=self.rl.group_size, max_grad_norm=self.rl.max_grad_norm,
                                kl_coef=self.rl.kl_coef, token_budget=budget)
+        # Verdicts never ban the run's own trainer and validators (one validator could otherwise ban them).
+        protected = frozenset({runtime.swarm.peer_id, *cfg.run.validator_peer_ids})
         self.admission = Admission(quorum=cfg.run.verdict_quorum, async_level=cfg.run.async_level,
                                    groups_per_step=self.rl.groups_per_step,
-                                   allowed=frozenset(cfg.run.worker_allowlist))
-        self.duplicates: dict[str, int] = {}  # worker -> duplicate batches caught here
-        self.consumed: set[str] = set()
+                                   allowed=frozenset(cfg.run.worker_allowlist), protected=protected)
+        self.refusals: BoundedMap[str, int] = BoundedMap(PEERS_KEPT)  # worker -> batches refused here
+        self.consumed: dict[str, int] = {}  # batch CID -> policy version (CONSUMED_KEEP_VERSIONS kept)
+        self._heard: BoundedMap[str, int] = BoundedMap(PEERS_KEPT)  # vote_key of notices heard -> version
+        self._clock_warned: set[str] = set()  # validators whose verdicts came outside the time window
         self._undropped: set[str] = set()  # consumed, inbox copy kept until a checkpoint holds it
         self.version = 0
         self.step = 0
@@ -150,7 +174,9 @@ class Trainer:
         self._announcement: tuple[PolicyAnnouncement, bytes] | None = None  # the newest version's
         self.counts = {"accepted_batches": 0, "rejected_batches": 0, "stale_batches": 0,
                        "accepted_rollouts": 0, "rejected_rollouts": 0, "stale_rollouts": 0, "banned": 0,
-                       "duplicate_batches": 0, "not_allowed_batches": 0, "unjudged_groups": 0}
+                       "duplicate_batches": 0, "not_allowed_batches": 0, "unjudged_groups": 0,
+                       "wrong_task_batches": 0, "bad_signature_batches": 0, "abstained_verdicts": 0,
+                       "expired_verdicts": 0, "ban_votes": 0}
         self.replay: dict[str, Any] = {"steps": 0, "outcome": "none"}
         self.idle_s = 0.0
         self.busy_s = 0.0
@@ -195,7 +221,9 @@ class Trainer:
             covered = self.journal.seq
         else:
             self.opt = await asyncio.to_thread(self._optimizer, ckpt)
-            self.version, self.step, self.consumed = state.version, state.step, set(state.consumed)
+            # The checkpoint does not say each batch's version: they count as the checkpoint's own.
+            self.version, self.step = state.version, state.step
+            self.consumed = dict.fromkeys(state.consumed, state.version)
             covered = int(state.extra.get("journal_seq", 0))
             log.info("resumed at policy v%d (step %d, %d batches consumed)", self.version, self.step,
                      len(self.consumed))
@@ -348,7 +376,10 @@ class Trainer:
     def _on_notice(self, msg: tuple[RolloutNotice, str], origin: str) -> None:
         """A worker's notice: fetch its batch while the validators verify it (``roles/prefetch.py``)."""
         notice, worker = msg
-        if self.rt.swarm.is_banned(worker) or notice.batch_bytes > MAX_BATCH_SIZE:
+        if self.rt.swarm.is_banned(worker):
+            return
+        self._heard.put(vote_key(worker, notice.batch_cid), notice.policy_version)  # a ban may name it
+        if notice.batch_bytes > MAX_BATCH_SIZE:
             return
         floor = fresh_floor(self.version, self.cfg.run.async_level)
         if self.prefetch.offer(worker, notice.batch_cid, notice.policy_version, notice.batch_bytes, floor,
@@ -362,9 +393,16 @@ class Trainer:
 
     async def _on_verdict(self, msg: tuple[BatchVerdict, str], origin: str) -> None:
         verdict, validator = msg
-        if verdict.ban and not self.rt.swarm.is_banned(verdict.worker):
-            await self.rt.swarm.ban(verdict.worker, f"banned by validator {validator}: {verdict.reason}")
-            self.counts["banned"] += 1
+        late = verdict_time_error(verdict, now_ms())
+        if late:  # a replay, or this validator's clock is off: nothing in it is acted on
+            self.counts["expired_verdicts"] += 1
+            if validator not in self._clock_warned:
+                self._clock_warned.add(validator)
+                log.warning("verdicts of validator %s ignored: %s (logged once per validator)",
+                            validator, late)
+            return
+        if verdict.ban:
+            await self._ban_vote(verdict, validator)
         w, cid = verdict.worker, verdict.batch_cid
         decision = self.admission.decide(verdict, validator, version=self.version,
                                          consumed=cid in self.consumed, banned=self.rt.swarm.is_banned(w))
@@ -379,6 +417,8 @@ class Trainer:
                                   detail=verdict.detail, peer=w)
         elif decision == "stale":
             self._count_stale(verdict.n_accepted)
+        elif decision == "abstain":
+            self.counts["abstained_verdicts"] += 1
         elif decision == "admit":
             self._hop(cid, "verdict")
             await self._take_in(verdict, validator)
@@ -391,9 +431,9 @@ class Trainer:
             acc = await self._admit(verdict, validator)
         except asyncio.CancelledError:
             raise
-        except DuplicateRollouts as exc:
+        except RefusedBatch as exc:
             self.admission.refused(w, cid)
-            await self._refuse_duplicate(verdict, str(exc))
+            await self._refuse(verdict, validator, exc)
             return
         except IntellectNodeError as exc:
             self.admission.failed(w, cid)  # another validator's verdict may bring it again
@@ -406,18 +446,45 @@ class Trainer:
         self.admission.add(acc)
         self._data.set()
 
-    async def _refuse_duplicate(self, verdict: BatchVerdict, detail: str) -> None:
-        """A batch its validators accepted holds rollouts admitted before: the worker's doing (only it can
-        sign a notice for its records), so it counts against it; ``rl.ban_after`` of them ban it."""
+    async def _ban_vote(self, verdict: BatchVerdict, validator: str) -> None:
+        """One validator's vote to ban the verdict's worker: counted only for a batch that worker announced
+        itself (its signed notice was heard here), so no verdict can name an uninvolved peer; the run's
+        trainer and validators are never banned this way (``Admission.bans``)."""
         w = verdict.worker
-        n = self.duplicates[w] = self.duplicates.get(w, 0) + 1
-        self.counts["duplicate_batches"] += 1
+        if self.rt.swarm.is_banned(w):
+            return
+        if vote_key(w, verdict.batch_cid) not in self._heard:
+            log.info("ban of %s by validator %s not counted: no notice of batch %s heard from it", w,
+                     validator, verdict.batch_cid)
+            return
+        self.counts["ban_votes"] += 1
+        if self.admission.bans.vote(w, validator):
+            await self.rt.swarm.ban(w, f"banned by {self.admission.bans.quorum} validator(s), last "
+                                       f"{validator}: {verdict.reason}")
+            self.counts["banned"] += 1
+
+    async def _refuse(self, verdict: BatchVerdict, validator: str, exc: RefusedBatch) -> None:
+        """A batch its validators accepted that the trainer refuses itself. Rollouts admitted before
+        (``duplicate``) or of another task (``wrong_task``) are the worker's doing (only it signs its
+        records), so they count against it and ``rl.ban_after`` of them ban it; records whose signature
+        is not the worker's (``bad_signature``) are not: whoever served them (the validator) is named."""
+        w, detail = verdict.worker, str(exc)
         self.counts["rejected_rollouts"] += verdict.n_accepted
-        self.rt.swarm.peerbook.record_rejection(w, f"batch {verdict.batch_cid}: duplicate: {detail}")
-        self.rt.board.verdict(False, verdict.n_accepted, reason="duplicate", detail=detail, peer=w)
-        log.warning("batch %s from %s refused: duplicate (%s)", verdict.batch_cid, w, detail)
+        key = {"duplicate": "duplicate_batches", "wrong_task": "wrong_task_batches",
+               "bad_signature": "bad_signature_batches"}.get(exc.reason)
+        if key is not None:
+            self.counts[key] += 1
+        if not exc.workers_fault:
+            log.warning("batch %s accepted by validator %s refused: %s (%s); not held against %s",
+                        verdict.batch_cid, validator, exc.reason, detail, w)
+            return
+        n = (self.refusals.get(w) or 0) + 1
+        self.refusals.put(w, n)
+        self.rt.swarm.peerbook.record_rejection(w, f"batch {verdict.batch_cid}: {exc.reason}: {detail}")
+        self.rt.board.verdict(False, verdict.n_accepted, reason=exc.reason, detail=detail, peer=w)
+        log.warning("batch %s from %s refused: %s (%s)", verdict.batch_cid, w, exc.reason, detail)
         if n >= self.rl.ban_after and not self.rt.swarm.is_banned(w):
-            await self.rt.swarm.ban(w, f"{n} duplicate batches")
+            await self.rt.swarm.ban(w, f"{n} batches refused, last: {exc.reason}")
             self.counts["banned"] += 1
 
     def _count_stale(self, n: int) -> None:
@@ -446,6 +513,15 @@ class Trainer:
         if batch.run_id != self.run_id or batch.policy_version != version \
                 or any(r.worker != worker for r in recs):
             raise ProtocolError("batch does not match its verdict")
+        for i, r in enumerate(recs):  # the worker's own records, not ones planted under its name
+            try:
+                verify_rollout_signature(r)
+            except ProtocolError as exc:
+                raise RefusedBatch(f"record {i}: {exc}", reason="bad_signature",
+                                   workers_fault=False) from None
+        wrong = wrong_task(self.task, recs)
+        if wrong:
+            raise RefusedBatch(wrong, reason="wrong_task")
         slices = group_slices(recs, self.rl.group_size)
         if isinstance(slices, str):
             raise ProtocolError(slices)
@@ -557,7 +633,8 @@ class Trainer:
         filtered = filter_groups(groups, lambda s: s.reward)
         useful = filtered.useful
         ids = [a.cid for a in taken] + [a.cid for a in stale]
-        self.consumed.update(ids)  # in memory; on disk at the next checkpoint, the journal until then
+        # in memory; on disk at the next checkpoint, the journal until then
+        self.consumed.update((a.cid, a.version) for a in (*taken, *stale))
         self._undropped.update(ids)
         record = entry.seq > self._recorded_seq
         if not useful:
@@ -596,7 +673,15 @@ class Trainer:
             self._checkpoint_s = time.monotonic() - t_ckpt
         # Rollouts older than async_level are refused as stale from now on: their keys can go.
         await self.admitted.compact(fresh_floor(self.version, self.cfg.run.async_level))
+        self._forget_old()
         return snap
+
+    def _forget_old(self) -> None:
+        """Bound what grows with the run: decisions on stale batches, and consumed IDs past the window."""
+        self.admission.forget_below(self.version)
+        floor = self.version - CONSUMED_KEEP_VERSIONS
+        if any(v < floor for v in self.consumed.values()):
+            self.consumed = {c: v for c, v in self.consumed.items() if v >= floor}
 
     async def _checkpoint(self) -> None:
         """Commit the model, optimizer and consumed set; then drop what the checkpoint now holds: the inbox

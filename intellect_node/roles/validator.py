@@ -17,22 +17,29 @@ that tarpit cannot take the slots honest workers need); the tensor work of at mo
    cannot serve in time is ``unavailable`` and counts as a strike (the signer claimed to hold it);
 3. the same bytes from the same worker again (another blob name, same content) are not re-verified: the
    earlier outcome is reused (``duplicate`` if they were accepted);
-4. strict decoding; every record the signer's, of this run and version, in whole groups, with the seeds
-   and rollout IDs the run derives (``proofs/sampling.batch_seeds``); a rollout already counted (the same
-   run, version, worker, problem and sample index, or rollout ID: ``roles/admission.py``) makes the
-   batch a ``duplicate``, before any tensor work;
+4. strict decoding; every record the signer's, of this run and version, in whole groups, every problem
+   of the run's task (``wrong_task``: every registered task resolves its own IDs, the embedded ``add3``
+   always), with the seeds and rollout IDs the run derives (``proofs/sampling.batch_seeds``); a rollout
+   already counted (the same run, version, worker, problem and sample index, or rollout ID:
+   ``roles/admission.py``) makes the batch a ``duplicate``, before any tensor work;
 5. :class:`~intellect_node.inference.verifier.Verifier` with the run's expectations. ``rl.verify_fraction``
    < 1 runs the tensor checks on a random subset of groups, except for a worker's first
    ``rl.verify_first_batches`` accepted batches, which are checked in full (a fresh key earns sampling);
 6. the verdict is published. A refusal for what the batch holds counts against the worker, and at
    ``rl.ban_after`` of them it is banned (connections closed, later gossip dropped) and the verdict says
-   so, so the trainer and the other nodes ban it too; ``validator.strikes_ban_after`` strikes ban it too.
+   so: a vote the trainer counts toward ``run.verdict_quorum`` bans; ``validator.strikes_ban_after``
+   strikes ban it too.
    Accepted verdicts are kept (the last :data:`RESEND_KEPT`) and gossiped again when the trainer is heard
    after a silence: gossip keeps nothing for a peer that is down, so accepted work would otherwise be
    lost to a trainer restart (it ignores the verdicts it had).
 
 ``validator/hops.jsonl`` (diagnostics, not fsynced) timestamps each verdict for ``bench/learning.py``:
-notice taken in, batch fetched, verdict published.
+notice taken in, batch fetched, verdict published; past :data:`HOPS_MAX_BYTES` it is rotated to
+``hops.jsonl.1`` (one old file kept).
+
+A verdict the validator could not decide (``stale``, ``policy_version``, ``reward_unjudged``: see
+``protocol.rl.NOT_WORKERS_FAULT``) is not remembered as the batch's outcome: the same bytes sent again are
+checked again, never answered from memory (let alone as a ``duplicate``).
 
 The same notice again (same worker, same blob) is ignored and not charged: anyone can replay a signed
 gossip message once the gossip layer's seen-cache has forgotten it.
@@ -63,14 +70,17 @@ import msgspec
 from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError
 from intellect_node.inference import make_engine
 from intellect_node.inference.verifier import Expectations, Verifier, seed_violation
+from intellect_node.node.status import clean_text
 from intellect_node.protocol.policy import PolicyAnnouncement
 from intellect_node.protocol.rl import (
     MAX_DETAIL_LEN,
+    NOT_WORKERS_FAULT,
     NOTICE_KIND,
     VERDICT_KIND,
     BatchVerdict,
     RolloutNotice,
     notice_validator,
+    now_ms,
     seal_verdict,
 )
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE, decode_batch
@@ -85,6 +95,7 @@ from intellect_node.roles.common import (
     model_dir,
     require_trainer,
     run_task,
+    wrong_task,
 )
 from intellect_node.roles.engines import run_thresholds
 from intellect_node.roles.follow import TrainerPolicy
@@ -98,7 +109,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-NOT_HELD = frozenset({"stale", "policy_version", "reward_unjudged"})
+NOT_HELD = NOT_WORKERS_FAULT
 """Verdict reasons that are not the worker's fault (the swarm moved on; this validator lacks the policy;
 its reward checker ran out of time on a completion a faster node scored)."""
 STRIKES = frozenset({"unavailable", "future"})
@@ -106,10 +117,18 @@ STRIKES = frozenset({"unavailable", "future"})
 HEARD_RECENTLY_S = 10.0
 """The trainer counts as in earshot this long after its last announcement (it repeats one every 2 s)."""
 LATENCY_KEPT = 32
+"""Recent verdict latencies kept per worker (``latency_s`` in the status), for the 64 latest workers."""
 RESEND_KEPT = 512
 """Accepted verdicts kept for a trainer that comes back (about the batches of a few policy versions;
 older ones would be stale at the trainer anyway)."""
-"""Recent verdict latencies kept per worker (``latency_s`` in the status), for the 64 latest workers."""
+PEERS_KEPT = 65536
+"""Workers whose rejections, reasons and strikes are counted (what many keys can make us hold)."""
+REASONS_KEPT = 16
+"""Reasons kept per worker (its latest rejections)."""
+STATUS_PEERS = 64
+"""Workers listed per map in the status payload (the latest ones)."""
+HOPS_MAX_BYTES = 16 << 20
+"""``validator/hops.jsonl`` is rotated past this size."""
 
 
 class Validator:
@@ -146,11 +165,11 @@ class Validator:
         self.outcomes: BoundedMap[tuple[str, str], tuple[bool, str, str, str]] = BoundedMap(8192)
         """(worker, sha256 of the batch) -> (accepted, reason, detail, first CID): resubmissions reuse it."""
         self.notices = SeenRollouts()  # "worker\0CID" of notices taken in, per version (replays are ignored)
-        self.trust: BoundedMap[str, int] = BoundedMap(65536)  # worker -> accepted batches
+        self.trust: BoundedMap[str, int] = BoundedMap(PEERS_KEPT)  # worker -> accepted batches
         self.latency: BoundedMap[str, deque[float]] = BoundedMap(64)
-        self.rejections: dict[str, int] = {}
-        self.reasons: dict[str, list[str]] = {}
-        self.strikes: BoundedMap[str, int] = BoundedMap(65536)  # refusals come before the newcomer limit
+        self.rejections: BoundedMap[str, int] = BoundedMap(PEERS_KEPT)
+        self.reasons: BoundedMap[str, deque[str]] = BoundedMap(PEERS_KEPT)  # the latest REASONS_KEPT
+        self.strikes: BoundedMap[str, int] = BoundedMap(PEERS_KEPT)  # refusals come before the newcomer limit
         self.counts = {"accepted": 0, "rejected": 0, "stale": 0, "unchecked": 0, "banned": 0, "duplicate": 0,
                        "reused": 0, "replayed": 0, "unavailable": 0, "not_allowed": 0, "verified": 0,
                        "verified_full": 0, "resent": 0}
@@ -184,9 +203,9 @@ class Validator:
                 # seconds since the trainer's last announcement (None: never heard)
                 "trainer_silent_s": (round(time.monotonic() - self._heard_trainer, 1)
                                      if self._heard_trainer > float("-inf") else None),
-                "rejections_by_worker": dict(self.rejections),
-                "reasons_by_worker": {w: list(r) for w, r in self.reasons.items()},
-                "strikes_by_worker": dict(self.strikes.items()),
+                "rejections_by_worker": dict(self.rejections.items()[-STATUS_PEERS:]),
+                "reasons_by_worker": {w: list(r) for w, r in self.reasons.items()[-STATUS_PEERS:]},
+                "strikes_by_worker": dict(self.strikes.items()[-STATUS_PEERS:]),
                 "latency_s": {w: list(d) for w, d in self.latency.items()}}
 
     def _notice_validator(self) -> Callable[[bytes, str], tuple[RolloutNotice, str]]:
@@ -319,19 +338,23 @@ class Validator:
         obtained here, or any while the trainer is out of earshot, is not the worker's fault."""
         v = p.notice.policy_version
         lie = v > self.latest_announced >= 0 and time.monotonic() - self._heard_trainer < HEARD_RECENTLY_S
-        verdict = self._verdict(p.notice, p.worker, 0, p.notice.n_rollouts, "policy_version",
+        # A lie is the worker's fault ("future", a strike); the trainer must read it as such, not as an
+        # abstention ("policy_version").
+        reason = "future" if lie else "policy_version"
+        verdict = self._verdict(p.notice, p.worker, 0, p.notice.n_rollouts, reason,
                                 f"no policy v{v} after {self.vcfg.policy_wait_s:.0f} s (newest announced "
                                 f"v{self.latest_announced})")
-        await self.publish(verdict, p.worker, arrived=p.arrived, strike="future" if lie else None)
+        await self.publish(verdict, p.worker, arrived=p.arrived)
 
     # -- verification ----------------------------------------------------------------------------
 
     def _verdict(self, notice: RolloutNotice, worker: str, n_ok: int, n_bad: int, reason: str = "",
                  detail: str = "") -> BatchVerdict:
+        # Details quote peer-supplied IDs: one line, no control characters, bounded (protocol.rl checks).
         return BatchVerdict(run_id=self.run_id, batch_cid=notice.batch_cid, worker=worker,
                             policy_version=notice.policy_version, accepted=n_bad == 0 and n_ok > 0,
                             n_accepted=n_ok, n_rejected=n_bad, reason=reason[:64],
-                            detail=detail[:MAX_DETAIL_LEN])
+                            detail=clean_text(detail, MAX_DETAIL_LEN))
 
     def fetch_deadline(self, size: int) -> float:
         return self.vcfg.fetch_timeout_s + size / self.vcfg.fetch_bytes_per_s
@@ -365,8 +388,9 @@ class Validator:
             return self._verdict(notice, worker, 0, n, reason, f"the same batch as {first}: {detail}")
         async with self._slots:
             verdict = await self._check_content(notice, worker, data, held)
-        self.outcomes.put((worker, digest),
-                          (verdict.accepted, verdict.reason, verdict.detail, notice.batch_cid))
+        if verdict.reason not in NOT_HELD:  # undecided here: the same bytes again are checked again
+            self.outcomes.put((worker, digest),
+                              (verdict.accepted, verdict.reason, verdict.detail, notice.batch_cid))
         return verdict
 
     async def _check_content(self, notice: RolloutNotice, worker: str, data: bytes,
@@ -384,6 +408,9 @@ class Validator:
         groups = group_slices(recs, self.rl.group_size)
         if isinstance(groups, str):
             return self._verdict(notice, worker, 0, n, "groups", groups)
+        wrong = wrong_task(self.task, recs)
+        if wrong:
+            return self._verdict(notice, worker, 0, n, "wrong_task", wrong)
         if isinstance(self.task, FilteredTask):
             outside = next((r.problem_id for r in recs if r.problem_id not in self.task), None)
             if outside is not None:
@@ -404,7 +431,7 @@ class Validator:
             expect = Expectations(run_id=self.run_id, policy_version=v, checkpoint_cid=ckpt_hash,
                                   temperature=self.rl.temperature, top_p=1.0,
                                   max_new_tokens=self.rl.max_new_tokens)
-            verifier = Verifier(engine, self.thresholds, expect)
+            verifier = Verifier(engine, self.thresholds, expect, resolve=self.task.get)
             full = list(range(len(recs)))
             proven = self.trust.get(worker) or 0
             everything = self.rl.verify_fraction >= 1.0 or proven < self.rl.verify_first_batches
@@ -439,27 +466,31 @@ class Validator:
         """Gossip accepted verdicts again for a trainer that was away (it ignores those it has)."""
         log.info("trainer heard again: re-sending %d accepted verdicts it may have missed", len(verdicts))
         self.counts["resent"] += len(verdicts)
-        for v in verdicts:
-            await self.rt.swarm.publish(topic(self.run_id, VERDICT_KIND), seal_verdict(self.rt.swarm.key, v))
+        for v in verdicts:  # dated now: receivers act only on recent verdicts (protocol.rl)
+            fresh = msgspec.structs.replace(v, time_ms=now_ms())
+            await self.rt.swarm.publish(topic(self.run_id, VERDICT_KIND),
+                                        seal_verdict(self.rt.swarm.key, fresh))
 
-    async def publish(self, verdict: BatchVerdict, worker: str, *, arrived: float | None = None,
-                      strike: str | None = None) -> None:
-        """Count, charge and gossip ``verdict``. ``strike``: count it as that strike whatever its reason."""
+    async def publish(self, verdict: BatchVerdict, worker: str, *, arrived: float | None = None) -> None:
+        """Count, charge and gossip ``verdict``."""
         reason = verdict.reason
         if verdict.accepted:
             self.counts["accepted"] += 1
-        elif strike is None and reason in NOT_HELD:
+        elif reason in NOT_HELD:
             self.counts["stale" if reason == "stale" else "unchecked"] += 1
         else:
             self.rt.swarm.peerbook.record_rejection(worker, f"batch {verdict.batch_cid}: {reason}")
-            if strike is not None or reason in STRIKES:
+            if reason in STRIKES:
                 self.counts["unavailable"] += reason == "unavailable"
-                banned = self._strike(worker, strike or reason)
+                banned = self._strike(worker, reason)
             else:
                 self.counts["rejected"] += 1
                 self.counts["duplicate"] += reason == "duplicate"
-                n = self.rejections[worker] = self.rejections.get(worker, 0) + 1
-                self.reasons.setdefault(worker, []).append(reason)
+                n = (self.rejections.get(worker) or 0) + 1
+                self.rejections.put(worker, n)
+                latest = self.reasons.get(worker) or deque(maxlen=REASONS_KEPT)
+                latest.append(reason)
+                self.reasons.put(worker, latest)
                 banned = n >= self.rl.ban_after and not self.rt.swarm.is_banned(worker)
                 if banned:
                     await self._ban(worker, f"{n} rejected batches, last: {reason}")
@@ -488,5 +519,11 @@ class Validator:
                 "notice": None if arrived is None else now - (mono - arrived),
                 "fetched": self._fetched.get((verdict.worker, verdict.batch_cid))}
         self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / "hops.jsonl", "a") as f:
+        path = self.dir / "hops.jsonl"
+        try:
+            if path.stat().st_size > HOPS_MAX_BYTES:
+                path.replace(path.with_name(path.name + ".1"))
+        except FileNotFoundError:
+            pass
+        with open(path, "a") as f:
             f.write(json.dumps(line) + "\n")

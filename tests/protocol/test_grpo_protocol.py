@@ -32,7 +32,7 @@ def _notice(**kw: object) -> RolloutNotice:
 
 def _verdict(**kw: object) -> BatchVerdict:
     base = dict(run_id="r1", batch_cid=CID, worker=WORKER.peer_id, policy_version=3, accepted=True,
-                n_accepted=16, n_rejected=0)
+                n_accepted=16, n_rejected=0, time_ms=1_700_000_000_000)
     base.update(kw)
     return BatchVerdict(**base)  # type: ignore[arg-type]
 
@@ -59,14 +59,19 @@ def test_verdicts_only_from_trusted_validators() -> None:
     mallory = seal_verdict(MALLORY, _verdict())
     with pytest.raises(ProtocolError, match="not one of the run's validators"):
         verdict_validator("r1", trusted)(mallory, MALLORY.peer_id)
-    # A re-published (forwarded) verdict is still the validator's: the signer, not the forwarder, counts.
-    assert verdict_validator("r1", trusted)(raw, MALLORY.peer_id)[1] == VALIDATOR.peer_id
+    # Gossip forwarding keeps the origin; a verdict published again under another origin is refused
+    # (issue 32 item 3: signer == origin, so the blame for a bad one lands on its real publisher).
+    with pytest.raises(ProtocolError, match="another peer than its publisher"):
+        verdict_validator("r1", trusted)(raw, MALLORY.peer_id)
 
 
 @pytest.mark.parametrize("bad", [
     dict(accepted=True, n_rejected=1), dict(accepted=False, n_accepted=16, n_rejected=0),
     dict(accepted=True, reason="reward"), dict(accepted=True, ban=True), dict(worker="nope"),
     dict(batch_cid="bafy-not-a-cid"), dict(policy_version=-1), dict(reason="x" * 65),
+    dict(accepted=False, n_accepted=0, n_rejected=16, reason="Bad Reason"),
+    dict(accepted=False, n_accepted=0, n_rejected=16, reason="seed", detail="a\x1b[2Jb"),
+    dict(time_ms=0), dict(time_ms=1 << 60),
 ])
 def test_inconsistent_verdicts_are_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ProtocolError):

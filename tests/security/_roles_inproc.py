@@ -1,0 +1,148 @@
+"""The trainer and validator roles in this process, behind a fake swarm (issue 32, items 3, 9, 10).
+
+What these tests check happens inside one role once a message has arrived (which verdict bans whom, which
+records a batch may hold), so the role is driven through its own gossip handlers with the messages a
+hostile peer would send; the gossip and blob layers are stood in for by :class:`FakeSwarm` (bans and
+rejections recorded, publications kept) and a prefetch that hands over the batch bytes given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from intellect_node.node.config import NodeConfig
+from intellect_node.node.status import StatusBoard
+from intellect_node.protocol.ids import cid_of
+from intellect_node.protocol.rollout import (
+    RolloutBatch,
+    RolloutRecord,
+    SamplingParams,
+    decode_batch,
+    encode_batch,
+    sign_rollout,
+)
+from intellect_node.protocol.signing import SigningKey
+
+RUN = "sec"
+GROUP = 2
+
+
+class FakePeerbook:
+    def __init__(self) -> None:
+        self.rejections: list[tuple[str, str]] = []
+
+    def record_rejection(self, peer_id: str, reason: str, *, counts: bool = True) -> int:
+        self.rejections.append((peer_id, reason))
+        return len(self.rejections)
+
+    def ban(self, peer_id: str, reason: str) -> None:
+        pass
+
+
+class FakeSwarm:
+    def __init__(self, key: SigningKey) -> None:
+        self.key = key
+        self.peer_id = key.peer_id
+        self.banned: dict[str, str] = {}
+        self.peerbook = FakePeerbook()
+        self.published: list[tuple[str, bytes]] = []
+
+    def is_banned(self, peer_id: str) -> bool:
+        return peer_id in self.banned
+
+    async def ban(self, peer_id: str, reason: str) -> None:
+        self.banned[peer_id] = reason
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        self.published.append((topic, data))
+
+
+class FakeRuntime:
+    def __init__(self, config: NodeConfig, key: SigningKey, data_dir: Path) -> None:
+        self.config = config
+        self.board = StatusBoard()
+        self.swarm = FakeSwarm(key)
+        self.data_dir = data_dir
+        self.services: list[object] = []
+
+    def spawn(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("no loops in these tests")
+
+
+def config(trainer: str, validators: list[str], *, quorum: int = 1, **rl: Any) -> NodeConfig:
+    return NodeConfig.model_validate({
+        "run": {"run_id": RUN, "trainer_peer_id": trainer, "validator_peer_ids": validators,
+                "verdict_quorum": quorum},
+        "rl": {"group_size": GROUP, "problems_per_batch": 1, "groups_per_step": 4, "max_new_tokens": 4, **rl},
+    })
+
+
+def trainer_role(tmp: Path, key: SigningKey, validators: list[str], *, quorum: int = 1,
+                 batches: dict[str, bytes] | None = None, **rl: Any) -> Any:
+    """A :class:`~intellect_node.roles.trainer.Trainer` on a fake swarm; ``batches`` (CID -> bytes) are
+    what its prefetch hands over when it hears their notices."""
+    from intellect_node.models.loader import ModelTokenizer, embedded_model_dir
+    from intellect_node.roles.prefetch import Prefetch
+    from intellect_node.roles.trainer import Trainer
+
+    rt = FakeRuntime(config(key.peer_id, validators, quorum=quorum, **rl), key, tmp)
+    trainer = Trainer(rt)  # type: ignore[arg-type]
+    held = dict(batches or {})
+
+    async def fetch(worker: str, cid: str, size: int) -> tuple[bytes, RolloutBatch]:
+        if cid not in held:
+            await asyncio.Event().wait()  # never served: the test does not expect it to be
+        return held[cid], decode_batch(held[cid])
+
+    trainer.prefetch = Prefetch(fetch)
+    trainer.tokenizer = ModelTokenizer(embedded_model_dir())
+    return trainer
+
+
+def record(key: SigningKey, problem_id: str, index: int, *, task_id: str | None = None,
+           signer: SigningKey | None = None, version: int = 0) -> RolloutRecord:
+    """A structurally valid record of ``key``'s (signed by ``signer``, default ``key``)."""
+    r = RolloutRecord(run_id=RUN, rollout_id=f"{key.peer_id[-8:]}-{problem_id}-{index}",
+                      task_id=task_id or problem_id.rsplit("/", 1)[0], problem_id=problem_id,
+                      prompt_tokens=[1, 2, 3], completion_tokens=[5, 6], logprobs=[-0.5, -0.5],
+                      sampling=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=4, seed=index),
+                      policy_version=version, checkpoint_cid=cid_of(b"policy"), dtype="float32", reward=0.0,
+                      proofs=[b"p"], worker=key.peer_id)
+    return sign_rollout(r, key) if signer is None else sign_rollout_as(r, key, signer)
+
+
+def sign_rollout_as(r: RolloutRecord, named: SigningKey, signer: SigningKey) -> RolloutRecord:
+    """``r`` naming ``named`` as its worker but signed by ``signer`` (a record planted under a name)."""
+    import msgspec
+
+    from intellect_node.protocol.rollout import ROLLOUT_DOMAIN
+
+    unsigned = msgspec.structs.replace(r, worker=named.peer_id, signature=b"")
+    signature = signer.sign_bytes(ROLLOUT_DOMAIN, unsigned.signed_payload())
+    return msgspec.structs.replace(unsigned, signature=signature)
+
+
+def batch_bytes(records: list[RolloutRecord], version: int = 0) -> tuple[str, bytes]:
+    data = encode_batch(RolloutBatch(run_id=RUN, policy_version=version, rollouts=records))
+    return cid_of(data), data
+
+
+def validator_role(tmp: Path, key: SigningKey, trainer: str, **rl: Any) -> Any:
+    """A :class:`~intellect_node.roles.validator.Validator` on a fake swarm, not started (no policy, no
+    engines: a test hands it what a check needs)."""
+    from intellect_node.roles.validator import Validator
+
+    rt = FakeRuntime(config(trainer, [key.peer_id], **rl), key, tmp)
+    return Validator(rt)  # type: ignore[arg-type]
+
+
+class FakeFetcher:
+    """Serves the given bytes for any CID (the blob layer is not what these tests are about)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def fetch(self, cid: str, **kwargs: Any) -> bytes:
+        return self.data
