@@ -60,10 +60,29 @@ class _Layer:
     fused: bool                       # qkv and gate_up hold one matrix each (the hot path checks this)
 
 
+NARROW_ROWS = (8, 32)
+"""Row counts for which :func:`linear` multiplies as ``(w @ x^T)^T``: at 8-32 rows (a batch's decoding
+step) MKL's fp32 kernel for a narrow right-hand side ran the real model's shapes 1.5-2x faster than its
+``x @ w^T`` (one thread; 1-4 rows and 64 or more were the same or slower). bench/README.md,
+"Real-model speed (SmolLM2-135M)"."""
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, w, b)``; on CPU in float32 with :data:`NARROW_ROWS` rows, as ``(w @ x^T)^T``. The
+    result is the same product summed in another order, so it agrees to rounding (as any change of
+    batch shape does), not bit for bit."""
+    rows = x.numel() // x.shape[-1]
+    if not (NARROW_ROWS[0] <= rows <= NARROW_ROWS[1] and x.dtype == torch.float32 and x.device.type == "cpu"):
+        return F.linear(x, w, b)
+    xt = x.reshape(rows, x.shape[-1]).t()
+    y = torch.mm(w, xt) if b is None else torch.addmm(b.view(-1, 1), w, xt)
+    return y.t().contiguous().view(*x.shape[:-1], w.shape[0])
+
+
 def _project(x: torch.Tensor, ws: list[torch.Tensor], bs: list[torch.Tensor] | None) -> torch.Tensor:
     if len(ws) == 1:
-        return F.linear(x, ws[0], None if bs is None else bs[0])
-    return torch.cat([F.linear(x, w, None if bs is None else b) for w, b in zip(ws, bs or ws)], dim=-1)
+        return linear(x, ws[0], None if bs is None else bs[0])
+    return torch.cat([linear(x, w, None if bs is None else b) for w, b in zip(ws, bs or ws)], dim=-1)
 
 
 class DecoderRunner:
@@ -185,7 +204,7 @@ class DecoderRunner:
         for li, layer in enumerate(self.layers):
             h = self._norm(x, layer.ln1)
             if layer.fused:
-                qkv = F.linear(h, layer.qkv[0], layer.qkv_bias[0] if layer.qkv_bias is not None else None)
+                qkv = linear(h, layer.qkv[0], layer.qkv_bias[0] if layer.qkv_bias is not None else None)
             else:
                 qkv = _project(h, layer.qkv, layer.qkv_bias)
             qkv = qkv.view(B, T, nq + 2 * nkv, d)
@@ -211,21 +230,21 @@ class DecoderRunner:
             else:
                 a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=nkv != nq)
                 a = a.transpose(1, 2).reshape(B, T, nq * d)
-            x = x + F.linear(a, layer.wo, layer.o_bias)
+            x = x + linear(a, layer.wo, layer.o_bias)
             h = self._norm(x, layer.ln2)
             if layer.fused:
-                gu = F.linear(h, layer.gate_up[0],
+                gu = linear(h, layer.gate_up[0],
                               layer.gate_up_bias[0] if layer.gate_up_bias is not None else None)
             else:
                 gu = _project(h, layer.gate_up, layer.gate_up_bias)
             gate, up = gu.chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
+            x = x + linear(F.silu(gate) * up, layer.down, layer.down_bias)
         if cache is not None:
             cache.length = S
         return self._norm(x, self.final_norm)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).float()
+        return linear(hidden, self.lm_head).float()
 
 
 def left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor,
