@@ -27,7 +27,7 @@ from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.trainer.step import Sample, make_optimizer, train_step
 from tests.support.rollouts import resign
 
-pytestmark = pytest.mark.real
+pytestmark = [pytest.mark.real, pytest.mark.timeout(1800)]  # minutes of CPU each on 2 busy cores
 torch.set_num_threads(1)
 WORKER = SigningKey(bytes(range(32)))
 
@@ -78,7 +78,7 @@ def test_honest_rollouts_pass_and_tampered_ones_fail_with_thresholds_calibrated_
     sampling = SamplingConfig(1.0, 1.0, settings["max_new_tokens"])
     (cal,) = calibrate(engine, n=16, batch_sizes=(8,), sampling=sampling, problems=problems)
     cid = checkpoint_cid(folder)
-    verifier = Verifier(engine, cal.thresholds(), Expectations(run_id="real", policy_version=0,
+    verifier = Verifier(engine, cal.thresholds, Expectations(run_id="real", policy_version=0,
                                                                checkpoint_cid=cid, temperature=1.0,
                                                                top_p=1.0,
                                                                max_new_tokens=settings["max_new_tokens"]))
