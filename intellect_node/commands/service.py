@@ -105,6 +105,9 @@ def unit_text(plan: Plan) -> str:
         "Restart=on-failure",
         "RestartSec=10",
         "RestartPreventExitStatus=2",
+        "# Peers, HTTP fetchers and servers each hold sockets: the default soft limit (1024) can be",
+        "# reached by many connections at once, and then every accept and dial fails.",
+        "LimitNOFILE=65536",
     ]
     if plan.system:
         lines += ["NoNewPrivileges=true", "ProtectSystem=strict", "ProtectHome=true", "PrivateTmp=true"]
