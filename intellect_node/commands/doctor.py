@@ -24,17 +24,16 @@ import shutil
 import stat
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import typer
 
+from intellect_node.commands.checks import FAIL, OK, SKIP, WARN, Check
 from intellect_node.commands.common import DataDirOption, data_dir
 from intellect_node.errors import ConfigError, IntellectNodeError
 from intellect_node.p2p.ports import check_listen_ports
-
-OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
 DISK_FAIL_BYTES = 1 << 30
 """Below 1 GiB free the node cannot hold one policy of a small model plus its chunks while fetching."""
@@ -44,14 +43,6 @@ SKEW_WARN_S = 3.0
 SKEW_FAIL_S = 60.0
 """Heartbeats stamped more than 5 minutes off are refused (protocol/gossip.py); fail well before that."""
 PROBE_TIMEOUT_S = 12.0
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str
-    detail: str
-    fix: str = ""
 
 
 # -- local checks ----------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from intellect_node.commands.doctor import FAIL, OK, WARN, Check
+from intellect_node.commands.checks import FAIL, OK, WARN, Check
 from intellect_node.errors import ConfigError
 
 ROLES = ("worker", "validator", "trainer")

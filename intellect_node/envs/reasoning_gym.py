@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from intellect_node.envs.environment import EnvSettings, Memo, Scorer
 from intellect_node.envs.extract import Extraction
 from intellect_node.envs.sandbox import default_pool
+from intellect_node.envs.scoring import EnvSettings, Memo, Scorer
 from intellect_node.errors import ConfigError
 from intellect_node.trainer.tasks import Problem, problem_index
 

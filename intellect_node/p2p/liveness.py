@@ -24,14 +24,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from intellect_node.aioutil import cancel_and_wait
 from intellect_node.errors import TransportError
-from intellect_node.p2p.bridge import describe
-
-if TYPE_CHECKING:
-    from intellect_node.p2p.swarm import Swarm
+from intellect_node.p2p.bridge import TrioThread, describe
+from intellect_node.p2p.peerbook import PeerBook
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +51,27 @@ a clean stop after it, the node is gone within 30 s of the failure (issue #12)."
 JOIN_OLD_THREAD_S = 3.0
 """How long a restart waits for the old trio thread to end before leaving it behind (a wedged one)."""
 
+
+
+class Watched(Protocol):
+    """What the watch uses of the swarm it keeps working (:class:`~intellect_node.p2p.swarm.Swarm`): the
+    trio thread and host it probes, who was connected, and the restart, replay and give-up it drives."""
+
+    peerbook: PeerBook
+
+    @property
+    def bridge(self) -> TrioThread: ...
+
+    @property
+    def p2p(self) -> Any: ...
+
+    def connected_peers(self) -> list[str]: ...
+
+    async def restart_host(self, *, join_timeout: float = ...) -> None: ...
+
+    async def replay(self, connected_before: list[str]) -> None: ...
+
+    def fatal(self, reason: str) -> None: ...
 
 
 HealthListener = Callable[[str], None]
@@ -82,7 +101,7 @@ async def services_down(p2p: Any) -> str:
 class Libp2pWatch:
     """Keeps one swarm's libp2p working; see the module docstring. ``start()`` once the host is up."""
 
-    def __init__(self, swarm: Swarm, *, interval: float = PROBE_INTERVAL_S,
+    def __init__(self, swarm: Watched, *, interval: float = PROBE_INTERVAL_S,
                  answer_timeout: float = ANSWER_TIMEOUT_S, give_up_after: float = GIVE_UP_S,
                  backoff: tuple[float, ...] = RESTART_BACKOFF_S) -> None:
         self.swarm = swarm
