@@ -30,6 +30,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 _M1 = 0xBF58476D1CE4E5B9 - (1 << 64)  # splitmix64 multipliers as signed int64
@@ -83,6 +84,19 @@ def _mix_(z: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
     return z
 
 
+def _mix_np(z: np.ndarray, scratch: np.ndarray) -> None:
+    """:func:`_mix_` on a uint64 view (CPU): numpy has logical shifts and wrapping multiplication for
+    uint64, so each round is three operations instead of torch's four, and they ran ~2x faster."""
+    for s, m in ((30, _U1), (27, _U2)):
+        np.right_shift(z, s, out=scratch)
+        z ^= scratch
+        z *= m
+    np.right_shift(z, 31, out=scratch)
+    z ^= scratch
+
+
+_U1, _U2 = np.uint64(_M1 + (1 << 64)), np.uint64(_M2 + (1 << 64))
+
 _BLOCK = 1 << 15
 """Noise values computed per pass on CPU: each pass's int64/float64 buffers (three of 256 KiB) stay in
 the core's L2 cache, where a pass over a whole [B, vocab] batch streamed every one of its ~20
@@ -121,9 +135,14 @@ def gumbel_noise(keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> tor
             c1 = min(c0 + width, vocab)
             zb, sb, ub = z[:r1 - r0, :c1 - c0], scratch[:r1 - r0, :c1 - c0], u[:r1 - r0, :c1 - c0]
             torch.add(t[:, c0:c1], k, out=zb)
-            _mix_(zb, sb)
+            if dev.type == "cpu":  # the integer part in numpy (exact either way: see _mix_np)
+                zn, sn = zb.numpy().view(np.uint64), sb.numpy().view(np.uint64)
+                _mix_np(zn, sn)
+                np.right_shift(zn, 11, out=sn)
+            else:
+                _shr_into(_mix_(zb, sb), 11, sb)
             # 53 random bits -> u in (0, 1), in float64 so -log(-log(u)) never sees 0 or 1.
-            ub.copy_(_shr_into(zb, 11, sb)).add_(0.5).mul_(1.0 / (1 << 53))
+            ub.copy_(sb).add_(0.5).mul_(1.0 / (1 << 53))
             out[r0:r1, c0:c1] = ub.log_().neg_().log_().neg_()
     return out
 
