@@ -39,14 +39,14 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from intellect_node.trainer.delta import (  # noqa: E402
+from intellect_node.policy.delta import (  # noqa: E402
     ALL_DENSE_KINDS,
     DENSE_KINDS,
     apply_delta,
     delta_stats,
     encode_delta,
 )
-from intellect_node.trainer.policy_weights import PolicyWeights  # noqa: E402
+from intellect_node.policy.weights import PolicyWeights  # noqa: E402
 
 LIMIT = 1 << 40
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "intellect_node"
 
-RANK = {"errors": 0, "fsutil": 0, "gcpolicy": 0, "protocol": 1, "proofs": 2, "models": 2, "trainer": 3,
-        "envs": 3, "research": 3, "inference": 4, "p2p": 5, "blobs": 6, "roles": 8, "node": 9, "commands": 10,
-        "cli": 10, "dashboard": 10, "logsetup": 10, "testing": 11}
+RANK = {"errors": 0, "fsutil": 0, "gcpolicy": 0, "protocol": 1, "proofs": 2, "models": 2, "policy": 2,
+        "trainer": 3, "envs": 3, "research": 3, "inference": 4, "p2p": 5, "blobs": 6, "roles": 8, "node": 9,
+        "commands": 10, "cli": 10, "dashboard": 10, "logsetup": 10, "testing": 11}
 """``testing`` (the shipped test harness, like ``trio.testing``) ranks above everything: it may use any part,
 and no part of the product may import it."""
 NODE_BELOW_ROLES = {"node.config": 7, "node.ledger": 7, "node.status": 7}

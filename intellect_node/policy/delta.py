@@ -26,7 +26,7 @@ Delta format (``intellect-node/delta/1``, structs in :mod:`intellect_node.protoc
     (fp32, bf16, ...). The delta names the content hashes of its base and target; the applier checks the
     base before and the result after, so integrity never rests on the delta itself.
 
-The versions themselves are :class:`~intellect_node.trainer.policy_weights.PolicyWeights` (canonical
+The versions themselves are :class:`~intellect_node.policy.weights.PolicyWeights` (canonical
 safetensors bytes named by their content hash).
 
 Memory: encoding and applying work tensor by tensor on the raw bits of the two versions, which may be
@@ -47,9 +47,9 @@ import numpy as np
 import zstandard
 
 from intellect_node.errors import IntegrityError, ProtocolError
+from intellect_node.policy.weights import UINT, PolicyWeights, TensorInfo, check_dtype, check_shape
 from intellect_node.protocol import codec
 from intellect_node.protocol.policy import DELTA_FORMAT, DeltaFile, TensorDelta
-from intellect_node.trainer.policy_weights import UINT, PolicyWeights, TensorInfo, check_dtype, check_shape
 
 ZSTD_LEVEL = 1
 """Measured on AdamW deltas in byte planes (24.6M elements, bench/delta.py's machine): level 1 was 2-4x

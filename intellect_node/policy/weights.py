@@ -17,7 +17,7 @@ Checkpoint format (``intellect-node/checkpoint/1``)
 "Checkpoint" in the wire names (``checkpoint_hash``, ``max_checkpoint_bytes``) means this file. It is not
 the trainer's crash-safe checkpoint (:mod:`intellect_node.trainer.checkpoint`: weights in plain
 safetensors, optimizer state and the consumed batches, read back only by the trainer that wrote them).
-The deltas between two versions are :mod:`intellect_node.trainer.delta`.
+The deltas between two versions are :mod:`intellect_node.policy.delta`.
 
 Memory: a checkpoint of several GB is never held twice. :meth:`PolicyWeights.write` streams a state dict
 to the file tensor by tensor (hashing as it goes), :meth:`PolicyWeights.load` maps the file read-only
@@ -289,6 +289,16 @@ class PolicyWeights:
 
 
 
+def require_finite(state: Mapping[str, torch.Tensor]) -> None:
+    """IntegrityError naming the first floating-point tensor that holds NaN or inf. The trainer calls it
+    before it publishes or checkpoints a version: a step that went wrong must not reach every node. (The
+    format itself holds any bits: deltas and tests round-trip arbitrary values.)"""
+    for name, t in state.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise IntegrityError(f"tensor {name!r} holds NaN or inf: a policy that is not finite is never "
+                                 "published or checkpointed")
+
+
 def _specs(state: Mapping[str, torch.Tensor]) -> list[tuple[str, str, tuple[int, ...]]]:
     specs = []
     for name, t in state.items():
@@ -296,9 +306,6 @@ def _specs(state: Mapping[str, torch.Tensor]) -> list[tuple[str, str, tuple[int,
             raise TypeError(f"tensor names must be str, got {name!r}")
         if t.dtype not in _CODE_OF:
             raise TypeError(f"tensor {name!r} has unsupported dtype {t.dtype}")
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise IntegrityError(f"tensor {name!r} holds NaN or inf: a policy that is not finite is never "
-                                 "written, published or checkpointed")
         specs.append((name, _CODE_OF[t.dtype], tuple(int(d) for d in t.shape)))
     return specs
 

@@ -2,7 +2,7 @@
 
 The trainer announces each policy version ``v`` with one signed :class:`PolicyAnnouncement`:
 
-- ``checkpoint_hash``: CID of version v's canonical checkpoint bytes (``trainer/policy_weights.py`` defines
+- ``checkpoint_hash``: CID of version v's canonical checkpoint bytes (``policy/weights.py`` defines
   the format); every path to version v ends with this check;
 - ``full_version``/``full_cid``: the latest full checkpoint blob at or before v (v itself every K
   versions), so a late joiner can start there;
@@ -71,7 +71,7 @@ class PolicyAnnouncement(codec.Message, frozen=True):
 
 
 class TensorDelta(codec.Message, frozen=True):
-    """One tensor of a delta; ``trainer/delta.py`` says what each kind's ``data`` holds."""
+    """One tensor of a delta; ``policy/delta.py`` says what each kind's ``data`` holds."""
     name: str
     kind: Literal["same", "xor", "add", "add_by_exp", "sparse", "raw"]
     dtype: str

@@ -22,10 +22,10 @@ from intellect_node.node.config import NodeConfig
 from intellect_node.node.ledger import Ledger, LedgerService
 from intellect_node.node.status import clean_text
 from intellect_node.p2p.swarm import Swarm
+from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.blob import Manifest
 from intellect_node.protocol.rollout import RolloutRecord
 from intellect_node.roles.seams import Runtime
-from intellect_node.trainer.policy_weights import PolicyWeights
 from intellect_node.trainer.step import Sample
 from intellect_node.trainer.tasks import Problem, Task
 

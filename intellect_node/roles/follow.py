@@ -23,13 +23,13 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 
+from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, announcement_validator
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.common import MAX_POLICY_BYTES, HintedFetcher, model_dir, require_trainer
 from intellect_node.roles.policy import ObtainResult, PolicyFollower
 from intellect_node.roles.seams import RoleTasks, Runtime
 from intellect_node.trainer.model import initial_policy
-from intellect_node.trainer.policy_weights import PolicyWeights
 
 log = logging.getLogger(__name__)
 

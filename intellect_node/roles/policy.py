@@ -8,7 +8,7 @@ Publisher (trainer role)::
     await swarm.publish(topic(run_id, "policy"), raw)
 
 For version v it writes the canonical checkpoint atomically, encodes the delta from v-1
-(:func:`intellect_node.trainer.delta.encode_delta`) and puts it in the blob store, puts the full
+(:func:`intellect_node.policy.delta.encode_delta`) and puts it in the blob store, puts the full
 checkpoint in the blob store when v is an anchor (the first version, or K versions after the last
 anchor), persists its chain state and only then returns the signed announcement.
 
@@ -64,6 +64,16 @@ from intellect_node.errors import (
 )
 from intellect_node.fsutil import atomic_write_text
 from intellect_node.node.status import StatusBoard
+from intellect_node.policy.delta import (
+    ALL_DENSE_KINDS,
+    DENSE_KINDS,
+    ZSTD_LEVEL,
+    KindMemo,
+    apply_delta,
+    delta_size_limit,
+    encode_delta,
+)
+from intellect_node.policy.weights import PolicyWeights, require_finite
 from intellect_node.protocol.blob import (
     DEFAULT_CHUNK_SIZE,
     MAX_CHUNK_SIZE,
@@ -79,16 +89,6 @@ from intellect_node.protocol.policy import (
     seal_announcement,
 )
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.trainer.delta import (
-    ALL_DENSE_KINDS,
-    DENSE_KINDS,
-    ZSTD_LEVEL,
-    KindMemo,
-    apply_delta,
-    delta_size_limit,
-    encode_delta,
-)
-from intellect_node.trainer.policy_weights import PolicyWeights
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ class PolicyPublisher:
         self._version: int | None = None
         self._full: tuple[int, str, int] | None = None  # (version, blob cid, size)
         self._links: list[DeltaLink] = []
-        self._kinds = KindMemo()  # each tensor's winning dense encoding (trainer/delta.py)
+        self._kinds = KindMemo()  # each tensor's winning dense encoding (policy/delta.py)
         self.timings: dict[str, float] = {}
         """Where the last publication's time went (seconds): save, delta, full, state."""
         self._load_state()
@@ -242,7 +242,10 @@ class PolicyPublisher:
 
     async def publish(self, version: int, policy: PolicyWeights | Mapping[str, torch.Tensor], *,
                       force_full: bool = False) -> tuple[PolicyAnnouncement, bytes]:
-        """Persist and publish ``version``; return the announcement and its signed envelope bytes."""
+        """Persist and publish ``version``; return the announcement and its signed envelope bytes.
+        IntegrityError, before anything is written, when a tensor is not finite."""
+        await asyncio.to_thread(require_finite,
+                                policy.to_state_dict() if isinstance(policy, PolicyWeights) else policy)
         async with self._lock:
             clock = _Clock()
             if self._version is not None and version <= self._version:

@@ -71,6 +71,7 @@ from intellect_node.envs.extract import Extraction
 from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError
 from intellect_node.fsutil import atomic_write_bytes, read_jsonl
 from intellect_node.node.status import Completion
+from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement
 from intellect_node.protocol.rl import (
     NOTICE_KIND,
@@ -110,7 +111,6 @@ from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, rea
 from intellect_node.trainer.filtering import FilteredGroups, filter_groups
 from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.trainer.optim import Optimizer
-from intellect_node.trainer.policy_weights import PolicyWeights
 from intellect_node.trainer.step import Sample, StepStats, make_optimizer, train_step
 
 log = logging.getLogger(__name__)

@@ -71,6 +71,7 @@ from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolEr
 from intellect_node.inference import make_engine
 from intellect_node.inference.verifier import Expectations, Verifier, seed_violation
 from intellect_node.node.status import clean_text
+from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.policy import PolicyAnnouncement
 from intellect_node.protocol.rl import (
     MAX_DETAIL_LEN,
@@ -102,7 +103,6 @@ from intellect_node.roles.follow import TrainerPolicy
 from intellect_node.roles.intake import Intake, Limits, Pending
 from intellect_node.roles.seams import RoleTasks, Runtime
 from intellect_node.trainer.filtering import FilteredTask
-from intellect_node.trainer.policy_weights import PolicyWeights
 
 if TYPE_CHECKING:
     from intellect_node.inference.torch_engine import TorchEngine

@@ -49,6 +49,7 @@ from intellect_node.errors import IntellectNodeError
 from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
 from intellect_node.inference import InferenceEngine, SamplingConfig, make_engine
 from intellect_node.inference.rollouts import generate_rollouts
+from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.policy import PolicyAnnouncement
 from intellect_node.protocol.rl import (
     NOTICE_KIND,
@@ -76,7 +77,6 @@ from intellect_node.roles.completions import completion
 from intellect_node.roles.engines import engine_choice, require_rollout_engine
 from intellect_node.roles.follow import TrainerPolicy
 from intellect_node.roles.seams import RoleTasks, Runtime
-from intellect_node.trainer.policy_weights import PolicyWeights
 from intellect_node.trainer.tasks import Problem
 
 log = logging.getLogger(__name__)

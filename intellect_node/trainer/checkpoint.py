@@ -14,7 +14,7 @@ version numbering. The consumed set is the IDs of every rollout batch whose samp
 version's weights: a batch accepted but not in it is trained again after a crash (never lost) and a
 batch in it is skipped (never trained twice), because the set and the weights are committed together.
 
-The weights file is the canonical policy format (:class:`~intellect_node.trainer.policy_weights.
+The weights file is the canonical policy format (:class:`~intellect_node.policy.weights.
 PolicyWeights`, a valid safetensors file), so the policy publisher can map the committed checkpoint
 instead of copying the model again. Weights and optimizer state are streamed to and from disk (one
 tensor at a time; the optimizer file is memory-mapped when read): a multi-GB model is never held twice.
@@ -39,8 +39,8 @@ import torch
 
 from intellect_node.errors import IntegrityError, ProtocolError
 from intellect_node.fsutil import atomic_replace_file, atomic_write_text, fsync_dir
+from intellect_node.policy.weights import DTYPES, PolicyWeights, require_finite
 from intellect_node.trainer.optim import Optimizer
-from intellect_node.trainer.policy_weights import DTYPES, PolicyWeights
 
 LATEST = "LATEST"
 _FORMAT = 1
@@ -69,6 +69,7 @@ def save_checkpoint_state(root: str | os.PathLike[str], weights: Mapping[str, to
                           optimizer_state: dict[str, Any] | None, state: TrainerState, *,
                           keep: int = 2) -> Path:
     """:func:`save_checkpoint` from the state dicts themselves (what a sharded trainer gathers)."""
+    require_finite(weights)
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / _dir_name(state.version)

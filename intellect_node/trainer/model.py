@@ -197,7 +197,7 @@ def initial_policy(model: str | Path | None, dest: str | os.PathLike[str]) -> An
 
     Followers build it from their own copy of the model folder and use it when its hash is the one the
     trainer announced (``roles/policy.py``), instead of fetching the whole checkpoint."""
-    from intellect_node.trainer.policy_weights import PolicyWeights
+    from intellect_node.policy.weights import PolicyWeights
 
     return PolicyWeights.write(dest, load_trainable(model, TrainOptions()).state_dict())
 

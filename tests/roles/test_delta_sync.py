@@ -14,11 +14,11 @@ from intellect_node.blobs.peer import BlobPeer, mesh
 from intellect_node.errors import IntegrityError
 from intellect_node.fsutil import atomic_write_bytes
 from intellect_node.node.status import StatusBoard
+from intellect_node.policy.delta import encode_delta, read_delta
+from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol import codec
 from intellect_node.protocol.policy import DeltaFile, PolicyAnnouncement, open_announcement, seal_announcement
 from intellect_node.roles.policy import PolicyFollower, PolicyPublisher
-from intellect_node.trainer.delta import encode_delta, read_delta
-from intellect_node.trainer.policy_weights import PolicyWeights
 from tests.support.delta import policy_versions
 from tests.support.wait import wait_until
 

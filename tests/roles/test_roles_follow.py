@@ -11,13 +11,13 @@ from typing import Any, cast
 import torch
 
 from intellect_node.blobs.service import BlobService
+from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.policy import announcement_validator
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.common import HintedFetcher
 from intellect_node.roles.follow import TrainerPolicy
 from intellect_node.roles.policy import PolicyPublisher
 from intellect_node.roles.seams import RoleTasks, Runtime
-from intellect_node.trainer.policy_weights import PolicyWeights
 from tests.support.delta import policy_versions
 from tests.support.swarm import line, run, runtime_nodes
 from tests.support.wait import wait_until

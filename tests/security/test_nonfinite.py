@@ -7,6 +7,7 @@ are never written as a policy or a checkpoint."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from pathlib import Path
 
@@ -15,9 +16,11 @@ import torch
 
 from intellect_node.errors import IntegrityError
 from intellect_node.models.loader import load_hf_model
+from intellect_node.policy.weights import PolicyWeights, require_finite
+from intellect_node.protocol.signing import SigningKey
+from intellect_node.roles.policy import PolicyPublisher
 from intellect_node.trainer.checkpoint import TrainerState, save_checkpoint
 from intellect_node.trainer.grpo import GRPOConfig, grpo_loss
-from intellect_node.trainer.policy_weights import PolicyWeights
 from intellect_node.trainer.step import Sample, make_optimizer, train_step
 
 torch.set_num_threads(1)
@@ -65,16 +68,19 @@ def test_a_step_with_a_non_finite_gradient_is_skipped() -> None:
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
-def test_weights_that_are_not_finite_are_never_written(tmp_path: Path) -> None:
+def test_weights_that_are_not_finite_are_never_published_or_checkpointed(tmp_path: Path) -> None:
     model = load_hf_model(None)
     name, param = next(iter(model.named_parameters()))
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     state[name].view(-1)[0] = float("inf")
     with pytest.raises(IntegrityError, match=name):
-        PolicyWeights.write(tmp_path / "v1.safetensors", state)
-    with pytest.raises(IntegrityError):
-        PolicyWeights.from_state_dict(state)
-    assert not (tmp_path / "v1.safetensors").exists()
+        require_finite(state)
+    # the publisher refuses before it writes a file or touches the blob store (none given here)
+    publisher = PolicyPublisher(tmp_path / "policy", None, SigningKey(bytes(32)), "run")  # type: ignore[arg-type]
+    for policy in (state, PolicyWeights.from_state_dict(state)):
+        with pytest.raises(IntegrityError):
+            asyncio.run(publisher.publish(1, policy))
+    assert not list((tmp_path / "policy").glob("*.safetensors"))
     with torch.no_grad():
         param.view(-1)[0] = float("nan")
     with pytest.raises(IntegrityError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from intellect_node.trainer.policy_weights import PolicyWeights
+from intellect_node.policy.weights import PolicyWeights
 
 
 def small_model() -> torch.nn.Module:

@@ -52,9 +52,9 @@ def peak_extra_mb(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def main(root: Path) -> dict[str, float]:
+    from intellect_node.policy.delta import apply_delta, encode_delta
+    from intellect_node.policy.weights import PolicyWeights
     from intellect_node.trainer.checkpoint import TrainerState, load_weights, save_checkpoint_state
-    from intellect_node.trainer.delta import apply_delta, encode_delta
-    from intellect_node.trainer.policy_weights import PolicyWeights
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

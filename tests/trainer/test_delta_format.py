@@ -16,10 +16,10 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from intellect_node.errors import IntegrityError, ProtocolError
+from intellect_node.policy.delta import DENSE_KINDS, apply_delta, delta_stats, encode_delta, read_delta
+from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol import codec
 from intellect_node.protocol.policy import DeltaFile
-from intellect_node.trainer.delta import DENSE_KINDS, apply_delta, delta_stats, encode_delta, read_delta
-from intellect_node.trainer.policy_weights import PolicyWeights
 from tests.support.delta import policy_versions
 
 torch.set_num_threads(1)
@@ -276,7 +276,7 @@ def test_a_kind_memo_tries_the_last_winner_alone_and_the_deltas_still_apply() ->
     """``encode_delta(memo=)``: after the first delta, each tensor is encoded with the kind that won for
     it last time (one compression pass instead of one per kind); every ``refresh`` deltas all are tried
     again; every delta applies to its exact target whatever was tried."""
-    from intellect_node.trainer.delta import KindMemo
+    from intellect_node.policy.delta import KindMemo
 
     versions = policy_versions(torch.float32, 6)
     names = list(versions[0].tensors)

@@ -113,7 +113,7 @@ REPLAYER = textwrap.dedent("""
     torch.set_num_threads(1)
     from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, save_checkpoint
     from intellect_node.trainer.grpo import GRPOConfig
-    from intellect_node.trainer.policy_weights import PolicyWeights
+    from intellect_node.policy.weights import PolicyWeights
     from intellect_node.trainer.step import Sample, make_optimizer, train_step
     from tests.support.grpo import tiny_llama
 
