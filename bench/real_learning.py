@@ -48,38 +48,31 @@ sys.path.insert(0, str(REPO))
 
 from bench.learning import first_reaching, launch_swarm, trl_config, windowed  # noqa: E402
 
-SETTINGS: dict[str, Any] = dict(
-    env="reasoning_gym:basic_arithmetic",
-    env_args=dict(seed=0, size=100000, min_terms=2, max_terms=2, min_digits=1, max_digits=1,
-                  operators=["+"], allow_parentheses=False, allow_negation=False),
-    answer_format="whole", system_prompt="Answer with the number only.",
-    group_size=8, problems_per_batch=4, groups_per_step=4, max_new_tokens=16, temperature=1.0,
-    lr=5e-5, max_grad_norm=0.1)
-"""Settings under which SmolLM2-135M-Instruct learns this task on 2 CPU cores (bench/README.md,
-"Real-model learning (SmolLM2-135M)", has the runs behind each):
+BENCH: dict[str, Any] = dict(group_size=8, temperature=1.0, max_grad_norm=0.1)
+"""Fixed here on both arms: groups of 8 (the notes' step), temperature 1, the project's gradient clip."""
 
-- the task: sums of two 1-digit numbers, no negation or parentheses ("Calculate 5 + 3."): the model
-  knows the sums but at temperature 1 answers in sentences, so the pass rate starts near 0 and what
-  it learns is the answer format;
-- ``answer_format = "whole"``: reasoning-gym scores the whole completion with partial credit (the answer
-  alone 1.0, "5." 0.5, "4 + 1 = 5" 0.11, a sentence holding it less), so a group's rewards differ long
-  before any sample is exact, and GRPO has a signal toward short exact answers from the first step;
-- the system prompt "Answer with the number only.": the format asked for, rendered by the model's own
-  chat template on both arms;
-- 16 new tokens: room for the sentences the model starts with (so partial credit can find the number)
-  while a step stays short; groups of 8, 4 groups a step: the notes' step (20-35 s on 2 cores);
-- lr 5e-5: 10x the notes' 5e-6 (mean reward 0.02 -> 0.11 in 16 steps, too slowly for 30 minutes);
-  at 5e-5 TRL's held-out mean reward went 0.016 -> 0.215 and pass rate 0 -> 0.074 in 9 steps, with no
-  sign of collapse; higher was not tried. Gradient-norm clip 0.1 (the project's default).
+TRAIN_ARGS: dict[str, Any] = dict(seed=0, size=100000)
+"""The training problems: generator seed 0, 100,000 items (:data:`HELD_OUT_SEED` is far past them)."""
 
-Not yet shown: a 20-point pass-rate gain. On a loaded 2-core machine a step took 30-75 s, so 30 minutes
-is 25-60 steps; the one measured run stopped at 9.
-"""
 
-PIPELINE: dict[str, Any] = dict(batches_per_version=1, work_ahead=2, checkpoint_every=10000)
-"""The swarm's pipeline, as bench/learning.py: the worker makes exactly the groups of one step per
-version and works two versions ahead. No checkpoints during the run (a 135M model's weights and AdamW
-state are 1.6 GB a checkpoint; TRL saves none either): the final policy is the newest published one."""
+def bench_settings(model: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(learning settings, the swarm's pipeline) for ``model``: what the node chooses for it with no
+    settings given (``inference/run_settings.py``, the same choices the demo prints), plus :data:`BENCH`.
+
+    For SmolLM2-135M-Instruct that is sums of two 1-digit numbers scored on the whole text (reasoning-gym's
+    partial credit gives groups unequal rewards from the first step, while the model still answers in
+    sentences), the system prompt "Answer with the number only.", 16 new tokens, 4 groups a step, lr 5e-5
+    and one step of work ahead. The pipeline is the swarm's alone: the worker makes one step's groups per
+    version; no checkpoints during the run (a 135M model's weights and AdamW state are 1.6 GB a
+    checkpoint; TRL saves none either): the final policy is the newest published one."""
+    from intellect_node.inference.run_settings import apply, fit_settings, model_facts
+
+    chosen = apply(fit_settings(model_facts(model), {}))
+    pipeline = dict(batches_per_version=1, work_ahead=chosen.pop("work_ahead", 2), checkpoint_every=10000)
+    settings = {**chosen, **BENCH, "env_args": {**chosen["env_args"], **TRAIN_ARGS}}
+    settings["problems_per_batch"] = settings["groups_per_step"]
+    return settings, pipeline
+
 
 HELD_OUT_SEED = 1_000_000
 """Generator seed of the held-out problems (item i is generated from ``Random(seed + i)``): the training
@@ -135,10 +128,10 @@ def proof_thresholds(model: Path, settings: dict[str, Any], cache: Path) -> Path
                            max_new_tokens=settings["max_new_tokens"], temperature=settings["temperature"])
 
 
-def run_swarm(model: Path, settings: dict[str, Any], minutes: float, max_steps: int | None,
-              workdir: Path, thresholds: Path) -> dict[str, Any]:
+def run_swarm(model: Path, settings: dict[str, Any], pipeline: dict[str, Any], minutes: float,
+              max_steps: int | None, workdir: Path, thresholds: Path) -> dict[str, Any]:
     """The swarm arm: launch, follow the trainer's metrics until the time or step budget, stop."""
-    rl = {**settings, **PIPELINE}
+    rl = {**settings, **pipeline}
     procs: list[Any] = []
     metrics_path = workdir / "trainer" / "trainer" / "metrics.jsonl"
     try:
@@ -324,14 +317,14 @@ def main() -> None:
         run_trl(Path(args.model), json.loads(args.settings), args.minutes, args.steps, args.trl_child,
                 args.out)
         return
-    settings = dict(SETTINGS)
+    model = resolve_model(args.model)
+    settings, pipeline = bench_settings(model)
     for key in ("lr", "max_new_tokens", "temperature", "system_prompt"):
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
     if args.only == "trl" and args.steps is None:
         ap.error("--only trl needs --steps")
-    model = resolve_model(args.model)
-    results: dict[str, Any] = {"settings": settings, "pipeline": PIPELINE, "model": str(model),
+    results: dict[str, Any] = {"settings": settings, "pipeline": pipeline, "model": str(model),
                                "target": args.target, "window": args.window, "minutes": args.minutes,
                                "cpus": os.cpu_count(), "load_at_start": os.getloadavg()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -341,7 +334,8 @@ def main() -> None:
         steps = args.steps
         if args.only in (None, "swarm"):
             thresholds = proof_thresholds(model, settings, args.out.parent / f"thresholds-{model.name}")
-            results["swarm"] = run_swarm(model, settings, args.minutes, steps, work / "swarm", thresholds)
+            results["swarm"] = run_swarm(model, settings, pipeline, args.minutes, steps, work / "swarm",
+                                         thresholds)
             weights["swarm"] = results["swarm"]["weights"]
             steps = steps or results["swarm"]["steps"]
             results["swarm"]["summary"] = summarize(results["swarm"], args.target, args.window)

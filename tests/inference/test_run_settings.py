@@ -36,7 +36,7 @@ def test_a_small_instruct_model_gets_a_task_format_and_rate_it_can_learn_from() 
     got = apply(fit_settings(SMOL, {}))
     assert got["env"] == DEFAULT_ENV and got["env_args"] == SMALL_ARITHMETIC_ARGS
     assert got["answer_format"] == "whole" and got["system_prompt"] == "Answer with the number only."
-    assert got["max_new_tokens"] == 16 and got["groups_per_step"] == 4
+    assert got["max_new_tokens"] == 16 and got["groups_per_step"] == 4 and got["work_ahead"] == 1
     assert 1e-6 < got["lr"] < 1e-4
     assert all(not c.given and c.why for c in fit_settings(SMOL, {}))
 
