@@ -98,7 +98,7 @@ def _mix_np(z: np.ndarray, scratch: np.ndarray) -> None:
 _U1, _U2 = np.uint64(_M1 + (1 << 64)), np.uint64(_M2 + (1 << 64))
 
 _BLOCK = 1 << 15
-"""Noise values computed per pass on CPU: each pass's int64/float64 buffers (three of 256 KiB) stay in
+"""Noise values computed per pass on CPU: each pass's int64/float64 buffers (four of 256 KiB) stay in
 the core's L2 cache, where a pass over a whole [B, vocab] batch streamed every one of its ~20
 elementwise operations through memory (measured 6x slower at 32 x 49152, one thread)."""
 
@@ -108,42 +108,52 @@ def gumbel_noise(keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> tor
 
     ``G(key, i, v) = -log(-log(u))`` with ``u = (z >> 11 + 0.5) / 2^53`` and
     ``z = mix(key + mix(i * GOLDEN + v) * GOLDEN)``; deterministic in (key, position, token) alone, so batch
-    composition and device do not matter. The inner hash depends on (position, token) only, so it is
-    computed once per distinct position (a decoding step shares one position across the batch); the
-    rest runs in place over blocks of rows. Every operation is elementwise integer arithmetic or the
-    same float64 ``log``, so the values are those of the plain whole-tensor expression, bit for bit.
+    composition and device do not matter. The inner hash depends on (position, token) only, so rows are
+    taken by position: a block of the inner hash is computed once and used for every row at that
+    position (a decoding step shares one position across the batch; a verifier's slice a few rollouts
+    per position), and the rest runs in place over blocks that stay in cache. Every operation is
+    elementwise integer arithmetic or the same float64 ``log``, so the values are those of the plain
+    whole-tensor expression, bit for bit (tests/proofs/test_sampling_noise_reference.py).
     """
     keys = keys.to(torch.int64).view(-1)
     dev = keys.device
-    pos = positions.to(device=dev, dtype=torch.int64).view(-1)
-    uniq, which = torch.unique(pos, return_inverse=True)
-    table = uniq.view(-1, 1) * _GOLDEN + torch.arange(vocab, device=dev, dtype=torch.int64).view(1, -1)
-    _mix_(table, torch.empty_like(table)).mul_(_GOLDEN)                      # [distinct positions, vocab]
+    cpu = dev.type == "cpu"
+    key_list = keys.tolist()
+    by_pos: dict[int, list[int]] = {}
+    for r, p in enumerate(positions.view(-1).tolist()):
+        by_pos.setdefault(int(p), []).append(r)
     out = torch.empty(keys.shape[0], vocab, device=dev, dtype=torch.float32)
-    if dev.type != "cpu":  # one pass: a GPU wants few large kernels, not cache-sized blocks
-        rows = keys.shape[0]
-    else:
-        rows = max(1, _BLOCK // vocab)
-    width = min(vocab, _BLOCK)
-    z = torch.empty(rows, width, device=dev, dtype=torch.int64)
-    scratch = torch.empty_like(z)
-    u = torch.empty(rows, width, device=dev, dtype=torch.float64)
-    for r0 in range(0, keys.shape[0], rows):
-        r1 = min(r0 + rows, keys.shape[0])
-        k, t = keys[r0:r1].view(-1, 1), table[which[r0:r1]]
+    width = min(vocab, _BLOCK) if cpu else vocab  # a GPU wants few large kernels, not cache-sized blocks
+    inner = torch.empty(width, device=dev, dtype=torch.int64)
+    z, scratch = torch.empty_like(inner), torch.empty_like(inner)
+    u = torch.empty(width, device=dev, dtype=torch.float64)
+    for p, rows in by_pos.items():
+        base = ((p * _GOLDEN) + (1 << 63)) % (1 << 64) - (1 << 63)  # i * GOLDEN, wrapped to int64
+        row_t = torch.tensor(rows, device=dev) if not cpu else None
         for c0 in range(0, vocab, width):
-            c1 = min(c0 + width, vocab)
-            zb, sb, ub = z[:r1 - r0, :c1 - c0], scratch[:r1 - r0, :c1 - c0], u[:r1 - r0, :c1 - c0]
-            torch.add(t[:, c0:c1], k, out=zb)
-            if dev.type == "cpu":  # the integer part in numpy (exact either way: see _mix_np)
-                zn, sn = zb.numpy().view(np.uint64), sb.numpy().view(np.uint64)
+            n = min(width, vocab - c0)
+            ib, zb, sb, ub = inner[:n], z[:n], scratch[:n], u[:n]
+            torch.arange(c0, c0 + n, out=ib).add_(base)
+            if cpu:
+                _mix_np(ib.numpy().view(np.uint64), sb.numpy().view(np.uint64))
+            else:
+                _mix_(ib, sb)
+            ib.mul_(_GOLDEN)
+            if not cpu:  # all rows of the position at once
+                zr = ib.view(1, -1) + keys[row_t].view(-1, 1)
+                sr = torch.empty_like(zr)
+                _shr_into(_mix_(zr, sr), 11, sr)
+                ur = sr.to(torch.float64).add_(0.5).mul_(1.0 / (1 << 53))
+                out[row_t, c0:c0 + n] = ur.log_().neg_().log_().neg_().to(torch.float32)
+                continue
+            zn, sn = zb.numpy().view(np.uint64), sb.numpy().view(np.uint64)
+            for r in rows:
+                torch.add(ib, key_list[r], out=zb)
                 _mix_np(zn, sn)
                 np.right_shift(zn, 11, out=sn)
-            else:
-                _shr_into(_mix_(zb, sb), 11, sb)
-            # 53 random bits -> u in (0, 1), in float64 so -log(-log(u)) never sees 0 or 1.
-            ub.copy_(sb).add_(0.5).mul_(1.0 / (1 << 53))
-            out[r0:r1, c0:c1] = ub.log_().neg_().log_().neg_()
+                # 53 random bits -> u in (0, 1), in float64 so -log(-log(u)) never sees 0 or 1.
+                ub.copy_(sb).add_(0.5).mul_(1.0 / (1 << 53))
+                out[r, c0:c0 + n] = ub.log_().neg_().log_().neg_()
     return out
 
 
