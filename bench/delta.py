@@ -92,10 +92,10 @@ def report(label: str, rows: list[dict[str, Any]]) -> None:
 
 # ------------------------------------------------------------------------------------ embedded model
 def grpo_updates(model_dir: str | None, steps: int, lr: float) -> list[dict[str, torch.Tensor]]:
+    from intellect_node.envs.tasks import embedded_task
     from intellect_node.models.loader import ModelTokenizer, load_hf_model, resolve_model_dir
     from intellect_node.trainer.grpo import GRPOConfig
     from intellect_node.trainer.step import Sample, make_optimizer, train_step
-    from intellect_node.trainer.tasks import embedded_task
 
     path = resolve_model_dir(model_dir)
     model = load_hf_model(path, "float32")

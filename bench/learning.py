@@ -315,6 +315,7 @@ def work_floor(repeats: int = 15) -> dict[str, float]:
     import torch
 
     from bench.rollouts import median_time
+    from intellect_node.envs.tasks import embedded_task
     from intellect_node.inference.base import SamplingConfig
     from intellect_node.inference.rollouts import checkpoint_cid, generate_rollouts
     from intellect_node.inference.torch_engine import TorchEngine
@@ -325,7 +326,6 @@ def work_floor(repeats: int = 15) -> dict[str, float]:
     from intellect_node.trainer.grpo import GRPOConfig
     from intellect_node.trainer.model import load_trainable
     from intellect_node.trainer.step import make_optimizer, train_step
-    from intellect_node.trainer.tasks import embedded_task
 
     torch.set_num_threads(1)
     h = HYPER
@@ -404,8 +404,8 @@ def run_trl(target: float, window: int, timeout: float, workdir: Path,
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOTrainer
 
+    from intellect_node.envs.tasks import embedded_task
     from intellect_node.models.loader import BOS, embedded_model_dir, load_hf_model
-    from intellect_node.trainer.tasks import embedded_task
 
     torch.set_num_threads(1)
     mdir = embedded_model_dir()

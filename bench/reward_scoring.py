@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from intellect_node.envs.environment import build_task  # noqa: E402
 from intellect_node.envs.sandbox import default_pool  # noqa: E402
-from intellect_node.trainer.tasks import Problem  # noqa: E402
+from intellect_node.envs.tasks import Problem  # noqa: E402
 
 
 def per_call_ms(fn, n: int) -> float:  # type: ignore[no-untyped-def]

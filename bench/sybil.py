@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from intellect_node.envs.tasks import embedded_task  # noqa: E402
 from intellect_node.inference.base import SamplingConfig  # noqa: E402
 from intellect_node.inference.rollouts import generate_rollouts  # noqa: E402
 from intellect_node.inference.torch_engine import TorchEngine  # noqa: E402
@@ -45,7 +46,6 @@ from intellect_node.protocol.rl import RolloutNotice, notice_validator, seal_not
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE  # noqa: E402
 from intellect_node.protocol.signing import SigningKey  # noqa: E402
 from intellect_node.roles.intake import Intake, Limits  # noqa: E402
-from intellect_node.trainer.tasks import embedded_task  # noqa: E402
 
 RUN = "bench"
 

@@ -147,7 +147,7 @@ class Checks:
         return f"{model_shape(self.model).n_params / 1e6:.2f}M parameters"
 
     def _problems(self, n: int, seed: int) -> list[Any]:
-        from intellect_node.trainer.tasks import embedded_task
+        from intellect_node.envs.tasks import embedded_task
 
         return embedded_task().sample(random.Random(seed), n)
 

@@ -35,6 +35,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from intellect_node.envs.tasks import embedded_task  # noqa: E402
 from intellect_node.models.loader import (  # noqa: E402
     BOS,
     EOS,
@@ -44,7 +45,6 @@ from intellect_node.models.loader import (  # noqa: E402
     embedded_config,
     write_tokenizer_files,
 )
-from intellect_node.trainer.tasks import embedded_task  # noqa: E402
 
 
 @torch.no_grad()

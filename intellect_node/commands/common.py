@@ -60,10 +60,10 @@ def task_and_model(config_path: Optional[Path], *, task_id: str, tasks_file: Opt
     is refused (exit 2). ``filtered``: apply the run's offline solve-rate filter."""
     if config_path is None:
         if tasks_file is not None:
-            from intellect_node.trainer.jsonl_tasks import load_jsonl_tasks
+            from intellect_node.envs.jsonl_tasks import load_jsonl_tasks
 
             return load_jsonl_tasks(tasks_file), model_dir, None
-        from intellect_node.trainer.tasks import get_task
+        from intellect_node.envs.tasks import get_task
 
         return get_task(task_id), model_dir, None
     if tasks_file is not None or task_id != "add3":

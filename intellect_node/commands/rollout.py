@@ -59,12 +59,12 @@ def register(app: typer.Typer) -> None:
 
         import torch
 
+        from intellect_node.envs.tasks import embedded_task
         from intellect_node.fsutil import atomic_write_bytes
         from intellect_node.inference.base import SamplingConfig
         from intellect_node.inference.rollouts import checkpoint_cid, generate_rollouts
         from intellect_node.inference.torch_engine import TorchEngine
         from intellect_node.protocol.rollout import RolloutBatch, encode_batch
-        from intellect_node.trainer.tasks import embedded_task
 
         torch.set_num_threads(1)
         key = _signing_key(data_dir_opt)

@@ -68,9 +68,9 @@ def register(app: typer.Typer) -> None:
         import torch
 
         from intellect_node.commands.progress import Progress
+        from intellect_node.envs.filtering import SolveRateBand, save_solve_rates
         from intellect_node.inference.evaluate import solve_rates as measure
         from intellect_node.inference.torch_engine import TorchEngine
-        from intellect_node.trainer.filtering import SolveRateBand, save_solve_rates
 
         if samples < 2:
             raise ConfigError("--samples must be at least 2 (a rate from one draw is 0 or 1)",

@@ -6,6 +6,6 @@ problems from reasoning-gym datasets by ID; ``environment`` turns the ``[rl]`` s
 task; ``sandbox`` runs checkers in child processes under a time limit. docs/environments.md is the
 operator's guide.
 
-Same layer as ``trainer/`` (imports ``errors`` and ``trainer.tasks``; no networking, no torch). Kept
+Same layer as ``trainer/`` (imports ``errors`` and ``envs.tasks``; no networking, no torch). Kept
 light to import: the scoring child process imports this package first.
 """

@@ -21,13 +21,13 @@ from intellect_node.envs import reasoning_gym as rg
 from intellect_node.envs.extract import Extraction
 from intellect_node.envs.sandbox import DEFAULT_TIMEOUT_S
 from intellect_node.envs.scoring import DEFAULT_EXTRACTION, EnvSettings, Memo, Scorer
-from intellect_node.errors import ConfigError
-from intellect_node.trainer.tasks import (
+from intellect_node.envs.tasks import (
     CHECKERS,
     MAX_COMPLETION_CHARS,
     Problem,
     Task,
 )
+from intellect_node.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -107,10 +107,10 @@ def build_task(*, task: str = "add3", tasks_file: str | None = None, env: str | 
                max_completion_chars: int = MAX_COMPLETION_CHARS, system_prompt: str | None = None,
                reward_timeout_s: float = DEFAULT_TIMEOUT_S) -> Task:
     """The run's task from the ``[rl]`` settings, registered so its problem IDs resolve
-    (``trainer.tasks.resolve_problem``, what the verifier uses). ``auto`` means the environment's own
+    (``envs.tasks.resolve_problem``, what the verifier uses). ``auto`` means the environment's own
     default: answer tags after stripped reasoning for reasoning-gym, the whole text for task files and
     the embedded task; an unset system prompt means reasoning-gym's instruction where it has one."""
-    from intellect_node.trainer.tasks import get_task, register_task
+    from intellect_node.envs.tasks import get_task, register_task
 
     if env is not None and tasks_file is not None:
         raise ConfigError("rl.env and rl.tasks_file are both set; a run has one task source: drop one",
@@ -137,7 +137,7 @@ def build_task(*, task: str = "add3", tasks_file: str | None = None, env: str | 
     if env is not None:
         built = rg.ReasoningGymTask(dataset, env_args, settings)
     elif tasks_file is not None:
-        from intellect_node.trainer.jsonl_tasks import load_jsonl_tasks
+        from intellect_node.envs.jsonl_tasks import load_jsonl_tasks
 
         base = load_jsonl_tasks(tasks_file)
         if task not in ("add3", base.task_id):

@@ -36,8 +36,8 @@ from typing import Any
 from intellect_node.envs.extract import Extraction
 from intellect_node.envs.sandbox import default_pool
 from intellect_node.envs.scoring import EnvSettings, Memo, Scorer
+from intellect_node.envs.tasks import Problem, problem_index
 from intellect_node.errors import ConfigError
-from intellect_node.trainer.tasks import Problem, problem_index
 
 PREFIX = "reasoning_gym:"
 

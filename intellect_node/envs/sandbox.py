@@ -38,9 +38,20 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from intellect_node.envs import _child
-from intellect_node.trainer.tasks import ScoringFailed
 
 log = logging.getLogger(__name__)
+
+class ScoringFailed(Exception):
+    """A checker could not score an answer (timed out, crashed on it); ``reason`` is a short code.
+
+    Raised by checkers that run outside this process (this module); ``Problem.judge``
+    turns it into a reward of 0 with that reason, so it never reaches a role."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
 
 DEFAULT_TIMEOUT_S = 5.0
 """Wall-clock limit for one scoring call (math-verify's own default is 5 s per parse and per compare).

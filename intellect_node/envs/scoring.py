@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from intellect_node.envs.extract import Extraction, extract
-from intellect_node.envs.sandbox import DEFAULT_TIMEOUT_S
+from intellect_node.envs.sandbox import DEFAULT_TIMEOUT_S, ScoringFailed
+from intellect_node.envs.tasks import MAX_COMPLETION_CHARS, Judgement, bounded
 from intellect_node.errors import ConfigError
-from intellect_node.trainer.tasks import MAX_COMPLETION_CHARS, Judgement, ScoringFailed, bounded
 
 DEFAULT_EXTRACTION = Extraction(mode="whole", think="keep", max_chars=MAX_COMPLETION_CHARS)
 """Task files and the embedded task: the whole completion, as before environments existed."""

@@ -17,6 +17,7 @@ import json
 import random
 from typing import Sequence
 
+from intellect_node.envs.tasks import Problem, embedded_task
 from intellect_node.inference.base import InferenceEngine, SamplingConfig
 from intellect_node.inference.rollouts import generate_rollouts
 from intellect_node.inference.torch_engine import TorchEngine
@@ -31,7 +32,6 @@ from intellect_node.proofs.thresholds import (
 )
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.trainer.tasks import Problem, embedded_task
 
 _UNBOUNDED = Thresholds(exp_mismatches=10 ** 9, mant_err_mean=float("inf"), mant_err_median=float("inf"),
                         logprob_diff=float("inf"), sampling_gap=float("inf"))

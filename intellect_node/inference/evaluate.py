@@ -28,13 +28,13 @@ from typing import Sequence
 
 import torch
 
+from intellect_node.envs.filtering import measure_solve_rates
+from intellect_node.envs.tasks import Problem, Task, embedded_task
 from intellect_node.errors import ConfigError
 from intellect_node.inference.base import SamplingConfig
 from intellect_node.inference.torch_engine import TorchEngine
 from intellect_node.models.loader import LoadedModel, load_model, torch_dtype
 from intellect_node.proofs.sampling import rollout_key
-from intellect_node.trainer.filtering import measure_solve_rates
-from intellect_node.trainer.tasks import Problem, Task, embedded_task
 
 EVAL_SEED = 20261129
 """Default seed of the problem set and sampler keys: the same seed always gives the same evaluation."""

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+from intellect_node.envs.tasks import Problem
 from intellect_node.inference.base import InferenceEngine, SamplingConfig
 from intellect_node.models.tokenizer import ModelTokenizer
 from intellect_node.proofs.sampling import batch_seeds, derived_rollout_id, rollout_key
@@ -22,7 +23,6 @@ from intellect_node.proofs.toploc import build_proofs_batch
 from intellect_node.protocol.ids import cid_from_digest, cid_of
 from intellect_node.protocol.rollout import RolloutRecord, SamplingParams, sign_rollout
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.trainer.tasks import Problem
 
 
 def checkpoint_cid(model_dir: Path) -> str:

@@ -18,6 +18,7 @@ from typing import Callable, Collection, Sequence
 
 import torch
 
+from intellect_node.envs.tasks import Problem, resolve_problem
 from intellect_node.errors import ConfigError, ProtocolError
 from intellect_node.inference.torch_engine import TorchEngine
 from intellect_node.proofs.sampling import (
@@ -30,7 +31,6 @@ from intellect_node.proofs.sampling import (
 from intellect_node.proofs.thresholds import Thresholds
 from intellect_node.proofs.toploc import ChunkResult, verify_proofs_batch
 from intellect_node.protocol.rollout import RolloutRecord, check_record, verify_rollout_signature
-from intellect_node.trainer.tasks import Problem, resolve_problem
 
 REASONS = {
     "malformed": "the record breaks a structural rule (lengths, ranges, proof count)",

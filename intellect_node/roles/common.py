@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from intellect_node.blobs.service import BlobService
+from intellect_node.envs.tasks import Problem, Task
 from intellect_node.errors import ConfigError, IntegrityError, TransportError
 from intellect_node.models.loader import LoadedModel, load_model, resolve_model_dir, torch_dtype
 from intellect_node.node.config import NodeConfig
@@ -27,7 +28,6 @@ from intellect_node.protocol.blob import Manifest
 from intellect_node.protocol.rollout import RolloutRecord
 from intellect_node.roles.seams import Runtime
 from intellect_node.trainer.step import Sample
-from intellect_node.trainer.tasks import Problem, Task
 
 if TYPE_CHECKING:
     from intellect_node.blobs.fetch import FetchStats, Provider
@@ -55,7 +55,7 @@ def run_task(cfg: NodeConfig, *, filtered: bool = True) -> Task:
                             max_completion_chars=rl.max_completion_chars, system_prompt=rl.system_prompt,
                             reward_timeout_s=rl.reward_timeout_s)
     if filtered and cfg.rl.solve_rates_file:
-        from intellect_node.trainer.filtering import filter_by_rates_file
+        from intellect_node.envs.filtering import filter_by_rates_file
 
         task = filter_by_rates_file(task, cfg.rl.solve_rates_file, cfg.rl.solve_rate_band)
     return task

@@ -11,14 +11,14 @@ from __future__ import annotations
 import time
 
 from intellect_node.envs.extract import Extraction, extract
+from intellect_node.envs.tasks import MAX_COMPLETION_CHARS, Problem
 from intellect_node.node.status import Completion
-from intellect_node.trainer.tasks import MAX_COMPLETION_CHARS, Problem
 
 
 def answer_of(problem: Problem, text: str) -> tuple[str | None, str]:
     """``(answer, "")`` as the run's checker sees it in ``text``, or ``(None, reason)``: the problem's
     extraction when its task has one (``envs/environment.py``), else the whole text (what a plain
-    checker compares, ``trainer/tasks.py``). Linear in the text: cheap beside the checker itself."""
+    checker compares, ``envs/tasks.py``). Linear in the text: cheap beside the checker itself."""
     how = getattr(problem.scorer, "extraction", None)
     if not isinstance(how, Extraction):
         how = Extraction(mode="whole", think="keep", max_chars=MAX_COMPLETION_CHARS)

@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from intellect_node.envs.filtering import FilteredTask
 from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError
 from intellect_node.inference import make_engine
 from intellect_node.inference.verifier import Expectations, Verifier, seed_violation
@@ -102,7 +103,6 @@ from intellect_node.roles.engines import run_thresholds
 from intellect_node.roles.follow import TrainerPolicy
 from intellect_node.roles.intake import Intake, Limits, Pending
 from intellect_node.roles.seams import RoleTasks, Runtime
-from intellect_node.trainer.filtering import FilteredTask
 
 if TYPE_CHECKING:
     from intellect_node.inference.torch_engine import TorchEngine

@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from intellect_node.envs.tasks import Problem
 from intellect_node.errors import IntellectNodeError
 from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
 from intellect_node.inference import InferenceEngine, SamplingConfig, make_engine
@@ -77,7 +78,6 @@ from intellect_node.roles.completions import completion
 from intellect_node.roles.engines import engine_choice, require_rollout_engine
 from intellect_node.roles.follow import TrainerPolicy
 from intellect_node.roles.seams import RoleTasks, Runtime
-from intellect_node.trainer.tasks import Problem
 
 log = logging.getLogger(__name__)
 

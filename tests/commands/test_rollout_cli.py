@@ -11,13 +11,13 @@ import msgspec
 from typer.testing import CliRunner
 
 from intellect_node.cli import app
+from intellect_node.envs.tasks import embedded_task
 from intellect_node.errors import ConfigError
 from intellect_node.inference.base import SamplingConfig
 from intellect_node.inference.rollouts import checkpoint_cid, generate_rollouts
 from intellect_node.inference.torch_engine import TorchEngine
 from intellect_node.protocol.rollout import RolloutBatch, decode_batch, encode_batch
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.trainer.tasks import embedded_task
 from tests.support.common import run_cli
 from tests.support.rollouts import random_model, resign
 

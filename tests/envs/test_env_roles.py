@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from intellect_node.envs.environment import build_task
+from intellect_node.envs.tasks import Task
 from intellect_node.inference.base import SamplingConfig
 from intellect_node.inference.rollouts import checkpoint_cid, generate_rollouts
 from intellect_node.inference.torch_engine import TorchEngine
@@ -19,7 +20,6 @@ from intellect_node.proofs.thresholds import load_thresholds
 from intellect_node.protocol.rollout import RolloutRecord
 from intellect_node.protocol.signing import SigningKey
 from intellect_node.roles.common import rescored_group
-from intellect_node.trainer.tasks import Task
 from tests.support.rollouts import resign
 
 torch.set_num_threads(1)
@@ -83,7 +83,7 @@ def test_the_trainer_leaves_out_a_group_its_checker_could_not_judge(engine: Torc
     faster validator scored) the group's rewards are unknown there: left out, not trained on as 0."""
     import dataclasses
 
-    from intellect_node.trainer.tasks import Judgement
+    from intellect_node.envs.tasks import Judgement
 
     decode = engine.loaded.tokenizer.decode
     p = task.get(honest[0].problem_id)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from intellect_node.envs.environment import build_task
-from intellect_node.trainer.jsonl_tasks import load_jsonl_tasks
-from intellect_node.trainer.tasks import Problem
+from intellect_node.envs.jsonl_tasks import load_jsonl_tasks
+from intellect_node.envs.tasks import Problem
 
 
 def math_problem(answer: str) -> Problem:

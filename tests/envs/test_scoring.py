@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from intellect_node.envs.environment import build_task
-from intellect_node.envs.sandbox import ScoringPool, default_pool
-from intellect_node.trainer.tasks import Judgement, ScoringFailed
+from intellect_node.envs.sandbox import ScoringFailed, ScoringPool, default_pool
+from intellect_node.envs.tasks import Judgement
 from tests.support.wait import wait_for
 
 PATHOLOGICAL = "$\\boxed{9^{9^{9^{9}}}}$"

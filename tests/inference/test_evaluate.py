@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from intellect_node.envs.tasks import embedded_task
 from intellect_node.errors import ConfigError
 from intellect_node.inference.evaluate import Evaluation, held_out, pass_rate, with_weights
 from intellect_node.models.loader import load_model
-from intellect_node.trainer.tasks import embedded_task
 from tests.support.common import CLI
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from intellect_node.envs.tasks import Problem, embedded_task
 from intellect_node.inference.base import SamplingConfig
 from intellect_node.inference.decoder import left_pad
 from intellect_node.inference.rollouts import checkpoint_cid, generate_rollouts
@@ -25,7 +26,6 @@ from intellect_node.models.loader import load_hf_model, load_model
 from intellect_node.proofs.thresholds import Thresholds
 from intellect_node.protocol.rollout import RolloutRecord
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.trainer.tasks import Problem, embedded_task
 from tests.support.families import VARIANTS, build_family_model, family_model
 from tests.support.rollouts import resign
 

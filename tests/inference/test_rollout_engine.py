@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from intellect_node.envs.tasks import embedded_task
 from intellect_node.inference.base import InferenceEngine, SamplingConfig
 from intellect_node.inference.rollouts import checkpoint_cid, generate_rollouts
 from intellect_node.inference.torch_engine import TorchEngine
 from intellect_node.inference.verifier import Expectations, Verifier
 from intellect_node.proofs.thresholds import Thresholds
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.trainer.tasks import embedded_task
 from tests.support.rollouts import random_model, resign
 
 STRICT = Thresholds(exp_mismatches=2, mant_err_mean=0.5, mant_err_median=1.0, logprob_diff=1e-3,

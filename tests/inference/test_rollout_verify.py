@@ -10,6 +10,7 @@ import msgspec
 import pytest
 import torch
 
+from intellect_node.envs.tasks import embedded_task
 from intellect_node.inference.base import SamplingConfig
 from intellect_node.inference.rollouts import checkpoint_cid, generate_rollouts
 from intellect_node.inference.torch_engine import TorchEngine
@@ -19,7 +20,6 @@ from intellect_node.proofs.thresholds import load_thresholds
 from intellect_node.proofs.toploc import build_proofs
 from intellect_node.protocol.rollout import RolloutRecord, sign_rollout
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.trainer.tasks import embedded_task
 from tests.support.rollouts import noisy_model, random_model, resign
 
 SAMPLING = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=16)
@@ -264,8 +264,8 @@ def test_a_checker_that_times_out_here_does_not_blame_the_worker(engine: TorchEn
     with another score is still ``reward``."""
     import dataclasses
 
+    from intellect_node.envs.tasks import Judgement, resolve_problem
     from intellect_node.roles.validator import NOT_HELD
-    from intellect_node.trainer.tasks import Judgement, resolve_problem
 
     scored = next((r for r in honest if r.reward == 1.0), None) or resign(honest[0], WORKER, reward=1.0)
 

@@ -12,6 +12,7 @@ import torch
 
 from intellect_node.commands.common import parse_env_args
 from intellect_node.commands.demo import plan_demo
+from intellect_node.envs.tasks import embedded_task
 from intellect_node.errors import ConfigError
 from intellect_node.inference import make_engine
 from intellect_node.inference.run_settings import (
@@ -25,7 +26,6 @@ from intellect_node.inference.run_settings import (
 )
 from intellect_node.models.loader import embedded_model_dir
 from intellect_node.testing.models import make_model
-from intellect_node.trainer.tasks import embedded_task
 
 torch.set_num_threads(1)
 

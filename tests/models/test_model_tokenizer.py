@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from intellect_node.envs.tasks import embedded_task
 from intellect_node.errors import ConfigError
 from intellect_node.models.loader import (
     BOS,
@@ -21,7 +22,6 @@ from intellect_node.models.loader import (
     tokenizer_config_files,
 )
 from intellect_node.models.tokenizer import ModelTokenizer
-from intellect_node.trainer.tasks import embedded_task
 from tests.support.families import VARIANTS, copy_model, family_model
 
 MESSAGES = [("What is 12 + 45?", None), ("What is 12 + 45?", "Answer with digits only.")]

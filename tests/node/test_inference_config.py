@@ -157,12 +157,12 @@ def test_calibrated_qwen3_run_accepts_honest_rollouts_and_rejects_tampered(qwen3
     cfg = build_config({"run": {"model": str(qwen3), "proof_thresholds": str(out),
                                 "proof_thresholds_sha256": digest, "trainer_peer_id": PEER}})
     thresholds = run_thresholds(cfg, qwen3)
+    from intellect_node.envs.tasks import embedded_task
     from intellect_node.inference import SamplingConfig, make_engine
     from intellect_node.inference.rollouts import checkpoint_cid, generate_rollouts
     from intellect_node.inference.verifier import Expectations, Verifier
     from intellect_node.protocol.rollout import sign_rollout
     from intellect_node.protocol.signing import SigningKey
-    from intellect_node.trainer.tasks import embedded_task
 
     engine = make_engine(qwen3, "torch")
     problems = embedded_task().sample(random.Random(3), 4)

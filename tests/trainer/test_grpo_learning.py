@@ -14,12 +14,12 @@ import random
 
 import torch
 
+from intellect_node.envs.tasks import embedded_task
 from intellect_node.inference.base import SamplingConfig
 from intellect_node.inference.torch_engine import TorchEngine
 from intellect_node.models.loader import load_hf_model, load_model
 from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.trainer.step import Sample, make_optimizer, train_step
-from intellect_node.trainer.tasks import embedded_task
 
 torch.set_num_threads(1)
 G, P, T, STEPS, LR = 8, 8, 5, 30, 2e-4

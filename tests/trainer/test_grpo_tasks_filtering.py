@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from intellect_node.errors import ConfigError
-from intellect_node.trainer.filtering import (
+from intellect_node.envs.filtering import (
     SolveRateBand,
-    filter_groups,
     load_solve_rates,
     measure_solve_rates,
     offline_filter,
     save_solve_rates,
 )
-from intellect_node.trainer.jsonl_tasks import load_jsonl_tasks
-from intellect_node.trainer.tasks import Task, embedded_task, get_task, resolve_problem
+from intellect_node.envs.jsonl_tasks import load_jsonl_tasks
+from intellect_node.envs.tasks import Task, embedded_task, get_task, resolve_problem
+from intellect_node.errors import ConfigError
+from intellect_node.trainer.filtering import filter_groups
 
 
 def test_jsonl_task_loads_scores_and_resolves(tmp_path: Path) -> None:
@@ -98,9 +98,9 @@ def test_offline_filter_in_a_run_from_the_cli_to_the_runs_task(tmp_path: Path) -
     import json
     import subprocess
 
+    from intellect_node.envs.filtering import FilteredTask
     from intellect_node.node.config import load_config
     from intellect_node.roles.common import run_task
-    from intellect_node.trainer.filtering import FilteredTask
     from tests.support.common import CLI
 
     rates_path = tmp_path / "rates.json"

@@ -7,9 +7,7 @@ import random
 import pytest
 
 from intellect_node.envs.environment import build_task
-from intellect_node.errors import ConfigError
-from intellect_node.models.loader import ModelTokenizer, write_tokenizer_files
-from intellect_node.trainer.tasks import (
+from intellect_node.envs.tasks import (
     MAX_COMPLETION_CHARS,
     AdditionTask,
     Judgement,
@@ -22,6 +20,8 @@ from intellect_node.trainer.tasks import (
     register_task,
     resolve_problem,
 )
+from intellect_node.errors import ConfigError
+from intellect_node.models.loader import ModelTokenizer, write_tokenizer_files
 
 
 def test_addition_problems_are_addressable_and_scored() -> None:

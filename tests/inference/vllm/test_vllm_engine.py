@@ -9,6 +9,7 @@ import torch
 
 vllm = pytest.importorskip("vllm", reason="run via `make test-vllm`, which installs vLLM in .venv-vllm")
 
+from intellect_node.envs.tasks import embedded_task  # noqa: E402
 from intellect_node.inference.base import SamplingConfig  # noqa: E402
 from intellect_node.inference.rollouts import checkpoint_cid, generate_rollouts  # noqa: E402
 from intellect_node.inference.torch_engine import TorchEngine  # noqa: E402
@@ -17,7 +18,6 @@ from intellect_node.inference.vllm_engine import VllmEngine  # noqa: E402
 from intellect_node.models.loader import embedded_model_dir  # noqa: E402
 from intellect_node.proofs.thresholds import load_thresholds  # noqa: E402
 from intellect_node.protocol.signing import SigningKey  # noqa: E402
-from intellect_node.trainer.tasks import embedded_task  # noqa: E402
 
 torch.set_num_threads(1)
 KEY = SigningKey(bytes(range(32)))

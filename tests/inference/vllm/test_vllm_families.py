@@ -26,6 +26,7 @@ import torch
 vllm = pytest.importorskip("vllm", reason="run via `make test-vllm`, which installs vLLM in .venv-vllm")
 
 from intellect_node.envs.environment import build_task  # noqa: E402
+from intellect_node.envs.tasks import Task  # noqa: E402
 from intellect_node.errors import ConfigError  # noqa: E402
 from intellect_node.fsutil import atomic_write_text  # noqa: E402
 from intellect_node.inference import SamplingConfig, make_engine  # noqa: E402
@@ -36,7 +37,6 @@ from intellect_node.node.config import build_config  # noqa: E402
 from intellect_node.proofs.thresholds import Thresholds, merge_into  # noqa: E402
 from intellect_node.protocol.signing import SigningKey  # noqa: E402
 from intellect_node.roles.engines import run_thresholds  # noqa: E402
-from intellect_node.trainer.tasks import Task  # noqa: E402
 from tests.support.families import build_family_model, family_model  # noqa: E402
 from tests.support.rollouts import resign  # noqa: E402
 

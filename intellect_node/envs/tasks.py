@@ -25,24 +25,13 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
+from intellect_node.envs.sandbox import ScoringFailed
 from intellect_node.errors import ConfigError
 
 MAX_COMPLETION_CHARS = 32_768
 """Completions longer than this score 0 (``too_long``) before any checker sees them: a bound on the work
 a hostile completion can cause. The default of ``rl.max_completion_chars``; far above what the embedded
 task's 8 new tokens can produce."""
-
-
-class ScoringFailed(Exception):
-    """A checker could not score an answer (timed out, crashed on it); ``reason`` is a short code.
-
-    Raised by checkers that run outside this process (``intellect_node.envs.sandbox``); :meth:`Problem.judge`
-    turns it into a reward of 0 with that reason, so it never reaches a role."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True)

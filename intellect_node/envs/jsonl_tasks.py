@@ -5,12 +5,12 @@
     {"id": "q17", "prompt": "...", "answer": "..."}                  # optional stable id
     {"prompt": "Half of 1?", "answer": "\\frac{1}{2}", "checker": "math"}   # math-verify: 0.5 matches
 
-Checkers are those of :data:`~intellect_node.trainer.tasks.CHECKERS`: ``exact``, ``integer`` and ``math``
+Checkers are those of :data:`~intellect_node.envs.tasks.CHECKERS`: ``exact``, ``integer`` and ``math``
 (math-verify, run in a scoring process under a time limit; docs/environments.md). The run's extraction
 settings (``rl.answer_format``, ``rl.think``) and system prompt apply on top, through
 ``intellect_node.envs.environment.build_task``.
 
-The file becomes a :class:`~intellect_node.trainer.tasks.Task` named by ``task_id`` (default: the file's
+The file becomes a :class:`~intellect_node.envs.tasks.Task` named by ``task_id`` (default: the file's
 stem); problem IDs are ``<task_id>/<line index>`` like the embedded task's, so workers, validators and the
 trainer resolve the same problem from a rollout. Every node of a run loads the same file (its hash goes in
 the run config), so the reward a validator recomputes is the one the operator meant.
@@ -26,8 +26,8 @@ import json
 import random
 from pathlib import Path
 
+from intellect_node.envs.tasks import CHECKERS, Problem, register_task
 from intellect_node.errors import ConfigError
-from intellect_node.trainer.tasks import CHECKERS, Problem, register_task
 
 MAX_FILE_BYTES = 256 * 1024 * 1024
 MAX_LINE_BYTES = 64 * 1024
