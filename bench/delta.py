@@ -307,7 +307,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model folder (default: the embedded model)")
     ap.add_argument("--steps", type=int, default=4, help="GRPO steps on the embedded model")
-    from intellect_node.node.config import RLConfig
+    from intellect_node.config import RLConfig
 
     ap.add_argument("--lr", type=float, nargs="+", default=[RLConfig().lr, 3e-5],
                     help="learning rates of the embedded model's GRPO steps "

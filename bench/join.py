@@ -8,7 +8,7 @@ Join: a running local swarm, a trainer and a validator on the embedded model sta
 starts them (``intellect-node join --role ...`` processes on 127.0.0.1, the demo's RL settings and
 network timings; ``--workers N`` adds N workers already at work, so the trainer is stepping), then one
 fresh worker: a new data dir, no key (``join`` makes one), bootstrapped to the trainer and validator.
-The stages are the worker's own timeline (``snapshot.timeline``, node/status.py), seconds from its
+The stages are the worker's own timeline (``snapshot.timeline``, config/status.py), seconds from its
 process's start as the kernel records it: ready (control API up), first peer, first policy held, first
 batch submitted, first batch accepted. The bench's outside view (spawn to the status poll that first
 showed the acceptance, 0.2 s polls) is printed beside it as a cross-check.
@@ -93,9 +93,9 @@ def _wait(what: str, timeout: float, predicate: Any) -> Any:
 
 
 def run_join(work: Path, workers: int, timeout: float) -> dict[str, Any]:
+    from intellect_node.config.status import TIMELINE_STAGES
     from intellect_node.models.loader import embedded_model_dir
     from intellect_node.node.processes import stop_all
-    from intellect_node.node.status import TIMELINE_STAGES
     from intellect_node.p2p.identity import init_key
 
     model = str(embedded_model_dir())

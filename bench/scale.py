@@ -214,7 +214,7 @@ def _heartbeat_settled(st: dict[str, Any], n: int) -> bool:
     hb = st.get("heartbeats")
     if not hb or hb.get("fixed_rate"):
         return True
-    from intellect_node.node.config.schema import NetworkConfig
+    from intellect_node.config.schema import NetworkConfig
     from intellect_node.p2p.heartbeat import stretched_interval
 
     net = NetworkConfig()
@@ -269,7 +269,7 @@ def idle_window(nodes: list[Node], window: float, hb_topic: str,
 
 async def reach(work: Path, nodes: list[Node], rounds: int, pool: ThreadPoolExecutor) -> dict[str, Any]:
     """Publish ``rounds`` heartbeats from an in-process probe node; when did each node hear each one?"""
-    from intellect_node.node.config.schema import NetworkConfig
+    from intellect_node.config.schema import NetworkConfig
     from intellect_node.p2p.heartbeat import Heartbeats
     from intellect_node.p2p.swarm import Swarm
     from intellect_node.protocol.signing import SigningKey

@@ -83,7 +83,7 @@ def params() -> dict[str, Any]:
     from libp2p.kad_dht import common as kad_common
     from libp2p.kad_dht import kad_dht, provider_store
 
-    from intellect_node.node.config.schema import NetworkConfig
+    from intellect_node.config.schema import NetworkConfig
     from intellect_node.p2p import heartbeat, host
 
     net = NetworkConfig()

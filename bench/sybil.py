@@ -33,13 +33,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from intellect_node.config import NodeConfig  # noqa: E402
 from intellect_node.envs.tasks import embedded_task  # noqa: E402
 from intellect_node.inference.base import SamplingConfig  # noqa: E402
 from intellect_node.inference.rollouts import generate_rollouts  # noqa: E402
 from intellect_node.inference.torch_engine import TorchEngine  # noqa: E402
 from intellect_node.inference.verifier import Expectations, Verifier  # noqa: E402
 from intellect_node.models.loader import embedded_model_dir, load_model  # noqa: E402
-from intellect_node.node.config import NodeConfig  # noqa: E402
 from intellect_node.proofs.thresholds import load_thresholds  # noqa: E402
 from intellect_node.protocol.ids import cid_of  # noqa: E402
 from intellect_node.protocol.rl import RolloutNotice, notice_validator, seal_notice  # noqa: E402

@@ -1,4 +1,4 @@
-"""The terminal dashboard: renders :class:`~intellect_node.node.status.StatusSnapshot` values, nothing else.
+"""The terminal dashboard: renders :class:`~intellect_node.config.status.StatusSnapshot` values, nothing else.
 
 Two views, both sized for an 80x24 terminal (and wider and taller ones: ``height`` gives the extra rows
 to the completions and events):
@@ -39,7 +39,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from intellect_node.node.status import Completion, Notice, Rejection, StatusSnapshot
+from intellect_node.config.status import Completion, Notice, Rejection, StatusSnapshot
 
 SPARK = "▁▂▃▄▅▆▇█"
 ROLE_STYLE = {"trainer": "bold magenta", "validator": "bold cyan", "worker": "bold green"}

@@ -6,6 +6,7 @@ A reader never sees a half-written file, and after a crash either the old or the
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -69,3 +70,23 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, object]]:
         if isinstance(obj, dict):
             out.append(obj)
     return out
+
+
+PRIVATE_FILE_MODE = 0o600
+"""Files that name peers, addresses or secrets: the ledger, logs, the control file, the node key."""
+
+
+def ensure_private_file(path: Path) -> None:
+    """Create ``path`` empty with mode 0600 if missing, or tighten it to 0600 if others can read it.
+
+    Called before a library (sqlite3, logging) opens the file, so it never exists with the umask's
+    looser bits. Only regular files are touched (``--log-file /dev/stderr`` stays as it is).
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE_MODE))
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    if stat.S_ISREG(st.st_mode) and mode & 0o077:
+        os.chmod(path, mode & ~0o077)

@@ -154,7 +154,7 @@ def setup_logging(*, level: str = "INFO", json_lines: bool = True, file: Path | 
     if file is not None:
         try:
             file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # often the data dir itself
-            from intellect_node.p2p.identity import ensure_private_file
+            from intellect_node.fsutil import ensure_private_file
 
             ensure_private_file(file)  # 0600: logs name peers, addresses and the data dir
             handler: logging.Handler = logging.FileHandler(file, encoding="utf-8")

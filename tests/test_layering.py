@@ -1,36 +1,41 @@
-"""Imports flow one way, bottom up (see intellect_node/__init__.py); the core never imports rich/typer."""
+"""Imports flow one way, bottom up (docs/architecture.md, "Layers"): every package and top-level module has
+its own rank, nothing imports a part of a higher or equal rank, no two files import each other (directly
+or round a cycle), the core never imports rich/typer, and only ``p2p/`` imports libp2p."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "intellect_node"
 
-RANK = {"errors": 0, "fsutil": 0, "gcpolicy": 0, "protocol": 1, "proofs": 2, "models": 2, "policy": 2,
-        "trainer": 3, "envs": 3, "research": 3, "inference": 4, "p2p": 5, "blobs": 6, "roles": 8, "node": 9,
-        "commands": 10, "cli": 10, "dashboard": 10, "logsetup": 10, "testing": 11}
-"""``testing`` (the shipped test harness, like ``trio.testing``) ranks above everything: it may use any part,
-and no part of the product may import it."""
-NODE_BELOW_ROLES = {"node.config": 7, "node.ledger": 7, "node.status": 7}
-"""The parts of ``node/`` the roles read: the configuration tree, the ledger they record in, and the status
-board they report to. The rest of ``node/`` (runtime, assembly, metrics, control) sits above the roles."""
+RANK = {"errors": 0, "fsutil": 1, "aioutil": 1, "gcpolicy": 1, "protocol": 2, "config": 3, "proofs": 4,
+        "models": 5, "policy": 6, "envs": 7, "trainer": 8, "research": 9, "inference": 10, "p2p": 11,
+        "blobs": 12, "roles": 13, "node": 14, "logsetup": 15, "dashboard": 15, "cli": 15, "commands": 16,
+        "testing": 17}
+"""The table of docs/architecture.md. ``fsutil``, ``aioutil`` and ``gcpolicy`` are single-file helpers that
+import only ``errors``; ``logsetup``, ``dashboard`` and ``cli`` are the CLI's own modules. ``testing`` (the
+shipped test harness, like ``trio.testing``) ranks above everything: it may use any part, and no part of
+the product may import it."""
 CORE_FORBIDDEN = {"rich", "typer"}
-PURE_FORBIDDEN = {"libp2p", "trio", "aiohttp", "torch", "vllm"}  # not in protocol/
+PURE_FORBIDDEN = {"libp2p", "trio", "aiohttp", "torch", "vllm"}
+"""Not in protocol/, nor in config/ but for torch: the config checks a CUDA device with it (deferred, only
+when one is configured)."""
 
 
 def _layer(path: Path) -> str:
-    rel = path.relative_to(PKG)
-    top = rel.parts[0].removesuffix(".py")
-    sub = f"{top}.{rel.parts[1].removesuffix('.py')}" if len(rel.parts) > 1 else top
-    return sub if sub in NODE_BELOW_ROLES else top
+    return path.relative_to(PKG).parts[0].removesuffix(".py")
 
 
-def _rank(layer: str) -> int:
-    return NODE_BELOW_ROLES.get(layer, RANK.get(layer.split(".")[0], -1))
+def _module(path: Path) -> str:
+    parts = ("intellect_node", *path.relative_to(PKG).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _imports(path: Path) -> list[str]:
+    """Every module ``path`` imports, at the top or deferred in a function (``from a import b`` also yields
+    ``a.b``, which is a module when ``b`` is one)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     out: list[str] = []
     for node in ast.walk(tree):
@@ -38,36 +43,91 @@ def _imports(path: Path) -> list[str]:
             out.extend(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out.append(node.module)
+            out.extend(f"{node.module}.{a.name}" for a in node.names)
     return out
+
+
+def _files() -> list[Path]:
+    return [p for p in PKG.rglob("*.py") if p.name != "__init__.py" or p.parent != PKG]
+
+
+def test_every_part_is_ranked() -> None:
+    assert sorted({_layer(p) for p in _files()} - set(RANK)) == []
 
 
 def test_imports_flow_bottom_up() -> None:
     problems = []
-    for path in PKG.rglob("*.py"):
+    for path in _files():
         layer = _layer(path)
-        if _rank(layer) < 0:
-            continue
         for mod in _imports(path):
-            top = mod.split(".")[0]
-            if top == "intellect_node" and len(mod.split(".")) > 1:
-                parts = mod.split(".")
-                target = ".".join(parts[1:3]) if ".".join(parts[1:3]) in NODE_BELOW_ROLES else parts[1]
-                if _rank(target) > _rank(layer):
+            parts = mod.split(".")
+            if parts[0] == "intellect_node" and len(parts) > 1 and parts[1] in RANK and parts[1] != layer:
+                if RANK[parts[1]] >= RANK[layer]:
                     problems.append(f"{path.relative_to(PKG)} imports upward: {mod}")
-            if _rank(layer) < RANK["commands"] and top in CORE_FORBIDDEN:
-                problems.append(f"{path.relative_to(PKG)} (core) imports {top}")
-            if layer == "protocol" and top in PURE_FORBIDDEN:
-                problems.append(f"{path.relative_to(PKG)} (protocol) imports {top}")
-            if layer == "proofs" and top in {"libp2p", "trio", "aiohttp", "transformers", "vllm"}:
-                problems.append(f"{path.relative_to(PKG)} (proofs) imports {top}")
-    assert not problems, "\n".join(problems)
+            if RANK[layer] < RANK["logsetup"] and parts[0] in CORE_FORBIDDEN:
+                problems.append(f"{path.relative_to(PKG)} (core) imports {parts[0]}")
+            allowed = {"torch"} if layer == "config" else set()
+            if layer in ("protocol", "config") and parts[0] in PURE_FORBIDDEN - allowed:
+                problems.append(f"{path.relative_to(PKG)} ({layer}) imports {parts[0]}")
+            if layer == "proofs" and parts[0] in {"libp2p", "trio", "aiohttp", "transformers", "vllm"}:
+                problems.append(f"{path.relative_to(PKG)} (proofs) imports {parts[0]}")
+    assert not problems, "\n".join(sorted(set(problems)))
+
+
+def test_no_two_files_import_each_other() -> None:
+    """The import graph between files has no cycle (deferred imports count: a cycle that works only
+    because one side imports late is still two files that cannot be read apart)."""
+    modules = {_module(p): p for p in PKG.rglob("*.py")}
+
+    def target(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for mod, path in modules.items():
+        for imported in _imports(path):
+            t = target(imported)
+            # A module inside a package may import its own package's __init__ (and the reverse is the
+            # package re-exporting it): not a cycle between two files of different purpose.
+            if t is not None and t != mod and not mod.startswith(t + ".") and not t.startswith(mod + "."):
+                graph[mod].add(t)
+    sys.setrecursionlimit(10_000)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert not cycles, "\n".join(" <-> ".join(c) for c in cycles)
 
 
 def test_only_p2p_imports_libp2p() -> None:
-    """``testing`` may too: its NAT agent stands in for a remote peer with a bare host (and the node's fixes);
-    no part of the node imports it (above)."""
-    problems = [f"{path.relative_to(PKG)} imports {mod}" for path in PKG.rglob("*.py")
-                if _layer(path) not in ("p2p", "testing")
+    problems = [f"{path.relative_to(PKG)} imports {mod}" for path in _files() if _layer(path) != "p2p"
                 for mod in _imports(path) if mod.split(".")[0] == "libp2p"]
     assert not problems, "\n".join(problems)
 

@@ -72,7 +72,7 @@ def task_and_model(config_path: Optional[Path], *, task_id: str, tasks_file: Opt
     if not config_path.is_file():
         raise ConfigError(f"--config: no file at {config_path}; pass the run's node config (TOML)",
                           field="config")
-    from intellect_node.node.config.loader import load_config
+    from intellect_node.config.loader import load_config
     from intellect_node.roles.common import run_task
 
     cfg = load_config(config_path)

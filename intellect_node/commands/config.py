@@ -1,6 +1,6 @@
 """``intellect-node config show``: the configuration a node would run with, and where each value came from.
 
-It goes through the loader ``join`` uses (``node/config/loader.py``: ``--config FILE``, else
+It goes through the loader ``join`` uses (``config/loader.py``: ``--config FILE``, else
 ``$INTELLECT_NODE_CONFIG``, else ``<data-dir>/config.toml``; then ``INTELLECT_NODE_<SECTION>__<FIELD>``
 variables; then flags), so what it prints is what ``join`` with the same environment and flags gets.
 Flags: everything after ``show``'s own options is parsed by ``join``'s own parser, so
@@ -60,7 +60,7 @@ def _source(where: str | None) -> str:
 def effective(config_file: Path | None, d: Path, flags: dict[str, Any]) -> tuple[Path | None, Any, dict]:
     """``(file read, validated NodeConfig, section.field -> source text)``; ConfigError like ``join``."""
     from intellect_node.commands.join import FLAG_OF_FIELD
-    from intellect_node.node.config import config_layers, load_config, section_models
+    from intellect_node.config import config_layers, load_config, section_models
 
     file, _merged, origin = config_layers(config_file, flags=flags, data_dir=d, flag_names=FLAG_OF_FIELD)
     cfg = load_config(config_file, flags=flags, data_dir=d, flag_names=FLAG_OF_FIELD)
@@ -72,7 +72,7 @@ def effective(config_file: Path | None, d: Path, flags: dict[str, Any]) -> tuple
 def as_toml(cfg: Any, sources: dict[str, str], file: Path | None) -> str:
     """The config as TOML with each field's source; values as JSON, which TOML reads alike for the
     strings, numbers, booleans and lists a config holds."""
-    from intellect_node.node.config import section_models
+    from intellect_node.config import section_models
 
     lines = ["# The effective intellect-node configuration (`intellect-node config show`).",
              f"# Read from: {file if file is not None else 'no config file (defaults)'}; then "
@@ -131,9 +131,9 @@ def register(app: typer.Typer) -> None:
         """Print the [rl] settings that fit MODEL and the environment, each with why (TOML to paste
         into the run's config). Given values (--config's [rl], --env, --env-args) are kept."""
         from intellect_node.commands.common import parse_env_args
+        from intellect_node.config.loader import read_toml
         from intellect_node.inference.run_settings import fit_settings, model_facts, size_text
         from intellect_node.models.loader import resolve_model_dir
-        from intellect_node.node.config.loader import read_toml
 
         folder = resolve_model_dir(model)
         given = dict(read_toml(config_file).get("rl", {})) if config_file is not None else {}
@@ -170,9 +170,9 @@ def _preflight(folder: Path, rl: dict[str, Any]) -> int:
 
     import torch
 
+    from intellect_node.config import load_config
     from intellect_node.inference import make_engine
     from intellect_node.inference.run_settings import preflight
-    from intellect_node.node.config import load_config
     from intellect_node.node.processes import write_config
     from intellect_node.roles.common import run_task
 

@@ -120,7 +120,7 @@ class DemoSwarm:
         self._write_config(model, extra_config or {})
 
     def _write_config(self, model: str | None, extra: dict[str, Any]) -> None:
-        from intellect_node.node.config import load_config
+        from intellect_node.config import load_config
 
         # Keys exist before any process starts, so the run's trust roots are known up front: the trainer
         # announces policies, the validators' verdicts are the only ones the trainer trains on.
@@ -197,7 +197,7 @@ class DemoSwarm:
         """Status snapshot of every node that answers (a starting or stopping node is skipped, or shown
         as ``unreachable`` with ``placeholders``: the dashboard must not drop a node that stopped
         answering)."""
-        from intellect_node.node.status import StatusSnapshot
+        from intellect_node.config.status import StatusSnapshot
 
         out = []
         for node in self.nodes:
@@ -428,7 +428,7 @@ def plan_demo(*, model: str | None, env: str | None, env_args: dict[str, Any], c
 
     doc: dict[str, Any] = {}
     if config_file is not None:
-        from intellect_node.node.config.loader import read_toml
+        from intellect_node.config.loader import read_toml
 
         doc = read_toml(config_file)
     extra: dict[str, dict[str, Any]] = {k: dict(v) for k, v in doc.items() if isinstance(v, dict)}
@@ -468,9 +468,9 @@ def preflight_and_thresholds(plan: DemoPlan, base: Path, say: Any) -> None:
     assert plan.folder is not None
     import torch
 
+    from intellect_node.config import load_config
     from intellect_node.inference import make_engine
     from intellect_node.inference.run_settings import preflight
-    from intellect_node.node.config import load_config
     from intellect_node.node.processes import write_config
     from intellect_node.roles.common import run_task
 

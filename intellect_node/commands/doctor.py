@@ -355,7 +355,7 @@ async def _probe(bootstrap: list[str], peer_urls: dict[str, str], run_id: str) -
 
 def run_checks(path: Path, *, config_file: Optional[Path], bootstrap: list[str], network: bool,
                progress: Callable[[str], None] = lambda _m: None) -> list[Check]:
-    from intellect_node.node import config as cfgmod
+    from intellect_node import config as cfgmod
 
     checks: list[Check] = []
     progress("configuration")
@@ -449,8 +449,8 @@ def _model_checks(path: Path, config_file: Optional[Path], model: str, role: Opt
                   dtype: Optional[str], device: Optional[str]) -> list[Check]:
     """``doctor --model``: the flags checked as a node would check them (exit 2 naming the flag)."""
     from intellect_node.commands.doctor_model import ROLES, check_model_memory
-    from intellect_node.node.config import load_config
-    from intellect_node.node.config.schema import check_device
+    from intellect_node.config import load_config
+    from intellect_node.config.schema import check_device
 
     if role is not None and role not in ROLES:
         raise ConfigError(f"--role {role!r} is not one of {', '.join(ROLES)}", field="role")

@@ -1,6 +1,6 @@
 """``intellect-node join``: run a node in the swarm until SIGINT/SIGTERM.
 
-Flags map onto :class:`~intellect_node.node.config.NodeConfig` and override ``--config FILE`` and
+Flags map onto :class:`~intellect_node.config.NodeConfig` and override ``--config FILE`` and
 ``INTELLECT_NODE_<SECTION>__<FIELD>`` variables; a wrong value exits 2 naming the field, where it was set
 (flag, variable or file) and the fix. What the node runs (the common services and its ``--role`` s) is put
 together by :mod:`intellect_node.node.assembly`.
@@ -36,7 +36,7 @@ def build_node_config(*, listen: list[str], bootstrap: list[str], run_id: str | 
                       metrics_port: int | None = None) -> Any:
     """The config: ``--config`` file < ``INTELLECT_NODE_*`` environment < the flags actually given.
     A mistake raises ConfigError naming the field and where it was set (the flag, variable or file)."""
-    from intellect_node.node.config import load_config
+    from intellect_node.config import load_config
 
     flags = join_flags(listen=listen, bootstrap=bootstrap, run_id=run_id, announce=announce,
                        trainer_peer_id=trainer_peer_id, http_host=http_host, http_port=http_port,
@@ -192,7 +192,7 @@ def register(app: typer.Typer) -> None:
         runtime = build_node(cfg, d, roles=role)  # a wrong --role fails here, before anything starts
         import logging
 
-        from intellect_node.node.status import BoardLogHandler
+        from intellect_node.config.status import BoardLogHandler
 
         # WARNING+ records reach the status snapshot whether or not a dashboard shows it: a headless
         # node's `status --json` and /v1/status carry them (they stayed empty before, issue #12).

@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 
 from intellect_node.commands.common import DataDirOption, data_dir
-from intellect_node.node.ledger import Ledger
+from intellect_node.config.ledger import Ledger
 
 
 def _when(ts: float | None) -> str:

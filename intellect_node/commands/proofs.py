@@ -90,12 +90,12 @@ def register(app: typer.Typer) -> None:
         path = thresholds_target(model_dir, out)  # before minutes of calibration, not after
         import torch
 
+        from intellect_node.config.schema import check_device
         from intellect_node.fsutil import atomic_write_text
         from intellect_node.inference import make_engine
         from intellect_node.inference.base import SamplingConfig
         from intellect_node.inference.calibrate import calibrate as run
         from intellect_node.inference.torch_engine import TorchEngine
-        from intellect_node.node.config.schema import check_device
         from intellect_node.proofs.thresholds import Margins, merge_into
 
         for flag, value in (("device", device), ("verify_device", verify_device)):

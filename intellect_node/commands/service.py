@@ -7,10 +7,10 @@ resolved to an absolute path), the config directory is created and given a confi
 schema (every field, at its default) when none exists, and the ``systemctl`` commands are printed, not
 run: enabling a service is the operator's decision.
 
-``--system``: ``/etc/systemd/system/intellect-node.service``, config ``/etc/intellect-node/config.toml``,
+``--system``: ``/etc/systemd/system/intellect-node.service``, config ``/etc/intellect-config/.toml``,
 data in ``/var/lib/intellect-node`` (systemd's ``StateDirectory``), a ``intellect-node`` system user (the
 ``useradd`` line is printed). ``--user``: ``$XDG_CONFIG_HOME/systemd/user/`` (default ``~/.config``),
-config ``$XDG_CONFIG_HOME/intellect-node/config.toml``, the user's default data dir. ``--dry-run`` prints
+config ``$XDG_CONFIG_HOME/intellect-config/.toml``, the user's default data dir. ``--dry-run`` prints
 the unit and the plan and writes nothing. ``docs/intellect-node.service`` is :func:`unit_text` for
 ``--system`` with the program in ``/opt/intellect-node/.venv`` (a test keeps them equal).
 """
@@ -31,7 +31,7 @@ from intellect_node.errors import ConfigError
 UNIT_NAME = "intellect-node.service"
 SYSTEM_USER = "intellect-node"
 SYSTEM_DATA_DIR = Path("/var/lib/intellect-node")
-SYSTEM_CONFIG = Path("/etc/intellect-node/config.toml")
+SYSTEM_CONFIG = Path("/etc/intellect-config/.toml")
 
 
 @dataclass(frozen=True)
@@ -170,8 +170,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write a systemd unit for this installation and a config file if missing; print the commands
         that enable it."""
+        from intellect_node.config import example_toml
         from intellect_node.fsutil import atomic_write_text
-        from intellect_node.node.config import example_toml
 
         if user == system:
             raise ConfigError("give exactly one of --user or --system", field="mode")

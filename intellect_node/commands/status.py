@@ -23,7 +23,7 @@ from intellect_node.node import control
 
 TIMELINE_LABELS = (("ready", "ready"), ("first_peer", "peer"), ("first_policy", "policy"),
                    ("first_batch_submitted", "batch submitted"), ("first_batch_accepted", "accepted"))
-"""``snapshot.timeline``'s stages (node/status.py TIMELINE_STAGES) as the summary names them."""
+"""``snapshot.timeline``'s stages (config/status.py TIMELINE_STAGES) as the summary names them."""
 
 
 def summary(st: dict[str, Any]) -> str:
@@ -65,9 +65,9 @@ def summary(st: dict[str, Any]) -> str:
     timeline = (st.get("snapshot") or {}).get("timeline") or {}
     reached = [f"{label} {timeline[stage]:.1f} s" for stage, label in TIMELINE_LABELS
                if isinstance(timeline.get(stage), (int, float))]
-    if reached:  # node/status.py: the join's stages, seconds from the process's start
+    if reached:  # config/status.py: the join's stages, seconds from the process's start
         lines.append("timeline    " + " · ".join(reached) + "  (since process start)")
-    if training.get("attempts"):  # node/status.py: a trainer's step attempts, trained or not
+    if training.get("attempts"):  # config/status.py: a trainer's step attempts, trained or not
         causes = ", ".join(f"{k} {v}" for k, v in sorted((training.get("no_signal_causes") or {}).items()))
         frac = training.get("filtered_fraction")
         lines.append(f"training    step {training.get('step', -1)} · {training['attempts']} attempts, "

@@ -4,7 +4,7 @@ together from its services.
 Every node that ``intellect-node join`` starts runs the common services, in this order (services start
 in order and close in reverse):
 
-1. the ledger (``node/ledger.py``): first, so it closes after the roles that record in it and its
+1. the ledger (``config/ledger.py``): first, so it closes after the roles that record in it and its
    write-ahead log is checkpointed last;
 2. metrics (``node/metrics.py``), when ``[metrics] enabled``;
 3. reachability (``p2p/nat``, docs/nat.md), before blobs: a private provider's chunks come over libp2p
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from intellect_node.node.config import NodeConfig
+from intellect_node.config import NodeConfig
 from intellect_node.node.runtime import NodeRuntime, ServiceFactory
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 def add_common_services(runtime: NodeRuntime) -> None:
     """Add the services every joined node runs (ledger, metrics, NAT, blobs; see the module docstring)."""
     from intellect_node.blobs.service import BlobService
-    from intellect_node.node.ledger import LedgerService
+    from intellect_node.config.ledger import LedgerService
     from intellect_node.node.metrics import MetricsService
     from intellect_node.p2p.nat.service import NatService
 

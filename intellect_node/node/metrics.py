@@ -1,4 +1,4 @@
-"""Prometheus metrics, exported from the node's :class:`~intellect_node.node.status.StatusBoard`.
+"""Prometheus metrics, exported from the node's :class:`~intellect_node.config.status.StatusBoard`.
 
 There is no second set of counters: a custom collector reads one snapshot per scrape, so ``/metrics``,
 the JSON status and the dashboard can never disagree. Each node gets its own ``CollectorRegistry``
@@ -45,7 +45,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from intellect_node.node.status import NO_SIGNAL_CAUSES, StatusBoard, Training
+from intellect_node.config.status import NO_SIGNAL_CAUSES, StatusBoard, Training
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class StatusCollector(Collector):
 
 
 def _learning_signal(t: Training) -> Iterator[Metric]:
-    """The trainer's step attempts and the online filter (``node/status.py``, "Learning signal"): zeros
+    """The trainer's step attempts and the online filter (``config/status.py``, "Learning signal"): zeros
     on other roles, so one alert rule fits every node."""
     yield CounterMetricFamily(f"{_PREFIX}_train_attempts",
                               "Step attempts: batches taken for a step, trained on or not.", value=t.attempts)

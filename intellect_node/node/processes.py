@@ -90,7 +90,7 @@ def write_config(path: Path, doc: Mapping[str, Mapping[str, Any]]) -> Path:
     """Write a node config file (``--config``, or ``<data-dir>/config.toml``) from ``{section: {field:
     value}}``. Values are written as JSON, which TOML reads the same for the strings, numbers, booleans
     and lists a config holds; a mapping value becomes its own table (``[rl.env_args]``). The file is
-    checked by the node that reads it (``node/config.py``)."""
+    checked by the node that reads it (``config/.py``)."""
     lines: list[str] = []
 
     def table(name: str, values: Mapping[str, Any]) -> None:

@@ -36,11 +36,11 @@ from typing import Any, Protocol, runtime_checkable
 from aiohttp import web
 
 from intellect_node import __version__, gcpolicy
+from intellect_node.config import NodeConfig
+from intellect_node.config.status import StatusBoard
 from intellect_node.errors import ConfigError
 from intellect_node.node import control
-from intellect_node.node.config import NodeConfig
 from intellect_node.node.sdnotify import Notifier
-from intellect_node.node.status import StatusBoard
 from intellect_node.node.tasks import TaskFactory, TaskSupervisor
 from intellect_node.p2p.connmgr import ConnLimits
 from intellect_node.p2p.heartbeat import Heartbeats

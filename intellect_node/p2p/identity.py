@@ -29,7 +29,6 @@ KEY_FILE = "node.key"
 ENV_DATA_DIR = "INTELLECT_NODE_DATA_DIR"
 _KEY_MAGIC = b"intellect-node ed25519 v1\n"
 DATA_DIR_MODE = 0o700
-PRIVATE_FILE_MODE = 0o600
 
 
 def default_data_dir() -> Path:
@@ -71,22 +70,6 @@ def ensure_data_dir(path: Path) -> Path:
         log.info("data dir %s was mode %o; tightened to %o (it holds the node key and ledger)", path, mode,
                  DATA_DIR_MODE)
     return path
-
-
-def ensure_private_file(path: Path) -> None:
-    """Create ``path`` empty with mode 0600 if missing, or tighten it to 0600 if others can read it.
-
-    Called before a library (sqlite3, logging) opens the file, so it never exists with the umask's
-    looser bits. Only regular files are touched (``--log-file /dev/stderr`` stays as it is).
-    """
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE_MODE))
-        return
-    mode = stat.S_IMODE(st.st_mode)
-    if stat.S_ISREG(st.st_mode) and mode & 0o077:
-        os.chmod(path, mode & ~0o077)
 
 
 def key_path(data_dir: Path) -> Path:

@@ -24,8 +24,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Generic, Hashable, Iterable, Sequence, TypeVar
 
+from intellect_node.config.status import clean_text
 from intellect_node.fsutil import atomic_write_text
-from intellect_node.node.status import clean_text
 from intellect_node.protocol.rollout import RolloutRecord
 
 log = logging.getLogger(__name__)

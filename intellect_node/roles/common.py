@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from intellect_node.blobs.service import BlobService
+from intellect_node.config import NodeConfig
+from intellect_node.config.ledger import Ledger, LedgerService
+from intellect_node.config.status import clean_text
 from intellect_node.envs.tasks import Problem, Task
 from intellect_node.errors import ConfigError, IntegrityError, TransportError
 from intellect_node.models.loader import LoadedModel, load_model, resolve_model_dir, torch_dtype
-from intellect_node.node.config import NodeConfig
-from intellect_node.node.ledger import Ledger, LedgerService
-from intellect_node.node.status import clean_text
 from intellect_node.p2p.swarm import Swarm
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.blob import Manifest

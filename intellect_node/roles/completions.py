@@ -1,5 +1,5 @@
 """What the trainer and the workers show of the completions they score: a few recent ones per node, in
-``snapshot.training.completions`` (``node/status.py``), so an operator whose run does not learn can see
+``snapshot.training.completions`` (``config/status.py``), so an operator whose run does not learn can see
 what the model writes, what answer the run's extraction finds in it and what was expected.
 
 One completion per group is shown (the group's first): consecutive groups are different problems, so a
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 
+from intellect_node.config.status import Completion
 from intellect_node.envs.extract import Extraction, extract
 from intellect_node.envs.tasks import MAX_COMPLETION_CHARS, Problem
-from intellect_node.node.status import Completion
 
 
 def answer_of(problem: Problem, text: str) -> tuple[str | None, str]:

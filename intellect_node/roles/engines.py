@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from intellect_node.config import NodeConfig
 from intellect_node.errors import ConfigError
 from intellect_node.inference import choose_engine
 from intellect_node.inference.memory import (
@@ -28,7 +29,6 @@ from intellect_node.inference.memory import (
     model_shape,
     role_estimate,
 )
-from intellect_node.node.config import NodeConfig
 from intellect_node.proofs.thresholds import Thresholds, device_kind, load_thresholds, model_fingerprint
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 from intellect_node.protocol.rl import RolloutNotice
 
 if TYPE_CHECKING:
-    from intellect_node.node.config import ValidatorConfig
+    from intellect_node.config import ValidatorConfig
 
 MAX_PEERS = 4096
 """Peers whose buckets and queues are kept; past it an idle one is forgotten (keys are free to make, so

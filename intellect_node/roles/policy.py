@@ -55,6 +55,7 @@ import torch
 from intellect_node.blobs.fetch import FetchStats
 from intellect_node.blobs.service import BlobService
 from intellect_node.blobs.store import BlobStore
+from intellect_node.config.status import StatusBoard
 from intellect_node.errors import (
     ConfigError,
     IntegrityError,
@@ -63,7 +64,6 @@ from intellect_node.errors import (
     TransportError,
 )
 from intellect_node.fsutil import atomic_write_text
-from intellect_node.node.status import StatusBoard
 from intellect_node.policy.delta import (
     ALL_DENSE_KINDS,
     DENSE_KINDS,

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from intellect_node.aioutil import cancel_and_wait
-from intellect_node.node.config import NodeConfig
-from intellect_node.node.status import StatusBoard
+from intellect_node.config import NodeConfig
+from intellect_node.config.status import StatusBoard
 from intellect_node.p2p.swarm import Swarm
 
 log = logging.getLogger(__name__)

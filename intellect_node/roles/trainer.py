@@ -67,10 +67,10 @@ from typing import Any
 
 import torch
 
+from intellect_node.config.status import Completion
 from intellect_node.envs.extract import Extraction
 from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError
 from intellect_node.fsutil import atomic_write_bytes, read_jsonl
-from intellect_node.node.status import Completion
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement
 from intellect_node.protocol.rl import (

@@ -67,11 +67,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from intellect_node.config.status import clean_text
 from intellect_node.envs.filtering import FilteredTask
 from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError
 from intellect_node.inference import make_engine
 from intellect_node.inference.verifier import Expectations, Verifier, seed_violation
-from intellect_node.node.status import clean_text
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.policy import PolicyAnnouncement
 from intellect_node.protocol.rl import (

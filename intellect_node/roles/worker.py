@@ -304,7 +304,7 @@ class Worker:
         self.batches += 1
         self._hop("submitted", cid=cid, version=version)
         self.rt.board.rollouts_submitted(len(records))
-        self.rt.board.mark("first_batch_submitted")  # the join timeline (node/status.py); once only
+        self.rt.board.mark("first_batch_submitted")  # the join timeline (config/status.py); once only
         return cid
 
     async def _on_verdict(self, msg: tuple[BatchVerdict, str], origin: str) -> None:

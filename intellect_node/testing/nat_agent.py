@@ -2,8 +2,8 @@
 :mod:`intellect_node.testing.netns` (``python -m intellect_node.testing.nat_agent``).
 
 Test harness (``intellect_node.testing``), never imported by the node. It stands in for a remote peer, so
-it builds a bare py-libp2p host (with the node's fixes applied, ``p2p.compat`` through ``p2p.host``)
-instead of a whole node.
+it builds a bare py-libp2p host (``p2p/nat/bare.py``: the node's fixes applied, only ``p2p/`` touches
+py-libp2p) instead of a whole node.
 
 It runs a real host (TCP, Noise, Yamux), the Kademlia DHT and this project's NAT services
 (intellect_node.p2p.nat), and takes JSON-line commands on stdin; each reply is one JSON line on stdout
@@ -13,7 +13,6 @@ with ``reply_to``. Events (``ready``, ...) are JSON lines with ``event``. Not a 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import os
@@ -22,20 +21,12 @@ import time
 from typing import Any, Awaitable, Callable
 
 import trio
-from libp2p import new_host
-from libp2p.crypto.ed25519 import create_new_key_pair
-from libp2p.crypto.x25519 import create_new_key_pair as create_x25519
-from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
-from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import info_from_p2p_addr
-from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID
-from libp2p.security.noise.transport import Transport as NoiseTransport
-from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
-from intellect_node.p2p.host import apply_libp2p_fixes
 from intellect_node.p2p.nat import autonat as autonat_mod
 from intellect_node.p2p.nat import chunk_stream, dcutr, relay
+from intellect_node.p2p.nat.bare import bare_host, in_background, peer_info
+from intellect_node.p2p.nat.bare import peer as peer_id
 
 ECHO = "/intellect-test/echo/1.0.0"
 
@@ -48,17 +39,11 @@ def emit(obj: dict[str, Any]) -> None:
 class Node:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        seed = hashlib.sha256(args.name.encode()).digest()
-        self.kp = create_new_key_pair(seed)
         self.relay_client: relay.RelayClient | None = None
         self.nursery: trio.Nursery | None = None
         self.listen = Multiaddr(f"/ip4/{args.ip}/tcp/{args.port}")
 
-        apply_libp2p_fixes()  # the same py-libp2p fixes as a real node (p2p/host.py)
-        self.host = new_host(key_pair=self.kp,
-                             sec_opt={NOISE_ID: NoiseTransport(self.kp, create_x25519().private_key)},
-                             listen_addrs=[self.listen])
-        self.dht = KadDHT(self.host, DHTMode.SERVER if args.public else DHTMode.CLIENT)
+        self.host, self.dht = bare_host(args.name, self.listen, dht_server=args.public)
         self.autonat = autonat_mod.DialBackAutoNAT(self.host, serve=args.public)
         self.relay_service: relay.RelayService | None = None
         self.dialer = relay.CircuitDialer(self.host)
@@ -102,7 +87,7 @@ class Node:
 
     @staticmethod
     async def _run_service(service: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        async with background_trio_service(service):
+        async with in_background(service):
             task_status.started()
             await trio.sleep_forever()
 
@@ -144,7 +129,7 @@ class Node:
     # --- commands ------------------------------------------------------------------------------------
 
     async def op_connect(self, addr: str) -> dict[str, Any]:
-        info = info_from_p2p_addr(Multiaddr(addr))
+        info = peer_info(addr)
         with trio.fail_after(10):
             await self.host.connect(info)
         await self.dht.routing_table.add_peer(info.peer_id)
@@ -152,7 +137,7 @@ class Node:
 
     async def op_autonat(self, servers: list[str], min_confirmations: int = 2) -> dict[str, Any]:
         relayed = self.relay_client is not None and bool(self.relay_client.held)
-        report = await self.autonat.check([ID.from_base58(s) for s in servers],
+        report = await self.autonat.check([peer_id(s) for s in servers],
                                           min_confirmations=min_confirmations, relayed=relayed)
         return {"status": report.status.value, "successes": report.successes, "failures": report.failures,
                 "no_verdict": report.no_verdict, "fix": report.fix, "public_addrs": list(report.public_addrs)}
@@ -184,10 +169,10 @@ class Node:
         return {"peer": peer, "seconds": time.monotonic() - t0}
 
     async def op_conns(self, peer: str) -> dict[str, Any]:
-        return {"kinds": relay.connection_kinds(self.host, ID.from_base58(peer))}
+        return {"kinds": relay.connection_kinds(self.host, peer_id(peer))}
 
     async def op_echo(self, peer: str, size: int = 1024) -> dict[str, Any]:
-        pid = ID.from_base58(peer)
+        pid = peer_id(peer)
         payload = os.urandom(size)
         t0 = time.monotonic()
         with trio.fail_after(30):
@@ -214,9 +199,9 @@ class Node:
     async def op_punch(self, peer: str) -> dict[str, Any]:
         assert self.dcutr is not None
         t0 = time.monotonic()
-        ok = await self.dcutr.upgrade(ID.from_base58(peer))
+        ok = await self.dcutr.upgrade(peer_id(peer))
         return {"direct": ok, "seconds": time.monotonic() - t0,
-                "kinds": relay.connection_kinds(self.host, ID.from_base58(peer))}
+                "kinds": relay.connection_kinds(self.host, peer_id(peer))}
 
     async def op_put(self, size: int, n: int = 1) -> dict[str, Any]:
         from intellect_node.protocol.ids import cid_of
@@ -230,7 +215,7 @@ class Node:
         return {"cids": cids}
 
     async def op_fetch(self, peer: str, cids: list[str]) -> dict[str, Any]:
-        client = chunk_stream.ChunkStreamClient(self.host, ID.from_base58(peer))
+        client = chunk_stream.ChunkStreamClient(self.host, peer_id(peer))
         t0 = time.monotonic()
         total = 0
         for cid in cids:
@@ -238,7 +223,7 @@ class Node:
             self.store[cid] = data
             total += len(data)
         return {"bytes": total, "seconds": time.monotonic() - t0,
-                "kinds": relay.connection_kinds(self.host, ID.from_base58(peer))}
+                "kinds": relay.connection_kinds(self.host, peer_id(peer))}
 
     async def op_provide(self, key: str) -> dict[str, Any]:
         ok = await self.dht.provide(key)

@@ -1,7 +1,7 @@
 """The online filter (INTELLECT-2, arXiv 2505.07291): drop any group whose rewards are all equal. Its
 group-relative advantage is zero, so it only costs compute. :func:`filter_groups` also says why, when it
 drops every group of a step (:func:`no_signal_cause`): a run where that keeps happening cannot learn, and
-the trainer says so (``node/status.py``). The offline filter, which chooses the problems before a run, is
+the trainer says so (``config/status.py``). The offline filter, which chooses the problems before a run, is
 ``envs/filtering.py``.
 """
 

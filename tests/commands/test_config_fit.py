@@ -28,7 +28,7 @@ def test_fit_prints_settings_that_load_as_the_runs_rl_section(llama: Path, tmp_p
     assert rl["answer_format"] == "whole" and rl["max_new_tokens"] == 16
     assert "lr = 1e-06  # given" in out.stdout
     # the settings load as a node's config
-    from intellect_node.node.config import load_config
+    from intellect_node.config import load_config
 
     conf = tmp_path / "run.toml"
     conf.write_text(out.stdout)

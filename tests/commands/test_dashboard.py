@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from intellect_node import dashboard
-from intellect_node.node.status import StatusBoard, StatusSnapshot
+from intellect_node.config.status import StatusBoard, StatusSnapshot
 from tests.support.operator_node import FakeClock, busy_board
 
 
@@ -52,7 +52,7 @@ def test_node_view_fits_and_shows_every_section(width: int, height: int) -> None
 def test_first_steps_trend_survives_a_long_run() -> None:
     """Past HISTORY_LEN steps (the demo makes more in three minutes) "first10" still means the run's first
     ten steps, not the oldest ten the history still holds."""
-    from intellect_node.node.status import HISTORY_LEN
+    from intellect_node.config.status import HISTORY_LEN
 
     clock = FakeClock()
     b = busy_board(clock)
@@ -188,7 +188,7 @@ def test_stale_and_unreachable_nodes_never_look_healthy() -> None:
 def _not_learning_board() -> StatusBoard:
     """A trainer whose every reward is 0, with a few completions it re-scored (one with a terminal escape,
     as a hostile worker would send)."""
-    from intellect_node.node.status import NO_SIGNAL_ATTEMPTS, Completion
+    from intellect_node.config.status import NO_SIGNAL_ATTEMPTS, Completion
 
     clock = FakeClock()
     b = busy_board(clock)
@@ -236,7 +236,7 @@ def test_a_run_that_is_not_learning_says_so_with_its_completions(width: int, hei
 
 
 def test_completions_and_no_warning_on_a_healthy_worker() -> None:
-    from intellect_node.node.status import Completion
+    from intellect_node.config.status import Completion
 
     clock = FakeClock()
     b = busy_board(clock)

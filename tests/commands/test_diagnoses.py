@@ -59,8 +59,8 @@ def test_join_logs_the_cause_of_a_failed_bootstrap(caplog: pytest.LogCaptureFixt
 
 
 def test_a_mistyped_environment_variable_names_the_one_that_works(tmp_path) -> None:
+    from intellect_node.config import load_config
     from intellect_node.errors import ConfigError
-    from intellect_node.node.config import load_config
 
     with pytest.raises(ConfigError) as info:
         load_config(None, environ={"INTELLECT_NODE_RUN__ID": "x"}, data_dir=tmp_path)

@@ -207,7 +207,7 @@ def test_start_up_log_status_and_dashboard_show_the_address_to_share_and_the_met
     from rich.console import Console
 
     from intellect_node import dashboard
-    from intellect_node.node.status import StatusSnapshot
+    from intellect_node.config.status import StatusSnapshot
 
     d = tmp_path / "n"
     node = NodeProcess(d, "--metrics-port", "0")

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from intellect_node.config import build_config
 from intellect_node.envs import reasoning_gym as rg
 from intellect_node.envs.environment import build_task
 from intellect_node.envs.tasks import Task, resolve_problem
 from intellect_node.errors import ConfigError
-from intellect_node.node.config import build_config
 
 ENVS = {
     "reasoning_gym:chain_sum": {"seed": 11, "size": 1000, "min_terms": 3},

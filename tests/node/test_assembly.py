@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from intellect_node.config import build_config
 from intellect_node.errors import ConfigError
 from intellect_node.node.assembly import build_node, sweep_worker_node
-from intellect_node.node.config import build_config
 from tests.support.swarm import run
 
 

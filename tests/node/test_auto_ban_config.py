@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from intellect_node.config import build_config
 from intellect_node.errors import ConfigError
 from intellect_node.node.assembly import build_node
-from intellect_node.node.config import build_config
 
 
 @pytest.mark.parametrize("after", [3, 0])

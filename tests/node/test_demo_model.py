@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from intellect_node.commands.demo import DEMO_RL, DemoSwarm, demo_thresholds
-from intellect_node.node.config import load_config
+from intellect_node.config import load_config
 from intellect_node.proofs.thresholds import load_thresholds
 from intellect_node.testing.models import make_model
 

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from intellect_node.config.ledger import Ledger
 from intellect_node.errors import ConfigError
-from intellect_node.node.ledger import Ledger
-from intellect_node.p2p.identity import ensure_data_dir, ensure_private_file, init_key
+from intellect_node.fsutil import ensure_private_file
+from intellect_node.p2p.identity import ensure_data_dir, init_key
 from intellect_node.p2p.ports import check_listen_ports, fixed_ports
 from tests.support.common import CLI, run_cli
 from tests.support.ports import free_port

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from intellect_node.config import build_config
 from intellect_node.errors import ConfigError
 from intellect_node.inference import choose_engine
-from intellect_node.node.config import build_config
 from intellect_node.proofs.thresholds import (
     Calibration,
     Observed,

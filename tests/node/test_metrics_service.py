@@ -13,8 +13,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from intellect_node.config import build_config
 from intellect_node.errors import ConfigError
-from intellect_node.node.config import build_config
 from intellect_node.node.metrics import DEFAULT_PORT, MetricsService
 from tests.support.common import REPO
 from tests.support.operator_node import FakeClock, busy_board

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from intellect_node.config import build_config, example_toml, field_docs, load_config
 from intellect_node.errors import ConfigError
-from intellect_node.node.config import build_config, example_toml, field_docs, load_config
 from tests.support.common import REPO, run_cli
 
 EXAMPLE = REPO / "docs" / "config.example.toml"
@@ -28,7 +28,7 @@ def test_example_config_parses_and_documents_every_field() -> None:
         if not re.search(rf"^(# )?{re.escape(name)} =", block, re.M):
             missing.append(path)
     assert not missing, (f"docs/config.example.toml lacks {missing}; regenerate it with "
-                         "`python -m intellect_node.node.config > docs/config.example.toml`")
+                         "`python -m intellect_node.config > docs/config.example.toml`")
 
 
 def test_every_field_has_a_docstring_and_the_example_is_generated_from_them() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from intellect_node.node.status import StatusSnapshot
+from intellect_node.config.status import StatusSnapshot
 from tests.support.common import run_cli
 from tests.support.swarm import NodeProcess
 from tests.support.wait import wait_for

@@ -37,7 +37,7 @@ def test_headless_demo_runs_steps_and_reports(tmp_path: Path) -> None:
 
 def test_step_log_keeps_steps_across_polls_and_counts_validator_verdicts() -> None:
     from intellect_node.commands.demo import StepLog, rollout_counts
-    from intellect_node.node.status import StatusBoard
+    from intellect_node.config.status import StatusBoard
 
     trainer, validator, worker = (StatusBoard(role="trainer"), StatusBoard(role="validator"),
                                   StatusBoard(role="worker"))
@@ -61,7 +61,7 @@ def test_step_log_keeps_steps_across_polls_and_counts_validator_verdicts() -> No
 
 def test_step_log_keeps_the_trainers_learning_diagnosis() -> None:
     from intellect_node.commands.demo import StepLog
-    from intellect_node.node.status import StatusBoard
+    from intellect_node.config.status import StatusBoard
 
     trainer = StatusBoard(role="trainer")
     log = StepLog()

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from intellect_node.config.ledger import Ledger
 from intellect_node.errors import ConfigError
-from intellect_node.node.ledger import Ledger
 from tests.support.common import run_cli
 
 
@@ -77,7 +77,7 @@ def test_wal_mode_and_concurrent_writers(tmp_path: Path) -> None:
 
 _KILLED_WRITER = """
 import os, sys
-from intellect_node.node.ledger import Ledger
+from intellect_node.config.ledger import Ledger
 led = Ledger(sys.argv[1])
 led.record_submission("acked", run_id="r", policy_version=1, n_rollouts=2, n_tokens=3)
 led.record_verdict("acked", validator="V", run_id="r", n_accepted=2, n_rejected=0)

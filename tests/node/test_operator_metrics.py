@@ -9,8 +9,8 @@ import aiohttp
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from intellect_node.config.status import StatusBoard
 from intellect_node.node.metrics import metrics_routes, status_routes
-from intellect_node.node.status import StatusBoard
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -114,7 +114,7 @@ def test_the_join_timeline_is_exported_once_each_stage_is_reached() -> None:
 
 
 def test_step_attempts_without_a_learnable_group_are_exported_by_cause() -> None:
-    from intellect_node.node.status import NO_SIGNAL_ATTEMPTS
+    from intellect_node.config.status import NO_SIGNAL_ATTEMPTS
 
     b = StatusBoard(role="trainer")
     m = _samples(asyncio.run(_scrape(b))[0])

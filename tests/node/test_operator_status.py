@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from intellect_node.errors import ProtocolError
-from intellect_node.node.status import (
+from intellect_node.config.status import (
     COMPLETION_CHARS,
     FIRST_LEN,
     HISTORY_LEN,
@@ -26,6 +25,7 @@ from intellect_node.node.status import (
     StatusSnapshot,
     clean_text,
 )
+from intellect_node.errors import ProtocolError
 from tests.support.operator_node import FakeClock, busy_board
 
 

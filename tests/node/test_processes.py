@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from intellect_node.config import load_config
 from intellect_node.errors import IntellectNodeError
-from intellect_node.node.config import load_config
 from intellect_node.node.processes import NodeProcess, child_env, die_with_parent, stop_all, write_config
 from tests.support.wait import wait_for
 

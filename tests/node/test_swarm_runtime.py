@@ -122,8 +122,8 @@ def test_a_node_started_before_its_bootstrap_peer_reaches_it_once_that_peer_list
     then ends as a task that is done, not as one that died (no error in the operator's log). The failed
     dial also put the peer in py-libp2p's 60 s dial negative cache, which must not refuse the retries
     (``host.P2PHost.connect`` clears it)."""
+    from intellect_node.config import build_config
     from intellect_node.node.assembly import build_node
-    from intellect_node.node.config import build_config
     from intellect_node.p2p.identity import init_key
 
     port = free_port()

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from intellect_node.node.status import (
+from intellect_node.config.status import (
     TIMELINE_STAGES,
     StatusBoard,
     StatusSnapshot,
@@ -98,7 +98,7 @@ def test_an_origin_after_now_is_clamped_and_the_timeline_round_trips_json() -> N
 
 def test_process_start_is_the_child_process_start_not_its_first_call() -> None:
     code = ("import time\n"
-            "from intellect_node.node.status import process_started_at\n"
+            "from intellect_node.config.status import process_started_at\n"
             "deadline = time.monotonic() + 0.3\n"
             "while time.monotonic() < deadline: pass\n"  # busy, so the age is at least this, by construction
             "print(time.time() - process_started_at())")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from intellect_node.node.config import load_config
+from intellect_node.config import load_config
 from intellect_node.node.processes import write_config
 
 

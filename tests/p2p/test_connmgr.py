@@ -17,8 +17,8 @@ import pytest
 import trio
 import trio.testing
 
+from intellect_node.config import build_config
 from intellect_node.errors import ConfigError
-from intellect_node.node.config import build_config
 from intellect_node.p2p.connmgr import (
     MAX_PROTECTED_BOOTSTRAP,
     ConnLimits,

@@ -17,8 +17,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from intellect_node.config import build_config
 from intellect_node.errors import ConfigError, ProtocolError
-from intellect_node.node.config import build_config
 from intellect_node.p2p.heartbeat import stretched_interval, timeout_for
 from intellect_node.p2p.identity import init_key
 from intellect_node.p2p.peerbook import PeerBook

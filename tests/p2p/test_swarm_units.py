@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from intellect_node.config import NodeConfig, build_config
 from intellect_node.errors import ConfigError, ProtocolError
 from intellect_node.node import control
-from intellect_node.node.config import NodeConfig, build_config
 from intellect_node.p2p.peerbook import PeerBook
 from intellect_node.protocol import gossip
 from intellect_node.protocol.signing import SigningKey

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from intellect_node.blobs.peer import BlobPeer, mesh
+from intellect_node.config.status import StatusBoard
 from intellect_node.errors import IntegrityError
 from intellect_node.fsutil import atomic_write_bytes
-from intellect_node.node.status import StatusBoard
 from intellect_node.policy.delta import encode_delta, read_delta
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol import codec

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from intellect_node.config.status import NO_SIGNAL_ATTEMPTS, StatusSnapshot
 from intellect_node.fsutil import read_jsonl
-from intellect_node.node.status import NO_SIGNAL_ATTEMPTS, StatusSnapshot
 from tests.support.roles import listen_addr, make_key, role_process, start_role, write_config
 from tests.support.wait import wait_for
 

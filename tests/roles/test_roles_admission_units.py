@@ -129,8 +129,8 @@ def test_journal_keeps_every_acknowledged_key_across_sigkill(tmp_path: Path) -> 
 def test_the_run_allowlist_is_checked_in_config_gossip_and_at_worker_start(tmp_path: Path) -> None:
     import pytest
 
+    from intellect_node.config import build_config
     from intellect_node.errors import ConfigError, ProtocolError
-    from intellect_node.node.config import build_config
     from intellect_node.protocol.rl import RolloutNotice, notice_validator, seal_notice
     from intellect_node.protocol.signing import SigningKey
     from intellect_node.roles.common import require_allowed

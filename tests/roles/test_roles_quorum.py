@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from intellect_node.config import load_config
 from intellect_node.errors import ConfigError
-from intellect_node.node.config import load_config
 from intellect_node.protocol.signing import SigningKey
 from intellect_node.roles.batching import VerdictTally
 

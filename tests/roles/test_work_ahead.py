@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from intellect_node.config import load_config
 from intellect_node.errors import ConfigError
-from intellect_node.node.config import load_config
 
 
 def test_work_ahead_beyond_the_async_level_is_an_operator_error(tmp_path: Path) -> None:

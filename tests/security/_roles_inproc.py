@@ -12,8 +12,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from intellect_node.node.config import NodeConfig
-from intellect_node.node.status import StatusBoard
+from intellect_node.config import NodeConfig
+from intellect_node.config.status import StatusBoard
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.rollout import (
     RolloutBatch,

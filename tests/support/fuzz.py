@@ -44,7 +44,7 @@ class Node:
 @contextlib.asynccontextmanager
 async def target_and_honest(root: Path) -> AsyncIterator[tuple[Node, Node]]:
     from intellect_node.blobs.service import BlobService
-    from intellect_node.p2p.nat.config import NatConfig
+    from intellect_node.config.nat import NatConfig
     from intellect_node.p2p.nat.service import NatService
 
     made: list[Any] = []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from intellect_node.node.status import StatusBoard
+from intellect_node.config.status import StatusBoard
 
 
 class FakeClock:

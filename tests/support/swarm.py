@@ -107,8 +107,8 @@ async def runtime_nodes(root: Path, n: int, edges: Edges | None = None, *, run_i
     All nodes share one process and one GIL: py-libp2p costs ~20 ms of CPU per gossip message per node,
     so frequent heartbeats starve the DHT on a busy machine (seen: 30 s provides at 0.5 s heartbeats on
     six nodes). Keep ``heartbeat_interval`` at a second or more unless the test is about heartbeats."""
+    from intellect_node.config import build_config
     from intellect_node.node.assembly import build_node
-    from intellect_node.node.config import build_config
 
     cfg = build_config(network={"heartbeat_interval": heartbeat_interval, "peer_timeout": peer_timeout,
                                 "http_host": "127.0.0.1"}, run={"run_id": run_id})

@@ -98,8 +98,8 @@ def test_offline_filter_in_a_run_from_the_cli_to_the_runs_task(tmp_path: Path) -
     import json
     import subprocess
 
+    from intellect_node.config import load_config
     from intellect_node.envs.filtering import FilteredTask
-    from intellect_node.node.config import load_config
     from intellect_node.roles.common import run_task
     from tests.support.common import CLI
 

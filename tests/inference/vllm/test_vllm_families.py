@@ -25,6 +25,7 @@ import torch
 
 vllm = pytest.importorskip("vllm", reason="run via `make test-vllm`, which installs vLLM in .venv-vllm")
 
+from intellect_node.config import build_config  # noqa: E402
 from intellect_node.envs.environment import build_task  # noqa: E402
 from intellect_node.envs.tasks import Task  # noqa: E402
 from intellect_node.errors import ConfigError  # noqa: E402
@@ -33,7 +34,6 @@ from intellect_node.inference import SamplingConfig, make_engine  # noqa: E402
 from intellect_node.inference.calibrate import calibrate  # noqa: E402
 from intellect_node.inference.rollouts import checkpoint_cid, generate_rollouts  # noqa: E402
 from intellect_node.inference.verifier import Expectations, Verifier  # noqa: E402
-from intellect_node.node.config import build_config  # noqa: E402
 from intellect_node.proofs.thresholds import Thresholds, merge_into  # noqa: E402
 from intellect_node.protocol.signing import SigningKey  # noqa: E402
 from intellect_node.roles.engines import run_thresholds  # noqa: E402

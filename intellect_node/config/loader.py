@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from intellect_node.config.schema import NodeConfig, section_models
 from intellect_node.errors import ConfigError
-from intellect_node.node.config.schema import NodeConfig, section_models
 
 
 def _loc(loc: tuple[Any, ...]) -> str:

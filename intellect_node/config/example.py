@@ -1,6 +1,6 @@
 """The commented example configuration (``docs/config.example.toml``), made from the schema's docstrings.
 
-Regenerate it with ``python -m intellect_node.node.config > docs/config.example.toml``; a test checks
+Regenerate it with ``python -m intellect_node.config > docs/config.example.toml``; a test checks
 that the file documents every field.
 """
 
@@ -10,7 +10,7 @@ import json
 
 from pydantic import BaseModel
 
-from intellect_node.node.config.schema import NodeConfig, section_models
+from intellect_node.config.schema import NodeConfig, section_models
 
 
 def field_docs(model: type[BaseModel] = NodeConfig, prefix: str = "") -> dict[str, str]:
@@ -36,7 +36,7 @@ def example_toml() -> str:
              "# Environment variables override the file: INTELLECT_NODE_<SECTION>__<FIELD>, e.g.",
              "#   INTELLECT_NODE_NETWORK__BOOTSTRAP=/ip4/1.2.3.4/tcp/4001/p2p/12D3KooW...",
              "# and command-line flags override both. Unknown fields are errors.",
-             "# Regenerate: python -m intellect_node.node.config > docs/config.example.toml", ""]
+             "# Regenerate: python -m intellect_node.config > docs/config.example.toml", ""]
     defaults = NodeConfig()
     for section, model in section_models().items():
         doc = (NodeConfig.model_fields[section].description or "").strip()

@@ -14,8 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from intellect_node.config.nat import NatConfig
 from intellect_node.errors import ProtocolError
-from intellect_node.p2p.nat.config import NatConfig
 from intellect_node.protocol.ids import public_key_from_peer_id
 from intellect_node.protocol.topics import validate_run_id
 

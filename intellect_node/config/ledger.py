@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from intellect_node.errors import ConfigError
-from intellect_node.p2p.identity import ensure_private_file
+from intellect_node.fsutil import ensure_private_file
 
 LEDGER_FILE = "ledger.sqlite"
 SCHEMA_VERSION = 1

@@ -4,15 +4,15 @@
   every field);
 - :mod:`.loader`: file < environment < flags, and error messages that name the field and its source;
 - :mod:`.example`: ``docs/config.example.toml`` from the docstrings
-  (``python -m intellect_node.node.config > docs/config.example.toml``).
+  (``python -m intellect_node.config > docs/config.example.toml``).
 
 Callers import from here. The roles read this package (it ranks below them, see tests/test_layering.py).
 """
 
 from __future__ import annotations
 
-from intellect_node.node.config.example import example_toml, field_docs
-from intellect_node.node.config.loader import (
+from intellect_node.config.example import example_toml, field_docs
+from intellect_node.config.loader import (
     CONFIG_ENV,
     DEFAULT_CONFIG_NAME,
     ENV_PREFIX,
@@ -25,7 +25,7 @@ from intellect_node.node.config.loader import (
     load_config,
     read_toml,
 )
-from intellect_node.node.config.schema import (
+from intellect_node.config.schema import (
     MetricsConfig,
     NetworkConfig,
     NodeConfig,

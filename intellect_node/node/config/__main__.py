@@ -1,5 +1,0 @@
-"""``python -m intellect_node.node.config > docs/config.example.toml``: print the example configuration."""
-
-from intellect_node.node.config.example import example_toml
-
-print(example_toml(), end="")
