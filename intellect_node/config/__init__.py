@@ -1,4 +1,5 @@
-"""The node's configuration: the schema, how it is loaded, and the example file made from it.
+"""The node's configuration (the schema, how it is loaded, the example file made from it), and what the
+roles read and write of the node: the ledger (:mod:`.ledger`) and the status board (:mod:`.status`).
 
 - :mod:`.schema`: the pydantic sections and :class:`NodeConfig` (``extra="forbid"``, a docstring on
   every field);
@@ -6,7 +7,8 @@
 - :mod:`.example`: ``docs/config.example.toml`` from the docstrings
   (``python -m intellect_node.config > docs/config.example.toml``).
 
-Callers import from here. The roles read this package (it ranks below them, see tests/test_layering.py).
+Callers import the configuration from here. It sits at the bottom of the graph: it imports nothing of
+ours above ``protocol/`` (tests/test_layering.py), so every part may read it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The ``[nat]`` section of the node config: reachability checks, relaying, hole punching.
 
-The NAT code is ``p2p/nat/``; this section lives with the others in the configuration package, hung off
-:class:`intellect_node.config.NodeConfig`. No libp2p import here: config is parsed before the heavy stack loads.
+The NAT code is ``p2p/nat/``; this section lives with the others in the configuration package, hung
+off :class:`intellect_node.config.NodeConfig`. No libp2p import here: config is parsed before the heavy
+stack loads.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ problems from reasoning-gym datasets by ID; ``environment`` turns the ``[rl]`` s
 task; ``sandbox`` runs checkers in child processes under a time limit. docs/environments.md is the
 operator's guide.
 
-Same layer as ``trainer/`` (imports ``errors`` and ``envs.tasks``; no networking, no torch). Kept
-light to import: the scoring child process imports this package first.
+``tasks`` holds the problem and task types every role uses, the embedded task and the task registry;
+``jsonl_tasks`` reads task files; ``filtering`` is the offline solve-rate filter. Below ``trainer/`` and
+``inference/``: imports only ``errors`` and ``fsutil`` (no networking, no torch). Kept light to import:
+the scoring child process imports this package first.
 """

@@ -1,5 +1,5 @@
-"""What runs one node: the runtime that assembles its services and supervises its tasks, the
-configuration, status snapshots and health, the control API, the ledger, metrics, ports and systemd
-notification. May import every layer below (``roles``, ``blobs``, ``p2p``, ``inference``, ...); only
+"""What runs one node: the runtime that assembles its services and supervises its tasks, health, the
+control API, metrics and systemd notification (its configuration, ledger and status board are
+``config/``'s). May import every layer below (``roles``, ``blobs``, ``p2p``, ``inference``, ...); only
 ``commands/``, ``cli.py`` and ``dashboard.py`` import it.
 """

@@ -1,1 +1,2 @@
-"""Tasks, rewards, the GRPO loss, the optimizer step and checkpoints. No networking."""
+"""The trainable network, the GRPO loss, the step, the online filter, the optimizer and checkpoints.
+Imports ``models/`` and ``policy/`` below it; no networking. Tasks and rewards are ``envs/``'s."""
