@@ -2,5 +2,5 @@
 and its seed pacing (``pacing``), multi-provider parallel fetch with per-chunk hash checks (``fetch``),
 the node service that ties them to the swarm (``service``) and a bare blob peer process for tests and
 benchmarks (``peer``).
-May import: ``errors``, ``fsutil``, ``protocol``, ``config``, ``p2p``.
+May import: ``errors``, ``fsutil``, ``aioutil``, ``protocol``.
 """
