@@ -234,7 +234,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "stream and skips the new connection of our restarted host (Pubsub._handle_new_peer: 'already "
         "has pubsub stream'), so it never learns our subscriptions again",
         "after a libp2p restart the peer kept the old stream for minutes and no gossip flowed (liveness)",
-        "tests/node/test_liveness.py::test_libp2p_failures_are_restarted_resubscribed_and_reported",
+        "tests/p2p/test_liveness.py::test_libp2p_failures_are_restarted_resubscribed_and_reported",
         "not reported", "upstream closes connections when the Swarm service stops"),
     Workaround(
         "pubsub-outbound-queue", "apply_fixes: pubsub.RpcQueue (the per-peer outbound queue)",
