@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from intellect_node.config.nat import NatConfig
 from intellect_node.errors import ProtocolError
+from intellect_node.protocol.gossip import validate_http_url
 from intellect_node.protocol.ids import public_key_from_peer_id
 from intellect_node.protocol.topics import validate_run_id
 
@@ -122,9 +123,13 @@ class NetworkConfig(_Section):
     @field_validator("http_public_url")
     @classmethod
     def _public_url(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith(("http://", "https://")):
-            raise ValueError(f"{v!r} must start with http:// or https://")
-        return v.rstrip("/") if v else v
+        if v is None:
+            return v
+        v = v.rstrip("/")
+        try:  # the rule every peer applies to the URL this node advertises (protocol/gossip.py)
+            return validate_http_url(v)
+        except ProtocolError as exc:
+            raise ValueError(f"{v!r} is not a URL peers accept: {exc}; e.g. http://203.0.113.7:8000") from exc
 
     @model_validator(mode="after")
     def _timeouts(self) -> "NetworkConfig":

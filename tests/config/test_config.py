@@ -79,6 +79,9 @@ def test_default_file_locations(tmp_path: Path) -> None:
     ("", {"INTELLECT_NODE_RUN_ID": "x"}, ["INTELLECT_NODE_RUN__RUN_ID", "two underscores"]),
     ("", {"INTELLECT_NODE_RL_MAXNEW_TOKENS": "8"}, ["INTELLECT_NODE_RL__MAX_NEW_TOKENS", "two underscores"]),
     ("", {"INTELLECT_NODE_PROOFZ__X": "1"}, ["no config section 'proofz'"]),
+    # what peers would refuse in this node's heartbeats is refused here, at start
+    ('[network]\nhttp_public_url = "http://[x"\n', {}, ["network.http_public_url", "not a URL peers accept"]),
+    ('[network]\nhttp_public_url = "http://user@host:80"\n', {}, ["network.http_public_url"]),
 ])
 def test_mistakes_name_the_field_and_where_it_was_set(tmp_path: Path, toml: str, env: dict[str, str],
                                                       needles: list[str]) -> None:
