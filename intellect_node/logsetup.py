@@ -4,7 +4,7 @@ Library modules only ``logging.getLogger(__name__)``; this module, called once b
 handlers. Each JSON line has ``ts`` (UNIX seconds), ``level``, ``logger``, ``msg``, and, when present,
 ``exc`` and any ``extra={...}`` fields a caller attached (only JSON-able values; others become strings).
 
-py-libp2p logs about 60 harmless WARNINGs per short run (see /work/shared/notes/libp2p-0.8.1.md); its
+py-libp2p logs about 60 harmless WARNINGs per short run (docs/libp2p.md, "Host"); its
 loggers are held at ERROR unless ``--log-level DEBUG``. Even its ERRORs are mostly noise to an operator: a
 peer that leaves gives a burst of ``Failed to open TCP stream: all attempts to connect to H:P failed`` (48
 lines in two minutes, one per dial retry), which pushed real warnings out of the dashboard's panel. So the

@@ -16,8 +16,9 @@ one thread, so the same torch version on the same CPU family writes the same wei
 
     .venv/bin/python scripts/make_model.py [--out intellect_node/assets/model] [--seed 0]
 
-Settings follow shared/notes/inference-and-toploc.md (hidden 128, 4 layers, intermediate 512, AdamW
-2e-3, batch 128). After writing the model, recalibrate the proof thresholds in the same folder:
+Settings (hidden 128, 4 layers, intermediate 512, AdamW 2e-3, batch 128) are the ones docs/rollouts.md
+describes ("The embedded model and task"). After writing the model, recalibrate the proof
+thresholds in the same folder:
 ``intellect-node proofs calibrate --model intellect_node/assets/model --out .../proof_thresholds.json``.
 """
 

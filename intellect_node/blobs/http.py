@@ -17,7 +17,7 @@ in the same moment: over shaped links such overlaps made the origin send 1.4 cop
 (bench/README.md, "broadcast"). Requests without the header (earlier versions) are served as before.
 
 HTTP rather than libp2p streams because a TCP + Noise + Yamux stream measured about 13x slower than
-plain TCP here (../shared/notes/libp2p-0.8.1.md). Nothing served needs trust: chunks are checked
+plain TCP here (docs/libp2p.md, "Streams and muxing"). Nothing served needs trust: chunks are checked
 against their CID and manifests against their CID and signature by the receiver.
 
 :class:`HttpChunkSource` is the default :class:`~intellect_node.blobs.fetch.ChunkSource`: it reads

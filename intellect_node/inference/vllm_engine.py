@@ -8,7 +8,7 @@ request), draws the token with :func:`proofs.sampling.sample`, records token, lo
 and returns one-hot logits so that vLLM, asked for greedy decoding, emits exactly that token. vLLM's own
 output tokens are then checked against the recorded ones.
 
-Shortcuts and caveats (facts from shared/notes/inference-and-toploc.md):
+Shortcuts and caveats (docs/rollouts.md, "Engines" and "vLLM"):
 * in-process engine core (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the hook runs in this process;
 * rows are matched to requests through ``model_runner.input_batch.req_ids`` (vLLM internals, so the
   version is pinned by ``scripts/setup-vllm.sh``); chunked prefill is disabled so every row is a

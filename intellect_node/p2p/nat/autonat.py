@@ -5,7 +5,7 @@ is the one we observe it at (the spec's amplification guard, kept from the stock
 TCP connection with a deadline, and answer OK only when the Noise handshake on that new connection proves
 the peer's identity. The stock py-libp2p 0.8.1 server dials back with ``host.connect``, which returns at
 once because the request itself arrived on an open connection, so a NATed host and a firewalled public
-host were both told PUBLIC (measured, see shared/notes/nat-traversal.md).
+host were both told PUBLIC (docs/nat.md, "Measured with py-libp2p 0.8.1").
 
 Client side: we list our listen addresses plus a prediction of our NAT mapping (the external IP peers
 observe us at, with our listen port: a port-preserving NAT maps the listen port to itself), ask up to

@@ -2,10 +2,10 @@
 
 py-libp2p 0.8.1's ``DCUtRProtocol`` does the exchange (CONNECT with observed addresses, SYNC, both
 sides dialling from their listen port); this module runs it with a short dial timeout and keeps score.
-Measured in namespaces (shared/notes/nat-traversal.md): with ``dial_timeout=2`` a direct connection
-took about 2.7 s (10.5 s with the default 10 s, spent dialling unreachable private addresses); punches
-succeed when both NATs keep the source port and drop unsolicited packets, and fail when a NAT
-randomises ports or answers with RST. Then the relayed connection simply stays the path.
+Measured in namespaces (docs/nat.md, "Measured with py-libp2p 0.8.1"): with ``dial_timeout=2`` a
+direct connection took about 2.7 s (10.5 s with the default 10 s, spent dialling unreachable private
+addresses); punches succeed when both NATs keep the source port and drop unsolicited packets, and fail
+when a NAT randomises ports or answers with RST. Then the relayed connection simply stays the path.
 
 The stock protocol also drives punches on its own for every relayed peer (every 2 s, at most three
 attempts per peer), so a peer that connected through a relay is upgraded without anyone asking.
