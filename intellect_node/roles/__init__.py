@@ -14,13 +14,13 @@ ROLES = ("trainer", "worker", "validator")
 def role_factory(role: str) -> Callable[[Any], Any]:
     """The service factory of ``role`` (imported lazily: torch is heavy)."""
     if role == "trainer":
-        from intellect_node.roles.trainer import Trainer
+        from intellect_node.roles.trainer.role import Trainer
         return Trainer.for_runtime
     if role == "worker":
-        from intellect_node.roles.worker import Worker
+        from intellect_node.roles.worker.role import Worker
         return Worker.for_runtime
     if role == "validator":
-        from intellect_node.roles.validator import Validator
+        from intellect_node.roles.validator.role import Validator
         return Validator.for_runtime
     from intellect_node.errors import ConfigError
     raise ConfigError(f"--role {role!r} is not one of {', '.join(ROLES)}", field="role")

@@ -1,14 +1,14 @@
 """The run's policy as a worker or validator follows it: :class:`TrainerPolicy`.
 
-Both roles need the same thing: the newest version the run's trainer announced, held locally and loaded
-into an engine. :class:`TrainerPolicy` subscribes to the run's ``policy`` topic, where only the run's
-trainer may announce (``protocol.policy.announcement_validator`` drops everyone else's in the gossip
-validator), shows each announcement to the role (the validator judges staleness by the newest one), and
-offers it to a :class:`~intellect_node.roles.policy.PolicyFollower`, whose ``follow`` loop obtains the
-newest version offered, newest wins, retrying a failed one a few times
-(:data:`~intellect_node.roles.policy.FOLLOW_RETRIES`, from :data:`RETRY_S` doubling). The trainer repeats
-its newest announcement every couple of seconds, and each repeat is offered again, so a version given up
-on is tried again at the next repeat. The role gets every version obtained as ``on_version(version,
+Both roles need the same thing: the newest version the run's trainer announced, held locally and loaded into
+an engine. :class:`TrainerPolicy` subscribes to the run's ``policy`` topic, where only the run's trainer may
+announce (``protocol.policy.announcement_validator`` drops everyone else's in the gossip validator), shows
+each announcement to the role (the validator judges staleness by the newest one), and offers it to a
+:class:`~intellect_node.roles.common.policy.PolicyFollower`, whose ``follow`` loop obtains the newest version
+offered, newest wins, retrying a failed one a few times
+(:data:`~intellect_node.roles.common.policy.FOLLOW_RETRIES`, from :data:`RETRY_S` doubling). The trainer
+repeats its newest announcement every couple of seconds, and each repeat is offered again, so a version given
+up on is tried again at the next repeat. The role gets every version obtained as ``on_version(version,
 checkpoint)``, and at start the version already held on disk.
 
 Policy blobs come from the trainer first (it holds every one), the DHT second (``HintedFetcher``).
@@ -26,9 +26,11 @@ from pathlib import Path
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, announcement_validator
 from intellect_node.protocol.topics import topic
-from intellect_node.roles.common import MAX_POLICY_BYTES, HintedFetcher, model_dir, require_trainer
-from intellect_node.roles.policy import ObtainResult, PolicyFollower
-from intellect_node.roles.seams import RoleTasks, Runtime
+from intellect_node.roles.common.fetch import HintedFetcher
+from intellect_node.roles.common.models import MAX_POLICY_BYTES, model_dir
+from intellect_node.roles.common.policy import ObtainResult, PolicyFollower
+from intellect_node.roles.common.run import require_trainer
+from intellect_node.roles.common.seams import RoleTasks, Runtime
 from intellect_node.trainer.model import initial_policy
 
 log = logging.getLogger(__name__)

@@ -315,7 +315,7 @@ class ObtainResult:
 
 class PolicyBlobs(Protocol):
     """What the follower uses of a blob service: a ``BlobService``, or one that asks the trainer first
-    (``roles.common.HintedFetcher.holding``)."""
+    (``roles.common.fetch.HintedFetcher.holding``)."""
 
     @property
     def store(self) -> BlobStore: ...

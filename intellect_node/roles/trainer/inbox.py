@@ -2,7 +2,7 @@
 
 Admitting a batch its validators accepted (:meth:`Inbox.admit`) takes three steps before the trainer
 queues it: its rollout keys are checked against those admitted before and reserved, with no await in
-between (two verdicts cannot both pass with the same rollouts; ``roles/admission.py``); the batch bytes
+between (two verdicts cannot both pass with the same rollouts; ``roles/common/seen.py``); the batch bytes
 and a small JSON (worker, version, arrival order) are written to ``trainer/inbox/<cid>.batch|.json``
 atomically; its keys are appended to ``trainer/admitted.jsonl`` (fsynced). A crash from the inbox write
 on re-queues the batch on restart (:meth:`Inbox.reload`), adding its keys back should the journal line
@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING
 from intellect_node.errors import IntellectNodeError, ProtocolError
 from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
 from intellect_node.protocol.rollout import RolloutBatch, decode_batch
-from intellect_node.roles.admission import AdmittedJournal, describe_key, rollout_keys
-from intellect_node.roles.batching import Accepted
+from intellect_node.roles.common.seen import describe_key, rollout_keys
+from intellect_node.roles.trainer.admitted import AdmittedJournal
+from intellect_node.roles.trainer.batching import Accepted
 
 if TYPE_CHECKING:
     from intellect_node.trainer.step import Sample

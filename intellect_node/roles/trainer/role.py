@@ -1,14 +1,30 @@
 """Trainer role: GRPO on accepted rollouts, bounded staleness, atomic policy publication, resume.
 
+The parts, each in its own module; none of them references the ``Trainer``, which builds them in
+``__init__``/``start`` and wires them together in this one place:
+
+- ``admission.py``: ``Admission``, the pure state machine deciding which verdicts take a batch in and
+  which queued batches form a step (its tallies and queued batches are in ``batching.py``);
+- ``inbox.py``: ``Inbox``, the admitted batches on disk until a checkpoint holds them, and
+  ``StepJournal``, the steps taken since that checkpoint (replayed after a crash);
+- ``admitted.py``: ``AdmittedJournal``, the rollout keys admitted per version (the inbox holds it);
+- ``prefetch.py``: ``Prefetch``, the batches named by workers' notices, fetched while validators verify;
+- from ``roles/common/``: ``PolicyPublisher`` (``policy.py``: delta/full blobs and signed announcements),
+  ``HintedFetcher`` (``fetch.py``), the run's task and re-scored samples (``tasks.py``, ``records.py``),
+  and ``RoleTasks`` (``seams.py``) for the train and announce loops and the publications.
+
+The Trainer itself holds the gossip handlers (verdicts, notices), the training loop, checkpoints and the
+status it reports.
+
 - **Inputs.** The trainer listens to verdicts from the run's validators (``run.validator_peer_ids``);
   which verdicts take a batch in, and which queued batches form a step, the pure state machine of
-  ``roles/batching.py`` decides. ``run.verdict_quorum`` of them must accept a batch (default 1; a
+  ``roles/trainer/admission.py`` decides. ``run.verdict_quorum`` of them must accept a batch (default 1; a
   rejection that comes first refuses it, so one faulty validator can delay work but not get bad work
   trained on). Votes are counted per (worker, batch), so a peer naming someone else's batch in its own
   notice cannot get it refused.
   Admission fetches the batch blob, decodes it strictly, checks it is the named worker's and in whole
   groups, recomputes every reward from the task (claimed rewards are never used), and *persists* it to
-  ``trainer/inbox`` before queueing it (``roles/inbox.py``). Every record's signature is checked (a
+  ``trainer/inbox`` before queueing it (``roles/trainer/inbox.py``). Every record's signature is checked (a
   validator cannot plant records under an honest worker's name) and every problem must be of the run's
   task (``wrong_task``). A verdict is acted on only inside a time window around this node's clock
   (``protocol.rl.verdict_time_error``: an old one replayed is ignored); one whose reason is not the
@@ -18,7 +34,7 @@
   banned by verdicts. In a closed run (``run.worker_allowlist``) other workers' batches are refused
   (``not_allowed``).
 - **Each rollout once.** A batch holding a rollout already admitted (same run, version, worker, problem
-  and sample index, or rollout ID; ``roles/admission.py``) is refused as ``duplicate`` whatever its blob
+  and sample index, or rollout ID; ``roles/common/seen.py``) is refused as ``duplicate`` whatever its blob
   CID, recorded against the worker, and ``rl.ban_after`` such batches ban it. The admitted keys are
   journaled (``trainer/admitted.jsonl``, fsynced after the inbox copy, before queueing) so a SIGKILLed
   trainer remembers them; keys of versions older than ``async_level`` are dropped as the trainer moves on.
@@ -27,10 +43,10 @@
   takes whichever accepted batches are queued, from any workers, as soon as ``rl.groups_per_step``
   groups are there: it never waits for a particular worker.
 - **A step.** The batches it takes are journaled first (``trainer/steps.jsonl``, fsynced;
-  ``roles/inbox.py``), then the online filter (drop groups whose rewards are all equal) and the GRPO step of
-  ``trainer/step.py`` run in a worker thread, which also copies the new weights into canonical policy
+  ``roles/trainer/inbox.py``), then the online filter (drop groups whose rewards are all equal) and the GRPO
+  step of ``trainer/step.py`` run in a worker thread, which also copies the new weights into canonical policy
   bytes before the next step can move them. Version v+1 is published from that copy as delta/full blobs
-  and a signed announcement (``roles/policy.py``) beside the next optimizer step (one publication at a
+  and a signed announcement (``roles/common/policy.py``) beside the next optimizer step (one publication at a
   time, in order). Every ``rl.checkpoint_every`` steps the weights, AdamW state and consumed batch IDs
   are checkpointed atomically (``trainer/checkpoint.py``); then the inbox copies of the batches it holds
   and the journal entries it covers go. A line per step goes to ``trainer/metrics.jsonl``, with the
@@ -40,9 +56,10 @@
   made, and the workers, capped per version, resubmit after a while. Every attempt is reported to the
   status board (``board.train_attempt``: groups dropped, the cause when all were, a hint naming the
   settings to check); a streak of them raises ``training.no_signal_warning``, logged once as a warning.
-  The first completion of each admitted group goes to ``training.completions`` (``roles/completions.py``).
+  The first completion of each admitted group goes to ``training.completions``
+  (``roles/common/completions.py``).
 - **Prefetch.** The trainer also hears workers' notices and fetches and decodes the batches they name
-  while the validators verify them (``roles/prefetch.py``), so a verdict only releases a batch.
+  while the validators verify them (``roles/trainer/prefetch.py``), so a verdict only releases a batch.
 - **Crash safety.** After SIGKILL the trainer reloads the latest checkpoint (same version numbering),
   re-queues every inbox batch not in its consumed set (none lost, none trained twice) and replays the
   journaled steps since the checkpoint, taking the same batches in the same order: on the CPU this gives
@@ -90,23 +107,19 @@ from intellect_node.protocol.rollout import (
     verify_rollout_signature,
 )
 from intellect_node.protocol.topics import topic
-from intellect_node.roles.admission import BoundedMap, rollout_keys
-from intellect_node.roles.batching import Accepted, Admission, fresh_floor, vote_key
-from intellect_node.roles.common import (
-    ANNOUNCE_MIN_CHUNKS,
-    HintedFetcher,
-    blob_service,
-    group_slices,
-    model_dir,
-    rescored_group,
-    run_task,
-    wrong_task,
-)
-from intellect_node.roles.completions import completion
-from intellect_node.roles.inbox import Inbox, JournalEntry, RefusedBatch, StepJournal
-from intellect_node.roles.policy import PolicyPublisher
-from intellect_node.roles.prefetch import Prefetch
-from intellect_node.roles.seams import RoleTasks, Runtime
+from intellect_node.roles.common.completions import completion
+from intellect_node.roles.common.fetch import ANNOUNCE_MIN_CHUNKS, HintedFetcher
+from intellect_node.roles.common.models import model_dir
+from intellect_node.roles.common.policy import PolicyPublisher
+from intellect_node.roles.common.records import group_slices, rescored_group
+from intellect_node.roles.common.seams import RoleTasks, Runtime
+from intellect_node.roles.common.seen import BoundedMap, rollout_keys
+from intellect_node.roles.common.services import blob_service
+from intellect_node.roles.common.tasks import run_task, wrong_task
+from intellect_node.roles.trainer.admission import Admission
+from intellect_node.roles.trainer.batching import Accepted, fresh_floor, vote_key
+from intellect_node.roles.trainer.inbox import Inbox, JournalEntry, RefusedBatch, StepJournal
+from intellect_node.roles.trainer.prefetch import Prefetch
 from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, read_optimizer, save_checkpoint
 from intellect_node.trainer.filtering import FilteredGroups, filter_groups
 from intellect_node.trainer.grpo import GRPOConfig
@@ -374,7 +387,8 @@ class Trainer:
         self.hops.put(cid, got)
 
     def _on_notice(self, msg: tuple[RolloutNotice, str], origin: str) -> None:
-        """A worker's notice: fetch its batch while the validators verify it (``roles/prefetch.py``)."""
+        """A worker's notice: fetch its batch while the validators verify it
+        (``roles/trainer/prefetch.py``)."""
         notice, worker = msg
         if self.rt.swarm.is_banned(worker):
             return

@@ -1,10 +1,10 @@
 """Validator role: verify workers' rollout batches, publish signed verdicts, ban repeat offenders.
 
 A notice (signature- and run-checked in the gossip validator, which also drops banned senders and, in a
-closed run, peers off ``run.worker_allowlist``) first goes through the intake (``roles/intake.py``): per
-peer rates, byte budget and queue, the version window, the new-identity rate. What it refuses gets no
-verdict; the reason is recorded against the sender and ``future`` counts as a strike (``flood``/``busy``, an
-over-budget or over-full intake, do not: see :mod:`intake`). Taken
+closed run, peers off ``run.worker_allowlist``) first goes through the intake
+(``roles/validator/intake.py``): per peer rates, byte budget and queue, the version window, the new-identity
+rate. What it refuses gets no verdict; the reason is recorded against the sender and ``future`` counts as a
+strike (``flood``/``busy``, an over-budget or over-full intake, do not: see :mod:`intake`). Taken
 notices are worked on as jobs, one per peer at a time, round-robin across peers, at most
 ``validator.max_jobs`` at once for workers with accepted work and as many for the rest (so fresh keys
 that tarpit cannot take the slots honest workers need); the tensor work of at most
@@ -21,7 +21,7 @@ that tarpit cannot take the slots honest workers need); the tensor work of at mo
    of the run's task (``wrong_task``: every registered task resolves its own IDs, the embedded ``add3``
    always), with the seeds and rollout IDs the run derives (``proofs/sampling.batch_seeds``); a rollout
    already counted (the same run, version, worker, problem and sample index, or rollout ID:
-   ``roles/admission.py``) makes the batch a ``duplicate``, before any tensor work;
+   ``roles/common/seen.py``) makes the batch a ``duplicate``, before any tensor work;
 5. :class:`~intellect_node.inference.verifier.Verifier` with the run's expectations. ``rl.verify_fraction``
    < 1 runs the tensor checks on a random subset of groups, except for a worker's first
    ``rl.verify_first_batches`` accepted batches, which are checked in full (a fresh key earns sampling);
@@ -49,7 +49,7 @@ rollouts from any version the trainer would still accept, including versions ann
 busy (its follower obtains each one in the window, or the delta walk to the newest passes through it:
 ``keep_passing``). Its engines are the verifier's, the torch engine on ``inference.device`` (it
 prefills, it never generates), and its thresholds are the run's for every pair ``run.rollout_engines``
-admits against that verifier (``roles/engines.py``): a pair not calibrated stops it at start.
+admits against that verifier (``roles/common/engines.py``): a pair not calibrated stops it at start.
 """
 
 from __future__ import annotations
@@ -87,22 +87,17 @@ from intellect_node.protocol.rl import (
 )
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE, decode_batch
 from intellect_node.protocol.topics import topic
-from intellect_node.roles.admission import BoundedMap, SeenRollouts, describe_key, rollout_keys
-from intellect_node.roles.common import (
-    HintedFetcher,
-    base_model,
-    blob_service,
-    group_slices,
-    loaded_from_checkpoint,
-    model_dir,
-    require_trainer,
-    run_task,
-    wrong_task,
-)
-from intellect_node.roles.engines import run_thresholds
-from intellect_node.roles.follow import TrainerPolicy
-from intellect_node.roles.intake import Intake, Limits, Pending
-from intellect_node.roles.seams import RoleTasks, Runtime
+from intellect_node.roles.common.engines import run_thresholds
+from intellect_node.roles.common.fetch import HintedFetcher
+from intellect_node.roles.common.follow import TrainerPolicy
+from intellect_node.roles.common.models import base_model, loaded_from_checkpoint, model_dir
+from intellect_node.roles.common.records import group_slices
+from intellect_node.roles.common.run import require_trainer
+from intellect_node.roles.common.seams import RoleTasks, Runtime
+from intellect_node.roles.common.seen import BoundedMap, SeenRollouts, describe_key, rollout_keys
+from intellect_node.roles.common.services import blob_service
+from intellect_node.roles.common.tasks import run_task, wrong_task
+from intellect_node.roles.validator.intake import Intake, Limits, Pending
 
 if TYPE_CHECKING:
     from intellect_node.inference.torch_engine import TorchEngine
@@ -225,7 +220,7 @@ class Validator:
     # -- policy ----------------------------------------------------------------------------------
 
     def _on_announcement(self, ann: PolicyAnnouncement) -> None:
-        """Every valid announcement, repeats included (``roles/follow.py`` obtains the versions)."""
+        """Every valid announcement, repeats included (``roles/common/follow.py`` obtains the versions)."""
         now, last = time.monotonic(), self._heard_trainer
         self._heard_trainer = now
         if now - last > HEARD_RECENTLY_S:  # back after a silence (or heard for the first time)

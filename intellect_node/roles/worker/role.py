@@ -6,7 +6,7 @@ every record signed) -> record the batch in the ledger -> put the encoded
 :class:`~intellect_node.protocol.rollout.RolloutBatch` in the blob store -> gossip a signed
 :class:`~intellect_node.protocol.rl.RolloutNotice`. Policy announcements are accepted only from the run's
 configured trainer (checked in the gossip validator); a new version is fetched through the swarm
-(delta or full, hash-checked; ``roles/follow.py``) while generation continues on the old one.
+(delta or full, hash-checked; ``roles/common/follow.py``) while generation continues on the old one.
 
 A worker submits at most ``rl.batches_per_version`` batches per policy version, then waits for the next
 announcement: older work would only be refused as stale once the trainer moves on. With ``rl.work_ahead``
@@ -20,7 +20,7 @@ and the trainer refuse as ``duplicate`` and count against the worker. The proble
 version are kept in ``worker/used.json`` (written before generating) so a restarted worker does not
 repeat them either. In a closed run (``run.worker_allowlist``) a worker not on the list refuses to start.
 
-The engine is the ``[inference]`` section's (``roles/engines.py``): the torch engine gets a fresh
+The engine is the ``[inference]`` section's (``roles/common/engines.py``): the torch engine gets a fresh
 engine per policy version (weights in memory, cheap); vLLM is started once from the model folder and
 each version's weights are swapped into it, never during a batch (``_engine_lock``). A worker whose
 engine@device the run does not list in ``run.rollout_engines`` refuses to start.
@@ -28,7 +28,7 @@ engine@device the run does not list in ``run.rollout_engines`` refuses to start.
 The record-building step is :meth:`Worker.make_records`; tests subclass it to play a cheating worker.
 
 The first completion of each group it generates, with its reward and the answer the run's extraction
-finds in it, goes to the status board (``training.completions``; ``roles/completions.py``).
+finds in it, goes to the status board (``training.completions``; ``roles/common/completions.py``).
 
 ``worker/hops.jsonl`` (diagnostics, not fsynced) timestamps the worker's side of the learning loop for
 ``bench/learning.py``: each new version announced (heard) and loaded (with where the follower's time went:
@@ -62,22 +62,16 @@ from intellect_node.protocol.rl import (
 )
 from intellect_node.protocol.rollout import RolloutBatch, RolloutRecord, encode_batch
 from intellect_node.protocol.topics import topic
-from intellect_node.roles.admission import BoundedMap
-from intellect_node.roles.common import (
-    ANNOUNCE_MIN_CHUNKS,
-    HintedFetcher,
-    base_model,
-    blob_service,
-    ledger_of,
-    loaded_from_checkpoint,
-    require_allowed,
-    require_trainer,
-    run_task,
-)
-from intellect_node.roles.completions import completion
-from intellect_node.roles.engines import engine_choice, require_rollout_engine
-from intellect_node.roles.follow import TrainerPolicy
-from intellect_node.roles.seams import RoleTasks, Runtime
+from intellect_node.roles.common.completions import completion
+from intellect_node.roles.common.engines import engine_choice, require_rollout_engine
+from intellect_node.roles.common.fetch import ANNOUNCE_MIN_CHUNKS, HintedFetcher
+from intellect_node.roles.common.follow import TrainerPolicy
+from intellect_node.roles.common.models import base_model, loaded_from_checkpoint
+from intellect_node.roles.common.run import require_allowed, require_trainer
+from intellect_node.roles.common.seams import RoleTasks, Runtime
+from intellect_node.roles.common.seen import BoundedMap
+from intellect_node.roles.common.services import blob_service, ledger_of
+from intellect_node.roles.common.tasks import run_task
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +154,7 @@ class Worker:
             self._hop("announced", version=ann.version, hash=ann.checkpoint_hash)
 
     async def _load(self, version: int, ckpt: PolicyWeights) -> None:
-        """A new policy version (``roles/follow.py``): generation moves to it at its next batch."""
+        """A new policy version (``roles/common/follow.py``): generation moves to it at its next batch."""
         t0 = time.monotonic()
         loaded = await asyncio.to_thread(loaded_from_checkpoint, self.base, ckpt)
         if self.choice.name == "torch":

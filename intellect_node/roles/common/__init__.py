@@ -1,0 +1,10 @@
+"""What the trainer, worker and validator roles share: the seam to the node (``seams``), the run's task
+(``tasks``), what a role needs of the run (``run``), the node services beside it (``services``), the run's
+model (``models``), fetching blobs from known holders (``fetch``), records as training samples
+(``records``), each rollout counted once (``seen``), policy distribution (``policy``) and following the
+trainer's policy (``follow``), engine settings (``engines``) and completion texts (``completions``).
+
+Each role is a node service (``start``/``close``/``status``, see ``node/runtime.py``). Its loop runs as
+an asyncio task; every torch call goes to a worker thread (``asyncio.to_thread``) so the event loop
+keeps serving HTTP and gossip while a model runs.
+"""

@@ -1,0 +1,32 @@
+"""The run's model: its folder, its base weights, and a policy checkpoint loaded onto it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from intellect_node.config import NodeConfig
+from intellect_node.errors import IntegrityError
+from intellect_node.models.loader import LoadedModel, load_model, resolve_model_dir, torch_dtype
+from intellect_node.policy.weights import PolicyWeights
+
+MAX_POLICY_BYTES = 4 << 30
+"""Largest policy checkpoint a worker or validator accepts (the announced size is checked first)."""
+
+
+def model_dir(cfg: NodeConfig) -> Path:
+    return resolve_model_dir(cfg.run.model or None)
+
+
+def loaded_from_checkpoint(base: LoadedModel, ckpt: PolicyWeights) -> LoadedModel:
+    """``base`` (config, tokenizer) with the weights of ``ckpt`` in the run's dtype."""
+    dt = torch_dtype(base.dtype)
+    state = {k: v.to(dtype=dt) if v.is_floating_point() else v for k, v in ckpt.to_state_dict().items()}
+    missing = set(base.state) - set(state)
+    if missing:
+        raise IntegrityError(f"policy checkpoint lacks {sorted(missing)[:3]}")
+    return replace(base, state=state)
+
+
+def base_model(cfg: NodeConfig) -> LoadedModel:
+    return load_model(cfg.run.model or None, dtype=cfg.run.dtype)

@@ -1,0 +1,45 @@
+"""The run's task, and whether rollout records are work on it."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from intellect_node.config import NodeConfig
+from intellect_node.config.status import clean_text
+from intellect_node.envs.tasks import Task
+from intellect_node.errors import ConfigError
+from intellect_node.protocol.rollout import RolloutRecord
+
+
+def run_task(cfg: NodeConfig, *, filtered: bool = True) -> Task:
+    """The run's task: the reward environment (``rl.env``), the JSONL file, or ``rl.task``, under the
+    run's extraction and system-prompt settings and registered so its problem IDs resolve
+    (``envs.environment.build_task``); narrowed to the offline filter's band when
+    ``rl.solve_rates_file`` is set and ``filtered`` (``tasks solve-rates`` measures the whole task)."""
+    from intellect_node.envs.environment import build_task
+
+    rl = cfg.rl
+    task: Task = build_task(task=rl.task, tasks_file=rl.tasks_file or None, env=rl.env or None,
+                            env_args=dict(rl.env_args), answer_format=rl.answer_format, think=rl.think,
+                            max_completion_chars=rl.max_completion_chars, system_prompt=rl.system_prompt,
+                            reward_timeout_s=rl.reward_timeout_s)
+    if filtered and cfg.rl.solve_rates_file:
+        from intellect_node.envs.filtering import filter_by_rates_file
+
+        task = filter_by_rates_file(task, cfg.rl.solve_rates_file, cfg.rl.solve_rate_band)
+    return task
+
+
+def wrong_task(task: Task, records: Sequence[RolloutRecord]) -> str:
+    """Why ``records`` are not all work on the run's ``task`` ("" when they are). Every registered task
+    resolves its own problem IDs (the embedded ``add3`` always), so the verifier's lookup alone would
+    accept another task's work: validators and the trainer check against the run's task first."""
+    for r in records:
+        if r.task_id != task.task_id:
+            return f"a rollout of task {clean_text(r.task_id, 80)!r}; the run's task is {task.task_id!r}"
+    for pid in dict.fromkeys(r.problem_id for r in records):
+        try:
+            task.get(pid)
+        except ConfigError:
+            return f"{clean_text(pid, 80)!r} is not a problem of the run's task {task.task_id!r}"
+    return ""

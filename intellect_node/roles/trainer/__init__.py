@@ -1,0 +1,1 @@
+"""The trainer role (``role.py``) and its parts."""

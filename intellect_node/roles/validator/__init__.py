@@ -1,0 +1,1 @@
+"""The validator role (``role.py``) and its intake (``intake.py``)."""
