@@ -245,7 +245,7 @@ async def peers_section(pair: tuple[PolicyWeights, PolicyWeights], n_peers: int,
 
     from intellect_node.blobs.peer import BlobPeer, mesh
     from intellect_node.protocol.policy import open_announcement, seal_announcement
-    from intellect_node.roles.policy import PolicyFollower, PolicyPublisher
+    from intellect_node.roles.common.policy import PolicyFollower, PolicyPublisher
 
     prev, cur = pair
     link = (f"each peer's downlink emulated at {link_mbit:g} Mbit/s" if link_mbit

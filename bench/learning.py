@@ -322,7 +322,7 @@ def work_floor(repeats: int = 15) -> dict[str, float]:
     from intellect_node.inference.verifier import Expectations, Verifier
     from intellect_node.proofs.thresholds import Thresholds
     from intellect_node.protocol.signing import SigningKey
-    from intellect_node.roles.common import record_to_sample
+    from intellect_node.roles.common.records import record_to_sample
     from intellect_node.trainer.grpo import GRPOConfig
     from intellect_node.trainer.model import load_trainable
     from intellect_node.trainer.step import make_optimizer, train_step

@@ -45,7 +45,7 @@ from intellect_node.protocol.ids import cid_of  # noqa: E402
 from intellect_node.protocol.rl import RolloutNotice, notice_validator, seal_notice  # noqa: E402
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE  # noqa: E402
 from intellect_node.protocol.signing import SigningKey  # noqa: E402
-from intellect_node.roles.intake import Intake, Limits  # noqa: E402
+from intellect_node.roles.validator.intake import Intake, Limits  # noqa: E402
 
 RUN = "bench"
 

@@ -267,7 +267,7 @@ class Checks:
     def trainer_step(self) -> str:
         import torch
 
-        from intellect_node.roles.common import record_to_sample
+        from intellect_node.roles.common.records import record_to_sample
         from intellect_node.trainer.grpo import GRPOConfig
         from intellect_node.trainer.model import TrainOptions, load_trainable
         from intellect_node.trainer.step import make_optimizer, train_step

@@ -54,7 +54,7 @@ def task_and_model(config_path: Optional[Path], *, task_id: str, tasks_file: Opt
     """``(task, model folder or None for the embedded one, the run's rl settings or None)`` for a model
     command (``tasks solve-rates``, ``proofs calibrate``).
 
-    With ``--config`` the task is the run's own (``roles.common.run_task``, what its workers and
+    With ``--config`` the task is the run's own (``roles.common.tasks.run_task``, what its workers and
     validators build: reward environment, extraction, system prompt), and the model is ``run.model``
     unless ``--model`` is given. ``--task``/``--tasks`` beside ``--config`` would name two tasks, so that
     is refused (exit 2). ``filtered``: apply the run's offline solve-rate filter."""
@@ -73,7 +73,7 @@ def task_and_model(config_path: Optional[Path], *, task_id: str, tasks_file: Opt
         raise ConfigError(f"--config: no file at {config_path}; pass the run's node config (TOML)",
                           field="config")
     from intellect_node.config.loader import load_config
-    from intellect_node.roles.common import run_task
+    from intellect_node.roles.common.tasks import run_task
 
     cfg = load_config(config_path)
     model = model_dir if model_dir is not None else (Path(cfg.run.model) if cfg.run.model else None)

@@ -472,7 +472,7 @@ def preflight_and_thresholds(plan: DemoPlan, base: Path, say: Any) -> None:
     from intellect_node.inference import make_engine
     from intellect_node.inference.run_settings import preflight
     from intellect_node.node.processes import write_config
-    from intellect_node.roles.common import run_task
+    from intellect_node.roles.common.tasks import run_task
 
     torch.set_num_threads(1)
     probe = base / "plan.toml"

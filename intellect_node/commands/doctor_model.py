@@ -4,7 +4,7 @@ The estimate (``inference/memory.py``: weights, KV cache, training state) uses t
 for the batch and context (``rl.problems_per_batch * rl.group_size``, ``inference.max_prompt_tokens +
 rl.max_new_tokens``) and is compared with what is free where the tensors go: this machine's available RAM
 or, on CUDA, the GPU's free memory. The same comparison stops ``join`` at start
-(``roles/engines.check_fits``, ``inference.memory_check``).
+(``roles/common/engines.check_fits``, ``inference.memory_check``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def check_model_memory(cfg: Any, model: str, roles: Sequence[str], *, dtype: str
     """One check per role: its estimate, part by part, against the free memory of ``device``."""
     from intellect_node.inference.memory import available_bytes, fmt_bytes, model_shape
     from intellect_node.models.loader import resolve_model_dir
-    from intellect_node.roles.engines import estimate_for, fit_problem
+    from intellect_node.roles.common.engines import estimate_for, fit_problem
 
     try:
         path = resolve_model_dir(model or None)

@@ -16,8 +16,8 @@ Calls block for one fsync (about a millisecond on an SSD); the roles call them f
 (``asyncio.to_thread``) when that matters. One connection guarded by a lock serves all threads.
 
 In a node, :class:`LedgerService` (added by ``join`` before the roles, so it closes after them) opens the
-ledger at construction; a role finds it with ``roles.common.ledger_of(runtime)``. Closing it checkpoints
-the WAL into the main file: after a clean stop (SIGTERM) ``ledger.sqlite`` alone holds everything.
+ledger at construction; a role finds it with ``roles.common.services.ledger_of(runtime)``. Closing it
+checkpoints the WAL into the main file: after a clean stop (SIGTERM) ``ledger.sqlite`` alone holds everything.
 """
 
 from __future__ import annotations

@@ -73,8 +73,8 @@ def build_node(config: NodeConfig, data_dir: Path, *, roles: Sequence[str] = (),
     names = list(dict.fromkeys(roles))
     factories = [role_factory(r) for r in names]
     if names:  # a role that clearly does not fit in memory is refused now, not killed minutes in
-        from intellect_node.roles.common import model_dir
-        from intellect_node.roles.engines import check_fits
+        from intellect_node.roles.common.engines import check_fits
+        from intellect_node.roles.common.models import model_dir
 
         check_fits(config, names, model_dir(config))
     runtime = NodeRuntime(config, data_dir, roles=[*names, *labels])

@@ -196,7 +196,7 @@ def initial_policy(model: str | Path | None, dest: str | os.PathLike[str]) -> An
     transformers'), in the canonical policy format. Returns the file mapped (a ``PolicyWeights``).
 
     Followers build it from their own copy of the model folder and use it when its hash is the one the
-    trainer announced (``roles/policy.py``), instead of fetching the whole checkpoint."""
+    trainer announced (``roles/common/policy.py``), instead of fetching the whole checkpoint."""
     from intellect_node.policy.weights import PolicyWeights
 
     return PolicyWeights.write(dest, load_trainable(model, TrainOptions()).state_dict())

@@ -23,7 +23,7 @@ from intellect_node.proofs.thresholds import (
     merge_into,
     pair_key,
 )
-from intellect_node.roles.engines import engine_choice, require_rollout_engine, run_thresholds
+from intellect_node.roles.common.engines import engine_choice, require_rollout_engine, run_thresholds
 from intellect_node.testing.models import make_model
 
 torch.set_num_threads(1)

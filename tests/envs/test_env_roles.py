@@ -19,7 +19,7 @@ from intellect_node.models.loader import embedded_model_dir
 from intellect_node.proofs.thresholds import load_thresholds
 from intellect_node.protocol.rollout import RolloutRecord
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.roles.common import rescored_group
+from intellect_node.roles.common.records import rescored_group
 from tests.support.rollouts import resign
 
 torch.set_num_threads(1)

@@ -169,7 +169,7 @@ def test_config_errors_name_the_field(rl: dict[str, object], field: str) -> None
 
 
 def test_the_roles_task_comes_from_the_config() -> None:
-    from intellect_node.roles.common import run_task
+    from intellect_node.roles.common.tasks import run_task
 
     cfg = build_config({"rl": {"env": "reasoning_gym:chain_sum", "env_args": {"seed": 9, "size": 30}}})
     task = run_task(cfg)

@@ -265,7 +265,7 @@ def test_a_checker_that_times_out_here_does_not_blame_the_worker(engine: TorchEn
     import dataclasses
 
     from intellect_node.envs.tasks import Judgement, resolve_problem
-    from intellect_node.roles.validator import NOT_HELD
+    from intellect_node.roles.validator.role import NOT_HELD
 
     scored = next((r for r in honest if r.reward == 1.0), None) or resign(honest[0], WORKER, reward=1.0)
 

@@ -12,7 +12,7 @@ import torch
 from intellect_node.blobs.service import BlobService
 from intellect_node.protocol.policy import announcement_validator
 from intellect_node.protocol.topics import topic
-from intellect_node.roles.policy import ObtainResult, PolicyFollower, PolicyPublisher
+from intellect_node.roles.common.policy import ObtainResult, PolicyFollower, PolicyPublisher
 from tests.support.delta import policy_versions
 from tests.support.swarm import line, run, runtime_nodes
 from tests.support.wait import wait_until

@@ -18,7 +18,7 @@ from intellect_node.policy.delta import encode_delta, read_delta
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol import codec
 from intellect_node.protocol.policy import DeltaFile, PolicyAnnouncement, open_announcement, seal_announcement
-from intellect_node.roles.policy import PolicyFollower, PolicyPublisher
+from intellect_node.roles.common.policy import PolicyFollower, PolicyPublisher
 from tests.support.delta import policy_versions
 from tests.support.wait import wait_until
 
@@ -312,7 +312,7 @@ def test_policy_files_published_in_the_configured_chunk_size(tmp_path: Path,
     """``rl.policy_chunk_mib``: the full file and the delta go out in that chunk size, and a file that
     would need more than MAX_CHUNKS chunks gets doubled chunks instead of a failed publication."""
     from intellect_node.errors import ConfigError
-    from intellect_node.roles import policy as policy_mod
+    from intellect_node.roles.common import policy as policy_mod
 
     versions = policy_versions(torch.bfloat16, 2)
 
@@ -343,7 +343,7 @@ def test_version_0_is_built_from_the_model_folder_when_it_hashes_as_the_trainers
     """A fresh trainer's version 0 is the run's model as it loads it; a follower holding the same model
     folder builds those bytes itself and fetches only the deltas after it. A folder that differs, a build
     that fails, or a chain that no longer starts at version 0 fetch the full checkpoint as before."""
-    from intellect_node.roles.policy import BASE_FILE
+    from intellect_node.roles.common.policy import BASE_FILE
     from intellect_node.trainer.model import initial_policy, load_trainable
 
     trained = load_trainable(None)  # what a fresh trainer holds and publishes as version 0

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from intellect_node.protocol.rollout import decode_batch
-from intellect_node.roles.admission import rollout_keys
-from intellect_node.roles.common import read_blob
+from intellect_node.roles.common.fetch import read_blob
+from intellect_node.roles.common.seen import rollout_keys
 from tests.support.roles import (
     CheatProcess,
     hostile_process,

@@ -1,6 +1,6 @@
-"""Rollout keys and the trainer's journal of admitted rollouts (``roles/admission.py``): one count
-per (run, version, worker, problem, sample index) and rollout ID, remembered across a SIGKILL, bounded by
-version."""
+"""Rollout keys and the trainer's journal of admitted rollouts (``roles/common/seen.py``,
+``roles/trainer/admitted.py``): one count per (run, version, worker, problem, sample index) and rollout ID,
+remembered across a SIGKILL, bounded by version."""
 
 from __future__ import annotations
 
@@ -13,13 +13,8 @@ from pathlib import Path
 
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.rollout import RolloutRecord, SamplingParams
-from intellect_node.roles.admission import (
-    AdmittedJournal,
-    BoundedMap,
-    SeenRollouts,
-    describe_key,
-    rollout_keys,
-)
+from intellect_node.roles.common.seen import BoundedMap, SeenRollouts, describe_key, rollout_keys
+from intellect_node.roles.trainer.admitted import AdmittedJournal
 from tests.support.common import REPO
 
 CKPT = cid_of(b"ckpt")
@@ -83,7 +78,7 @@ def test_journal_reloads_skips_a_torn_line_and_compacts(tmp_path: Path) -> None:
 _CHILD = """
 import asyncio, sys
 from pathlib import Path
-from intellect_node.roles.admission import AdmittedJournal
+from intellect_node.roles.trainer.admitted import AdmittedJournal
 
 async def main():
     j = AdmittedJournal(Path(sys.argv[1]))
@@ -133,7 +128,7 @@ def test_the_run_allowlist_is_checked_in_config_gossip_and_at_worker_start(tmp_p
     from intellect_node.errors import ConfigError, ProtocolError
     from intellect_node.protocol.rl import RolloutNotice, notice_validator, seal_notice
     from intellect_node.protocol.signing import SigningKey
-    from intellect_node.roles.common import require_allowed
+    from intellect_node.roles.common.run import require_allowed
 
     member, stranger = SigningKey.generate(), SigningKey.generate()
     with pytest.raises(ConfigError) as e:

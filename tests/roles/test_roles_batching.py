@@ -1,10 +1,11 @@
-"""The trainer's admission rules (``roles/batching.py``), driven directly: which verdicts take a batch in
-(quorum, closed runs, bans, staleness, each batch once) and which queued batches form a step."""
+"""The trainer's admission rules (``roles/trainer/admission.py``), driven directly: which verdicts take a
+batch in (quorum, closed runs, bans, staleness, each batch once) and which queued batches form a step."""
 
 from __future__ import annotations
 
 from intellect_node.protocol.rl import BatchVerdict
-from intellect_node.roles.batching import Accepted, Admission, fresh_floor, vote_key
+from intellect_node.roles.trainer.admission import Admission
+from intellect_node.roles.trainer.batching import Accepted, fresh_floor, vote_key
 
 
 def _verdict(cid: str, worker: str = "w1", *, accepted: bool = True, version: int = 0) -> BatchVerdict:
@@ -115,7 +116,7 @@ def test_take_leaves_older_fresh_batches_queued_and_drops_stale_ones() -> None:
 
 
 def test_a_journaled_step_takes_the_same_batches_in_the_same_order() -> None:
-    """Replay after a restart (``roles/trainer.py``): the step's batches by name, in the journal's order,
+    """Replay after a restart (``roles/trainer/role.py``): the step's batches by name, in the journal's order,
     whatever ``take`` would choose now; nothing taken when one of them is missing."""
     adm = _admission(groups_per_step=2)
     for a in (_acc("old", 0, 1), _acc("b", 1, 2), _acc("a", 1, 3), _acc("stale", 0, 4)):

@@ -1,6 +1,6 @@
-"""The run's policy as a worker or validator follows it (``roles/follow.TrainerPolicy``), over real nodes on
-127.0.0.1: announcements by gossipsub, blobs over HTTP. Only the run's trainer's announcements count (a
-peer announcing a policy of its own is refused at the gossip validator and blamed); each version reaches
+"""The run's policy as a worker or validator follows it (``roles/common/follow.TrainerPolicy``), over real
+nodes on 127.0.0.1: announcements by gossipsub, blobs over HTTP. Only the run's trainer's announcements count
+(a peer announcing a policy of its own is refused at the gossip validator and blamed); each version reaches
 the role once, in order; a follower started again begins from the version it holds."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from intellect_node.blobs.service import BlobService
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.policy import announcement_validator
 from intellect_node.protocol.topics import topic
-from intellect_node.roles.common import HintedFetcher
-from intellect_node.roles.follow import TrainerPolicy
-from intellect_node.roles.policy import PolicyPublisher
-from intellect_node.roles.seams import RoleTasks, Runtime
+from intellect_node.roles.common.fetch import HintedFetcher
+from intellect_node.roles.common.follow import TrainerPolicy
+from intellect_node.roles.common.policy import PolicyPublisher
+from intellect_node.roles.common.seams import RoleTasks, Runtime
 from tests.support.delta import policy_versions
 from tests.support.swarm import line, run, runtime_nodes
 from tests.support.wait import wait_until
@@ -125,7 +125,7 @@ def test_followers_of_a_large_blob_announce_it_and_look_past_the_trainer(tmp_pat
     import asyncio
     import os
 
-    from intellect_node.roles.common import ANNOUNCE_MIN_CHUNKS
+    from intellect_node.roles.common.fetch import ANNOUNCE_MIN_CHUNKS
 
     big, small = tmp_path / "ckpt.bin", tmp_path / "delta.bin"
     big.write_bytes(os.urandom(64 * 1024 * (ANNOUNCE_MIN_CHUNKS + 2)))

@@ -1,6 +1,6 @@
-"""The trainer's inbox (``roles/inbox.py``) on real files: a batch is checked for rollouts admitted before,
-persisted and journaled before it is queued, and a trainer started again finds exactly the batches that
-were admitted and not consumed, in arrival order."""
+"""The trainer's inbox (``roles/trainer/inbox.py``) on real files: a batch is checked for rollouts admitted
+before, persisted and journaled before it is queued, and a trainer started again finds exactly the batches
+that were admitted and not consumed, in arrival order."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import pytest
 from intellect_node.errors import ProtocolError
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.rollout import RolloutBatch, RolloutRecord, SamplingParams, encode_batch
-from intellect_node.roles.admission import AdmittedJournal, rollout_keys
-from intellect_node.roles.inbox import DuplicateRollouts, Inbox, StepJournal
+from intellect_node.roles.common.seen import rollout_keys
+from intellect_node.roles.trainer.admitted import AdmittedJournal
+from intellect_node.roles.trainer.inbox import DuplicateRollouts, Inbox, StepJournal
 
 
 def _rec(problem: str, rid: str, worker: str = "w1") -> RolloutRecord:

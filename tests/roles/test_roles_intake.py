@@ -1,4 +1,4 @@
-"""The validator's intake state machine (``roles/intake.py``): budgets, queues, round-robin,
+"""The validator's intake state machine (``roles/validator/intake.py``): budgets, queues, round-robin,
 parked versions and new identities, driven step by step with an explicit clock."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Callable
 
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.rl import RolloutNotice
-from intellect_node.roles.intake import Intake, Limits, TokenBucket
+from intellect_node.roles.validator.intake import Intake, Limits, TokenBucket
 
 
 def _n(i: int, version: int = 0, size: int = 1000) -> RolloutNotice:

@@ -1,7 +1,7 @@
-"""The trainer's prefetch (``roles/prefetch.py``): what an unverified notice can make the trainer fetch is
-bounded (version window, per worker, in all), a claimed batch is handed over once, and a failed fetch is
-forgotten quietly. The fetch itself is a stand-in here: the real one (``HintedFetcher``) is exercised by
-the process tests, where every batch the trainer trains on went through it."""
+"""The trainer's prefetch (``roles/trainer/prefetch.py``): what an unverified notice can make the trainer
+fetch is bounded (version window, per worker, in all), a claimed batch is handed over once, and a failed
+fetch is forgotten quietly. The fetch itself is a stand-in here: the real one (``HintedFetcher``) is
+exercised by the process tests, where every batch the trainer trains on went through it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import asyncio
 
 from intellect_node.errors import TransportError
 from intellect_node.protocol.rollout import RolloutBatch
-from intellect_node.roles.prefetch import LIMIT, NEWCOMER_HELD, PER_WORKER, Prefetch
+from intellect_node.roles.trainer.prefetch import LIMIT, NEWCOMER_HELD, PER_WORKER, Prefetch
 
 
 def test_prefetch_bounds_and_hand_over() -> None:

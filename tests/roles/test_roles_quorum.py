@@ -11,7 +11,7 @@ import pytest
 from intellect_node.config import load_config
 from intellect_node.errors import ConfigError
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.roles.batching import VerdictTally
+from intellect_node.roles.trainer.batching import VerdictTally
 
 
 def test_quorum_of_distinct_acceptances_and_rejection_first_refuses() -> None:

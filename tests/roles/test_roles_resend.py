@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from intellect_node.config.ledger import Ledger
-from intellect_node.roles.validator import HEARD_RECENTLY_S
+from intellect_node.roles.validator.role import HEARD_RECENTLY_S
 from tests.support.roles import make_key, start_role, start_trainer_and_validator
 from tests.support.wait import wait_for
 

@@ -1,5 +1,5 @@
-"""A role's tasks (``roles/seams.py``): loops under the node's real task supervisor, jobs in one task group;
-a failing job stays alone, closing the role ends every loop and job."""
+"""A role's tasks (``roles/common/seams.py``): loops under the node's real task supervisor, jobs in one task
+group; a failing job stays alone, closing the role ends every loop and job."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import cast
 import pytest
 
 from intellect_node.node.tasks import TaskSupervisor
-from intellect_node.roles.seams import LoopFactory, RoleTasks, Runtime
+from intellect_node.roles.common.seams import LoopFactory, RoleTasks, Runtime
 from tests.support.wait import wait_until
 
 
@@ -27,7 +27,7 @@ class _Spawner:
 
 
 def test_a_failing_job_stays_alone_and_close_ends_loops_and_jobs(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.ERROR, logger="intellect_node.roles.seams")
+    caplog.set_level(logging.ERROR, logger="intellect_node.roles.common.seams")
     seen: list[str] = []
 
     async def main() -> None:

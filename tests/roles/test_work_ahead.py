@@ -54,7 +54,8 @@ def test_a_worker_a_version_ahead_feeds_each_step_without_waste(tmp_path: Path) 
             p.close()
     hops = _lines(tmp_path / "w" / "worker" / "hops.jsonl")
     loaded = [h for h in hops if h["event"] == "loaded"]
-    # Version 0 is the model the worker already holds: built from its folder, not fetched (roles/policy.py).
+    # Version 0 is the model the worker already holds: built from its folder, not fetched
+    # (roles/common/policy.py).
     assert (loaded[0]["version"], loaded[0]["path"]) == (0, "local"), loaded[0]
     assert {h["path"] for h in loaded[1:]} == {"delta"}, loaded
     submitted = [h for h in hops if h["event"] == "submitted"]

@@ -81,11 +81,11 @@ def config(trainer: str, validators: list[str], *, quorum: int = 1, **rl: Any) -
 
 def trainer_role(tmp: Path, key: SigningKey, validators: list[str], *, quorum: int = 1,
                  batches: dict[str, bytes] | None = None, **rl: Any) -> Any:
-    """A :class:`~intellect_node.roles.trainer.Trainer` on a fake swarm; ``batches`` (CID -> bytes) are
+    """A :class:`~intellect_node.roles.trainer.role.Trainer` on a fake swarm; ``batches`` (CID -> bytes) are
     what its prefetch hands over when it hears their notices."""
     from intellect_node.models.loader import ModelTokenizer, embedded_model_dir
-    from intellect_node.roles.prefetch import Prefetch
-    from intellect_node.roles.trainer import Trainer
+    from intellect_node.roles.trainer.prefetch import Prefetch
+    from intellect_node.roles.trainer.role import Trainer
 
     rt = FakeRuntime(config(key.peer_id, validators, quorum=quorum, **rl), key, tmp)
     trainer = Trainer(rt)  # type: ignore[arg-type]
@@ -130,9 +130,9 @@ def batch_bytes(records: list[RolloutRecord], version: int = 0) -> tuple[str, by
 
 
 def validator_role(tmp: Path, key: SigningKey, trainer: str, **rl: Any) -> Any:
-    """A :class:`~intellect_node.roles.validator.Validator` on a fake swarm, not started (no policy, no
+    """A :class:`~intellect_node.roles.validator.role.Validator` on a fake swarm, not started (no policy, no
     engines: a test hands it what a check needs)."""
-    from intellect_node.roles.validator import Validator
+    from intellect_node.roles.validator.role import Validator
 
     rt = FakeRuntime(config(trainer, [key.peer_id], **rl), key, tmp)
     return Validator(rt)  # type: ignore[arg-type]

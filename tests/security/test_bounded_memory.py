@@ -18,10 +18,11 @@ import pytest
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.rl import BatchVerdict, RolloutNotice, check_verdict
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.roles import trainer as trainer_mod
-from intellect_node.roles import validator as validator_mod
-from intellect_node.roles.admission import describe_key
-from intellect_node.roles.batching import Accepted, Admission
+from intellect_node.roles.common.seen import describe_key
+from intellect_node.roles.trainer import role as trainer_mod
+from intellect_node.roles.trainer.admission import Admission
+from intellect_node.roles.trainer.batching import Accepted
+from intellect_node.roles.validator import role as validator_mod
 from tests.security._roles_inproc import RUN, trainer_role, validator_role
 
 TRAINER, VALIDATOR = SigningKey(bytes([41]) * 32), SigningKey(bytes([42]) * 32)

@@ -18,7 +18,7 @@ from intellect_node.errors import IntegrityError
 from intellect_node.models.loader import load_hf_model
 from intellect_node.policy.weights import PolicyWeights, require_finite
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.roles.policy import PolicyPublisher
+from intellect_node.roles.common.policy import PolicyPublisher
 from intellect_node.trainer.checkpoint import TrainerState, save_checkpoint
 from intellect_node.trainer.grpo import GRPOConfig, grpo_loss
 from intellect_node.trainer.step import Sample, make_optimizer, train_step

@@ -23,7 +23,7 @@ from intellect_node.blobs.store import BlobStore
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.rollout import RolloutBatch
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.roles.prefetch import Prefetch
+from intellect_node.roles.trainer.prefetch import Prefetch
 
 ADMITTED_WITHIN_S = 5.0
 """The bound the issue asks for ("a few seconds"); a tarpit held a slot 15-60 s before."""

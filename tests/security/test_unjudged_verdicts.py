@@ -17,7 +17,7 @@ import pytest
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.rl import NOT_WORKERS_FAULT, BatchVerdict, RolloutNotice
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.roles.batching import Admission
+from intellect_node.roles.trainer.admission import Admission
 from tests.security._roles_inproc import RUN, FakeFetcher, batch_bytes, record, trainer_role, validator_role
 
 TRAINER, V1, V2, WORKER = (SigningKey(bytes([i]) * 32) for i in range(11, 15))

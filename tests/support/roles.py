@@ -127,7 +127,7 @@ def _cheat_main(mode: str, data_dir: Path) -> int:
     from intellect_node.protocol.rl import NOTICE_KIND, RolloutNotice, seal_notice
     from intellect_node.protocol.rollout import RolloutBatch, encode_batch, sign_rollout
     from intellect_node.protocol.topics import topic
-    from intellect_node.roles.worker import Worker
+    from intellect_node.roles.worker.role import Worker
 
     class Cheater(Worker):
         copies = 0

@@ -272,7 +272,7 @@ class Swarm:
             wait_for(lambda: any(m["trained"] for m in self.acks.metrics()[n_lines:]), timeout=PROGRESS_S,
                      interval=0.5, what="a trained step after the trainer's restart")
             # The trainer checkpoints every rl.checkpoint_every steps and replays the journaled steps
-            # after it (roles/trainer.py): the first step it records is the one after the last it had
+            # after it (roles/trainer/role.py): the first step it records is the one after the last it had
             # recorded, unless the replay could not reproduce the announced policy and bumped past it.
             before = [m["version"] for m in self.acks.metrics()[:n_lines] if m["trained"]]
             v_last = max(before, default=v_ckpt)

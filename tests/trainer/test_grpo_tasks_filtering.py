@@ -100,7 +100,7 @@ def test_offline_filter_in_a_run_from_the_cli_to_the_runs_task(tmp_path: Path) -
 
     from intellect_node.config import load_config
     from intellect_node.envs.filtering import FilteredTask
-    from intellect_node.roles.common import run_task
+    from intellect_node.roles.common.tasks import run_task
     from tests.support.common import CLI
 
     rates_path = tmp_path / "rates.json"

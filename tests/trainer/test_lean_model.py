@@ -128,7 +128,7 @@ def test_the_trainers_start_imports_no_transformers() -> None:
     imports transformers (about 2 s of one core on this machine)."""
     code = """
 import sys, torch
-from intellect_node.roles import trainer  # the node role, as `join --role trainer` imports it
+from intellect_node.roles.trainer import role  # the node role, as `join --role trainer` imports it
 from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.trainer.model import load_trainable
 from intellect_node.trainer.step import Sample, make_optimizer, train_step

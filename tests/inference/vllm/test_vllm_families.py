@@ -36,7 +36,7 @@ from intellect_node.inference.rollouts import checkpoint_cid, generate_rollouts 
 from intellect_node.inference.verifier import Expectations, Verifier  # noqa: E402
 from intellect_node.proofs.thresholds import Thresholds, merge_into  # noqa: E402
 from intellect_node.protocol.signing import SigningKey  # noqa: E402
-from intellect_node.roles.engines import run_thresholds  # noqa: E402
+from intellect_node.roles.common.engines import run_thresholds  # noqa: E402
 from tests.support.families import build_family_model, family_model  # noqa: E402
 from tests.support.rollouts import resign  # noqa: E402
 
