@@ -27,7 +27,7 @@ HTTP_PREFIX = "/blob/v1"
 """Versioned path prefix of the bulk HTTP routes: ``/manifest/<cid>``, ``/chunk/<cid>``, ``/have/<cid>``."""
 
 DEFAULT_CHUNK_SIZE = 3 * 1024 * 1024
-"""3 MiB, chosen by measurement (bench/README.md, "broadcast", session 15): a peer serves a chunk only
+"""3 MiB, chosen by measurement (bench/README.md, "broadcast", "Chunk size"): a peer serves a chunk only
 once it holds and has checked all of it, so smaller chunks spread faster where links are the limit
 (256 MiB to 8 peers at 100 Mbit/s: 1.25-1.31x the one-copy bound at 3 MiB, 1.30-1.38x at 4), and each
 chunk costs a request, a file and a bitmap update where CPU is (on loopback 3 MiB matched 4 MiB once
