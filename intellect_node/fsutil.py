@@ -1,14 +1,19 @@
 """Atomic file writes: write to a temporary file in the same directory, fsync, rename, fsync the dir.
 
 A reader never sees a half-written file, and after a crash either the old or the new content is there.
+Append-only JSON-lines files (journals, metrics) are written by one helper, :class:`JsonlAppender`
+(:func:`append_jsonl` for a single append): each append is fsynced before it returns.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 
 def fsync_dir(path: Path) -> None:
@@ -19,7 +24,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes | memoryview, mode: int = 0o644) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -49,6 +54,55 @@ def atomic_replace_file(src: str | os.PathLike[str], dst: str | os.PathLike[str]
         os.fsync(f.fileno())
     os.replace(src, dst)
     fsync_dir(Path(dst).parent)
+
+
+class JsonlAppender:
+    """An append-only JSON-lines file: each :meth:`append` writes its records (``json.dumps(record,
+    **dumps)``, one a line) with ``O_APPEND`` and fsyncs the file before it returns; the file is created
+    with ``mode`` (less the umask) and, when this appender created it, its directory is fsynced too, so
+    the file itself survives a crash. The file stays open until :meth:`close`.
+
+    ``fresh_line``: every append starts with a newline, so a line torn by a kill mid-write ends there and
+    the next append's line stays readable (the reader skips the blank lines)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, mode: int = 0o666, fresh_line: bool = False,
+                 **dumps: Any) -> None:
+        self.path = Path(path)
+        self.mode = mode
+        self.fresh_line = fresh_line
+        self.dumps = dumps
+        self._fd: int | None = None
+
+    def append(self, records: Iterable[Any]) -> None:
+        text = "".join(json.dumps(r, **self.dumps) + "\n" for r in records)
+        if not text:
+            return
+        if self._fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            created = not self.path.exists()
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, self.mode)
+            if created:
+                fsync_dir(self.path.parent)
+        data = memoryview((("\n" if self.fresh_line else "") + text).encode("utf-8"))
+        while data:
+            data = data[os.write(self._fd, data):]
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def append_jsonl(path: str | os.PathLike[str], *records: Any, mode: int = 0o666, fresh_line: bool = False,
+                 **dumps: Any) -> None:
+    """Append ``records`` to the JSON-lines file ``path``, fsynced (:class:`JsonlAppender`, opened for this
+    one append)."""
+    appender = JsonlAppender(path, mode=mode, fresh_line=fresh_line, **dumps)
+    try:
+        appender.append(records)
+    finally:
+        appender.close()
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, object]]:

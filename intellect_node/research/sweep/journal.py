@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any, Sequence
 
 from intellect_node.errors import ConfigError, ProtocolError
-from intellect_node.fsutil import atomic_write_text
+from intellect_node.fsutil import JsonlAppender, atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +22,7 @@ class Journal:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._f: Any = None
+        self._out = JsonlAppender(self.path, sort_keys=True)
 
     def create(self, header: dict[str, Any]) -> None:
         if self.path.exists():
@@ -51,15 +50,7 @@ class Journal:
         return events[0], events[1:]
 
     def append(self, events: Sequence[dict[str, Any]]) -> None:
-        if not events:
-            return
-        if self._f is None:
-            self._f = open(self.path, "a", encoding="utf-8")
-        self._f.write("".join(json.dumps(ev, sort_keys=True) + "\n" for ev in events))
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        self._out.append(events)
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        self._out.close()

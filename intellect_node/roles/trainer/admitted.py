@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
-from intellect_node.fsutil import atomic_write_text
+from intellect_node.fsutil import append_jsonl, atomic_write_text
 from intellect_node.roles.common.seen import SeenRollouts
 
 log = logging.getLogger(__name__)
+
+SEPARATORS = (",", ":")
 
 
 class AdmittedJournal(SeenRollouts):
@@ -56,33 +57,29 @@ class AdmittedJournal(SeenRollouts):
             self._lines.setdefault(version, []).append(line)
 
     @staticmethod
-    def _line(version: int, worker: str, cid: str, keys: Sequence[str]) -> str:
-        return json.dumps({"v": version, "w": worker, "cid": cid, "k": list(keys)}, separators=(",", ":"))
+    def _record(version: int, worker: str, cid: str, keys: Sequence[str]) -> tuple[dict[str, Any], str]:
+        """The journal's record of a batch, and its line as written."""
+        record = {"v": version, "w": worker, "cid": cid, "k": list(keys)}
+        return record, json.dumps(record, separators=SEPARATORS)
 
-    def _write(self, line: str) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            # A kill mid-write leaves a torn line; start ours on a fresh one so it stays readable.
-            os.write(fd, ("\n" + line + "\n").encode("utf-8"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    def _write(self, record: dict[str, Any]) -> None:
+        # A kill mid-write leaves a torn line; start ours on a fresh one so it stays readable.
+        append_jsonl(self.path, record, mode=0o600, fresh_line=True, separators=SEPARATORS)
 
     def append_now(self, version: int, worker: str, cid: str, keys: Sequence[str]) -> None:
         """:meth:`append` for a caller that may block (start-up, before the event loop serves anyone)."""
-        line = self._line(version, worker, cid, keys)
+        record, line = self._record(version, worker, cid, keys)
         self.add(version, keys)
         self._lines.setdefault(version, []).append(line)
-        self._write(line)
+        self._write(record)
 
     async def append(self, version: int, worker: str, cid: str, keys: Sequence[str]) -> None:
         """Persist an admitted batch's keys (one fsynced line) and count them."""
-        line = self._line(version, worker, cid, keys)
+        record, line = self._record(version, worker, cid, keys)
         async with self._io:
             self.add(version, keys)
             self._lines.setdefault(version, []).append(line)
-            await asyncio.to_thread(self._write, line)
+            await asyncio.to_thread(self._write, record)
 
     def holds(self, version: int, keys: Sequence[str]) -> bool:
         have = self._by_version.get(version, set())

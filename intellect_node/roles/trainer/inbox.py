@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from intellect_node.errors import IntellectNodeError, ProtocolError
-from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
+from intellect_node.fsutil import append_jsonl, atomic_write_bytes, atomic_write_text
 from intellect_node.protocol.rollout import RolloutBatch, decode_batch
 from intellect_node.roles.common.seen import describe_key, rollout_keys
 from intellect_node.roles.trainer.admitted import AdmittedJournal
@@ -171,12 +170,8 @@ class StepJournal:
     def append(self, version: int, taken: Sequence[str], stale: Sequence[str]) -> JournalEntry:
         """Record the next step (blocking: a small fsynced append; run it in a thread)."""
         entry = JournalEntry(self.seq + 1, version, tuple(taken), tuple(stale))
-        line = json.dumps({"seq": entry.seq, "version": version, "taken": list(taken),
-                           "stale": list(stale)}) + "\n"
-        with open(self.path, "a") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        append_jsonl(self.path, {"seq": entry.seq, "version": version, "taken": list(taken),
+                                 "stale": list(stale)})
         self.seq = entry.seq
         self.entries.append(entry)
         return entry

@@ -75,9 +75,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -87,7 +85,7 @@ import torch
 from intellect_node.config.status import Completion
 from intellect_node.envs.extract import Extraction
 from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError
-from intellect_node.fsutil import atomic_write_bytes, read_jsonl
+from intellect_node.fsutil import append_jsonl, atomic_write_bytes, read_jsonl
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement
 from intellect_node.protocol.rl import (
@@ -774,11 +772,7 @@ class Trainer:
                 "batches": batches, "hops": hops, "published": dict(self._published),
                 **(self._timing if stats is not None else {})}
         self.last = line
-        path = self.dir / METRICS_FILE
-        with open(path, "a") as f:
-            f.write(json.dumps(line) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_jsonl(self.dir / METRICS_FILE, line)
         self._recorded_seq = seq
         if stats is not None:
             self.rt.board.train_step(self.step, reward_mean=reward_mean, pass_rate=pass_rate)
