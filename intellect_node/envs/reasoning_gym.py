@@ -94,7 +94,7 @@ _GEN_LOCK = threading.Lock()
 def _registry() -> dict[str, Any]:
     from reasoning_gym.factory import DATASETS  # deferred: importing reasoning-gym takes ~2 s
 
-    return DATASETS
+    return dict(DATASETS)
 
 
 def available() -> list[str]:

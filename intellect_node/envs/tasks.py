@@ -153,7 +153,7 @@ class AdditionTask:
             raise ConfigError(f"addition digits must be 1..9, got {digits}", field="digits")
         self.digits = digits
         self.task_id = task_id or f"add{digits}"
-        self._base = 10 ** digits
+        self._base: int = 10 ** digits
 
     def __len__(self) -> int:
         return self._base * self._base

@@ -277,5 +277,5 @@ def load_hf_model(model: str | Path | None = None, dtype: str = "float32") -> "P
     path = resolve_model_dir(model)
     read_config(path)
     m = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(dtype), local_files_only=True)
-    m.eval()
+    m.eval()  # type: ignore[no-untyped-call]  # transformers' nn.Module.eval is untyped
     return m

@@ -313,7 +313,7 @@ def _specs(state: Mapping[str, torch.Tensor]) -> list[tuple[str, str, tuple[int,
 def _raw_bytes(t: torch.Tensor) -> memoryview:
     """A tensor's bytes without a copy when it is a contiguous CPU tensor (one copy otherwise)."""
     flat = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-    return memoryview(flat.numpy())
+    return memoryview(flat.numpy())  # type: ignore[arg-type]  # numpy arrays are buffers; its stubs say otherwise
 
 
 def _map(path: Path) -> mmap.mmap:

@@ -17,7 +17,7 @@ received (the gossip validator), together with the run ID and the chain's intern
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from typing import Callable, Final, Literal
 
 from intellect_node.errors import ProtocolError
 from intellect_node.protocol import codec
@@ -31,7 +31,7 @@ MAX_CHAIN = 64
 MAX_ANNOUNCEMENT_BYTES = 48 * 1024
 """64 links of ~ 300 bytes plus the rest; far below gossipsub's 1 MiB message limit."""
 POLICY_DTYPES = ("F32", "BF16", "F16")
-DELTA_FORMAT = "intellect-node/delta/1"
+DELTA_FORMAT: Final = "intellect-node/delta/1"
 _MAX_SIZE = 1 << 50  # a byte count that no real checkpoint reaches; bounds hostile integers
 
 
