@@ -18,13 +18,14 @@ from aiohttp import web
 
 from intellect_node.blobs import fetch as fetch_mod
 from intellect_node.blobs.fetch import Budget, Fetcher, Provider, StaticProvider
-from intellect_node.blobs.http import HttpChunkSource, blob_routes
+from intellect_node.blobs.http import HttpChunkSource
 from intellect_node.blobs.store import BlobStore
 from intellect_node.errors import IntegrityError, TransportError
 from intellect_node.fsutil import atomic_write_bytes
 from intellect_node.protocol.blob import MAX_CHUNKS, Manifest, seal_manifest
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.signing import SigningKey
+from tests.support.blob_server import serve_store
 
 MALLORY = SigningKey.generate()
 
@@ -43,13 +44,7 @@ def _forged(store: BlobStore, *, chunk: int, copies: int, name: str = "rollouts"
 
 
 async def _serve(store: BlobStore) -> tuple[web.AppRunner, str]:
-    app = web.Application()
-    app.add_routes(blob_routes(store))
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    return await serve_store(store)
 
 
 def _fetch(tmp: Path, url: str, cid: str, budget: Budget | None,

@@ -18,12 +18,13 @@ import pytest
 from aiohttp import web
 
 from intellect_node.blobs.fetch import Budget, Fetcher, Provider, StaticProvider
-from intellect_node.blobs.http import HttpChunkSource, blob_routes
+from intellect_node.blobs.http import HttpChunkSource
 from intellect_node.blobs.store import BlobStore
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.rollout import RolloutBatch
 from intellect_node.protocol.signing import SigningKey
 from intellect_node.roles.trainer.prefetch import Prefetch
+from tests.support.blob_server import serve_store
 
 ADMITTED_WITHIN_S = 5.0
 """The bound the issue asks for ("a few seconds"); a tarpit held a slot 15-60 s before."""
@@ -50,13 +51,8 @@ async def _honest(root: Path) -> tuple[web.AppRunner, str, str, int]:
     f = root.parent / "batch"
     f.write_bytes(os.urandom(300_000))
     cid, m = store.add_file(f, SigningKey.generate())
-    app = web.Application()
-    app.add_routes(blob_routes(store))
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", cid, m.total_size  # type: ignore[union-attr]
+    runner, url = await serve_store(store)
+    return runner, url, cid, m.total_size
 
 
 @pytest.mark.parametrize("proven", [False, True])
