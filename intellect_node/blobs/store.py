@@ -40,12 +40,12 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import blake3
 
-from intellect_node.errors import ConfigError, IntegrityError, ProtocolError
+from intellect_node.errors import ConfigError, IntegrityError, ProtocolError, TransportError
 from intellect_node.fsutil import atomic_replace_file, atomic_write_bytes, fsync_dir
 from intellect_node.protocol.blob import (
     DEFAULT_CHUNK_SIZE,
@@ -463,6 +463,34 @@ class BlobStore:
         self.put_manifest(cid, raw)
         return cid, manifest
 
+    def _chunk_files(self, m: Manifest) -> Iterator[tuple[int, int]]:
+        """Each chunk of ``m`` in order as (open file descriptor, length), its size on disk checked: how a
+        blob is assembled from its chunks (:meth:`export` to a file, :meth:`read` into memory)."""
+        for i, c in enumerate(m.chunks):
+            n = m.chunk_length(i)
+            with open(self.chunk_path(c), "rb") as fi:
+                if os.fstat(fi.fileno()).st_size != n:
+                    raise IntegrityError(f"chunk {c} has the wrong size on disk")
+                yield fi.fileno(), n
+
+    def read(self, cid: str) -> bytearray:
+        """The content of a complete blob (blocking; call after its fetch). TransportError when it is not
+        complete here, IntegrityError when a chunk on disk has the wrong size."""
+        m = self.manifest(cid)
+        if m is None or self.missing(cid):
+            raise TransportError(f"blob {cid} is not complete")
+        buf = bytearray(m.total_size)
+        view = memoryview(buf)
+        pos = 0
+        for fd, n in self._chunk_files(m):
+            while n:
+                got = os.readv(fd, [view[pos:pos + n]])
+                if got == 0:
+                    raise IntegrityError(f"blob {cid}: a chunk file is shorter than expected")
+                pos += got
+                n -= got
+        return buf
+
     def export(self, cid: str, out: str | os.PathLike[str],
                on_bytes: Callable[[int, int], None] | None = None) -> Path:
         """Assemble a complete blob into ``out`` atomically (blocking; kernel-side copies).
@@ -477,12 +505,8 @@ class BlobStore:
         tmp = dst.with_name(f".{dst.name}.{secrets.token_hex(4)}.tmp")
         try:
             with open(tmp, "wb") as fo:
-                for i, c in enumerate(m.chunks):
-                    n = m.chunk_length(i)
-                    with open(self.chunk_path(c), "rb") as fi:
-                        if os.fstat(fi.fileno()).st_size != n:
-                            raise IntegrityError(f"chunk {c} has the wrong size on disk")
-                        _copy_range(fi.fileno(), fo.fileno(), n)
+                for i, (fd, n) in enumerate(self._chunk_files(m)):
+                    _copy_range(fd, fo.fileno(), n)
                     if on_bytes is not None:
                         on_bytes(min((i + 1) * m.chunk_size, m.total_size), m.total_size)
             atomic_replace_file(tmp, dst)

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from intellect_node.protocol.rollout import decode_batch
-from intellect_node.roles.common.fetch import read_blob
 from intellect_node.roles.common.seen import rollout_keys
 from tests.support.roles import (
     CheatProcess,
@@ -85,17 +84,11 @@ def _consumed_keys(trainer_dir: Path) -> list[str]:
     from intellect_node.blobs.store import BlobStore
 
     store = BlobStore(trainer_dir / "blobs")
-
-    class Blobs:  # what read_blob uses of a BlobService
-        pass
-
-    blobs: Any = Blobs()
-    blobs.store = store
     keys: list[str] = []
     for line in (trainer_dir / "trainer" / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
         for cid in rec["batches"] if rec["trained"] else []:
-            batch = decode_batch(read_blob(blobs, cid))
+            batch = decode_batch(bytes(store.read(cid)))
             keys += [f"{batch.policy_version}\0{k}" for k in rollout_keys(batch.rollouts)]
     return keys
 

@@ -1,5 +1,4 @@
-"""Fetching blobs whose holder is known (a notice's signer, a verdict's worker and validator), and reading
-a complete blob from the local store."""
+"""Fetching blobs whose holder is known (a notice's signer, a verdict's worker and validator)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Sequence
 
 from intellect_node.blobs.service import BlobService
-from intellect_node.errors import IntegrityError, TransportError
+from intellect_node.errors import IntegrityError
 from intellect_node.p2p.swarm import Swarm
 from intellect_node.protocol.blob import Manifest
 
@@ -21,20 +20,6 @@ log = logging.getLogger(__name__)
 ANNOUNCE_MIN_CHUNKS = 4
 """A blob a role fetched is announced in the DHT from this many chunks (12 MiB at the default 3 MiB
 chunks): large enough that its followers gain from fetching from each other (see ``HintedFetcher``)."""
-
-
-def read_blob(blobs: BlobService, cid: str) -> bytes:
-    """The content of a complete blob in the local store (call after ``blobs.fetch``)."""
-    store = blobs.store
-    m = store.manifest(cid)
-    if m is None or store.missing(cid):
-        raise TransportError(f"blob {cid} is not complete")
-    buf = bytearray()
-    for c in m.chunks:
-        buf += store.chunk_path(c).read_bytes()
-    if len(buf) != m.total_size:
-        raise IntegrityError(f"blob {cid}: chunks hold {len(buf)} of {m.total_size} bytes")
-    return bytes(buf)
 
 
 class HintedFetcher:
@@ -122,7 +107,7 @@ class HintedFetcher:
             await asyncio.wait_for(fetch_one(), timeout)
         finally:
             self._unhint(cid, holders)
-        return await asyncio.to_thread(read_blob, self.blobs, cid)
+        return bytes(await asyncio.to_thread(self.blobs.store.read, cid))
 
     def _unhint(self, cid: str, holders: Sequence[str]) -> None:
         left = self._hints.get(cid, [])

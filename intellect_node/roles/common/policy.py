@@ -61,7 +61,6 @@ from intellect_node.errors import (
     IntegrityError,
     IntellectNodeError,
     ProtocolError,
-    TransportError,
 )
 from intellect_node.fsutil import atomic_write_text
 from intellect_node.policy.delta import (
@@ -620,24 +619,9 @@ class PolicyFollower:
         stats = await self.blobs.fetch(cid, on_manifest=check)
         self._clock.lap("fetch_s")
         out.bytes_fetched += stats.bytes_fetched
-        data = await asyncio.to_thread(self._read_blob, cid)
+        data = await asyncio.to_thread(self.blobs.store.read, cid)
         self._clock.lap("read_s")
         return data
-
-    def _read_blob(self, cid: str) -> bytearray:
-        store = self.blobs.store
-        m = store.manifest(cid)
-        if m is None or store.missing(cid):
-            raise TransportError(f"blob {cid} is not complete after its fetch")
-        buf = bytearray(m.total_size)
-        pos = 0
-        for c in m.chunks:
-            piece = store.chunk_path(c).read_bytes()
-            buf[pos:pos + len(piece)] = piece
-            pos += len(piece)
-        if pos != m.total_size:
-            raise IntegrityError(f"blob {cid}: chunks on disk hold {pos} of {m.total_size} bytes")
-        return buf
 
     def _persist(self, version: int, ckpt: PolicyWeights, *, from_base: bool = False) -> None:
         """``from_base``: ``ckpt`` is the base file itself (version 0 built here, its hash checked), which
