@@ -59,7 +59,8 @@ def test_each_checkpointed_step_has_its_metrics_line_before_the_checkpoint(tmp_p
 
 def _trainer_main(data_dir: Path) -> int:
     from intellect_node.fsutil import read_jsonl
-    from intellect_node.roles.trainer.role import METRICS_FILE, Trainer
+    from intellect_node.roles.trainer.metrics import METRICS_FILE
+    from intellect_node.roles.trainer.role import Trainer
     from tests.support.roles import run_custom_node
 
     class Observed(Trainer):

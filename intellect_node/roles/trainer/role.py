@@ -9,6 +9,7 @@ The parts, each in its own module; none of them references the ``Trainer``, whic
   ``StepJournal``, the steps taken since that checkpoint (replayed after a crash);
 - ``admitted.py``: ``AdmittedJournal``, the rollout keys admitted per version (the inbox holds it);
 - ``prefetch.py``: ``Prefetch``, the batches named by workers' notices, fetched while validators verify;
+- ``metrics.py``: ``MetricsFile``, ``trainer/metrics.jsonl`` and the last journaled step it recorded;
 - from ``roles/common/``: ``PolicyPublisher`` (``policy.py``: delta/full blobs and signed announcements),
   ``HintedFetcher`` (``fetch.py``), the run's task and re-scored samples (``tasks.py``, ``records.py``),
   and ``RoleTasks`` (``seams.py``) for the train and announce loops and the publications.
@@ -85,7 +86,7 @@ import torch
 from intellect_node.config.status import Completion
 from intellect_node.envs.extract import Extraction
 from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError
-from intellect_node.fsutil import append_jsonl, atomic_write_bytes, read_jsonl
+from intellect_node.fsutil import atomic_write_bytes
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement
 from intellect_node.protocol.rl import (
@@ -117,6 +118,7 @@ from intellect_node.roles.common.tasks import run_task, wrong_task
 from intellect_node.roles.trainer.admission import Admission
 from intellect_node.roles.trainer.batching import Accepted, fresh_floor, vote_key
 from intellect_node.roles.trainer.inbox import Inbox, JournalEntry, RefusedBatch, StepJournal
+from intellect_node.roles.trainer.metrics import MetricsFile
 from intellect_node.roles.trainer.prefetch import Prefetch
 from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, read_optimizer, save_checkpoint
 from intellect_node.trainer.filtering import FilteredGroups, filter_groups
@@ -129,7 +131,6 @@ log = logging.getLogger(__name__)
 REANNOUNCE_S = 2.0
 """Seconds between repeats of the newest announcement (gossip is not stored: late joiners need it)."""
 FETCH_TIMEOUT_S = 60.0
-METRICS_FILE = "metrics.jsonl"
 ADMITTED_FILE = "admitted.jsonl"
 JOURNAL_FILE = "steps.jsonl"
 SHOWN_LEN = 32
@@ -179,7 +180,6 @@ class Trainer:
         self.version = 0
         self.step = 0
         self._ckpt_version = 0
-        self._recorded_seq = 0  # the newest journal entry with a line in metrics.jsonl
         self._data = asyncio.Event()
         self.tasks = RoleTasks(runtime, "trainer")  # the train and announce loops; publications
         self._announcement: tuple[PolicyAnnouncement, bytes] | None = None  # the newest version's
@@ -240,7 +240,7 @@ class Trainer:
                      len(self.consumed))
         self._ckpt_version = self.version
         self.journal.seq = max(self.journal.seq, covered)  # a trimmed journal numbers on from the checkpoint
-        self._recorded_seq = self._last_recorded_seq()
+        self.metrics = MetricsFile(self.dir)  # replayed steps are not recorded twice
         self._reload_inbox()
         await self.admitted.compact(fresh_floor(self.version, self.cfg.run.async_level))
         self.publisher = PolicyPublisher(self.dir / "policy", self.blobs, self.rt.swarm.key, self.run_id,
@@ -315,15 +315,6 @@ class Trainer:
             log.info("replayed %d journaled steps to v%d (%s)", self.replay["steps"], self.version,
                      self.replay["outcome"])
         return newest
-
-    def _last_recorded_seq(self) -> int:
-        """The journal entry of the last line in metrics.jsonl: replayed steps are not recorded twice."""
-        for record in reversed(read_jsonl(self.dir / METRICS_FILE)):  # a line torn by a crash is skipped
-            try:
-                return int(record.get("seq", 0))  # type: ignore[call-overload]
-            except (ValueError, TypeError):
-                continue
-        return 0
 
     # -- policy publication ----------------------------------------------------------------------
 
@@ -648,7 +639,7 @@ class Trainer:
         # in memory; on disk at the next checkpoint, the journal until then
         self.consumed.update((a.cid, a.version) for a in (*taken, *stale))
         self._undropped.update(ids)
-        record = entry.seq > self._recorded_seq
+        record = self.metrics.records(entry.seq)
         if not useful:
             # Nothing to learn from: the batches are consumed all the same (the workers make new ones),
             # and the attempt is counted, so a run that never trains says why (module docstring).
@@ -772,8 +763,7 @@ class Trainer:
                 "batches": batches, "hops": hops, "published": dict(self._published),
                 **(self._timing if stats is not None else {})}
         self.last = line
-        append_jsonl(self.dir / METRICS_FILE, line)
-        self._recorded_seq = seq
+        self.metrics.write(line, seq)
         if stats is not None:
             self.rt.board.train_step(self.step, reward_mean=reward_mean, pass_rate=pass_rate)
         log.info("step %d -> v%d: pass %.3f reward %.3f (%d samples, %d/%d groups, staleness %.2f)%s",
