@@ -1,7 +1,8 @@
 """The roles a node can run: ``trainer``, ``worker``, ``validator`` (``--role`` of ``intellect-node join``),
-the sweep coordinator and worker (``sweep``), and policy distribution (``policy``: publisher, follower).
-They compose the layers below them (``p2p``, ``blobs``, ``inference``, ``trainer``, ``proofs``,
-``protocol``) and plug into a node as services; ``node/`` assembles them.
+the sweep coordinator and worker (``sweep``), and policy distribution (``common.policy``: publisher,
+follower). One folder per role (``trainer/``, ``validator/``, ``worker/``, each with its ``role.py``), what
+they share in ``common/``. They compose the layers below them (``p2p``, ``blobs``, ``inference``,
+``trainer``, ``proofs``, ``protocol``) and plug into a node as services; ``node/`` assembles them.
 """
 
 from __future__ import annotations
