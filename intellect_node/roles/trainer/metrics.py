@@ -27,9 +27,12 @@ class MetricsFile:
 
     def _last_recorded_seq(self) -> int:
         for record in reversed(read_jsonl(self.path)):  # a line torn by a crash is skipped
+            seq = record.get("seq", 0)
+            if not isinstance(seq, (int, float, str)):
+                continue
             try:
-                return int(record.get("seq", 0))  # type: ignore[call-overload]
-            except (ValueError, TypeError):
+                return int(seq)
+            except ValueError:
                 continue
         return 0
 
