@@ -125,10 +125,12 @@ def test_followers_of_a_large_blob_announce_it_and_look_past_the_trainer(tmp_pat
     import asyncio
     import os
 
+    from intellect_node.blobs.fetch import MIN_BUDGET_CHUNK
     from intellect_node.roles.common.fetch import ANNOUNCE_MIN_CHUNKS
 
     big, small = tmp_path / "ckpt.bin", tmp_path / "delta.bin"
-    big.write_bytes(os.urandom(64 * 1024 * (ANNOUNCE_MIN_CHUNKS + 2)))
+    # the smallest chunks a role's fetch accepts for a blob of several chunks (the fetch budget)
+    big.write_bytes(os.urandom(MIN_BUDGET_CHUNK * (ANNOUNCE_MIN_CHUNKS + 2)))
     small.write_bytes(os.urandom(1000))
 
     async def main() -> None:
@@ -137,7 +139,7 @@ def test_followers_of_a_large_blob_announce_it_and_look_past_the_trainer(tmp_pat
             trainer = rts[0].swarm.peer_id
             await wait_until(lambda: all(rt.swarm.peerbook.http_url(trainer) for rt in rts[1:]), 30,
                              what="the trainer's URL heard")
-            big_cid, _ = await _blobs(rts[0]).put_file(big, chunk_size=64 * 1024)
+            big_cid, _ = await _blobs(rts[0]).put_file(big, chunk_size=MIN_BUDGET_CHUNK)
             small_cid, _ = await _blobs(rts[0]).put_file(small)
             one, two = (HintedFetcher(_blobs(rt), rt.swarm) for rt in rts[1:])
             lookups: list[str] = []
