@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from intellect_node.blobs.fetch import public_reason
 from intellect_node.config.status import clean_text
 from intellect_node.envs.filtering import FilteredTask
 from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError
@@ -367,11 +368,14 @@ class Validator:
         try:
             data = await self.fetcher.fetch(notice.batch_cid, holders=[worker], max_size=MAX_BATCH_SIZE,
                                             size=notice.batch_bytes, timeout=deadline)
+        # Published details are fixed phrases: the exception's text can carry the address, port and answers
+        # of a provider the worker chose (a port-scan oracle in every verdict).
         except IntegrityError as exc:  # not the size it announced
-            return self._verdict(notice, worker, 0, n, "malformed", str(exc))
+            return self._verdict(notice, worker, 0, n, "malformed", public_reason(exc))
         except (IntellectNodeError, asyncio.TimeoutError) as exc:
+            log.info("batch %s of %s not fetched: %s", notice.batch_cid, worker, exc)
             return self._verdict(notice, worker, 0, n, "unavailable",
-                                 f"not served within {deadline:.0f} s: {exc or 'timed out'}")
+                                 f"within {deadline:.0f} s: {public_reason(exc)}")
         self._fetched.put((worker, notice.batch_cid), time.time())
         digest = hashlib.sha256(data).hexdigest()
         prior = self.outcomes.get((worker, digest))
