@@ -13,8 +13,10 @@ and its kind must fit:
 - public (globally routable) addresses: either of the above;
 - loopback, private (RFC 1918, unique-local, shared 100.64/10) and link-local addresses: only an
   address the peer is connected from, and only when this node itself has an address of that kind (its
-  advertised URL or a listen address): nodes on one machine or one LAN fetch from each other (every
-  test runs on 127.0.0.1), a peer on the internet cannot point this node into its own machine or LAN;
+  advertised URL or a listen address; a node that advertises no concrete address, such as a wildcard
+  listener behind NAT reached through a relay, by the kind of its route to the peer, loopback excepted):
+  nodes on one machine or one LAN fetch from each other (every test runs on 127.0.0.1), a peer on the
+  internet cannot point this node into its own machine or LAN;
 - unspecified, multicast and reserved addresses: never.
 
 The check runs on the address a name resolved to, just before the request (``HttpChunkSource``), so a
@@ -25,6 +27,7 @@ failed source for that provider, like a refused connection.
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -125,7 +128,24 @@ class AddressPolicy:
             return f"{ip} is neither where the peer is connected from nor a public address it announced"
         if bare not in known.connected:
             return f"{k} address {ip} is not where the peer is connected from"
-        if k not in self.own_kinds():
+        own = self.own_kinds()
+        # A node that advertises no concrete address (a wildcard listener reached through a relay) says
+        # where it runs by its route to the peer; never for loopback, which a local proxy would make every
+        # peer's address.
+        if k not in own and (own or k == "loopback" or kind(source_address(bare)) != k):
             return f"{k} address {ip}: this node has no {k} address of its own"
+        return ""
+
+
+def source_address(ip: str) -> str:
+    """The address this machine would send from to reach ``ip`` (the kernel's route; nothing is sent), or
+    "" when there is no route. A node listening on a wildcard address (``0.0.0.0``) or reachable only
+    through a relay advertises nothing of the kind of network it sits on; its route to a peer says it."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((ip, 9))
+            return str(s.getsockname()[0]).split("%", 1)[0]
+    except OSError:
         return ""
 

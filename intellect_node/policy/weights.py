@@ -294,9 +294,20 @@ def require_finite(state: Mapping[str, torch.Tensor]) -> None:
     before it publishes or checkpoints a version: a step that went wrong must not reach every node. (The
     format itself holds any bits: deltas and tests round-trip arbitrary values.)"""
     for name, t in state.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if t.is_floating_point() and not _finite(t):
             raise IntegrityError(f"tensor {name!r} holds NaN or inf: a policy that is not finite is never "
                                  "published or checkpointed")
+
+
+FINITE_SLICE = 1 << 20
+"""Elements checked at a time: a mask of a few MB, not one as large as the tensor (a multi-GB model's
+publication must not hold a second copy, tests/trainer/test_policy_memory.py)."""
+
+
+def _finite(t: torch.Tensor) -> bool:
+    flat = t.detach().reshape(-1)
+    return all(bool(torch.isfinite(flat[i:i + FINITE_SLICE]).all())
+               for i in range(0, flat.numel(), FINITE_SLICE))
 
 
 def _specs(state: Mapping[str, torch.Tensor]) -> list[tuple[str, str, tuple[int, ...]]]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from intellect_node.blobs.addresses import AddressPolicy, AddressRefused, PeerAddresses, kind
+from intellect_node.blobs.addresses import AddressPolicy, AddressRefused, PeerAddresses, kind, source_address
 from intellect_node.blobs.fetch import StaticProvider, public_reason
 from intellect_node.blobs.http import HttpChunkSource, blob_routes
 from intellect_node.blobs.store import BlobStore
@@ -63,6 +63,14 @@ def test_the_rule() -> None:
     assert public.refusal("far", "1.1.1.1")
     assert public.refusal("unknown", "8.8.8.8")
     assert on_loopback.refusal("far", "169.254.169.254") and on_loopback.refusal("local", "0.0.0.0")
+    # A node behind NAT that listens on 0.0.0.0 and is reached through a relay advertises no concrete
+    # address: its route says where it runs (a private address the peer is connected from, if this
+    # machine's route to it leaves from a private address), never loopback.
+    relayed = _policy(["p2p://me", "/ip4/0.0.0.0/tcp/4001"], book)
+    assert relayed.refusal("local", "127.0.0.1")
+    route = kind(source_address("10.0.0.5"))
+    assert (relayed.refusal("lan", "10.0.0.5") == "") == (route == "private")
+    assert relayed.refusal("far", "10.0.0.7")  # not where that peer connects from
 
 
 def test_a_worker_url_pointing_elsewhere_sends_no_request(tmp_path: Path) -> None:
