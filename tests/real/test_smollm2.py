@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ import torch
 from intellect_node.envs.environment import build_task
 from intellect_node.inference.base import SamplingConfig
 from intellect_node.inference.calibrate import calibrate
+from intellect_node.inference.evaluate import held_out
 from intellect_node.inference.rollouts import checkpoint_cid, generate_rollouts
 from intellect_node.inference.run_settings import apply, fit_settings, model_facts, preflight
 from intellect_node.inference.torch_engine import TorchEngine
@@ -98,20 +100,6 @@ def test_honest_rollouts_pass_and_tampered_ones_fail_with_thresholds_calibrated_
     assert None not in reasons and reasons <= {"toploc", "logprob", "sampling"}, reasons
 
 
-@torch.no_grad()
-def _answer_logprob(model, tok, problems) -> float:  # type: ignore[no-untyped-def]
-    """Mean log-probability of the bare answer and end of turn after each prompt (teacher forcing): a
-    low-noise measure of what the reward asks for."""
-    total = 0.0
-    for p in problems:
-        prompt = tok.prompt_ids(p.prompt, system=p.system or None)
-        answer = tok.encode(p.answer) + [tok.eos_id]
-        x = torch.tensor([prompt + answer])
-        logp = torch.log_softmax(model(input_ids=x).logits[0, :-1].float(), -1)
-        total += float(logp[len(prompt) - 1:].gather(-1, x[0, len(prompt):, None]).sum())
-    return total / len(problems)
-
-
 def test_a_few_steps_with_the_chosen_settings_raise_the_reward(folder: Path, settings: dict,
                                                                task) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
@@ -119,19 +107,25 @@ def test_a_few_steps_with_the_chosen_settings_raise_the_reward(folder: Path, set
     tok = base.tokenizer
     model = load_hf_model(folder)
     model.eval()
-    held_out = task.sample(random.Random(4242), 32)
-    before = _answer_logprob(model, tok, held_out)
+    # Held out: another generator seed, one completion each under fixed sampler keys (the same noise for
+    # both policies), scored by the run's own checker.
+    held = build_task(env=settings["env"], env_args={**settings["env_args"], "seed": 1_000_000, "size": 64},
+                      answer_format=settings["answer_format"], system_prompt=settings["system_prompt"])
     group, per_step, new_tokens = 8, settings["groups_per_step"], settings["max_new_tokens"]
-    engine0 = TorchEngine(base)
-    pre = preflight(engine0, held_out[:8], group_size=group, max_new_tokens=new_tokens)
+    before = held_out(base, held, n=64, max_new_tokens=new_tokens)
+    pre = preflight(TorchEngine(base), [held.problem(i) for i in range(8)], group_size=group,
+                    max_new_tokens=new_tokens)
     assert pre.ok(), pre.summary()  # the chosen settings leave something to learn from
     opt = make_optimizer(model, settings["lr"])
     cfg = GRPOConfig(group_size=group, token_budget=group * per_step * new_tokens, max_grad_norm=0.1)
     rng = random.Random(0)
     rewards: list[float] = []
+
+    def current() -> Any:
+        return dataclasses.replace(base, state={k: v.detach().clone() for k, v in model.state_dict().items()})
+
     for _ in range(8):
-        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        engine = TorchEngine(dataclasses.replace(base, state=state))
+        engine = TorchEngine(current())
         problems = [p for p in task.sample(rng, per_step) for _ in range(group)]
         gens = engine.generate([tok.prompt_ids(p.prompt, system=p.system or None) for p in problems],
                                [rng.getrandbits(62) for _ in problems], SamplingConfig(1.0, 1.0, new_tokens))
@@ -139,8 +133,8 @@ def test_a_few_steps_with_the_chosen_settings_raise_the_reward(folder: Path, set
                           p.reward(tok.decode(g.tokens))) for p, g in zip(problems, gens)]
         rewards.append(sum(s.reward for s in samples) / len(samples))
         train_step(model, opt, samples, cfg)
-    model.eval()
-    after = _answer_logprob(model, tok, held_out)
-    print(f"answer log-probability {before:.3f} -> {after:.3f}; step rewards {rewards}")
-    assert after > before + 0.5, (before, after)
+    after = held_out(current(), held, n=64, max_new_tokens=new_tokens)
+    print(f"held-out mean reward {before.mean_reward:.3f} -> {after.mean_reward:.3f}, pass rate "
+          f"{before.pass_rate:.3f} -> {after.pass_rate:.3f}; step rewards {rewards}")
+    assert after.mean_reward > before.mean_reward + 0.1, (before.mean_reward, after.mean_reward)
     assert sum(rewards[4:]) > sum(rewards[:4]), rewards
