@@ -39,6 +39,7 @@ from typing import Any
 
 import trio
 
+from intellect_node.aioutil import cancel_and_wait
 from intellect_node.errors import ProtocolError, TransportError
 from intellect_node.p2p.bridge import TrioThread
 from intellect_node.p2p.connmgr import ConnLimits, ConnManager
@@ -57,6 +58,11 @@ STASH_SIZE = 4096
 """Validated-but-not-yet-delivered messages kept between the validator and the subscription pump."""
 BOOTSTRAP_TIMEOUT_S = 10.0
 MAX_REMEMBERED_DIALS = 8
+REJOIN_CHECK_S = 2.0
+"""How often a node checks that it still has a connection (reading a count: nothing is sent)."""
+REJOIN_BACKOFF_S = (2.0, 60.0)
+"""Least and most seconds between two rejoins of a node left with no connection: doubled after a
+rejoin that reached nobody, reset by one that reached a peer."""
 MAX_REPROVIDE = 256
 """Provided CIDs announced again after a libp2p restart, newest first (older ones: policies and batches
 long consumed; their holders still answer ``find_providers`` from other peers' records)."""
@@ -117,6 +123,9 @@ class Swarm:
         self._subscriptions: list[tuple[str, Any, Any]] = []  # (topic, validator, deliver) for restarts
         self._provided: OrderedDict[str, None] = OrderedDict()
         self._bootstrap_addrs: list[str] = []
+        self._rejoin_task: asyncio.Task[None] | None = None
+        self.rejoins = 0
+        """Times this node found itself with no connection and dialed its bootstrap peers again."""
         self._resubscribing = False
         self.on_restart: list[Callable[[], Any]] = []
         """Called (asyncio loop; plain or async) after libp2p was restarted: services holding trio state
@@ -227,6 +236,8 @@ class Swarm:
             return
         self._closed = True
         await self.watch.close()
+        if self._rejoin_task is not None:
+            await cancel_and_wait([self._rejoin_task])
         for t in list(self._tasks):
             t.cancel()
         await asyncio.to_thread(self.peerbook.save, True)
@@ -261,6 +272,8 @@ class Swarm:
         reached = await self._dial_all(addrs, timeout)
         if remember:
             self.connmgr.protect_bootstrap(reached)
+            if self._rejoin_task is None and not self._closed:
+                self._rejoin_task = asyncio.create_task(self._stay_joined(), name="swarm-rejoin")
         if reached:  # learn more peers than the bootstrap ones (in the background: about half a second)
             try:
                 self._bridge.start_soon(self._p2p.discover)
@@ -272,6 +285,31 @@ class Swarm:
                 log.info("no bootstrap peer answered; trying %d remembered peers", len(fallback))
                 reached = await self._dial_all(fallback, timeout)
         return reached
+
+    async def _stay_joined(self) -> None:
+        """Dial the bootstrap peers (or remembered ones) again whenever this node is left with no
+        connection. The other side of a trim: a node that joined through one busy peer is trimmed by it
+        once its grace ends, and on a loaded machine its first lookup may not have found others by then.
+        libp2p's auto-connector would leave it alone for a minute (it skips a peer it was disconnected
+        from in the last 60 s, and looks only every 30 s); an explicit dial does not skip, and one
+        connection puts the node back in the gossip mesh and lets its next lookup find more peers."""
+        lo, hi = REJOIN_BACKOFF_S
+        wait = lo
+        while not self._closed:
+            await asyncio.sleep(REJOIN_CHECK_S)
+            try:
+                if self._resubscribing or self._p2p is None or self.connected_peers():
+                    wait = lo
+                    continue
+                self.rejoins += 1
+                log.info("no connection left: dialing %d bootstrap peers again", len(self._bootstrap_addrs))
+                reached = await self.bootstrap(list(self._bootstrap_addrs), remember=False)
+            except Exception:  # an essential loop: one failed round must not end it
+                log.exception("rejoining the swarm failed")
+                reached = []
+            if not reached:
+                await asyncio.sleep(wait)
+                wait = min(2 * wait, hi)
 
     async def _dial_all(self, addrs: list[str], timeout: float) -> list[str]:
         async def one(addr: str) -> str | None:

@@ -430,3 +430,22 @@ def test_joiners_of_one_bootstrap_peer_find_each_other_and_survive_its_trim() ->
                              what="gossip at every node")
 
     run(main(), timeout=120)
+
+
+def test_a_node_left_with_no_connection_dials_its_bootstrap_peer_again() -> None:
+    """A joiner trimmed by its only peer before its first lookup found others (a loaded machine, a
+    short grace) dials its bootstrap peer again at once: libp2p's auto-connector alone would skip that
+    peer for a minute after the disconnection (the ten-node membership test once waited 65 s so)."""
+    specs = [(SigningKey.generate(), ConnLimits(low=2, high=8, grace_s=1.0)) for _ in range(2)]
+
+    async def main() -> None:
+        async with limited_swarms(specs) as (boot, joiner):
+            assert await joiner.bootstrap(boot.listen_addrs()[:1]) == [boot.peer_id]
+            await wait_until(lambda: joiner.peer_id in boot.connected_peers(), 20, what="connected")
+            for n in (1, 2):  # twice: the second close comes right after a rejoin
+                await boot.bridge.call(boot.p2p.close_peer, joiner.peer_id)
+                await wait_until(lambda n=n: joiner.rejoins >= n, 20, what=f"rejoin {n}")
+                await wait_until(lambda: boot.peer_id in joiner.connected_peers()
+                                 and joiner.peer_id in boot.connected_peers(), 20, what="connected again")
+
+    run(main(), timeout=120)
