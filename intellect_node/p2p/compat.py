@@ -262,7 +262,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "so the peer believes it is connected and this node does not",
         "a trimmed peer that dialed back at once was connected on its side only (1 run in 4 of the hub "
         "test); a peer redialing as soon as it sees the close: 5 of 5 lost",
-        "tests/p2p/test_connmgr.py::test_stock_close_peer_forgets_a_connection_opened_meanwhile",
+        "tests/p2p/test_connmgr.py::test_close_peer_keeps_a_connection_the_peer_opens_meanwhile",
         "not reported", "upstream closes only the connections it found (each removes itself)"),
     Workaround(
         "adaptive-gossip", "P2PHost: GossipSub(adaptive_gossip_enabled=False)",

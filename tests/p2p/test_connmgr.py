@@ -285,36 +285,21 @@ def test_a_hub_trims_to_low_keeps_protected_peers_and_gossip_reaches_everyone() 
     run(main(), timeout=150)
 
 
-def test_stock_close_peer_forgets_a_connection_opened_meanwhile() -> None:
-    """A peer that dials back while we close it: the library's close_peer drops the new connection from
-    its table (open, but unknown to this side); ours keeps it (``close-peer-keeps-new-connections``)."""
-    from libp2p.peer.id import ID
+def test_close_peer_keeps_a_connection_the_peer_opens_meanwhile() -> None:
+    """A peer that dials back while we close it: our close_peer keeps the new connection in the table
+    (the library's own close_peer can drop it, leaving it open but unknown to this side; whether that
+    race shows depends on timing, so only our side is asserted: ``close-peer-keeps-new-connections``)."""
 
     async def main() -> None:
         async with swarm_nodes(2, {0: [1]}) as (a, b):
-            for stock in (True, False):
-                async def close(stock: bool = stock) -> None:
-                    if stock:
-                        await b.p2p.host.get_network().close_peer(ID.from_base58(a.peer_id))
-                    else:
-                        await b.p2p.close_peer(a.peer_id)
+            async def redial() -> None:
+                await wait_until(lambda: b.peer_id not in a.connected_peers(), 10, interval=0.005,
+                                 what="a sees the close")
+                await a.connect(b.listen_addrs()[0])
 
-                async def redial() -> None:
-                    await wait_until(lambda: b.peer_id not in a.connected_peers(), 10, interval=0.005,
-                                     what="a sees the close")
-                    await a.connect(b.listen_addrs()[0])
-
-                await asyncio.gather(b.bridge.call(close), redial())
-                await wait_until(lambda: b.peer_id in a.connected_peers(), 10, what="a connected again")
-                if stock:
-                    assert a.peer_id not in b.connected_peers(), "stock close_peer kept it: fixed upstream?"
-                    # put the pair back in a state both sides agree on
-                    await a.bridge.call(a.p2p.close_peer, b.peer_id)
-                    await wait_until(lambda: b.peer_id not in a.connected_peers(), 10, what="a closed")
-                    await a.connect(b.listen_addrs()[0])
-                    await wait_until(lambda: a.peer_id in b.connected_peers(), 10, what="b sees a again")
-                else:
-                    await wait_until(lambda: a.peer_id in b.connected_peers(), 10, what="b keeps a's new one")
+            await asyncio.gather(b.bridge.call(b.p2p.close_peer, a.peer_id), redial())
+            await wait_until(lambda: b.peer_id in a.connected_peers(), 10, what="a connected again")
+            await wait_until(lambda: a.peer_id in b.connected_peers(), 10, what="b keeps a's new one")
 
     run(main(), timeout=90)
 
@@ -421,9 +406,11 @@ def test_joiners_of_one_bootstrap_peer_find_each_other_and_survive_its_trim() ->
             await wait_until(lambda: boot.connmgr.trims >= 3 and
                              len(boot.connected_peers()) <= boot_limits.high, 30,
                              what="the bootstrap peer trimmed, within its high watermark")
-            # The self-lookups connected the joiners to one another: none depends on the bootstrap peer.
-            assert all(len(n.connected_peers()) >= 2 for n in joiners), [
-                len(n.connected_peers()) for n in joiners]
+            # The self-lookups connect the joiners to one another: none depends on the bootstrap peer. (On
+            # a loaded machine a joiner can be trimmed before its lookup found anyone: it then dials the
+            # bootstrap peer again, looks up again and gets there too.)
+            await wait_until(lambda: all(len(n.connected_peers()) >= 2 for n in joiners), 60,
+                             what="every joiner connected to two or more")
             await wait_until(lambda: all(n.mesh_peers(TOPIC) for n in nodes), 20, what="meshes")
             await joiners[-1].publish(TOPIC, b"hello")
             await wait_until(lambda: all(b"hello" in got[n.peer_id] for n in nodes[:-1]), 30,
@@ -442,10 +429,11 @@ def test_a_node_left_with_no_connection_dials_its_bootstrap_peer_again() -> None
         async with limited_swarms(specs) as (boot, joiner):
             assert await joiner.bootstrap(boot.listen_addrs()[:1]) == [boot.peer_id]
             await wait_until(lambda: joiner.peer_id in boot.connected_peers(), 20, what="connected")
-            for n in (1, 2):  # twice: the second close comes right after a rejoin
+            for _ in range(2):  # twice: the second close comes right after a rejoin
                 await boot.bridge.call(boot.p2p.close_peer, joiner.peer_id)
-                await wait_until(lambda n=n: joiner.rejoins >= n, 20, what=f"rejoin {n}")
+                await wait_until(lambda: boot.peer_id not in joiner.connected_peers(), 20, what="closed")
                 await wait_until(lambda: boot.peer_id in joiner.connected_peers()
                                  and joiner.peer_id in boot.connected_peers(), 20, what="connected again")
+            assert joiner.rejoins >= 1  # (a lookup under way may also dial it back)
 
     run(main(), timeout=120)
