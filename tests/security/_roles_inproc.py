@@ -65,7 +65,9 @@ class FakeRuntime:
         self.board = StatusBoard()
         self.swarm = FakeSwarm(key)
         self.data_dir = data_dir
-        self.services: list[object] = []
+
+    def service(self, kind: type[Any]) -> None:
+        return None  # no blob service, no ledger: the prefetch hands the batches over
 
     def spawn(self, *args: Any, **kwargs: Any) -> Any:
         raise AssertionError("no loops in these tests")
