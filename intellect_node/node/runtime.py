@@ -31,7 +31,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 from aiohttp import web
 
@@ -77,6 +77,7 @@ class NodeService(Protocol):
 
 
 ServiceFactory = Callable[["NodeRuntime"], NodeService]
+S = TypeVar("S")
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -119,9 +120,11 @@ class NodeRuntime:
         self.data_dir = data_dir
         self.roles = list(roles or [])
         self.board = StatusBoard(role=",".join(self.roles))
-        self.swarm: Swarm | None = None
+        self._swarm: Swarm | None = None  # started by start(): see :attr:`swarm`
         self.heartbeats: Heartbeats | None = None
         self.services: list[NodeService] = []
+        """Built in the order they were added (started in it, closed in reverse)."""
+        self._by_class: dict[type[Any], NodeService] = {}  # what :meth:`service` answers
         self._factories = list(services or [])
         self._runners: list[web.AppRunner] = []
         self._stop_event = asyncio.Event()
@@ -154,22 +157,34 @@ class NodeRuntime:
         self.board.set_degraded("fatal", reason)
         self.request_stop()
 
+    @property
+    def swarm(self) -> Swarm:
+        """The node's swarm; set from early in :meth:`start` (the services are built after it)."""
+        if self._swarm is None:
+            raise RuntimeError("the swarm starts in NodeRuntime.start(); nothing may use it before")
+        return self._swarm
+
     def _task_health(self, name: str, reason: str) -> None:
         self.board.set_degraded(f"task {name}", reason)
         self.board.set_restarts("tasks", self.supervisor.restarts)
 
     def _libp2p_health(self, reason: str) -> None:
         self.board.set_degraded("libp2p", reason)
-        if self.swarm is not None:
-            self.board.set_restarts("libp2p", self.swarm.watch.restarts)
+        if self._swarm is not None:
+            self.board.set_restarts("libp2p", self._swarm.watch.restarts)
 
     def problem(self) -> str:
         """"" while libp2p answers and every essential task runs (the watchdog's test), else why not."""
-        if self.swarm is None:
+        if self._swarm is None:
             return "libp2p not started"
-        if not self.swarm.watch.answering():
-            return self.swarm.watch.down_reason or "libp2p does not answer"
+        if not self._swarm.watch.answering():
+            return self._swarm.watch.down_reason or "libp2p does not answer"
         return self.supervisor.problem()
+
+    def service(self, kind: type[S]) -> S | None:
+        """The service of class ``kind`` (exactly that class) built so far, or None; of two services of one
+        class, the first added."""
+        return cast("S | None", self._by_class.get(kind))
 
     def add_service(self, factory: ServiceFactory) -> None:
         """Register a service factory; call before :meth:`start`."""
@@ -195,7 +210,7 @@ class NodeRuntime:
         self.http_url = net.http_public_url or f"http://{_advertised_host(bind_host)}:{port}"
         self.control_url = f"http://127.0.0.1:{ctl_sock.getsockname()[1]}"
 
-        self.swarm = await Swarm.start(key, run_id=self.config.run.run_id, listen=list(net.listen),
+        self._swarm = await Swarm.start(key, run_id=self.config.run.run_id, listen=list(net.listen),
                                        data_dir=self.data_dir, http_url=self.http_url, roles=self.roles,
                                        peer_timeout=net.peer_timeout, announce=list(net.announce),
                                        conn=ConnLimits.from_config(self.config),
@@ -213,6 +228,7 @@ class NodeRuntime:
         for factory in self._factories:
             svc = factory(self)
             self.services.append(svc)
+            self._by_class.setdefault(type(svc), svc)
             for rd in getattr(svc, "routes", lambda: [])():
                 bulk_app.router.add_route(rd.method, rd.path, rd.handler)
             for rd in getattr(svc, "control_routes", lambda: [])():
@@ -264,7 +280,7 @@ class NodeRuntime:
 
     def status(self) -> dict[str, Any]:
         """What ``GET /v1/status`` serves: identity, connected peers, peerbook, the status snapshot."""
-        sw = self.swarm
+        sw = self._swarm
         snap = self.board.snapshot()
         out: dict[str, Any] = {
             "peer_id": sw.peer_id if sw else "",
@@ -291,7 +307,6 @@ class NodeRuntime:
 
     async def _retry_bootstrap(self, addrs: list[str]) -> None:
         """Dial the bootstrap peers again until one answers or some peer connects to us (bounded)."""
-        assert self.swarm is not None
         for attempt in range(BOOTSTRAP_RETRIES):
             await asyncio.sleep(BOOTSTRAP_RETRY_S[min(attempt, len(BOOTSTRAP_RETRY_S) - 1)])
             if self.swarm.connected_peers():
@@ -304,7 +319,7 @@ class NodeRuntime:
 
     async def _status_loop(self) -> None:
         while True:
-            sw = self.swarm
+            sw = self._swarm
             if sw is not None:
                 by_role: dict[str, list[str]] = {"trainer": [], "validator": [], "worker": []}
                 for rec in sw.peerbook.snapshot():
@@ -370,6 +385,7 @@ class NodeRuntime:
             except Exception as exc:  # shutting down: log and go on with the rest
                 log.warning("service %s did not close cleanly: %r", type(svc).__name__, exc)
         self.services = []
+        self._by_class = {}
         for runner in self._runners:
             try:
                 await asyncio.wait_for(runner.cleanup(), SERVICE_STOP_TIMEOUT_S)
@@ -377,8 +393,8 @@ class NodeRuntime:
                 log.warning("HTTP runner did not stop cleanly: %r", exc)
         self._runners = []
         await self.supervisor.close()  # whatever a service left running
-        if self.swarm is not None:
-            await self.swarm.close()
+        if self._swarm is not None:
+            await self._swarm.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None

@@ -7,13 +7,18 @@ they share in ``common/``. They compose the layers below them (``p2p``, ``blobs`
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from intellect_node.roles.common.seams import Runtime
 
 ROLES = ("trainer", "worker", "validator")
 
 
-def role_factory(role: str) -> Callable[[Any], Any]:
-    """The service factory of ``role`` (imported lazily: torch is heavy)."""
+def role_factory(role: str) -> Callable[[Runtime], Any]:
+    """The service factory of ``role`` (imported lazily: torch is heavy). It takes the node as a
+    :class:`~intellect_node.roles.common.seams.Runtime`, so type-checking ``node/assembly.py``, which
+    hands it a ``NodeRuntime``, checks that the runtime provides what the roles use."""
     if role == "trainer":
         from intellect_node.roles.trainer.role import Trainer
         return Trainer.for_runtime

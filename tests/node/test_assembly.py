@@ -11,6 +11,8 @@ import pytest
 from intellect_node.config import build_config
 from intellect_node.errors import ConfigError
 from intellect_node.node.assembly import build_node, sweep_worker_node
+from intellect_node.roles.common.services import blob_service, ledger_of
+from intellect_node.roles.sweep import SweepWorker
 from tests.support.swarm import run
 
 
@@ -42,12 +44,17 @@ def test_a_joined_node_runs_the_common_services_in_order_then_the_rest(tmp_path:
             # The ledger first (it closes last, after the roles that record in it); NAT before blobs.
             assert [s.name for s in rt.services] == ["ledger", "metrics", "nat", "blobs", "extra"]
             assert rt.board.snapshot().role == "worker"
+            # What a role finds beside it, by class (roles/common/services.py).
+            assert blob_service(rt) is rt.services[3] and rt.service(Extra) is rt.services[4]
+            ledger = ledger_of(rt)
+            assert ledger is not None and rt.service(SweepWorker) is None
         finally:
             await rt.stop()
         rt = build_node(_cfg(metrics=False), tmp_path / "b")
         await rt.start()
         try:
             assert [s.name for s in rt.services] == ["ledger", "nat", "blobs"]
+            assert rt.service(Extra) is None
         finally:
             await rt.stop()
 

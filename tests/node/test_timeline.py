@@ -25,7 +25,7 @@ from intellect_node.config.status import (
     process_started_at,
 )
 from tests.support.common import CLI
-from tests.support.roles import make_key, start_role, start_trainer_and_validator
+from tests.support.roles import role_run
 from tests.support.wait import wait_for
 
 
@@ -118,17 +118,11 @@ RL = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_fresh_worker_reports_its_join_in_status(tmp_path: Path) -> None:
-    from intellect_node.models.loader import embedded_model_dir
-
-    ids = {n: make_key(tmp_path / n) for n in ("trainer", "validator")}
-    common: dict[str, Any] = dict(trainer=ids["trainer"], validators=[ids["validator"]],
-                                  model=str(embedded_model_dir()), rl=RL)
-    procs: list[Any] = []
-    try:
-        trainer, t_addr, validator, v_addr = start_trainer_and_validator(tmp_path, procs, **common)
+    with role_run(tmp_path, ("trainer", "validator"), rl=RL) as run:
+        trainer, t_addr, validator, v_addr = run.trainer_and_validator()
         (tmp_path / "worker").mkdir()  # a fresh worker: no key yet, join makes one
         launched = time.time() - 0.02  # the kernel counts starts in 10 ms ticks
-        worker = start_role(tmp_path / "worker", "worker", procs, bootstrap=[t_addr, v_addr], **common)
+        worker = run.start("worker", "worker", bootstrap=[t_addr, v_addr])
         worker.wait_ready(180)
 
         def accepted() -> dict[str, Any] | None:
@@ -153,7 +147,4 @@ def test_a_fresh_worker_reports_its_join_in_status(tmp_path: Path) -> None:
         # the trainer holds its own policy and has peers, but submits nothing
         ttl = trainer.status()["snapshot"]["timeline"]
         assert ttl["first_policy"] is not None and ttl["first_batch_submitted"] is None
-    finally:
-        for p in procs:
-            p.close()
 

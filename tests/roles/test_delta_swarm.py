@@ -13,6 +13,7 @@ from intellect_node.blobs.service import BlobService
 from intellect_node.protocol.policy import announcement_validator
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.common.policy import ObtainResult, PolicyFollower, PolicyPublisher
+from intellect_node.roles.common.services import blob_service
 from tests.support.delta import policy_versions
 from tests.support.swarm import line, run, runtime_nodes
 from tests.support.wait import wait_until
@@ -22,7 +23,7 @@ RUN = "test"
 
 
 def _blobs(rt: Any) -> BlobService:
-    return next(s for s in rt.services if isinstance(s, BlobService))
+    return blob_service(rt)
 
 
 def test_workers_follow_gossiped_versions_by_delta(tmp_path: Path) -> None:

@@ -14,11 +14,10 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support.roles import ENV, listen_addr, make_key, start_role, write_config
+from tests.support.roles import ENV, role_run, write_config
 from tests.support.swarm import NodeProcess
 from tests.support.wait import wait_for
 
@@ -28,29 +27,18 @@ SEEN = "checkpoints-seen.jsonl"
 
 @pytest.mark.slow
 def test_each_checkpointed_step_has_its_metrics_line_before_the_checkpoint(tmp_path: Path) -> None:
-    from intellect_node.models.loader import embedded_model_dir
-
     rl = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=4, batches_per_version=1,
               work_ahead=1, checkpoint_every=2)
-    ids = {n: make_key(tmp_path / n) for n in ("trainer", "validator", "w")}
-    common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=str(embedded_model_dir()),
-                  rl=rl)
     seen = tmp_path / "trainer" / SEEN
-    procs: list[Any] = []
-    try:
-        write_config(tmp_path / "trainer", **common)
+    with role_run(tmp_path, ("trainer", "validator", "w"), rl=rl) as run:
+        write_config(tmp_path / "trainer", **run.common)
         trainer = NodeProcess(tmp_path / "trainer", env=ENV,
                               argv=[sys.executable, "-m", "tests.roles.test_metrics_before_checkpoint",
                                     str(tmp_path / "trainer")])
-        procs.append(trainer)
-        t_addr = listen_addr(trainer)
-        validator = start_role(tmp_path / "validator", "validator", procs, bootstrap=[t_addr], **common)
-        start_role(tmp_path / "w", "worker", procs, bootstrap=[t_addr, listen_addr(validator)], **common)
+        _, t_addr, _, v_addr = run.trainer_and_validator(trainer)
+        run.start("w", "worker", bootstrap=[t_addr, v_addr])
         wait_for(lambda: seen.exists() and len(seen.read_text().splitlines()) >= 3, timeout=300,
                  what="three checkpoints after trained steps")
-    finally:
-        for p in procs:
-            p.close()
     noted = [json.loads(x) for x in seen.read_text().splitlines()]
     assert [n["version"] for n in noted[:3]] == [2, 4, 6], noted  # every second version (v0: at start)
     for n in noted:

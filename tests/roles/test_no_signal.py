@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from intellect_node.config.status import NO_SIGNAL_ATTEMPTS, StatusSnapshot
 from intellect_node.fsutil import read_jsonl
-from tests.support.roles import listen_addr, make_key, role_process, start_role, write_config
+from tests.support.roles import role_process, role_run, write_config
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -42,32 +42,20 @@ def _metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def test_a_run_whose_rewards_are_all_zero_says_why_it_is_not_learning(tmp_path: Path) -> None:
-    from intellect_node.models.loader import embedded_model_dir
-
-    ids = {n: make_key(tmp_path / n) for n in ("trainer", "validator", "w")}
-    common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=str(embedded_model_dir()),
-                  rl=RL)
-    procs: list[Any] = []
-    try:
-        config = write_config(tmp_path / "trainer", **common)  # type: ignore[arg-type]
+    with role_run(tmp_path, ("trainer", "validator", "w"), rl=RL) as run:
+        config = write_config(tmp_path / "trainer", **run.common)
         # the trainer serves /metrics (on a free port): the helper's configs turn it off
         config.write_text(config.read_text().replace("[metrics]\nenabled = false",
                                                      "[metrics]\nenabled = true\nport = 0"))
         trainer = role_process(tmp_path / "trainer", "trainer")
-        procs.append(trainer)
-        t_addr = listen_addr(trainer)
-        validator = start_role(tmp_path / "validator", "validator", procs, bootstrap=[t_addr], **common)
-        worker = start_role(tmp_path / "w", "worker", procs, bootstrap=[t_addr, listen_addr(validator)],
-                            **common)
+        trainer, t_addr, _, v_addr = run.trainer_and_validator(trainer)
+        worker = run.start("w", "worker", bootstrap=[t_addr, v_addr])
         wait_for(lambda: _snapshot(trainer).training.no_signal_warning, timeout=300,
                  what="the trainer's not-learning warning")
         s = _snapshot(trainer)
         metrics = _metrics(trainer.status()["metrics"]["metrics"])
         w = _snapshot(worker)
         queued = trainer.status()["trainer"]["queued_batches"]
-    finally:
-        for p in procs:
-            p.close()
 
     t = s.training
     # the warning came with the first attempts that could not learn, and says why and what to check
@@ -79,7 +67,8 @@ def test_a_run_whose_rewards_are_all_zero_says_why_it_is_not_learning(tmp_path: 
     assert t.step == -1 and s.policy.local == 0  # nothing trained, no version after v0
     # what the trainer re-scored: the worker's completions, no answer found in them, the expected one
     assert t.completions and all(c.reward == 0.0 and c.answer is None and c.reason == "no_answer"
-                                 and c.expected and c.text and c.worker == ids["w"] for c in t.completions)
+                                 and c.expected and c.text and c.worker == run.ids["w"]
+                                 for c in t.completions)
     assert w.training.completions and all(c.reward == 0.0 for c in w.training.completions)
     # /metrics, from the same counters
     assert metrics[("intellect_node_train_attempts_no_signal_total", (("cause", "all_zero"),))] >= \

@@ -19,37 +19,18 @@ import pytest
 
 from intellect_node.protocol.rollout import decode_batch
 from intellect_node.roles.common.seen import rollout_keys
-from tests.support.roles import (
-    CheatProcess,
-    hostile_process,
-    listen_addr,
-    make_key,
-    start_role,
-    start_trainer_and_validator,
-    write_config,
-)
+from tests.support.roles import listen_addr, role_run
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def _model() -> str:
-    from intellect_node.models.loader import embedded_model_dir
-
-    return str(embedded_model_dir())
-
-
 def test_validator_refuses_resubmitted_rollouts_once_verified_and_bans(tmp_path: Path) -> None:
     rl = dict(group_size=4, problems_per_batch=2, groups_per_step=64, max_new_tokens=4, batches_per_version=4,
               ban_after=3, verify_fraction=0.5, verify_first_batches=1)
-    ids = {n: make_key(tmp_path / n) for n in ("trainer", "validator", "cheat")}
-    common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=_model(), rl=rl)
-    procs: list[Any] = []
-    try:
-        trainer, t_addr, validator, v_addr = start_trainer_and_validator(tmp_path, procs, **common)
-        write_config(tmp_path / "cheat", bootstrap=[t_addr, v_addr], **common)  # type: ignore[arg-type]
-        cheat = CheatProcess(tmp_path / "cheat", "replay")
-        procs.append(cheat)
+    with role_run(tmp_path, ("trainer", "validator", "cheat"), rl=rl) as run:
+        trainer, t_addr, validator, v_addr = run.trainer_and_validator()
+        run.cheat("cheat", "replay", bootstrap=[t_addr, v_addr])
         wait_for(lambda: validator.status()["validator"]["banned"] >= 1, timeout=400,
                  what="the replayer banned")
         wait_for(lambda: trainer.status()["trainer"]["banned"] >= 1, timeout=60,
@@ -60,10 +41,7 @@ def test_validator_refuses_resubmitted_rollouts_once_verified_and_bans(tmp_path:
                  what="the trainer done with the accepted batches")
         vstat = validator.status()["validator"]
         tstat = trainer.status()["trainer"]
-    finally:
-        for p in procs:
-            p.close()
-    w = ids["cheat"]
+    w = run.ids["cheat"]
     # batch 1 accepted; its exact copy and its reordered copy refused; batch 2 accepted; its copy refused
     # and the third duplicate bans.
     assert vstat["reasons_by_worker"][w] == ["duplicate"] * 3, vstat
@@ -98,18 +76,13 @@ def test_trainer_refuses_copies_behind_a_lying_validator_across_a_sigkill(tmp_pa
     # replays its journal as well as re-reading the admitted keys.
     rl = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=4, batches_per_version=1,
               max_steps=3, ban_after=1000, checkpoint_every=2)
-    ids = {n: make_key(tmp_path / n) for n in ("trainer", "stamp", "cheat")}
-    common = dict(trainer=ids["trainer"], validators=[ids["stamp"]], model=_model(), rl=rl, async_level=8,
-                  worker_allowlist=[ids["cheat"]])
-    procs: list[Any] = []
-    try:
-        trainer = start_role(tmp_path / "trainer", "trainer", procs, **common)
+    with role_run(tmp_path, ("trainer", "stamp", "cheat"), rl=rl, validators=("stamp",), allowlist=("cheat",),
+                  async_level=8) as run:
+        ids = run.ids
+        trainer = run.start("trainer", "trainer")
         t_addr = listen_addr(trainer)
-        stamp = hostile_process(tmp_path / "stamp", "stamp-outsider", procs, bootstrap=[t_addr], **common)
-        s_addr = listen_addr(stamp)
-        write_config(tmp_path / "cheat", bootstrap=[t_addr, s_addr], **common)  # type: ignore[arg-type]
-        cheat = CheatProcess(tmp_path / "cheat", "replay-first")
-        procs.append(cheat)
+        s_addr = listen_addr(run.hostile("stamp", "stamp-outsider", bootstrap=[t_addr]))
+        cheat = run.cheat("cheat", "replay-first", bootstrap=[t_addr, s_addr])
 
         def before() -> dict[str, Any]:
             st = trainer.status()["trainer"]
@@ -121,14 +94,11 @@ def test_trainer_refuses_copies_behind_a_lying_validator_across_a_sigkill(tmp_pa
         # is what remembers it now. Kill the trainer and check the restarted one still does.
         trainer.signal(signal.SIGKILL)
         trainer.wait(30)
-        trainer2 = start_role(tmp_path / "trainer", "trainer", procs, bootstrap=[s_addr], **common)
+        trainer2 = run.start("trainer", "trainer", bootstrap=[s_addr])
         trainer2.wait_ready(180)
         st2: Any = wait_for(lambda: (s := trainer2.status())["trainer"]["duplicate_batches"] >= 1 and s,
                             timeout=300, what="a copy refused after the restart")
         cstat = cheat.status()["worker"]
-    finally:
-        for p in procs:
-            p.close()
     assert st1["banned"] == 0 and st2["trainer"]["banned"] == 0  # ban_after 1000: refused, not banned yet
     book = {r["peer_id"]: r for r in st2["known_peers"]}
     refused = book[ids["cheat"]]["last_rejection"] or ""  # the restarted trainer's own record

@@ -116,8 +116,8 @@ def test_take_leaves_older_fresh_batches_queued_and_drops_stale_ones() -> None:
 
 
 def test_a_journaled_step_takes_the_same_batches_in_the_same_order() -> None:
-    """Replay after a restart (``roles/trainer/role.py``): the step's batches by name, in the journal's order,
-    whatever ``take`` would choose now; nothing taken when one of them is missing."""
+    """Replay after a restart (``roles/trainer/replay.py``): the step's batches by name, in the journal's
+    order, whatever ``take`` would choose now; nothing taken when one of them is missing."""
     adm = _admission(groups_per_step=2)
     for a in (_acc("old", 0, 1), _acc("b", 1, 2), _acc("a", 1, 3), _acc("stale", 0, 4)):
         adm.add(a)

@@ -30,13 +30,7 @@ import pytest
 from intellect_node.inference.evaluate import pass_rate, with_weights
 from intellect_node.models.loader import load_model
 from intellect_node.trainer.checkpoint import latest_weights_path
-from tests.support.roles import (
-    CheatProcess,
-    make_key,
-    start_role,
-    start_trainer_and_validator,
-    write_config,
-)
+from tests.support.roles import role_run
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -65,20 +59,11 @@ def _latest_version(trainer_dir: Path) -> int:
 
 
 def test_swarm_learns_rejects_cheats_and_survives_a_trainer_sigkill(tmp_path: Path) -> None:
-    from intellect_node.models.loader import embedded_model_dir
-
-    model = str(embedded_model_dir())
-    names = ["trainer", "validator", "w1", "w2", "cheat"]
-    ids = {n: make_key(tmp_path / n) for n in names}
-    common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=model, rl=RL)
-    procs: list[Any] = []
-    try:
-        trainer, t_addr, validator, v_addr = start_trainer_and_validator(tmp_path, procs, **common)
-        w1, w2 = [start_role(tmp_path / n, "worker", procs, bootstrap=[t_addr, v_addr], **common)
-                  for n in ("w1", "w2")]
-        write_config(tmp_path / "cheat", bootstrap=[t_addr, v_addr], **common)  # type: ignore[arg-type]
-        cheat = CheatProcess(tmp_path / "cheat", "mix")
-        procs.append(cheat)
+    with role_run(tmp_path, ("trainer", "validator", "w1", "w2", "cheat"), rl=RL) as run:
+        ids = run.ids
+        trainer, t_addr, validator, v_addr = run.trainer_and_validator()
+        w1, w2 = [run.start(n, "worker", bootstrap=[t_addr, v_addr]) for n in ("w1", "w2")]
+        cheat = run.cheat("cheat", "mix", bootstrap=[t_addr, v_addr])
 
         wait_for(lambda: len(_trained(tmp_path / "trainer")) >= BEFORE_KILL, timeout=600,
                  what=f"{BEFORE_KILL} trained steps")
@@ -89,7 +74,7 @@ def test_swarm_learns_rejects_cheats_and_survives_a_trainer_sigkill(tmp_path: Pa
         v_recorded = max(m["version"] for m in _trained(tmp_path / "trainer"))
 
         # Restart on the same data dir; the old address is gone, so bootstrap through the validator.
-        trainer2 = start_role(tmp_path / "trainer", "trainer", procs, bootstrap=[v_addr], **common)
+        trainer2 = run.start("trainer", "trainer", bootstrap=[v_addr])
         trainer2.wait_ready(180)
         # From the checkpoint, then the journal replayed up to at least the last version recorded.
         st2 = trainer2.status()["trainer"]
@@ -103,9 +88,6 @@ def test_swarm_learns_rejects_cheats_and_survives_a_trainer_sigkill(tmp_path: Pa
         vstat = validator.status()["validator"]
         w_stats = [w.status()["worker"] for w in (w1, w2)]
         cstat = cheat.status()["worker"]
-    finally:
-        for p in procs:
-            p.close()
 
     metrics = _metrics(tmp_path / "trainer")
     trained = [m for m in metrics if m["trained"]]

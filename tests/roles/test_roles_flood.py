@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.roles import hostile_process, listen_addr, make_key, start_role
+from tests.support.roles import role_run
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -37,31 +37,24 @@ SLACK_MAX_S = 4.0
 
 
 def test_flooding_and_tarpitting_peers_barely_delay_honest_verdicts(tmp_path: Path) -> None:
-    from intellect_node.models.loader import embedded_model_dir
+    with role_run(tmp_path, ("trainer", "validator", "worker", "flood", "tarpit"), rl=RL,
+                  validator=VALIDATOR) as run:
+        ids = run.ids
+        _, t_addr, validator, v_addr = run.trainer_and_validator()
 
-    ids = {n: make_key(tmp_path / n) for n in ("trainer", "validator", "worker", "flood", "tarpit")}
-    common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=str(embedded_model_dir()),
-                  rl=RL, validator=VALIDATOR)
-    procs: list[Any] = []
+        def vstat() -> dict[str, Any]:
+            return validator.status()["validator"]
 
-    def vstat() -> dict[str, Any]:
-        return validator.status()["validator"]
+        def honest() -> list[float]:
+            return list(vstat()["latency_s"].get(ids["worker"], []))
 
-    def honest() -> list[float]:
-        return list(vstat()["latency_s"].get(ids["worker"], []))
-
-    try:
-        trainer = start_role(tmp_path / "trainer", "trainer", procs, **common)
-        t_addr = listen_addr(trainer)
-        validator = start_role(tmp_path / "validator", "validator", procs, bootstrap=[t_addr], **common)
-        v_addr = listen_addr(validator)
-        start_role(tmp_path / "worker", "worker", procs, bootstrap=[t_addr, v_addr], **common)
+        run.start("worker", "worker", bootstrap=[t_addr, v_addr])
         # The baseline skips the first verdict (it waited for the validator's first policy).
         wait_for(lambda: len(honest()) >= SAMPLES + 1, timeout=300, what="baseline verdicts")
         baseline = honest()[1:SAMPLES + 1]
 
-        flood = hostile_process(tmp_path / "flood", "flood", procs, bootstrap=[t_addr, v_addr], **common)
-        tarpit = hostile_process(tmp_path / "tarpit", "tarpit", procs, bootstrap=[t_addr, v_addr], **common)
+        flood = run.hostile("flood", "flood", bootstrap=[t_addr, v_addr])
+        tarpit = run.hostile("tarpit", "tarpit", bootstrap=[t_addr, v_addr])
 
         def attacked() -> bool:
             strikes = vstat()["strikes_by_worker"]
@@ -78,9 +71,6 @@ def test_flooding_and_tarpitting_peers_barely_delay_honest_verdicts(tmp_path: Pa
         tarpit_stat = tarpit.status()
         flood_stat = flood.status()
         book = {r["peer_id"]: r for r in validator.status()["known_peers"]}
-    finally:
-        for p in procs:
-            p.close()
 
     print(f"honest verdict latency (s): baseline {baseline}, under attack {under}")
     print(f"attackers sent {flood_stat['attacker']['sent']} / {tarpit_stat['attacker']['sent']}; "

@@ -18,6 +18,7 @@ from intellect_node.roles.common.fetch import HintedFetcher
 from intellect_node.roles.common.follow import TrainerPolicy
 from intellect_node.roles.common.policy import PolicyPublisher
 from intellect_node.roles.common.seams import RoleTasks, Runtime
+from intellect_node.roles.common.services import blob_service
 from tests.support.delta import policy_versions
 from tests.support.swarm import line, run, runtime_nodes
 from tests.support.wait import wait_until
@@ -28,7 +29,7 @@ POLICY = topic(RUN, "policy")
 
 
 def _blobs(rt: Any) -> BlobService:
-    return next(s for s in rt.services if isinstance(s, BlobService))
+    return blob_service(rt)
 
 
 class _RunNamesTrainer:

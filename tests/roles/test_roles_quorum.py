@@ -4,7 +4,6 @@ before it is trained on, and what a rejection does."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -53,34 +52,24 @@ def test_quorum_larger_than_the_validator_list_is_an_operator_error(tmp_path: Pa
 def test_a_quorum_of_two_trains_only_on_batches_both_validators_accepted(tmp_path: Path) -> None:
     """Real processes on loopback: with ``verdict_quorum = 2`` the trainer does not train on batches that
     only one validator has accepted; once the second validator is up, it trains."""
-    from intellect_node.models.loader import embedded_model_dir
-    from tests.support.roles import listen_addr, make_key, start_role
+    from tests.support.roles import role_run
     from tests.support.wait import wait_for
 
     rl = dict(group_size=8, problems_per_batch=4, groups_per_step=4, max_new_tokens=5, batches_per_version=1)
-    ids = {n: make_key(tmp_path / n) for n in ("trainer", "va", "vb", "w")}
-    common = dict(trainer=ids["trainer"], validators=[ids["va"], ids["vb"]], model=str(embedded_model_dir()),
-                  rl=rl, verdict_quorum=2)
-    procs: list[Any] = []
-    try:
-        trainer = start_role(tmp_path / "trainer", "trainer", procs, **common)
-        t_addr = listen_addr(trainer)
-        va = start_role(tmp_path / "va", "validator", procs, bootstrap=[t_addr], **common)
-        va.wait_ready(180)
-        start_role(tmp_path / "w", "worker", procs, bootstrap=[t_addr], **common)
+    with role_run(tmp_path, ("trainer", "va", "vb", "w"), rl=rl, validators=("va", "vb"),
+                  verdict_quorum=2) as run:
+        trainer, t_addr, va, _ = run.trainer_and_validator(validator="va")
+        run.start("w", "worker", bootstrap=[t_addr])
         # Validator A's acceptances reach the trainer, which holds them until a second one comes.
         wait_for(lambda: trainer.status()["trainer"]["awaiting_quorum"] >= 1, timeout=300,
                  what="a batch accepted by validator A alone")
         st = trainer.status()["trainer"]
         assert st["step"] == 0 and st["accepted_batches"] == 0, st
 
-        vb = start_role(tmp_path / "vb", "validator", procs, bootstrap=[t_addr], **common)
+        vb = run.start("vb", "validator", bootstrap=[t_addr])
         wait_for(lambda: trainer.status()["trainer"]["step"] >= 2, timeout=300, what="2 trained steps")
         st = trainer.status()["trainer"]
         a, b = va.status()["validator"], vb.status()["validator"]
-    finally:
-        for p in procs:
-            p.close()
     # Every admitted batch was accepted by both; none was rejected by either.
     assert st["accepted_batches"] >= 2 and st["rejected_batches"] == 0
     assert a["accepted"] >= st["accepted_batches"] and b["accepted"] >= st["accepted_batches"]

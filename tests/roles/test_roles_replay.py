@@ -26,7 +26,7 @@ import pytest
 
 from intellect_node.fsutil import read_jsonl
 from intellect_node.trainer.checkpoint import latest_dir, read_state
-from tests.support.roles import make_key, start_role, start_trainer_and_validator
+from tests.support.roles import role_run
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -72,17 +72,11 @@ def _admitted(tmp: Path) -> set[str]:
 
 
 def test_trainer_killed_between_checkpoints_replays_or_bumps(tmp_path: Path) -> None:
-    from intellect_node.models.loader import embedded_model_dir
-
-    ids = {n: make_key(tmp_path / n) for n in ("trainer", "validator", "w1", "w2")}
-    common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=str(embedded_model_dir()),
-                  rl=RL)
     tdir = tmp_path / "trainer" / "trainer"
-    procs: list[Any] = []
-    try:
-        trainer, t_addr, validator, v_addr = start_trainer_and_validator(tmp_path, procs, **common)
+    with role_run(tmp_path, ("trainer", "validator", "w1", "w2"), rl=RL) as run:
+        trainer, t_addr, validator, v_addr = run.trainer_and_validator()
         for n in ("w1", "w2"):
-            start_role(tmp_path / n, "worker", procs, bootstrap=[t_addr, v_addr], **common)
+            run.start(n, "worker", bootstrap=[t_addr, v_addr])
 
         # 1. Killed between checkpoints: the replay reproduces what was announced.
         wait_for(lambda: _kill_window(tmp_path), timeout=400, what="a version announced past the checkpoint")
@@ -92,7 +86,7 @@ def test_trainer_killed_between_checkpoints_replays_or_bumps(tmp_path: Path) -> 
         ckpt = _ckpt(tmp_path)
         assert ckpt < announced
         before = _admitted(tmp_path)
-        trainer2 = start_role(tmp_path / "trainer", "trainer", procs, bootstrap=[v_addr], **common)
+        trainer2 = run.start("trainer", "trainer", bootstrap=[v_addr])
         trainer2.wait_ready(180)
         st = trainer2.status()
         assert st["trainer"]["replay"]["outcome"] == "identical", st["trainer"]["replay"]
@@ -112,16 +106,13 @@ def test_trainer_killed_between_checkpoints_replays_or_bumps(tmp_path: Path) -> 
         entry = next(e for e in _jsonl(tdir / "steps.jsonl") if e["seq"] > covered)
         for suffix in (".json", ".batch"):
             (tdir / "inbox" / f"{entry['taken'][0]}{suffix}").unlink()
-        trainer3 = start_role(tmp_path / "trainer", "trainer", procs, bootstrap=[v_addr], **common)
+        trainer3 = run.start("trainer", "trainer", bootstrap=[v_addr])
         trainer3.wait_ready(180)
         st3 = trainer3.status()["trainer"]
         assert st3["replay"]["outcome"] == "bumped", st3["replay"]
         assert st3["version"] >= announced + 1
         wait_for(lambda: max(_announced(tmp_path)) > announced, timeout=120,
                  what="the bumped version heard by the workers")
-    finally:
-        for p in procs:
-            p.close()
 
     # No version was ever announced with two different contents.
     twice = {v: h for v, h in _announced(tmp_path).items() if len(h) > 1}

@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from intellect_node.config.ledger import Ledger
 from intellect_node.roles.validator.role import HEARD_RECENTLY_S
-from tests.support.roles import make_key, start_role, start_trainer_and_validator
+from tests.support.roles import role_run
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -43,15 +42,9 @@ def _held_by_trainer(trainer_dir: Path) -> set[str]:
 
 
 def test_verdicts_issued_while_the_trainer_was_down_reach_it_when_it_returns(tmp_path: Path) -> None:
-    from intellect_node.models.loader import embedded_model_dir
-
-    ids = {n: make_key(tmp_path / n) for n in ("trainer", "validator", "worker")}
-    common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=str(embedded_model_dir()),
-                  rl=RL)
-    procs: list[Any] = []
-    try:
-        trainer, t_addr, validator, v_addr = start_trainer_and_validator(tmp_path, procs, **common)
-        worker = start_role(tmp_path / "worker", "worker", procs, bootstrap=[t_addr, v_addr], **common)
+    with role_run(tmp_path, ("trainer", "validator", "worker"), rl=RL) as run:
+        trainer, t_addr, validator, v_addr = run.trainer_and_validator()
+        worker = run.start("worker", "worker", bootstrap=[t_addr, v_addr])
         wait_for(lambda: trainer.status()["trainer"]["accepted_batches"] >= 1, timeout=300,
                  what="a first batch at the trainer")
         trainer.signal(signal.SIGKILL)
@@ -64,14 +57,11 @@ def test_verdicts_issued_while_the_trainer_was_down_reach_it_when_it_returns(tmp
         missed = _accepted_at_worker(tmp_path / "worker") - before
         assert not missed & _held_by_trainer(tmp_path / "trainer")
 
-        trainer2 = start_role(tmp_path / "trainer", "trainer", procs, bootstrap=[v_addr], **common)
+        trainer2 = run.start("trainer", "trainer", bootstrap=[v_addr])
         trainer2.wait_ready(180)
         wait_for(lambda: missed <= _held_by_trainer(tmp_path / "trainer"), timeout=120,
                  what="the batches accepted while the trainer was down, at the restarted trainer")
         vstat = validator.status()["validator"]
         wstat = worker.status()["worker"]
-    finally:
-        for p in procs:
-            p.close()
     assert vstat["resent"] >= len(missed), vstat
     assert vstat["rejected"] == 0 and wstat["rejected"] == 0, (vstat, wstat)

@@ -34,24 +34,16 @@ def test_a_worker_a_version_ahead_feeds_each_step_without_waste(tmp_path: Path) 
     ``problems_per_batch``) and ``work_ahead`` 1: it submits two batches on the first policy and then one
     per version, so from the second step on the trainer trains on a batch made one version back (made
     while it ran the step before) and no batch is ever left over as stale."""
-    from intellect_node.models.loader import embedded_model_dir
-    from tests.support.roles import make_key, start_role, start_trainer_and_validator
+    from tests.support.roles import role_run
     from tests.support.wait import wait_for
 
     rl = dict(group_size=8, problems_per_batch=4, groups_per_step=4, max_new_tokens=5, batches_per_version=1,
               work_ahead=1)
-    ids = {n: make_key(tmp_path / n) for n in ("trainer", "validator", "w")}
-    common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=str(embedded_model_dir()),
-                  rl=rl)
-    procs: list[Any] = []
-    try:
-        trainer, t_addr, _, v_addr = start_trainer_and_validator(tmp_path, procs, **common)
-        start_role(tmp_path / "w", "worker", procs, bootstrap=[t_addr, v_addr], **common)
+    with role_run(tmp_path, ("trainer", "validator", "w"), rl=rl) as run:
+        trainer, t_addr, _, v_addr = run.trainer_and_validator()
+        run.start("w", "worker", bootstrap=[t_addr, v_addr])
         wait_for(lambda: trainer.status()["trainer"]["step"] >= 6, timeout=300, what="6 trained steps")
         st = trainer.status()["trainer"]
-    finally:
-        for p in procs:
-            p.close()
     hops = _lines(tmp_path / "w" / "worker" / "hops.jsonl")
     loaded = [h for h in hops if h["event"] == "loaded"]
     # Version 0 is the model the worker already holds: built from its folder, not fetched

@@ -65,7 +65,9 @@ class FakeRuntime:
         self.board = StatusBoard()
         self.swarm = FakeSwarm(key)
         self.data_dir = data_dir
-        self.services: list[object] = []
+
+    def service(self, kind: type[Any]) -> None:
+        return None  # no blob service, no ledger: the prefetch hands the batches over
 
     def spawn(self, *args: Any, **kwargs: Any) -> Any:
         raise AssertionError("no loops in these tests")
@@ -81,9 +83,9 @@ def config(trainer: str, validators: list[str], *, quorum: int = 1, **rl: Any) -
 
 def trainer_role(tmp: Path, key: SigningKey, validators: list[str], *, quorum: int = 1,
                  batches: dict[str, bytes] | None = None, **rl: Any) -> Any:
-    """A :class:`~intellect_node.roles.trainer.role.Trainer` on a fake swarm; ``batches`` (CID -> bytes) are
-    what its prefetch hands over when it hears their notices."""
-    from intellect_node.models.loader import ModelTokenizer, embedded_model_dir
+    """A :class:`~intellect_node.roles.trainer.role.Trainer` on a fake swarm, driven through
+    ``trainer.intake``; ``batches`` (CID -> bytes) are what its prefetch hands over when it hears their
+    notices."""
     from intellect_node.roles.trainer.prefetch import Prefetch
     from intellect_node.roles.trainer.role import Trainer
 
@@ -96,8 +98,7 @@ def trainer_role(tmp: Path, key: SigningKey, validators: list[str], *, quorum: i
             await asyncio.Event().wait()  # never served: the test does not expect it to be
         return held[cid], decode_batch(held[cid])
 
-    trainer.prefetch = Prefetch(fetch)
-    trainer.tokenizer = ModelTokenizer(embedded_model_dir())
+    trainer.intake.prefetch = Prefetch(fetch)
     return trainer
 
 

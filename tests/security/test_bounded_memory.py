@@ -66,7 +66,7 @@ def test_trainer_forgets_decisions_and_consumed_ids_past_the_window(tmp_path: Pa
             trainer._forget_old()
             return len(trainer.consumed), min(trainer.consumed.values())
         finally:
-            trainer.prefetch.close()
+            trainer.intake.prefetch.close()
 
     kept, oldest = asyncio.run(main())
     keep = trainer_mod.CONSUMED_KEEP_VERSIONS

@@ -33,12 +33,12 @@ def test_planted_records_are_refused_and_the_workers_real_batch_is_admitted(tmp_
             for cid, data in ((planted_cid, planted), (real_cid, real)):
                 notice = RolloutNotice(run_id=RUN, batch_cid=cid, policy_version=0, n_rollouts=2,
                                        batch_bytes=len(data))
-                trainer._on_notice((notice, WORKER.peer_id), WORKER.peer_id)
-                await trainer._on_verdict((_accept(cid), VALIDATOR.peer_id), VALIDATOR.peer_id)
-            return ([a.cid for a in trainer.admission.queue], dict(trainer.counts),
+                trainer.intake.on_notice((notice, WORKER.peer_id), WORKER.peer_id)
+                await trainer.intake.on_verdict((_accept(cid), VALIDATOR.peer_id), VALIDATOR.peer_id)
+            return ([a.cid for a in trainer.admission.queue], dict(trainer.intake.counts),
                     trainer.rt.swarm.peerbook.rejections, dict(trainer.rt.swarm.banned))
         finally:
-            trainer.prefetch.close()
+            trainer.intake.prefetch.close()
 
     queued, counts, charged, banned = asyncio.run(main())
     assert queued == [real_cid]

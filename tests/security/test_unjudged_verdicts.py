@@ -61,13 +61,13 @@ def test_the_trainer_trains_on_a_batch_a_lagging_validator_could_not_judge(tmp_p
         try:
             notice = RolloutNotice(run_id=RUN, batch_cid=cid, policy_version=0, n_rollouts=2,
                                    batch_bytes=len(data))
-            trainer._on_notice((notice, WORKER.peer_id), WORKER.peer_id)
-            await trainer._on_verdict((_verdict(cid, reason="policy_version"), V1.peer_id), V1.peer_id)
-            await trainer._on_verdict((_verdict(cid), V2.peer_id), V2.peer_id)
-            return ([a.cid for a in trainer.admission.queue], dict(trainer.counts),
+            trainer.intake.on_notice((notice, WORKER.peer_id), WORKER.peer_id)
+            await trainer.intake.on_verdict((_verdict(cid, reason="policy_version"), V1.peer_id), V1.peer_id)
+            await trainer.intake.on_verdict((_verdict(cid), V2.peer_id), V2.peer_id)
+            return ([a.cid for a in trainer.admission.queue], dict(trainer.intake.counts),
                     trainer.rt.swarm.peerbook.rejections)
         finally:
-            trainer.prefetch.close()
+            trainer.intake.prefetch.close()
 
     queued, counts, charged = asyncio.run(main())
     assert queued == [cid]

@@ -48,7 +48,7 @@ def _run(tmp: Path, quorum: int, body: Any) -> Any:
         try:
             return await body(trainer)
         finally:
-            trainer.prefetch.close()
+            trainer.intake.prefetch.close()
     return asyncio.run(main())
 
 
@@ -57,12 +57,12 @@ def test_one_validator_bans_neither_the_run_nor_a_peer_whose_batch_it_is_not(tmp
         # A hostile (or broken) trusted validator names the other validator, the trainer, and a peer that
         # announced no such batch.
         for target in (V2.peer_id, TRAINER.peer_id, BYSTANDER.peer_id):
-            await trainer._on_verdict((_ban(target, cid_of(target.encode())), V1.peer_id), V1.peer_id)
+            await trainer.intake.on_verdict((_ban(target, cid_of(target.encode())), V1.peer_id), V1.peer_id)
         assert trainer.rt.swarm.banned == {}
         # A worker's own announced batch: one validator is the quorum of 1 here, so the ban stands.
         cid = cid_of(b"worker batch")
-        trainer._on_notice((_notice(cid), WORKER.peer_id), WORKER.peer_id)
-        await trainer._on_verdict((_ban(WORKER.peer_id, cid), V1.peer_id), V1.peer_id)
+        trainer.intake.on_notice((_notice(cid), WORKER.peer_id), WORKER.peer_id)
+        await trainer.intake.on_verdict((_ban(WORKER.peer_id, cid), V1.peer_id), V1.peer_id)
         return dict(trainer.rt.swarm.banned)
 
     banned = _run(tmp_path, 1, body)
@@ -74,11 +74,11 @@ def test_a_ban_takes_the_quorum_of_distinct_validators(tmp_path: Path) -> None:
         seen = []
         cids = [cid_of(b"b%d" % i) for i in range(3)]
         for cid in cids:
-            trainer._on_notice((_notice(cid), WORKER.peer_id), WORKER.peer_id)
-        await trainer._on_verdict((_ban(WORKER.peer_id, cids[0]), V1.peer_id), V1.peer_id)
-        await trainer._on_verdict((_ban(WORKER.peer_id, cids[1]), V1.peer_id), V1.peer_id)  # same voter
+            trainer.intake.on_notice((_notice(cid), WORKER.peer_id), WORKER.peer_id)
+        await trainer.intake.on_verdict((_ban(WORKER.peer_id, cids[0]), V1.peer_id), V1.peer_id)
+        await trainer.intake.on_verdict((_ban(WORKER.peer_id, cids[1]), V1.peer_id), V1.peer_id)  # same voter
         seen.append(dict(trainer.rt.swarm.banned))
-        await trainer._on_verdict((_ban(WORKER.peer_id, cids[2]), V2.peer_id), V2.peer_id)
+        await trainer.intake.on_verdict((_ban(WORKER.peer_id, cids[2]), V2.peer_id), V2.peer_id)
         seen.append(dict(trainer.rt.swarm.banned))
         return seen
 
@@ -90,12 +90,12 @@ def test_a_replayed_old_ban_verdict_does_nothing(tmp_path: Path) -> None:
     cid = cid_of(b"old batch")
 
     async def body(trainer: Any) -> tuple[dict[str, str], dict[str, int]]:
-        trainer._on_notice((_notice(cid), WORKER.peer_id), WORKER.peer_id)
+        trainer.intake.on_notice((_notice(cid), WORKER.peer_id), WORKER.peer_id)
         old = _ban(WORKER.peer_id, cid, time_ms=now_ms() - VERDICT_MAX_AGE_MS - 60_000)
         ahead = _ban(WORKER.peer_id, cid, time_ms=now_ms() + VERDICT_MAX_AHEAD_MS + 60_000)
         for v in (old, ahead):
-            await trainer._on_verdict((v, V1.peer_id), V1.peer_id)
-        return dict(trainer.rt.swarm.banned), dict(trainer.counts)
+            await trainer.intake.on_verdict((v, V1.peer_id), V1.peer_id)
+        return dict(trainer.rt.swarm.banned), dict(trainer.intake.counts)
 
     banned, counts = _run(tmp_path, 1, body)
     assert banned == {}

@@ -52,14 +52,14 @@ def test_the_trainer_refuses_another_tasks_batch_its_validator_accepted(tmp_path
         try:
             notice = RolloutNotice(run_id=RUN, batch_cid=cid, policy_version=0, n_rollouts=2,
                                    batch_bytes=len(data))
-            trainer._on_notice((notice, WORKER.peer_id), WORKER.peer_id)
+            trainer.intake.on_notice((notice, WORKER.peer_id), WORKER.peer_id)
             accept = BatchVerdict(run_id=RUN, batch_cid=cid, worker=WORKER.peer_id, policy_version=0,
                                   accepted=True, n_accepted=2, n_rejected=0)
-            await trainer._on_verdict((accept, VALIDATOR.peer_id), VALIDATOR.peer_id)
-            return ([a.cid for a in trainer.admission.queue], dict(trainer.counts),
+            await trainer.intake.on_verdict((accept, VALIDATOR.peer_id), VALIDATOR.peer_id)
+            return ([a.cid for a in trainer.admission.queue], dict(trainer.intake.counts),
                     trainer.rt.swarm.peerbook.rejections, len(trainer.admission.tally))
         finally:
-            trainer.prefetch.close()
+            trainer.intake.prefetch.close()
 
     queued, counts, charged, pending = asyncio.run(main())
     assert queued == [] and pending == 0  # decided: refused, not left to be retried

@@ -32,12 +32,12 @@ class Node:
     """A runtime plus what the checks need: its blob service and the gossip it received."""
 
     def __init__(self, rt: Any) -> None:
-        from intellect_node.blobs.service import BlobService
+        from intellect_node.roles.common.services import blob_service
 
         self.rt = rt
         self.swarm = rt.swarm
         self.peer_id = rt.swarm.peer_id
-        self.blobs = next(s for s in rt.services if isinstance(s, BlobService))
+        self.blobs = blob_service(rt)
         self.got: list[bytes] = []
 
 

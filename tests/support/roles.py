@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,14 +75,66 @@ def listen_addr(proc: NodeProcess, timeout: float = 180) -> str:
     return str(proc.wait_ready(timeout)["listen_addrs"][0])
 
 
-def start_trainer_and_validator(root: Path, procs: list[Any],
-                                **config: Any) -> tuple[NodeProcess, str, NodeProcess, str]:
-    """The run's trainer in ``root/trainer``, then its validator in ``root/validator`` bootstrapped to it,
-    each ready: ``(trainer, its address, validator, its address)``; workers bootstrap to both."""
-    trainer = start_role(root / "trainer", "trainer", procs, **config)
-    t_addr = listen_addr(trainer)
-    validator = start_role(root / "validator", "validator", procs, bootstrap=[t_addr], **config)
-    return trainer, t_addr, validator, listen_addr(validator)
+@dataclass
+class RoleRun:
+    """One run's nodes, each in its data dir ``root/<name>``: their peer IDs (``ids``), the config every
+    node of the run shares (``common``: ``write_config`` keywords) and the processes started (``procs``),
+    which :func:`role_run` closes."""
+
+    root: Path
+    ids: dict[str, str]
+    common: dict[str, Any]
+    procs: list[NodeProcess] = field(default_factory=list)
+
+    def start(self, name: str, role: str, **config: Any) -> NodeProcess:
+        """``root/name`` started as ``role`` with the run's config, ``config`` (e.g. ``bootstrap``) on top."""
+        return start_role(self.root / name, role, self.procs, **{**self.common, **config})
+
+    def trainer_and_validator(self, trainer: NodeProcess | None = None, validator: str = "validator",
+                              ) -> tuple[NodeProcess, str, NodeProcess, str]:
+        """The run's trainer in ``root/trainer`` (``trainer``: one the caller started there, with a config or
+        a program of its own), then a validator in ``root/<validator>`` bootstrapped to it, each ready:
+        ``(trainer, its address, validator, its address)``; workers bootstrap to both."""
+        if trainer is None:
+            trainer = self.start("trainer", "trainer")
+        elif trainer not in self.procs:
+            self.procs.append(trainer)
+        t_addr = listen_addr(trainer)
+        proc = self.start(validator, "validator", bootstrap=[t_addr])
+        return trainer, t_addr, proc, listen_addr(proc)
+
+    def cheat(self, name: str, mode: str, **config: Any) -> "CheatProcess":
+        """``root/name`` started as a cheating worker (``mode``: see the module docstring)."""
+        write_config(self.root / name, **{**self.common, **config})
+        proc = CheatProcess(self.root / name, mode)
+        self.procs.append(proc)
+        return proc
+
+    def hostile(self, name: str, mode: str, **config: Any) -> "CheatProcess":
+        """``root/name`` started as a ``tests.support.hostile`` peer (:func:`hostile_process`)."""
+        return hostile_process(self.root / name, mode, self.procs, **{**self.common, **config})
+
+
+@contextmanager
+def role_run(root: Path, names: Iterable[str], *, rl: dict[str, Any],
+             validators: Sequence[str] = ("validator",), allowlist: Sequence[str] = (),
+             model: str | None = None, **config: Any) -> Iterator[RoleRun]:
+    """A run of the nodes ``names`` under ``root``: a key each, ``trainer`` the run's trainer,
+    ``validators`` its validators and ``allowlist`` its closed worker allowlist (none: an open run), the
+    embedded model unless ``model``; ``config``: more ``write_config`` keywords every node shares. Every
+    process started through it is closed on the way out."""
+    from intellect_node.models.loader import embedded_model_dir
+
+    ids = {n: make_key(root / n) for n in names}
+    common = dict(trainer=ids["trainer"], validators=[ids[v] for v in validators],
+                  worker_allowlist=[ids[w] for w in allowlist], model=model or str(embedded_model_dir()),
+                  rl=rl, **config)
+    run = RoleRun(root, ids, common)
+    try:
+        yield run
+    finally:
+        for p in run.procs:
+            p.close()
 
 
 class CheatProcess(NodeProcess):

@@ -137,7 +137,7 @@ REPLAYER = textwrap.dedent("""
 
 def test_steps_replayed_in_a_new_process_from_a_checkpoint_give_bit_identical_weights(tmp_path: Path) -> None:
     """What a trainer SIGKILLed between checkpoints relies on (``rl.checkpoint_every``,
-    roles/trainer/role.py): the checkpoint's weights and AdamW state plus the same samples in the same order
+    roles/trainer/replay.py): the checkpoint's weights and AdamW state plus the same samples in the same order
     reproduce the versions it announced, to the bit, in another process."""
     script = tmp_path / "replayer.py"
     script.write_text(REPLAYER)

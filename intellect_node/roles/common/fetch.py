@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Sequence
 
 from intellect_node.blobs.service import BlobService
 from intellect_node.errors import IntegrityError
-from intellect_node.p2p.swarm import Swarm
 from intellect_node.protocol.blob import Manifest
+from intellect_node.roles.common.seams import RoleSwarm
 
 if TYPE_CHECKING:
     from intellect_node.blobs.fetch import FetchStats, Provider
@@ -39,7 +39,7 @@ class HintedFetcher:
     holder serves them in a moment.
     """
 
-    def __init__(self, blobs: BlobService, swarm: Swarm) -> None:
+    def __init__(self, blobs: BlobService, swarm: RoleSwarm) -> None:
         from intellect_node.blobs.fetch import Fetcher
         from intellect_node.blobs.http import HttpChunkSource
 

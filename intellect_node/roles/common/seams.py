@@ -1,8 +1,10 @@
-"""What a role uses of the node around it (:class:`Runtime`) and how it keeps its tasks (:class:`RoleTasks`).
+"""What a role uses of the node around it (:class:`Runtime`, :class:`RoleSwarm`) and how it keeps its tasks
+(:class:`RoleTasks`).
 
 ``node/runtime.py``'s ``NodeRuntime`` sits above the roles (it assembles them), so the roles cannot import
-it; they are written against this Protocol instead, which names the few things they use. Tests and other
-assemblies can hand a role anything that has them.
+it; they are written against these Protocols instead, which name the few things they use of the node and
+of its swarm (``p2p.swarm.Swarm`` is the one that runs). Tests and other assemblies can hand a role
+anything that has them (``tests/security/_roles_inproc.py`` has a fake swarm).
 
 A role runs two kinds of tasks. Its long-lived loops run under the node's supervisor (``runtime.spawn``:
 restarted with a back-off when they fail). Its short jobs (one peer's batch check, a ban, a policy
@@ -16,19 +18,61 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from intellect_node.aioutil import cancel_and_wait
 from intellect_node.config import NodeConfig
 from intellect_node.config.status import StatusBoard
-from intellect_node.p2p.swarm import Swarm
+from intellect_node.p2p.swarm import Handler, Provider, Validate
+from intellect_node.protocol.signing import SigningKey
 
 log = logging.getLogger(__name__)
 
 LoopFactory = Callable[[], Awaitable[Any]]
 """A loop the supervisor can start again: called once per (re)start, its state lives on its object."""
+S = TypeVar("S")
+
+
+class RolePeerbook(Protocol):
+    """What a role does with the peerbook: blame a peer, ban it at once, look up its bulk HTTP URL."""
+
+    def record_rejection(self, peer_id: str, reason: str, *, counts: bool = True) -> int: ...
+
+    def ban(self, peer_id: str, reason: str) -> None: ...
+
+    def is_banned(self, peer_id: str) -> bool: ...
+
+    def http_url(self, peer_id: str) -> str: ...
+
+
+class RoleSwarm(Protocol):
+    """What a role uses of the swarm (docs/architecture.md, "Swarm facade", has the whole facade)."""
+
+    @property
+    def peer_id(self) -> str: ...
+
+    @property
+    def key(self) -> SigningKey: ...
+
+    @property
+    def peerbook(self) -> RolePeerbook: ...
+
+    async def publish(self, topic: str, data: bytes) -> None: ...
+
+    def subscribe(self, topic: str, validate: Validate, handler: Handler, *,
+                  include_own: bool = False) -> None: ...
+
+    async def ban(self, peer: str, reason: str) -> None: ...
+
+    def is_banned(self, peer: str) -> bool: ...
+
+    def connected_peers(self) -> list[str]: ...
+
+    async def provide(self, cid: str) -> None: ...
+
+    async def find_providers(self, cid: str, *, count: int = 20) -> list[Provider]: ...
 
 
 class Runtime(Protocol):
@@ -42,14 +86,13 @@ class Runtime(Protocol):
     def board(self) -> StatusBoard: ...
 
     @property
-    def swarm(self) -> Swarm: ...
+    def swarm(self) -> RoleSwarm: ...
 
     @property
     def data_dir(self) -> Path: ...
 
-    @property
-    def services(self) -> Sequence[object]:
-        """The node's services built so far (a role finds the blob service and the ledger among them)."""
+    def service(self, kind: type[S]) -> S | None:
+        """The node's service of class ``kind`` built so far, or None (``roles/common/services.py``)."""
         ...
 
     def spawn(self, name: str, factory: LoopFactory, *, essential: bool = True,

@@ -1,4 +1,4 @@
-"""The node services a role finds beside it: the blob service and the ledger."""
+"""The node services a role finds beside it: the blob service and the ledger (looked up by their class)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,13 @@ from intellect_node.roles.common.seams import Runtime
 
 
 def blob_service(runtime: Runtime) -> BlobService:
-    for svc in runtime.services:
-        if isinstance(svc, BlobService):
-            return svc
-    raise ConfigError("the RL roles need the blob service; add it before the role", field="services")
+    svc = runtime.service(BlobService)
+    if svc is None:
+        raise ConfigError("the RL roles need the blob service; add it before the role", field="services")
+    return svc
 
 
 def ledger_of(runtime: Runtime) -> Ledger | None:
     """The node's ledger, or None when it runs without one (in-process tests)."""
-    for svc in runtime.services:
-        if isinstance(svc, LedgerService):
-            return svc.ledger
-    return None
+    svc = runtime.service(LedgerService)
+    return svc.ledger if svc is not None else None

@@ -1,5 +1,5 @@
 """The trainer's prefetch: a batch named by a worker's notice is fetched and decoded while its validators
-verify it, so the verdict only has to release it (``roles/trainer/role.py``).
+verify it, so the verdict only has to release it (``roles/trainer/intake.py`` holds it).
 
 Without it the trainer fetched a batch after its verdict: one more round trip to the worker (manifest,
 chunk) and a decode on the path from a worker's batch to the trainer's step. Notices are unverified

@@ -111,6 +111,7 @@ class Worker:
         self.batches = 0
         self.verdicts: dict[str, int] = {"accepted": 0, "rejected": 0, "stale": 0}
         self._heard: BoundedMap[int, str] = BoundedMap(64)  # version -> announced hash
+        self.fetcher: HintedFetcher | None = None  # made by start(), closed by close()
 
     @classmethod
     def for_runtime(cls, runtime: Runtime) -> "Worker":
@@ -120,9 +121,9 @@ class Worker:
 
     async def start(self) -> None:
         self.blobs = blob_service(self.rt)
-        self.fetcher = HintedFetcher(self.blobs, self.rt.swarm)
+        self.fetcher = fetcher = HintedFetcher(self.blobs, self.rt.swarm)
         self.ledger = ledger_of(self.rt)
-        self.policy = TrainerPolicy(self.rt, self.fetcher, self.dir / "policy", self.tasks, self._load,
+        self.policy = TrainerPolicy(self.rt, fetcher, self.dir / "policy", self.tasks, self._load,
                                     on_announcement=self._on_announcement)
         await self.policy.start()
         trusted = frozenset(self.cfg.run.validator_peer_ids) or None
@@ -132,7 +133,7 @@ class Worker:
 
     async def close(self) -> None:
         await self.tasks.close()
-        if hasattr(self, "fetcher"):
+        if self.fetcher is not None:
             self.fetcher.close()
 
     def status(self) -> dict[str, Any]:
