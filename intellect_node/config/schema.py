@@ -407,9 +407,9 @@ class ValidatorConfig(_Section):
 
     scoring_s_per_rollout: float = Field(default=0.5, gt=0, le=600)
     """Scoring seconds a batch may use per rollout it holds (time its answers hold a scoring process),
-    plus room for scoring_timeouts_per_batch time limits; past it the rest of the batch is not scored and
-    the batch is refused (scoring_budget, held against the worker). An honest math-verify answer takes
-    10-150 ms."""
+    plus room for scoring_timeouts_per_batch time limits. Past it the rest of the batch is not scored
+    and the batch is refused (scoring_budget, held against the worker). An honest math-verify answer
+    takes 10-150 ms."""
 
     scoring_timeouts_per_batch: int = Field(default=1, ge=0, le=1024)
     """Answers of one batch that may run into rl.reward_timeout_s and stay reward_unjudged (not the
