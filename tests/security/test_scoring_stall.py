@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from intellect_node.envs.tasks import Problem
 from intellect_node.inference.base import SamplingConfig
 from intellect_node.inference.rollouts import checkpoint_cid, generate_rollouts
 from intellect_node.inference.torch_engine import TorchEngine
@@ -37,6 +38,7 @@ from tests.security._roles_inproc import RUN, batch_bytes, validator_role
 TRAINER, VALIDATOR, HONEST, A1, A2 = (SigningKey(bytes([i]) * 32) for i in range(41, 46))
 CID = checkpoint_cid(embedded_model_dir())
 MAX_NEW = 24
+GROUP = 4
 SLOW = [f"\\boxed{{9^{{9^{{9^{{{d}}}}}}}}}" for d in range(1, 9)]
 """Distinct answers sympy never finishes evaluating (each one is a fresh judgement: no memo hit)."""
 
@@ -55,17 +57,22 @@ def _task_file(tmp: Path) -> Path:
 
 def _validator(tmp: Path, engine: TorchEngine, reward_timeout_s: float) -> Any:
     validator = validator_role(tmp, VALIDATOR, TRAINER.peer_id, tasks_file=str(_task_file(tmp)),
-                               max_new_tokens=MAX_NEW, reward_timeout_s=reward_timeout_s)
+                               group_size=GROUP, max_new_tokens=MAX_NEW, reward_timeout_s=reward_timeout_s)
     validator.engines[0] = (CID, engine)
     validator.latest_announced = 0
     return validator
 
 
+def _problem(validator: Any, key: SigningKey) -> Problem:
+    """The problem ``key``'s batch is about (one group of it)."""
+    return validator.task.get("algebra/1")
+
+
 def _attack(validator: Any, key: SigningKey, answers: list[str]) -> list[RolloutRecord]:
-    """A batch of whole groups whose completions are ``answers``, each claiming reward 1, with the seeds
-    and rollout IDs the run derives: everything a validator checks before scoring passes."""
+    """A group whose completions are ``answers``, each claiming reward 1, with the seeds and rollout IDs
+    the run derives: everything a validator checks before scoring passes."""
     tok = ModelTokenizer(embedded_model_dir())
-    problems = [validator.task.get(f"algebra/{i // 2}") for i in range(len(answers))]
+    problems = [_problem(validator, key)] * len(answers)
     seeds = batch_seeds(RUN, 0, key.peer_id, [p.problem_id for p in problems])
     out = []
     for p, seed, text in zip(problems, seeds, answers):
@@ -135,7 +142,7 @@ async def _running(validator: Any, fetcher: Fetcher,
 
 def test_two_stalling_keys_do_not_delay_an_honest_verdict(tmp_path: Path, engine: TorchEngine) -> None:
     validator = _validator(tmp_path, engine, reward_timeout_s=60.0)
-    honest = generate_rollouts(engine, engine.loaded.tokenizer, [validator.task.get("algebra/1")] * 2,
+    honest = generate_rollouts(engine, engine.loaded.tokenizer, [_problem(validator, HONEST)] * GROUP,
                                key=HONEST, run_id=RUN, policy_version=0, checkpoint=CID,
                                sampling=SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=MAX_NEW))
     validator.trust.put(HONEST.peer_id, 1)  # it has had a batch accepted here
