@@ -1,11 +1,13 @@
 """The validator's check of rollout records: :class:`Verifier` and :func:`verify_rollout`.
 
 Cheap checks first (structure, signature, run, policy version and checkpoint, dtype, sampling settings,
-the prompt against the task, termination, reward), then one batched prefill of prompt + completion on the
-policy the run names, which yields the hidden states and logits behind every completion token, and the
-three tensor checks of ``proofs/``: TOPLOC against the committed top-k, the claimed logprobs against the
-recomputed ones, and the claimed tokens against the seeded Gumbel-max sampler. TOPLOC alone misses a
-single edited token on a small model (see the notes); the sampler check does not.
+the prompt against the task, termination, reward), the reward scored in the caller's scoring lane
+(``envs/sandbox.Lane``), whose meter refuses what is past the sender's budget as ``scoring_budget``.
+Then one batched prefill of prompt + completion on the policy the run names, which yields the hidden
+states and logits behind every completion token, and the three tensor checks of ``proofs/``: TOPLOC
+against the committed top-k, the claimed logprobs against the recomputed ones, and the claimed tokens
+against the seeded Gumbel-max sampler. TOPLOC alone misses a single edited token on a small model (see
+the notes); the sampler check does not.
 
 A verdict is ``accepted`` or carries one machine-readable ``reason`` from :data:`REASONS`.
 """
