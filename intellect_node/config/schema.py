@@ -396,8 +396,28 @@ class ValidatorConfig(_Section):
     run may differ. A refused notice gets no verdict; its reason is recorded against the sender."""
 
     max_verifications: int = Field(default=2, ge=1, le=64)
-    """Batches decoded and verified at once (each in a thread running torch on one core); 2 suits a
-    2-core machine. Batches of different workers are verified side by side up to this bound."""
+    """Batches decoded and verified at once (each in a thread running torch on one core) for workers
+    with accepted work, and as many again for the others (fresh keys cannot hold the slots proven
+    workers need); 2 suits a 2-core machine."""
+
+    scoring_processes: int = Field(default=2, ge=1, le=64)
+    """Scoring processes (rewards re-scored under rl.reward_timeout_s) for workers with accepted work,
+    and as many again for the others: a fresh key's slow answers never wait in front of a proven
+    worker's."""
+
+    scoring_s_per_rollout: float = Field(default=0.5, gt=0, le=600)
+    """Scoring seconds a batch may use per rollout it holds (time its answers hold a scoring process),
+    plus room for scoring_timeouts_per_batch time limits. Past it the rest of the batch is not scored
+    and the batch is refused (scoring_budget, held against the worker). An honest math-verify answer
+    takes 10-150 ms."""
+
+    scoring_timeouts_per_batch: int = Field(default=1, ge=0, le=1024)
+    """Answers of one batch that may run into rl.reward_timeout_s and stay reward_unjudged (not the
+    worker's fault: a slow node); one more and the batch is refused (scoring_budget) unscored."""
+
+    peer_scoring_s_per_min: float = Field(default=30.0, gt=0)
+    """Scoring seconds one peer's batches may use a minute, sustained (a token bucket holding 10 minutes
+    of it); a batch that finds it spent is refused (scoring_budget) when it has anything to score."""
 
     max_jobs: int = Field(default=8, ge=1, le=1024)
     """Notices being worked on at once (fetching the batch, waiting for a verification slot,

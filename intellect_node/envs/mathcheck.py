@@ -17,7 +17,7 @@ the main thread, so :func:`check_math` runs :func:`verify_in_child` in a scoring
 
 from __future__ import annotations
 
-from intellect_node.envs.sandbox import DEFAULT_TIMEOUT_S, default_pool
+from intellect_node.envs.sandbox import DEFAULT_TIMEOUT_S, run_checker
 
 _DELIMITERS = ("$", "\\boxed", "\\fbox", "\\(", "\\[")
 _LATEX_MARKS = ("\\", "^", "{", "_")
@@ -57,6 +57,6 @@ def check_math(completion: str, answer: str, timeout_s: float = DEFAULT_TIMEOUT_
     ``checker_error``) when math-verify could not decide within ``timeout_s``."""
     if not completion.strip():
         return 0.0
-    value = default_pool().call(__name__, "verify_in_child", completion, answer, timeout_s=timeout_s,
-                                warm=("math_verify", "sympy"))
+    value = run_checker(__name__, "verify_in_child", completion, answer, timeout_s=timeout_s,
+                        warm=("math_verify", "sympy"))
     return float(value)

@@ -34,7 +34,7 @@ from importlib import metadata
 from typing import Any
 
 from intellect_node.envs.extract import Extraction
-from intellect_node.envs.sandbox import default_pool
+from intellect_node.envs.sandbox import run_checker
 from intellect_node.envs.scoring import EnvSettings, Memo, Scorer
 from intellect_node.envs.tasks import Problem, problem_index
 from intellect_node.errors import ConfigError
@@ -151,8 +151,8 @@ class _Score:
         screen = SCREENED.get(self.dataset)
         if screen is not None and not screen.fullmatch(answer):
             answer = ""
-        value = default_pool().call(__name__, "score_in_child", self.dataset, self.config_json, self.entry,
-                                    answer, timeout_s=self.timeout_s, warm=("reasoning_gym",))
+        value = run_checker(__name__, "score_in_child", self.dataset, self.config_json, self.entry, answer,
+                            timeout_s=self.timeout_s, warm=("reasoning_gym",))
         return float(value)
 
 

@@ -18,8 +18,15 @@ address-space limit, and a watchdog that ends it when its parent is gone. Only f
 under ``intellect_node.envs`` may be called, and they must return a number.
 
 Modules a checker needs are imported once per child before the first timed call (``warm``), so the time
-limit measures the checker and not an import of sympy. Overhead per call on an idle 2-core machine: see
-``bench/reward_scoring.py`` (a pipe round trip, a pickle and a msgpack reply, well under a millisecond).
+limit measures the checker and not an import of sympy.
+
+Whose answers a call scores decides where it runs and what it may cost: checkers call :func:`run_checker`,
+which uses the :class:`Lane` the calling thread entered with :func:`scoring_in` (a validator gives workers
+with accepted work and new keys pools of their own, and each batch a :class:`Meter`) or else the
+process-wide :func:`default_pool` with no budget (workers, the trainer).
+
+Overhead per call on an idle 2-core machine: see ``bench/reward_scoring.py`` (a pipe round trip, a pickle
+and a msgpack reply, well under a millisecond).
 """
 
 from __future__ import annotations
@@ -34,7 +41,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from intellect_node.envs import _child
@@ -67,6 +78,51 @@ MEMORY_LIMIT_BYTES = 4 << 30
 number fails with MemoryError (reward 0, ``checker_error``) instead of pushing the node into swap."""
 
 _HEADER = struct.Struct(">I")
+
+
+class Meter:
+    """What one batch's answers may cost a scoring pool: ``seconds`` of scoring (the time its calls hold
+    a process: the checker's run and the round trip, not a replacement's start) and ``timeouts`` calls
+    that run into the time limit. Once either is spent, every further call raises
+    :class:`ScoringFailed` with reason ``budget`` at once, and so does a call cut short by what is left
+    of ``seconds`` or the timeout beyond the allowance: the rest of the batch is not scored.
+
+    A timeout costs its time limit plus a replacement process's start (charged to no one, so it is the
+    count of timeouts that bounds it). One batch is scored by one thread at a time (the verifier's)."""
+
+    def __init__(self, seconds: float, timeouts: int) -> None:
+        self.seconds = seconds
+        self.timeouts = timeouts
+        self.used_s = 0.0
+        self.timed_out = 0
+        self.calls = 0
+        self.spent = ""
+        """Why no more calls may run ("" while they may)."""
+
+    def limit(self, timeout_s: float) -> float:
+        """The time limit of the next call: ``timeout_s``, or less when less is left; ScoringFailed
+        (``budget``) when nothing is."""
+        left = self.seconds - self.used_s
+        if not self.spent and left <= 0:
+            self.spent = f"{self.used_s:.1f} s of scoring used of {self.seconds:.1f} s"
+        if self.spent:
+            raise ScoringFailed("budget", self.spent)
+        return min(timeout_s, left)
+
+    def charge(self, seconds: float, *, timed_out: bool = False, cut: bool = False) -> None:
+        """Count one call of ``seconds``; ScoringFailed (``budget``) when it was cut short by this meter
+        (``cut``) or was a timeout past the allowance."""
+        self.calls += 1
+        self.used_s += seconds
+        if timed_out:
+            self.timed_out += 1
+            if self.timed_out > self.timeouts:
+                self.spent = (f"{self.timed_out} answers ran past the time limit, at most {self.timeouts} "
+                              f"a batch")
+        if cut and not self.spent:
+            self.spent = f"{self.used_s:.1f} s of scoring used of {self.seconds:.1f} s"
+        if self.spent and (cut or timed_out):
+            raise ScoringFailed("budget", self.spent)
 
 
 class _Child:
@@ -135,7 +191,8 @@ class ScoringPool:
 
     ``call(module, function, *args, timeout_s=)`` returns what ``module.function(*args)`` returned in a
     child, or raises :class:`ScoringFailed` with reason ``timeout`` (the child was killed; a fresh one
-    takes its place on the next call) or ``checker_error`` (the function raised there).
+    takes its place on the next call), ``checker_error`` (the function raised there) or ``budget`` (the
+    call's :class:`Meter` is spent, or this call spent it).
     """
 
     def __init__(self, size: int = 2) -> None:
@@ -146,35 +203,60 @@ class ScoringPool:
         self._slots = threading.BoundedSemaphore(size)
         self._lock = threading.Lock()
         self._closed = False
+        self._busy: set[_Child] = set()
         self.started = 0
         self.killed = 0
 
+    @property
+    def busy(self) -> int:
+        """Calls holding a process now."""
+        with self._lock:
+            return len(self._busy)
+
     def call(self, module: str, function: str, *args: Any, timeout_s: float = DEFAULT_TIMEOUT_S,
-             warm: tuple[str, ...] = ()) -> Any:
+             warm: tuple[str, ...] = (), meter: Meter | None = None) -> Any:
+        """``module.function(*args)`` in a child within ``timeout_s``; ``meter``, when given, is charged
+        the call's time and may cut it short or refuse it (reason ``budget``)."""
         if not module.startswith("intellect_node.envs."):
             raise ValueError(f"scoring processes run only intellect_node.envs functions, not {module}")
+        if meter is not None:
+            meter.limit(timeout_s)  # spent: refused before it waits for a process
         with self._slots:
             for attempt in (0, 1):
                 child = self._take()
+                t0: float | None = None
+                limit = timeout_s
                 try:
-                    self._warm(child, (module, *warm))
-                    value = child.call((module, function, args), timeout_s)
+                    self._warm(child, (module, *warm))  # a replacement's start is not the answer's time
+                    if meter is not None:
+                        limit = meter.limit(timeout_s)
+                    t0 = time.monotonic()
+                    value = child.call((module, function, args), limit)
                 except TimeoutError:
                     self._discard(child)
+                    if meter is not None and t0 is not None:
+                        meter.charge(time.monotonic() - t0, timed_out=limit >= timeout_s,
+                                     cut=limit < timeout_s)
                     raise ScoringFailed("timeout", f"{module}.{function} ran past {timeout_s:g} s") from None
                 except ChildGone as exc:
                     self._discard(child)
-                    if attempt:
+                    if meter is not None and t0 is not None:
+                        meter.charge(time.monotonic() - t0)
+                    if attempt or self._closed:
                         raise ScoringFailed("checker_error", str(exc)) from None
                     log.warning("scoring process lost (%s); starting another", exc)
                     continue
                 except ScoringFailed:
                     self._give_back(child)  # the function raised in the child: the child itself is fine
+                    if meter is not None and t0 is not None:
+                        meter.charge(time.monotonic() - t0)
                     raise
                 except BaseException:
                     self._discard(child)  # a reply may be left unread: never reuse this child
                     raise
                 self._give_back(child)
+                if meter is not None:
+                    meter.charge(time.monotonic() - t0)
                 return value
         raise AssertionError("unreachable")
 
@@ -196,30 +278,41 @@ class ScoringPool:
             while self._idle:
                 child = self._idle.pop()
                 if child.proc.poll() is None:
+                    self._busy.add(child)
                     return child
                 child.kill()
             self.started += 1
-        return _spawner().submit(_Child).result()
+        child = _spawner().submit(_Child).result()
+        with self._lock:
+            self._busy.add(child)
+        return child
 
     def _give_back(self, child: _Child) -> None:
         with self._lock:
-            if self._closed:
-                child.kill()
-            else:
+            self._busy.discard(child)
+            if not self._closed:
                 self._idle.append(child)
+                return
+        child.kill()
 
     def _discard(self, child: _Child) -> None:
         child.kill()
         with self._lock:
+            self._busy.discard(child)
             self.killed += 1
 
     def close(self) -> None:
-        """Kill the idle children (a call in flight kills its own when it returns)."""
+        """Kill every child: the idle ones and those of calls in flight, which then end at once
+        (``checker_error``) instead of waiting out their time limit."""
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
+            busy = list(self._busy)
         for child in idle:
             child.kill()
+        for child in busy:
+            if child.proc.poll() is None:
+                child.proc.kill()  # by PID; the call in flight reaps it (kill() below) when it returns
 
 
 _SPAWNER: ThreadPoolExecutor | None = None
@@ -249,3 +342,35 @@ def default_pool() -> ScoringPool:
             _DEFAULT = ScoringPool()
             atexit.register(_DEFAULT.close)
         return _DEFAULT
+
+
+@dataclass(frozen=True)
+class Lane:
+    """Where a thread's checker calls run and what they may cost: a pool, and a meter or none."""
+
+    pool: ScoringPool
+    meter: Meter | None = None
+
+
+_LANE: ContextVar[Lane | None] = ContextVar("scoring_lane", default=None)
+
+
+@contextmanager
+def scoring_in(lane: Lane | None) -> Iterator[None]:
+    """Run the checker calls of this block (this thread, this context) in ``lane``; None: the default
+    pool without a budget."""
+    token = _LANE.set(lane)
+    try:
+        yield
+    finally:
+        _LANE.reset(token)
+
+
+def run_checker(module: str, function: str, *args: Any, timeout_s: float = DEFAULT_TIMEOUT_S,
+                warm: tuple[str, ...] = ()) -> Any:
+    """What checkers call: :meth:`ScoringPool.call` in the current :class:`Lane` (:func:`scoring_in`),
+    else in :func:`default_pool`."""
+    lane = _LANE.get()
+    if lane is None:
+        return default_pool().call(module, function, *args, timeout_s=timeout_s, warm=warm)
+    return lane.pool.call(module, function, *args, timeout_s=timeout_s, warm=warm, meter=lane.meter)

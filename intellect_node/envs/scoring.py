@@ -97,6 +97,8 @@ class Scorer:
             judged = bounded(self.check(answer))
         except ScoringFailed as exc:
             judged = Judgement(0.0, exc.reason)
+            if exc.reason == "budget":  # the sender's budget ran out, not a property of the answer
+                return judged
         if self.memo is not None:
             self.memo.put(key, judged)
         return judged

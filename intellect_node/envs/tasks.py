@@ -41,7 +41,8 @@ class Judgement:
     reward: float
     reason: str = ""
     """"" when the checker scored an answer; else e.g. ``too_long``, ``no_answer``, ``unclosed_think``,
-    ``timeout``, ``checker_error``."""
+    ``timeout``, ``checker_error``, ``budget`` (not scored: the scoring meter of the caller's lane is
+    spent, ``envs/sandbox.py``)."""
 
 
 def check_exact(completion: str, answer: str) -> float:

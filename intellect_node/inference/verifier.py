@@ -1,11 +1,13 @@
 """The validator's check of rollout records: :class:`Verifier` and :func:`verify_rollout`.
 
 Cheap checks first (structure, signature, run, policy version and checkpoint, dtype, sampling settings,
-the prompt against the task, termination, reward), then one batched prefill of prompt + completion on the
-policy the run names, which yields the hidden states and logits behind every completion token, and the
-three tensor checks of ``proofs/``: TOPLOC against the committed top-k, the claimed logprobs against the
-recomputed ones, and the claimed tokens against the seeded Gumbel-max sampler. TOPLOC alone misses a
-single edited token on a small model (see the notes); the sampler check does not.
+the prompt against the task, termination, reward), the reward scored in the caller's scoring lane
+(``envs/sandbox.Lane``), whose meter refuses what is past the sender's budget as ``scoring_budget``.
+Then one batched prefill of prompt + completion on the policy the run names, which yields the hidden
+states and logits behind every completion token, and the three tensor checks of ``proofs/``: TOPLOC
+against the committed top-k, the claimed logprobs against the recomputed ones, and the claimed tokens
+against the seeded Gumbel-max sampler. TOPLOC alone misses a single edited token on a small model (see
+the notes); the sampler check does not.
 
 A verdict is ``accepted`` or carries one machine-readable ``reason`` from :data:`REASONS`.
 """
@@ -18,6 +20,7 @@ from typing import Callable, Collection, Sequence
 
 import torch
 
+from intellect_node.envs.sandbox import Lane, scoring_in
 from intellect_node.envs.tasks import Problem, resolve_problem
 from intellect_node.errors import ConfigError, ProtocolError
 from intellect_node.inference.torch_engine import TorchEngine
@@ -45,6 +48,7 @@ REASONS = {
     "termination": "the completion continues past an EOS token or stops early without one",
     "reward": "the claimed reward is not the checker's score of the completion",
     "reward_unjudged": "the checker ran out of time on this node (not held against the worker)",
+    "scoring_budget": "the batch's answers used up the scoring time or the timeouts allowed to it",
     "seed": "a sampling seed or rollout ID is not the one the run derives (proofs/sampling.group_seed)",
     "toploc": "the TOPLOC proofs do not match the recomputed hidden states",
     "logprob": "the claimed logprobs differ from the recomputed ones",
@@ -95,13 +99,16 @@ class Verifier:
         self.resolve = resolve
         self.max_batch = max_batch
 
-    def verify(self, records: Sequence[RolloutRecord], *,
-               tensor_checks: Collection[int] | None = None) -> list[Verdict]:
+    def verify(self, records: Sequence[RolloutRecord], *, tensor_checks: Collection[int] | None = None,
+               scoring: Lane | None = None) -> list[Verdict]:
         """One verdict per record, in order. The cheap checks run on every record; the tensor checks (a
         batched prefill per ``max_batch`` records) on those that pass them and, when ``tensor_checks`` is
         given, whose index is in it: the others are accepted on the cheap checks alone (a validator that
-        samples a fraction of a batch's groups, ``rl.verify_fraction``)."""
-        verdicts: list[Verdict | None] = [self._cheap(r) for r in records]
+        samples a fraction of a batch's groups, ``rl.verify_fraction``). Rewards are scored in
+        ``scoring`` (the sender's pool and budget; None: the process's default pool, no budget): once its
+        meter is spent, the records left are refused ``scoring_budget`` without being scored."""
+        with scoring_in(scoring):
+            verdicts: list[Verdict | None] = [self._cheap(r, scoring) for r in records]
         todo = [i for i, v in enumerate(verdicts)
                 if v is None and (tensor_checks is None or i in tensor_checks)]
         for start in range(0, len(todo), self.max_batch):
@@ -115,7 +122,7 @@ class Verifier:
                 figures: dict[str, float] | None = None) -> Verdict:
         return Verdict(r.rollout_id, r.worker, False, reason, detail, figures or {})
 
-    def _cheap(self, r: RolloutRecord) -> Verdict | None:
+    def _cheap(self, r: RolloutRecord, scoring: Lane | None = None) -> Verdict | None:
         try:
             check_record(r)
         except ProtocolError as exc:
@@ -157,6 +164,9 @@ class Verifier:
             return self._reject(r, "termination", "tokens after an EOS token, or stopped before "
                                 "max_new_tokens without one")
         judged = problem.judge(self.tokenizer.decode(out))
+        if judged.reason == "budget":  # whatever the claim: this record was not scored
+            spent = scoring.meter.spent if scoring is not None and scoring.meter is not None else ""
+            return self._reject(r, "scoring_budget", f"not scored: {spent or 'the scoring budget is spent'}")
         if not math.isclose(judged.reward, r.reward, abs_tol=1e-9):
             if judged.reason == "timeout":  # this node's checker ran out of time: no evidence either way
                 return self._reject(r, "reward_unjudged", f"claimed {r.reward}; the checker timed out here")

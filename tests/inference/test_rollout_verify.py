@@ -3,14 +3,18 @@ cheating listed in the issue is rejected, with the check that catches it."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 import pytest
 import torch
 
-from intellect_node.envs.tasks import embedded_task
+from intellect_node.envs.mathcheck import check_math
+from intellect_node.envs.sandbox import Lane, Meter, ScoringPool
+from intellect_node.envs.tasks import Judgement, Problem, embedded_task, resolve_problem
 from intellect_node.inference.base import SamplingConfig
 from intellect_node.inference.rollouts import checkpoint_cid, generate_rollouts
 from intellect_node.inference.torch_engine import TorchEngine
@@ -262,22 +266,73 @@ def test_a_checker_that_times_out_here_does_not_blame_the_worker(engine: TorchEn
     """A slow validator's reward checker can time out on a completion a faster worker scored: that is
     ``reward_unjudged`` (a validator counts it as unchecked), never ``reward``; a checker that answers
     with another score is still ``reward``."""
-    import dataclasses
-
-    from intellect_node.envs.tasks import Judgement, resolve_problem
     from intellect_node.roles.validator.role import NOT_HELD
 
     scored = next((r for r in honest if r.reward == 1.0), None) or resign(honest[0], WORKER, reward=1.0)
-
-    def resolver(judgement: Judgement):  # type: ignore[no-untyped-def]
-        return lambda pid: dataclasses.replace(resolve_problem(pid), scorer=lambda text: judgement)
-
-    expect = Expectations(run_id="run", policy_version=3, checkpoint_cid=CID, temperature=1.0, top_p=1.0,
-                          max_new_tokens=16)
     th = load_thresholds(engine.loaded.path, "float32")
-    slow = Verifier(engine, th, expect, resolve=resolver(Judgement(0.0, "timeout")))
+    slow = Verifier(engine, th, EXPECT, resolve=_judged_as(Judgement(0.0, "timeout")))
     [v] = slow.verify([scored])
     assert (v.accepted, v.reason) == (False, "reward_unjudged") and "reward_unjudged" in NOT_HELD
-    wrong = Verifier(engine, th, expect, resolve=resolver(Judgement(0.0, "no_answer")))
+    wrong = Verifier(engine, th, EXPECT, resolve=_judged_as(Judgement(0.0, "no_answer")))
     [v] = wrong.verify([scored])
     assert (v.accepted, v.reason) == (False, "reward") and "no_answer" in v.detail
+
+
+def test_slow_answers_past_the_honest_rate_are_held_against_the_batch(engine: TorchEngine,
+                                                                      honest: list[RolloutRecord]) -> None:
+    """Issue 32 item 1: distinct answers that are slow to score, each claiming reward 1, used to cost the
+    whole time limit each and be ``reward_unjudged`` (not held). Under a meter allowing one timeout, the
+    first is that; the second makes the batch ``scoring_budget`` (held against the worker), and the rest
+    is not scored: real scoring processes, two timeouts and no third call."""
+    from intellect_node.roles.validator.role import NOT_HELD
+
+    tok = engine.loaded.tokenizer
+    slow = [f"9^{{9^{{9^{{{d}}}}}}}" for d in (8, 7, 6, 5)]  # 9^{9^{9^{8}}}: sympy never finishes
+    forged = [resign(r, WORKER, completion_tokens=(toks := tok.encode(text) + [min(tok.eos_ids)]),
+                     logprobs=[-1.0] * len(toks), reward=1.0)
+              for r, text in zip(honest, slow)]
+
+    th = load_thresholds(engine.loaded.path, "float32")
+    pool = ScoringPool(1)
+    meter = Meter(seconds=60.0, timeouts=1)
+    try:
+        verdicts = Verifier(engine, th, EXPECT, resolve=_math_problem(1.0)).verify(
+            forged, scoring=Lane(pool, meter))
+    finally:
+        pool.close()
+    assert [v.reason for v in verdicts] == ["reward_unjudged"] + ["scoring_budget"] * 3
+    assert "scoring_budget" not in NOT_HELD and "2 answers ran past the time limit" in verdicts[1].detail
+    assert (meter.calls, meter.timed_out, pool.killed) == (2, 2, 2)
+
+
+def test_a_batch_past_its_scoring_seconds_is_not_scored_further(engine: TorchEngine,
+                                                                honest: list[RolloutRecord]) -> None:
+    """Scoring time is charged too: under a meter with no seconds left nothing is scored, whatever the
+    claim."""
+    th = load_thresholds(engine.loaded.path, "float32")
+    pool = ScoringPool(1)
+    try:
+        verdicts = Verifier(engine, th, EXPECT, resolve=_math_problem(5.0)).verify(
+            honest[:3], scoring=Lane(pool, Meter(0.0, 1)))
+    finally:
+        pool.close()
+    assert [v.reason for v in verdicts] == ["scoring_budget"] * 3 and pool.started == 0
+
+
+def _math_problem(timeout_s: float) -> Callable[[str], Problem]:
+    """The embedded problem, scored by math-verify against "4" in a scoring process."""
+    from intellect_node.envs.scoring import DEFAULT_EXTRACTION, Scorer
+
+    def problem(pid: str) -> Problem:
+        check = Scorer(DEFAULT_EXTRACTION, lambda answer: check_math(answer, "4", timeout_s=timeout_s))
+        return dataclasses.replace(resolve_problem(pid), scorer=check)
+
+    return problem
+
+
+def _judged_as(judgement: Judgement) -> Callable[[str], Problem]:
+    return lambda pid: dataclasses.replace(resolve_problem(pid), scorer=lambda text: judgement)
+
+
+EXPECT = Expectations(run_id="run", policy_version=3, checkpoint_cid=CID, temperature=1.0, top_p=1.0,
+                      max_new_tokens=16)

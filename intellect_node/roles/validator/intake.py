@@ -98,6 +98,16 @@ class TokenBucket:
             return True
         return False
 
+    def available(self, now: float) -> float:
+        """Tokens there now (below zero after a :meth:`spend` of more than there was)."""
+        self._refill(now)
+        return self.tokens
+
+    def spend(self, n: float, now: float) -> None:
+        """Take ``n`` whatever is there (a cost known only afterwards)."""
+        self._refill(now)
+        self.tokens -= n
+
     def wait_s(self, n: float, now: float) -> float:
         """Seconds until ``n`` tokens are there (0 if they are)."""
         self._refill(now)

@@ -5,10 +5,11 @@ closed run, peers off ``run.worker_allowlist``) first goes through the intake
 (``roles/validator/intake.py``): per peer rates, byte budget and queue, the version window, the new-identity
 rate. What it refuses gets no verdict; the reason is recorded against the sender and ``future`` counts as a
 strike (``flood``/``busy``, an over-budget or over-full intake, do not: see :mod:`intake`). Taken
-notices are worked on as jobs, one per peer at a time, round-robin across peers, at most
-``validator.max_jobs`` at once for workers with accepted work and as many for the rest (so fresh keys
-that tarpit cannot take the slots honest workers need); the tensor work of at most
-``validator.max_verifications`` batches runs at once, in threads. A job:
+notices are worked on as jobs, one per peer at a time, round-robin across peers. Workers with accepted
+work here ("proven") and the rest ("new") are served from separate pools, so fresh keys that tarpit or
+send slow answers cannot take what honest workers need: ``validator.max_jobs`` jobs,
+``validator.max_verifications`` verifications (in threads) and ``validator.scoring_processes`` scoring
+processes each. A job:
 
 1. staleness: a batch more than ``run.async_level`` versions behind the newest announced one is ``stale``
    (not held against the worker); one of a version this validator does not hold yet stays parked at the
@@ -17,14 +18,14 @@ that tarpit cannot take the slots honest workers need); the tensor work of at mo
    cannot serve in time is ``unavailable`` and counts as a strike (the signer claimed to hold it);
 3. the same bytes from the same worker again (another blob name, same content) are not re-verified: the
    earlier outcome is reused (``duplicate`` if they were accepted);
-4. strict decoding; every record the signer's, of this run and version, in whole groups, every problem
-   of the run's task (``wrong_task``: every registered task resolves its own IDs, the embedded ``add3``
-   always), with the seeds and rollout IDs the run derives (``proofs/sampling.batch_seeds``); a rollout
-   already counted (the same run, version, worker, problem and sample index, or rollout ID:
-   ``roles/common/seen.py``) makes the batch a ``duplicate``, before any tensor work;
-5. :class:`~intellect_node.inference.verifier.Verifier` with the run's expectations. ``rl.verify_fraction``
-   < 1 runs the tensor checks on a random subset of groups, except for a worker's first
-   ``rl.verify_first_batches`` accepted batches, which are checked in full (a fresh key earns sampling);
+4. strict decoding, then the cheap checks of ``roles/validator/checks.py`` (a pure function): the batch
+   matches its notice, every record the signer's, whole groups, the run's task, derived seeds, no rollout
+   already counted (``duplicate``), before any reward is scored or tensor computed;
+5. :class:`~intellect_node.inference.verifier.Verifier` with the run's expectations, its rewards scored in
+   the sender's pool under a budget charged to the sender (``roles/validator/budget.py``: past it the
+   rest is not scored, ``scoring_budget``). ``rl.verify_fraction`` < 1 runs the tensor checks on a random
+   subset of groups, except for a worker's first ``rl.verify_first_batches`` accepted batches, which are
+   checked in full (a fresh key earns sampling);
 6. the verdict is published. A refusal for what the batch holds counts against the worker, and at
    ``rl.ban_after`` of them it is banned (connections closed, later gossip dropped) and the verdict says
    so: a vote the trainer counts toward ``run.verdict_quorum`` bans; ``validator.strikes_ban_after``
@@ -69,10 +70,10 @@ import msgspec
 
 from intellect_node.blobs.fetch import public_reason
 from intellect_node.config.status import clean_text
-from intellect_node.envs.filtering import FilteredTask
+from intellect_node.envs.sandbox import Lane, ScoringPool
 from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError
 from intellect_node.inference import make_engine
-from intellect_node.inference.verifier import Expectations, Verifier, seed_violation
+from intellect_node.inference.verifier import Expectations, Verifier
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.policy import PolicyAnnouncement
 from intellect_node.protocol.rl import (
@@ -92,12 +93,13 @@ from intellect_node.roles.common.engines import run_thresholds
 from intellect_node.roles.common.fetch import HintedFetcher
 from intellect_node.roles.common.follow import TrainerPolicy
 from intellect_node.roles.common.models import base_model, loaded_from_checkpoint, model_dir
-from intellect_node.roles.common.records import group_slices
 from intellect_node.roles.common.run import require_trainer
 from intellect_node.roles.common.seams import RoleTasks, Runtime
-from intellect_node.roles.common.seen import BoundedMap, SeenRollouts, describe_key, rollout_keys
+from intellect_node.roles.common.seen import BoundedMap, SeenRollouts
 from intellect_node.roles.common.services import blob_service
-from intellect_node.roles.common.tasks import run_task, wrong_task
+from intellect_node.roles.common.tasks import run_task
+from intellect_node.roles.validator.budget import ScoringBudgets, ScoringRules
+from intellect_node.roles.validator.checks import BatchRules, Fault, check_batch
 from intellect_node.roles.validator.intake import Intake, Limits, Pending
 
 if TYPE_CHECKING:
@@ -105,6 +107,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+POOLS = ("proven", "new")
+"""Workers with accepted work at this validator, and the rest: each has its own slots and scorers."""
 NOT_HELD = NOT_WORKERS_FAULT
 """Verdict reasons that are not the worker's fault (the swarm moved on; this validator lacks the policy;
 its reward checker ran out of time on a completion a faster node scored)."""
@@ -152,9 +156,14 @@ class Validator:
         # does not store messages for a peer that is down, and the trainer dedupes what it had.
         self._recent_accepted: deque[tuple[float, BatchVerdict]] = deque(maxlen=RESEND_KEPT)
         self._wake = asyncio.Event()
-        self._slots = asyncio.Semaphore(self.vcfg.max_verifications)
         self.tasks = RoleTasks(runtime, "validator")  # the policy and dispatch loops; per-peer jobs
-        self._pools = {"proven": 0, "new": 0}  # jobs running for workers with / without accepted work
+        # Workers with accepted work ("proven") and the rest ("new") each have their own job slots,
+        # verification slots and scoring processes: fresh keys cannot hold what proven workers need.
+        self._pools = {"proven": 0, "new": 0}  # jobs running in each
+        self._slots = {pool: asyncio.Semaphore(self.vcfg.max_verifications) for pool in POOLS}
+        self.scorers = {pool: ScoringPool(self.vcfg.scoring_processes) for pool in POOLS}
+        self.budgets = ScoringBudgets(ScoringRules.from_config(cfg))
+        self.rules = BatchRules(run_id=self.run_id, group_size=self.rl.group_size, task=self.task)
         self.intake = Intake(Limits.from_config(self.vcfg, max_batch_bytes=MAX_BATCH_SIZE),
                              exempt=self.allowed)
         self.seen = SeenRollouts()
@@ -188,6 +197,8 @@ class Validator:
         self.tasks.loop("validator-loop", self._dispatch_loop)
 
     async def close(self) -> None:
+        for scorer in self.scorers.values():  # first: a check in a thread stops waiting on its answer
+            scorer.close()
         await self.tasks.close()
         if hasattr(self, "fetcher"):
             self.fetcher.close()
@@ -195,6 +206,8 @@ class Validator:
     def status(self) -> dict[str, Any]:
         return {"versions_held": list(self.engines), "queue": self.intake.queued(), **self.counts,
                 "verify_s": round(self.verify_s, 3), "jobs": dict(self._pools),
+                "scoring": {**{pool: {"busy": sc.busy, "started": sc.started, "killed": sc.killed}
+                               for pool, sc in self.scorers.items()}, **self.budgets.status()},
                 "intake": self.intake.status(),
                 # seconds since the trainer's last announcement (None: never heard)
                 "trainer_silent_s": (round(time.monotonic() - self._heard_trainer, 1)
@@ -385,7 +398,7 @@ class Validator:
             if accepted or reason == "duplicate":
                 return self._verdict(notice, worker, 0, n, "duplicate", f"the same batch as {first}")
             return self._verdict(notice, worker, 0, n, reason, f"the same batch as {first}: {detail}")
-        async with self._slots:
+        async with self._slots[self._pool(worker)]:
             verdict = await self._check_content(notice, worker, data, held)
         if verdict.reason not in NOT_HELD:  # undecided here: the same bytes again are checked again
             self.outcomes.put((worker, digest),
@@ -399,30 +412,10 @@ class Validator:
             batch = await asyncio.to_thread(decode_batch, data)
         except ProtocolError as exc:
             return self._verdict(notice, worker, 0, n, "malformed", str(exc))
-        recs = batch.rollouts
-        if batch.run_id != self.run_id or batch.policy_version != v or len(recs) != n:
-            return self._verdict(notice, worker, 0, n, "malformed", "batch does not match its notice")
-        if any(r.worker != worker for r in recs):
-            return self._verdict(notice, worker, 0, n, "bad_signature", "records of another worker")
-        groups = group_slices(recs, self.rl.group_size)
-        if isinstance(groups, str):
-            return self._verdict(notice, worker, 0, n, "groups", groups)
-        wrong = wrong_task(self.task, recs)
-        if wrong:
-            return self._verdict(notice, worker, 0, n, "wrong_task", wrong)
-        if isinstance(self.task, FilteredTask):
-            outside = next((r.problem_id for r in recs if r.problem_id not in self.task), None)
-            if outside is not None:
-                return self._verdict(notice, worker, 0, n, "unknown_task",
-                                     f"{outside} is not among the run's offline-filtered problems")
-        bad_seed = seed_violation(recs, self.run_id, v, worker)
-        if bad_seed:
-            return self._verdict(notice, worker, 0, n, "seed", bad_seed)
-        keys = rollout_keys(recs)
-        dup = self.seen.first_seen(v, keys)
-        if dup is not None:
-            return self._verdict(notice, worker, 0, n, "duplicate",
-                                 f"{describe_key(dup)} at v{v} was already counted")
+        checked = check_batch(batch, notice, worker, self.rules, self.seen)
+        if isinstance(checked, Fault):
+            return self._verdict(notice, worker, 0, n, checked.reason, checked.detail)
+        recs, groups, keys = batch.rollouts, checked.groups, checked.keys
         self.seen.add(v, keys)  # reserved now; released below unless accepted
         accepted = False
         try:
@@ -439,13 +432,21 @@ class Validator:
                 full = sorted(i for g in self.rng.sample(groups, k) for i in range(g.start, g.stop))
             t0 = time.monotonic()
             # Cheap checks (signature, sanity, reward) on all; tensor checks on the sampled groups only.
-            checked = set(full)
-            by_record = await asyncio.to_thread(verifier.verify, recs, tensor_checks=checked)
+            # Rewards are scored in the sender's lane, under a meter charged to it.
+            meter = self.budgets.meter(worker, n, t0)
+            lane = Lane(self.scorers[self._pool(worker)], meter)
+            checked_idx = set(full)
+            try:
+                by_record = await asyncio.to_thread(verifier.verify, recs, tensor_checks=checked_idx,
+                                                    scoring=lane)
+            finally:
+                self.budgets.charge(worker, meter, time.monotonic())
             self.verify_s += time.monotonic() - t0
             self.counts["verified"] += 1
             self.counts["verified_full"] += everything
             # The tensor-checked rollouts' verdicts first: the first rejection in this order names the batch.
-            verdicts = [by_record[i] for i in full] + [by_record[i] for i in range(n) if i not in checked]
+            verdicts = ([by_record[i] for i in full]
+                        + [by_record[i] for i in range(n) if i not in checked_idx])
             bad = [r for r in verdicts if not r.accepted]
             for r in verdicts:
                 self.rt.board.proof_checked(r.accepted, reason=r.reason or "")
