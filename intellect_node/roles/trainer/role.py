@@ -26,8 +26,9 @@ status it reports.
   Admission fetches the batch blob, decodes it strictly, checks it is the named worker's and in whole
   groups, recomputes every reward from the task (claimed rewards are never used), and *persists* it to
   ``trainer/inbox`` before queueing it (``roles/trainer/inbox.py``). Every record's signature is checked (a
-  validator cannot plant records under an honest worker's name) and every problem must be of the run's
-  task (``wrong_task``). A verdict is acted on only inside a time window around this node's clock
+  validator cannot plant records under an honest worker's name), every problem must be of the run's
+  task (``wrong_task``) and the batch one of its worker's assignment windows (``not_assigned``:
+  ``envs/assignment.py``). A verdict is acted on only inside a time window around this node's clock
   (``protocol.rl.verdict_time_error``: an old one replayed is ignored); one whose reason is not the
   worker's fault (the validator lags or lacks the policy) decides nothing. A verdict carrying ``ban`` is
   one validator's vote: ``run.verdict_quorum`` of them, each about a batch the worker itself announced
@@ -84,6 +85,7 @@ from typing import Any
 import torch
 
 from intellect_node.config.status import Completion
+from intellect_node.envs.assignment import Coverage
 from intellect_node.envs.extract import Extraction
 from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError
 from intellect_node.fsutil import atomic_write_bytes
@@ -114,7 +116,7 @@ from intellect_node.roles.common.records import group_slices, rescored_group
 from intellect_node.roles.common.seams import RoleTasks, Runtime
 from intellect_node.roles.common.seen import BoundedMap, rollout_keys
 from intellect_node.roles.common.services import blob_service
-from intellect_node.roles.common.tasks import run_task, wrong_task
+from intellect_node.roles.common.tasks import run_assignments, run_task, wrong_task
 from intellect_node.roles.trainer.admission import Admission
 from intellect_node.roles.trainer.batching import Accepted, fresh_floor, vote_key
 from intellect_node.roles.trainer.inbox import Inbox, JournalEntry, RefusedBatch, StepJournal
@@ -160,6 +162,8 @@ class Trainer:
             raise ConfigError("the trainer trains only on work its validators accepted: set "
                               "run.validator_peer_ids (--validator-peer-id)", field="run.validator_peer_ids")
         self.task = run_task(cfg)
+        self.assignments = run_assignments(cfg, self.task)  # each batch must be one of its worker's windows
+        self.coverage = Coverage(PEERS_KEPT)  # the windows each worker's admitted batches filled and skipped
         self.dir = Path(runtime.data_dir) / "trainer"
         self.inbox = Inbox(self.dir / "inbox", self.dir / ADMITTED_FILE)  # admitted work, across crashes
         self.admitted = self.inbox.admitted  # rollout keys admitted, per version
@@ -187,7 +191,7 @@ class Trainer:
                        "accepted_rollouts": 0, "rejected_rollouts": 0, "stale_rollouts": 0, "banned": 0,
                        "duplicate_batches": 0, "not_allowed_batches": 0, "unjudged_groups": 0,
                        "wrong_task_batches": 0, "bad_signature_batches": 0, "abstained_verdicts": 0,
-                       "expired_verdicts": 0, "ban_votes": 0}
+                       "expired_verdicts": 0, "ban_votes": 0, "not_assigned_batches": 0}
         self.replay: dict[str, Any] = {"steps": 0, "outcome": "none"}
         self.idle_s = 0.0
         self.busy_s = 0.0
@@ -274,7 +278,8 @@ class Trainer:
                 "queued_groups": self.admission.queued_groups(), **self.counts,
                 "checkpoint_version": self._ckpt_version, "replay": dict(self.replay),
                 "prefetch": dict(self.prefetch.counts) if hasattr(self, "prefetch") else {},
-                "idle_fraction": self.idle_s / total if total else None, "last_step": self.last}
+                "idle_fraction": self.idle_s / total if total else None, "last_step": self.last,
+                "assignments_by_worker": self.coverage.report(64)}
 
     # -- crash recovery --------------------------------------------------------------------------
 
@@ -474,7 +479,8 @@ class Trainer:
         w, detail = verdict.worker, str(exc)
         self.counts["rejected_rollouts"] += verdict.n_accepted
         key = {"duplicate": "duplicate_batches", "wrong_task": "wrong_task_batches",
-               "bad_signature": "bad_signature_batches"}.get(exc.reason)
+               "bad_signature": "bad_signature_batches",
+               "not_assigned": "not_assigned_batches"}.get(exc.reason)
         if key is not None:
             self.counts[key] += 1
         if not exc.workers_fault:
@@ -508,6 +514,9 @@ class Trainer:
         # re-scoring runs checkers (math-verify: ~12 ms a rollout, up to rl.reward_timeout_s on hostile
         # text): off the event loop
         groups = await asyncio.to_thread(self._groups, batch, w, version)
+        window = self.assignments.window_of(w, version, batch.rollouts[0].problem_id)
+        if window is not None:  # always: _groups refuses a batch outside the worker's assignment
+            self.coverage.add(w, version, window)
         seq = await self.inbox.admit(cid, w, version, data, rollout_keys(batch.rollouts))
         return Accepted(cid, w, version, groups, seq)
 
@@ -528,6 +537,9 @@ class Trainer:
         slices = group_slices(recs, self.rl.group_size)
         if isinstance(slices, str):
             raise ProtocolError(slices)
+        window = self.assignments.check(worker, version, [r.problem_id for r in recs], self.rl.group_size)
+        if isinstance(window, str):
+            raise RefusedBatch(window, reason="not_assigned")
         out = []
         shown: list[Completion] = []
         texts: list[str] = []

@@ -19,7 +19,8 @@ that tarpit cannot take the slots honest workers need); the tensor work of at mo
    earlier outcome is reused (``duplicate`` if they were accepted);
 4. strict decoding; every record the signer's, of this run and version, in whole groups, every problem
    of the run's task (``wrong_task``: every registered task resolves its own IDs, the embedded ``add3``
-   always), with the seeds and rollout IDs the run derives (``proofs/sampling.batch_seeds``); a rollout
+   always), with the seeds and rollout IDs the run derives (``proofs/sampling.batch_seeds``), exactly one
+   of the worker's assignment windows at that version (``not_assigned``: ``envs/assignment.py``); a rollout
    already counted (the same run, version, worker, problem and sample index, or rollout ID:
    ``roles/common/seen.py``) makes the batch a ``duplicate``, before any tensor work;
 5. :class:`~intellect_node.inference.verifier.Verifier` with the run's expectations. ``rl.verify_fraction``
@@ -69,6 +70,7 @@ import msgspec
 
 from intellect_node.blobs.fetch import public_reason
 from intellect_node.config.status import clean_text
+from intellect_node.envs.assignment import Coverage
 from intellect_node.envs.filtering import FilteredTask
 from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError
 from intellect_node.inference import make_engine
@@ -97,7 +99,7 @@ from intellect_node.roles.common.run import require_trainer
 from intellect_node.roles.common.seams import RoleTasks, Runtime
 from intellect_node.roles.common.seen import BoundedMap, SeenRollouts, describe_key, rollout_keys
 from intellect_node.roles.common.services import blob_service
-from intellect_node.roles.common.tasks import run_task, wrong_task
+from intellect_node.roles.common.tasks import run_assignments, run_task, wrong_task
 from intellect_node.roles.validator.intake import Intake, Limits, Pending
 
 if TYPE_CHECKING:
@@ -141,6 +143,8 @@ class Validator:
         self.async_level = cfg.run.async_level
         self.allowed = frozenset(cfg.run.worker_allowlist)
         self.task = run_task(cfg)  # also registers a JSONL task so problem IDs resolve
+        self.assignments = run_assignments(cfg, self.task)
+        self.coverage = Coverage(PEERS_KEPT)  # the assignment windows each worker submitted and skipped
         self.base = base_model(cfg)
         self.device = cfg.inference.device
         self.thresholds = run_thresholds(cfg, model_dir(cfg))
@@ -202,6 +206,7 @@ class Validator:
                 "rejections_by_worker": dict(self.rejections.items()[-STATUS_PEERS:]),
                 "reasons_by_worker": {w: list(r) for w, r in self.reasons.items()[-STATUS_PEERS:]},
                 "strikes_by_worker": dict(self.strikes.items()[-STATUS_PEERS:]),
+                "assignments_by_worker": self.coverage.report(STATUS_PEERS),
                 "latency_s": {w: list(d) for w, d in self.latency.items()}}
 
     def _notice_validator(self) -> Callable[[bytes, str], tuple[RolloutNotice, str]]:
@@ -418,6 +423,10 @@ class Validator:
         bad_seed = seed_violation(recs, self.run_id, v, worker)
         if bad_seed:
             return self._verdict(notice, worker, 0, n, "seed", bad_seed)
+        window = self.assignments.check(worker, v, [r.problem_id for r in recs], self.rl.group_size)
+        if isinstance(window, str):
+            return self._verdict(notice, worker, 0, n, "not_assigned", window)
+        self.coverage.add(worker, v, window)
         keys = rollout_keys(recs)
         dup = self.seen.first_seen(v, keys)
         if dup is not None:
