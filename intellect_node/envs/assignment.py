@@ -13,11 +13,12 @@ trainer compute the same ones:
    ``v mod (async_level + 1)``. Any ``async_level + 1`` consecutive versions (the versions whose rollouts
    are still fresh at once) use different regions, so a problem is assigned to a worker at most once
    among them: it cannot make a problem's group under two fresh versions and submit the one it likes.
-3. A region is cut into windows of ``problems_per_batch`` problems. Window ``k`` of version ``v`` is the
-   region's window ``(c * stride + k) mod windows``, where ``c = v // (async_level + 1)`` counts the
-   times the region came round and ``stride`` is what a worker submits at most per version
-   (``batches_per_version * (1 + work_ahead)``): the next time round, the worker starts past the
-   windows it used, so an honest worker does not repeat problems until it has gone through the region.
+3. A region is cut into windows of ``problems_per_batch`` problems, and a version has
+   ``windows_per_version`` of them (``roles/common/tasks.run_assignments``: a few times what a worker
+   submits per version, room for resubmissions while the trainer finds no signal): window ``k`` of
+   version ``v`` is the region's window ``c * windows_per_version + k`` (modulo the region's windows),
+   where ``c = v // (async_level + 1)`` counts the times the region came round. Each time round starts
+   past the windows of the last, so a worker goes through its whole region before a problem comes back.
 4. A batch holds exactly one window: all of its problems, each ``group_size`` times (checked by
    :meth:`Assignments.check`; a batch of another window, another version's problems or a subset is
    refused as ``not_assigned``).
@@ -107,28 +108,33 @@ class Layout:
     regions: int
     zone: int
     """Positions in a region."""
+    slots: int
+    """Windows a region holds (``zone // per_window``)."""
     windows: int
-    """Windows per version (a region's positions // ``per_window``)."""
-    stride: int
+    """Windows per version: ``windows_per_version``, or fewer when a region holds fewer."""
 
     @classmethod
-    def of(cls, size: int, *, problems_per_batch: int, async_level: int, stride: int) -> "Layout":
+    def of(cls, size: int, *, problems_per_batch: int, async_level: int,
+           windows_per_version: int) -> "Layout":
         if size < 1:
             raise ConfigError("the run's task has no problems", field="rl.task")
         per = min(problems_per_batch, size)
         regions = async_level + 1 if size >= (async_level + 1) * per else 1
         zone = size // regions
-        return cls(size=size, per_window=per, regions=regions, zone=zone, windows=zone // per,
-                   stride=max(stride, 1))
+        slots = zone // per
+        return cls(size=size, per_window=per, regions=regions, zone=zone, slots=slots,
+                   windows=max(1, min(windows_per_version, slots)))
 
     def _first(self, version: int) -> int:
-        return (version // self.regions) * self.stride
+        """The region's window where ``version``'s windows start: past those of the versions before it
+        that drew from the same region."""
+        return (version // self.regions) * self.windows % self.slots
 
     def positions(self, version: int, window: int) -> range:
         """The positions (in the worker's order) of window ``window`` of ``version``."""
         if version < 0 or not 0 <= window < self.windows:
             raise ValueError(f"no window {window} at version {version} (0..{self.windows - 1})")
-        w = (self._first(version) + window) % self.windows
+        w = (self._first(version) + window) % self.slots
         start = (version % self.regions) * self.zone + w * self.per_window
         return range(start, start + self.per_window)
 
@@ -138,9 +144,10 @@ class Layout:
         if version < 0 or region != version % self.regions:
             return None
         w = offset // self.per_window
-        if w >= self.windows:
+        if w >= self.slots:
             return None
-        return (w - self._first(version)) % self.windows
+        k = (w - self._first(version)) % self.slots
+        return k if k < self.windows else None
 
 
 def task_index(task: Task, problem_id: str) -> int:
@@ -155,11 +162,11 @@ class Assignments:
     """The run's assignment rule over its task: what a worker must submit, and whether a batch is that."""
 
     def __init__(self, task: Task, run_id: str, *, problems_per_batch: int, async_level: int,
-                 stride: int) -> None:
+                 windows_per_version: int) -> None:
         self.task = task
         self.run_id = run_id
         self.layout = Layout.of(len(task), problems_per_batch=problems_per_batch, async_level=async_level,
-                                stride=stride)
+                                windows_per_version=windows_per_version)
 
     def order(self, worker: str) -> Permutation:
         """``worker``'s order of the task: position -> task index."""

@@ -31,12 +31,20 @@ def run_task(cfg: NodeConfig, *, filtered: bool = True) -> Task:
     return task
 
 
+WINDOW_ROOM = 4
+"""Assignment windows per version, in multiples of what a worker submits per version at most
+(``batches_per_version * (1 + work_ahead)``): the rest is room for the batches it resubmits while the
+trainer finds no signal and makes no new version. A worker choosing among its windows shows the ones it
+skipped (``envs.assignment.Coverage``); the fewer windows, the less it has to choose from."""
+
+
 def run_assignments(cfg: NodeConfig, task: Task) -> Assignments:
     """Which problems each worker of the run must submit (``envs/assignment.py``): from settings that are
     the same on every node of a run, so the worker, the validators and the trainer agree."""
     rl = cfg.rl
+    per_version = rl.batches_per_version * (1 + rl.work_ahead)
     return Assignments(task, cfg.run.run_id, problems_per_batch=rl.problems_per_batch,
-                       async_level=cfg.run.async_level, stride=rl.batches_per_version * (1 + rl.work_ahead))
+                       async_level=cfg.run.async_level, windows_per_version=WINDOW_ROOM * per_version)
 
 
 def wrong_task(task: Task, records: Sequence[RolloutRecord]) -> str:
