@@ -474,8 +474,9 @@ class Trainer:
     async def _refuse(self, verdict: BatchVerdict, validator: str, exc: RefusedBatch) -> None:
         """A batch its validators accepted that the trainer refuses itself. Rollouts admitted before
         (``duplicate``), of another task (``wrong_task``) or outside its assignment (``not_assigned``) are
-        the worker's doing (only it signs its records), so they count against it and ``rl.ban_after`` of them ban it; records whose signature
-        is not the worker's (``bad_signature``) are not: whoever served them (the validator) is named."""
+        the worker's doing (only it signs its records), so they count against it and ``rl.ban_after`` of
+        them ban it; records whose signature is not the worker's (``bad_signature``) are not: whoever
+        served them (the validator) is named."""
         w, detail = verdict.worker, str(exc)
         self.counts["rejected_rollouts"] += verdict.n_accepted
         key = {"duplicate": "duplicate_batches", "wrong_task": "wrong_task_batches",
