@@ -387,9 +387,6 @@ class RLConfig(_Section):
     checkpoint took 0.25 s (median) against 0.41 s of training, so 1 added 60% to every step; 10 adds
     about 0.03 s a step."""
 
-    seed: int | None = None
-    """Seed for the worker's problem sampling (None: random)."""
-
 
 class ValidatorConfig(_Section):
     """How much work one peer can make a validator do (docs/security.md). Local tuning: validators of a

@@ -76,7 +76,7 @@ class FilteredTask:
         self.task_id = base.task_id
         self.base = base
         self._kept = list(kept)
-        self._ids = {p.problem_id for p in kept}
+        self._index = {p.problem_id: i for i, p in enumerate(self._kept)}
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -90,8 +90,16 @@ class FilteredTask:
     def sample(self, rng: random.Random, n: int) -> list[Problem]:
         return [self._kept[rng.randrange(len(self._kept))] for _ in range(n)]
 
+    def index_of(self, problem_id: str) -> int:
+        """The position of ``problem_id`` among the kept problems; ConfigError when it is not one."""
+        try:
+            return self._index[problem_id]
+        except KeyError:
+            raise ConfigError(f"{problem_id!r} is not among the offline-filtered problems of task "
+                              f"{self.task_id!r}", field="problem_id") from None
+
     def __contains__(self, problem_id: object) -> bool:
-        return problem_id in self._ids
+        return problem_id in self._index
 
 
 def offline_filter(task: Task, rates: dict[str, float], band: SolveRateBand = SolveRateBand(),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from intellect_node.envs.assignment import Assignments
 from intellect_node.envs.tasks import embedded_task
 from intellect_node.proofs.sampling import batch_seeds, derived_rollout_id
 from intellect_node.protocol.ids import cid_of
@@ -18,10 +19,13 @@ from intellect_node.roles.validator.checks import BatchRules, Fault, Passed, che
 
 RUN = "checks"
 WORKER, OTHER = SigningKey(bytes([51]) * 32), SigningKey(bytes([52]) * 32)
-RULES = BatchRules(run_id=RUN, group_size=2, task=embedded_task())
+ASSIGNED = Assignments(embedded_task(), RUN, problems_per_batch=2, async_level=1, windows_per_version=8)
+RULES = BatchRules(run_id=RUN, group_size=2, task=embedded_task(), assignments=ASSIGNED)
+P = tuple(p.problem_id for p in ASSIGNED.problems(WORKER.peer_id, 0, 0))  # the worker's first window
+NOT_P = tuple(p.problem_id for p in ASSIGNED.problems(WORKER.peer_id, 0, 1))  # its second
 
 
-def records(key: SigningKey = WORKER, problems: tuple[str, ...] = ("add3/7", "add3/7", "add3/9", "add3/9"),
+def records(key: SigningKey = WORKER, problems: tuple[str, ...] = (P[0], P[0], P[1], P[1]),
             version: int = 0) -> list[RolloutRecord]:
     """Records with the seeds and rollout IDs the run derives (their tokens are not what is checked)."""
     seeds = batch_seeds(RUN, version, key.peer_id, list(problems))
@@ -44,7 +48,7 @@ def check(recs: list[RolloutRecord], *, worker: str = WORKER.peer_id, n: int | N
 
 def test_an_honest_batch_passes_with_its_groups_and_keys() -> None:
     got = check(records())
-    assert isinstance(got, Passed)
+    assert isinstance(got, Passed) and got.window == 0
     assert got.groups == [slice(0, 2), slice(2, 4)] and len(got.keys) == 8
 
 
@@ -59,6 +63,9 @@ def test_an_honest_batch_passes_with_its_groups_and_keys() -> None:
     ("seed", lambda: check([sign_rollout(msgspec.structs.replace(
         r, sampling=msgspec.structs.replace(r.sampling, seed=r.sampling.seed + 1)), WORKER)
         for r in records()])),
+    ("not_assigned", lambda: check(records(problems=(NOT_P[0], NOT_P[0], NOT_P[1], NOT_P[1])))),
+    ("not_assigned", lambda: check(records(problems=(P[0], P[0], NOT_P[1], NOT_P[1])))),
+    ("not_assigned", lambda: check(records(problems=(P[0], P[0])))),
 ])
 def test_each_broken_rule_is_named(reason: str, broken: object) -> None:
     got = broken()  # type: ignore[operator]
@@ -73,7 +80,7 @@ def test_rollouts_already_counted_make_a_duplicate_and_are_only_looked_up() -> N
     seen.add(0, first.keys)
     again = check(recs, seen=seen)  # the same records again (under another blob name)
     assert isinstance(again, Fault) and again.reason == "duplicate"
-    assert again.detail == "sample 0 of add3/7 at v0 was already counted"
+    assert again.detail == f"sample 0 of {P[0]} at v0 was already counted"
 
 
 def test_the_first_broken_rule_names_the_batch() -> None:

@@ -102,6 +102,17 @@ def trainer_role(tmp: Path, key: SigningKey, validators: list[str], *, quorum: i
     return trainer
 
 
+def assigned(key: SigningKey, version: int = 0, window: int = 0) -> str:
+    """The problem of ``key``'s assignment window ``window`` at ``version`` in these tests' run (one
+    problem a window): what an honest worker's batch holds (``envs/assignment.py``)."""
+    from intellect_node.envs.tasks import embedded_task
+    from intellect_node.roles.common.tasks import run_assignments
+
+    (pid,) = (p.problem_id for p in run_assignments(config(key.peer_id, []), embedded_task())
+              .problems(key.peer_id, version, window))
+    return pid
+
+
 def record(key: SigningKey, problem_id: str, index: int, *, task_id: str | None = None,
            signer: SigningKey | None = None, version: int = 0) -> RolloutRecord:
     """A structurally valid record of ``key``'s (signed by ``signer``, default ``key``)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from intellect_node.protocol.rl import BatchVerdict, RolloutNotice
 from intellect_node.protocol.signing import SigningKey
-from tests.security._roles_inproc import RUN, batch_bytes, record, trainer_role
+from tests.security._roles_inproc import RUN, assigned, batch_bytes, record, trainer_role
 
 TRAINER, VALIDATOR, WORKER, MALLORY = (SigningKey(bytes([i]) * 32) for i in range(31, 35))
 
@@ -23,8 +23,9 @@ def _accept(cid: str) -> BatchVerdict:
 
 def test_planted_records_are_refused_and_the_workers_real_batch_is_admitted(tmp_path: Path) -> None:
     # Mallory's batch: the worker's problem and sample indexes, the worker's name, mallory's signatures.
-    planted_cid, planted = batch_bytes([record(WORKER, "add3/7", i, signer=MALLORY) for i in range(2)])
-    real_cid, real = batch_bytes([record(WORKER, "add3/7", i) for i in range(2)])
+    pid = assigned(WORKER)
+    planted_cid, planted = batch_bytes([record(WORKER, pid, i, signer=MALLORY) for i in range(2)])
+    real_cid, real = batch_bytes([record(WORKER, pid, i) for i in range(2)])
 
     async def main() -> tuple[list[str], dict[str, int], list[tuple[str, str]], dict[str, str]]:
         trainer = trainer_role(tmp_path, TRAINER, [VALIDATOR.peer_id],

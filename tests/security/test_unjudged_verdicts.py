@@ -18,7 +18,15 @@ from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.rl import NOT_WORKERS_FAULT, BatchVerdict, RolloutNotice
 from intellect_node.protocol.signing import SigningKey
 from intellect_node.roles.trainer.admission import Admission
-from tests.security._roles_inproc import RUN, FakeFetcher, batch_bytes, record, trainer_role, validator_role
+from tests.security._roles_inproc import (
+    RUN,
+    FakeFetcher,
+    assigned,
+    batch_bytes,
+    record,
+    trainer_role,
+    validator_role,
+)
 
 TRAINER, V1, V2, WORKER = (SigningKey(bytes([i]) * 32) for i in range(11, 15))
 
@@ -53,7 +61,7 @@ def test_a_pending_batch_expires_when_it_goes_stale() -> None:
 
 
 def test_the_trainer_trains_on_a_batch_a_lagging_validator_could_not_judge(tmp_path: Path) -> None:
-    recs = [record(WORKER, "add3/7", i) for i in range(2)]
+    recs = [record(WORKER, assigned(WORKER), i) for i in range(2)]
     cid, data = batch_bytes(recs)
 
     async def main() -> tuple[list[str], dict[str, int], list[tuple[str, str]]]:
@@ -76,7 +84,7 @@ def test_the_trainer_trains_on_a_batch_a_lagging_validator_could_not_judge(tmp_p
 
 
 def test_the_validator_checks_the_same_bytes_again_after_an_undecided_verdict(tmp_path: Path) -> None:
-    recs = [record(WORKER, "add3/7", i) for i in range(2)]
+    recs = [record(WORKER, assigned(WORKER), i) for i in range(2)]
     _, data = batch_bytes(recs)
     validator = validator_role(tmp_path, V1, TRAINER.peer_id)
     validator.fetcher = FakeFetcher(data)

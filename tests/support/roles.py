@@ -13,7 +13,10 @@ Modes:
 - ``replay``: honest batches, each followed by two more notices of the same rollouts under other blob
   names: the same bytes, then the same records with the groups in reverse order (other bytes);
 - ``replay-first``: honest batches, each (from the second on) followed by the first batch's bytes under
-  a new blob name.
+  a new blob name;
+- ``choose``: batches of problems it picks itself (the easiest sums, 000+000, 000+001, ...), generated
+  honestly otherwise (derived seeds, real proofs), in place of its assignment;
+- ``skip``: its assignment windows 1, 3, 5, ... of each version (it drops every other window).
 """
 
 from __future__ import annotations
@@ -220,8 +223,16 @@ def _cheat_main(mode: str, data_dir: Path) -> int:
             await self.rt.swarm.publish(topic(self.run_id, NOTICE_KIND),
                                         seal_notice(self.rt.swarm.key, notice))
 
+        def assigned(self, version: int, window: int) -> Any:
+            if mode == "skip":
+                return super().assigned(version, 2 * window + 1)
+            return super().assigned(version, window)
+
         def make_records(self, engine: TorchEngine, problems: Any, version: int, checkpoint: str) -> Any:
             how = mode
+            if mode == "choose":
+                g, per = self.rl.group_size, self.rl.problems_per_batch
+                problems = [self.task.problem(self.batches * per + j) for j in range(per) for _ in range(g)]
             if mode == "mix":  # one of each, in turn
                 self._turn = getattr(self, "_turn", -1) + 1
                 how = ("reward", "tokens", "model")[self._turn % 3]
@@ -260,4 +271,4 @@ def _cheat_main(mode: str, data_dir: Path) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "cheat":
         sys.exit(_cheat_main(sys.argv[2], Path(sys.argv[3])))
-    sys.exit(f"usage: {sys.argv[0]} cheat reward|tokens|model|mix|replay|replay-first DATA_DIR")
+    sys.exit(f"usage: {sys.argv[0]} cheat reward|tokens|model|mix|replay|replay-first|choose|skip DATA_DIR")

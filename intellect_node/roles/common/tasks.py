@@ -1,4 +1,4 @@
-"""The run's task, and whether rollout records are work on it."""
+"""The run's task, its assignment rule, and whether rollout records are work on it."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import Sequence
 
 from intellect_node.config import NodeConfig
 from intellect_node.config.status import clean_text
+from intellect_node.envs.assignment import Assignments
 from intellect_node.envs.tasks import Task
 from intellect_node.errors import ConfigError
 from intellect_node.protocol.rollout import RolloutRecord
@@ -28,6 +29,22 @@ def run_task(cfg: NodeConfig, *, filtered: bool = True) -> Task:
 
         task = filter_by_rates_file(task, cfg.rl.solve_rates_file, cfg.rl.solve_rate_band)
     return task
+
+
+WINDOW_ROOM = 4
+"""Assignment windows per version, in multiples of what a worker submits per version at most
+(``batches_per_version * (1 + work_ahead)``): the rest is room for the batches it resubmits while the
+trainer finds no signal and makes no new version. A worker choosing among its windows shows the ones it
+skipped (``envs.assignment.Coverage``); the fewer windows, the less it has to choose from."""
+
+
+def run_assignments(cfg: NodeConfig, task: Task) -> Assignments:
+    """Which problems each worker of the run must submit (``envs/assignment.py``): from settings that are
+    the same on every node of a run, so the worker, the validators and the trainer agree."""
+    rl = cfg.rl
+    per_version = rl.batches_per_version * (1 + rl.work_ahead)
+    return Assignments(task, cfg.run.run_id, problems_per_batch=rl.problems_per_batch,
+                       async_level=cfg.run.async_level, windows_per_version=WINDOW_ROOM * per_version)
 
 
 def wrong_task(task: Task, records: Sequence[RolloutRecord]) -> str:

@@ -31,6 +31,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from intellect_node.config.status import StatusBoard
+from intellect_node.envs.assignment import Coverage
 from intellect_node.errors import IntellectNodeError
 from intellect_node.protocol.rl import BatchVerdict, RolloutNotice, now_ms, verdict_time_error
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE, RolloutBatch, decode_batch
@@ -76,8 +77,9 @@ class BatchIntake:
                        "accepted_rollouts": 0, "rejected_rollouts": 0, "stale_rollouts": 0, "banned": 0,
                        "duplicate_batches": 0, "not_allowed_batches": 0, "wrong_task_batches": 0,
                        "bad_signature_batches": 0, "abstained_verdicts": 0, "expired_verdicts": 0,
-                       "ban_votes": 0}
+                       "ban_votes": 0, "not_assigned_batches": 0}
         self.refusals: BoundedMap[str, int] = BoundedMap(PEERS_KEPT)  # worker -> batches refused here
+        self.coverage = Coverage(PEERS_KEPT)  # the windows each worker's admitted batches filled and skipped
         self._heard: BoundedMap[str, int] = BoundedMap(PEERS_KEPT)  # vote_key of notices heard -> version
         self._clock_warned: set[str] = set()  # validators whose verdicts came outside the time window
         self.hops: BoundedMap[str, dict[str, float]] = BoundedMap(HOPS_KEPT)  # batch CID -> hop -> wall time
@@ -182,6 +184,9 @@ class BatchIntake:
         # re-scoring runs checkers (math-verify: ~12 ms a rollout, up to rl.reward_timeout_s on hostile
         # text): off the event loop
         groups = await asyncio.to_thread(self._rescorer.groups, batch, w, version)
+        window = self._rescorer.window_of(w, version, batch.rollouts[0].problem_id)
+        if window is not None:  # always: groups() refuses a batch outside the worker's assignment
+            self.coverage.add(w, version, window)
         seq = await self._inbox.admit(cid, w, version, data, rollout_keys(batch.rollouts))
         return Accepted(cid, w, version, groups, seq)
 
@@ -206,13 +211,15 @@ class BatchIntake:
 
     async def _refuse(self, verdict: BatchVerdict, validator: str, exc: RefusedBatch) -> None:
         """A batch its validators accepted that the trainer refuses itself. Rollouts admitted before
-        (``duplicate``) or of another task (``wrong_task``) are the worker's doing (only it signs its
-        records), so they count against it and ``rl.ban_after`` of them ban it; records whose signature
-        is not the worker's (``bad_signature``) are not: whoever served them (the validator) is named."""
+        (``duplicate``), of another task (``wrong_task``) or outside its assignment (``not_assigned``) are
+        the worker's doing (only it signs its records), so they count against it and ``rl.ban_after`` of
+        them ban it; records whose signature is not the worker's (``bad_signature``) are not: whoever
+        served them (the validator) is named."""
         w, detail = verdict.worker, str(exc)
         self.counts["rejected_rollouts"] += verdict.n_accepted
         key = {"duplicate": "duplicate_batches", "wrong_task": "wrong_task_batches",
-               "bad_signature": "bad_signature_batches"}.get(exc.reason)
+               "bad_signature": "bad_signature_batches",
+               "not_assigned": "not_assigned_batches"}.get(exc.reason)
         if key is not None:
             self.counts[key] += 1
         if not exc.workers_fault:

@@ -8,8 +8,9 @@ on hostile text) and, in order:
 2. checks every record's signature: a validator cannot plant records under an honest worker's name
    (``bad_signature``, not held against the worker);
 3. checks every problem is of the run's task (``wrong_task``);
-4. cuts the records into whole groups and re-scores each group from the task; a group whose reward this
-   node could not judge in time is left out (counted in :attr:`Rescorer.unjudged`).
+4. cuts the records into whole groups, checks they fill one of the worker's assignment windows at that
+   version (``not_assigned``: ``envs/assignment.py``), and re-scores each group from the task; a group
+   whose reward this node could not judge in time is left out (counted in :attr:`Rescorer.unjudged`).
 
 The first completion of each group goes to the status board (``training.completions``) and to
 :attr:`Rescorer.shown`, which the no-signal hint (``nosignal.py``) counts missing answers over.
@@ -22,6 +23,7 @@ import logging
 from collections.abc import Callable
 
 from intellect_node.config.status import Completion, StatusBoard
+from intellect_node.envs.assignment import Assignments
 from intellect_node.envs.extract import Extraction
 from intellect_node.envs.tasks import Task
 from intellect_node.errors import ProtocolError
@@ -42,8 +44,9 @@ class Rescorer:
     """Checks and re-scores the batches of ``run_id`` on ``task`` (see the module docstring)."""
 
     def __init__(self, task: Task, decode: Callable[[list[int]], str], *, run_id: str, group_size: int,
-                 board: StatusBoard) -> None:
+                 board: StatusBoard, assignments: Assignments) -> None:
         self._task = task
+        self._assignments = assignments
         self._decode = decode
         self._run_id = run_id
         self._group_size = group_size
@@ -55,6 +58,10 @@ class Rescorer:
         self.answer_mode = ""
         """The answer format as the task resolves it (for ``rl.answer_format`` "auto"), once a group was
         scored."""
+
+    def window_of(self, worker: str, version: int, problem_id: str) -> int | None:
+        """The assignment window of ``worker`` at ``version`` holding ``problem_id`` (None: none does)."""
+        return self._assignments.window_of(worker, version, problem_id)
 
     def groups(self, batch: RolloutBatch, worker: str, version: int) -> list[list[Sample]]:
         """``batch``'s groups; raises ProtocolError (or :class:`RefusedBatch`) for a batch to refuse."""
@@ -74,6 +81,9 @@ class Rescorer:
         slices = group_slices(recs, self._group_size)
         if isinstance(slices, str):
             raise ProtocolError(slices)
+        window = self._assignments.check(worker, version, [r.problem_id for r in recs], self._group_size)
+        if isinstance(window, str):
+            raise RefusedBatch(window, reason="not_assigned")
         out = []
         shown: list[Completion] = []
         texts: list[str] = []

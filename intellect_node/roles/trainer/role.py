@@ -69,7 +69,7 @@ from intellect_node.roles.common.models import model_dir
 from intellect_node.roles.common.policy import PolicyPublisher
 from intellect_node.roles.common.seams import RoleTasks, Runtime
 from intellect_node.roles.common.services import blob_service
-from intellect_node.roles.common.tasks import run_task
+from intellect_node.roles.common.tasks import run_assignments, run_task
 from intellect_node.roles.trainer.admission import Admission
 from intellect_node.roles.trainer.batching import Accepted, Step, fresh_floor
 from intellect_node.roles.trainer.inbox import Inbox, JournalEntry, StepJournal
@@ -113,6 +113,7 @@ class Trainer:
             raise ConfigError("the trainer trains only on work its validators accepted: set "
                               "run.validator_peer_ids (--validator-peer-id)", field="run.validator_peer_ids")
         self.task = run_task(cfg)
+        self.assignments = run_assignments(cfg, self.task)  # each batch must be one of its worker's windows
         self.tokenizer = ModelTokenizer(model_dir(cfg))
         self.dir = Path(runtime.data_dir) / "trainer"
         self.inbox = Inbox(self.dir / "inbox", self.dir / ADMITTED_FILE)  # admitted work, across crashes
@@ -127,7 +128,8 @@ class Trainer:
                                    groups_per_step=self.rl.groups_per_step,
                                    allowed=frozenset(cfg.run.worker_allowlist), protected=protected)
         self.rescorer = Rescorer(self.task, self.tokenizer.decode, run_id=self.run_id,
-                                 group_size=self.rl.group_size, board=runtime.board)
+                                 group_size=self.rl.group_size, board=runtime.board,
+                                 assignments=self.assignments)
         self.consumed: dict[str, int] = {}  # batch CID -> policy version (CONSUMED_KEEP_VERSIONS kept)
         self._data = asyncio.Event()  # a batch was queued
         self.intake = BatchIntake(swarm=runtime.swarm, board=runtime.board, admission=self.admission,
@@ -203,7 +205,8 @@ class Trainer:
                 "unjudged_groups": self.rescorer.unjudged,
                 "checkpoint_version": self._ckpt_version, "replay": dict(self.replay),
                 "prefetch": dict(self.intake.prefetch.counts),
-                "idle_fraction": self.idle_s / total if total else None, "last_step": self.last}
+                "idle_fraction": self.idle_s / total if total else None, "last_step": self.last,
+                "assignments_by_worker": self.intake.coverage.report(64)}
 
     async def _fetch(self, cid: str, holders: Sequence[str], size: int | None) -> bytes:
         """A batch blob for the intake (a notice's size when known)."""

@@ -9,7 +9,8 @@ In order, the first that fails names the batch's refusal:
 4. every record of the run's task and of its problems (``roles/common/tasks.wrong_task``): ``wrong_task``;
    of the offline filter's problems when the run has one: ``unknown_task``;
 5. the sampling seeds and rollout IDs the run derives (``inference/verifier.seed_violation``): ``seed``;
-6. no rollout already counted at this version (``roles/common/seen.py``): ``duplicate``.
+6. exactly one of the worker's assignment windows at that version (``envs/assignment.py``): ``not_assigned``;
+7. no rollout already counted at this version (``roles/common/seen.py``): ``duplicate``.
 
 A pure function like ``intake.py``: it reads only its arguments (``seen`` is looked up, never changed) and
 does no I/O, so tests call it directly; the validator decodes the bytes before and reserves the rollout
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from intellect_node.envs.assignment import Assignments
 from intellect_node.envs.filtering import FilteredTask
 from intellect_node.envs.tasks import Task
 from intellect_node.inference.verifier import seed_violation
@@ -37,6 +39,7 @@ class BatchRules:
     run_id: str
     group_size: int
     task: Task
+    assignments: Assignments
 
 
 @dataclass(frozen=True)
@@ -49,10 +52,12 @@ class Fault:
 
 @dataclass(frozen=True)
 class Passed:
-    """A batch that passed: its groups (slices of its records) and the keys its rollouts count under."""
+    """A batch that passed: its groups (slices of its records), the keys its rollouts count under, and the
+    worker's assignment window it holds."""
 
     groups: list[slice]
     keys: list[str]
+    window: int
 
 
 def check_batch(batch: RolloutBatch, notice: RolloutNotice, worker: str, rules: BatchRules,
@@ -77,8 +82,11 @@ def check_batch(batch: RolloutBatch, notice: RolloutNotice, worker: str, rules: 
     bad_seed = seed_violation(recs, rules.run_id, v, worker)
     if bad_seed:
         return Fault("seed", bad_seed)
+    window = rules.assignments.check(worker, v, [r.problem_id for r in recs], rules.group_size)
+    if isinstance(window, str):
+        return Fault("not_assigned", window)
     keys = rollout_keys(recs)
     dup = seen.first_seen(v, keys)
     if dup is not None:
         return Fault("duplicate", f"{describe_key(dup)} at v{v} was already counted")
-    return Passed(groups, keys)
+    return Passed(groups, keys, window)

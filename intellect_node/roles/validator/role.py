@@ -19,8 +19,9 @@ processes each. A job:
 3. the same bytes from the same worker again (another blob name, same content) are not re-verified: the
    earlier outcome is reused (``duplicate`` if they were accepted);
 4. strict decoding, then the cheap checks of ``roles/validator/checks.py`` (a pure function): the batch
-   matches its notice, every record the signer's, whole groups, the run's task, derived seeds, no rollout
-   already counted (``duplicate``), before any reward is scored or tensor computed;
+   matches its notice, every record the signer's, whole groups, the run's task, derived seeds, exactly one
+   of the worker's assignment windows at that version (``not_assigned``: ``envs/assignment.py``), no
+   rollout already counted (``duplicate``), before any reward is scored or tensor computed;
 5. :class:`~intellect_node.inference.verifier.Verifier` with the run's expectations, its rewards scored in
    the sender's pool under a budget charged to the sender (``roles/validator/budget.py``: past it the
    rest is not scored, ``scoring_budget``). ``rl.verify_fraction`` < 1 runs the tensor checks on a random
@@ -70,6 +71,7 @@ import msgspec
 
 from intellect_node.blobs.fetch import public_reason
 from intellect_node.config.status import clean_text
+from intellect_node.envs.assignment import Coverage
 from intellect_node.envs.sandbox import Lane, ScoringPool
 from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError
 from intellect_node.inference import make_engine
@@ -97,7 +99,7 @@ from intellect_node.roles.common.run import require_trainer
 from intellect_node.roles.common.seams import RoleTasks, Runtime
 from intellect_node.roles.common.seen import BoundedMap, SeenRollouts
 from intellect_node.roles.common.services import blob_service
-from intellect_node.roles.common.tasks import run_task
+from intellect_node.roles.common.tasks import run_assignments, run_task
 from intellect_node.roles.validator.budget import ScoringBudgets, ScoringRules
 from intellect_node.roles.validator.checks import BatchRules, Fault, check_batch
 from intellect_node.roles.validator.intake import Intake, Limits, Pending
@@ -145,6 +147,8 @@ class Validator:
         self.async_level = cfg.run.async_level
         self.allowed = frozenset(cfg.run.worker_allowlist)
         self.task = run_task(cfg)  # also registers a JSONL task so problem IDs resolve
+        self.assignments = run_assignments(cfg, self.task)
+        self.coverage = Coverage(PEERS_KEPT)  # the assignment windows each worker submitted and skipped
         self.base = base_model(cfg)
         self.device = cfg.inference.device
         self.thresholds = run_thresholds(cfg, model_dir(cfg))
@@ -163,7 +167,8 @@ class Validator:
         self._slots = {pool: asyncio.Semaphore(self.vcfg.max_verifications) for pool in POOLS}
         self.scorers = {pool: ScoringPool(self.vcfg.scoring_processes) for pool in POOLS}
         self.budgets = ScoringBudgets(ScoringRules.from_config(cfg))
-        self.rules = BatchRules(run_id=self.run_id, group_size=self.rl.group_size, task=self.task)
+        self.rules = BatchRules(run_id=self.run_id, group_size=self.rl.group_size, task=self.task,
+                                assignments=self.assignments)
         self.intake = Intake(Limits.from_config(self.vcfg, max_batch_bytes=MAX_BATCH_SIZE),
                              exempt=self.allowed)
         self.seen = SeenRollouts()
@@ -215,6 +220,7 @@ class Validator:
                 "rejections_by_worker": dict(self.rejections.items()[-STATUS_PEERS:]),
                 "reasons_by_worker": {w: list(r) for w, r in self.reasons.items()[-STATUS_PEERS:]},
                 "strikes_by_worker": dict(self.strikes.items()[-STATUS_PEERS:]),
+                "assignments_by_worker": self.coverage.report(STATUS_PEERS),
                 "latency_s": {w: list(d) for w, d in self.latency.items()}}
 
     def _notice_validator(self) -> Callable[[bytes, str], tuple[RolloutNotice, str]]:
@@ -416,6 +422,7 @@ class Validator:
         if isinstance(checked, Fault):
             return self._verdict(notice, worker, 0, n, checked.reason, checked.detail)
         recs, groups, keys = batch.rollouts, checked.groups, checked.keys
+        self.coverage.add(worker, v, checked.window)
         self.seen.add(v, keys)  # reserved now; released below unless accepted
         accepted = False
         try:

@@ -1,8 +1,9 @@
 """Worker role: follow the trainer's policy, generate rollouts with proofs, publish them.
 
-Loop: wait until a policy is held -> sample ``problems_per_batch`` problems of the run's task, each
-``group_size`` times -> generate with the engine (seeded sampler, TOPLOC proofs, rewards from the task,
-every record signed) -> record the batch in the ledger -> put the encoded
+Loop: wait until a policy is held -> take the next window of this worker's assignment at that version
+(``problems_per_batch`` problems of the run's task, each ``group_size`` times) -> generate with the engine
+(seeded sampler, TOPLOC proofs, rewards from the task, every record signed) -> record the batch in the
+ledger -> put the encoded
 :class:`~intellect_node.protocol.rollout.RolloutBatch` in the blob store -> gossip a signed
 :class:`~intellect_node.protocol.rl.RolloutNotice`. Policy announcements are accepted only from the run's
 configured trainer (checked in the gossip validator); a new version is fetched through the swarm
@@ -14,11 +15,14 @@ announcement: older work would only be refused as stale once the trainer moves o
 cap), so its batches for the trainer's next step are made and verified while the trainer runs the current
 one, one version stale, and it still makes no more rollouts than the trainer takes.
 
-A problem is submitted at most once per policy version: its sampling seeds derive from (run, version,
-worker, problem, sample index), so a second batch of it would repeat the same rollouts, which validators
-and the trainer refuse as ``duplicate`` and count against the worker. The problems used at the current
-version are kept in ``worker/used.json`` (written before generating) so a restarted worker does not
-repeat them either. In a closed run (``run.worker_allowlist``) a worker not on the list refuses to start.
+Problems are assigned, not chosen (``envs/assignment.py``): the k-th batch a worker makes at policy
+version v holds exactly window k of its assignment at v, which every validator and the trainer recompute
+(a batch that is not: ``not_assigned``). The windows of a version are made in order, 0, 1, 2, ...; a
+window skipped (a later one submitted) shows in their status as an assignment never submitted. The next
+window at the current version is kept in ``worker/used.json`` (written before generating, with the
+window's problems) so a restarted worker does not make a window twice: its sampling seeds derive from
+(run, version, worker, problem, sample index), so it would repeat the same rollouts, refused as
+``duplicate``. In a closed run (``run.worker_allowlist``) a worker not on the list refuses to start.
 
 The engine is the ``[inference]`` section's (``roles/common/engines.py``): the torch engine gets a fresh
 engine per policy version (weights in memory, cheap); vLLM is started once from the model folder and
@@ -40,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -71,7 +74,7 @@ from intellect_node.roles.common.run import require_allowed, require_trainer
 from intellect_node.roles.common.seams import RoleTasks, Runtime
 from intellect_node.roles.common.seen import BoundedMap
 from intellect_node.roles.common.services import blob_service, ledger_of
-from intellect_node.roles.common.tasks import run_task
+from intellect_node.roles.common.tasks import run_assignments, run_task
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +82,6 @@ RESUBMIT_AFTER_S = 10.0
 """A worker capped at ``batches_per_version`` submits one more batch after this long without a new policy."""
 USED_FILE = "used.json"
 HOPS_FILE = "hops.jsonl"
-SCAN_LIMIT = 1 << 16
-"""Tasks up to this size are scanned for unused problems when random draws keep missing."""
 
 
 class Worker:
@@ -97,11 +98,11 @@ class Worker:
         self.rl = cfg.rl
         self.run_id = cfg.run.run_id
         self.task = run_task(cfg)
+        self.assignments = run_assignments(cfg, self.task)
         self.base = base_model(cfg)
         self.tokenizer = self.base.tokenizer
         self.sampling = SamplingConfig(temperature=self.rl.temperature, top_p=1.0,
                                        max_new_tokens=self.rl.max_new_tokens)
-        self.rng = random.Random(self.rl.seed)
         self.dir = Path(runtime.data_dir) / "worker"
         self.engine: InferenceEngine | None = None
         self._engine_lock = asyncio.Lock()  # a batch's generation, or a weight swap into vLLM
@@ -179,33 +180,10 @@ class Worker:
 
     # -- generation ------------------------------------------------------------------------------
 
-    def sample_problems(self, used: set[str] | None = None) -> list[Problem]:
-        """Up to ``problems_per_batch`` distinct problems not in ``used`` (submitted at this policy
-        version), each ``group_size`` times; added to ``used``. Fewer, or none, when the task has run out
-        of fresh problems for this version (a small task file): a repeat would be a duplicate."""
-        probs: list[Problem] = []
-        for _ in range(8):
-            for p in self.task.sample(self.rng, self.rl.problems_per_batch * 2):
-                fresh = used is None or p.problem_id not in used
-                if fresh and all(q.problem_id != p.problem_id for q in probs):
-                    probs.append(p)
-            if len(probs) >= self.rl.problems_per_batch:
-                break
-        if len(probs) < self.rl.problems_per_batch and used is not None and len(self.task) <= SCAN_LIMIT:
-            # Random draws keep hitting used problems in a small task: go through the rest of it.
-            have = used | {q.problem_id for q in probs}
-            order = list(range(len(self.task)))
-            self.rng.shuffle(order)
-            for i in order:
-                if len(probs) >= self.rl.problems_per_batch:
-                    break
-                p = self.task.problem(i)
-                if p.problem_id not in have:
-                    probs.append(p)
-                    have.add(p.problem_id)
-        probs = probs[:self.rl.problems_per_batch]
-        if used is not None:
-            used.update(p.problem_id for p in probs)
+    def assigned(self, version: int, window: int) -> list[Problem]:
+        """Window ``window`` of this worker's assignment at ``version`` (``envs/assignment.py``), each
+        problem ``group_size`` times."""
+        probs = self.assignments.problems(self.rt.swarm.peer_id, version, window)
         return [p for p in probs for _ in range(self.rl.group_size)]
 
     def make_records(self, engine: InferenceEngine, problems: list[Problem], version: int,
@@ -222,23 +200,23 @@ class Worker:
                        policy_version=r.policy_version)
             for p, r in list(zip(problems, records))[::g])
 
-    def _load_used(self) -> tuple[int, set[str]]:
-        """The problems used at the version this worker last generated for (``worker/used.json``)."""
+    def _load_used(self) -> tuple[int, int]:
+        """The version this worker last generated for and its next window there (``worker/used.json``)."""
         path = self.dir / USED_FILE
         try:
             doc = json.loads(path.read_text())
-            return int(doc["version"]), {str(p) for p in doc["problems"]}
+            return int(doc["version"]), int(doc["next"])
         except FileNotFoundError:
-            return -1, set()
+            return -1, 0
         except (OSError, ValueError, KeyError, TypeError) as exc:  # ours; at worst a repeat is refused
             log.warning("ignoring unreadable %s: %s", path, exc)
-            return -1, set()
+            return -1, 0
 
     async def _loop(self) -> None:
         per_version = self.rl.batches_per_version
         cap = per_version * (1 + self.rl.work_ahead)
         credit = cap  # batches this worker may still submit before the next version (``rl.work_ahead``)
-        version_seen, used = self._load_used()  # problems submitted at version_seen
+        version_seen, window = self._load_used()  # the next window of this worker's assignment there
         last_submit = 0.0
         while True:
             capped = self.version == version_seen and credit <= 0
@@ -253,18 +231,20 @@ class Worker:
                     # count too, so a worker that fell behind makes up its share on the newest one
                     credit = min(cap, credit + per_version * max(self.version - version_seen, 1))
                 version_seen = self.version
-                used = set()
-            engine, version, ckpt_hash = self.engine, self.version, self.checkpoint_hash
-            t0 = time.monotonic()
-            # a reasoning-gym task generates problems as they are drawn (some datasets take a second
-            # an item): off the event loop
-            problems = await asyncio.to_thread(self.sample_problems, used)
-            if not problems:  # every problem of the task was submitted at this version: wait for the next
+                window = 0
+            if window >= self.assignments.layout.windows:  # every window of this version made: wait
                 credit, last_submit = 0, time.monotonic()
                 continue
-            # Persisted before generating: a restart at this version must not draw these again.
-            await asyncio.to_thread(atomic_write_text, self.dir / USED_FILE,
-                                    json.dumps({"version": version, "problems": sorted(used)}))
+            engine, version, ckpt_hash = self.engine, self.version, self.checkpoint_hash
+            t0 = time.monotonic()
+            # a reasoning-gym task generates problems as they are looked up (some datasets take a second
+            # an item): off the event loop
+            problems = await asyncio.to_thread(self.assigned, version, window)
+            window += 1
+            # Persisted before generating: a restart at this version must not make this window again.
+            made = {"version": version, "next": window,
+                    "problems": [p.problem_id for p in problems[::self.rl.group_size]]}
+            await asyncio.to_thread(atomic_write_text, self.dir / USED_FILE, json.dumps(made))
             async with self._engine_lock:
                 if self.version != version:  # a new policy landed meanwhile: generate for it instead
                     continue
