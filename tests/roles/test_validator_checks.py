@@ -22,7 +22,8 @@ WORKER, OTHER = SigningKey(bytes([51]) * 32), SigningKey(bytes([52]) * 32)
 ASSIGNED = Assignments(embedded_task(), RUN, problems_per_batch=2, async_level=1, windows_per_version=8)
 RULES = BatchRules(run_id=RUN, group_size=2, task=embedded_task(), assignments=ASSIGNED)
 P = tuple(p.problem_id for p in ASSIGNED.problems(WORKER.peer_id, 0, 0))  # the worker's first window
-NOT_P = tuple(p.problem_id for p in ASSIGNED.problems(WORKER.peer_id, 0, 1))  # its second
+W1 = tuple(p.problem_id for p in ASSIGNED.problems(WORKER.peer_id, 0, 1))  # its second
+NOT_P = tuple(p.problem_id for p in ASSIGNED.problems(WORKER.peer_id, 1, 0))  # of v1's region, not v0's
 
 
 def records(key: SigningKey = WORKER, problems: tuple[str, ...] = (P[0], P[0], P[1], P[1]),
@@ -64,7 +65,7 @@ def test_an_honest_batch_passes_with_its_groups_and_keys() -> None:
         r, sampling=msgspec.structs.replace(r.sampling, seed=r.sampling.seed + 1)), WORKER)
         for r in records()])),
     ("not_assigned", lambda: check(records(problems=(NOT_P[0], NOT_P[0], NOT_P[1], NOT_P[1])))),
-    ("not_assigned", lambda: check(records(problems=(P[0], P[0], NOT_P[1], NOT_P[1])))),
+    ("not_assigned", lambda: check(records(problems=(P[0], P[0], W1[1], W1[1])))),
     ("not_assigned", lambda: check(records(problems=(P[0], P[0])))),
 ])
 def test_each_broken_rule_is_named(reason: str, broken: object) -> None:

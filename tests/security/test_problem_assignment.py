@@ -236,14 +236,14 @@ def test_the_trainer_checks_the_assignment_again_at_admission(tmp_path: Path) ->
                 version = batches[name][0].policy_version
                 notice = RolloutNotice(run_id=RUN, batch_cid=cid, policy_version=version, n_rollouts=GROUP,
                                        batch_bytes=len(data))
-                trainer._on_notice((notice, WORKER.peer_id), WORKER.peer_id)
+                trainer.intake.on_notice((notice, WORKER.peer_id), WORKER.peer_id)
                 accept = BatchVerdict(run_id=RUN, batch_cid=cid, worker=WORKER.peer_id,
                                       policy_version=version, accepted=True, n_accepted=GROUP, n_rejected=0)
-                await trainer._on_verdict((accept, VALIDATOR.peer_id), VALIDATOR.peer_id)
+                await trainer.intake.on_verdict((accept, VALIDATOR.peer_id), VALIDATOR.peer_id)
             return ([a.cid for a in trainer.admission.queue], trainer.status(),
                     trainer.rt.swarm.peerbook.rejections)
         finally:
-            trainer.prefetch.close()
+            trainer.intake.prefetch.close()
 
     queued, status, charged = asyncio.run(main())
     assert queued == [blobs["own"][0], blobs["later"][0]]
