@@ -53,9 +53,15 @@ from typing import Awaitable, Callable, Protocol, Sequence
 import numpy as np
 
 from intellect_node.blobs.addresses import AddressRefused
-from intellect_node.blobs.http import ChunkBusy, ChunkSink, ChunkUnavailable
+from intellect_node.blobs.http import ChunkBusy, ChunkSink
 from intellect_node.blobs.store import BlobStore
-from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError, TransportError
+from intellect_node.errors import (
+    ChunkUnavailable,
+    IntegrityError,
+    IntellectNodeError,
+    ProtocolError,
+    TransportError,
+)
 from intellect_node.protocol.blob import Have, Manifest, decode_have, open_manifest
 from intellect_node.protocol.ids import CID_STR_LEN, cid_of
 
@@ -806,7 +812,8 @@ class _Download:
     async def run(self) -> None:
         if self._finished():
             return
-        refreshers = [asyncio.ensure_future(self._refresher(p)) for p in self.peers]
+        refreshers: list[asyncio.Future[None]] = [asyncio.ensure_future(self._refresher(p))
+                                                  for p in self.peers]
         discoverer: asyncio.Future[None] | None = None
         try:
             async with asyncio.TaskGroup() as tg:

@@ -251,9 +251,10 @@ class BlobService:
         return web.json_response({"blobs": blobs, "fetching": sorted(self._fetching)})
 
     async def _ctl_rm(self, request: web.Request) -> web.StreamResponse:
-        cid = (await self._json(request)).get("cid")
+        raw = (await self._json(request)).get("cid")
+        cid = raw if isinstance(raw, str) else ""
         try:
-            validate_cid(cid if isinstance(cid, str) else "")
+            validate_cid(cid)
         except ProtocolError as exc:
             raise web.HTTPBadRequest(text=f"'cid' is not a blob CID: {exc}") from exc
         if cid in self._fetching:
@@ -324,10 +325,11 @@ class BlobService:
 
     async def _ctl_get(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
-        cid = body.get("cid")
+        raw = body.get("cid")
+        cid = raw if isinstance(raw, str) else ""
         out = body.get("out")
         try:
-            validate_cid(cid if isinstance(cid, str) else "")
+            validate_cid(cid)
         except ProtocolError as exc:
             raise web.HTTPBadRequest(text=f"'cid' is not a blob CID: {exc}") from exc
         if out is not None and (not isinstance(out, str) or not Path(out).is_absolute()):
@@ -370,7 +372,11 @@ def _on_loop(fn: Callable[[int, int], None] | None) -> Callable[[int, int], None
     if fn is None:
         return None
     loop = asyncio.get_running_loop()
-    return lambda done, total: loop.call_soon_threadsafe(fn, done, total)
+
+    def call(done: int, total: int) -> None:
+        loop.call_soon_threadsafe(fn, done, total)
+
+    return call
 
 
 async def _ndjson(request: web.Request, queue: asyncio.Queue[dict[str, Any]],

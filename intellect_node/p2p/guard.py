@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
+from libp2p.abc import INetStream
 from libp2p.io.exceptions import ConnectionClosedError, IncompleteReadError
 from libp2p.network.connection.exceptions import RawConnError
 from libp2p.network.stream.exceptions import StreamError
@@ -128,7 +129,7 @@ def reject_reason(network: Any, peer: str, reason: str) -> None:
         log.info("input from %s refused: %s", peer or "an unknown peer", reason)
 
 
-def _peer_of_stream(stream: Any) -> str:
+def _peer_of_stream(stream: INetStream) -> str:
     try:
         return stream.muxed_conn.peer_id.to_base58()
     except Exception:  # a stream of a half-built connection: nobody to blame
@@ -371,7 +372,7 @@ class GuardedStream:
     then served to the handler from a buffer in whatever slices it asks for (a varint byte by byte,
     then the body)."""
 
-    def __init__(self, stream: Any, framing: Framing, bad: Callable[[str], None]) -> None:
+    def __init__(self, stream: INetStream, framing: Framing, bad: Callable[[str], None]) -> None:
         self._stream = stream
         self._framing = framing
         self._bad = bad
