@@ -252,7 +252,8 @@ def public_reason(exc: BaseException) -> str:
     return "not served"
 
 
-Penalise = Callable[[str, str], None]
+Penalise = Callable[[str, str], object]
+"""``(peer_id, reason)``: the peerbook's ``record_rejection`` (what it returns is not used)."""
 FindProviders = Callable[[str], Awaitable[Sequence[Provider]]]
 
 

@@ -26,12 +26,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 import typer
 
 from intellect_node.commands.common import DataDirOption, data_dir
 from intellect_node.errors import ConfigError, ProtocolError
+
+if TYPE_CHECKING:
+    from intellect_node.blobs.store import BlobStore
 
 T = TypeVar("T")
 GC_MIN_AGE_S = 3600.0
@@ -62,7 +65,7 @@ def _node_running(d: Path) -> bool:
 
 
 @contextmanager
-def _locked_store(d: Path) -> Iterator[Any]:
+def _locked_store(d: Path) -> Iterator[BlobStore]:
     """The data dir's blob store, opened under the node's lock (no node may run meanwhile)."""
     from intellect_node.blobs.service import BLOBS_DIR
     from intellect_node.blobs.store import BlobStore
@@ -79,7 +82,7 @@ def _locked_store(d: Path) -> Iterator[Any]:
             store.close()
 
 
-def _run(d: Path, online: Callable[[], T], offline: Callable[[Any], T]) -> T:
+def _run(d: Path, online: Callable[[], T], offline: Callable[[BlobStore], T]) -> T:
     if _node_running(d):
         return online()
     with _locked_store(d) as store:

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from intellect_node.commands.common import DataDirOption, data_dir
 from intellect_node.errors import ConfigError
+
+if TYPE_CHECKING:
+    from intellect_node.config import NodeConfig
 
 
 def _join_flags(args: list[str]) -> dict[str, Any]:
@@ -57,7 +60,8 @@ def _source(where: str | None) -> str:
     return f"file {where}"
 
 
-def effective(config_file: Path | None, d: Path, flags: dict[str, Any]) -> tuple[Path | None, Any, dict]:
+def effective(config_file: Path | None, d: Path,
+              flags: dict[str, Any]) -> tuple[Path | None, NodeConfig, dict[str, str]]:
     """``(file read, validated NodeConfig, section.field -> source text)``; ConfigError like ``join``."""
     from intellect_node.commands.join import FLAG_OF_FIELD
     from intellect_node.config import config_layers, load_config, section_models
@@ -69,7 +73,7 @@ def effective(config_file: Path | None, d: Path, flags: dict[str, Any]) -> tuple
     return file, cfg, sources
 
 
-def as_toml(cfg: Any, sources: dict[str, str], file: Path | None) -> str:
+def as_toml(cfg: NodeConfig, sources: dict[str, str], file: Path | None) -> str:
     """The config as TOML with each field's source; values as JSON, which TOML reads alike for the
     strings, numbers, booleans and lists a config holds."""
     from intellect_node.config import section_models

@@ -539,7 +539,9 @@ def register(app: typer.Typer) -> None:
         settings that fit the model and task are chosen and printed, a preflight samples the starting
         policy on the run's problems, and proof thresholds are calibrated on the run's own prompts.
         """
-        say = lambda m: typer.echo(m, err=True)  # noqa: E731
+        def say(m: str) -> None:
+            typer.echo(m, err=True)
+
         plan = plan_demo(model=model, env=env, env_args=parse_env_args(env_args), config_file=config_file,
                          workers=workers)
         temp = root is None

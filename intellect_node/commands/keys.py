@@ -18,6 +18,7 @@ import typer
 from intellect_node.commands.common import DataDirOption, data_dir
 from intellect_node.errors import ConfigError
 from intellect_node.p2p import identity
+from intellect_node.protocol.signing import SigningKey
 
 MAX_EXPORT_BYTES = 16 * 1024
 """An exported key is a few hundred bytes; anything much larger is not one."""
@@ -35,11 +36,12 @@ def _passphrase(file: Optional[Path], ask: bool, *, confirm: bool) -> bytes | No
             raise ConfigError(f"--passphrase-file {file} is empty", field="passphrase_file")
         return text.encode()
     if ask:
-        return typer.prompt("passphrase", hide_input=True, confirmation_prompt=confirm).encode()
+        answer: str = typer.prompt("passphrase", hide_input=True, confirmation_prompt=confirm)
+        return answer.encode()
     return None
 
 
-def export_pem(key: identity.SigningKey, passphrase: bytes | None) -> bytes:
+def export_pem(key: SigningKey, passphrase: bytes | None) -> bytes:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -49,7 +51,7 @@ def export_pem(key: identity.SigningKey, passphrase: bytes | None) -> bytes:
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, enc)
 
 
-def import_pem(raw: bytes, passphrase: bytes | None, source: Path) -> identity.SigningKey:
+def import_pem(raw: bytes, passphrase: bytes | None, source: Path) -> SigningKey:
     """The node key in a PEM file; ConfigError that says what is wrong (not a key, wrong passphrase)."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -67,7 +69,7 @@ def import_pem(raw: bytes, passphrase: bytes | None, source: Path) -> identity.S
         raise ConfigError(f"{source} holds a {type(sk).__name__}, not an ed25519 node key", field="file")
     seed = sk.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
                             serialization.NoEncryption())
-    return identity.SigningKey(seed)
+    return SigningKey(seed)
 
 
 def register(app: typer.Typer) -> None:

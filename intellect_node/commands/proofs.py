@@ -93,7 +93,7 @@ def register(app: typer.Typer) -> None:
         from intellect_node.config.schema import check_device
         from intellect_node.fsutil import atomic_write_text
         from intellect_node.inference import make_engine
-        from intellect_node.inference.base import SamplingConfig
+        from intellect_node.inference.base import InferenceEngine, SamplingConfig
         from intellect_node.inference.calibrate import calibrate as run
         from intellect_node.inference.torch_engine import TorchEngine
         from intellect_node.proofs.thresholds import Margins, merge_into
@@ -105,7 +105,7 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError(f"--{flag.replace('_', '-')}: {exc}", field=flag) from exc
         torch.set_num_threads(1)
         verifier_engine = TorchEngine.from_dir(model_dir, dtype=dtype, device=verify_device)
-        engines = []
+        engines: list[InferenceEngine] = []
         for name in [x.strip() for x in engine_names.split(",") if x.strip()]:
             if name == "torch" and device == verify_device:
                 engines.append(verifier_engine)

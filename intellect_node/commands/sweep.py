@@ -32,6 +32,8 @@ from intellect_node.errors import ConfigError
 if TYPE_CHECKING:
     from intellect_node.commands.progress import Progress
     from intellect_node.node.processes import NodeProcess
+    from intellect_node.node.runtime import NodeRuntime
+    from intellect_node.research.sweep import Coordinator, Journal
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +73,7 @@ def _spawn_worker(i: int, root: Path, *, bootstrap: str, run_id: str, coordinato
 
 
 def _open_sweep(out: Path, *, grid_name: str, resume: bool, check_fraction: float, check_grace: float,
-                max_votes: int) -> tuple[Any, Any, str, str]:
+                max_votes: int) -> tuple[Coordinator, Journal, str, str]:
     """The coordinator state and journal: new (``--grid``) or replayed from ``out/journal.jsonl``."""
     from intellect_node.research import sweep as research
 
@@ -94,8 +96,8 @@ def _open_sweep(out: Path, *, grid_name: str, resume: bool, check_fraction: floa
     return coord, journal, sweep_id, grid_name
 
 
-async def _run_sweep(out: Path, coord: Any, journal: Any, *, sweep_id: str, grid_name: str, workers: int,
-                     join: list[str], listen: list[str], run_id: str,
+async def _run_sweep(out: Path, coord: Coordinator, journal: Journal, *, sweep_id: str, grid_name: str,
+                     workers: int, join: list[str], listen: list[str], run_id: str,
                      progress: Progress) -> tuple[dict[str, Any] | None, str]:
     from intellect_node.commands.join import build_node_config
     from intellect_node.node.assembly import sweep_coordinator_node
@@ -109,7 +111,7 @@ async def _run_sweep(out: Path, coord: Any, journal: Any, *, sweep_id: str, grid
                             peer_timeout=LOCAL_PEER_TIMEOUT_S if local else None)
     services: list[SweepCoordinatorService] = []
 
-    def factory(rt: Any) -> SweepCoordinatorService:
+    def factory(rt: NodeRuntime) -> SweepCoordinatorService:
         svc = SweepCoordinatorService(rt.swarm, coord, journal, sweep_id=sweep_id, out=out,
                                       meta={"grid": grid_name, "workers": workers if local else None},
                                       min_workers=workers if local else 0)
@@ -127,9 +129,11 @@ async def _run_sweep(out: Path, coord: Any, journal: Any, *, sweep_id: str, grid
         await runtime.start()
         svc = services[0]
         if local:
-            addr = runtime.swarm.listen_addrs()[0]
+            swarm = runtime.swarm
+            assert swarm is not None  # start() returned: the swarm runs
+            addr = swarm.listen_addrs()[0]
             # From this (the main) thread: the kernel's SIGTERM-on-parent-death follows the starting thread.
-            procs = [_spawn_worker(i, out, bootstrap=addr, run_id=run_id, coordinator=runtime.swarm.peer_id)
+            procs = [_spawn_worker(i, out, bootstrap=addr, run_id=run_id, coordinator=swarm.peer_id)
                      for i in range(workers)]
             log.info("started %d local workers (pids %s)", workers, ", ".join(str(p.pid) for p in procs))
             progress.phase("waiting for workers", total=workers, unit="workers")
@@ -221,6 +225,7 @@ def register(app: typer.Typer) -> None:
         t0 = time.monotonic()
         from intellect_node.research import sweep as research
 
+        summary: dict[str, Any] | None
         if coord.finished():
             summary = research.write_outputs(out, coord, meta={"grid": grid_name, "sweep_id": sweep_id})
             outcome = "finished"

@@ -40,8 +40,11 @@ class InferenceEngine(Protocol):
     name: str
     dtype: str
     eos_id: int
-    eos_ids: Collection[int]
-    """Every token ID that ends a completion (chat models have several); ``eos_id`` is the first."""
+
+    @property
+    def eos_ids(self) -> Collection[int]:
+        """Every token ID that ends a completion (chat models have several); ``eos_id`` is the first.
+        Read-only here, so an engine may hold any collection (a frozenset, a list)."""
 
     def generate(self, prompts: Sequence[Sequence[int]], keys: Sequence[int],
                  sampling: SamplingConfig) -> list[Generation]: ...

@@ -8,6 +8,7 @@ token per step for the whole batch until every row has emitted one of the model'
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -35,7 +36,8 @@ class TorchEngine:
         self.pad_id = loaded.tokenizer.pad_id
 
     @classmethod
-    def from_dir(cls, model: str | None = None, dtype: str = "float32", device: str = "cpu") -> "TorchEngine":
+    def from_dir(cls, model: str | Path | None = None, dtype: str = "float32",
+                 device: str = "cpu") -> "TorchEngine":
         return cls(load_model(model, dtype=dtype, device=device), device=device)
 
     @torch.inference_mode()
