@@ -91,14 +91,17 @@ def make_model(dst: str | Path, family: str, size: str = "tiny", *, seed: int = 
     cfg = family_config(family, size, tied=tied)
     tok = train_tokenizer(min(cfg.vocab_size, 4096))
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
+    # transformers leaves from_config and the fast tokenizer's constructor unannotated.
+    model = transformers.AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+        cfg, dtype=getattr(torch, dtype))
     with torch.no_grad():  # transformers initialises norms to 1 and biases to 0: perturb them too
         for p in model.parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.02)
     model.save_pretrained(dst, safe_serialization=True)
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=None, eos_token="<|im_end|>",
-                                                pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE)
+    fast = transformers.PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tok, bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        chat_template=CHAT_TEMPLATE)
     fast.save_pretrained(dst)
     ids = {t: tok.token_to_id(t) for t in SPECIALS}
     gen = {"eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]], "pad_token_id": ids["<|endoftext|>"],

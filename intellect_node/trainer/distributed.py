@@ -47,7 +47,7 @@ import json
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import torch
 import torch.distributed as dist
@@ -156,7 +156,9 @@ def full_state(model: Any, optimizer: torch.optim.Optimizer | None,
     )
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    weights = get_model_state_dict(model, options=opts)
+    # A model's state dict holds only tensors (full ones, on the CPU, with these options); torch types
+    # it with every value a checkpoint may hold.
+    weights = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=opts))
     if optimizer is None:
         return weights, None
     by_name = get_optimizer_state_dict(model, optimizer, options=opts)
@@ -178,10 +180,14 @@ def load_optimizer(model: Any, optimizer: torch.optim.Optimizer, by_index: dict[
     if strategy == "ddp":
         optimizer.load_state_dict(by_index)
         return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        OptimizerStateType,
+        StateDictOptions,
+        set_optimizer_state_dict,
+    )
 
     names = [name for name, _ in model.named_parameters()]
-    by_name = {"state": {names[int(i)]: v for i, v in by_index["state"].items()},
+    by_name: OptimizerStateType = {"state": {names[int(i)]: v for i, v in by_index["state"].items()},
                "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
                                 for g in by_index["param_groups"]]}
     set_optimizer_state_dict(model, optimizer, by_name,

@@ -95,7 +95,8 @@ class Attention(nn.Module):
         q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                            enable_gqa=self.n_kv != self.n_heads)
-        return self.o_proj(a.transpose(1, 2).reshape(B, T, self.n_heads * d))
+        out: torch.Tensor = self.o_proj(a.transpose(1, 2).reshape(B, T, self.n_heads * d))
+        return out
 
 
 class MLP(nn.Module):
@@ -107,7 +108,8 @@ class MLP(nn.Module):
         self.down_proj = Linear(inter, h, bias=arch.mlp_bias, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
 
 
 class DecoderLayer(nn.Module):
@@ -122,7 +124,8 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, full: torch.Tensor | None,
                 window: torch.Tensor | None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, window if self.sliding else full)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
 
 
 class DecoderStack(nn.Module):
@@ -145,6 +148,9 @@ class CausalLMOutput:
 class LeanCausalLM(nn.Module):
     """A supported family's causal LM for training; ``model(input_ids=, attention_mask=, position_ids=)``
     returns an object with ``.logits`` [B, T, vocab], as transformers' models do."""
+
+    inv_freq: torch.Tensor
+    """RoPE's inverse frequencies [head_dim // 2]: a non-persistent buffer, set by :func:`build`."""
 
     def __init__(self, arch: Architecture, pad_id: int | None = None, device: Device = "meta") -> None:
         """Parameters on ``device``, uninitialised: on "meta" (the default) they are placeholders that
@@ -212,7 +218,7 @@ class LeanCausalLM(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(T, device=device).unsqueeze(0).expand(B, T)
         x = self.model.embed_tokens(input_ids)
-        inv: torch.Tensor = self.inv_freq
+        inv = self.inv_freq
         with torch.autocast(device_type=device.type, enabled=False):  # angles in float32, as transformers
             freqs = position_ids[..., None].float() * inv.float()
             emb = torch.cat([freqs, freqs], dim=-1)

@@ -114,7 +114,7 @@ def autocast(model_or_device: Any, compute_dtype: torch.dtype | None) -> Context
     return torch.autocast(device_type=torch.device(device).type, dtype=compute_dtype)
 
 
-def model_device(model: Any) -> torch.device:
+def model_device(model: torch.nn.Module) -> torch.device:
     """Where the model's parameters live (FSDP2's DTensors report their local device)."""
     for p in model.parameters():
         return p.device
@@ -163,7 +163,7 @@ def is_checkpointing(model: Any) -> bool:
     return bool(getattr(model, "is_gradient_checkpointing", False))
 
 
-def load_trainable(model: str | Path | None = None, options: TrainOptions | None = None) -> Any:
+def load_trainable(model: str | Path | None = None, options: TrainOptions | None = None) -> torch.nn.Module:
     """The folder's model in fp32 on ``options.device``, in train mode, ready for ``train_step``.
 
     Weights are fp32 whatever the folder stores (bf16 checkpoints are upcast): they are the master
@@ -177,12 +177,14 @@ def load_trainable(model: str | Path | None = None, options: TrainOptions | None
         from intellect_node.models.loader import read_config, read_weights
         from intellect_node.trainer.lean import build
 
-        m = build(read_config(path), read_weights(path, "float32", options.device), path, options.device)
+        m: torch.nn.Module = build(read_config(path), read_weights(path, "float32", options.device), path,
+                                   options.device)
     else:
         from transformers import AutoModelForCausalLM
 
-        m = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, local_files_only=True)
-        m.config.use_cache = False  # no KV cache while training (it is also incompatible with checkpointing)
+        hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, local_files_only=True)
+        hf.config.use_cache = False  # no KV cache while training (it is also incompatible with checkpointing)
+        m = hf
     if options.gradient_checkpointing:
         enable_checkpointing(m)
     m.to(options.device)

@@ -22,7 +22,7 @@ defaults, which the trainer uses); real tensors only.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -54,7 +54,7 @@ class CpuAdamW:
         self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
 
     @staticmethod
-    def takes(params: list[torch.Tensor]) -> bool:
+    def takes(params: Sequence[torch.Tensor]) -> bool:
         """Whether every parameter is a real, plain CPU tensor (what this class steps exactly as torch)."""
         return all(type(p) in (torch.Tensor, torch.nn.Parameter) and p.device.type == "cpu"
                    and not p.is_complex() for p in params)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Literal, Sequence, overload
 
 import torch
 
@@ -237,9 +237,10 @@ def shifted_targets(input_ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([input_ids[:, 1:], torch.zeros_like(input_ids[:, :1])], dim=1)
 
 
-def _forward_logits(model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+def _forward_logits(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     out = model(**inputs)
-    return out.logits if hasattr(out, "logits") else out
+    logits: torch.Tensor = out.logits if hasattr(out, "logits") else out
+    return logits
 
 
 def batch_advantages(samples: Sequence[Sample], cfg: GRPOConfig) -> torch.Tensor:
@@ -282,8 +283,8 @@ def micro_batches(samples: Sequence[Sample], *, micro_batch: int = 64,
     return [range(r.start * group_size, r.stop * group_size) for r in cuts]
 
 
-def micro_step(model: Any, samples: Sequence[Sample], advantages: torch.Tensor, cfg: GRPOConfig, *,
-               pad_id: int = 0, ref_model: Any | None = None, loss_scale: float = 1.0,
+def micro_step(model: torch.nn.Module, samples: Sequence[Sample], advantages: torch.Tensor, cfg: GRPOConfig,
+               *, pad_id: int = 0, ref_model: torch.nn.Module | None = None, loss_scale: float = 1.0,
                temperature: float = 1.0, compute_dtype: torch.dtype | None = None,
                packed: bool = False) -> LossParts:
     """Forward and backward one micro-batch, adding ``loss_scale`` x its loss gradient into ``.grad``.
@@ -326,13 +327,14 @@ def micro_step(model: Any, samples: Sequence[Sample], advantages: torch.Tensor, 
         ref_lp = token_logprobs(ref_logits.float() / temperature, targets)
     ent = token_entropy(logits) if cfg.entropy_coef > 0.0 else None
     p = grpo_loss(logp, old, adv, mask, cfg, ref_logprobs=ref_lp, entropy=ent)
-    (p.loss * loss_scale).backward()
+    (p.loss * loss_scale).backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
     return p
 
 
-def accumulate_gradients(model: Any, samples: Sequence[Sample], advantages: torch.Tensor, cfg: GRPOConfig,
-                         *, micro_batch: int = 64, micro_tokens: int | None = None, pad_id: int = 0,
-                         ref_model: Any | None = None, loss_scale: float = 1.0, temperature: float = 1.0,
+def accumulate_gradients(model: torch.nn.Module, samples: Sequence[Sample], advantages: torch.Tensor,
+                         cfg: GRPOConfig, *, micro_batch: int = 64, micro_tokens: int | None = None,
+                         pad_id: int = 0, ref_model: torch.nn.Module | None = None, loss_scale: float = 1.0,
+                         temperature: float = 1.0,
                          compute_dtype: torch.dtype | None = None, packed: bool = False) -> list[LossParts]:
     """Forward/backward ``samples`` in micro-batches, adding into ``.grad``; returns per-micro-batch parts.
 
@@ -352,7 +354,7 @@ def summarize(parts: Sequence[LossParts], samples: Sequence[Sample], grad_norm: 
     tokens = sum(p.tokens for p in parts)
 
     def weighted(attr: str) -> float:
-        return sum(getattr(p, attr) * p.tokens for p in parts) / max(tokens, 1)
+        return sum(float(getattr(p, attr)) * p.tokens for p in parts) / max(tokens, 1)
 
     return StepStats(
         loss=sum(float(p.loss.detach()) for p in parts), grad_norm=grad_norm, tokens=tokens,
@@ -362,14 +364,14 @@ def summarize(parts: Sequence[LossParts], samples: Sequence[Sample], grad_norm: 
         kl=sum(p.kl for p in parts), entropy=sum(p.entropy for p in parts))
 
 
-def takes_packed(model: Any) -> bool:
+def takes_packed(model: torch.nn.Module | None) -> bool:
     """Whether ``model`` computes :func:`pack_groups`' layout: the trainer's own network, not wrapped."""
     return isinstance(model, LeanCausalLM)
 
 
-def train_step(model: Any, optimizer: Optimizer, samples: Sequence[Sample], cfg: GRPOConfig,
+def train_step(model: torch.nn.Module, optimizer: Optimizer, samples: Sequence[Sample], cfg: GRPOConfig,
                *, micro_batch: int = 64, micro_tokens: int | None = None, pad_id: int = 0,
-               ref_model: Any | None = None, temperature: float = 1.0,
+               ref_model: torch.nn.Module | None = None, temperature: float = 1.0,
                compute_dtype: torch.dtype | None = None, pack: bool = True) -> StepStats:
     """One GRPO optimizer step on ``samples`` (whole groups, consecutive). Returns the step's statistics.
 
@@ -398,7 +400,18 @@ def train_step(model: Any, optimizer: Optimizer, samples: Sequence[Sample], cfg:
     return summarize(parts, samples, grad_norm)
 
 
-def make_optimizer(model: Any, lr: float, *, weight_decay: float = 0.0,
+@overload
+def make_optimizer(model: torch.nn.Module, lr: float, *, weight_decay: float = 0.0,
+                   betas: tuple[float, float] = (0.9, 0.999),
+                   torch_optim: Literal[True]) -> torch.optim.Optimizer: ...
+
+
+@overload
+def make_optimizer(model: torch.nn.Module, lr: float, *, weight_decay: float = 0.0,
+                   betas: tuple[float, float] = (0.9, 0.999), torch_optim: bool = False) -> Optimizer: ...
+
+
+def make_optimizer(model: torch.nn.Module, lr: float, *, weight_decay: float = 0.0,
                    betas: tuple[float, float] = (0.9, 0.999), torch_optim: bool = False) -> Optimizer:
     """AdamW (the optimizer INTELLECT-2 trains with); torch's default betas, no weight decay by default.
 
