@@ -37,9 +37,13 @@ import time
 import weakref
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
+
+if TYPE_CHECKING:
+    from libp2p.kad_dht.kad_dht import KadDHT
+    from libp2p.peer.peerinfo import PeerInfo
 
 PINNED_VERSION = "0.8.1"
 
@@ -351,8 +355,9 @@ class _DeepRpcQueue(_rpc_queue.RpcQueue):
     """The stock per-peer queue with :data:`PEER_OUTBOUND_QUEUE` as its default size, which sends an RPC
     that fits the size limit as it is (``rpc-split-per-send``)."""
 
-    def __init__(self, max_size: int = PEER_OUTBOUND_QUEUE, **kwargs: Any) -> None:
-        super().__init__(max_size, **kwargs)
+    def __init__(self, max_size: int = PEER_OUTBOUND_QUEUE,
+                 max_message_size: int = _rpc_queue.DefaultMaxMessageSize) -> None:
+        super().__init__(max_size, max_message_size)
 
     def split_rpc(self, rpc: rpc_pb2.RPC) -> list[rpc_pb2.RPC]:
         """One RPC within the limit goes out whole, as go-libp2p's ``RPC.split`` returns it; the stock
@@ -400,7 +405,8 @@ def apply_fixes() -> None:
     _patch(_yamux.Yamux, "start", guard.contained_connection_task(_yamux.Yamux.start, "yamux read loop"))
     _patch(Pubsub, "write_msg", _write_msg)
     _STOCK.setdefault("pubsub.RpcQueue", _pubsub_module.RpcQueue)
-    _pubsub_module.RpcQueue = _DeepRpcQueue  # the name pubsub builds each peer's queue with
+    # The name pubsub builds each peer's queue with (a class name: rebound with setattr).
+    setattr(_pubsub_module, "RpcQueue", _DeepRpcQueue)  # noqa: B010
     _patch(Pubsub, "push_msg", guard.contained_peer_task(Pubsub.push_msg, "gossip"))
     _patch(Pubsub, "_replay_recent_messages",
            guard.contained_peer_task(Pubsub._replay_recent_messages, "gossip replay"))
@@ -416,7 +422,7 @@ def apply_fixes() -> None:
     _gossipsub_module.maybe_consume_signed_record = _consume_record_once
 
 
-async def _window_update(self: Any, *, bytes_read: int = 0) -> None:
+async def _window_update(self: _yamux.YamuxStream, *, bytes_read: int = 0) -> None:
     """Credit the peer's send window once half of it was consumed (go-yamux), keeping auto-tuning.
 
     The stock version also credits on every read ("partial slack", "release on read"): three frames
@@ -473,7 +479,7 @@ async def _read_noting_header(reader: Any, n: int, *args: Any, **kwargs: Any) ->
     return data
 
 
-async def _read_body_within_window(self: Any, length: int) -> bytes:
+async def _read_body_within_window(self: _yamux.Yamux, length: int) -> bytes:
     """``Yamux._read_data_body`` that refuses a DATA frame longer than its stream's window before reading it.
 
     The stock loop reads the whole body (up to 16 MiB) before it subtracts it from the window, so a peer
@@ -494,8 +500,8 @@ async def _read_body_within_window(self: Any, length: int) -> bytes:
             window = stream.recv_window if stream is not None else \
                 _yamux.DEFAULT_WINDOW_SIZE if flags & _yamux.FLAG_SYN else None
             if window is not None and length > window:
-                if getattr(self, "_window_exceeded", None) is None:
-                    self._window_exceeded = (stream_id, length - window)
+                if getattr(self, "_window_exceeded", None) is None:  # ours, not Yamux's: set as read
+                    setattr(self, "_window_exceeded", (stream_id, length - window))  # noqa: B010
                 self.event_shutting_down.set()  # the read loop ends after this frame
                 return b""
             if window is None:  # no such stream: nothing will read these bytes
@@ -512,7 +518,7 @@ DRAIN_PIECE = 64 * 1024
 """Largest read when dropping the body of a DATA frame for an unknown stream (yamux's own frame size)."""
 
 
-async def _enforce_receive_window(self: Any) -> None:
+async def _enforce_receive_window(self: _yamux.Yamux) -> None:
     """``Yamux.handle_incoming`` that closes the connection of a peer that exceeded a receive window.
 
     go-yamux does the same (ErrRecvWindowExceeded: GO_AWAY with a protocol error, then close). The
@@ -541,7 +547,7 @@ class _WindowTimeout(MuxedStreamError):
     pass
 
 
-async def _atomic_write(self: Any, data: bytes) -> None:
+async def _atomic_write(self: _yamux.YamuxStream, data: bytes) -> None:
     """``YamuxStream.write`` that sends one whole message before any other writer of the stream.
 
     The stream's write lock is held from the first frame to the last, window waits included, so frames
@@ -566,7 +572,7 @@ async def _atomic_write(self: Any, data: bytes) -> None:
             raise
 
 
-async def _reserve_window(self: Any, wanted: int) -> int:
+async def _reserve_window(self: _yamux.YamuxStream, wanted: int) -> int:
     """Take up to ``wanted`` bytes (and one frame's worth) of send window, waiting for the peer's credit."""
     with trio.move_on_after(WINDOW_WAIT_TIMEOUT_S):
         while True:
@@ -866,7 +872,7 @@ def encode_dht_key(text: str) -> bytes:
     return _encode_key(text)
 
 
-async def providers_from_peer(dht: Any, peer: ID, key: bytes) -> tuple[list[Any], list[ID]]:
+async def providers_from_peer(dht: KadDHT, peer: ID, key: bytes) -> tuple[list[PeerInfo], list[ID]]:
     """Ask one peer for the providers of ``key``: (providers, closer peers)."""
     return await dht.provider_store._get_providers_from_peer_with_closers(peer, key)
 
