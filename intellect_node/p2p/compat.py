@@ -64,10 +64,12 @@ def _check_version() -> None:
 _check_version()
 
 # Imported only after the version check: on another version these names may not exist.
-from libp2p.abc import INetStream  # noqa: E402
+from libp2p.abc import IHost, INetStream  # noqa: E402
 from libp2p.host.autonat.autonat import AutoNATService, _addr_ip  # noqa: E402
+from libp2p.host.autonat.pb.autonat_pb2 import Message as AutoNATMessage  # noqa: E402
 from libp2p.network.connection.swarm_connection import SwarmConn  # noqa: E402
 from libp2p.network.stream.exceptions import StreamError  # noqa: E402
+from libp2p.network.swarm import Swarm as LibSwarm  # noqa: E402
 from libp2p.peer.id import ID  # noqa: E402
 from libp2p.pubsub import gossipsub as _gossipsub_module  # noqa: E402
 from libp2p.pubsub import pubsub as _pubsub_module  # noqa: E402
@@ -83,7 +85,7 @@ from libp2p.stream_muxer.yamux import yamux as _yamux  # noqa: E402
 from libp2p.utils.varint import encode_varint_prefixed  # noqa: E402
 
 from intellect_node.p2p import guard as guard  # noqa: E402
-from intellect_node.p2p.guard import contain_streams  # noqa: E402,F401  (re-exported)
+from intellect_node.p2p.guard import contain_streams as contain_streams  # noqa: E402  (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -405,8 +407,7 @@ def apply_fixes() -> None:
     _patch(_yamux.Yamux, "start", guard.contained_connection_task(_yamux.Yamux.start, "yamux read loop"))
     _patch(Pubsub, "write_msg", _write_msg)
     _STOCK.setdefault("pubsub.RpcQueue", _pubsub_module.RpcQueue)
-    # The name pubsub builds each peer's queue with (a class name: rebound with setattr).
-    setattr(_pubsub_module, "RpcQueue", _DeepRpcQueue)  # noqa: B010
+    vars(_pubsub_module)["RpcQueue"] = _DeepRpcQueue  # the module global pubsub builds each peer's queue with
     _patch(Pubsub, "push_msg", guard.contained_peer_task(Pubsub.push_msg, "gossip"))
     _patch(Pubsub, "_replay_recent_messages",
            guard.contained_peer_task(Pubsub._replay_recent_messages, "gossip replay"))
@@ -500,7 +501,8 @@ async def _read_body_within_window(self: _yamux.Yamux, length: int) -> bytes:
             window = stream.recv_window if stream is not None else \
                 _yamux.DEFAULT_WINDOW_SIZE if flags & _yamux.FLAG_SYN else None
             if window is not None and length > window:
-                if getattr(self, "_window_exceeded", None) is None:  # ours, not Yamux's: set as read
+                if getattr(self, "_window_exceeded", None) is None:
+                    # Our attribute on the library's object (Yamux declares none): set as it is read.
                     setattr(self, "_window_exceeded", (stream_id, length - window))  # noqa: B010
                 self.event_shutting_down.set()  # the read loop ends after this frame
                 return b""
@@ -832,6 +834,16 @@ async def close_peer(network: Any, peer: ID) -> None:
             log.debug("closing a connection to %s: %r", peer, exc)
 
 
+def network_of(host: IHost) -> LibSwarm:
+    """``host``'s network as py-libp2p's own ``Swarm``: its transport manager, upgrader and auto-connector,
+    which this node uses, are attributes of that class and not of the ``INetworkService`` interface."""
+    network = host.get_network()
+    if not isinstance(network, LibSwarm):
+        raise TypeError("a host built by new_host has a py-libp2p Swarm network, not "
+                        f"{type(network).__name__}")
+    return network
+
+
 def replace_pruner(network: Any, connmgr: Any) -> None:
     """Trim with ``connmgr`` (:class:`intellect_node.p2p.connmgr.ConnManager`), not the stock pruner."""
     network.connection_pruner = _ManagedPruner(connmgr)
@@ -901,16 +913,19 @@ class AutoNATBase(AutoNATService):
     """AutoNATService with its private hooks under public names: override :meth:`serve_dial` and
     :meth:`dial_back`; call ``stock_serve_dial`` for the library's request checks."""
 
-    async def _handle_dial(self, message: Any, observed_ip: str | None, is_relayed: bool) -> Any:
+    async def _handle_dial(self, message: AutoNATMessage, observed_ip: str | None,
+                           is_relayed: bool) -> AutoNATMessage:
         return await self.serve_dial(message, observed_ip, is_relayed)
 
     async def _try_dial(self, peer_id: ID, addrs: list[bytes]) -> bytes | None:
         return await self.dial_back(peer_id, addrs)
 
-    async def serve_dial(self, message: Any, observed_ip: str | None, is_relayed: bool) -> Any:
+    async def serve_dial(self, message: AutoNATMessage, observed_ip: str | None,
+                         is_relayed: bool) -> AutoNATMessage:
         return await self.stock_serve_dial(message, observed_ip, is_relayed)
 
-    async def stock_serve_dial(self, message: Any, observed_ip: str | None, is_relayed: bool) -> Any:
+    async def stock_serve_dial(self, message: AutoNATMessage, observed_ip: str | None,
+                               is_relayed: bool) -> AutoNATMessage:
         return await AutoNATService._handle_dial(self, message, observed_ip, is_relayed)
 
     async def dial_back(self, peer_id: ID, addrs: list[bytes]) -> bytes | None:

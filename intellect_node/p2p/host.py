@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import multiaddr
 import trio
@@ -53,7 +53,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from intellect_node.errors import ConfigError, ProtocolError, TransportError
 from intellect_node.p2p import compat as compat
 from intellect_node.p2p import gossip_params
-from intellect_node.p2p.compat import apply_fixes as apply_libp2p_fixes  # noqa: F401  (re-exported)
+from intellect_node.p2p.compat import apply_fixes as apply_libp2p_fixes
 from intellect_node.p2p.connmgr import ConnLimits, ConnManager, PeerView, survey
 from intellect_node.p2p.peerbook import PeerBook
 from intellect_node.protocol.signing import SigningKey
@@ -165,12 +165,15 @@ def make_addrs_factory(
     addresses with a wildcard (0.0.0.0) replaced by this machine's addresses, so peers get dialable
     addresses in identify, DHT provider records and ``status``."""
     fixed = [parse_multiaddr(a, flag="--announce") for a in announce]
-    cache: list[Any] = [0.0, []]  # (monotonic time, local_ipv4s()): get_addrs() runs often
+    # local_ipv4s() kept for a minute: get_addrs() runs often.
+    checked = 0.0  # monotonic time of the last look
+    found: list[str] = []
 
     def ips() -> list[str]:
-        if time.monotonic() - cache[0] > 60.0:
-            cache[0], cache[1] = time.monotonic(), local_ipv4s()
-        return cache[1]
+        nonlocal checked, found
+        if time.monotonic() - checked > 60.0:
+            checked, found = time.monotonic(), local_ipv4s()
+        return found
 
     def factory(candidates: list[multiaddr.Multiaddr]) -> list[multiaddr.Multiaddr]:
         if fixed:
@@ -188,13 +191,21 @@ def make_addrs_factory(
     return factory
 
 
+@runtime_checkable
+class _RemoteAddressed(Protocol):
+    """What py-libp2p's muxers (yamux, mplex) have and ``IMuxedConn`` does not declare."""
+
+    def get_remote_address(self) -> tuple[str, int] | None: ...
+
+
 def _remote_ip(conn: INetConn) -> str | None:
     """The IP a connection came from (blob fetches from that peer may go there, ``blobs/addresses.py``);
     None for a relayed connection (the address would be the relay's) or when the transport cannot say."""
     try:
         if any("p2p-circuit" in str(a) for a in conn.get_transport_addresses()):
             return None
-        remote = conn.muxed_conn.get_remote_address()
+        muxed = conn.muxed_conn
+        remote = muxed.get_remote_address() if isinstance(muxed, _RemoteAddressed) else None
     except (AttributeError, OSError, ValueError):
         return None
     return remote[0] if remote else None
@@ -272,7 +283,7 @@ class P2PHost:
         self.pubsub = Pubsub(self.host, self.gossipsub, strict_signing=True)
         compat.replace_pruner(self.host.get_network(), self.connmgr)
         # Below low with few peers to dial, the dialer asks for more: a self-lookup (rate-limited).
-        self.host.get_network().auto_connector.set_discovery_callback(self._discover_for_dialer)
+        compat.network_of(self.host).auto_connector.set_discovery_callback(self._discover_for_dialer)
         self.host.get_network().register_notifee(_Notifee(self))
         self.host.set_stream_handler(TProtocol(INFO_PROTOCOL_ID), self._serve_info)
         # Every inbound stream of every protocol (ours, the DHT's, gossipsub's, identify, ping and the

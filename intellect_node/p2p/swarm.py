@@ -35,7 +35,7 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -49,6 +49,9 @@ from intellect_node.p2p.ports import check_listen_ports
 from intellect_node.protocol import gossip
 from intellect_node.protocol.signing import SigningKey
 from intellect_node.protocol.topics import validate_run_id
+
+if TYPE_CHECKING:
+    from intellect_node.p2p.host import P2PHost
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +112,7 @@ class Swarm:
         self.http_url = http_url
         self.roles = list(roles)
         self._bridge = TrioThread(name=f"libp2p-{self.peer_id[-6:]}")
-        self._p2p: Any = None  # host.P2PHost, imported lazily (libp2p costs ~1 s and 85 MB to import)
+        self._p2p: P2PHost | None = None  # imported lazily (libp2p costs ~1 s and 85 MB to import)
         self._next_publish: dict[str, float] = defaultdict(float)
         self._publish_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._stash: OrderedDict[bytes, Any] = OrderedDict()
@@ -151,7 +154,7 @@ class Swarm:
         self._listen, self._announce = list(listen), list(announce or [])
         await self._start_host()
         # A restart listens again where peers know us: the ports bound now, not "tcp/0" again.
-        self._listen = await self._bridge.call(_bound_addrs, self._p2p) or self._listen
+        self._listen = await self._bridge.call(_bound_addrs, self.p2p) or self._listen
         log.info("libp2p up as %s on %s", self.peer_id, ", ".join(self.listen_addrs()))
         self.watch.start()
         return self
@@ -184,7 +187,7 @@ class Swarm:
             await self._start_host()
             i = 0
             while i < len(self._subscriptions):  # by index: a subscribe() meanwhile is picked up too
-                await self._bridge.call(self._p2p.subscribe, *self._subscriptions[i])
+                await self._bridge.call(self.p2p.subscribe, *self._subscriptions[i])
                 i += 1
         finally:
             self._resubscribing = False
@@ -227,8 +230,11 @@ class Swarm:
         return self._bridge
 
     @property
-    def p2p(self) -> Any:
-        """The :class:`host.P2PHost` (``.host``, ``.dht``, ``.pubsub``); touch it only on the trio thread."""
+    def p2p(self) -> P2PHost:
+        """The :class:`host.P2PHost` (``.host``, ``.dht``, ``.pubsub``); touch it only on the trio thread.
+        :meth:`start` creates it (and a restart a new one)."""
+        if self._p2p is None:
+            raise TransportError("libp2p is not started (Swarm.start creates the host)")
         return self._p2p
 
     async def close(self) -> None:
@@ -253,14 +259,14 @@ class Swarm:
 
     def listen_addrs(self) -> list[str]:
         """Full multiaddrs ending ``/p2p/<id>`` (refreshed every few seconds on the trio thread)."""
-        return list(self._p2p.addrs_snapshot)
+        return list(self.p2p.addrs_snapshot)
 
     def connected_peers(self) -> list[str]:
-        return self._p2p.connected_peers()
+        return self.p2p.connected_peers()
 
     async def connect(self, addr: str) -> str:
         """Dial a ``.../p2p/<id>`` multiaddr; return the peer ID (TransportError if it fails)."""
-        return await self._bridge.call(self._p2p.connect, addr)
+        return await self._bridge.call(self.p2p.connect, addr)
 
     async def bootstrap(self, addrs: list[str], *, timeout: float = BOOTSTRAP_TIMEOUT_S,
                         remember: bool = True) -> list[str]:
@@ -276,7 +282,7 @@ class Swarm:
                 self._rejoin_task = asyncio.create_task(self._stay_joined(), name="swarm-rejoin")
         if reached:  # learn more peers than the bootstrap ones (in the background: about half a second)
             try:
-                self._bridge.start_soon(self._p2p.discover)
+                self._bridge.start_soon(self.p2p.discover)
             except TransportError:  # libp2p just went down: the restart's replay bootstraps again
                 pass
         if not reached:
@@ -332,10 +338,10 @@ class Swarm:
 
     def topic_peers(self, topic: str) -> list[str]:
         """Peers known to subscribe to ``topic`` (reading libp2p state from this thread is a benign race)."""
-        return self._p2p.topic_peers(topic)
+        return self.p2p.topic_peers(topic)
 
     def mesh_peers(self, topic: str) -> list[str]:
-        return self._p2p.mesh_peers(topic)
+        return self.p2p.mesh_peers(topic)
 
     # -- gossip --------------------------------------------------------------------------------------
 
@@ -346,7 +352,7 @@ class Swarm:
             if wait > 0:
                 await asyncio.sleep(wait)
             self._next_publish[topic] = time.monotonic() + 1.0 / PUBLISH_RATE_PER_TOPIC
-            await self._bridge.call(self._p2p.publish, topic, data)
+            await self._bridge.call(self.p2p.publish, topic, data)
 
     def subscribe(self, topic: str, validate: Validate, handler: Handler, *,
                   include_own: bool = False) -> None:
@@ -387,7 +393,7 @@ class Swarm:
         self._subscriptions.append((topic, validator, deliver))
         if not self._resubscribing and not self.watch.down_reason:  # else the restart subscribes it
             try:
-                self._bridge.start_soon(self._p2p.subscribe, topic, validator, deliver)
+                self._bridge.start_soon(self.p2p.subscribe, topic, validator, deliver)
             except TransportError:  # libp2p just went down: the watch restarts it and subscribes then
                 log.info("libp2p is down; %s is subscribed when it is back", topic)
 
@@ -415,11 +421,11 @@ class Swarm:
         self._provided.move_to_end(cid)
         while len(self._provided) > MAX_REPROVIDE:
             self._provided.popitem(last=False)
-        await self._bridge.call(self._p2p.provide, cid)
+        await self._bridge.call(self.p2p.provide, cid)
 
     async def find_providers(self, cid: str, *, count: int = 20) -> list[Provider]:
         """Distinct, unbanned providers of ``cid`` with a resolvable HTTP URL (this node included)."""
-        infos = await self._bridge.call(self._p2p.find_providers, cid, count)
+        infos = await self._bridge.call(self.p2p.find_providers, cid, count)
         peers = list(dict.fromkeys(i.peer_id.to_base58() for i in infos))
         # Banned peers are out; so are peers whose heartbeats stopped (a cached record of a dead node).
         peers = [p for p in peers if not self.peerbook.is_banned(p) and self.peerbook.state(p) != "gone"]
@@ -441,7 +447,7 @@ class Swarm:
 
     async def resolve(self, peer: str) -> str:
         """Ask ``peer`` for its signed node info; cache and return its HTTP base URL."""
-        raw = await self._bridge.call(self._p2p.request_info, peer, gossip.MAX_NODE_INFO_SIZE + 512)
+        raw = await self._bridge.call(self.p2p.request_info, peer, gossip.MAX_NODE_INFO_SIZE + 512)
         try:
             info = gossip.open_node_info(raw, expected_signer=peer)
         except ProtocolError as exc:
@@ -463,14 +469,14 @@ class Swarm:
         self.peerbook.ban(peer, reason)
         await asyncio.to_thread(self.peerbook.save, True)
         try:
-            await self._bridge.call(self._p2p.ban, peer)
+            await self._bridge.call(self.p2p.ban, peer)
         except ValueError as exc:  # not a peer ID libp2p can parse
             raise ProtocolError(f"cannot ban {peer!r}: {exc}") from exc
 
     def _auto_ban(self, peer: str) -> None:
         async def ban() -> None:
             try:
-                await self._p2p.ban(peer)
+                await self.p2p.ban(peer)
             except Exception as exc:  # background edge: the peerbook ban already refuses its input
                 log.debug("closing auto-banned %s: %r", peer, exc)
 

@@ -30,10 +30,11 @@ from typing import Callable, Iterable
 
 import trio
 from libp2p.host.autonat.pb.autonat_pb2 import Message
+from libp2p.host.basic_host import BasicHost
 from libp2p.peer.id import ID
 from multiaddr import Multiaddr
 
-from intellect_node.p2p.compat import AutoNATBase, addr_ip, observed_external_addrs
+from intellect_node.p2p.compat import AutoNATBase, addr_ip, network_of, observed_external_addrs
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ class DialBackAutoNAT(AutoNATBase):
     the reason against the peer.
     """
 
-    def __init__(self, host, *, serve: bool = True, dial_timeout: float = DIAL_BACK_TIMEOUT_S,
+    def __init__(self, host: BasicHost, *, serve: bool = True, dial_timeout: float = DIAL_BACK_TIMEOUT_S,
                  on_reject: Callable[[str, str], None] | None = None) -> None:
         super().__init__(host, serve=serve, confirmations=1)
         self.dial_timeout = dial_timeout
@@ -146,7 +147,8 @@ class DialBackAutoNAT(AutoNATBase):
         async with self._dial_slots:
             return await self.stock_serve_dial(message, observed_ip, is_relayed)
 
-    def _refuse(self, peer: ID | None, reason: str, status: int = Message.E_DIAL_REFUSED) -> Message:
+    def _refuse(self, peer: ID | None, reason: str,
+                status: Message.ResponseStatus.ValueType = Message.E_DIAL_REFUSED) -> Message:
         logger.info("autonat request from %s refused: %s", peer, reason)
         if peer is not None and self._on_reject is not None and status == Message.E_BAD_REQUEST:
             self._on_reject(str(peer), f"autonat: {reason}")
@@ -158,7 +160,7 @@ class DialBackAutoNAT(AutoNATBase):
 
     async def dial_back(self, peer_id: ID, addrs: list[bytes]) -> bytes | None:
         """Dial ``peer_id`` on a new TCP connection and prove its identity with Noise; never reuse one."""
-        network = self.host.get_network()
+        network = network_of(self.host)
         for raw in addrs[:MAX_DIAL_BACK_ADDRS]:
             t0 = time.monotonic()
             try:

@@ -22,7 +22,7 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
-from intellect_node.p2p.host import apply_libp2p_fixes
+from intellect_node.p2p.compat import apply_fixes as apply_libp2p_fixes
 
 
 def bare_host(name: str, listen: Multiaddr, *, dht_server: bool) -> tuple[Any, KadDHT]:

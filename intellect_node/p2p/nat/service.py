@@ -22,7 +22,7 @@ import logging
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import trio
 from libp2p.peer.id import ID
@@ -42,6 +42,11 @@ from intellect_node.p2p.nat.relay import (
 )
 from intellect_node.protocol.gossip import P2P_URL_PREFIX  # the blob URL a private node advertises
 
+if TYPE_CHECKING:
+    from intellect_node.config.nat import NatConfig
+    from intellect_node.config.status import StatusBoard
+    from intellect_node.p2p.swarm import Swarm
+
 log = logging.getLogger(__name__)
 
 UNKNOWN_CHECKS_BEFORE_RELAYING = 3
@@ -56,13 +61,27 @@ FIRST_CHECK_RETRY_S = 3.0
 ``nat.check_interval``."""
 
 
+class HeldBlobs(Protocol):
+    """What the chunk server reads of the blob store (``blobs/store.py``'s ``BlobStore``, a layer above)."""
+
+    def manifest_bytes(self, cid: str) -> bytes | None: ...
+
+    def have_bytes(self, cid: str) -> bytes | None: ...
+
+    def has_chunk(self, cid: str) -> bool: ...
+
+    def chunk_path(self, cid: str) -> Path: ...
+
+
 class NatService:
     """``runtime.add_service(NatService.for_runtime)``; see the module docstring."""
 
     name = "nat"
 
-    def __init__(self, swarm: Any, config: Any, *, blob_store: Callable[[], Any] = lambda: None,
-                 on_reject: Callable[[str, str], None] | None = None, board: Any = None) -> None:
+    def __init__(self, swarm: Swarm, config: NatConfig, *,
+                 blob_store: Callable[[], HeldBlobs | None] = lambda: None,
+                 on_reject: Callable[[str, str], None] | None = None,
+                 board: StatusBoard | None = None) -> None:
         self.swarm = swarm
         self.cfg = config
         self.board = board
@@ -89,7 +108,7 @@ class NatService:
     def for_runtime(cls, rt: Any) -> "NatService":
         return cls(rt.swarm, rt.config.nat, on_reject=rt.swarm.peerbook.record_rejection, board=rt.board)
 
-    def attach_blob_store(self, get_store: Callable[[], Any]) -> None:
+    def attach_blob_store(self, get_store: Callable[[], HeldBlobs | None]) -> None:
         """Where served chunks come from (the blob service's store, known once it is built)."""
         self._blob_store = get_store
 
@@ -251,14 +270,15 @@ class NatService:
 
     def _publish(self) -> None:
         """Hand the verdict to the status board (dashboard, ``status``, ``doctor``) on the asyncio side."""
-        if self.board is None:
+        board = self.board
+        if board is None:
             return
         st = self.status()
         kind = st["reachability"].lower()
         relays = [r["relay"] for r in st.get("relays", [])]
         if kind == "private" and relays:
             kind = "relayed"
-        self.swarm.bridge.to_asyncio(lambda: self.board.set_reachability(
+        self.swarm.bridge.to_asyncio(lambda: board.set_reachability(
             kind, public_addrs=st["public_addrs"], relay=relays[0] if relays else "", detail=st["fix"]))
 
     async def _start_relay_service(self) -> None:
@@ -329,8 +349,7 @@ class NatService:
             return store.have_bytes(cid)
         if not store.has_chunk(cid):
             return None
-        path: Path = store.chunk_path(cid)
-        return await trio.to_thread.run_sync(path.read_bytes)
+        return await trio.to_thread.run_sync(store.chunk_path(cid).read_bytes)
 
     # -- status --------------------------------------------------------------------------------------
 
