@@ -34,7 +34,9 @@ def _join_flags(args: list[str]) -> dict[str, Any]:
     from intellect_node.cli import app
     from intellect_node.commands.join import join_flags
 
-    join_cmd = typer.main.get_command(app).commands["join"]  # type: ignore[attr-defined]
+    group = typer.main.get_command(app)
+    assert isinstance(group, click.Group)  # an app of several commands is a group
+    join_cmd = group.commands["join"]
     try:
         ctx = join_cmd.make_context("join", list(args), resilient_parsing=False)
     except click.exceptions.UsageError as exc:

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from intellect_node.commands.common import DataDirOption, data_dir
 from intellect_node.errors import ConfigError, ProtocolError
 
+if TYPE_CHECKING:
+    from intellect_node.protocol.signing import SigningKey
+
 ModelOption = typer.Option(None, "--model", help="Model folder (default: the embedded model).")
 DtypeOption = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16; part of the run config: "
                                                       "generation and verification must use the same.")
 
 
-def _signing_key(data_dir_opt: Optional[Path]):  # type: ignore[no-untyped-def]
+def _signing_key(data_dir_opt: Optional[Path]) -> SigningKey:
     """The node key when one exists, else an ephemeral key (said so on stderr)."""
     from intellect_node.p2p.identity import key_path, load_key
     from intellect_node.protocol.signing import SigningKey

@@ -11,13 +11,18 @@ progress (``commands/progress.py``) in problems measured of the pool.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from intellect_node.commands.common import CONFIG_HELP, task_and_model
 from intellect_node.errors import ConfigError
+
+if TYPE_CHECKING:
+    from intellect_node.inference.base import Generation, SamplingConfig
+    from intellect_node.inference.torch_engine import TorchEngine
 
 
 class _Counting:
@@ -26,13 +31,14 @@ class _Counting:
     ``solve_rates`` draws its batches and sampling keys itself; counting at the engine seam reports its
     progress without changing which completions it draws (the rates stay those of one call)."""
 
-    def __init__(self, engine: Any, on_done: Any) -> None:
+    def __init__(self, engine: TorchEngine, on_done: Callable[[int], object]) -> None:
         self._engine = engine
         self._on_done = on_done
         self.completions = 0
         self.loaded = engine.loaded
 
-    def generate(self, prompts: Any, keys: Any, sampling: Any) -> Any:
+    def generate(self, prompts: Sequence[Sequence[int]], keys: Sequence[int],
+                 sampling: SamplingConfig) -> list[Generation]:
         out = self._engine.generate(prompts, keys, sampling)
         self.completions += len(prompts)
         self._on_done(self.completions)
@@ -94,8 +100,7 @@ def register(app: typer.Typer) -> None:
             engine = TorchEngine.from_dir(model_dir)
             progress.phase("measuring", total=len(problems), unit="problems", samples=samples)
             counting = _Counting(engine, lambda n: progress.update(n // samples))
-            rates = measure(counting, problems, samples,  # type: ignore[arg-type]  # duck-typed seam
-                            max_new_tokens=max_new_tokens, seed=seed)
+            rates = measure(counting, problems, samples, max_new_tokens=max_new_tokens, seed=seed)
         save_solve_rates(out, rates)
         values = sorted(rates.values())
         kept = sum(1 for r in values if r in keep)

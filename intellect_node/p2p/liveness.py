@@ -143,10 +143,11 @@ class Libp2pWatch:
         return fresh and not self.down_reason
 
     def _loop_ended(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or task.exception() is None:
+        exc = None if task.cancelled() else task.exception()
+        if exc is None:
             return
-        why = f"the libp2p watch failed: {describe(task.exception())}"  # type: ignore[arg-type]
-        log.critical(why, exc_info=task.exception())
+        why = f"the libp2p watch failed: {describe(exc)}"
+        log.critical(why, exc_info=exc)
         self.swarm.fatal(why)
 
     async def _loop(self) -> None:

@@ -183,7 +183,9 @@ def read_optimizer(root: str | os.PathLike[str]) -> dict[str, Any] | None:
     path = latest_dir(root)
     if path is None or not (path / "optimizer.pt").exists():
         return None
-    return torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True, mmap=True)  # type: ignore[no-any-return]
+    state: dict[str, Any] = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True,
+                                       mmap=True)
+    return state
 
 
 def load_checkpoint(root: str | os.PathLike[str], model: Any,

@@ -61,7 +61,8 @@ class CpuAdamW:
 
     @property
     def _params(self) -> list[torch.Tensor]:
-        return self.param_groups[0]["params"]  # type: ignore[no-any-return]
+        params: list[torch.Tensor] = self.param_groups[0]["params"]
+        return params
 
     @torch.no_grad()
     def step(self) -> None:
