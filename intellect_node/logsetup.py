@@ -139,7 +139,7 @@ def quiet_library(*, debug: bool = False, gate: LibraryNoiseGate | None = None) 
     for old in [h for h in lib.handlers if isinstance(h, LibraryNoiseGate)]:
         lib.removeHandler(old)
     gate = gate or LibraryNoiseGate(passthrough=debug)
-    lib.intellect_node_gate = gate  # type: ignore[attr-defined]
+    lib.intellect_node_gate = gate  # type: ignore[attr-defined]  # our attribute on logging's Logger
     lib.addHandler(gate)
     lib.propagate = False
     return gate
@@ -164,7 +164,7 @@ def setup_logging(*, level: str = "INFO", json_lines: bool = True, file: Path | 
     else:
         handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonLinesFormatter() if json_lines else PlainFormatter())
-    handler._intellect_node = True  # type: ignore[attr-defined]
+    handler._intellect_node = True  # type: ignore[attr-defined]  # our mark on logging's Handler
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, "_intellect_node", False)]:
         root.removeHandler(old)

@@ -742,6 +742,7 @@ class _Download:
             if getattr(peer.source, "speaks_if_idle", False):
                 if_idle = peer.complete and self._knows_partial_holders() \
                     and not self._seed_has_nothing_unique()
+                # Only a source that says speaks_if_idle takes if_idle (ChunkSource does not declare it).
                 await peer.source.read_chunk(peer.provider, chunk, n, sink,  # type: ignore[call-arg]
                                              if_idle=if_idle)
             else:

@@ -79,6 +79,7 @@ class BlobPeer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
+        # aiohttp's private server, set once the site started: the bound port when port=0.
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://{self.host}:{port}"
         await self.blobs.start(announce=announce)

@@ -36,9 +36,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -53,6 +54,15 @@ from intellect_node.node.processes import (
     write_config,
 )
 from intellect_node.p2p.ports import free_tcp_port
+
+if TYPE_CHECKING:
+    from intellect_node.config.status import StatusSnapshot
+    from intellect_node.envs.tasks import Problem
+    from intellect_node.inference.run_settings import Choice
+    from intellect_node.inference.torch_engine import TorchEngine
+
+Say = Callable[[str], object]
+"""Where the demo reports a step (stderr, a progress line, a test's list)."""
 
 START_ATTEMPTS = 3
 """Ports the demo tries for its trainer: another process can take the one picked before the trainer
@@ -156,7 +166,7 @@ class DemoSwarm:
             return f"{node.name} was not started (logs in {node.data_dir})"
         return node.proc.death_note()
 
-    def start(self, progress: Any = None) -> None:
+    def start(self, progress: Say | None = None) -> None:
         """Every node at once: the trainer on a port picked just before, the others bootstrapped to it.
 
         They import torch and libp2p side by side instead of waiting for the trainer's start-up, and dial
@@ -193,13 +203,13 @@ class DemoSwarm:
     def dead(self) -> list[DemoNode]:
         return [n for n in self.nodes if n.proc is not None and not n.proc.alive()]
 
-    def snapshots(self, placeholders: bool = False) -> list[Any]:
+    def snapshots(self, placeholders: bool = False) -> list[StatusSnapshot]:
         """Status snapshot of every node that answers (a starting or stopping node is skipped, or shown
         as ``unreachable`` with ``placeholders``: the dashboard must not drop a node that stopped
         answering)."""
         from intellect_node.config.status import StatusSnapshot
 
-        out = []
+        out: list[StatusSnapshot] = []
         for node in self.nodes:
             if node.proc is None or not node.proc.alive():
                 continue
@@ -229,7 +239,7 @@ class StepLog:
         self.learning: dict[str, Any] = {"attempts": 0, "no_signal_attempts": 0, "no_signal_causes": {},
                                          "warning": "", "last_warning": ""}
 
-    def update(self, snaps: list[Any]) -> None:
+    def update(self, snaps: Sequence[StatusSnapshot]) -> None:
         for s in snaps:
             if s.role == "trainer" or s.training.history:
                 for p in s.training.history:
@@ -246,7 +256,7 @@ class StepLog:
         return [self.steps[k] for k in sorted(self.steps)]
 
 
-def rollout_counts(snaps: list[Any]) -> dict[str, int]:
+def rollout_counts(snaps: Sequence[StatusSnapshot]) -> dict[str, int]:
     """Verdicts issued by validators when there are any, else what workers were told."""
     validators = [s for s in snaps if "validator" in s.role.split(",")]
     source = validators or [s for s in snaps if "worker" in s.role.split(",")]
@@ -284,7 +294,7 @@ def run_headless(swarm: DemoSwarm, steps: int, timeout: float, report: Optional[
     from intellect_node import dashboard
 
     log = StepLog()
-    snaps: list[Any] = []
+    snaps: list[StatusSnapshot] = []
     counts = {"accepted": 0, "rejected": 0, "generated": 0}
     t0 = time.monotonic()
     next_line = 0.0
@@ -342,7 +352,7 @@ def run_dashboard(swarm: DemoSwarm) -> int:
 
     stop = threading.Event()
 
-    def source() -> list[Any]:
+    def source() -> list[StatusSnapshot]:
         dead = swarm.dead()
         if dead:
             stop.set()
@@ -364,8 +374,8 @@ def run_dashboard(swarm: DemoSwarm) -> int:
     return 0
 
 
-def demo_thresholds(model: str, base: Path, progress: Any = None, *, engine: Any = None,
-                    problems: Any = None, max_new_tokens: int | None = None,
+def demo_thresholds(model: str, base: Path, progress: Say | None = None, *, engine: TorchEngine | None = None,
+                    problems: Sequence[Problem] | None = None, max_new_tokens: int | None = None,
                     temperature: float = 1.0) -> Path:
     """The model folder's thresholds when they cover the demo's pair (torch@cpu), else a quick
     calibration of that pair written into the demo's own directory: a model brought with --model rarely
@@ -413,7 +423,7 @@ class DemoPlan:
 
     folder: Path | None
     extra: dict[str, dict[str, Any]]
-    choices: list[Any]
+    choices: list[Choice]
     workers: int
     notes: list[str] = field(default_factory=list)
 
@@ -461,7 +471,7 @@ def plan_demo(*, model: str | None, env: str | None, env_args: dict[str, Any], c
     return DemoPlan(folder=folder, extra=extra, choices=choices, workers=workers, notes=notes)
 
 
-def preflight_and_thresholds(plan: DemoPlan, base: Path, say: Any) -> None:
+def preflight_and_thresholds(plan: DemoPlan, base: Path, say: Say) -> None:
     """For a model brought with --model: the starting policy's solve rate on a sample of the run's
     problems (a warning when no group can be learned from), and the proof thresholds calibrated on the
     run's own prompts (``run.proof_thresholds``) unless the folder or ``--config`` has them."""

@@ -398,6 +398,7 @@ def apply_fixes() -> None:
     _applied = True
     _patch(_yamux.YamuxStream, "_auto_tune_and_send_window_update", _window_update)
     _patch(_yamux.YamuxStream, "write", _atomic_write)
+    # A data descriptor in place of the int attribute (see _ReceiveWindow).
     _yamux.YamuxStream.recv_window = _ReceiveWindow()  # type: ignore[assignment]
     _patch(_yamux.Yamux, "handle_incoming", _enforce_receive_window)
     _STOCK.setdefault("yamux.read_exactly", _yamux.read_exactly)
@@ -513,7 +514,8 @@ async def _read_body_within_window(self: _yamux.Yamux, length: int) -> bytes:
                         left -= len(await _STOCK["yamux.read_exactly"](self.secured_conn,
                                                                        min(left, DRAIN_PIECE)))
                 return b""
-    return await _STOCK["Yamux._read_data_body"](self, length)  # type: ignore[no-any-return]
+    body: bytes = await _STOCK["Yamux._read_data_body"](self, length)
+    return body
 
 
 DRAIN_PIECE = 64 * 1024
@@ -793,7 +795,7 @@ def prune_low_scores(router: GossipSub, threshold: float,
                     on_prune(peer, topic, scorer.score(peer, [topic]))
         return graft, prune
 
-    router.mesh_heartbeat = mesh_heartbeat  # type: ignore[method-assign]
+    router.mesh_heartbeat = mesh_heartbeat  # type: ignore[method-assign]  # this router's, on purpose
 
 
 IDONTWANT_MIN_BYTES = 1024
@@ -820,6 +822,7 @@ def idontwant_only_for_large(router: GossipSub, min_bytes: int = IDONTWANT_MIN_B
             return
         await stock_emit(msg_id, topic_ids)
 
+    # This router's methods, on purpose (the class stays stock).
     router.publish = publish  # type: ignore[method-assign]
     router._emit_idontwant_for_message = emit  # type: ignore[method-assign]
 

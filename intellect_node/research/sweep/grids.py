@@ -77,5 +77,6 @@ def execute(spec: JobSpec) -> Any:
     if spec.variant == "poly":
         return poly.run_polysemanticity(spec.n, spec.m, spec.seed, steps=spec.steps, lr=spec.lr, l1=spec.l1,
                                         weight_decay=spec.weight_decay)
+    # check_spec admitted only NoiseKind's names; the wire struct holds a plain str.
     return poly.run_noise(spec.n, spec.m, spec.seed, noise=spec.noise, sigma=spec.sigma,  # type: ignore[arg-type]
                           steps=spec.steps, lr=spec.lr, l1=spec.l1, record_every=spec.record_every)

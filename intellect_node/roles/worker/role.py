@@ -170,6 +170,7 @@ class Worker:
                     self.engine = await asyncio.to_thread(
                         make_engine, self.base.path, self.choice.name, dtype=self.base.dtype,
                         device=self.choice.device, vllm=self.choice.vllm)
+                # Only VllmEngine swaps weights in place (InferenceEngine does not declare it).
                 await asyncio.to_thread(self.engine.load_weights, loaded.state)  # type: ignore[attr-defined]
                 self.version, self.checkpoint_hash = version, ckpt.content_hash
         self.rt.board.set_policy(local=version)
