@@ -23,9 +23,11 @@ from __future__ import annotations
 import logging
 import struct
 import weakref
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 import trio
+from libp2p.abc import IHost, IMuxedConn, INetStream
+from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
 from intellect_node.errors import IntegrityError, ProtocolError, TransportError
@@ -64,7 +66,7 @@ class RelayBudgetExceeded(TransportError):
     """The relayed connection has no byte budget left for this item; punch through or use another path."""
 
 
-async def _read_exactly(stream: Any, n: int) -> bytes:
+async def _read_exactly(stream: INetStream, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         data = await stream.read(min(n - len(buf), 1 << 16))
@@ -74,7 +76,7 @@ async def _read_exactly(stream: Any, n: int) -> bytes:
     return bytes(buf)
 
 
-async def _read_frame(stream: Any, max_size: int) -> bytes:
+async def _read_frame(stream: INetStream, max_size: int) -> bytes:
     (n,) = struct.unpack(">I", await _read_exactly(stream, 4))
     if n > max_size:  # checked before allocating anything
         raise ProtocolError(f"frame of {n} bytes exceeds the limit of {max_size}")
@@ -92,7 +94,7 @@ Lookup = Callable[[str, str], Awaitable[bytes | None]]
 class ChunkStreamServer:
     """Serves ``lookup``'s chunks and manifests; register it on the host with :meth:`register`."""
 
-    def __init__(self, host: Any, lookup: Lookup, *,
+    def __init__(self, host: IHost, lookup: Lookup, *,
                  relay_limits: Callable[[str], int | None] = lambda relay: None,
                  on_reject: Callable[[str, str], None] | None = None) -> None:
         self.host = host
@@ -100,21 +102,21 @@ class ChunkStreamServer:
         self.relay_limits = relay_limits
         self.on_reject = on_reject
         # Bytes moved by chunk streams per relayed muxed connection (gone with the connection).
-        self._used: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+        self._used: weakref.WeakKeyDictionary[IMuxedConn, int] = weakref.WeakKeyDictionary()
         self.served_bytes = 0
         self.refused_budget = 0
 
     def register(self) -> None:
-        self.host.set_stream_handler(PROTOCOL_ID, self.handle)
+        self.host.set_stream_handler(TProtocol(PROTOCOL_ID), self.handle)
 
-    def budget_left(self, muxed_conn: Any) -> int | None:
+    def budget_left(self, muxed_conn: IMuxedConn) -> int | None:
         relay = relay_of_connection(muxed_conn)
         if relay is None:
             return None
         limit = self.relay_limits(relay) or UNKNOWN_RELAY_LIMIT
         return max(0, int(limit * BUDGET_SHARE) - self._used.get(muxed_conn, 0))
 
-    async def handle(self, stream: Any) -> None:
+    async def handle(self, stream: INetStream) -> None:
         peer = str(stream.muxed_conn.peer_id)
         try:
             with trio.fail_after(READ_TIMEOUT_S):
@@ -154,7 +156,7 @@ class ChunkStreamServer:
 class ChunkStreamClient:
     """Fetches items from one peer over the open libp2p connection (direct or relayed)."""
 
-    def __init__(self, host: Any, peer: ID, *, timeout: float = READ_TIMEOUT_S) -> None:
+    def __init__(self, host: IHost, peer: ID, *, timeout: float = READ_TIMEOUT_S) -> None:
         self.host = host
         self.peer = peer
         self.timeout = timeout
@@ -164,7 +166,7 @@ class ChunkStreamClient:
         stream = None
         try:
             with trio.fail_after(self.timeout):
-                stream = await self.host.new_stream(self.peer, [PROTOCOL_ID])
+                stream = await self.host.new_stream(self.peer, [TProtocol(PROTOCOL_ID)])
                 await stream.write(_frame(codec.encode(ChunkRequest(kind=kind, cid=cid))))
                 header = codec.decode(await _read_frame(stream, MAX_RESPONSE_HEADER), ChunkResponse,
                                       max_size=MAX_RESPONSE_HEADER)

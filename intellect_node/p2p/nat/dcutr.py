@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
+from libp2p.abc import IHost
 from libp2p.peer.id import ID
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
@@ -49,11 +50,11 @@ class HolePunchSnapshot:
     failed: int
 
 
-def has_direct(host: Any, peer: ID) -> bool:
+def has_direct(host: IHost, peer: ID) -> bool:
     return "direct" in connection_kinds(host, peer)
 
 
-def relayed_direction(host: Any, peer: ID) -> str | None:
+def relayed_direction(host: IHost, peer: ID) -> str | None:
     """``"inbound"``/``"outbound"`` for our relayed connection to ``peer`` (None without one)."""
     for conn in host.get_network().get_connections(peer):
         if getattr(conn, "is_closed", False) or relay_of_connection(conn) is None:
@@ -74,7 +75,7 @@ class _RememberingDCUtR(DCUtRBase):
     external IPs ever observed are remembered and used when no live observation exists.
     """
 
-    def __init__(self, host: Any, dial_timeout: int) -> None:
+    def __init__(self, host: IHost, dial_timeout: int) -> None:
         super().__init__(host, dial_timeout=dial_timeout)
         self.external_ips: dict[str, None] = {}
 
@@ -129,7 +130,7 @@ class _RememberingDCUtR(DCUtRBase):
 class HolePuncher:
     """Runs the DCUtR service; ``upgrade(peer)`` asks for a direct connection now."""
 
-    def __init__(self, host: Any, dial_timeout: int = DIAL_TIMEOUT_S) -> None:
+    def __init__(self, host: IHost, dial_timeout: int = DIAL_TIMEOUT_S) -> None:
         self.host = host
         self.protocol = _RememberingDCUtR(host, dial_timeout=dial_timeout)
         self.attempts = 0

@@ -22,9 +22,10 @@ import contextvars
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 import trio
+from libp2p.abc import IHost, IMuxedConn, INetConn
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
@@ -70,6 +71,15 @@ the next check (connected peers are asked for nothing), and a lost reservation s
 MAX_RESERVATION_ADDRS = 8
 
 
+class ProviderRecords(Protocol):
+    """How relays are found: DHT provider records under :data:`RELAY_DHT_KEY` (``host.P2PHost``'s
+    ``provide`` and provider walk, or a bare ``KadDHT``'s)."""
+
+    async def provide(self, key: str, /) -> bool: ...
+
+    async def find_providers(self, key: str, count: int = ..., /) -> list[PeerInfo]: ...
+
+
 @dataclass(frozen=True)
 class RelayServiceLimits:
     """What a relay grants. Defaults follow go-libp2p's relay v2 resource defaults in spirit (a slot
@@ -89,7 +99,7 @@ class RelayServiceLimits:
 class _HopWithTotalCap(HopBase):
     """Stock HOP handler plus a cap on circuits across all reservations."""
 
-    def __init__(self, host: Any, limits: RelayLimits, max_circuits_total: int) -> None:
+    def __init__(self, host: IHost, limits: RelayLimits, max_circuits_total: int) -> None:
         super().__init__(host, limits=limits, allow_hop=True)
         self.max_circuits_total = max_circuits_total
         self.refused_circuits = 0
@@ -117,7 +127,8 @@ class RelayServiceSnapshot:
 class RelayService:
     """The relay (HOP) side, announced in the DHT. Run with ``await nursery.start(service.run)``."""
 
-    def __init__(self, host: Any, dht: Any, limits: RelayServiceLimits = RelayServiceLimits(), *,
+    def __init__(self, host: IHost, dht: ProviderRecords,
+                 limits: RelayServiceLimits = RelayServiceLimits(), *,
                  advertise_interval_s: float = 600.0) -> None:
         self.host = host
         self.dht = dht
@@ -174,7 +185,7 @@ class ReservationRefused(TransportError):
     pass
 
 
-async def reserve(host: Any, relay_id: ID, *, timeout: float = RESERVE_TIMEOUT_S) -> HeldReservation:
+async def reserve(host: IHost, relay_id: ID, *, timeout: float = RESERVE_TIMEOUT_S) -> HeldReservation:
     """One RESERVE exchange on a fresh HOP stream; the relay must already be connected or dialable."""
     with trio.fail_after(timeout):
         stream = await host.new_stream(relay_id, [HOP_PROTOCOL_ID])
@@ -218,9 +229,9 @@ class RelayClient:
     addresses changes, so the node can refresh its advertised addresses and status.
     """
 
-    def __init__(self, host: Any, dht: Any, *, want: int = DEFAULT_WANT, renew_fraction: float = 0.5,
-                 check_interval_s: float = 5.0, static_relays: Iterable[str] = (),
-                 on_change: Callable[[], None] | None = None) -> None:
+    def __init__(self, host: IHost, dht: ProviderRecords, *, want: int = DEFAULT_WANT,
+                 renew_fraction: float = 0.5, check_interval_s: float = 5.0,
+                 static_relays: Iterable[str] = (), on_change: Callable[[], None] | None = None) -> None:
         if want < 1:
             raise ValueError("want must be at least 1")
         if not 0.05 <= renew_fraction <= 0.95:
@@ -380,7 +391,7 @@ OWN_ADDRS_VIEW: contextvars.ContextVar[bool] = contextvars.ContextVar("nat_own_a
 advertises (DCUtR binds its hole-punch dials to the listen port it finds there)."""
 
 
-def advertise_circuit_addrs(host: Any, circuits: Callable[[], list[str]], *,
+def advertise_circuit_addrs(host: IHost, circuits: Callable[[], list[str]], *,
                             private: Callable[[], bool] = lambda: True) -> None:
     """Make ``host.get_addrs()`` (identify, DHT provider records) include ``circuits()`` (full circuit
     addresses ending /p2p/<us>, e.g. ``RelayClient.circuit_addrs``).
@@ -402,22 +413,25 @@ def advertise_circuit_addrs(host: Any, circuits: Callable[[], list[str]], *,
     # ADDRS_CACHE_S, keyed by everything it depends on that changes by event (the circuits, the private
     # view, the number of listeners); listen and observed addresses change rarely and are re-read after
     # that long.
-    cached: list[Any] = [None, 0.0, []]  # key, monotonic time, answer
+    cached_key: tuple[tuple[str, ...], bool, int] | None = None
+    cached_at = 0.0  # monotonic time
+    cached: list[Multiaddr] = []
 
     def get_addrs() -> list[Multiaddr]:
+        nonlocal cached_key, cached_at, cached
         circ = tuple(circuits())
         only_relayed = bool(private()) and not OWN_ADDRS_VIEW.get()
         listeners = len(getattr(host.get_network(), "listeners", ()) or ())  # a listen right after start
         key = (circ, only_relayed, listeners)
         now = time.monotonic()
-        if cached[0] == key and now - cached[1] < ADDRS_CACHE_S:
-            return list(cached[2])
+        if cached_key == key and now - cached_at < ADDRS_CACHE_S:
+            return list(cached)
         relayed = [Multiaddr(a) for a in circ]
         answer = relayed if only_relayed else [a for a in original() if not is_circuit(a)] + relayed
-        cached[:] = [key, now, answer]
+        cached_key, cached_at, cached = key, now, answer
         return list(answer)
 
-    host.get_addrs = get_addrs
+    host.get_addrs = get_addrs  # type: ignore[method-assign]  # this host's bound method (see above)
 
 
 ADDRS_CACHE_S = 1.0
@@ -428,7 +442,7 @@ def is_circuit(addr: str | Multiaddr) -> bool:
     return "/p2p-circuit" in str(addr)
 
 
-def connection_kinds(host: Any, peer: ID) -> list[str]:
+def connection_kinds(host: IHost, peer: ID) -> list[str]:
     """``"direct"`` or ``"relayed"`` for each open connection to ``peer``."""
     kinds = []
     for conn in host.get_network().get_connections(peer):
@@ -442,7 +456,7 @@ def connection_kinds(host: Any, peer: ID) -> list[str]:
     return kinds
 
 
-def relay_of_connection(conn: Any) -> str | None:
+def relay_of_connection(conn: INetConn | IMuxedConn) -> str | None:
     """The relay's peer ID when ``conn`` is relayed, else None."""
     try:
         addrs = conn.get_transport_addresses()
@@ -460,7 +474,7 @@ def relay_of_connection(conn: Any) -> str | None:
 class CircuitDialer:
     """Connects to a peer by its direct addresses, else through a relay (its circuit addresses)."""
 
-    def __init__(self, host: Any) -> None:
+    def __init__(self, host: IHost) -> None:
         self.host = host
         # The transport dials circuits only; STOP-only so dialling never makes a reservation.
         self.transport = CircuitV2Transport(host, CircuitV2Protocol(host, allow_hop=False),
