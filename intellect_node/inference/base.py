@@ -9,9 +9,12 @@ back as float32 on the CPU whatever the engine's dtype, shape ``[n_tokens, hidde
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Collection, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Collection, Protocol, Sequence, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:
+    from intellect_node.models.loader import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,18 @@ class InferenceEngine(Protocol):
     def eos_ids(self) -> Collection[int]:
         """Every token ID that ends a completion (chat models have several); ``eos_id`` is the first.
         Read-only here, so an engine may hold any collection (a frozenset, a list)."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], keys: Sequence[int],
+                 sampling: SamplingConfig) -> list[Generation]: ...
+
+
+class LoadedEngine(Protocol):
+    """An engine with the model it loaded in memory (:class:`~.torch_engine.TorchEngine`, or one wrapping
+    it): what measures that tokenize prompts with the engine's own tokenizer take (solve rates, the
+    preflight of a run's settings)."""
+
+    @property
+    def loaded(self) -> LoadedModel: ...
 
     def generate(self, prompts: Sequence[Sequence[int]], keys: Sequence[int],
                  sampling: SamplingConfig) -> list[Generation]: ...

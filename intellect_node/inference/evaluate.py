@@ -24,14 +24,14 @@ import dataclasses
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import torch
 
 from intellect_node.envs.filtering import measure_solve_rates
 from intellect_node.envs.tasks import Problem, Task, embedded_task
 from intellect_node.errors import ConfigError
-from intellect_node.inference.base import Generation, SamplingConfig
+from intellect_node.inference.base import LoadedEngine, SamplingConfig
 from intellect_node.inference.torch_engine import TorchEngine
 from intellect_node.models.loader import LoadedModel, load_model, torch_dtype
 from intellect_node.proofs.sampling import rollout_key
@@ -121,17 +121,6 @@ def evaluate(model: str | Path | None = None, weights: str | Path | None = None,
     base = load_model(model)
     return pass_rate(with_weights(base, weights) if weights is not None else base, n=n, seed=seed,
                      max_new_tokens=max_new_tokens)
-
-
-class LoadedEngine(Protocol):
-    """What :func:`solve_rates` uses of an engine: the model it loaded (for its tokenizer) and
-    ``generate`` (a :class:`~intellect_node.inference.torch_engine.TorchEngine`, or one wrapping it)."""
-
-    @property
-    def loaded(self) -> LoadedModel: ...
-
-    def generate(self, prompts: Sequence[Sequence[int]], keys: Sequence[int],
-                 sampling: SamplingConfig) -> list[Generation]: ...
 
 
 def solve_rates(engine: LoadedEngine, problems: Sequence[Problem], samples: int, *, max_new_tokens: int,

@@ -32,7 +32,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from intellect_node.envs.tasks import Problem
+    from intellect_node.inference.base import LoadedEngine
 
 LR_BY_SIZE: tuple[tuple[float, float, str], ...] = (
     (10e6, 2e-4, "the embedded model's rate (bench/learning.py)"),
@@ -192,10 +196,10 @@ class Preflight:
         return f"{head}\nWARNING: nothing is learnable with these settings: {why}"
 
 
-def preflight(engine: Any, problems: Sequence[Any], *, group_size: int, max_new_tokens: int,
+def preflight(engine: LoadedEngine, problems: Sequence[Problem], *, group_size: int, max_new_tokens: int,
               temperature: float = 1.0, seed: int = 0, batch: int = 64) -> Preflight:
-    """Sample ``group_size`` completions of each problem with ``engine`` (an ``InferenceEngine``) and the
-    run's sampling, score them with the problem's own checker, and count the learnable groups."""
+    """Sample ``group_size`` completions of each problem with ``engine`` and the run's sampling, score
+    them with the problem's own checker, and count the learnable groups."""
     from intellect_node.inference.base import SamplingConfig
     from intellect_node.proofs.sampling import rollout_key
 

@@ -40,9 +40,15 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
+
+if TYPE_CHECKING:  # libp2p is imported only by the trio thread's code (an import costs about a second)
+    from libp2p.abc import IHost
+    from libp2p.pubsub.gossipsub import GossipSub
+
+    from intellect_node.config import NodeConfig
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +94,7 @@ class ConnLimits:
             raise ValueError(f"conn_grace_s must be 0 or more, got {self.grace_s}")
 
     @classmethod
-    def from_config(cls, config: Any) -> "ConnLimits":
+    def from_config(cls, config: NodeConfig) -> "ConnLimits":
         """From a node's configuration tree: ``[network]`` watermarks, ``[run]`` trainer and validators."""
         net, run = config.network, config.run
         peers = ([run.trainer_peer_id] if run.trainer_peer_id else []) + list(run.validator_peer_ids)
@@ -298,7 +304,7 @@ class ConnManager:
         return out
 
 
-def survey(mgr: ConnManager, host: Any, gossipsub: Any) -> list[PeerView]:
+def survey(mgr: ConnManager, host: IHost, gossipsub: GossipSub) -> list[PeerView]:
     """Connected peers of ``host`` as :class:`PeerView` s (trio thread: reads libp2p state).
 
     Protection beyond configuration and tags is read from the connections themselves: open streams of a

@@ -58,7 +58,7 @@ def _dir_name(version: int) -> str:
     return f"v{version:08d}"
 
 
-def save_checkpoint(root: str | os.PathLike[str], model: Any, optimizer: Optimizer | None,
+def save_checkpoint(root: str | os.PathLike[str], model: torch.nn.Module, optimizer: Optimizer | None,
                     state: TrainerState, *, keep: int = 2) -> Path:
     """Write checkpoint ``state.version`` atomically and point ``LATEST`` at it."""
     return save_checkpoint_state(root, model.state_dict(),
@@ -152,7 +152,7 @@ def _mapped_tensors(path: Path) -> tuple[mmap.mmap, dict[str, tuple[torch.dtype,
     return m, table
 
 
-def load_weights(path: Path, model: Any) -> None:
+def load_weights(path: Path, model: torch.nn.Module) -> None:
     """Copy the safetensors file ``path`` into ``model``'s tensors one at a time from a read-only mapping
     (strict: the same names and shapes), never materialising a second full state dict."""
     target = model.state_dict()  # references to the model's own tensors
@@ -188,7 +188,7 @@ def read_optimizer(root: str | os.PathLike[str]) -> dict[str, Any] | None:
     return state
 
 
-def load_checkpoint(root: str | os.PathLike[str], model: Any,
+def load_checkpoint(root: str | os.PathLike[str], model: torch.nn.Module,
                     optimizer: Optimizer | None = None) -> TrainerState | None:
     """Load the latest checkpoint into ``model`` (and ``optimizer``); None when there is none yet."""
     path = latest_dir(root)

@@ -39,12 +39,15 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import TYPE_CHECKING, Any, ContextManager
 
 import torch
 
 from intellect_node.errors import ConfigError
 from intellect_node.models.families import SUPPORTED_MODEL_TYPES
+
+if TYPE_CHECKING:
+    from intellect_node.policy.weights import PolicyWeights
 
 TRAINABLE_MODEL_TYPES = SUPPORTED_MODEL_TYPES
 """The families the trainer trains: the same list the inference side runs (``models.families``)."""
@@ -105,7 +108,8 @@ class TrainOptions:
                    implementation=getattr(section, "train_implementation", d.implementation))
 
 
-def autocast(model_or_device: Any, compute_dtype: torch.dtype | None) -> ContextManager[Any]:
+def autocast(model_or_device: torch.nn.Module | str | torch.device,
+             compute_dtype: torch.dtype | None) -> ContextManager[Any]:
     """The autocast context of one forward/backward (a no-op in fp32)."""
     if compute_dtype is None:
         return contextlib.nullcontext()
@@ -157,7 +161,7 @@ def enable_checkpointing(model: Any) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def is_checkpointing(model: Any) -> bool:
+def is_checkpointing(model: torch.nn.Module) -> bool:
     if hasattr(model, "is_activation_checkpointing"):
         return bool(model.is_activation_checkpointing)
     return bool(getattr(model, "is_gradient_checkpointing", False))
@@ -192,7 +196,7 @@ def load_trainable(model: str | Path | None = None, options: TrainOptions | None
     return m
 
 
-def initial_policy(model: str | Path | None, dest: str | os.PathLike[str]) -> Any:
+def initial_policy(model: str | Path | None, dest: str | os.PathLike[str]) -> PolicyWeights:
     """Write version 0 of a run on ``model`` to ``dest``, as a fresh trainer publishes it: the weights
     :func:`load_trainable` gives (fp32, this project's network and its tensor names, which are
     transformers'), in the canonical policy format. Returns the file mapped (a ``PolicyWeights``).
