@@ -21,6 +21,7 @@ import struct
 import sys
 import threading
 import time
+from typing import BinaryIO
 
 import msgspec
 
@@ -99,7 +100,7 @@ def _limit_memory() -> None:
         pass
 
 
-def _read_exact(stream, n: int) -> bytes | None:  # type: ignore[no-untyped-def]
+def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
     buf = bytearray()
     while len(buf) < n:
         chunk = stream.read(n - len(buf))

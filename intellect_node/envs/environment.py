@@ -127,6 +127,7 @@ def build_task(*, task: str = "add3", tasks_file: str | None = None, env: str | 
                                               rg.DEFAULT_SYSTEM_PROMPT)
     else:
         base_mode, base_think, base_system = DEFAULT_EXTRACTION.mode, DEFAULT_EXTRACTION.think, ""
+    # The operator's strings are checked by Extraction itself (its __post_init__ names the field).
     extraction = Extraction(mode=base_mode if answer_format == "auto" else answer_format,  # type: ignore[arg-type]
                             think=base_think if think == "auto" else think,  # type: ignore[arg-type]
                             max_chars=max_completion_chars)

@@ -184,7 +184,8 @@ def torch_dtype(name: str) -> "torch.dtype":
 
     if name not in DTYPES:
         raise ConfigError(f"dtype {name!r} is not one of {', '.join(DTYPES)}", field="dtype")
-    return getattr(torch, name)  # type: ignore[no-any-return]
+    dtype: torch.dtype = getattr(torch, name)
+    return dtype
 
 
 @dataclass(frozen=True)
