@@ -334,8 +334,8 @@ def micro_step(model: torch.nn.Module, samples: Sequence[Sample], advantages: to
 def accumulate_gradients(model: torch.nn.Module, samples: Sequence[Sample], advantages: torch.Tensor,
                          cfg: GRPOConfig, *, micro_batch: int = 64, micro_tokens: int | None = None,
                          pad_id: int = 0, ref_model: torch.nn.Module | None = None, loss_scale: float = 1.0,
-                         temperature: float = 1.0,
-                         compute_dtype: torch.dtype | None = None, packed: bool = False) -> list[LossParts]:
+                         temperature: float = 1.0, compute_dtype: torch.dtype | None = None,
+                         packed: bool = False) -> list[LossParts]:
     """Forward/backward ``samples`` in micro-batches, adding into ``.grad``; returns per-micro-batch parts.
 
     ``loss_scale`` multiplies each backward (data-parallel wrappers average gradients over ranks; the
