@@ -48,7 +48,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Protocol, Sequence
+from typing import Awaitable, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -160,8 +160,17 @@ class ChunkSource(Protocol):
     async def get_have(self, provider: Provider, manifest_cid: str) -> bytes: ...
 
     async def read_chunk(self, provider: Provider, cid: str, length: int, sink: ChunkSink) -> None: ...
-    # Optional: a source with ``speaks_if_idle = True`` also takes ``if_idle: bool`` (keyword) on
-    # read_chunk, whether to ask the provider "only if you are not sending this chunk" (blobs/http.py).
+
+
+@runtime_checkable
+class IdleAwareSource(Protocol):
+    """What a :class:`ChunkSource` adds when it can ask the provider "only if you are not sending this
+    chunk" (blobs/http.py): with ``speaks_if_idle`` true, its ``read_chunk`` takes ``if_idle``."""
+
+    speaks_if_idle: bool
+
+    async def read_chunk(self, provider: Provider, cid: str, length: int, sink: ChunkSink, *,
+                         if_idle: bool = ...) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -739,12 +748,11 @@ class _Download:
             # partial holder sends what it holds to everyone who asks (refusing made peers wait for
             # each other), and so does a seed with nothing unique left (its uplink is free).
             sink = _Heard(peer, writer)
-            if getattr(peer.source, "speaks_if_idle", False):
+            source = peer.source
+            if isinstance(source, IdleAwareSource) and source.speaks_if_idle:
                 if_idle = peer.complete and self._knows_partial_holders() \
                     and not self._seed_has_nothing_unique()
-                # Only a source that says speaks_if_idle takes if_idle (ChunkSource does not declare it).
-                await peer.source.read_chunk(peer.provider, chunk, n, sink,  # type: ignore[call-arg]
-                                             if_idle=if_idle)
+                await source.read_chunk(peer.provider, chunk, n, sink, if_idle=if_idle)
             else:
                 await peer.source.read_chunk(peer.provider, chunk, n, sink)
             writer.commit()

@@ -311,7 +311,7 @@ class HttpChunkSource:
         self._addr_cache: dict[tuple[str, int], tuple[Any, ...]] = {}
         self._split_cache: dict[str, tuple[str, int, str]] = {}  # provider URL -> (host, port, path)
 
-    speaks_if_idle = True  # read_chunk takes if_idle (see ChunkSource)
+    speaks_if_idle = True  # read_chunk takes if_idle (see IdleAwareSource)
 
     def accepts(self, provider: object) -> bool:
         return str(getattr(provider, "http_url", "") or "").startswith("http://")
