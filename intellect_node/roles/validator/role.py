@@ -186,6 +186,7 @@ class Validator:
         self.verify_s = 0.0
         self.rng = random.Random()
         self._fetched: BoundedMap[tuple[str, str], float] = BoundedMap(1024)  # (worker, CID) -> wall time
+        self.fetcher: HintedFetcher | None = None  # start() makes it (it needs the blob service)
 
     @classmethod
     def for_runtime(cls, runtime: Runtime) -> "Validator":
@@ -205,7 +206,7 @@ class Validator:
         for scorer in self.scorers.values():  # first: a check in a thread stops waiting on its answer
             scorer.close()
         await self.tasks.close()
-        if hasattr(self, "fetcher"):
+        if self.fetcher is not None:
             self.fetcher.close()
 
     def status(self) -> dict[str, Any]:
@@ -384,6 +385,7 @@ class Validator:
             reason = "stale" if v < self.latest_announced else "policy_version"
             return self._verdict(notice, worker, 0, n, reason, f"no policy v{v} to check against")
         deadline = self.fetch_deadline(notice.batch_bytes)
+        assert self.fetcher is not None, "jobs run only after start()"
         try:
             data = await self.fetcher.fetch(notice.batch_cid, holders=[worker], max_size=MAX_BATCH_SIZE,
                                             size=notice.batch_bytes, timeout=deadline)
