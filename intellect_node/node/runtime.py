@@ -36,6 +36,7 @@ from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 from aiohttp import web
 
 from intellect_node import __version__, gcpolicy
+from intellect_node.blobs.server import BulkLimits, ConnectionGate, GatedSite, runner_kwargs, send_deadline
 from intellect_node.config import NodeConfig
 from intellect_node.config.status import StatusBoard
 from intellect_node.errors import ConfigError
@@ -127,6 +128,7 @@ class NodeRuntime:
         self._by_class: dict[type[Any], NodeService] = {}  # what :meth:`service` answers
         self._factories = list(services or [])
         self._runners: list[web.AppRunner] = []
+        self.http_gate = ConnectionGate(BulkLimits())
         self._stop_event = asyncio.Event()
         self._lock_fd: int | None = None
         self._token = control.new_token()
@@ -223,7 +225,7 @@ class NodeRuntime:
         self.board.set_run(run.run_id, model=run.model, dtype=run.dtype,
                            trainer_peer_id=run.trainer_peer_id or "", async_level=run.async_level)
 
-        bulk_app = web.Application(client_max_size=1 << 20)
+        bulk_app = web.Application(client_max_size=1 << 20, middlewares=[send_deadline])
         ctl_app = control.control_app(self._token, status=self.status, stop=self.request_stop)
         for factory in self._factories:
             svc = factory(self)
@@ -234,9 +236,13 @@ class NodeRuntime:
             for rd in getattr(svc, "control_routes", lambda: [])():
                 ctl_app.router.add_route(rd.method, rd.path, rd.handler)
         for app, sock in ((bulk_app, bulk_sock), (ctl_app, ctl_sock)):
-            runner = web.AppRunner(app, access_log=None, handle_signals=False)
+            bulk = app is bulk_app  # open to every peer: bounded (blobs/server.py); control is loopback
+            runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                   **(runner_kwargs(self.http_gate.limits) if bulk else {}))
             await runner.setup()
-            await web.SockSite(runner, sock, shutdown_timeout=2.0).start()
+            site = (GatedSite(runner, sock, self.http_gate, shutdown_timeout=2.0) if bulk
+                    else web.SockSite(runner, sock, shutdown_timeout=2.0))
+            await site.start()
             self._runners.append(runner)
         for svc in self.services:
             await svc.start()
@@ -293,6 +299,7 @@ class NodeRuntime:
             "known_peers": sw.peerbook.snapshot() if sw else [],
             "gossip": {"delivered": dict(sw.delivered), "dropped": dict(sw.dropped)} if sw else {},
             "connections": sw.connmgr.snapshot(len(sw.connected_peers())) if sw else {},
+            "http": self.http_gate.stats(),
             "heartbeats": self.heartbeats.snapshot() if self.heartbeats else {},
             "snapshot": snap.to_dict(),
             "health": {"state": snap.state, "healthy": snap.healthy, "reasons": list(snap.health.reasons),
