@@ -3,6 +3,7 @@
     IntellectNodeError
      +-- ConfigError        operator input is wrong (bad flag, bad field); the CLI exits with code 2
      +-- ProtocolError      bytes from a peer (or a file) do not decode to a valid message
+     |    +-- MessageIgnored  well-formed and signed, but not to act on now (expired): no blame
      +-- TransportError     a peer could not be reached, timed out, or broke a stream
      |    +-- ChunkUnavailable  the provider does not hold that blob part (ask another; no penalty)
      +-- IntegrityError     content did not match its hash (a chunk, a blob, a checkpoint), or weights
@@ -29,6 +30,13 @@ class ConfigError(IntellectNodeError):
 
 class ProtocolError(IntellectNodeError):
     """Input from a peer (or a file written by one) is malformed, oversize or badly signed."""
+
+
+class MessageIgnored(ProtocolError):
+    """A gossip message that is well-formed and correctly signed but that no receiver acts on now (a
+    verdict sealed too long ago): the gossip validator drops it without forwarding it and holds it
+    against no one, neither its signer (a replay is not the signer's doing) nor the peer that forwarded
+    it (which may have checked it a moment earlier, or with another clock)."""
 
 
 class TransportError(IntellectNodeError):

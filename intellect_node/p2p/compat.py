@@ -19,6 +19,9 @@ What is here:
 - :func:`contain_streams` (per host): the one choke point through which every inbound stream of every
   protocol reaches its handler (see :mod:`intellect_node.p2p.guard`).
 - :func:`prune_low_scores` (per gossipsub router): peers whose score fell leave the mesh.
+- :func:`allow_ignore` (per pubsub) and :func:`ignoring` (per topic validator): a validator may say
+  "ignore" (not forwarded, not delivered, no penalty to the forwarder), which 0.8.1's boolean validators
+  cannot.
 - :func:`replace_pruner` and :func:`close_peer` (per host): our connection manager
   (:mod:`intellect_node.p2p.connmgr`) trims in place of the stock pruner, and closing a peer keeps a
   connection it opened meanwhile.
@@ -290,6 +293,16 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "a peer at score -500 in the mesh",
         "tests/p2p/test_gossip_scoring.py::test_stock_mesh_heartbeat_keeps_a_negative_score_peer",
         "not reported", "upstream prunes and skips peers below a threshold in mesh_heartbeat"),
+    Workaround(
+        "gossip-ignore", "allow_ignore (wraps the scorer's on_invalid_message), ignoring (topic validators)",
+        "a topic validator returns a bool: a message it refuses is charged to the forwarder as an invalid "
+        "message (P4) and its failure cached for 300 s, so a copy arriving later is charged to that "
+        "forwarder too without the validator being asked; gossipsub v1.1's third outcome, ignore (drop "
+        "without forwarding or penalty, for a message that is only too old), is missing",
+        "read from the 0.8.1 source (Pubsub.push_msg, validate_msg); an expired verdict forwarded by an "
+        "honest peer a moment before it expired cost that peer 10 points of score",
+        "tests/security/test_expired_verdicts.py::test_an_expired_verdict_is_ignored_not_forwarded_and_blames_no_one",
+        "not reported", "upstream validators return accept/reject/ignore (go-libp2p's ValidationResult)"),
     Workaround(
         "idontwant-threshold", "idontwant_only_for_large (wraps the router's publish and IDONTWANT emit)",
         "gossipsub 1.2's IDONTWANT goes out as its own RPC to every 1.2 mesh peer for every message, "
@@ -796,6 +809,51 @@ def prune_low_scores(router: GossipSub, threshold: float,
         return graft, prune
 
     router.mesh_heartbeat = mesh_heartbeat  # type: ignore[method-assign]  # this router's, on purpose
+
+
+_IGNORED: contextvars.ContextVar[bytes | None] = contextvars.ContextVar("gossip_ignored", default=None)
+"""The ID of the message the running validator just ignored (set in the push task that validates it)."""
+IGNORED = None
+"""What a validator wrapped by :func:`ignoring` returns to ignore a message (True accepts, False
+rejects)."""
+
+
+def ignoring(pubsub: Pubsub, validate: Any) -> Any:
+    """``gossip-ignore``: a stock topic validator around ``validate(forwarder, msg) -> bool | None``. For
+    None the message is marked seen (later copies are dropped unread) and refused; the scorer hook of
+    :func:`allow_ignore` then skips the penalty and forgets the cached failure. Between the validator's
+    return and the penalty 0.8.1 does not yield (``validate_msg`` raises, ``push_msg`` charges), so the
+    context variable set here is the one the hook reads."""
+
+    def validator(forwarder: ID, msg: rpc_pb2.Message) -> bool:
+        _IGNORED.set(None)
+        outcome = validate(forwarder, msg)
+        if outcome is IGNORED:
+            _IGNORED.set(pubsub._msg_id_constructor(msg))
+            pubsub._mark_msg_seen(msg)
+            return False
+        return bool(outcome)
+
+    return validator
+
+
+def allow_ignore(pubsub: Pubsub) -> None:
+    """``gossip-ignore``: the router's scorer charges no invalid message for one a validator wrapped by
+    :func:`ignoring` ignored, and the failure is not cached (a copy after the seen-cache forgot it is
+    asked again, not charged)."""
+    scorer = getattr(pubsub.router, "scorer", None)
+    if scorer is None:
+        return
+    stock_invalid = scorer.on_invalid_message
+
+    def on_invalid_message(peer: ID, topic: str) -> None:
+        msg_id = _IGNORED.get()
+        if msg_id is not None:
+            pubsub.validation_cache._remove(msg_id)
+            return
+        stock_invalid(peer, topic)
+
+    scorer.on_invalid_message = on_invalid_message
 
 
 IDONTWANT_MIN_BYTES = 1024

@@ -105,8 +105,10 @@ def connection_config(limits: ConnLimits) -> ConnectionConfig:
                             high_watermark=limits.low, max_connections=max(2 * limits.high, limits.high + 16),
                             auto_connect_interval=AUTO_CONNECT_INTERVAL_S, dial_timeout=CONNECT_TIMEOUT_S)
 
-Validator = Callable[[bytes, str, bytes], bool]
-"""Gossip validator run on the trio thread: ``(data, origin_peer_id, msg_id) -> accept``."""
+Validator = Callable[[bytes, str, bytes], bool | None]
+"""Gossip validator run on the trio thread: ``(data, origin_peer_id, msg_id)`` -> True: accept and
+forward; False: refuse (charged to the forwarder); None: ignore (not forwarded, held against no one;
+compat ``gossip-ignore``)."""
 Deliver = Callable[[bytes, str, bytes], None]
 """Called on the trio thread for each accepted message: ``(data, origin_peer_id, msg_id)``."""
 
@@ -281,6 +283,7 @@ class P2PHost:
         compat.prune_low_scores(self.gossipsub, gossip_params.MESH_THRESHOLD, self._pruned_for_score)
         compat.idontwant_only_for_large(self.gossipsub)
         self.pubsub = Pubsub(self.host, self.gossipsub, strict_signing=True)
+        compat.allow_ignore(self.pubsub)
         compat.replace_pruner(self.host.get_network(), self.connmgr)
         # Below low with few peers to dial, the dialer asks for more: a self-lookup (rate-limited).
         compat.network_of(self.host).auto_connector.set_discovery_callback(self._discover_for_dialer)
@@ -429,9 +432,10 @@ class P2PHost:
     # -- gossip --------------------------------------------------------------------------------------
 
     async def subscribe(self, topic: str, validator: Validator, deliver: Deliver) -> None:
-        """Subscribe; ``validator`` runs before forwarding (False drops the message), then ``deliver``."""
+        """Subscribe; ``validator`` runs before forwarding (False refuses the message, None ignores it),
+        then ``deliver``."""
 
-        def libp2p_validator(forwarder: ID, msg: rpc_pb2.Message) -> bool:
+        def libp2p_validator(forwarder: ID, msg: rpc_pb2.Message) -> bool | None:
             try:
                 origin = ID(msg.from_id).to_base58()
             except Exception:  # from_id is peer-controlled bytes
@@ -444,7 +448,7 @@ class P2PHost:
                 self.connmgr.touch(forwarder.to_base58())
             return accepted
 
-        self.pubsub.set_topic_validator(topic, libp2p_validator, False)
+        self.pubsub.set_topic_validator(topic, compat.ignoring(self.pubsub, libp2p_validator), False)
         # The library hands accepted messages to a subscription through a channel of 32 and drops what
         # does not fit (logged as a warning); a busy trio thread can fall that far behind in a burst.
         # The size is read when the channel is made, and our pump drains it without blocking.

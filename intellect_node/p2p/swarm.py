@@ -10,7 +10,8 @@ adds what the library does not do for us:
 - **Validation with blame.** ``subscribe(topic, validate, handler)``: ``validate(data, origin)`` runs
   inside the gossip validator on the trio thread; a ``ProtocolError`` drops the message (it is not
   forwarded) and the reason is recorded in the peerbook against the origin (the libp2p-signed
-  publisher). The decoded message goes to ``handler(msg, origin)`` on the asyncio loop.
+  publisher). A ``MessageIgnored`` (well-formed, signed, only too old) drops it too, blaming no one
+  (compat ``gossip-ignore``). The decoded message goes to ``handler(msg, origin)`` on the asyncio loop.
 - **Providers with URLs.** DHT provider records name peers; :meth:`find_providers` de-duplicates them
   and turns each into ``Provider(peer_id, http_url)`` using the URL from its heartbeat or, failing that,
   a signed node-info request (``/intellect/info/1.0.0``, 5 s deadline).
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from intellect_node.aioutil import cancel_and_wait
-from intellect_node.errors import ProtocolError, TransportError
+from intellect_node.errors import MessageIgnored, ProtocolError, TransportError
 from intellect_node.p2p.bridge import TrioThread
 from intellect_node.p2p.connmgr import ConnLimits, ConnManager
 from intellect_node.p2p.liveness import Libp2pWatch
@@ -119,6 +120,8 @@ class Swarm:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.dropped: dict[str, int] = defaultdict(int)
         """Messages refused by our validators, per topic."""
+        self.ignored: dict[str, int] = defaultdict(int)
+        """Messages our validators ignored (``MessageIgnored``: not forwarded, no one blamed), per topic."""
         self.delivered: dict[str, int] = defaultdict(int)
         self._closed = False
         self._listen: list[str] = []
@@ -357,12 +360,16 @@ class Swarm:
     def subscribe(self, topic: str, validate: Validate, handler: Handler, *,
                   include_own: bool = False) -> None:
         """Receive ``topic``. ``validate(data, origin)`` returns the decoded message or raises
-        ProtocolError (dropped, not forwarded, blamed on ``origin``); ``handler(msg, origin)`` (plain or
-        async) then runs on the asyncio loop. Own messages are skipped unless ``include_own``."""
+        ProtocolError (dropped, not forwarded, blamed on ``origin``) or MessageIgnored (dropped, not
+        forwarded, blamed on no one); ``handler(msg, origin)`` (plain or async) then runs on the asyncio
+        loop. Own messages are skipped unless ``include_own``."""
 
-        def validator(data: bytes, origin: str, msg_id: bytes) -> bool:
+        def validator(data: bytes, origin: str, msg_id: bytes) -> bool | None:
             try:
                 msg = validate(data, origin)
+            except MessageIgnored:  # only too old: not forwarded, not held against anyone
+                self.ignored[topic] += 1
+                return None
             except ProtocolError as exc:
                 self.dropped[topic] += 1
                 self.peerbook.record_rejection(origin, f"{topic}: {exc}")

@@ -27,7 +27,7 @@ from typing import Callable
 
 import msgspec
 
-from intellect_node.errors import ProtocolError
+from intellect_node.errors import MessageIgnored, ProtocolError
 from intellect_node.protocol import codec
 from intellect_node.protocol.ids import public_key_from_peer_id, validate_cid
 from intellect_node.protocol.signing import SigningKey, open_envelope
@@ -164,12 +164,15 @@ def notice_validator(run_id: str, allowed: frozenset[str] | None = None
     return validate
 
 
-def verdict_validator(run_id: str, trusted: frozenset[str] | None) -> Callable[[bytes, str],
-                                                                                 tuple[BatchVerdict, str]]:
+def verdict_validator(run_id: str, trusted: frozenset[str] | None, *,
+                      on_ignored: Callable[[BatchVerdict, str, str], None] | None = None,
+                      now: Callable[[], int] = now_ms) -> Callable[[bytes, str], tuple[BatchVerdict, str]]:
     """Gossip validator: a verdict of this run signed by the peer that published it, a trusted validator
-    (any signer if ``None``). Its time is not checked here: a refusal here is blamed on the origin, and a
-    replay of a validator's old verdict must not count against that validator; receivers check the time
-    (:func:`verdict_time_error`) when they act on it."""
+    (any signer if ``None``). One outside the time window (:func:`verdict_time_error`) raises
+    ``MessageIgnored``: not forwarded, and held against no one (a replay of a validator's old verdict is
+    not that validator's doing, and the peer that forwarded it may have checked it just before it
+    expired); ``on_ignored(verdict, signer, why)`` is told first. Receivers check the time again when
+    they act on it."""
 
     def validate(data: bytes, origin: str) -> tuple[BatchVerdict, str]:
         verdict, signer = open_envelope(data, VERDICT_DOMAIN, BatchVerdict, max_size=MAX_VERDICT_BYTES)
@@ -179,6 +182,11 @@ def verdict_validator(run_id: str, trusted: frozenset[str] | None) -> Callable[[
             raise ProtocolError(f"verdict signed by {signer}, not one of the run's validators")
         if verdict.run_id != run_id:
             raise ProtocolError(f"verdict for run {verdict.run_id[:64]!r}")
-        return check_verdict(verdict), signer
+        check_verdict(verdict)
+        if why := verdict_time_error(verdict, now()):
+            if on_ignored is not None:
+                on_ignored(verdict, signer, why)
+            raise MessageIgnored(why)
+        return verdict, signer
 
     return validate

@@ -52,17 +52,21 @@ def test_notice_round_trip_and_publisher_binding() -> None:
         validate(forged, WORKER.peer_id)
 
 
+def _sealed_at() -> int:
+    return _verdict().time_ms
+
+
 def test_verdicts_only_from_trusted_validators() -> None:
     raw = seal_verdict(VALIDATOR, _verdict())
     trusted = frozenset({VALIDATOR.peer_id})
-    assert verdict_validator("r1", trusted)(raw, VALIDATOR.peer_id)[0] == _verdict()
+    assert verdict_validator("r1", trusted, now=_sealed_at)(raw, VALIDATOR.peer_id)[0] == _verdict()
     mallory = seal_verdict(MALLORY, _verdict())
     with pytest.raises(ProtocolError, match="not one of the run's validators"):
-        verdict_validator("r1", trusted)(mallory, MALLORY.peer_id)
+        verdict_validator("r1", trusted, now=_sealed_at)(mallory, MALLORY.peer_id)
     # Gossip forwarding keeps the origin; a verdict published again under another origin is refused
     # (issue 32 item 3: signer == origin, so the blame for a bad one lands on its real publisher).
     with pytest.raises(ProtocolError, match="another peer than its publisher"):
-        verdict_validator("r1", trusted)(raw, MALLORY.peer_id)
+        verdict_validator("r1", trusted, now=_sealed_at)(raw, MALLORY.peer_id)
 
 
 @pytest.mark.parametrize("bad", [

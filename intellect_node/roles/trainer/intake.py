@@ -5,7 +5,8 @@ The gossip handlers of the ``rollouts`` and ``verdicts`` topics:
 - :meth:`BatchIntake.on_notice`: a worker's notice starts fetching and decoding its batch while the
   validators verify it (``prefetch.py``), and is remembered (a ban vote may name the batch);
 - :meth:`BatchIntake.on_verdict`: a verdict is acted on only inside a time window around this node's clock
-  (``protocol.rl.verdict_time_error``: an old one replayed is ignored, the validator named in the log once).
+  (``protocol.rl.verdict_time_error``: an old one replayed is ignored, at the gossip validator already,
+  the validator named in the log once).
   ``Admission.decide`` (``admission.py``) says what it does: count a vote, refuse the batch, count it
   stale, abstain (a reason that is not the worker's fault: the validator lags or lacks the policy) or
   admit it. In a closed run (``run.worker_allowlist``) other workers' batches are refused
@@ -116,15 +117,19 @@ class BatchIntake:
 
     # -- verdicts --------------------------------------------------------------------------------
 
+    def verdict_late(self, verdict: BatchVerdict, validator: str, why: str) -> None:
+        """A replay, or this validator's clock is off: nothing in it is acted on. Called on the libp2p
+        thread by the gossip validator (which drops it unforwarded and blames no one), or below."""
+        self.counts["expired_verdicts"] += 1
+        if validator not in self._clock_warned:
+            self._clock_warned.add(validator)
+            log.warning("verdicts of validator %s ignored: %s (logged once per validator)", validator, why)
+
     async def on_verdict(self, msg: tuple[BatchVerdict, str], origin: str) -> None:
         verdict, validator = msg
         late = verdict_time_error(verdict, now_ms())
-        if late:  # a replay, or this validator's clock is off: nothing in it is acted on
-            self.counts["expired_verdicts"] += 1
-            if validator not in self._clock_warned:
-                self._clock_warned.add(validator)
-                log.warning("verdicts of validator %s ignored: %s (logged once per validator)",
-                            validator, late)
+        if late:  # expired between the gossip validator and here
+            self.verdict_late(verdict, validator, late)
             return
         if verdict.ban:
             await self._ban_vote(verdict, validator)

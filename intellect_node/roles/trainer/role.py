@@ -183,7 +183,8 @@ class Trainer:
         await self.publication.current(self.version, newest)
         self.rt.board.set_policy(current=self.version, local=self.version)
         trusted = frozenset(self.cfg.run.validator_peer_ids)
-        self.rt.swarm.subscribe(topic(self.run_id, VERDICT_KIND), verdict_validator(self.run_id, trusted),
+        self.rt.swarm.subscribe(topic(self.run_id, VERDICT_KIND),
+                                verdict_validator(self.run_id, trusted, on_ignored=self.intake.verdict_late),
                                 self.intake.on_verdict)
         allowed = frozenset(self.cfg.run.worker_allowlist) or None
         self.rt.swarm.subscribe(topic(self.run_id, NOTICE_KIND), notice_validator(self.run_id, allowed),
