@@ -21,8 +21,10 @@ Control API (JSON over the control app, which checks the token)::
     POST /v1/blob/gc   {"keep": [cid, ...], "older_than": unix_seconds}
          -> {"removed": [cid, ...], "orphans": n, "freed": bytes}   (blobs being fetched are kept too)
 
-Which blobs to keep is the CLI's rule (``commands/blob.py``); the node runs the removal so that it
-never races its own fetches and serving (the store's index drops a blob before its files go).
+Which blobs to keep is one rule (``roles/common/pins.py``: the trainer's policy chain, and an hour's
+age), applied by ``blob gc`` and, every :data:`GC_EVERY_S`, by the node itself (:meth:`collect_loop`,
+started by ``node/assembly.py``); the node runs the removal so that it never races its own fetches and
+serving (the store's index drops a blob before its files go).
 
 Paths are resolved by the CLI (same machine, same user) so the node reads and writes files directly
 instead of pushing 256 MiB through the control socket.
@@ -33,8 +35,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 from aiohttp import web
 
@@ -53,6 +56,10 @@ log = logging.getLogger(__name__)
 BLOBS_DIR = "blobs"
 PUT_ANNOUNCE_WAIT_S = 20.0
 """``blob put`` through a running node returns once the provider record is out, or after this long."""
+GC_EVERY_S = 600.0
+"""How often a node removes the blobs it no longer keeps (:meth:`BlobService.collect_loop`): a fresh key's
+notices can make the trainer and validators fetch batches nobody pins, and before this they stayed on
+disk until an operator ran ``blob gc``."""
 CLIENT_CHECK_S = 1.0
 """While a streamed request has nothing to say, how often it checks that its client is still there."""
 
@@ -95,6 +102,8 @@ class BlobService:
         self._tasks: set[asyncio.Task[None]] = set()
         self._provided: set[str] = set()
         self._fetching: dict[str, int] = {}  # cid -> fetches in flight: never removed under them
+        self.collected = {"blobs": 0, "bytes": 0}
+        """What :meth:`collect` removed since start (``blob gc`` and the node's own collection)."""
 
     @classmethod
     def from_swarm(cls, swarm: Any, data_dir: Path, *, board: Any = None,
@@ -172,7 +181,7 @@ class BlobService:
             blobs.append({"cid": cid, "name": m.name, "size": m.total_size, "chunks": len(m.chunks),
                           "missing": len(missing)})
         return {"blobs": blobs, "served_chunks": self.serve_stats.chunks,
-                "served_bytes": self.serve_stats.bytes}
+                "served_bytes": self.serve_stats.bytes, "collected": dict(self.collected)}
 
     # -- library API ----------------------------------------------------------------------------
 
@@ -272,10 +281,36 @@ class BlobService:
         if not (isinstance(keep, list) and all(isinstance(c, str) for c in keep)
                 and isinstance(older_than, (int, float))):
             raise web.HTTPBadRequest(text="expected {'keep': [cid, ...], 'older_than': unix seconds}")
-        removed, orphans, freed = await asyncio.to_thread(
-            self.store.gc, set(keep) | set(self._fetching), older_than=float(older_than))
-        self._provided.difference_update(removed)
+        removed, orphans, freed = await self.collect(set(keep), older_than=float(older_than))
         return web.json_response({"removed": removed, "orphans": orphans, "freed": freed})
+
+    async def collect(self, keep: set[str], *, older_than: float) -> tuple[list[str], int, int]:
+        """Remove every blob not in ``keep``, not being fetched, whose manifest arrived before
+        ``older_than`` (unix seconds), and the orphan chunks older than that (``BlobStore.gc``)."""
+        removed, orphans, freed = await asyncio.to_thread(
+            self.store.gc, keep | set(self._fetching), older_than=older_than)
+        self._provided.difference_update(removed)  # held again later (a new fetch): announce it again
+        self.collected["blobs"] += len(removed)
+        self.collected["bytes"] += freed
+        return removed, orphans, freed
+
+    async def collect_loop(self, pins: Callable[[], Iterable[str]], *, min_age: float,
+                           every: float | None = None) -> None:
+        """Every ``every`` s (:data:`GC_EVERY_S`): :meth:`collect` what is not in ``pins()`` and older
+        than ``min_age`` s.
+        A ``pins`` that raises ConfigError (the trainer's state unreadable) skips the round: nothing is
+        removed while what to keep is unknown. Run it under the runtime's supervision."""
+        while True:
+            await asyncio.sleep(GC_EVERY_S if every is None else every)
+            try:
+                keep = set(pins())
+            except ConfigError as exc:
+                log.warning("blob collection skipped: %s", exc)
+                continue
+            removed, orphans, freed = await self.collect(keep, older_than=time.time() - min_age)
+            if removed or orphans:
+                log.info("collected %d blob(s) and %d orphan chunk(s) older than %.0f s: %d bytes freed",
+                         len(removed), orphans, min_age, freed)
 
     async def _json(self, request: web.Request) -> dict[str, Any]:
         try:

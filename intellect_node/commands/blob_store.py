@@ -7,16 +7,17 @@ would beside another node, instead of sharing the store).
 
 The rule ``gc`` follows: a blob is removed when it is
 
-- not pinned: the policy chain this node's trainer announces (``policy/publisher.json``: the latest full
-  checkpoint and the deltas after it; peers fetch them from the trainer first), and
+- not pinned: the policy chain this node's trainer announces (``trainer/policy/publisher.json``: the
+  latest full checkpoint and the deltas after it; peers fetch them from the trainer first), and
 - older than ``--min-age`` (default one hour; its manifest's arrival time): a worker's rollout batch is
   fetched by validators and the trainer within minutes, and a policy version a worker fetched is served
   to the workers after it for a while, so recent blobs stay; and
 - not being fetched right now.
 
-Chunks listed by no remaining blob (orphans) go with it. A removed blob's provider record in the DHT
-expires by itself; a peer asking in between gets "not held" and tries another provider. ``rm`` removes
-one blob whatever its age, a pinned one only with ``--force``.
+Chunks listed by no remaining blob (orphans) go with it. A running node applies the same rule by itself
+every 10 minutes (``BlobService.collect_loop``); ``gc`` is for taking the disk back now. A removed
+blob's provider record in the DHT expires by itself; a peer asking in between gets "not held" and tries
+another provider. ``rm`` removes one blob whatever its age, a pinned one only with ``--force``.
 """
 
 from __future__ import annotations
@@ -32,30 +33,17 @@ import typer
 
 from intellect_node.commands.common import DataDirOption, data_dir
 from intellect_node.errors import ConfigError, ProtocolError
+from intellect_node.roles.common.pins import GC_MIN_AGE_S, published_pins
 
 if TYPE_CHECKING:
     from intellect_node.blobs.store import BlobStore
 
 T = TypeVar("T")
-GC_MIN_AGE_S = 3600.0
-"""Blobs younger than this stay (see the module docstring): an hour is many policy versions and batches."""
 
 
 def pins(d: Path) -> dict[str, str]:
     """Blob CID -> why it is pinned: the policy chain the trainer on this data dir announces."""
-    out: dict[str, str] = {}
-    try:
-        st = json.loads((d / "policy" / "publisher.json").read_text())
-        full_version, full_cid = int(st["full"][0]), str(st["full"][1])
-        out[full_cid] = f"trainer: policy v{full_version} (full)"
-        for link in st.get("links") or []:
-            out[str(link["delta_cid"])] = f"trainer: policy v{int(link['version'])} (delta)"
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
-        raise ConfigError(f"{d / 'policy' / 'publisher.json'} is unreadable ({exc}): cannot tell which "
-                          "blobs the trainer needs, so none is removed", field="data_dir") from exc
-    return out
+    return published_pins(d)
 
 
 def _node_running(d: Path) -> bool:

@@ -10,7 +10,8 @@ in order and close in reverse):
 3. reachability (``p2p/nat``, docs/nat.md), before blobs: a private provider's chunks come over libp2p
    (its chunk source), and it serves this node's chunks from the blob store to peers that cannot reach
    our HTTP port;
-4. blobs (``blobs/service.py``);
+4. blobs (``blobs/service.py``), with its collection of the blobs the node no longer keeps
+   (``roles/common/pins.py``) every 10 minutes;
 
 then its RL roles (``--role``: :func:`intellect_node.roles.role_factory`), then any further services
 (a test's cheating worker). Sweep nodes run only their sweep service (:func:`sweep_worker_node`,
@@ -39,6 +40,7 @@ def add_common_services(runtime: NodeRuntime) -> None:
     from intellect_node.config.ledger import LedgerService
     from intellect_node.node.metrics import MetricsService
     from intellect_node.p2p.nat.service import NatService
+    from intellect_node.roles.common.pins import GC_MIN_AGE_S, published_pins
 
     runtime.add_service(LedgerService.for_runtime)
     if runtime.config.metrics.enabled:
@@ -54,6 +56,8 @@ def add_common_services(runtime: NodeRuntime) -> None:
     def blobs(rt: Any) -> BlobService:
         svc = BlobService.from_swarm(rt.swarm, rt.data_dir, board=rt.board, extra_sources=[nat[0].source])
         nat[0].attach_blob_store(lambda: svc.store)
+        rt.spawn("blob-gc", lambda: svc.collect_loop(lambda: published_pins(rt.data_dir),
+                                                     min_age=GC_MIN_AGE_S), essential=False)
         return svc
 
     runtime.add_service(blobs)

@@ -68,8 +68,8 @@ def test_ls_rm_gc_without_a_node(tmp_path: Path) -> None:
     assert run_cli("blob", "rm", "not-a-cid", "--data-dir", str(d)).returncode == 2
 
     # b is the trainer's current full checkpoint: pinned, shown, refused by rm, kept by gc
-    (d / "policy").mkdir()
-    (d / "policy" / "publisher.json").write_text(json.dumps(
+    (d / "trainer" / "policy").mkdir(parents=True)
+    (d / "trainer" / "policy" / "publisher.json").write_text(json.dumps(
         {"version": 3, "hash": "x", "full": [3, cid_b, 12 * KIB], "links": []}))
     assert _ls(d)[cid_b]["pinned"] == "trainer: policy v3 (full)"
     pinned = run_cli("blob", "rm", cid_b, "--data-dir", str(d))

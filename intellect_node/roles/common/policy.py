@@ -88,13 +88,13 @@ from intellect_node.protocol.policy import (
     seal_announcement,
 )
 from intellect_node.protocol.signing import SigningKey
+from intellect_node.roles.common.pins import PUBLISHER_STATE
 
 log = logging.getLogger(__name__)
 
 CURRENT = "CURRENT"
 BASE_FILE = "base-v0.safetensors"
 """Version 0 as built from the local model folder, until it is held (or found to differ)."""
-PUBLISHER_STATE = "publisher.json"
 FOLLOW_RETRIES = 3
 DEFAULT_FULL_EVERY = 8
 """K: a full checkpoint every 8 versions. A worker that missed up to 7 updates catches up by deltas
