@@ -369,6 +369,24 @@ def takes_packed(model: torch.nn.Module | None) -> bool:
     return isinstance(model, LeanCausalLM)
 
 
+def finite_alone(model: torch.nn.Module, samples: Sequence[Sample], cfg: GRPOConfig, *,
+                 micro_tokens: int | None = None, pad_id: int = 0, temperature: float = 1.0,
+                 compute_dtype: torch.dtype | None = None) -> bool:
+    """Whether the loss and gradient of ``samples`` (whole groups) alone are finite: what a step on them
+    would compute, without its optimizer step; the gradients are cleared before and after. The trainer
+    asks it of each batch of a step :func:`train_step` skipped, to find the batches behind it."""
+    model.zero_grad(set_to_none=True)
+    try:
+        parts = accumulate_gradients(model, samples, batch_advantages(samples, cfg), cfg,
+                                     micro_tokens=micro_tokens, pad_id=pad_id, temperature=temperature,
+                                     compute_dtype=compute_dtype)
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+        return math.isfinite(norm) and math.isfinite(sum(float(p.loss.detach()) for p in parts))
+    finally:
+        model.zero_grad(set_to_none=True)
+
+
 def train_step(model: torch.nn.Module, optimizer: Optimizer, samples: Sequence[Sample], cfg: GRPOConfig,
                *, micro_batch: int = 64, micro_tokens: int | None = None, pad_id: int = 0,
                ref_model: torch.nn.Module | None = None, temperature: float = 1.0,

@@ -86,3 +86,52 @@ def test_weights_that_are_not_finite_are_never_published_or_checkpointed(tmp_pat
     with pytest.raises(IntegrityError):
         save_checkpoint(tmp_path / "ckpt", model, None, TrainerState(version=1, step=1))
     assert not (tmp_path / "ckpt" / "LATEST").exists()
+
+
+def test_a_skipped_step_is_charged_to_the_batch_behind_it(tmp_path: Path) -> None:
+    """The step's batches are tried alone: the one whose loss is not finite alone is held against its
+    worker (``nonfinite``, a refusal like a failed check), the honest one beside it is not."""
+    from intellect_node.roles.trainer.batching import Accepted
+    from intellect_node.roles.trainer.metrics import MetricsFile
+    from intellect_node.roles.trainer.publication import Publication
+    from intellect_node.trainer.model import TrainOptions
+    from tests.security._roles_inproc import GROUP, trainer_role
+
+    trainer_key, validator, honest, forger = (SigningKey.generate() for _ in range(4))
+    poison = 77  # stands in for whatever a record holds that the loss cannot survive
+    torch.manual_seed(0)
+    model = load_hf_model(None)
+
+    def nan_rows(module: torch.nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor:
+        return out.masked_fill((args[0] == poison).any(-1)[:, None, None], float("nan"))
+
+    model.get_input_embeddings().register_forward_hook(nan_rows)
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def group(last: int) -> list[Sample]:
+        return [Sample((1, 40, 41), (43, 44, last), (-0.5, -0.7, -0.6), reward=float(i))
+                for i in range(GROUP)]
+
+    async def main() -> None:
+        trainer = trainer_role(tmp_path, trainer_key, [validator.peer_id], checkpoint_every=1000)
+        trainer.model, trainer.opt = model, make_optimizer(model, 1e-3)
+        trainer.train_options = TrainOptions.from_section(trainer.rl)
+        trainer.metrics = MetricsFile(trainer.dir)
+        # nothing published before: the step only waits for (and times) the previous publication
+        trainer.publication = Publication(None, trainer.rt.swarm, "policy", trainer.dir,  # type: ignore[arg-type]
+                                          trainer.rt.board, trainer.tasks, trainer._snapshot)
+        taken = [Accepted("b-honest", honest.peer_id, 0, [group(45)], 1),
+                 Accepted("b-forged", forger.peer_id, 0, [group(poison)], 2)]
+        try:
+            await trainer._step(taken, [])
+        finally:
+            trainer.intake.prefetch.close()
+        refusals = trainer.intake.refusals
+        assert refusals.get(forger.peer_id) == 1 and refusals.get(honest.peer_id) is None
+        assert [p for p, reason in trainer.rt.swarm.peerbook.rejections if "nonfinite" in reason] == \
+            [forger.peer_id]
+        assert trainer.intake.counts["nonfinite_batches"] == 1
+
+    asyncio.run(main())
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the step was skipped

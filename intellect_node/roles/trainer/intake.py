@@ -78,7 +78,7 @@ class BatchIntake:
                        "accepted_rollouts": 0, "rejected_rollouts": 0, "stale_rollouts": 0, "banned": 0,
                        "duplicate_batches": 0, "not_allowed_batches": 0, "wrong_task_batches": 0,
                        "bad_signature_batches": 0, "abstained_verdicts": 0, "expired_verdicts": 0,
-                       "ban_votes": 0, "not_assigned_batches": 0}
+                       "ban_votes": 0, "not_assigned_batches": 0, "nonfinite_batches": 0}
         self.refusals: BoundedMap[str, int] = BoundedMap(PEERS_KEPT)  # worker -> batches refused here
         self.coverage = Coverage(PEERS_KEPT)  # the windows each worker's admitted batches filled and skipped
         self._heard: BoundedMap[str, int] = BoundedMap(PEERS_KEPT)  # vote_key of notices heard -> version
@@ -231,11 +231,18 @@ class BatchIntake:
             log.warning("batch %s accepted by validator %s refused: %s (%s); not held against %s",
                         verdict.batch_cid, validator, exc.reason, detail, w)
             return
+        await self.charge(w, verdict.batch_cid, exc.reason, detail, verdict.n_accepted)
+
+    async def charge(self, w: str, cid: str, reason: str, detail: str, n_rollouts: int) -> None:
+        """Hold a batch the trainer refused (here, or after it made a step non-finite: ``nonfinite``)
+        against its worker: ``rl.ban_after`` of them ban it."""
+        if reason == "nonfinite":
+            self.counts["nonfinite_batches"] += 1
         n = (self.refusals.get(w) or 0) + 1
         self.refusals.put(w, n)
-        self._swarm.peerbook.record_rejection(w, f"batch {verdict.batch_cid}: {exc.reason}: {detail}")
-        self._board.verdict(False, verdict.n_accepted, reason=exc.reason, detail=detail, peer=w)
-        log.warning("batch %s from %s refused: %s (%s)", verdict.batch_cid, w, exc.reason, detail)
+        self._swarm.peerbook.record_rejection(w, f"batch {cid}: {reason}: {detail}")
+        self._board.verdict(False, n_rollouts, reason=reason, detail=detail, peer=w)
+        log.warning("batch %s from %s refused: %s (%s)", cid, w, reason, detail)
         if n >= self._ban_after and not self._swarm.is_banned(w):
-            await self._swarm.ban(w, f"{n} batches refused, last: {exc.reason}")
+            await self._swarm.ban(w, f"{n} batches refused, last: {reason}")
             self.counts["banned"] += 1

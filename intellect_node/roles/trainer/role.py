@@ -32,7 +32,9 @@ The Trainer itself holds the training loop, the checkpoints and the status it re
   filter (drop groups whose rewards are all equal) and the GRPO step of ``trainer/step.py`` run in a
   worker thread, which also copies the new weights into canonical policy bytes before the next step can
   move them. Version v+1 is published from that copy beside the next optimizer step. A step whose groups
-  all have equal rewards trains nothing (``nosignal.py``). A line per step goes to
+  all have equal rewards trains nothing (``nosignal.py``). A step whose loss or gradient is not finite
+  moves no weight; each of its batches is then tried alone, and one not finite alone is held against
+  its worker (``nonfinite``, through the intake, like ``duplicate``). A line per step goes to
   ``trainer/metrics.jsonl``, with the timestamps of each batch's hops (notice heard, prefetched, verdict
   heard, admitted) and of the step's.
 - **Checkpoints.** Every ``rl.checkpoint_every`` steps the weights, AdamW state and consumed batch IDs
@@ -83,7 +85,7 @@ from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, rea
 from intellect_node.trainer.filtering import FilteredGroups, filter_groups
 from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.trainer.optim import Optimizer
-from intellect_node.trainer.step import Sample, StepStats, make_optimizer, train_step
+from intellect_node.trainer.step import Sample, StepStats, finite_alone, make_optimizer, train_step
 
 log = logging.getLogger(__name__)
 
@@ -319,11 +321,31 @@ class Trainer:
     def _snapshot(self) -> PolicyWeights:
         return PolicyWeights.from_state_dict(self.model.state_dict())
 
+    async def _charge_nonfinite(self, taken: list[Accepted], useful: list[list[Sample]]) -> None:
+        """A step skipped for a non-finite loss or gradient (no weights moved): each batch's groups are
+        tried alone (``trainer.step.finite_alone``), and a batch not finite alone is held against its
+        worker (``nonfinite``) like a failed check. When none is (only their sum overflowed), no one is."""
+        kept = {id(g) for g in useful}
+        culprits = []
+        for a in taken:
+            samples = [s for g in a.groups if id(g) in kept for s in g]
+            if samples and not await asyncio.to_thread(
+                    finite_alone, self.model, samples, self.gcfg, temperature=self.rl.temperature,
+                    micro_tokens=self.train_options.micro_batch_tokens,
+                    compute_dtype=self.train_options.compute_dtype):
+                culprits.append(a)
+        if not culprits:
+            log.warning("step skipped: its loss or gradient was not finite, though no batch's is alone")
+        for a in culprits:
+            await self.intake.charge(a.worker, a.cid, "nonfinite", "its loss or gradient is not finite",
+                                     sum(len(g) for g in a.groups))
+
     async def _step(self, taken: list[Accepted], stale: list[Accepted],
                     entry: JournalEntry | None = None) -> PolicyWeights | None:
         """One step on ``taken`` (``entry``: replaying that journaled step); the new weights, or None when
         no group carried a signal (nothing trained, no new version)."""
         t_taken = time.time()
+        replaying = entry is not None  # a journaled step again: its batches were charged the first time
         if entry is None:  # the recipe of the version about to be made is on disk before it exists
             entry = await asyncio.to_thread(self.journal.append, self.version, [a.cid for a in taken],
                                             [a.cid for a in stale])
@@ -347,6 +369,8 @@ class Trainer:
         t0 = time.monotonic()
         stats, snap = await asyncio.to_thread(self._train, samples)
         t1 = time.monotonic()
+        if stats.skipped and not replaying:
+            await self._charge_nonfinite(taken, useful)
         await self.publication.wait()  # the previous version's, started a step ago: usually done
         t_wait = time.monotonic() - t1
         self.version += 1
