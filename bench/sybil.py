@@ -1,8 +1,14 @@
 #!/usr/bin/env python
-"""What one attacker with many keys can still cost a validator, beside an honest worker's cost.
+"""What one attacker with one key, and with 100, can still cost an honest run, beside an honest worker.
 
     .venv/bin/python bench/sybil.py [--group-size 16] [--problems 4] [--new-tokens 8] [--fraction 0.25]
-                                    [--repeats 5]
+                                    [--repeats 5] [--keys 100]
+
+About two minutes on two cores. Part 1 measures the parts; part 2 prints one table, an attack a row pair
+(1 key, ``--keys`` keys): the validator's CPU, how much later an honest worker's verdict comes, and the
+trainer's CPU, memory and disk. Rows marked "driven" run the attack against the real component (the
+trainer's prefetch and blob fetch over HTTP on 127.0.0.1, the validator's intake, the scoring sandbox);
+"model" rows combine part 1's measurements with the run's defaults, by the rule the row names.
 
 Measured on the embedded model (one thread, CPU time via ``time.process_time``, median of ``--repeats``):
 
@@ -14,7 +20,7 @@ Measured on the embedded model (one thread, CPU time via ``time.process_time``, 
 
 Then the arithmetic with the run's defaults (``rl.ban_after``, ``rl.verify_first_batches``,
 ``validator.*``): what one fresh key and a stream of them cost the validator, with and without the
-first-K rule, side by side with the honest baseline. docs/security.md records a run.
+first-K rule, side by side with the honest baseline. bench/README.md ("sybil") records a run.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import sybil_attacks  # noqa: E402
 from intellect_node.config import NodeConfig  # noqa: E402
 from intellect_node.envs.tasks import embedded_task  # noqa: E402
 from intellect_node.inference.base import SamplingConfig  # noqa: E402
@@ -43,7 +50,7 @@ from intellect_node.models.loader import embedded_model_dir, load_model  # noqa:
 from intellect_node.proofs.thresholds import load_thresholds  # noqa: E402
 from intellect_node.protocol.ids import cid_of  # noqa: E402
 from intellect_node.protocol.rl import RolloutNotice, notice_validator, seal_notice  # noqa: E402
-from intellect_node.protocol.rollout import MAX_BATCH_SIZE  # noqa: E402
+from intellect_node.protocol.rollout import MAX_BATCH_SIZE, RolloutBatch, encode_batch  # noqa: E402
 from intellect_node.protocol.signing import SigningKey  # noqa: E402
 from intellect_node.roles.validator.intake import Intake, Limits  # noqa: E402
 
@@ -78,6 +85,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=8)
     ap.add_argument("--fraction", type=float, default=0.25)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--keys", type=int, default=100)
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = NodeConfig()
@@ -174,6 +182,11 @@ def main() -> None:
     print(f"  notice flood: at most 10/s per connected peer reach the intake = "
           f"{flood_s * 60:.3f} CPU s/min per key, refused as flood past {vc.peer_notice_burst} + "
           f"{vc.peer_notices_per_min:g}/min")
+
+    parts = sybil_attacks.Parts(gen_s=t_gen, verify_s=t_full, notice_s=t_notice, rollouts=len(honest),
+                                batch_bytes=len(encode_batch(RolloutBatch(run_id=RUN, policy_version=0,
+                                                                          rollouts=honest))))
+    sybil_attacks.report(cfg, parts, keys=args.keys)
 
 
 if __name__ == "__main__":

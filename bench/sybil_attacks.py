@@ -1,0 +1,326 @@
+"""Part 2 of ``bench/sybil.py``: each attack with one key and with many, in one table.
+
+Driven (the real component, on 127.0.0.1, timed and measured here):
+
+- tarpits at the trainer's prefetch: keys whose notices name blobs on a server that accepts and never
+  answers; how long the honest batch's claim waits after its verdict (``roles/trainer/prefetch.py`` with
+  the roles' ``Fetcher`` and budget);
+- manifest bloat: keys whose notices name a small blob with a ~1 MiB manifest of one repeated chunk; what
+  the trainer's budgeted fetch leaves on its disk and holds in memory;
+- notice floods and fresh keys at the validator's intake: CPU per notice (gossip check, signature,
+  budgets) with the keys' notices interleaved, and how many keys get a job in the first minute;
+- scoring stall: the CPU and wall time of one completion whose answer the ``math`` checker cannot finish.
+
+Model rows combine these with part 1's verification cost and the run's defaults; each says its rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import resource
+import time
+import tracemalloc
+from dataclasses import dataclass
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Sequence
+
+from aiohttp import web
+
+from intellect_node.blobs.fetch import Budget, Fetcher, Provider, StaticProvider
+from intellect_node.blobs.http import HttpChunkSource, blob_routes
+from intellect_node.blobs.store import BlobStore
+from intellect_node.config import NodeConfig
+from intellect_node.envs.tasks import Problem
+from intellect_node.errors import IntegrityError, TransportError
+from intellect_node.fsutil import atomic_write_bytes
+from intellect_node.protocol.blob import MAX_CHUNKS, Manifest, seal_manifest
+from intellect_node.protocol.ids import cid_of
+from intellect_node.protocol.rl import RolloutNotice, notice_validator, seal_notice
+from intellect_node.protocol.rollout import MAX_BATCH_SIZE, RolloutBatch
+from intellect_node.protocol.signing import SigningKey
+from intellect_node.roles.trainer import prefetch as prefetch_mod
+from intellect_node.roles.trainer.prefetch import Prefetch
+from intellect_node.roles.validator.intake import Intake, Limits
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Parts:
+    """Part 1's measurements (CPU seconds) and the honest batch's size."""
+
+    gen_s: float
+    verify_s: float
+    notice_s: float
+    rollouts: int
+    batch_bytes: int
+
+
+@dataclass
+class Row:
+    attack: str
+    keys: int
+    validator_cpu: str
+    delay: str
+    trainer_cpu: str
+    trainer_mem: str
+    trainer_disk: str
+    how: str
+
+
+def _du(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+async def _serve(store: BlobStore) -> tuple[web.AppRunner, str]:
+    app = web.Application()
+    app.add_routes(blob_routes(store))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+# -- tarpits at the trainer's prefetch ---------------------------------------------------------------
+
+
+async def _tarpits(keys: int, root: Path) -> tuple[float, float, float, int]:
+    """(honest claim wait s, trainer CPU s, trainer peak MiB, trainer disk bytes) with ``keys`` tarpits."""
+    conns: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conns.append(writer)
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        await writer.drain()
+        with contextlib.suppress(ConnectionError):
+            await reader.read()  # silence until the connection closes (the bench closes it at the end)
+
+    pit = await asyncio.start_server(hold, "127.0.0.1", 0)
+    pit_url = f"http://127.0.0.1:{pit.sockets[0].getsockname()[1]}"
+    honest_store = BlobStore(root / "honest")
+    src_file = root / "batch"
+    src_file.write_bytes(os.urandom(300_000))
+    honest_cid, m = honest_store.add_file(src_file, SigningKey.generate())
+    runner, honest_url = await _serve(honest_store)
+    trainer_root = root / "trainer"
+    hint: dict[str, str] = {}
+    urls = {f"pit{i}": pit_url for i in range(keys)} | {"honest": honest_url}
+    source = HttpChunkSource()
+    fetcher = Fetcher(BlobStore(trainer_root), [source], lambda cid: _find(cid, hint, urls))
+
+    async def fetch(worker: str, cid: str, n: int) -> tuple[bytes, RolloutBatch]:
+        hint[cid] = worker
+        async with asyncio.timeout(60):
+            await fetcher.fetch(cid, budget=Budget(max_size=MAX_BATCH_SIZE, size=n))
+        return b"", RolloutBatch(run_id="bench", policy_version=0, rollouts=[])
+
+    pf = Prefetch(fetch)
+    cpu0 = time.process_time()
+    tracemalloc.start()
+    try:
+        for i in range(keys):
+            pf.offer(f"pit{i}", cid_of(f"tarpit {i}".encode()), 5, 1 << 20, 3, 5)
+        while len(conns) < min(keys, prefetch_mod.NEWCOMER_CONCURRENT):  # the tarpits hold their slots
+            await asyncio.sleep(0.01)
+        pf.offer("honest", honest_cid, 5, m.total_size, 3, 5)
+        await asyncio.sleep(0.2)  # the validators' verdict comes
+        t0 = time.monotonic()
+        if await pf.claim("honest", honest_cid) is None:  # then the trainer fetches it at once
+            await fetch("honest", honest_cid, m.total_size)
+        wait = time.monotonic() - t0
+        peak = tracemalloc.get_traced_memory()[1] / MIB
+    finally:
+        tracemalloc.stop()
+        pf.close()
+        source.close()
+        pit.close()
+        for w in conns:
+            w.close()
+        await runner.cleanup()
+    cpu = time.process_time() - cpu0
+    return wait, cpu, peak, _du(trainer_root) - m.total_size
+
+
+async def _find(cid: str, hint: dict[str, str], urls: dict[str, str]) -> Sequence[Provider]:
+    return [StaticProvider(hint[cid], urls[hint[cid]])]
+
+
+# -- manifest bloat -----------------------------------------------------------------------------------
+
+
+async def _bloat(keys: int, root: Path) -> tuple[float, float, int]:
+    """(trainer CPU s, peak MiB, disk bytes left) after ``keys`` notices of 16 KiB blobs whose manifests
+    list one 1 KiB chunk 16,384 times (a ~1 MiB manifest: the forgery of issue 32, item 2)."""
+    mallory = BlobStore(root / "mallory")
+    cids = []
+    for i in range(keys):
+        key = SigningKey.generate()
+        data = i.to_bytes(4, "big") * 256  # one 1 KiB chunk of this key's own
+        c = cid_of(data)
+        atomic_write_bytes(mallory.chunk_path(c), data)
+        mallory.mark_chunk(c)
+        m = Manifest(name="rollouts", publisher=key.peer_id, chunk_size=len(data),
+                     total_size=len(data) * MAX_CHUNKS, chunks=[c] * MAX_CHUNKS)
+        cid, raw = seal_manifest(key, m)
+        mallory.put_manifest(cid, raw)
+        cids.append((cid, m.total_size))
+    runner, url = await _serve(mallory)
+    trainer_root = root / "trainer"
+    src = HttpChunkSource(read_timeout=5.0)
+
+    async def find(cid: str) -> Sequence[Provider]:
+        return [StaticProvider("mallory", url)]
+
+    f = Fetcher(BlobStore(trainer_root), [src], find, find_timeout=0.0)
+    cpu0 = time.process_time()
+    tracemalloc.start()
+    try:
+        for cid, size in cids:
+            try:
+                await f.fetch(cid, budget=Budget(max_size=MAX_BATCH_SIZE, size=size))
+            except (IntegrityError, TransportError):
+                pass  # refused: what the bench is about
+        peak = tracemalloc.get_traced_memory()[1] / MIB
+    finally:
+        tracemalloc.stop()
+        src.close()
+        await runner.cleanup()
+    return time.process_time() - cpu0, peak, _du(trainer_root)
+
+
+# -- the validator's intake ------------------------------------------------------------------------------
+
+
+def _intake(cfg: NodeConfig, keys: int, notices_each: int) -> tuple[float, int, float]:
+    """(CPU s per notice, keys given a job within the first minute, peak MiB) for ``keys`` fresh keys
+    each sending ``notices_each`` notices, interleaved; every job finishes at once (the cheapest case
+    for the attacker's throughput)."""
+    vc = cfg.validator
+    intake = Intake(Limits.from_config(vc, max_batch_bytes=MAX_BATCH_SIZE))
+    check = notice_validator("bench")
+    signed = []
+    for i in range(keys):
+        key = SigningKey.generate()
+        raw = seal_notice(key, RolloutNotice(run_id="bench", batch_cid=cid_of(b"%d" % i), policy_version=0,
+                                             n_rollouts=64, batch_bytes=30_000))
+        signed.append((raw, key.peer_id))
+    started: set[str] = set()
+    tracemalloc.start()
+    t0 = time.process_time()
+    n = 0
+    for j in range(notices_each):
+        for raw, peer in signed:
+            notice, signer = check(raw, peer)
+            intake.offer(signer, notice, j * 0.1, 0)
+            n += 1
+    cpu = (time.process_time() - t0) / n
+    for second in range(61):
+        for p in intake.take(float(second), lambda v: True, lambda w: True):
+            started.add(p.worker)
+            intake.done(p.worker)
+    peak = tracemalloc.get_traced_memory()[1] / MIB
+    tracemalloc.stop()
+    return cpu, len(started), peak
+
+
+# -- scoring stall ---------------------------------------------------------------------------------------
+
+
+def _slow_answers(n: int) -> tuple[float, float]:
+    """(wall s, CPU s incl. children) per completion the ``math`` checker times out on; distinct answers,
+    so the per-(problem, answer) memo does not help."""
+    p = Problem(task_id="bench-math", problem_id="bench-math/0", prompt="", answer="1", checker="math")
+    p.judge(r"\boxed{1}")  # the scoring child is up before timing
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    c0, t0 = time.process_time(), time.monotonic()
+    for i in range(n):
+        assert p.judge(rf"\boxed{{9^{{9^{{9^{{{8 + i}}}}}}}}}").reason == "timeout"
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    child = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return (time.monotonic() - t0) / n, (time.process_time() - c0 + child) / n
+
+
+# -- the table -------------------------------------------------------------------------------------------
+
+
+def report(cfg: NodeConfig, parts: Parts, *, keys: int) -> None:
+    rl, vc = cfg.rl, cfg.validator
+    B, v = rl.ban_after, parts.verify_s
+    rows: list[Row] = []
+    with TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        pit = {k: asyncio.run(_tarpits(k, root / f"pit{k}")) for k in (1, keys)}
+        bloat = {k: asyncio.run(_bloat(k, root / f"bloat{k}")) for k in (1, keys)}
+    intake = {k: _intake(cfg, k, 20) for k in (1, keys)}
+    slow_wall, slow_cpu = _slow_answers(2)
+
+    rows.append(Row("honest worker (baseline)", 1, f"{v:.3f}/batch", f"{v:.3f} (its own check)",
+                    "-", "-", f"{parts.batch_bytes / MIB:.2f}/batch",
+                    f"driven: its batch costs its worker {parts.gen_s:.3f} CPU s"))
+    # Fresh keys forging batches, first-K: every batch of theirs is verified in full, B of them ban a key.
+    for k in (1, keys):
+        admitted = intake[k][1]
+        ahead = min(admitted, vc.max_jobs)
+        rows.append(Row(
+            "forged batches (fresh keys)", k, f"{admitted * B * v:.2f} in min 1",
+            f"<= {math.ceil(ahead / vc.max_verifications) * v:.2f}",
+            "0", f"<= {min(k, prefetch_mod.NEWCOMER_HELD) * parts.batch_bytes / MIB:.2f}", "0",
+            f"model: {admitted} keys start in the first minute (driven intake) x {B} batches x {v:.3f} s; "
+            f"an honest batch waits for at most {ahead} newcomer jobs on {vc.max_verifications} "
+            f"verification slots; the trainer prefetches at most {prefetch_mod.NEWCOMER_HELD} "
+            "newcomer batches"))
+    # Scoring stall: a batch of slow answers holds a scoring child reward_timeout_s per record.
+    per_batch = parts.rollouts * slow_wall
+    for k in (1, keys):
+        stuck = min(k, vc.max_jobs, 2)
+        rows.append(Row(
+            "scoring stall (slow answers)", k, f"{parts.rollouts * slow_cpu:.0f}/batch",
+            "0" if stuck < 2 else f"~{per_batch:.0f}", "0", "0", "0",
+            f"driven: {slow_wall:.1f} s wall, {slow_cpu:.2f} CPU s a record (reward_timeout_s "
+            f"{rl.reward_timeout_s:g}); model: {parts.rollouts} records a batch hold one of the 2 scoring "
+            f"children {per_batch:.0f} s; with both held an honest batch's scoring waits that long"))
+    for k in (1, keys):
+        cpu_n, _, peak = intake[k]
+        rows.append(Row(  # gossipsub forwards 10 messages/s per forwarding peer and topic
+            "notice flood", k, f"{10 * cpu_n * 60:.3f}/min per peer", "~0", "0",
+            f"{peak:.2f} (intake)", "0",
+            f"driven: {cpu_n * 1e3:.2f} ms a notice with {k} key(s) interleaved; model: 10 notices/s "
+            f"per connected peer, refused as flood past {vc.peer_notice_burst} + "
+            f"{vc.peer_notices_per_min:g}/min (not a strike)"))
+    for k in (1, keys):
+        held = min(k, vc.max_jobs)
+        rows.append(Row(
+            "tarpits (validator)", k, "~0", "0 (proven workers)", "0", "0", "0",
+            f"model: {held} newcomer job slot(s) held {vc.fetch_timeout_s:g} s per notice until "
+            f"{vc.strikes_ban_after} strikes ban a key; proven workers have their own {vc.max_jobs}"))
+    for k in (1, keys):
+        wait, cpu, peak, disk = pit[k]
+        rows.append(Row("tarpits (trainer prefetch)", k, "0", f"{wait:.2f}", f"{cpu:.2f}", f"{peak:.2f}",
+                        f"{disk / MIB:.2f}",
+                        f"driven: the honest batch's claim after its verdict behind {k} tarpit(s)"))
+    for k in (1, keys):
+        cpu, peak, disk = bloat[k]
+        rows.append(Row("manifest bloat (trainer)", k, "0", "0", f"{cpu:.2f}", f"{peak:.2f}",
+                        f"{disk / MIB:.2f}",
+                        f"driven: {k} notice(s) of 16 MiB blobs with ~1 MiB manifests, refused by the "
+                        "budget before storing"))
+
+    print(f"\nWhat 1 key and {keys} keys cost an honest run (CPU s; delay: how much later an honest "
+          "worker's verdict or batch comes, s; trainer memory and disk, MiB):\n")
+    head = ("attack", "keys", "validator CPU", "honest delay", "trainer CPU", "trainer mem", "trainer disk")
+    widths = (30, 5, 20, 22, 12, 16, 13)
+    print("  " + " ".join(h.ljust(w) for h, w in zip(head, widths)))
+    for r in rows:
+        cells = (r.attack, str(r.keys), r.validator_cpu, r.delay, r.trainer_cpu, r.trainer_mem,
+                 r.trainer_disk)
+        print("  " + " ".join(c.ljust(w) for c, w in zip(cells, widths)))
+    print("\nHow each row was found:")
+    for r in rows:
+        print(f"  {r.attack} x{r.keys}: {r.how}")
