@@ -2,7 +2,8 @@
 (``tasks``), what a role needs of the run (``run``), the node services beside it (``services``), the run's
 model (``models``), fetching blobs from known holders (``fetch``), records as training samples
 (``records``), each rollout counted once (``seen``), policy distribution (``policy``) and following the
-trainer's policy (``follow``), engine settings (``engines``) and completion texts (``completions``).
+trainer's policy (``follow``), engine settings (``engines``), completion texts (``completions``) and which
+blobs a node keeps (``pins``).
 
 Each role is a node service (``start``/``close``/``status``, see ``node/runtime.py``). Its loop runs as
 an asyncio task; every torch call goes to a worker thread (``asyncio.to_thread``) so the event loop
