@@ -9,7 +9,8 @@ Driven (the real component, on 127.0.0.1, timed and measured here):
   the trainer's budgeted fetch leaves on its disk and holds in memory;
 - notice floods and fresh keys at the validator's intake: CPU per notice (gossip check, signature,
   budgets) with the keys' notices interleaved, and how many keys get a job in the first minute;
-- scoring stall: the CPU and wall time of one completion whose answer the ``math`` checker cannot finish.
+- slow-to-score answers: the CPU and wall time of one completion whose answer the ``math`` checker cannot
+  finish (the validator's scoring budget and pools are applied by the model row).
 
 Model rows combine these with part 1's verification cost and the run's defaults; each says its rule.
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 import resource
 import time
@@ -267,25 +267,31 @@ def report(cfg: NodeConfig, parts: Parts, *, keys: int) -> None:
     # Fresh keys forging batches, first-K: every batch of theirs is verified in full, B of them ban a key.
     for k in (1, keys):
         admitted = intake[k][1]
-        ahead = min(admitted, vc.max_jobs)
         rows.append(Row(
-            "forged batches (fresh keys)", k, f"{admitted * B * v:.2f} in min 1",
-            f"<= {math.ceil(ahead / vc.max_verifications) * v:.2f}",
+            "forged batches (fresh keys)", k, f"{admitted * B * v:.2f} in min 1", "0 (own slots)",
             "0", f"<= {min(k, prefetch_mod.NEWCOMER_HELD) * parts.batch_bytes / MIB:.2f}", "0",
             f"model: {admitted} keys start in the first minute (driven intake) x {B} batches x {v:.3f} s; "
-            f"an honest batch waits for at most {ahead} newcomer jobs on {vc.max_verifications} "
-            f"verification slots; the trainer prefetches at most {prefetch_mod.NEWCOMER_HELD} "
-            "newcomer batches"))
-    # Scoring stall: a batch of slow answers holds a scoring child reward_timeout_s per record.
-    per_batch = parts.rollouts * slow_wall
+            f"workers with accepted work have their own {vc.max_verifications} verification slots; the "
+            f"trainer prefetches at most {prefetch_mod.NEWCOMER_HELD} newcomer batches"))
+    # Slow-to-score answers under the scoring budget: a batch is refused (scoring_budget, held against
+    # the worker) at its (scoring_timeouts_per_batch + 1)th time limit; its rollouts' allowance bounds it.
+    allowed = vc.scoring_timeouts_per_batch + 1
+    allowance = (parts.rollouts * vc.scoring_s_per_rollout
+                 + vc.scoring_timeouts_per_batch * rl.reward_timeout_s)
+    per_batch = min(allowed * slow_wall, allowance)
+    per_batch_cpu = per_batch / slow_wall * slow_cpu
+    lane_cpu = vc.scoring_processes * 60 * slow_cpu / slow_wall  # the newcomers' processes, kept busy
     for k in (1, keys):
-        stuck = min(k, vc.max_jobs, 2)
+        admitted = intake[k][1]
+        cpu = min(admitted * B * per_batch_cpu, lane_cpu)
         rows.append(Row(
-            "scoring stall (slow answers)", k, f"{parts.rollouts * slow_cpu:.0f}/batch",
-            "0" if stuck < 2 else f"~{per_batch:.0f}", "0", "0", "0",
-            f"driven: {slow_wall:.1f} s wall, {slow_cpu:.2f} CPU s a record (reward_timeout_s "
-            f"{rl.reward_timeout_s:g}); model: {parts.rollouts} records a batch hold one of the 2 scoring "
-            f"children {per_batch:.0f} s; with both held an honest batch's scoring waits that long"))
+            "slow-to-score answers", k, f"{cpu:.0f} in min 1", "0 (own processes)", "0", "0", "0",
+            f"driven: {slow_wall:.1f} s wall, {slow_cpu:.2f} CPU s an answer the math checker cannot finish; "
+            f"model: a batch is refused at the time limit past its {vc.scoring_timeouts_per_batch} allowed "
+            f"({per_batch:.0f} s of a newcomers' "
+            f"scoring process, {per_batch_cpu:.1f} CPU s), {B} such batches ban a key, and the "
+            f"{vc.scoring_processes} newcomers' processes cap it at {lane_cpu:.0f} CPU s a minute; workers "
+            f"with accepted work have their own {vc.scoring_processes}"))
     for k in (1, keys):
         cpu_n, _, peak = intake[k]
         rows.append(Row(  # gossipsub forwards 10 messages/s per forwarding peer and topic
