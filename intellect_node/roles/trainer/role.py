@@ -321,7 +321,7 @@ class Trainer:
     def _snapshot(self) -> PolicyWeights:
         return PolicyWeights.from_state_dict(self.model.state_dict())
 
-    async def _charge_nonfinite(self, taken: list[Accepted], useful: list[list[Sample]]) -> None:
+    async def _charge_nonfinite(self, taken: list[Accepted], useful: Sequence[Sequence[Sample]]) -> None:
         """A step skipped for a non-finite loss or gradient (no weights moved): each batch's groups are
         tried alone (``trainer.step.finite_alone``), and a batch not finite alone is held against its
         worker (``nonfinite``) like a failed check. When none is (only their sum overflowed), no one is."""
