@@ -15,6 +15,8 @@ The parts, each in its own module; none of them references the ``Trainer``, whic
   rollout keys admitted per version (the inbox holds it);
 - ``replay.py``: ``replay_steps``, the journaled steps taken again after a crash;
 - ``publication.py``: ``Publication``, each version published once, in order, and the newest repeated;
+- ``records.py``: ``StepRecords``, each step's signed record (``protocol/steps.py``: base and new policy,
+  batches and groups trained, settings), gossiped on the run's ``steps`` topic and stored as a blob;
 - ``nosignal.py``: ``NoSignal``, step attempts with no learnable group reported, with a hint;
 - ``metrics.py``: ``MetricsFile``, ``trainer/metrics.jsonl`` and the last journaled step it recorded;
 - from ``roles/common/``: ``PolicyPublisher`` (``policy.py``), ``HintedFetcher`` (``fetch.py``), the
@@ -65,6 +67,7 @@ from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.policy import POLICY_KIND
 from intellect_node.protocol.rl import NOTICE_KIND, VERDICT_KIND, notice_validator, verdict_validator
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE
+from intellect_node.protocol.steps import STEP_KIND
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.common.fetch import ANNOUNCE_MIN_CHUNKS, HintedFetcher
 from intellect_node.roles.common.models import model_dir
@@ -79,11 +82,11 @@ from intellect_node.roles.trainer.intake import BatchIntake
 from intellect_node.roles.trainer.metrics import MetricsFile
 from intellect_node.roles.trainer.nosignal import NoSignal
 from intellect_node.roles.trainer.publication import Publication
+from intellect_node.roles.trainer.records import StepRecords, build_record, run_grpo_config, settings_of
 from intellect_node.roles.trainer.replay import Announced, replay_steps
 from intellect_node.roles.trainer.rescore import Rescorer
 from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, read_optimizer, save_checkpoint
 from intellect_node.trainer.filtering import FilteredGroups, filter_groups
-from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.trainer.optim import Optimizer
 from intellect_node.trainer.step import Sample, StepStats, finite_alone, make_optimizer, train_step
 
@@ -121,9 +124,7 @@ class Trainer:
         self.inbox = Inbox(self.dir / "inbox", self.dir / ADMITTED_FILE)  # admitted work, across crashes
         self.admitted = self.inbox.admitted  # rollout keys admitted, per version
         self.journal = StepJournal(self.dir / JOURNAL_FILE)  # the steps since the last checkpoint
-        budget = self.rl.groups_per_step * self.rl.group_size * self.rl.max_new_tokens
-        self.gcfg = GRPOConfig(group_size=self.rl.group_size, max_grad_norm=self.rl.max_grad_norm,
-                               kl_coef=self.rl.kl_coef, token_budget=budget)
+        self.gcfg = run_grpo_config(self.rl)
         # Verdicts never ban the run's own trainer and validators (one validator could otherwise ban them).
         protected = frozenset({runtime.swarm.peer_id, *cfg.run.validator_peer_ids})
         self.admission = Admission(quorum=cfg.run.verdict_quorum, async_level=cfg.run.async_level,
@@ -142,6 +143,8 @@ class Trainer:
         self.no_signal = NoSignal(runtime.board, self.rl)
         self.fetcher: HintedFetcher | None = None  # start() makes it (it needs the blob service)
         self.opt: Optimizer | None = None  # start() loads it, or the training loop makes the first
+        self.records: StepRecords | None = None  # start() makes it (it needs the blob service)
+        self._head_hash = ""  # the current version's checkpoint hash: the next step record's base
         self._undropped: set[str] = set()  # consumed, inbox copy kept until a checkpoint holds it
         self.version = 0
         self.step = 0
@@ -180,6 +183,12 @@ class Trainer:
                                     announce_min_chunks=ANNOUNCE_MIN_CHUNKS)
         self.publication = Publication(publisher, self.rt.swarm, topic(self.run_id, POLICY_KIND), self.dir,
                                        self.rt.board, self.tasks, self._snapshot)
+        self.records = StepRecords(key=self.rt.swarm.key, swarm=self.rt.swarm, blobs=blobs,
+                                   topic=topic(self.run_id, STEP_KIND), directory=self.dir, tasks=self.tasks)
+        self.settings = settings_of(self.gcfg, lr=self.rl.lr, temperature=self.rl.temperature,
+                                    micro_tokens=self.train_options.micro_batch_tokens,
+                                    compute_dtype=self.train_options.compute_dtype)
+        self._head_hash = (await asyncio.to_thread(self._snapshot)).content_hash  # the records' base
         await self.tasks.open()
         newest = await self._replay(self.journal.after(covered), publisher)
         await self.publication.current(self.version, newest)
@@ -207,6 +216,7 @@ class Trainer:
                 "queued_groups": self.admission.queued_groups(), **self.intake.counts,
                 "unjudged_groups": self.rescorer.unjudged,
                 "checkpoint_version": self._ckpt_version, "replay": dict(self.replay),
+                "records": self.records.status() if self.records is not None else {},
                 "prefetch": dict(self.intake.prefetch.counts),
                 "idle_fraction": self.idle_s / total if total else None, "last_step": self.last,
                 "assignments_by_worker": self.intake.coverage.report(64)}
@@ -364,6 +374,7 @@ class Trainer:
             if record:
                 self._record(None, samples_all, filtered, taken, stale, entry.seq)
             self._attempted(filtered, samples_all)
+            self._step_record(entry.seq, taken, stale, filtered, self._head_hash)
             return None
         samples = [s for g in useful for s in g]
         t0 = time.monotonic()
@@ -375,6 +386,7 @@ class Trainer:
         t_wait = time.monotonic() - t1
         self.version += 1
         self.step += 1
+        self._step_record(entry.seq, taken, stale, filtered, snap.content_hash)
         # Where a step's time goes (seconds): the optimizer step with the weights' copy; publish_s is the
         # last finished publication's (it runs beside the next step), publish_wait_s how long this step
         # waited for it to finish; checkpoint_s the checkpoint written after the previous step's line (0
@@ -397,6 +409,19 @@ class Trainer:
         await self.admitted.compact(fresh_floor(self.version, self.cfg.run.async_level))
         self._forget_old()
         return snap
+
+    def _step_record(self, seq: int, taken: list[Accepted], stale: list[Accepted],
+                     filtered: FilteredGroups[Sample], new_hash: str) -> None:
+        """Publish the signed record of the step just taken (``records.py``); the version and step are
+        already the new ones when it trained."""
+        assert self.records is not None, "start() makes the records before any step"
+        trained = bool(filtered.useful)
+        base = (self.version - 1 if trained else self.version, self._head_hash)
+        self.records.emit(build_record(run_id=self.run_id, seq=seq, step=self.step, base=base,
+                                       new=(self.version, new_hash), taken=taken, stale=stale,
+                                       useful=filtered.useful, no_signal=filtered.cause,
+                                       settings=self.settings))
+        self._head_hash = new_hash
 
     def _attempted(self, filtered: FilteredGroups[Sample], samples: list[Sample]) -> None:
         self.no_signal.attempted(filtered, samples, self.rescorer.shown, self.rescorer.answer_mode)

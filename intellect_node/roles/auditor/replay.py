@@ -1,0 +1,136 @@
+"""A window of training steps replayed from the trainer's signed step records, and compared with them.
+
+Each record (``protocol/steps.py``) names the policy a step started from, the batches it took in order,
+which of their groups it trained on, its settings and the policy it made. :func:`audit_window` takes
+the model holding the window's start policy and each batch's groups (re-scored from the task as the
+trainer re-scores them, ``roles/trainer/rescore.py``), and for each record in turn:
+
+1. checks the record's settings are the run's, and that it starts where the previous one ended (the
+   first: from the weights handed in);
+2. checks the groups it says it trained on are exactly those whose rewards are not all equal (the
+   online filter, ``trainer/filtering.py``): a trainer that leaves out a group with a signal, or trains
+   on one without, is caught here without any compute;
+3. runs the GRPO step of ``trainer/step.py`` with the record's settings on those samples and compares
+   the canonical hash of the new weights with the record's ``checkpoint_hash``.
+
+Outcomes: ``pass``, ``fail`` (with what was expected and what was published) and ``unavailable`` (the
+audit could not run: a batch missing, a group count that the re-scoring here does not reproduce, a
+window that does not start at the weights held): never a pass. After a step that did not pass, the rest
+of the window is ``unavailable``: the replay no longer holds the published policy.
+
+Shortcuts: the optimizer state at the window's start is handed in, or made fresh, which is right only
+for a window starting at version 0 (an optimizer holds no state before its first step); the trainer does
+not publish its optimizer state yet. Bitwise equality holds on the CPU with one torch thread and the
+same dtype (the trainer runs with ``torch.set_num_threads(1)``); nothing here calibrates a tolerance.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from intellect_node.policy.weights import PolicyWeights
+from intellect_node.protocol.steps import StepBatch, StepRecord, StepSettings
+from intellect_node.roles.trainer.records import grpo_config_of
+from intellect_node.trainer.optim import Optimizer
+from intellect_node.trainer.step import Sample, make_optimizer, train_step
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["pass", "fail", "unavailable"]
+GroupsOf = Callable[[StepBatch], "list[list[Sample]] | None"]
+"""A record's batch as the trainer's groups of samples (re-scored); None when the batch cannot be had."""
+
+
+@dataclass(frozen=True)
+class StepAudit:
+    """One record's audit: ``expected`` is the hash the replay made (empty when it did not run)."""
+
+    seq: int
+    version: int
+    outcome: Outcome
+    published: str
+    expected: str = ""
+    reason: str = ""
+
+
+def weights_hash(model: Any) -> str:
+    """The canonical hash of ``model``'s weights: what an announcement carries for its version."""
+    return PolicyWeights.from_state_dict(model.state_dict()).content_hash
+
+
+def _signal(group: Sequence[Sample]) -> bool:
+    rewards = [s.reward for s in group]
+    return bool(rewards) and max(rewards) != min(rewards)
+
+
+def trained_samples(rec: StepRecord, groups_of: GroupsOf) -> tuple[list[Sample] | None, Outcome, str]:
+    """The samples ``rec`` trained on, in order; or None with ``unavailable``/``fail`` and why."""
+    samples: list[Sample] = []
+    for b in rec.batches:
+        groups = groups_of(b)
+        if groups is None:
+            return None, "unavailable", f"batch {b.cid} could not be fetched"
+        if len(groups) != b.groups:
+            return None, "unavailable", (f"batch {b.cid} re-scores to {len(groups)} groups here, the record "
+                                         f"says {b.groups}")
+        with_signal = [i for i, g in enumerate(groups) if _signal(g)]
+        if with_signal != b.trained:
+            return None, "fail", (f"batch {b.cid}: groups {with_signal} have unequal rewards, the record "
+                                  f"trained on {b.trained}")
+        samples.extend(s for i in b.trained for s in groups[i])
+    return samples, "pass", ""
+
+
+def replay_record(model: Any, opt: Optimizer, rec: StepRecord, samples: Sequence[Sample]) -> str:
+    """Train ``model`` one step as ``rec`` says; the new weights' hash."""
+    s = rec.settings
+    dtype = None if s.compute_dtype is None else getattr(torch, s.compute_dtype)
+    train_step(model, opt, samples, grpo_config_of(s), temperature=s.temperature, micro_tokens=s.micro_tokens,
+               compute_dtype=dtype)
+    return weights_hash(model)
+
+
+def audit_window(model: Any, records: Sequence[StepRecord], groups_of: GroupsOf, *,
+                 settings: StepSettings, opt: Optimizer | None = None) -> list[StepAudit]:
+    """Audit ``records`` (consecutive steps, oldest first) on ``model``, which holds the first one's base
+    policy, and ``opt`` its optimizer state (None: a fresh optimizer, for a window from version 0).
+    ``settings``: the run's, from its configuration; a record naming others fails."""
+    out: list[StepAudit] = []
+    held = weights_hash(model)
+    for i, rec in enumerate(records):
+        if held != rec.base_hash:
+            why = ("the weights held are not the window's start" if i == 0
+                   else f"step {rec.seq} does not start where step {records[i - 1].seq} ended")
+            if i == 0:
+                out.extend(StepAudit(r.seq, r.version, "unavailable", r.checkpoint_hash, reason=why)
+                           for r in records)
+                return out
+            out.append(StepAudit(rec.seq, rec.version, "fail", rec.checkpoint_hash, held, why))
+            break
+        if rec.settings != settings:
+            out.append(StepAudit(rec.seq, rec.version, "fail", rec.checkpoint_hash,
+                                 reason=f"settings {rec.settings} are not the run's {settings}"))
+            break
+        samples, outcome, why = trained_samples(rec, groups_of)
+        if samples is None:
+            out.append(StepAudit(rec.seq, rec.version, outcome, rec.checkpoint_hash, reason=why))
+            break
+        if rec.trained:
+            if opt is None:
+                opt = make_optimizer(model, rec.settings.lr, betas=rec.settings.betas,
+                                     weight_decay=rec.settings.weight_decay)
+            held = replay_record(model, opt, rec, samples)
+        if held != rec.checkpoint_hash:
+            out.append(StepAudit(rec.seq, rec.version, "fail", rec.checkpoint_hash, held,
+                                 "the replayed weights differ from the published ones"))
+            break
+        out.append(StepAudit(rec.seq, rec.version, "pass", rec.checkpoint_hash, held))
+    rest = records[len(out):]
+    out.extend(StepAudit(r.seq, r.version, "unavailable", r.checkpoint_hash,
+                         reason="after a step that did not pass") for r in rest)
+    return out

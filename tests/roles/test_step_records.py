@@ -1,0 +1,129 @@
+"""The trainer's signed step records: they verify, chain to the announced policies, and replay to them.
+
+Real processes on loopback (trainer, validator, one worker on the embedded model) train a few steps;
+then, from the trainer's records (``trainer/records/<seq>.rec``) and the batches they name alone:
+
+- every record verifies as the run trainer's, for the run, and they chain: each starts where the previous
+  one ended, the first at version 0, and each trained version's hash is the one the worker heard announced;
+- an audit of the whole window from version 0 (``roles/auditor/replay.py``), on the CPU with one thread,
+  replays every step to the published hash bit for bit;
+- a trainer that trained with another learning rate than the one it states, or that left out a group
+  with a signal, fails that step's audit; a missing batch makes the audit ``unavailable``, never a pass.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+import torch
+
+from intellect_node.config.loader import load_config
+from intellect_node.fsutil import read_jsonl
+from intellect_node.protocol.steps import StepRecord, open_record
+from intellect_node.roles.auditor.inputs import batch_groups, run_rescorer, run_settings
+from intellect_node.roles.auditor.replay import StepAudit, audit_window
+from intellect_node.roles.common.models import model_dir
+from intellect_node.trainer.model import TrainOptions, load_trainable
+from tests.support.roles import role_run
+from tests.support.wait import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+LR = 1e-3
+RL = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=4, batches_per_version=1,
+          checkpoint_every=1000, ban_after=1000, lr=LR)
+TRAINED = 3  # trained steps before the run stops
+
+
+def _records(tdir: Path, trainer: str) -> list[StepRecord]:
+    recs = [open_record(p.read_bytes(), run_id="e2e", trainer=trainer)
+            for p in sorted((tdir / "records").glob("*.rec"))]
+    return sorted(recs, key=lambda r: r.seq)
+
+
+def _announced(wdir: Path) -> dict[int, set[str]]:
+    out: dict[int, set[str]] = {}
+    for h in read_jsonl(wdir / "worker" / "hops.jsonl"):
+        version = h.get("version")
+        if h.get("event") == "announced" and isinstance(version, int):
+            out.setdefault(version, set()).add(str(h["hash"]))
+    return out
+
+
+def _audit(tmp: Path, recs: list[StepRecord], lr: float | None = None,
+           drop: frozenset[str] = frozenset()) -> list[StepAudit]:
+    cfg = load_config(tmp / "trainer" / "config.toml")
+    torch.set_num_threads(1)  # as the trainer runs
+    model = load_trainable(model_dir(cfg), TrainOptions.from_section(cfg.rl))
+    inbox = tmp / "trainer" / "trainer" / "inbox"
+
+    def fetch(cid: str) -> bytes | None:
+        path = inbox / f"{cid}.batch"
+        return None if cid in drop or not path.exists() else path.read_bytes()
+
+    settings = run_settings(cfg)
+    if lr is not None:  # the trainer states this learning rate (and the run's config says so too)
+        settings = msgspec.structs.replace(settings, lr=lr)
+        recs = [msgspec.structs.replace(r, settings=settings) for r in recs]
+    return audit_window(model, recs, batch_groups(run_rescorer(cfg), fetch), settings=settings)
+
+
+def test_step_records_verify_chain_and_replay(tmp_path: Path) -> None:
+    tdir = tmp_path / "trainer" / "trainer"
+    with role_run(tmp_path, ("trainer", "validator", "w1"), rl=RL) as run:
+        trainer, t_addr, validator, v_addr = run.trainer_and_validator()
+        run.start("w1", "worker", bootstrap=[t_addr, v_addr])
+        trainer_id = run.ids["trainer"]
+
+        def trained() -> int:
+            return sum(1 for r in _records(tdir, trainer_id) if r.trained)
+
+        wait_for(lambda: trained() >= TRAINED, timeout=600, what=f"{TRAINED} trained steps recorded")
+        newest = max(r.version for r in _records(tdir, trainer_id))
+        wait_for(lambda: newest in _announced(tmp_path / "w1"), timeout=120,
+                 what=f"v{newest} heard by the worker")
+        st = trainer.status()["trainer"]
+        assert st["records"]["published"] >= TRAINED
+        assert st["records"]["last"]["cid"], st["records"]
+    recs = _records(tdir, trainer_id)
+    # Stopped between a step and its record's file, the newest may be missing: take the prefix on disk.
+    recs = [r for i, r in enumerate(recs) if r.seq == i + 1]
+    assert sum(r.trained for r in recs) >= TRAINED
+
+    # The records chain from v0 to the announced versions.
+    assert recs[0].base_version == 0
+    heard = _announced(tmp_path / "w1")
+    for prev, rec in zip(recs, recs[1:]):
+        assert rec.base_hash == prev.checkpoint_hash and rec.base_version == prev.version
+    for rec in recs:
+        assert all(b.worker == run.ids["w1"] for b in rec.batches)
+        if rec.trained and rec.version in heard:
+            assert heard[rec.version] == {rec.checkpoint_hash}, rec.version
+
+    # An honest trainer's window replays bit for bit.
+    honest = _audit(tmp_path, recs)
+    assert [a.outcome for a in honest] == ["pass"] * len(recs), honest
+    assert [a.expected for a in honest] == [r.checkpoint_hash for r in recs]
+
+    # Trained with the run's learning rate while stating another: caught at the first trained step.
+    first = next(i for i, r in enumerate(recs) if r.trained)
+    lied = _audit(tmp_path, recs, lr=LR / 2)
+    assert [a.outcome for a in lied[:first + 1]] == ["pass"] * first + ["fail"], lied
+    assert lied[first].expected != lied[first].published
+    assert all(a.outcome == "unavailable" for a in lied[first + 1:])
+
+    # A group with a signal left out of what the record says was trained: caught without training.
+    rec = recs[first]
+    b0 = rec.batches[next(i for i, b in enumerate(rec.batches) if b.trained)]
+    fewer = msgspec.structs.replace(b0, trained=b0.trained[1:])
+    forged: StepRecord = msgspec.structs.replace(
+        rec, batches=[fewer if b is b0 else b for b in rec.batches])
+    dropped = _audit(tmp_path, [*recs[:first], forged, *recs[first + 1:]])
+    assert dropped[first].outcome == "fail" and "unequal rewards" in dropped[first].reason, dropped[first]
+
+    # A batch that cannot be had: unavailable, never a pass.
+    missing = _audit(tmp_path, recs, drop=frozenset({b0.cid}))
+    assert missing[first].outcome == "unavailable" and b0.cid in missing[first].reason
+
