@@ -58,8 +58,40 @@ CREATE TABLE IF NOT EXISTS verdicts (
     PRIMARY KEY (batch_id, validator)
 );
 CREATE INDEX IF NOT EXISTS verdicts_received ON verdicts(received_at);
+CREATE TABLE IF NOT EXISTS trained (
+    run_id           TEXT NOT NULL,
+    batch_id         TEXT NOT NULL,
+    worker           TEXT NOT NULL,
+    seq              INTEGER NOT NULL,
+    step             INTEGER NOT NULL,
+    version          INTEGER NOT NULL,
+    outcome          TEXT NOT NULL,
+    groups           INTEGER NOT NULL,
+    groups_trained   INTEGER NOT NULL,
+    rollouts_trained INTEGER NOT NULL,
+    received_at      REAL NOT NULL,
+    PRIMARY KEY (run_id, batch_id)
+);
+CREATE INDEX IF NOT EXISTS trained_worker ON trained(worker);
 CREATE INDEX IF NOT EXISTS batches_submitted ON batches(submitted_at);
 """
+
+
+TRAINED_OUTCOMES = ("trained", "equal_rewards", "stale")
+"""What a step record says of a batch it took: trained on (some of its groups at least), every group's
+rewards equal (nothing to learn from), or refused as stale (its rollouts older than ``run.async_level``)."""
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """One batch named in a trainer's signed step record (``protocol/steps.py``)."""
+
+    batch_id: str
+    worker: str
+    outcome: str  # one of TRAINED_OUTCOMES
+    groups: int
+    groups_trained: int
+    rollouts_trained: int
 
 
 @dataclass(frozen=True)
@@ -76,6 +108,13 @@ class LedgerSummary:
     runs: tuple[str, ...] = ()
     first_at: float | None = None
     last_at: float | None = None
+    batches_trained: int = 0
+    """This node's batches a step record says were trained on (receipts)."""
+    rollouts_trained: int = 0
+    batches_admitted_untrained: int = 0
+    """Accepted by every verdict heard and named by no step record yet."""
+    batches_dropped: dict[str, int] = field(default_factory=dict)
+    """This node's batches a step record took without training on them, by outcome."""
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -90,6 +129,9 @@ class LedgerSummary:
             "batches_pending": self.batches_pending, "unknown_batch_verdicts": self.unknown_batch_verdicts,
             "acceptance_rate": self.acceptance_rate, "rejection_reasons": dict(self.rejection_reasons),
             "runs": list(self.runs), "first_at": self.first_at, "last_at": self.last_at,
+            "batches_trained": self.batches_trained, "rollouts_trained": self.rollouts_trained,
+            "batches_admitted_untrained": self.batches_admitted_untrained,
+            "batches_dropped": dict(self.batches_dropped),
         }
 
 
@@ -128,6 +170,10 @@ class Ledger:
                     raise ConfigError(f"{self.path} has ledger schema {version}, this node reads "
                                       f"{SCHEMA_VERSION}; move it aside", field="data_dir")
             self._db.execute("SELECT count(*) FROM batches").fetchone()
+            # A ledger written before receipts existed has no table for them (a node adds it when it opens
+            # the file): a reader then shows none.
+            self._receipts = self._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='trained'").fetchone() is not None
         except sqlite3.DatabaseError as exc:
             raise ConfigError(f"{self.path} is not a readable ledger ({exc}); move it aside and the node "
                               "starts a new one", field="data_dir") from exc
@@ -159,6 +205,26 @@ class Ledger:
                 (batch_id, validator, run_id, int(n_accepted), int(n_rejected), reason, detail[:500],
                  int(step), self._clock()))
             return cur.rowcount == 1
+
+    def record_step(self, *, run_id: str, seq: int, step: int, version: int,
+                    receipts: list[Receipt]) -> int:
+        """Record the batches one step record names (the receipts of every worker it names); how many were
+        new. A batch keeps the first record that named it (a replayed step names the same)."""
+        now = self._clock()
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                n = 0
+                for r in receipts:
+                    n += self._db.execute(
+                        "INSERT OR IGNORE INTO trained VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (run_id, r.batch_id, r.worker, int(seq), int(step), int(version), r.outcome,
+                         int(r.groups), int(r.groups_trained), int(r.rollouts_trained), now)).rowcount
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            return n
 
     def close(self) -> None:
         """Checkpoint the WAL into the main file and close (called on shutdown)."""
@@ -203,25 +269,62 @@ class Ledger:
                 "AND n_rejected > 0 GROUP BY reason ORDER BY 2 DESC, 1", a).fetchall()
             runs = tuple(r[0] for r in db.execute(
                 "SELECT run_id FROM batches UNION SELECT run_id FROM verdicts ORDER BY 1").fetchall())
+            trained, rollouts, untrained, dropped = 0, 0, 0, []
+            if self._receipts:
+                trained, rollouts = db.execute(
+                    "SELECT count(*), coalesce(sum(t.rollouts_trained),0) FROM trained t JOIN batches b "
+                    "ON b.batch_id = t.batch_id WHERE (? IS NULL OR t.run_id = ?) AND t.outcome = 'trained'",
+                    a).fetchone()
+                dropped = db.execute(
+                    "SELECT t.outcome, count(*) FROM trained t JOIN batches b ON b.batch_id = t.batch_id "
+                    "WHERE (? IS NULL OR t.run_id = ?) AND t.outcome != 'trained' GROUP BY 1 ORDER BY 1",
+                    a).fetchall()
+                untrained = db.execute(
+                    "SELECT count(*) FROM batches b WHERE (? IS NULL OR b.run_id = ?) "
+                    "AND EXISTS (SELECT 1 FROM verdicts v WHERE v.batch_id = b.batch_id) "
+                    "AND NOT EXISTS (SELECT 1 FROM verdicts v WHERE v.batch_id = b.batch_id "
+                    "AND (v.n_rejected > 0 OR v.n_accepted = 0)) "
+                    "AND NOT EXISTS (SELECT 1 FROM trained t WHERE t.batch_id = b.batch_id)", a).fetchone()[0]
         times = [t for t in (b_first, b_last, v_last) if t is not None]
         return LedgerSummary(
             batches_submitted=nb, rollouts_submitted=nr, tokens_submitted=nt, verdicts_received=nv,
             rollouts_accepted=na, rollouts_rejected=nrej, batches_pending=pending,
             unknown_batch_verdicts=unknown, rejection_reasons={(k or "rejected"): v for k, v in reasons},
-            runs=runs, first_at=min(times) if times else None, last_at=max(times) if times else None)
+            runs=runs, first_at=min(times) if times else None, last_at=max(times) if times else None,
+            batches_trained=trained, rollouts_trained=rollouts, batches_admitted_untrained=untrained,
+            batches_dropped=dict(dropped))
 
     def recent(self, limit: int = 20) -> list[dict[str, Any]]:
-        """The newest batches with their verdicts, newest first."""
+        """The newest batches with their verdicts and receipt (``trained_*``: what the step record naming
+        the batch says; None when none has), newest first."""
+        receipt = ("t.outcome, t.version, t.step, t.groups_trained, t.groups" if self._receipts
+                   else "NULL, NULL, NULL, NULL, NULL")
+        join = "LEFT JOIN trained t ON t.batch_id = b.batch_id " if self._receipts else ""
         with self._lock:
             rows = self._db.execute(
                 "SELECT b.batch_id, b.run_id, b.policy_version, b.n_rollouts, b.n_tokens, b.submitted_at, "
                 "coalesce(sum(v.n_accepted),0), coalesce(sum(v.n_rejected),0), count(v.batch_id), "
-                "group_concat(nullif(v.reason,''), ',') "
-                "FROM batches b LEFT JOIN verdicts v ON v.batch_id = b.batch_id "
+                f"group_concat(nullif(v.reason,''), ','), {receipt} "
+                f"FROM batches b LEFT JOIN verdicts v ON v.batch_id = b.batch_id {join}"
                 "GROUP BY b.batch_id ORDER BY b.submitted_at DESC, b.rowid DESC LIMIT ?",
                 (int(limit),)).fetchall()
         keys = ("batch_id", "run_id", "policy_version", "n_rollouts", "n_tokens", "submitted_at",
-                "accepted", "rejected", "verdicts", "reasons")
+                "accepted", "rejected", "verdicts", "reasons", "trained_outcome", "trained_version",
+                "trained_step", "trained_groups", "groups")
+        return [dict(zip(keys, r)) for r in rows]
+
+    def trained_by_worker(self, *, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Every worker the step records this node heard name: batches trained, rollouts trained, batches
+        dropped (equal rewards, stale); most rollouts trained first. From the records alone."""
+        if not self._receipts:
+            return []
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT worker, sum(outcome = 'trained'), coalesce(sum(rollouts_trained),0), "
+                "sum(outcome = 'equal_rewards'), sum(outcome = 'stale'), max(version) FROM trained "
+                "WHERE (? IS NULL OR run_id = ?) GROUP BY worker ORDER BY 3 DESC, 1",
+                (run_id, run_id)).fetchall()
+        keys = ("worker", "batches_trained", "rollouts_trained", "equal_rewards", "stale", "last_version")
         return [dict(zip(keys, r)) for r in rows]
 
 

@@ -70,6 +70,7 @@ from intellect_node.roles.common.engines import engine_choice, require_rollout_e
 from intellect_node.roles.common.fetch import ANNOUNCE_MIN_CHUNKS, HintedFetcher
 from intellect_node.roles.common.follow import TrainerPolicy
 from intellect_node.roles.common.models import base_model, loaded_from_checkpoint
+from intellect_node.roles.common.receipts import Receipts
 from intellect_node.roles.common.run import require_allowed, require_trainer
 from intellect_node.roles.common.seams import RoleTasks, Runtime
 from intellect_node.roles.common.seen import BoundedMap
@@ -113,6 +114,7 @@ class Worker:
         self.verdicts: dict[str, int] = {"accepted": 0, "rejected": 0, "stale": 0}
         self._heard: BoundedMap[int, str] = BoundedMap(64)  # version -> announced hash
         self.fetcher: HintedFetcher | None = None  # made by start(), closed by close()
+        self.receipts: Receipts | None = None  # start() makes it when the node keeps a ledger
 
     @classmethod
     def for_runtime(cls, runtime: Runtime) -> "Worker":
@@ -124,6 +126,9 @@ class Worker:
         self.blobs = blob_service(self.rt)
         self.fetcher = fetcher = HintedFetcher(self.blobs, self.rt.swarm)
         self.ledger = ledger_of(self.rt)
+        if self.ledger is not None:  # the trainer's step records: this worker's receipts
+            self.receipts = Receipts(self.ledger, run_id=self.run_id, trainer=require_trainer(self.cfg, "worker"))
+            self.receipts.subscribe(self.rt.swarm)
         self.policy = TrainerPolicy(self.rt, fetcher, self.dir / "policy", self.tasks, self._load,
                                     on_announcement=self._on_announcement)
         await self.policy.start()
@@ -138,7 +143,8 @@ class Worker:
             self.fetcher.close()
 
     def status(self) -> dict[str, Any]:
-        return {"policy_version": self.version, "batches": self.batches, **self.verdicts}
+        return {"policy_version": self.version, "batches": self.batches, **self.verdicts,
+                "step_records": self.receipts.status() if self.receipts is not None else {}}
 
     # -- policy ----------------------------------------------------------------------------------
 
