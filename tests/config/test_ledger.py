@@ -122,3 +122,68 @@ def test_ledger_command_text_and_json(data_dir: Path) -> None:
     assert "toploc_mismatch" in text.stdout and "pending" in text.stdout.lower()
     missing = run_cli("ledger", "--data-dir", str(data_dir / "nope"))
     assert missing.returncode == 2 and "no ledger" in missing.stderr
+
+
+def _receipts(led: Ledger) -> None:
+    """b1 trained at v5 (1 of its 2 groups), b4 (another worker's) trained, b5 equal rewards, b6 stale;
+    b2 was rejected and b7 accepted with no record yet."""
+    from intellect_node.config.ledger import Receipt
+
+    led.record_submission("b7", run_id="r1", policy_version=4, n_rollouts=8, n_tokens=100)
+    led.record_verdict("b7", validator="V1", run_id="r1", n_accepted=8, n_rejected=0)
+    for b in ("b5", "b6"):
+        led.record_submission(b, run_id="r1", policy_version=2, n_rollouts=8, n_tokens=100)
+    led.record_step(run_id="r1", seq=6, step=5, version=5, receipts=[
+        Receipt("b1", "me", "trained", groups=2, groups_trained=1, rollouts_trained=8),
+        Receipt("b4", "other", "trained", groups=2, groups_trained=2, rollouts_trained=16),
+        Receipt("b6", "me", "stale", groups=2, groups_trained=0, rollouts_trained=0)])
+    led.record_step(run_id="r1", seq=7, step=5, version=5, receipts=[
+        Receipt("b5", "me", "equal_rewards", groups=2, groups_trained=0, rollouts_trained=0)])
+
+
+def test_receipts_trained_dropped_and_untrained(tmp_path: Path) -> None:
+    from intellect_node.config.ledger import Receipt
+
+    with Ledger(tmp_path / "ledger.sqlite") as led:
+        _fill(led)
+        _receipts(led)
+        # a replayed step names the same batch again: the first record stays
+        assert led.record_step(run_id="r1", seq=9, step=8, version=8, receipts=[
+            Receipt("b1", "me", "trained", groups=2, groups_trained=2, rollouts_trained=16)]) == 0
+        s = led.summary(run_id="r1")
+        assert (s.batches_trained, s.rollouts_trained) == (1, 8)  # b4 is another worker's batch
+        assert s.batches_dropped == {"equal_rewards": 1, "stale": 1}
+        assert s.batches_admitted_untrained == 1  # b7
+        rows = {r["batch_id"]: r for r in led.recent(10)}
+        assert rows["b1"]["trained_outcome"] == "trained" and rows["b1"]["trained_version"] == 5
+        assert rows["b2"]["trained_outcome"] is None and rows["b7"]["trained_outcome"] is None
+        workers = {w["worker"]: w for w in led.trained_by_worker(run_id="r1")}
+        assert workers["other"]["rollouts_trained"] == 16 and workers["me"]["rollouts_trained"] == 8
+        assert (workers["me"]["stale"], workers["me"]["equal_rewards"]) == (1, 1)
+
+
+def test_ledger_command_shows_receipts_and_every_worker(data_dir: Path) -> None:
+    with Ledger.in_data_dir(data_dir) as led:
+        _fill(led)
+        _receipts(led)
+    doc = json.loads(run_cli("ledger", "--data-dir", str(data_dir), "--json", "--all").stdout)
+    assert doc["summary"]["batches_trained"] == 1
+    assert {w["worker"] for w in doc["workers"]} == {"me", "other"}
+    text = run_cli("ledger", "--data-dir", str(data_dir), "--all", "--recent", "20", env={"COLUMNS": "200"})
+    assert text.returncode == 0, text.stderr
+    out = text.stdout
+    assert "v5 (1/2 groups)" in out and "dropped: stale" in out and "dropped: equal_rewards" in out
+    assert "admitted, not yet trained" in out and "every worker" in out
+
+
+def test_a_ledger_from_before_receipts_reads(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    with Ledger(path) as led:
+        _fill(led)
+    db = sqlite3.connect(path)
+    db.execute("DROP TABLE trained")
+    db.commit()
+    db.close()
+    with Ledger(path, readonly=True) as led:
+        assert led.summary().batches_trained == 0 and led.trained_by_worker() == []
+        assert led.recent(1)[0]["trained_outcome"] is None

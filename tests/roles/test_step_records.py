@@ -3,6 +3,8 @@
 Real processes on loopback (trainer, validator, one worker on the embedded model) train a few steps;
 then, from the trainer's records (``trainer/records/<seq>.rec``) and the batches they name alone:
 
+- the worker's ledger holds a receipt for each of its batches a record names (trained at which version,
+  or dropped and why), and lists its trained rollouts from the records alone;
 - every record verifies as the run trainer's, for the run, and they chain: each starts where the previous
   one ended, the first at version 0, and each trained version's hash is the one the worker heard announced;
 - an audit of the whole window from version 0 (``roles/auditor/replay.py``), on the CPU with one thread,
@@ -19,6 +21,7 @@ import msgspec
 import pytest
 import torch
 
+from intellect_node.config.ledger import Ledger
 from intellect_node.config.loader import load_config
 from intellect_node.fsutil import read_jsonl
 from intellect_node.protocol.steps import StepRecord, open_record
@@ -50,6 +53,12 @@ def _announced(wdir: Path) -> dict[int, set[str]]:
         if h.get("event") == "announced" and isinstance(version, int):
             out.setdefault(version, set()).add(str(h["hash"]))
     return out
+
+
+def _receipts(wdir: Path) -> dict[str, dict[str, object]]:
+    """The worker's recent batches that a step record named, by batch CID."""
+    with Ledger.in_data_dir(wdir, readonly=True) as led:
+        return {str(r["batch_id"]): r for r in led.recent(10_000) if r["trained_outcome"] is not None}
 
 
 def _audit(tmp: Path, recs: list[StepRecord], lr: float | None = None,
@@ -87,6 +96,22 @@ def test_step_records_verify_chain_and_replay(tmp_path: Path) -> None:
         st = trainer.status()["trainer"]
         assert st["records"]["published"] >= TRAINED
         assert st["records"]["last"]["cid"], st["records"]
+
+        # Receipts: the worker's ledger holds what the records say of each of its batches.
+        named = {b.cid: (r, b) for r in _records(tdir, trainer_id) for b in (*r.batches, *r.stale)}
+        wait_for(lambda: set(named) <= set(_receipts(tmp_path / "w1")), timeout=120,
+                 what="every recorded batch in the worker's ledger")
+        receipts = _receipts(tmp_path / "w1")
+        for cid, (rec, b) in named.items():
+            outcome = "stale" if b in rec.stale else "trained" if b.trained else "equal_rewards"
+            assert receipts[cid]["trained_outcome"] == outcome
+            if outcome == "trained":
+                assert receipts[cid]["trained_version"] == rec.version
+        with Ledger.in_data_dir(tmp_path / "w1", readonly=True) as led:
+            by_worker = led.trained_by_worker(run_id="e2e")
+        assert [w["worker"] for w in by_worker] == [run.ids["w1"]]
+        assert by_worker[0]["rollouts_trained"] == sum(
+            len(b.trained) * RL["group_size"] for r, b in named.values() if b.trained)
     recs = _records(tdir, trainer_id)
     # Stopped between a step and its record's file, the newest may be missing: take the prefix on disk.
     recs = [r for i, r in enumerate(recs) if r.seq == i + 1]
