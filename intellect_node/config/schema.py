@@ -421,6 +421,10 @@ class ValidatorConfig(_Section):
     verifying) for workers with accepted work, and as many again for the others (new keys cannot take
     the slots proven workers need). One peer never has more than one batch in flight."""
 
+    audit: bool = False
+    """Also audit the trainer: replay every training step from its signed step records on the CPU and
+    sign a verdict per step (``roles/auditor/chain.py``; costs about one trainer step of CPU per step)."""
+
     peer_queue: int = Field(default=8, ge=1, le=1024)
     """Notices one peer may have waiting; more are refused (busy: recorded, not a strike, since a
     validator that falls behind must not ban the honest workers it is slow for)."""

@@ -95,42 +95,55 @@ def replay_record(model: Any, opt: Optimizer, rec: StepRecord, samples: Sequence
     return weights_hash(model)
 
 
+class WindowReplay:
+    """A replay in progress: ``model`` (holding the window's start policy), its optimizer (None: a fresh
+    one, for a window from version 0) and the hash of what it holds. :meth:`audit` takes the records one
+    at a time, in order; after a step that did not pass, every later one is ``unavailable``."""
+
+    def __init__(self, model: Any, settings: StepSettings, opt: Optimizer | None = None) -> None:
+        self.model = model
+        self.settings = settings
+        self.opt = opt
+        self.held = weights_hash(model)
+        self.started = False
+        self.stopped = ""  # why the replay no longer holds the published policy ("" while it does)
+
+    def audit(self, rec: StepRecord, groups_of: GroupsOf) -> StepAudit:
+        """Audit one record (CPU-heavy: run it in a worker thread)."""
+        if self.stopped:
+            return StepAudit(rec.seq, rec.version, "unavailable", rec.checkpoint_hash, reason=self.stopped)
+        first, self.started = not self.started, True
+        if self.held != rec.base_hash:
+            if first:
+                return self._stop(StepAudit(rec.seq, rec.version, "unavailable", rec.checkpoint_hash,
+                                            reason="the weights held are not the window's start"))
+            return self._stop(StepAudit(rec.seq, rec.version, "fail", rec.checkpoint_hash, self.held,
+                                        f"step {rec.seq} does not start where the previous step ended"))
+        if rec.settings != self.settings:
+            return self._stop(StepAudit(rec.seq, rec.version, "fail", rec.checkpoint_hash,
+                                        reason=f"settings {rec.settings} are not the run's {self.settings}"))
+        samples, outcome, why = trained_samples(rec, groups_of)
+        if samples is None:
+            return self._stop(StepAudit(rec.seq, rec.version, outcome, rec.checkpoint_hash, reason=why))
+        if rec.trained:
+            if self.opt is None:
+                self.opt = make_optimizer(self.model, rec.settings.lr, betas=rec.settings.betas,
+                                          weight_decay=rec.settings.weight_decay)
+            self.held = replay_record(self.model, self.opt, rec, samples)
+        if self.held != rec.checkpoint_hash:
+            return self._stop(StepAudit(rec.seq, rec.version, "fail", rec.checkpoint_hash, self.held,
+                                        "the replayed weights differ from the published ones"))
+        return StepAudit(rec.seq, rec.version, "pass", rec.checkpoint_hash, self.held)
+
+    def _stop(self, result: StepAudit) -> StepAudit:
+        self.stopped = f"after step {result.seq} ({result.outcome})"
+        return result
+
+
 def audit_window(model: Any, records: Sequence[StepRecord], groups_of: GroupsOf, *,
                  settings: StepSettings, opt: Optimizer | None = None) -> list[StepAudit]:
     """Audit ``records`` (consecutive steps, oldest first) on ``model``, which holds the first one's base
     policy, and ``opt`` its optimizer state (None: a fresh optimizer, for a window from version 0).
     ``settings``: the run's, from its configuration; a record naming others fails."""
-    out: list[StepAudit] = []
-    held = weights_hash(model)
-    for i, rec in enumerate(records):
-        if held != rec.base_hash:
-            why = ("the weights held are not the window's start" if i == 0
-                   else f"step {rec.seq} does not start where step {records[i - 1].seq} ended")
-            if i == 0:
-                out.extend(StepAudit(r.seq, r.version, "unavailable", r.checkpoint_hash, reason=why)
-                           for r in records)
-                return out
-            out.append(StepAudit(rec.seq, rec.version, "fail", rec.checkpoint_hash, held, why))
-            break
-        if rec.settings != settings:
-            out.append(StepAudit(rec.seq, rec.version, "fail", rec.checkpoint_hash,
-                                 reason=f"settings {rec.settings} are not the run's {settings}"))
-            break
-        samples, outcome, why = trained_samples(rec, groups_of)
-        if samples is None:
-            out.append(StepAudit(rec.seq, rec.version, outcome, rec.checkpoint_hash, reason=why))
-            break
-        if rec.trained:
-            if opt is None:
-                opt = make_optimizer(model, rec.settings.lr, betas=rec.settings.betas,
-                                     weight_decay=rec.settings.weight_decay)
-            held = replay_record(model, opt, rec, samples)
-        if held != rec.checkpoint_hash:
-            out.append(StepAudit(rec.seq, rec.version, "fail", rec.checkpoint_hash, held,
-                                 "the replayed weights differ from the published ones"))
-            break
-        out.append(StepAudit(rec.seq, rec.version, "pass", rec.checkpoint_hash, held))
-    rest = records[len(out):]
-    out.extend(StepAudit(r.seq, r.version, "unavailable", r.checkpoint_hash,
-                         reason="after a step that did not pass") for r in rest)
-    return out
+    replay = WindowReplay(model, settings, opt)
+    return [replay.audit(rec, groups_of) for rec in records]

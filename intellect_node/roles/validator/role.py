@@ -1,5 +1,8 @@
 """Validator role: verify workers' rollout batches, publish signed verdicts, ban repeat offenders.
 
+With ``validator.audit`` on it also replays the trainer's steps from their signed records
+(``roles/auditor/chain.py``) and reports the audit state under ``audit`` in its status.
+
 A notice (signature- and run-checked in the gossip validator, which also drops banned senders and, in a
 closed run, peers off ``run.worker_allowlist``) first goes through the intake
 (``roles/validator/intake.py``): per peer rates, byte budget and queue, the version window, the new-identity
@@ -91,6 +94,7 @@ from intellect_node.protocol.rl import (
 )
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE, decode_batch
 from intellect_node.protocol.topics import topic
+from intellect_node.roles.auditor.chain import ChainAuditor
 from intellect_node.roles.common.engines import run_thresholds
 from intellect_node.roles.common.fetch import HintedFetcher
 from intellect_node.roles.common.follow import TrainerPolicy
@@ -153,6 +157,7 @@ class Validator:
         self.device = cfg.inference.device
         self.thresholds = run_thresholds(cfg, model_dir(cfg))
         self.dir = Path(runtime.data_dir) / "validator"
+        self.auditor: ChainAuditor | None = None  # start() makes it when validator.audit is on
         self.engines: OrderedDict[int, tuple[str, TorchEngine]] = OrderedDict()
         self.latest_announced = -1
         self._heard_trainer = float("-inf")  # when the last announcement (new or repeated) came
@@ -201,6 +206,12 @@ class Validator:
         await self.policy.start()
         self.rt.swarm.subscribe(topic(self.run_id, NOTICE_KIND), self._notice_validator(), self._on_notice)
         self.tasks.loop("validator-loop", self._dispatch_loop)
+        if self.cfg.validator.audit:  # the trainer's steps replayed from its records (roles/auditor/)
+            self.auditor = ChainAuditor(self.cfg, swarm=self.rt.swarm, fetcher=self.fetcher,
+                                        trainer=require_trainer(self.cfg, "validator"),
+                                        directory=Path(self.rt.data_dir) / "auditor")
+            self.auditor.start()
+            self.tasks.loop("validator-audit", self.auditor.run, may_end=True)
 
     async def close(self) -> None:
         for scorer in self.scorers.values():  # first: a check in a thread stops waiting on its answer
@@ -215,6 +226,7 @@ class Validator:
                 "scoring": {**{pool: {"busy": sc.busy, "started": sc.started, "killed": sc.killed}
                                for pool, sc in self.scorers.items()}, **self.budgets.status()},
                 "intake": self.intake.status(),
+                "audit": self.auditor.status() if self.auditor is not None else None,
                 # seconds since the trainer's last announcement (None: never heard)
                 "trainer_silent_s": (round(time.monotonic() - self._heard_trainer, 1)
                                      if self._heard_trainer > float("-inf") else None),
