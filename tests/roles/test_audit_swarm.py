@@ -23,7 +23,7 @@ from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-RL = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=4, batches_per_version=1,
+RL = dict(group_size=8, problems_per_batch=2, groups_per_step=2, max_new_tokens=5, batches_per_version=2,
           checkpoint_every=1000, ban_after=1000, lr=1e-3)
 AUDITED = 3  # trained steps passed before the honest run stops
 
