@@ -107,11 +107,18 @@ def test_step_records_verify_chain_and_replay(tmp_path: Path) -> None:
             assert receipts[cid]["trained_outcome"] == outcome
             if outcome == "trained":
                 assert receipts[cid]["trained_version"] == rec.version
-        with Ledger.in_data_dir(tmp_path / "w1", readonly=True) as led:
-            by_worker = led.trained_by_worker(run_id="e2e")
-        assert [w["worker"] for w in by_worker] == [run.ids["w1"]]
-        assert by_worker[0]["rollouts_trained"] == sum(
-            len(b.trained) * RL["group_size"] for r, b in named.values() if b.trained)
+    # Every worker's trained rollouts from the records alone: those heard before the stop, at least all
+    # that were on disk when the receipts were checked (more steps may have been taken since).
+    with Ledger.in_data_dir(tmp_path / "w1", readonly=True) as led:
+        by_worker = led.trained_by_worker(run_id="e2e")
+    assert [w["worker"] for w in by_worker] == [run.ids["w1"]]
+
+    def rollouts(recs: list[StepRecord]) -> int:
+        return sum(len(b.trained) * int(RL["group_size"]) for r in recs for b in r.batches)
+
+    assert rollouts(list({r.seq: r for r, _ in named.values()}.values())) <= by_worker[0]["rollouts_trained"]
+    assert by_worker[0]["rollouts_trained"] <= rollouts(_records(tdir, trainer_id))
+
     recs = _records(tdir, trainer_id)
     # Stopped between a step and its record's file, the newest may be missing: take the prefix on disk.
     recs = [r for i, r in enumerate(recs) if r.seq == i + 1]
