@@ -13,12 +13,16 @@ trainer compute the same ones:
    ``v mod (async_level + 1)``. Any ``async_level + 1`` consecutive versions (the versions whose rollouts
    are still fresh at once) use different regions, so a problem is assigned to a worker at most once
    among them: it cannot make a problem's group under two fresh versions and submit the one it likes.
-3. A region is cut into windows of ``problems_per_batch`` problems, and a version has
-   ``windows_per_version`` of them (``roles/common/tasks.run_assignments``: a few times what a worker
-   submits per version, room for resubmissions while the trainer finds no signal): window ``k`` of
-   version ``v`` is the region's window ``c * windows_per_version + k`` (modulo the region's windows),
-   where ``c = v // (async_level + 1)`` counts the times the region came round. Each time round starts
-   past the windows of the last, so a worker goes through its whole region before a problem comes back.
+3. A region is cut into windows of ``problems_per_batch`` problems: window ``k`` of version ``v`` is the
+   region's window ``c * windows_per_version + k`` (modulo the region's windows), where
+   ``c = v // (async_level + 1)`` counts the times the region came round and ``windows_per_version`` is
+   a few times what a worker submits per version (``roles/common/tasks.run_assignments``). Each time
+   round starts past the windows of the last, so a worker goes through its whole region before a
+   problem comes back. Every window of the region is valid at ``v`` (``k`` up to the region's windows):
+   a trainer that finds no signal does not move on, and the workers must be able to keep feeding it new
+   problems at the same version (with only ``windows_per_version`` of them, a run whose groups all had
+   equal rewards stalled for good). Windows past the usual ones are what a worker that drops hard
+   windows would reach for: :class:`Coverage` shows every window it skipped.
 4. A batch holds exactly one window: all of its problems, each ``group_size`` times (checked by
    :meth:`Assignments.check`; a batch of another window, another version's problems or a subset is
    refused as ``not_assigned``).
@@ -111,7 +115,9 @@ class Layout:
     slots: int
     """Windows a region holds (``zone // per_window``)."""
     windows: int
-    """Windows per version: ``windows_per_version``, or fewer when a region holds fewer."""
+    """Windows a version has: all of its region's (``slots``)."""
+    stride: int
+    """Windows each time round moves on by: ``windows_per_version``, or fewer when a region holds fewer."""
 
     @classmethod
     def of(cls, size: int, *, problems_per_batch: int, async_level: int,
@@ -122,13 +128,13 @@ class Layout:
         regions = async_level + 1 if size >= (async_level + 1) * per else 1
         zone = size // regions
         slots = zone // per
-        return cls(size=size, per_window=per, regions=regions, zone=zone, slots=slots,
-                   windows=max(1, min(windows_per_version, slots)))
+        return cls(size=size, per_window=per, regions=regions, zone=zone, slots=slots, windows=slots,
+                   stride=max(1, min(windows_per_version, slots)))
 
     def _first(self, version: int) -> int:
         """The region's window where ``version``'s windows start: past those of the versions before it
         that drew from the same region."""
-        return (version // self.regions) * self.windows % self.slots
+        return (version // self.regions) * self.stride % self.slots
 
     def positions(self, version: int, window: int) -> range:
         """The positions (in the worker's order) of window ``window`` of ``version``."""
