@@ -15,6 +15,7 @@ import typer
 
 from intellect_node.commands.common import DataDirOption, data_dir
 from intellect_node.commands.logs import NODE_LOG
+from intellect_node.errors import ConfigError
 
 FLAG_OF_FIELD = {
     "network.listen": "--listen", "network.announce": "--announce", "network.bootstrap": "--bootstrap",
@@ -162,6 +163,11 @@ def register(app: typer.Typer) -> None:
         log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
         log_file: Optional[Path] = typer.Option(None, "--log-file",
                                                 help="Write logs here instead of stderr."),
+        run: Optional[str] = typer.Option(None, "--run", help="Join the run with this CID (or run ID): its "
+                                          "signed manifest, model and thresholds are fetched through the "
+                                          "swarm by their hashes (`intellect-node runs` lists runs)."),
+        organiser: Optional[str] = typer.Option(None, "--organiser", help="With --run: the peer ID that "
+                                                "must have signed the run."),
     ) -> None:
         """Join the swarm and run until Ctrl-C (SIGINT) or SIGTERM; exits 0 after a clean stop, 75 when
         it stopped because libp2p or an essential task could not be kept working (restart it), 2 on a
@@ -170,38 +176,73 @@ def register(app: typer.Typer) -> None:
         On a terminal it shows the dashboard (logs go to <data-dir>/node.log); with --headless, or when
         output is not a terminal, it logs JSON lines to stderr (or --log-file).
         """
-        import sys
-
-        from intellect_node.logsetup import setup_logging
-
         d = data_dir(data_dir_opt)
+        if organiser is not None and run is None:
+            raise ConfigError("--organiser pins who signed a run: give --run CID with it",
+                              field="--organiser")
+        if run is not None:
+            flags = join_flags(listen=listen, bootstrap=bootstrap, run_id=run_id, announce=announce,
+                               trainer_peer_id=trainer_peer_id, http_host=http_host, http_port=http_port,
+                               http_public_url=http_public_url, control_port=control_port,
+                               heartbeat_interval=heartbeat_interval, peer_timeout=peer_timeout,
+                               validator_peer_ids=validator_peer_id, metrics_port=metrics_port)
+            raise typer.Exit(run_node_for(d, run=run, organiser=organiser, roles=role, flags=flags,
+                                          config_file=config_file, log_file=log_file, log_level=log_level,
+                                          headless=headless))
         cfg = build_node_config(listen=listen, bootstrap=bootstrap, run_id=run_id, announce=announce,
                                 trainer_peer_id=trainer_peer_id, http_host=http_host, http_port=http_port,
                                 http_public_url=http_public_url, control_port=control_port,
                                 heartbeat_interval=heartbeat_interval, peer_timeout=peer_timeout,
                                 config_file=config_file, data_dir=d, validator_peer_ids=validator_peer_id,
                                 metrics_port=metrics_port)
-        show_dashboard = not headless and sys.stdout.isatty()
-        if log_file is not None:
-            setup_logging(level=log_level, json_lines=headless or not show_dashboard, file=log_file)
-        else:
-            _log_to_data_dir(d, log_level, also_stderr=not show_dashboard)
-        from intellect_node.node.assembly import build_node
-        from intellect_node.node.runtime import run_node
+        raise typer.Exit(start_node(cfg, d, role, headless=headless, log_file=log_file, log_level=log_level))
 
-        runtime = build_node(cfg, d, roles=role)  # a wrong --role fails here, before anything starts
-        import logging
 
-        from intellect_node.config.status import BoardLogHandler
+def run_node_for(d: Path, *, run: str, organiser: str | None, roles: list[str], flags: dict[str, Any],
+                 config_file: Path | None, log_file: Path | None, log_level: str, headless: bool) -> int:
+    """``join --run`` (and ``run publish``): the run's configuration from its manifest
+    (``commands/runs.config_for_run``: fetched and checked), then the node as :func:`start_node` runs it.
+    A run that cannot be had (bad signature, forged field, a CID nobody serves) exits 1 with why."""
+    from intellect_node.commands.runs import config_for_run, fail
+    from intellect_node.errors import IntellectNodeError
 
-        # WARNING+ records reach the status snapshot whether or not a dashboard shows it: a headless
-        # node's `status --json` and /v1/status carry them (they stayed empty before, issue #12).
-        logging.getLogger().addHandler(BoardLogHandler(runtime.board))
-        if show_dashboard:
-            close_dashboard = _dashboard(runtime)
-            try:
-                code = run_node(runtime)
-            finally:
-                close_dashboard()
-            raise typer.Exit(code)
-        raise typer.Exit(run_node(runtime))
+    try:
+        cfg = config_for_run(run, organiser, d, flags=flags, config_file=config_file)
+    except ConfigError:
+        raise
+    except IntellectNodeError as exc:
+        fail(exc)
+        raise  # fail() exits; this keeps the type checker's flow honest
+    return start_node(cfg, d, roles, headless=headless, log_file=log_file, log_level=log_level)
+
+
+def start_node(cfg: Any, d: Path, roles: list[str], *, headless: bool, log_file: Path | None,
+               log_level: str) -> int:
+    """Log as asked, build the node (its memory check refuses a role that does not fit), run it until it
+    stops; the exit code."""
+    import sys
+
+    from intellect_node.logsetup import setup_logging
+
+    show_dashboard = not headless and sys.stdout.isatty()
+    if log_file is not None:
+        setup_logging(level=log_level, json_lines=headless or not show_dashboard, file=log_file)
+    else:
+        _log_to_data_dir(d, log_level, also_stderr=not show_dashboard)
+    import logging
+
+    from intellect_node.config.status import BoardLogHandler
+    from intellect_node.node.assembly import build_node
+    from intellect_node.node.runtime import run_node
+
+    runtime = build_node(cfg, d, roles=roles)  # a wrong --role fails here, before anything starts
+    # WARNING+ records reach the status snapshot whether or not a dashboard shows it: a headless
+    # node's `status --json` and /v1/status carry them (they stayed empty before, issue #12).
+    logging.getLogger().addHandler(BoardLogHandler(runtime.board))
+    if show_dashboard:
+        close_dashboard = _dashboard(runtime)
+        try:
+            return run_node(runtime)
+        finally:
+            close_dashboard()
+    return run_node(runtime)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import typer
 
@@ -88,48 +88,62 @@ def register(app: typer.Typer) -> None:
         if temperature is None:
             temperature = rl.temperature if rl is not None else 1.0
         path = thresholds_target(model_dir, out)  # before minutes of calibration, not after
-        import torch
-
-        from intellect_node.config.schema import check_device
-        from intellect_node.fsutil import atomic_write_text
-        from intellect_node.inference import make_engine
-        from intellect_node.inference.base import InferenceEngine, SamplingConfig
-        from intellect_node.inference.calibrate import calibrate as run
-        from intellect_node.inference.torch_engine import TorchEngine
-        from intellect_node.proofs.thresholds import Margins, merge_into
-
-        for flag, value in (("device", device), ("verify_device", verify_device)):
-            try:
-                check_device(value)
-            except ValueError as exc:
-                raise ConfigError(f"--{flag.replace('_', '-')}: {exc}", field=flag) from exc
-        torch.set_num_threads(1)
-        verifier_engine = TorchEngine.from_dir(model_dir, dtype=dtype, device=verify_device)
-        engines: list[InferenceEngine] = []
-        for name in [x.strip() for x in engine_names.split(",") if x.strip()]:
-            if name == "torch" and device == verify_device:
-                engines.append(verifier_engine)
-            elif name in ("torch", "vllm"):
-                engines.append(make_engine(verifier_engine.loaded.path, name, dtype=dtype, device=device))
-            else:
-                raise ConfigError(f"--engines: unknown engine {name!r} (torch, vllm)", field="engines")
-        sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
         # The run's prompts (chat template, system prompt, lengths) set the hidden states the proofs
         # compare, so the thresholds are calibrated on the task's own problems.
         default_task = config_path is None and tasks_file is None and task_id == "add3"
         problems = None if default_task else task.sample(random.Random(seed), n)  # None: as before
-        cals = run(verifier_engine, engines, n=n, batch_sizes=sizes, seed=seed,
-                   margins=Margins(factor=factor), sampling=sampling, problems=problems)
-        for cal in cals:
-            atomic_write_text(path, json.dumps(merge_into(path, cal), indent=2) + "\n")
-            data = cal.to_json()
-            typer.echo(f"{cal.key}")
-            typer.echo(f"  {'check':18} {'worst honest':>14} {'threshold':>12}")
-            for k, v in data["thresholds"].items():
-                typer.echo(f"  {k:18} {data['observed'][k]:>14.6g} {v:>12.6g}")
-            typer.echo(f"  {data['observed']['rollouts']} honest rollouts")
+        calibrate_into(path, model_dir, problems, dtype=dtype, n=n, batch_sizes=sizes,
+                       max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                       engine_names=engine_names, factor=factor, seed=seed, device=device,
+                       verify_device=verify_device, echo=typer.echo)
         from intellect_node.proofs.thresholds import file_sha256
 
         typer.echo(f"wrote {path} (sha256 {file_sha256(path)}: the run's proof_thresholds_sha256)")
 
     app.add_typer(proofs, name="proofs")
+
+
+def calibrate_into(path: Path, model_dir: Optional[Path], problems: Optional[list[Any]], *, dtype: str,
+                   n: int, batch_sizes: list[int], max_new_tokens: int, temperature: float,
+                   top_p: float = 1.0, engine_names: str = "torch", factor: float = 2.0, seed: int = 0,
+                   device: str = "cpu", verify_device: str = "cpu", echo: Callable[[str], None]) -> None:
+    """Generate honest rollouts of ``problems`` (None: the embedded addition prompts) with each engine,
+    verify them and merge thresholds with margins into ``path``, one entry per engine pair
+    (engine@device -> torch@verify_device); ``echo`` gets the table. ConfigError for a bad device or
+    engine name."""
+    import torch
+
+    from intellect_node.config.schema import check_device
+    from intellect_node.fsutil import atomic_write_text
+    from intellect_node.inference import make_engine
+    from intellect_node.inference.base import InferenceEngine, SamplingConfig
+    from intellect_node.inference.calibrate import calibrate as run
+    from intellect_node.inference.torch_engine import TorchEngine
+    from intellect_node.proofs.thresholds import Margins, merge_into
+
+    for flag, value in (("device", device), ("verify_device", verify_device)):
+        try:
+            check_device(value)
+        except ValueError as exc:
+            raise ConfigError(f"--{flag.replace('_', '-')}: {exc}", field=flag) from exc
+    torch.set_num_threads(1)
+    verifier_engine = TorchEngine.from_dir(model_dir, dtype=dtype, device=verify_device)
+    engines: list[InferenceEngine] = []
+    for name in [x.strip() for x in engine_names.split(",") if x.strip()]:
+        if name == "torch" and device == verify_device:
+            engines.append(verifier_engine)
+        elif name in ("torch", "vllm"):
+            engines.append(make_engine(verifier_engine.loaded.path, name, dtype=dtype, device=device))
+        else:
+            raise ConfigError(f"--engines: unknown engine {name!r} (torch, vllm)", field="engines")
+    sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+    cals = run(verifier_engine, engines, n=n, batch_sizes=batch_sizes, seed=seed,
+               margins=Margins(factor=factor), sampling=sampling, problems=problems)
+    for cal in cals:
+        atomic_write_text(path, json.dumps(merge_into(path, cal), indent=2) + "\n")
+        data = cal.to_json()
+        echo(f"{cal.key}")
+        echo(f"  {'check':18} {'worst honest':>14} {'threshold':>12}")
+        for k, v in data["thresholds"].items():
+            echo(f"  {k:18} {data['observed'][k]:>14.6g} {v:>12.6g}")
+        echo(f"  {data['observed']['rollouts']} honest rollouts")

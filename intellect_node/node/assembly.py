@@ -12,6 +12,8 @@ in order and close in reverse):
    our HTTP port;
 4. blobs (``blobs/service.py``), with its collection of the blobs the node no longer keeps
    (``roles/common/pins.py``) every 10 minutes;
+5. runs (``roles/runs.py``): lists, serves and announces the runs held in ``<data-dir>/runs/``, and
+   relays other nodes' run listings;
 
 then its RL roles (``--role``: :func:`intellect_node.roles.role_factory`), then any further services
 (a test's cheating worker). Sweep nodes run only their sweep service (:func:`sweep_worker_node`,
@@ -35,7 +37,8 @@ if TYPE_CHECKING:
 
 
 def add_common_services(runtime: NodeRuntime) -> None:
-    """Add the services every joined node runs (ledger, metrics, NAT, blobs; see the module docstring)."""
+    """Add the services every joined node runs (ledger, metrics, NAT, blobs, runs; see the module
+    docstring)."""
     from intellect_node.blobs.service import BlobService
     from intellect_node.config.ledger import LedgerService
     from intellect_node.node.metrics import MetricsService
@@ -61,6 +64,12 @@ def add_common_services(runtime: NodeRuntime) -> None:
         return svc
 
     runtime.add_service(blobs)
+    from intellect_node.roles.runs import RunsService
+
+    def runs(rt: Any) -> RunsService:  # NodeRuntime is the roles' Runtime; Any as for blobs above
+        return RunsService.for_runtime(rt)
+
+    runtime.add_service(runs)
 
 
 def build_node(config: NodeConfig, data_dir: Path, *, roles: Sequence[str] = (),

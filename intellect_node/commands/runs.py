@@ -1,0 +1,253 @@
+"""``intellect-node runs``, and what ``join --run`` does before its node starts.
+
+``runs`` starts a short-lived swarm with a fresh key (``roles/runs.client_swarm``), dials the bootstrap
+peers, asks every node that lists runs for its signed listing, fetches and checks each listed manifest
+by its CID (in a temporary store), and prints one row per run.
+
+``join --run CID`` (:func:`config_for_run`):
+
+1. the node's own layers (``--config``, ``INTELLECT_NODE_*``, flags) are read; a shared ``[run]``/``[rl]``
+   field among them is refused before anything else (it would make another run than the CID names);
+2. ``--run`` names a CID, or a run ID looked up like ``runs`` does (refused, with the list, when it names
+   several manifests);
+3. the manifest and the model files are taken from this data dir's blob store when complete there (the
+   organiser's node, a restarted participant), else fetched by their CIDs through the swarm; the
+   manifest must be signed by its blob's publisher (and by ``--organiser`` when given), every model file
+   be the organiser's blob of the listed size, every chunk its hash;
+4. the model folder goes to ``<data-dir>/runs/<cid>/model``, the thresholds to
+   ``<data-dir>/runs/<cid>/proof_thresholds.json``, the manifest to ``<data-dir>/runs/<cid>.run`` (the
+   node then lists and serves the run too), and the configuration is built from the manifest
+   (``config/run_manifest.py``); the manifest's bootstrap addresses join the node's own.
+
+The node is then built as any ``join`` builds it, so the memory check (``doctor``'s estimate against this
+machine) refuses a role that does not fit before anything starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from intellect_node.commands.common import DataDirOption, data_dir
+from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError
+
+
+def _is_cid(text: str) -> bool:
+    from intellect_node.protocol.ids import validate_cid
+
+    try:
+        validate_cid(text)
+    except ProtocolError:
+        return False
+    return True
+
+
+def _say(text: str) -> None:
+    typer.echo(text, err=True)
+
+
+async def _lookup(bootstrap: list[str], wait_s: float) -> list[Any]:
+    """Every run the swarm lists (``roles.runs.find_runs``), seen through a fresh key and a temporary
+    store; ``wait_s``: also wait this long for listings on the runs topic."""
+    from intellect_node.roles.runs import client_swarm, find_runs, listen_for_listings
+
+    with tempfile.TemporaryDirectory(prefix="intellect-runs-") as tmp:
+        async with client_swarm(bootstrap, data_dir=Path(tmp)) as (swarm, blobs):
+            heard = await listen_for_listings(swarm)
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
+            return await find_runs(swarm, blobs, heard=heard)
+
+
+def _bootstrap_of(d: Path, bootstrap: list[str], config_file: Optional[Path]) -> list[str]:
+    """``--bootstrap``, else the node config's ``network.bootstrap``; ConfigError when neither names one."""
+    from intellect_node.config.loader import load_config
+
+    flags = {"network": {"bootstrap": bootstrap}} if bootstrap else {}
+    cfg = load_config(config_file, data_dir=d, flags=flags)
+    if not cfg.network.bootstrap:
+        raise ConfigError("no peer to ask: give --bootstrap /ip4/<host>/tcp/<port>/p2p/<peer id> (a run's "
+                          "organiser prints it), or set network.bootstrap in the config", field="--bootstrap")
+    return list(cfg.network.bootstrap)
+
+
+def _age(seconds: int) -> str:
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h" if seconds < 172800 else f"{seconds // 86400}d"
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    """The table ``runs`` prints."""
+    head = ["RUN", "MODEL", "ENV", "ORGANISER", "CID", "NODES", "VERSION", "STEP", "AGE"]
+    table = [head]
+    for r in rows:
+        nodes = " ".join(f"{k}={v}" for k, v in sorted(r["nodes"].items())) or "-"
+        table.append([r["run_id"], r["model"], r["env"], r["organiser"][-8:], r["cid"], nodes,
+                      str(r["policy_version"]) if r["policy_version"] >= 0 else "-",
+                      str(r["step"]) if r["step"] >= 0 else "-", _age(r["age_s"])])
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("runs")
+    def runs(
+        bootstrap: list[str] = typer.Option([], "--bootstrap", "-b", help="Peer to ask (repeatable; default: "
+                                            "the config's network.bootstrap)."),
+        data_dir_opt: Optional[Path] = DataDirOption,
+        config_file: Optional[Path] = typer.Option(None, "--config", "-c", help="Node config whose "
+                                                   "network.bootstrap is used without --bootstrap."),
+        as_json: bool = typer.Option(False, "--json", help="One JSON object per run, in a list."),
+        wait_s: float = typer.Option(0.0, "--wait", help="Also listen this many seconds for run listings "
+                                                         "on the runs gossip topic."),
+    ) -> None:
+        """List the runs the swarm announces: run ID, model, environment, organiser, manifest CID, nodes
+        seen per role, newest policy version and step, age. Exit 1 when no peer answers."""
+        addrs = _bootstrap_of(data_dir(data_dir_opt), list(bootstrap), config_file)
+        try:
+            rows = asyncio.run(_lookup(addrs, wait_s))
+        except IntellectNodeError as exc:
+            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(1) from exc
+        now = int(time.time() * 1000)
+        out = [r.to_json(now) for r in rows]
+        if as_json:
+            typer.echo(json.dumps(out, indent=2))
+        elif not out:
+            typer.echo("no runs listed by the peers reached")
+        else:
+            typer.echo(render(out))
+
+
+# -- join --run ------------------------------------------------------------------------------------
+
+
+def _held(d: Path, run_ref: str) -> list[str]:
+    """CIDs of the runs in this data dir that ``run_ref`` (a CID or a run ID) names."""
+    from intellect_node.roles.runs import held_runs
+
+    held = held_runs(d)
+    return [cid for cid, m in held.items() if run_ref in (cid, m.run_id)]
+
+
+def _pick(run_ref: str, candidates: list[tuple[str, str, str]]) -> str:
+    """The one CID among ``(cid, organiser, age)`` that ``run_ref`` names; ConfigError otherwise."""
+    if not candidates:
+        raise ConfigError(f"--run {run_ref}: no run with that ID is listed by the peers reached; "
+                          "`intellect-node runs` shows the runs, or pass the run's CID", field="--run")
+    if len({c for c, _o, _a in candidates}) > 1:
+        listing = "; ".join(f"{c} (organiser {o}, {a} old)" for c, o, a in candidates)
+        raise ConfigError(f"--run {run_ref} names {len(candidates)} runs: {listing}; pass the CID of the "
+                          "one to join (and --organiser to pin who made it)", field="--run")
+    return candidates[0][0]
+
+
+async def _prepare(d: Path, run_ref: str, organiser: Optional[str], bootstrap: list[str]) -> tuple[str, Any]:
+    """The run's CID and manifest, with its model folder and thresholds written under
+    ``<data-dir>/runs/<cid>/`` (see the module docstring)."""
+    from intellect_node.blobs.service import BLOBS_DIR, BlobService
+    from intellect_node.blobs.store import BlobStore
+    from intellect_node.protocol.signing import SigningKey
+    from intellect_node.roles.runs import (
+        client_swarm,
+        fetch_model,
+        fetch_run,
+        find_runs,
+        keep_run,
+        run_folder,
+    )
+
+    cid = run_ref if _is_cid(run_ref) else None
+    if cid is None:
+        local = _held(d, run_ref)
+        if len(local) == 1:
+            cid = local[0]
+    if cid is not None:  # from the store when everything is there
+        local_blobs = BlobService(BlobStore(d / BLOBS_DIR), SigningKey.generate())
+        await local_blobs.start(announce=False)
+        try:
+            if local_blobs.store.manifest(cid) is not None and not local_blobs.store.missing(cid):
+                run, raw = await fetch_run(local_blobs, cid, organiser=organiser)
+                store = local_blobs.store
+                if all(store.manifest(f.blob) is not None and not store.missing(f.blob)
+                       for f in run.model_files):
+                    await fetch_model(local_blobs, run, run_folder(d, cid) / "model")
+                    keep_run(d, cid, raw)
+                    return cid, run
+        finally:
+            await local_blobs.close()
+    if not bootstrap:
+        raise ConfigError(f"--run {run_ref}: the run is not held in {d}, and there is no peer to fetch it "
+                          "from; give --bootstrap /ip4/<host>/tcp/<port>/p2p/<peer id>", field="--bootstrap")
+    async with client_swarm(bootstrap, data_dir=d) as (_swarm, blobs):
+        if cid is None:
+            _say(f"looking up run {run_ref} ...")
+            now = int(time.time() * 1000)
+            rows = [r for r in await find_runs(_swarm, blobs) if r.manifest.run_id == run_ref
+                    and (organiser is None or r.manifest.organiser == organiser)]
+            cid = _pick(run_ref, [(r.cid, r.manifest.organiser,
+                                   _age(max(0, (now - r.manifest.created_ms) // 1000))) for r in rows])
+        _say(f"fetching run {cid} ...")
+        run, raw = await fetch_run(blobs, cid, organiser=organiser)
+        _say(f"run {run.run_id} by {run.organiser}: fetching {len(run.model_files)} model files "
+             f"({run.model_bytes} bytes) by their CIDs ...")
+        await fetch_model(blobs, run, run_folder(d, cid) / "model")
+        keep_run(d, cid, raw)
+    return cid, run
+
+
+def config_for_run(run_ref: str, organiser: Optional[str], d: Path, *, flags: dict[str, Any],
+                   config_file: Optional[Path]) -> Any:
+    """The node configuration of ``join --run`` (module docstring). ConfigError for the operator's
+    mistakes (exit 2); ProtocolError/TransportError/IntegrityError when the run cannot be had."""
+    from intellect_node.commands.join import FLAG_OF_FIELD
+    from intellect_node.config.loader import build_config, config_layers
+    from intellect_node.config.run_manifest import config_from_manifest, shared_fields_set
+    from intellect_node.fsutil import atomic_write_text
+    from intellect_node.p2p import identity
+    from intellect_node.protocol.ids import public_key_from_peer_id
+    from intellect_node.roles.runs import run_folder
+
+    if organiser is not None:
+        try:
+            public_key_from_peer_id(organiser)
+        except ProtocolError as exc:
+            raise ConfigError(f"--organiser {organiser!r} is not a peer ID (12D3KooW...)",
+                              field="--organiser") from exc
+    _file, local, origin = config_layers(config_file, flags=flags, data_dir=d, flag_names=FLAG_OF_FIELD)
+    clash = shared_fields_set(local, origin)
+    if clash:
+        field, where = clash[0]
+        raise ConfigError(f"{field} (set in {where}) comes from the run manifest when joining with --run; "
+                          "drop it from your config, flags and environment", field=field)
+    own = build_config({k: v for k, v in local.items() if k not in ("run", "rl")})
+    identity.ensure_data_dir(d)
+    cid, run = asyncio.run(_prepare(d, run_ref, organiser, list(own.network.bootstrap)))
+    folder = run_folder(d, cid)
+    thresholds = folder / "proof_thresholds.json"
+    atomic_write_text(thresholds, run.thresholds)
+    me = identity.load_key(d).peer_id if identity.key_path(d).exists() else None
+    # The manifest's addresses join the node's own, but for the organiser's node itself.
+    boot = list(dict.fromkeys([*own.network.bootstrap,
+                               *(a for a in run.bootstrap if me is None or not a.endswith(f"/p2p/{me}"))]))
+    local = {**local, "network": {**dict(local.get("network", {})), "bootstrap": boot}}
+    cfg = config_from_manifest(run, local=local, origin=origin, model_dir=folder / "model",
+                               thresholds=thresholds)
+    _say(f"joining run {run.run_id} ({cid}) organised by {run.organiser}")
+    return cfg
+
+
+def fail(exc: BaseException) -> None:
+    """Print a refused run's reason and exit 1 (the run, not the operator's input, is wrong)."""
+    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    sys.exit(1)

@@ -1,0 +1,364 @@
+"""Runs a node lists and serves, and the client side: finding runs and fetching one by its CID.
+
+Parts (wired by ``node/assembly.py`` for the service, by ``commands/runs.py`` and ``commands/join.py``
+for the client):
+
+- :class:`RunsService`, one per joined node: the runs held in ``<data-dir>/runs/`` (``<cid>.run``: the
+  signed run manifest, whose blob is in the node's store; written by ``run init`` and by ``join --run``).
+  When it holds any it provides :data:`RUNS_KEY` in the DHT, answers ``GET /runs/v1`` with its signed
+  :class:`RunListing` and publishes the listing on :data:`RUNS_TOPIC` every :data:`LISTING_INTERVAL_S`.
+  The blob service announces the manifest and model blobs themselves, as every blob it holds.
+- :func:`find_runs`: asks every provider of :data:`RUNS_KEY` for its listing (HTTP, the address rules
+  of ``blobs/addresses.py``), adds the listings heard on the gossip topic, fetches each listed manifest
+  by its CID and checks it (a listing is a node's word; only the manifest behind the CID is the
+  organiser's).
+- :func:`fetch_run` and :func:`fetch_model`: the manifest by CID (blob publisher = signer = organiser,
+  ``--organiser`` when given), then every model file by its blob CID (publisher and size checked; every
+  chunk is hash-checked by the fetcher) into a folder.
+- :func:`client_swarm`: a short-lived swarm with a fresh key for the commands that look before a node
+  runs (``runs``, ``join --run`` before it builds the node's configuration).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
+
+from intellect_node.blobs.addresses import AddressPolicy
+from intellect_node.blobs.service import BlobService
+from intellect_node.errors import IntellectNodeError, ProtocolError, TransportError
+from intellect_node.fsutil import atomic_write_bytes
+from intellect_node.p2p.swarm import Provider, Swarm
+from intellect_node.protocol.blob import Manifest
+from intellect_node.protocol.run_manifest import (
+    MAX_LISTED_RUNS,
+    MAX_LISTING_BYTES,
+    MAX_RUN_ENVELOPE_BYTES,
+    RUNS_HTTP_PATH,
+    RUNS_KEY,
+    RUNS_TOPIC,
+    RunListing,
+    RunManifest,
+    RunSeen,
+    check_model_blob,
+    check_run_blob,
+    open_listing,
+    open_run_manifest,
+    seal_listing,
+)
+from intellect_node.protocol.signing import SigningKey
+from intellect_node.roles.common.seams import Runtime
+
+log = logging.getLogger(__name__)
+
+RUNS_DIR = "runs"
+"""``<data-dir>/runs/``: ``<cid>.run`` (the signed manifest) and ``<cid>/`` (its model and thresholds)."""
+LISTING_INTERVAL_S = 30.0
+"""How often a node holding runs publishes its listing on the runs topic."""
+LISTING_TIMEOUT_S = 5.0
+"""Deadline of one ``GET /runs/v1``."""
+MAX_PROVIDERS_ASKED = 20
+
+
+def run_file(data_dir: Path, cid: str) -> Path:
+    return data_dir / RUNS_DIR / f"{cid}.run"
+
+
+def run_folder(data_dir: Path, cid: str) -> Path:
+    """Where ``join --run`` keeps run ``cid``'s model folder and thresholds file."""
+    return data_dir / RUNS_DIR / cid
+
+
+def held_runs(data_dir: Path) -> dict[str, RunManifest]:
+    """The runs in ``<data-dir>/runs/`` whose manifest opens (a damaged file is logged and left out)."""
+    out: dict[str, RunManifest] = {}
+    folder = data_dir / RUNS_DIR
+    if not folder.is_dir():
+        return out
+    for path in sorted(folder.glob("*.run")):
+        try:
+            out[path.stem] = open_run_manifest(path.read_bytes()[:MAX_RUN_ENVELOPE_BYTES + 1])
+        except (OSError, ProtocolError) as exc:
+            log.warning("run manifest %s left out: %s", path, exc)
+    return out
+
+
+# -- the service -----------------------------------------------------------------------------------
+
+
+class RunsService:
+    """Serves and announces the runs this node holds (module docstring). ``status()`` under ``runs``."""
+
+    name = "runs"
+
+    def __init__(self, runtime: Runtime, blobs: BlobService) -> None:
+        self._rt = runtime
+        self._blobs = blobs
+        self.runs: dict[str, RunManifest] = {}
+        self.heard: dict[str, RunListing] = {}
+        """Listings heard on the runs topic, newest per node (bounded by :data:`MAX_HEARD`)."""
+        self._task: asyncio.Task[None] | None = None
+
+    MAX_HEARD = 256
+
+    @classmethod
+    def for_runtime(cls, rt: Runtime) -> "RunsService":
+        blobs = next(s for s in rt.services if isinstance(s, BlobService))
+        return cls(rt, blobs)
+
+    async def start(self) -> None:
+        held = await asyncio.to_thread(held_runs, self._rt.data_dir)
+        store = self._blobs.store
+        for cid, m in held.items():
+            blob = store.manifest(cid)
+            if blob is None or store.missing(cid):
+                log.warning("run %s (%s) is not complete in the blob store; not listed", cid, m.run_id)
+                continue
+            try:
+                check_run_blob(blob, m)
+            except ProtocolError as exc:
+                log.warning("run %s not listed: %s", cid, exc)
+                continue
+            self.runs[cid] = m
+        swarm = self._rt.swarm
+        swarm.subscribe(RUNS_TOPIC, self._validate, self._heard)
+        if self.runs:
+            log.info("listing runs %s", ", ".join(f"{m.run_id} ({cid})" for cid, m in self.runs.items()))
+            self._task = self._rt.spawn("runs-listing", self._announce_loop)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            from intellect_node.aioutil import cancel_and_wait
+
+            await cancel_and_wait([self._task])
+
+    def _validate(self, data: bytes, origin: str) -> RunListing:
+        return open_listing(data, now_ms=int(time.time() * 1000), signer=origin)
+
+    def _heard(self, listing: RunListing, origin: str) -> None:
+        self.heard.pop(origin, None)
+        self.heard[origin] = listing
+        while len(self.heard) > self.MAX_HEARD:
+            self.heard.pop(next(iter(self.heard)))
+
+    async def _announce_loop(self) -> None:
+        swarm = self._rt.swarm
+        await swarm.provide(RUNS_KEY)
+        while True:
+            await swarm.publish(RUNS_TOPIC, self.sealed_listing())
+            await asyncio.sleep(LISTING_INTERVAL_S)
+
+    def listing(self) -> RunListing:
+        """What this node sees of each run it holds: its run's nodes per role (this node included), the
+        newest policy version and trainer step it knows; other runs' counts it cannot see."""
+        snap = self._rt.board.snapshot()
+        swarm = self._rt.swarm
+        mine = self._rt.config.run.run_id
+        counts: dict[str, int] = {}
+        for rec in [*swarm.peerbook.snapshot(), {"state": "alive", "roles": swarm.roles}]:
+            if rec["state"] == "alive":
+                for role in (rec["roles"] or ["node"])[:8]:
+                    counts[str(role)[:32]] = counts.get(str(role)[:32], 0) + 1
+        nodes = dict(list(counts.items())[:8])
+        version, step = max(-1, snap.policy.current), max(-1, snap.training.step)
+        runs = [RunSeen(cid=cid, run_id=m.run_id, nodes=nodes, policy_version=version, step=step)
+                if m.run_id == mine else RunSeen(cid=cid, run_id=m.run_id, nodes={})
+                for cid, m in list(self.runs.items())[-MAX_LISTED_RUNS:]]
+        return RunListing(node=swarm.peer_id, time_ms=int(time.time() * 1000), runs=runs)
+
+    def sealed_listing(self) -> bytes:
+        return seal_listing(self._rt.swarm.key, self.listing())
+
+    def routes(self) -> list[web.RouteDef]:
+        async def get(_request: web.Request) -> web.StreamResponse:
+            if not self.runs:
+                return web.Response(status=404, text="no runs held here")
+            return web.Response(body=self.sealed_listing(), content_type="application/octet-stream")
+
+        return [web.get(RUNS_HTTP_PATH, get)]
+
+    def status(self) -> dict[str, Any]:
+        return {"runs": [{"cid": cid, "run_id": m.run_id, "model": m.model_name, "env": m.env,
+                          "organiser": m.organiser} for cid, m in self.runs.items()],
+                "heard": len(self.heard)}
+
+
+# -- the client side -------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def client_swarm(bootstrap: Sequence[str], *, listen: str = "/ip4/127.0.0.1/tcp/0",
+                       data_dir: Path, timeout: float = 10.0) -> AsyncIterator[tuple[Swarm, BlobService]]:
+    """A swarm with a fresh key (a lookup is nobody's identity) dialled to ``bootstrap``, and a blob
+    service on ``<data_dir>/blobs`` (what is fetched stays there for the node that runs next).
+    TransportError when no bootstrap peer answers."""
+    swarm = await Swarm.start(SigningKey.generate(), run_id="default", listen=[listen], roles=[])
+    blobs = BlobService.from_swarm(swarm, data_dir)
+    try:
+        if not bootstrap:
+            raise TransportError("no bootstrap address: give --bootstrap /ip4/.../tcp/.../p2p/<peer id>")
+        reached = await swarm.bootstrap(list(bootstrap), timeout=timeout, remember=False)
+        if not reached:
+            raise TransportError(f"no bootstrap peer answered ({', '.join(bootstrap)})")
+        await blobs.start(announce=False)
+        yield swarm, blobs
+    finally:
+        await blobs.close()
+        await swarm.close()
+
+
+async def fetch_run(blobs: BlobService, cid: str, *,
+                    organiser: str | None = None) -> tuple[RunManifest, bytes]:
+    """Run ``cid``'s manifest and its signed bytes, fetched by its CID (or held already) and checked;
+    ProtocolError when it is not a run manifest, is not signed by its blob's publisher, or not by
+    ``organiser``; TransportError when no provider serves it."""
+    blob: list[Manifest] = []
+
+    def seen(m: Manifest) -> None:
+        if m.total_size > MAX_RUN_ENVELOPE_BYTES:
+            raise ProtocolError(f"blob {cid} holds {m.total_size} bytes: not a run manifest")
+        if organiser is not None and m.publisher != organiser:
+            raise ProtocolError(f"run {cid} is published by {m.publisher}, not by the organiser {organiser}")
+        blob.append(m)
+
+    store = blobs.store
+    if store.manifest(cid) is None or store.missing(cid):
+        await blobs.fetch(cid, on_manifest=seen)
+    held = store.manifest(cid)
+    if held is None:
+        raise TransportError(f"run {cid} was not fetched")
+    if not blob:  # held from before: the same checks
+        seen(held)
+    raw = bytes(await asyncio.to_thread(store.read, cid))
+    run = open_run_manifest(raw, organiser=organiser)
+    check_run_blob(held, run)
+    return run, raw
+
+
+async def fetch_model(blobs: BlobService, run: RunManifest, out: Path) -> Path:
+    """Every model file of ``run`` fetched by its blob CID into the folder ``out`` (kept when complete:
+    a restarted join fetches nothing). ProtocolError for a blob that is not the organiser's file."""
+    out.mkdir(parents=True, exist_ok=True)
+    for f in run.model_files:
+        dest = out / f.path
+        if dest.is_file() and dest.stat().st_size == f.size and not blobs.store.missing(f.blob) \
+                and blobs.store.manifest(f.blob) is not None:
+            continue
+
+        def check(m: Manifest, file: Any = f) -> None:
+            check_model_blob(m, run, file)
+
+        log.info("fetching %s of run %s (%d bytes)", f.path, run.run_id, f.size)
+        held = blobs.store.manifest(f.blob)
+        if held is not None:
+            check(held)
+        await blobs.fetch(f.blob, out=dest, on_manifest=check)
+    return out
+
+
+@dataclass
+class RunRow:
+    """One run as ``intellect-node runs`` shows it."""
+
+    cid: str
+    manifest: RunManifest
+    nodes: dict[str, int] = field(default_factory=dict)
+    policy_version: int = -1
+    step: int = -1
+    listed_by: list[str] = field(default_factory=list)
+
+    def to_json(self, now_ms: int) -> dict[str, Any]:
+        m = self.manifest
+        return {"run_id": m.run_id, "model": m.model_name, "env": m.env, "organiser": m.organiser,
+                "cid": self.cid, "nodes": self.nodes, "policy_version": self.policy_version,
+                "step": self.step, "age_s": max(0, (now_ms - m.created_ms) // 1000),
+                "model_bytes": m.model_bytes, "bootstrap": m.bootstrap, "listed_by": self.listed_by}
+
+
+async def _get_listing(policy: AddressPolicy, provider: Provider) -> RunListing:
+    """A provider's signed listing over HTTP, sent only to an address that is the provider's own."""
+    parts = urlsplit(provider.http_url)
+    if parts.scheme != "http" or not parts.hostname or parts.port is None:
+        raise TransportError(f"provider URL {provider.http_url[:80]!r} is not a plain http://host:port URL")
+    infos = await asyncio.get_running_loop().getaddrinfo(parts.hostname, parts.port)
+    if not infos:
+        raise TransportError(f"cannot resolve {parts.hostname}")
+    ip = str(infos[0][4][0])
+    why = policy.refusal(provider.peer_id, ip)
+    if why:
+        raise TransportError(why)
+    host = f"[{ip}]" if ":" in ip else ip
+    url = f"http://{host}:{parts.port}{parts.path.rstrip('/')}{RUNS_HTTP_PATH}"
+    try:
+        async with ClientSession(timeout=ClientTimeout(total=LISTING_TIMEOUT_S)) as session:
+            async with session.get(url, headers={"Host": parts.netloc}) as resp:
+                if resp.status != 200:
+                    raise TransportError(f"{url}: HTTP {resp.status}")
+                body = await resp.content.read(MAX_LISTING_BYTES + 1024)
+    except (ClientError, asyncio.TimeoutError) as exc:
+        raise TransportError(f"{url}: {exc!r}") from exc
+    return open_listing(body, now_ms=int(time.time() * 1000), signer=provider.peer_id)
+
+
+async def find_runs(swarm: Swarm, blobs: BlobService, *, heard: Sequence[RunListing] = ()) -> list[RunRow]:
+    """Every run some provider of :data:`RUNS_KEY` (or a listing in ``heard``) names, whose manifest
+    could be fetched and checked; newest first. A provider that answers wrong is recorded against it."""
+    providers = (await swarm.find_providers(RUNS_KEY))[:MAX_PROVIDERS_ASKED]
+    policy = AddressPolicy.from_swarm(swarm)
+
+    async def ask(p: Provider) -> RunListing | None:
+        try:
+            return await _get_listing(policy, p)
+        except ProtocolError as exc:
+            swarm.peerbook.record_rejection(p.peer_id, f"run listing: {exc}")
+        except TransportError as exc:
+            log.info("no run listing from %s: %s", p.peer_id, exc)
+        return None
+
+    listings = [x for x in await asyncio.gather(*(ask(p) for p in providers)) if x is not None]
+    rows: dict[str, RunRow] = {}
+    for listing in [*listings, *heard]:
+        for seen in listing.runs:
+            row = rows.get(seen.cid)
+            if row is None:
+                try:
+                    m, _raw = await fetch_run(blobs, seen.cid)
+                except IntellectNodeError as exc:
+                    log.info("run %s listed by %s cannot be fetched: %s", seen.cid, listing.node, exc)
+                    continue
+                row = rows[seen.cid] = RunRow(seen.cid, m)
+            if listing.node not in row.listed_by:
+                row.listed_by.append(listing.node)
+            for role, n in seen.nodes.items():
+                row.nodes[role] = max(row.nodes.get(role, 0), n)
+            row.policy_version = max(row.policy_version, seen.policy_version)
+            row.step = max(row.step, seen.step)
+    return sorted(rows.values(), key=lambda r: -r.manifest.created_ms)
+
+
+async def listen_for_listings(swarm: Swarm) -> list[RunListing]:
+    """Subscribe to the runs topic; the returned list fills with the listings heard from then on."""
+    heard: list[RunListing] = []
+
+    def validate(data: bytes, origin: str) -> RunListing:
+        return open_listing(data, now_ms=int(time.time() * 1000), signer=origin)
+
+    swarm.subscribe(RUNS_TOPIC, validate, lambda listing, _origin: heard.append(listing))
+    return heard
+
+
+def keep_run(data_dir: Path, cid: str, raw: bytes) -> Path:
+    """Write the run's signed manifest to ``<data-dir>/runs/<cid>.run`` (atomically): the node lists it."""
+    path = run_file(data_dir, cid)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, raw)
+    return path
