@@ -237,9 +237,12 @@ def config_for_run(run_ref: str, organiser: Optional[str], d: Path, *, flags: di
     thresholds = folder / "proof_thresholds.json"
     atomic_write_text(thresholds, run.thresholds)
     me = identity.load_key(d).peer_id if identity.key_path(d).exists() else None
-    # The manifest's addresses join the node's own, but for the organiser's node itself.
-    boot = list(dict.fromkeys([*own.network.bootstrap,
-                               *(a for a in run.bootstrap if me is None or not a.endswith(f"/p2p/{me}"))]))
+    # The manifest's addresses join the node's own, except for this node itself and for peers the
+    # operator gave an address of: libp2p dials a peer's addresses at once, and one that fails (an
+    # organiser's address from before a move) puts the peer in its negative dial cache for a minute.
+    given = {a.rsplit("/p2p/", 1)[-1] for a in own.network.bootstrap}
+    boot = [*own.network.bootstrap, *(a for a in run.bootstrap
+                                      if a.rsplit("/p2p/", 1)[-1] not in given | {me})]
     local = {**local, "network": {**dict(local.get("network", {})), "bootstrap": boot}}
     cfg = config_from_manifest(run, local=local, origin=origin, model_dir=folder / "model",
                                thresholds=thresholds)

@@ -202,6 +202,9 @@ async def client_swarm(bootstrap: Sequence[str], *, listen: str = "/ip4/127.0.0.
     service on ``<data_dir>/blobs`` (what is fetched stays there for the node that runs next).
     TransportError when no bootstrap peer answers."""
     swarm = await Swarm.start(SigningKey.generate(), run_id="default", listen=[listen], roles=[])
+    # A lookup dials whatever the DHT names, nodes long gone included: libp2p's dial errors are noise
+    # to the command's user (a node started afterwards sets the level again, p2p.swarm).
+    logging.getLogger("libp2p").setLevel(logging.CRITICAL)
     blobs = BlobService.from_swarm(swarm, data_dir)
     try:
         if not bootstrap:
