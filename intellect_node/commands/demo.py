@@ -127,6 +127,10 @@ class DemoSwarm:
             node.log_path = node.data_dir / "node.log"
         self.trainer = self.nodes[0]
         self.config_path = root / "demo.toml"
+        """The run's whole configuration (what its manifest carries, with this machine's paths)."""
+        self.node_config_path = root / "node.toml"
+        """What each node adds of its own to the manifest's settings (network, metrics, inference...)."""
+        self.cid = ""
         self._write_config(model, extra_config or {})
 
     def _write_config(self, model: str | None, extra: dict[str, Any]) -> None:
@@ -143,11 +147,37 @@ class DemoSwarm:
         for section, values in extra.items():
             doc.setdefault(section, {}).update(values)
         write_config(self.config_path, doc)
-        load_config(self.config_path, environ={})  # fail here, naming the field, not in four children
+        cfg = load_config(self.config_path, environ={})  # fail here, naming the field, not in four children
+        self.cid = self._publish(cfg)
+        # Each node's own config: every section but the run-wide ones, which come from the manifest.
+        from intellect_node.config.run_manifest import LOCAL_FIELDS, RUN_SECTIONS
+
+        local = {k: v for k, v in doc.items() if k not in RUN_SECTIONS}
+        for section in RUN_SECTIONS:
+            kept = {k: v for k, v in doc.get(section, {}).items()
+                    if f"{section}.{k}" in LOCAL_FIELDS and k not in ("model", "proof_thresholds")}
+            if kept:
+                local[section] = kept
+        write_config(self.node_config_path, local)
+
+    def _publish(self, cfg: Any) -> str:
+        """The demo's run as a signed manifest in the trainer's store (the trainer organises it): the
+        trainer serves it and every other node joins by its CID, as participants of a real run do."""
+        from intellect_node.commands.run import model_files, seal_run
+        from intellect_node.config.run_manifest import run_sections
+        from intellect_node.models.loader import resolve_model_dir
+        from intellect_node.p2p import identity
+        from intellect_node.proofs.thresholds import THRESHOLDS_FILE
+
+        folder = resolve_model_dir(cfg.run.model or None)
+        thresholds = Path(cfg.run.proof_thresholds) if cfg.run.proof_thresholds else folder / THRESHOLDS_FILE
+        key = identity.load_key(self.trainer.data_dir)
+        return seal_run(key, self.trainer.data_dir, self.run_id, folder, model_files(folder),
+                        run_sections(cfg), thresholds.read_text(), [], lambda _line: None)
 
     def _spawn(self, node: DemoNode, bootstrap: list[str], listen: str | None = None) -> None:
         args = [*cli_argv(), "join", "--headless", "--role", node.role, "--data-dir", str(node.data_dir),
-                "--config", str(self.config_path), "--log-file", str(node.log_path)]
+                "--run", self.cid, "--config", str(self.node_config_path), "--log-file", str(node.log_path)]
         if listen is not None:
             args += ["--listen", listen]
         for addr in bootstrap:

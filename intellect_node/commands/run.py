@@ -40,7 +40,7 @@ def _default_run_id(model: Path, env: str | None) -> str:
     return (re.sub(r"[^a-z0-9._-]+", "-", name).strip("-._") or "run")[:64]
 
 
-def _model_files(folder: Path) -> list[Path]:
+def model_files(folder: Path) -> list[Path]:
     """The files of a model folder a run carries: every regular file at its top level but hidden ones
     and a thresholds file (the run carries its own)."""
     files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")
@@ -55,7 +55,17 @@ def _keys(out: Path, trainer: str | None, validators: list[str], n_validators: i
           echo: Any) -> tuple[str, list[str], Path | None]:
     """The trainer's and validators' peer IDs, creating keys under ``out`` for those not given; and the
     trainer's data dir when it is here."""
+    from intellect_node.errors import ProtocolError
     from intellect_node.p2p import identity
+    from intellect_node.protocol.ids import public_key_from_peer_id
+
+    for flag, peer in [("--trainer-peer-id", trainer), *(("--validator-peer-id", v) for v in validators)]:
+        try:
+            if peer is not None:
+                public_key_from_peer_id(peer)
+        except ProtocolError as exc:
+            raise ConfigError(f"{flag} {peer!r} is not a peer ID (12D3KooW..., what `intellect-node keys "
+                              "init` prints)", field=flag) from exc
 
     def make(d: Path) -> str:
         made = not identity.key_path(d).exists()
@@ -85,6 +95,10 @@ def _bootstrap(addrs: list[str], organiser: str) -> list[str]:
     ConfigError naming the flag for one that is not a multiaddr."""
     from intellect_node.config.loader import build_config
 
+    for a in addrs:
+        if "/tcp/" not in a:
+            raise ConfigError(f"--bootstrap {a!r} is not a TCP multiaddr participants can dial; e.g. "
+                              "--bootstrap /ip4/203.0.113.7/tcp/4101", field="--bootstrap")
     full = [a if "/p2p/" in a else f"{a.rstrip('/')}/p2p/{organiser}" for a in addrs]
     try:
         return build_config({"network": {"bootstrap": full}}).network.bootstrap
@@ -163,7 +177,7 @@ def register(app: typer.Typer) -> None:
         out_dir = (out or Path(str(rid))).expanduser()
         echo = typer.echo
         facts = model_facts(folder)
-        files = _model_files(folder)
+        files = model_files(folder)
         echo(f"run {rid}: {folder} ({size_text(facts.n_params)} parameters, "
              f"{'a chat template' if facts.chat_template else 'no chat template'}, {len(files)} files, "
              f"{sum(f.stat().st_size for f in files)} bytes)")
@@ -177,6 +191,7 @@ def register(app: typer.Typer) -> None:
 
         organiser = identity.load_or_init_key(organiser_dir)
         echo(f"  organiser (signs the run, its node serves it): {organiser.peer_id} ({organiser_dir})")
+        boot = _bootstrap(list(bootstrap), organiser.peer_id)  # before minutes of work, not after
 
         choices = fit_settings(facts, given_rl)
         rl = {c.key: c.value for c in choices}
@@ -216,8 +231,8 @@ def register(app: typer.Typer) -> None:
         from intellect_node.proofs.thresholds import file_sha256
 
         echo(f"  {tpath}: sha256 {file_sha256(tpath)} (the run pins the thresholds by it)")
-        cid = _seal(organiser, organiser_dir, rid, folder, files, shared, text,
-                    _bootstrap(list(bootstrap), organiser.peer_id), echo)
+        cid = seal_run(organiser, organiser_dir, rid, folder, files, shared, text,
+                    boot, echo)
         from intellect_node.node.processes import write_config
 
         write_config(out_dir / "run.toml", {"run": {**shared["run"], "model": str(folder),
@@ -304,7 +319,7 @@ def _preflight(folder: Path, cfg: Any, n_problems: int, allow: bool, echo: Any) 
         echo("  WARNING: making the run anyway (--allow-unlearnable)")
 
 
-def _seal(organiser: Any, organiser_dir: Path, rid: str, folder: Path, files: list[Path],
+def seal_run(organiser: Any, organiser_dir: Path, rid: str, folder: Path, files: list[Path],
           shared: dict[str, Any], thresholds: str, bootstrap: list[str], echo: Any) -> str:
     """Store the model files and the signed manifest as blobs of the organiser's store; keep the
     manifest in ``<organiser>/runs/``. Returns the run's CID."""

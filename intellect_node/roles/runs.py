@@ -197,10 +197,10 @@ class RunsService:
 
 @asynccontextmanager
 async def client_swarm(bootstrap: Sequence[str], *, listen: str = "/ip4/127.0.0.1/tcp/0",
-                       data_dir: Path, timeout: float = 10.0) -> AsyncIterator[tuple[Swarm, BlobService]]:
+                       data_dir: Path, timeout: float = 60.0) -> AsyncIterator[tuple[Swarm, BlobService]]:
     """A swarm with a fresh key (a lookup is nobody's identity) dialled to ``bootstrap``, and a blob
     service on ``<data_dir>/blobs`` (what is fetched stays there for the node that runs next).
-    TransportError when no bootstrap peer answers."""
+    TransportError when no bootstrap peer answers within ``timeout`` seconds (dialled again meanwhile)."""
     swarm = await Swarm.start(SigningKey.generate(), run_id="default", listen=[listen], roles=[])
     # A lookup dials whatever the DHT names, nodes long gone included: libp2p's dial errors are noise
     # to the command's user (a node started afterwards sets the level again, p2p.swarm).
@@ -209,9 +209,16 @@ async def client_swarm(bootstrap: Sequence[str], *, listen: str = "/ip4/127.0.0.
     try:
         if not bootstrap:
             raise TransportError("no bootstrap address: give --bootstrap /ip4/.../tcp/.../p2p/<peer id>")
-        reached = await swarm.bootstrap(list(bootstrap), timeout=timeout, remember=False)
-        if not reached:
-            raise TransportError(f"no bootstrap peer answered ({', '.join(bootstrap)})")
+        deadline = time.monotonic() + timeout
+        wait = 0.5
+        while not (reached := await swarm.bootstrap(list(bootstrap), remember=False)):
+            # Nodes started together (the demo, a compose file): the organiser may be a moment behind.
+            if time.monotonic() + wait > deadline:
+                raise TransportError(f"no bootstrap peer answered in {timeout:.0f} s "
+                                     f"({', '.join(bootstrap)})")
+            await asyncio.sleep(wait)
+            wait = min(4.0, wait * 2)
+        log.info("looking up runs through %d bootstrap peers", len(reached))
         await blobs.start(announce=False)
         yield swarm, blobs
     finally:
@@ -242,8 +249,11 @@ async def fetch_run(blobs: BlobService, cid: str, *,
     if not blob:  # held from before: the same checks
         seen(held)
     raw = bytes(await asyncio.to_thread(store.read, cid))
-    run = open_run_manifest(raw, organiser=organiser)
-    check_run_blob(held, run)
+    try:
+        run = open_run_manifest(raw, organiser=organiser)
+        check_run_blob(held, run)
+    except ProtocolError as exc:
+        raise ProtocolError(f"run {cid} is refused: {exc}") from exc
     return run, raw
 
 

@@ -1,0 +1,154 @@
+"""A run found and joined by its CID, with real processes on 127.0.0.1 (issue 33).
+
+An organiser makes a run with ``intellect-node run init`` on a tiny random Qwen3 (keys, fitted settings,
+preflight, thresholds calibrated on the run's prompts, the signed manifest as a blob) and its trainer
+serves it with ``join --run CID``. A validator joins by CID; ``runs`` on a fresh node that knows only the
+trainer's address lists the run; a fresh worker with nothing but a key and that address joins by the
+run's ID (pinned to the organiser) and gets a batch accepted, its model folder fetched by hash
+byte-identical to the organiser's. Then what a participant must refuse, each with a clear reason and
+exit 1: a manifest whose field was changed under the organiser's signature, one signed by another key
+in the organiser's name, the genuine run under another ``--organiser``, and a correctly signed manifest
+whose model file no node holds. Operator mistakes exit 2 naming the flag.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from intellect_node.p2p.identity import init_key, load_key
+from intellect_node.protocol import codec
+from intellect_node.protocol.ids import cid_of
+from intellect_node.protocol.run_manifest import (
+    RUN_DOMAIN,
+    open_run_manifest,
+    seal_run_manifest,
+)
+from intellect_node.protocol.signing import Envelope, SigningKey
+from tests.support.common import run_cli
+from tests.support.families import build_family_model
+from tests.support.ports import free_port
+from tests.support.real_swarm import SHAPE
+from tests.support.roles import ENV
+from tests.support.swarm import NodeProcess
+from tests.support.wait import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+ENV_ARGS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"],
+            "allow_parentheses": False, "allow_negation": False, "size": 10000}
+HB = ["--heartbeat-interval", "1", "--peer-timeout", "10", "--metrics-port", "0"]
+
+
+def _cli(*args: str, timeout: float = 300) -> Any:
+    return run_cli(*args, env=ENV, timeout=timeout)
+
+
+def _put(trainer_dir: Path, raw: bytes, tmp: Path, name: str) -> str:
+    """``raw`` as a blob of the organiser's running node (published under the organiser's key)."""
+    path = tmp / name
+    path.write_bytes(raw)
+    r = _cli("blob", "put", str(path), "--data-dir", str(trainer_dir))
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip().splitlines()[-1]
+
+
+def _refused(tmp: Path, name: str, run: str, boot: str, *extra: str) -> str:
+    d = tmp / name
+    r = _cli("join", "--run", run, "--role", "worker", "--data-dir", str(d), "--headless",
+             "--bootstrap", boot, *extra, *HB, timeout=240)
+    assert r.returncode == 1, (r.returncode, r.stdout[-1000:], r.stderr[-3000:])
+    assert not (d / "control.json").exists()
+    return r.stderr
+
+
+def test_a_run_made_listed_joined_and_forgeries_refused(tmp_path: Path) -> None:
+    model = build_family_model("qwen3", tmp_path / "model", shape=SHAPE)
+    port = free_port()
+    out = tmp_path / "run"
+    r = _cli("run", "init", "--model", str(model), "--env", "reasoning_gym:basic_arithmetic",
+             "--env-args", json.dumps(ENV_ARGS), "--run-id", "qwen3-cid", "--out", str(out),
+             "--calibrate-n", "16", "--batch-sizes", "1,8", "--bootstrap", f"/ip4/127.0.0.1/tcp/{port}")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    cid = r.stdout.strip().splitlines()[-1]
+    assert (out / "run.cid").read_text().strip() == cid
+    # It says what it chose and why, and the preflight found something learnable.
+    assert "rl.answer_format = 'whole' (chosen:" in r.stdout and "groups learnable" in r.stdout
+    assert "sha256" in r.stdout
+    organiser = load_key(out / "trainer").peer_id
+    raw = (out / "trainer" / "runs" / f"{cid}.run").read_bytes()
+    manifest = open_run_manifest(raw, organiser=organiser)
+    assert manifest.run_id == "qwen3-cid" and manifest.bootstrap == [
+        f"/ip4/127.0.0.1/tcp/{port}/p2p/{organiser}"]
+    assert manifest.config_dict()["run"]["validator_peer_ids"] == [load_key(out / "validator").peer_id]
+
+    procs: list[NodeProcess] = []
+    try:
+        trainer = NodeProcess(out / "trainer", "--run", cid, "--role", "trainer",
+                              "--listen", f"/ip4/127.0.0.1/tcp/{port}", *HB, env=ENV)
+        procs.append(trainer)
+        boot = f"/ip4/127.0.0.1/tcp/{port}/p2p/{organiser}"
+        trainer.wait_ready(180)
+        validator = NodeProcess(out / "validator", "--run", cid, "--role", "validator", "--bootstrap", boot,
+                                *HB, env=ENV)
+        procs.append(validator)
+        validator.wait_ready(180)
+
+        # A fresh node that knows one address lists the run.
+        r = _cli("runs", "--bootstrap", boot, "--json", "--data-dir", str(tmp_path / "lister"))
+        assert r.returncode == 0, r.stderr[-3000:]
+        rows = json.loads(r.stdout)
+        assert [(x["cid"], x["run_id"], x["organiser"], x["env"]) for x in rows] == [
+            (cid, "qwen3-cid", organiser, "reasoning_gym:basic_arithmetic")]
+        assert rows[0]["nodes"].get("trainer") == 1 and rows[0]["model"] == "model"
+
+        # A fresh worker: a key, the run's ID pinned to its organiser, one address.
+        init_key(tmp_path / "worker")
+        worker = NodeProcess(tmp_path / "worker", "--run", "qwen3-cid", "--organiser", organiser, "--role",
+                             "worker", "--bootstrap", boot, *HB, env=ENV)
+        procs.append(worker)
+        worker.wait_ready(240)
+        wait_for(lambda: worker.status()["worker"]["accepted"] >= 1, timeout=400, what="a batch accepted")
+        fetched = tmp_path / "worker" / "runs" / cid / "model"
+        assert sorted(p.name for p in fetched.iterdir()) == sorted(f.path for f in manifest.model_files)
+        for f in manifest.model_files:
+            assert (fetched / f.path).read_bytes() == (model / f.path).read_bytes()
+        assert worker.status()["worker"]["rejected"] == 0
+
+        # -- what a participant refuses ------------------------------------------------------------
+        env = codec.decode(raw, Envelope, max_size=1 << 20)
+        forged_payload = codec.encode(msgspec.structs.replace(manifest, bootstrap=[]))
+        forged = codec.encode(msgspec.structs.replace(env, payload=forged_payload))
+        err = _refused(tmp_path, "j-forged", _put(out / "trainer", forged, tmp_path, "forged.run"), boot)
+        assert "bad signature" in err, err
+
+        mallory = SigningKey.generate()
+        in_his_name = codec.encode(Envelope(domain=RUN_DOMAIN, payload=env.payload, signer=mallory.peer_id,
+                                           signature=mallory.sign_bytes(RUN_DOMAIN, env.payload)))
+        err = _refused(tmp_path, "j-mallory", _put(out / "trainer", in_his_name, tmp_path, "m.run"), boot)
+        assert "not its signer" in err, err
+
+        err = _refused(tmp_path, "j-other-organiser", cid, boot, "--organiser", mallory.peer_id)
+        assert f"not by the organiser {mallory.peer_id}" in err, err
+
+        key = load_key(out / "trainer")
+        files = [*manifest.model_files[:-1], msgspec.structs.replace(manifest.model_files[-1],
+                                                                     blob=cid_of(b"nobody has this"))]
+        unknown = seal_run_manifest(key, msgspec.structs.replace(manifest, model_files=files,
+                                                                 created_ms=manifest.created_ms + 1))
+        err = _refused(tmp_path, "j-unknown", _put(out / "trainer", unknown, tmp_path, "u.run"), boot)
+        assert f"could not fetch blob {cid_of(b'nobody has this')}" in err, err
+
+        # Operator mistakes: exit 2 naming the flag.
+        r = _cli("join", "--run", cid, "--run-id", "other", "--data-dir", str(tmp_path / "j-flag"),
+                 "--bootstrap", boot)
+        assert r.returncode == 2 and "run.run_id (set in --run-id) comes from the run manifest" in r.stderr
+        r = _cli("join", "--run", cid, "--organiser", "nobody", "--data-dir", str(tmp_path / "j-flag"))
+        assert r.returncode == 2 and "--organiser 'nobody' is not a peer ID" in r.stderr
+    finally:
+        for p in procs:
+            p.close()
