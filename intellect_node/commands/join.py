@@ -207,7 +207,8 @@ def run_node_for(d: Path, *, run: str, organiser: str | None, roles: list[str], 
     from intellect_node.errors import IntellectNodeError
 
     try:
-        cfg = config_for_run(run, organiser, d, flags=flags, config_file=config_file)
+        cfg = config_for_run(run, organiser, d, flags=flags, config_file=config_file,
+                             flag_names=FLAG_OF_FIELD)
     except ConfigError:
         raise
     except IntellectNodeError as exc:

@@ -207,10 +207,10 @@ async def _prepare(d: Path, run_ref: str, organiser: Optional[str], bootstrap: l
 
 
 def config_for_run(run_ref: str, organiser: Optional[str], d: Path, *, flags: dict[str, Any],
-                   config_file: Optional[Path]) -> Any:
-    """The node configuration of ``join --run`` (module docstring). ConfigError for the operator's
-    mistakes (exit 2); ProtocolError/TransportError/IntegrityError when the run cannot be had."""
-    from intellect_node.commands.join import FLAG_OF_FIELD
+                   config_file: Optional[Path], flag_names: dict[str, str]) -> Any:
+    """The node configuration of ``join --run`` (module docstring); ``flag_names``: join's flag of each
+    field, for errors. ConfigError for the operator's mistakes (exit 2); ProtocolError, TransportError
+    or IntegrityError when the run cannot be had."""
     from intellect_node.config.loader import build_config, config_layers
     from intellect_node.config.run_manifest import config_from_manifest, shared_fields_set
     from intellect_node.fsutil import atomic_write_text
@@ -224,7 +224,7 @@ def config_for_run(run_ref: str, organiser: Optional[str], d: Path, *, flags: di
         except ProtocolError as exc:
             raise ConfigError(f"--organiser {organiser!r} is not a peer ID (12D3KooW...)",
                               field="--organiser") from exc
-    _file, local, origin = config_layers(config_file, flags=flags, data_dir=d, flag_names=FLAG_OF_FIELD)
+    _file, local, origin = config_layers(config_file, flags=flags, data_dir=d, flag_names=flag_names)
     clash = shared_fields_set(local, origin)
     if clash:
         field, where = clash[0]
