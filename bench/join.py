@@ -13,13 +13,19 @@ process's start as the kernel records it: ready (control API up), first peer, fi
 batch submitted, first batch accepted. The bench's outside view (spawn to the status poll that first
 showed the acceptance, 0.2 s polls) is printed beside it as a cross-check.
 
+With ``--by-cid`` the run is a signed manifest in the trainer's store (``commands/run.seal_run``, what
+``run init`` makes) and every node joins with ``join --run CID``; the fresh worker has nothing but the
+CID and the bootstrap addresses, so its timeline includes fetching the manifest and the model's files by
+their hashes from the trainer before its node starts (issue 33: two commands, ``keys init`` and ``join
+--run``, to a first accepted batch).
+
 Start-up: ``intellect-node join --help`` wall time, and a headless node with no role from spawn to its
 first ``GET /v1/status`` answer (a fresh data dir each run, so key generation counts), the median of
 ``--runs``; with the heaviest top-level imports of ``python -X importtime`` (the CLI's and the node's).
 
 Run:
 
-    .venv/bin/python bench/join.py [--only join|startup] [--workers 0] [--runs 5] [--timeout 300]
+    .venv/bin/python bench/join.py [--only join|startup] [--workers 0] [--runs 5] [--timeout 300] [--by-cid]
 
 One thread per process (OMP_NUM_THREADS=1 in every child; torch.set_num_threads(1) in the nodes).
 """
@@ -54,28 +60,50 @@ def _env() -> dict[str, str]:
     return child_env({"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}, drop_prefix="INTELLECT_NODE_")
 
 
-def _config(data_dir: Path, ids: dict[str, str], model: str, bootstrap: list[str]) -> None:
-    """The demo's run (``commands/demo.py``: its RL settings and network timings) in ``config.toml``."""
+def _run_config(ids: dict[str, str], model: str) -> dict[str, Any]:
+    """The demo's run (``commands/demo.py``: its RL settings) as config sections."""
     from intellect_node.commands.demo import DEMO_RL
+
+    return {"run": {"run_id": "bench-join", "trainer_peer_id": ids["trainer"],
+                    "validator_peer_ids": [ids["validator"]], "model": model},
+            "rl": dict(DEMO_RL)}
+
+
+def _publish(trainer_dir: Path, ids: dict[str, str], model: str) -> str:
+    """The run as a signed manifest in the trainer's store (``run init`` without its calibration: the
+    embedded model ships its thresholds); returns its CID."""
+    from intellect_node.commands.run import model_files, seal_run
+    from intellect_node.config.loader import build_config
+    from intellect_node.config.run_manifest import run_sections
+    from intellect_node.p2p.identity import load_key
+
+    folder = Path(model)
+    cfg = build_config(_run_config(ids, model))
+    return seal_run(load_key(trainer_dir), trainer_dir, "bench-join", folder, model_files(folder),
+                    run_sections(cfg), (folder / "proof_thresholds.json").read_text(), [], lambda _l: None)
+
+
+def _config(data_dir: Path, ids: dict[str, str], model: str, bootstrap: list[str], by_cid: bool) -> None:
+    """The node's ``config.toml``: the demo's network timings, and its run unless the run comes from a
+    manifest (``--by-cid``)."""
     from intellect_node.node.processes import write_config
 
     network: dict[str, Any] = {"listen": ["/ip4/127.0.0.1/tcp/0"], "http_host": "127.0.0.1",
                                "heartbeat_interval": 1.0, "peer_timeout": 10.0}
     if bootstrap:
         network["bootstrap"] = bootstrap
-    run = {"run_id": "bench-join", "trainer_peer_id": ids["trainer"],
-           "validator_peer_ids": [ids["validator"]], "model": model}
-    write_config(data_dir / "config.toml", {"network": network, "metrics": {"enabled": False}, "run": run,
-                                            "rl": dict(DEMO_RL)})
+    doc: dict[str, Any] = {"network": network, "metrics": {"enabled": False}}
+    write_config(data_dir / "config.toml", doc if by_cid else {**doc, **_run_config(ids, model)})
 
 
 def _start(data_dir: Path, role: str, procs: list[Any], ids: dict[str, str], model: str,
-           bootstrap: list[str]) -> Any:
+           bootstrap: list[str], cid: str = "") -> Any:
     from intellect_node.node.processes import NodeProcess
 
     data_dir.mkdir(parents=True, exist_ok=True)
-    _config(data_dir, ids, model, bootstrap)
-    proc = NodeProcess.join(data_dir, "--role", role, output=data_dir.parent / f"{data_dir.name}.log",
+    _config(data_dir, ids, model, bootstrap, bool(cid))
+    run = ["--run", cid] if cid else []
+    proc = NodeProcess.join(data_dir, "--role", role, *run, output=data_dir.parent / f"{data_dir.name}.log",
                             env=_env(), cwd=REPO)
     procs.append(proc)
     return proc
@@ -92,7 +120,7 @@ def _wait(what: str, timeout: float, predicate: Any) -> Any:
         time.sleep(POLL_S)
 
 
-def run_join(work: Path, workers: int, timeout: float) -> dict[str, Any]:
+def run_join(work: Path, workers: int, timeout: float, by_cid: bool = False) -> dict[str, Any]:
     from intellect_node.config.status import TIMELINE_STAGES
     from intellect_node.models.loader import embedded_model_dir
     from intellect_node.node.processes import stop_all
@@ -104,14 +132,15 @@ def run_join(work: Path, workers: int, timeout: float) -> dict[str, Any]:
     for n in names:
         (work / n).mkdir(parents=True, exist_ok=True)
         ids[n] = init_key(work / n).peer_id
+    cid = _publish(work / "trainer", ids, model) if by_cid else ""
     procs: list[Any] = []
     try:
-        trainer = _start(work / "trainer", "trainer", procs, ids, model, [])
+        trainer = _start(work / "trainer", "trainer", procs, ids, model, [], cid)
         boot = [trainer.wait_ready(300)["listen_addrs"][0]]
-        validator = _start(work / "validator", "validator", procs, ids, model, boot)
+        validator = _start(work / "validator", "validator", procs, ids, model, boot, cid)
         boot.append(validator.wait_ready(300)["listen_addrs"][0])
         for n in names[2:]:
-            _start(work / n, "worker", procs, ids, model, boot)
+            _start(work / n, "worker", procs, ids, model, boot, cid)
         # The swarm runs: the validator holds the trainer's policy (and, with workers, steps are taken).
         _wait("the validator to hold a policy", timeout,
               lambda: validator.status()["snapshot"]["policy"]["local"] >= 0)
@@ -121,7 +150,7 @@ def run_join(work: Path, workers: int, timeout: float) -> dict[str, Any]:
         swarm_step = trainer.status()["snapshot"]["training"]["step"]
 
         spawned = time.time()
-        fresh = _start(work / "fresh", "worker", procs, ids, model, boot)
+        fresh = _start(work / "fresh", "worker", procs, ids, model, boot, cid)
 
         def accepted() -> tuple[dict[str, Any], float] | None:
             if not fresh.alive():
@@ -134,7 +163,7 @@ def run_join(work: Path, workers: int, timeout: float) -> dict[str, Any]:
         verdicts = fresh.status()["snapshot"]["rollouts"]
     finally:
         stop_all(procs, 20.0)
-    return {"workers_already": workers, "trainer_step_at_join": swarm_step,
+    return {"workers_already": workers, "trainer_step_at_join": swarm_step, "by_cid": by_cid,
             "stages_s": {s: tl[s] for s in TIMELINE_STAGES},
             "exec_latency_s": round(tl["process_started_at"] - spawned, 3),
             "outside_view_s": round(seen - spawned, 3),
@@ -188,7 +217,8 @@ def run_startup(work: Path, runs: int) -> dict[str, Any]:
 
 
 def report_join(r: dict[str, Any]) -> None:
-    print(f"join of a fresh worker ({r['workers_already']} workers already at work, trainer at step "
+    how = "by the run's CID (manifest and model fetched)" if r.get("by_cid") else "with the run's config"
+    print(f"join of a fresh worker {how} ({r['workers_already']} workers already at work, trainer at step "
           f"{r['trainer_step_at_join']}); seconds from its process start:")
     prev = 0.0
     # in the order they happened: the roles start (and may fetch the policy) before the node reads ready
@@ -216,6 +246,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0, help="workers at work before the fresh one joins")
     ap.add_argument("--runs", type=int, default=5, help="start-up measurements (the median is reported)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per wait before giving up")
+    ap.add_argument("--by-cid", action="store_true", help="the run as a signed manifest, joined by its CID")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "join.json")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -226,7 +257,7 @@ def main() -> None:
             results["startup"] = run_startup(work / "startup", args.runs)
             report_startup(results["startup"])
         if args.only in (None, "join"):
-            results["join"] = run_join(work / "join", args.workers, args.timeout)
+            results["join"] = run_join(work / "join", args.workers, args.timeout, args.by_cid)
             report_join(results["join"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
