@@ -209,30 +209,8 @@ def register(app: typer.Typer) -> None:
 
         _preflight(folder, cfg, preflight_problems, allow_unlearnable, echo)
         out_dir.mkdir(parents=True, exist_ok=True)
-        tpath = out_dir / "proof_thresholds.json"
-        if thresholds is not None:
-            text = thresholds.read_text()
-            echo(f"thresholds: {thresholds} (given)")
-        else:
-            from intellect_node.commands.proofs import calibrate_into
-
-            tpath.unlink(missing_ok=True)  # a fresh file: the run's pairs only
-            echo(f"thresholds: calibrating torch@cpu on {n} of the run's prompts "
-                 f"(max_new_tokens {cfg.rl.max_new_tokens}, temperature {cfg.rl.temperature}, "
-                 f"batch sizes {','.join(map(str, sizes))})")
-            calibrate_into(tpath, folder, _problems(cfg, n, seed=0), dtype=cfg.run.dtype, n=n,
-                           batch_sizes=sizes,
-                           max_new_tokens=cfg.rl.max_new_tokens, temperature=cfg.rl.temperature,
-                           echo=lambda line: echo(f"  {line}"))
-            text = tpath.read_text()
-        from intellect_node.fsutil import atomic_write_text
-
-        atomic_write_text(tpath, text)
-        from intellect_node.proofs.thresholds import file_sha256
-
-        echo(f"  {tpath}: sha256 {file_sha256(tpath)} (the run pins the thresholds by it)")
-        cid = seal_run(organiser, organiser_dir, rid, folder, files, shared, text,
-                    boot, echo)
+        tpath, text = _thresholds(out_dir, thresholds, folder, cfg, n, sizes, echo)
+        cid = seal_run(organiser, organiser_dir, rid, folder, files, shared, text, boot, echo)
         from intellect_node.node.processes import write_config
 
         write_config(out_dir / "run.toml", {"run": {**shared["run"], "model": str(folder),
@@ -241,12 +219,14 @@ def register(app: typer.Typer) -> None:
         echo(f"wrote {out_dir / 'run.toml'} (the same settings as a config file) and {out_dir / 'run.cid'}")
         if not bootstrap:
             echo("note: no --bootstrap address in the run: participants give --bootstrap to join")
-        join_dir = trainer_dir or organiser_dir
         echo("next:")
-        echo(f"  intellect-node run publish --data-dir {organiser_dir}   (or the trainer's join below)")
-        echo(f"  intellect-node join --run {cid} --role trainer --data-dir {join_dir}")
-        echo(f"  participants: intellect-node join --run {cid} --role worker "
-             f"--organiser {organiser.peer_id}")
+        if trainer_dir == organiser_dir:
+            echo(f"  intellect-node join --run {cid} --role trainer --data-dir {trainer_dir}   "
+                 "(serves the run)")
+        else:
+            echo(f"  intellect-node run publish --data-dir {organiser_dir}   (serves the run)")
+            echo(f"  the trainer: intellect-node join --run {cid} --role trainer")
+        echo(f"  participants: intellect-node join --run {cid} --role worker --organiser {organiser.peer_id}")
         echo(f"made in {time.monotonic() - started:.0f} s; the run's CID:")
         echo(cid)
 
@@ -286,6 +266,33 @@ def register(app: typer.Typer) -> None:
                                       headless=True))
 
     app.add_typer(run, name="run")
+
+
+def _thresholds(out_dir: Path, given: Path | None, folder: Path, cfg: Any, n: int, sizes: list[int],
+                echo: Any) -> tuple[Path, str]:
+    """The run's thresholds file in ``out_dir`` and its text: ``given`` (``--thresholds``), else
+    calibrated for torch@cpu on ``n`` of the run's prompts with the run's sampling settings."""
+    from intellect_node.fsutil import atomic_write_text
+    from intellect_node.proofs.thresholds import file_sha256
+
+    path = out_dir / "proof_thresholds.json"
+    if given is not None:
+        text = given.read_text()
+        echo(f"thresholds: {given} (given)")
+    else:
+        from intellect_node.commands.proofs import calibrate_into
+
+        path.unlink(missing_ok=True)  # a fresh file: the run's pairs only
+        echo(f"thresholds: calibrating torch@cpu on {n} of the run's prompts (max_new_tokens "
+             f"{cfg.rl.max_new_tokens}, temperature {cfg.rl.temperature}, batch sizes "
+             f"{','.join(map(str, sizes))})")
+        calibrate_into(path, folder, _problems(cfg, n, seed=0), dtype=cfg.run.dtype, n=n, batch_sizes=sizes,
+                       max_new_tokens=cfg.rl.max_new_tokens, temperature=cfg.rl.temperature,
+                       echo=lambda line: echo(f"  {line}"))
+        text = path.read_text()
+    atomic_write_text(path, text)
+    echo(f"  {path}: sha256 {file_sha256(path)} (the run pins the thresholds by it)")
+    return path, text
 
 
 def _problems(cfg: Any, n: int, *, seed: int = 7) -> list[Any]:

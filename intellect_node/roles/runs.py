@@ -46,6 +46,7 @@ from intellect_node.protocol.run_manifest import (
     RUNS_HTTP_PATH,
     RUNS_KEY,
     RUNS_TOPIC,
+    ModelFile,
     RunListing,
     RunManifest,
     RunSeen,
@@ -258,23 +259,28 @@ async def fetch_run(blobs: BlobService, cid: str, *,
 
 
 async def fetch_model(blobs: BlobService, run: RunManifest, out: Path) -> Path:
-    """Every model file of ``run`` fetched by its blob CID into the folder ``out`` (kept when complete:
-    a restarted join fetches nothing). ProtocolError for a blob that is not the organiser's file."""
+    """Every model file of ``run`` fetched by its blob CID into the folder ``out``, all at once (kept
+    when complete: a restarted join fetches nothing). ProtocolError for a blob that is not the
+    organiser's file; TransportError when no provider serves one."""
     out.mkdir(parents=True, exist_ok=True)
-    for f in run.model_files:
+
+    async def one(f: ModelFile) -> None:
         dest = out / f.path
-        if dest.is_file() and dest.stat().st_size == f.size and not blobs.store.missing(f.blob) \
-                and blobs.store.manifest(f.blob) is not None:
-            continue
-
-        def check(m: Manifest, file: Any = f) -> None:
-            check_model_blob(m, run, file)
-
-        log.info("fetching %s of run %s (%d bytes)", f.path, run.run_id, f.size)
         held = blobs.store.manifest(f.blob)
+        complete = held is not None and not blobs.store.missing(f.blob)
         if held is not None:
-            check(held)
-        await blobs.fetch(f.blob, out=dest, on_manifest=check)
+            check_model_blob(held, run, f)
+        if complete and dest.is_file() and dest.stat().st_size == f.size:
+            return
+        log.info("fetching %s of run %s (%d bytes)", f.path, run.run_id, f.size)
+        await blobs.fetch(f.blob, out=dest, on_manifest=lambda m: check_model_blob(m, run, f))
+
+    try:
+        async with asyncio.TaskGroup() as group:  # one file failing ends the others' fetches too
+            for f in run.model_files:
+                group.create_task(one(f))
+    except* IntellectNodeError as failed:
+        raise failed.exceptions[0] from None
     return out
 
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from intellect_node.commands.runs import render
+import pytest
+
+from intellect_node.commands.runs import _pick, render
+from intellect_node.errors import ConfigError
 from tests.support.common import run_cli
 
 
@@ -26,3 +29,12 @@ def test_the_table_has_a_row_per_run_with_unknowns_as_dashes() -> None:
 def test_without_a_peer_to_ask_it_names_the_flag(tmp_path: Path) -> None:
     out = run_cli("runs", "--data-dir", str(tmp_path / "d"))
     assert out.returncode == 2 and "--bootstrap" in out.stderr, out.stderr
+
+
+def test_a_run_id_naming_several_manifests_is_refused_with_the_list() -> None:
+    assert _pick("r1", [("bafkreione", "12D3KooWa", "3m")]) == "bafkreione"
+    with pytest.raises(ConfigError, match=r"--run r1 names 2 runs: bafkreione \(organiser 12D3KooWa, 3m "
+                                          r"old\); bafkreitwo \(organiser 12D3KooWb, 5s old\); pass the CID"):
+        _pick("r1", [("bafkreione", "12D3KooWa", "3m"), ("bafkreitwo", "12D3KooWb", "5s")])
+    with pytest.raises(ConfigError, match="no run with that ID"):
+        _pick("r1", [])
