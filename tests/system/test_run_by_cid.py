@@ -29,7 +29,7 @@ from intellect_node.protocol.run_manifest import (
     seal_run_manifest,
 )
 from intellect_node.protocol.signing import Envelope, SigningKey
-from tests.support.common import run_cli
+from tests.support.common import CLI, run_cli
 from tests.support.families import build_family_model
 from tests.support.ports import free_port
 from tests.support.real_swarm import SHAPE
@@ -152,3 +152,31 @@ def test_a_run_made_listed_joined_and_forgeries_refused(tmp_path: Path) -> None:
     finally:
         for p in procs:
             p.close()
+
+
+def test_run_publish_serves_a_run_without_a_role(tmp_path: Path) -> None:
+    """`run publish` on the organiser's data dir: a node with no role lists the run, which a fresh node
+    then finds; thresholds given (`--thresholds`) instead of calibrated."""
+    from intellect_node.models.loader import embedded_model_dir
+
+    model = embedded_model_dir()
+    out = tmp_path / "run"
+    r = _cli("run", "init", "--model", str(model), "--run-id", "embedded", "--out", str(out), "--thresholds",
+             str(model / "proof_thresholds.json"), "--trainer-peer-id", SigningKey.generate().peer_id,
+             "--data-dir", str(tmp_path / "organiser"))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    cid = r.stdout.strip().splitlines()[-1]
+    assert f"run publish --data-dir {tmp_path / 'organiser'}" in r.stdout and "(given)" in r.stdout
+    port = free_port()
+    publisher = NodeProcess(tmp_path / "organiser", env=ENV, argv=[
+        CLI, "run", "publish", "--data-dir", str(tmp_path / "organiser"), "--listen",
+        f"/ip4/127.0.0.1/tcp/{port}", "--log-file", str(tmp_path / "publisher.log")])
+    try:
+        st = publisher.wait_ready(180)
+        assert st["runs"]["runs"][0]["cid"] == cid
+        r = _cli("runs", "--bootstrap", st["listen_addrs"][0], "--json", "--data-dir", str(tmp_path / "l"))
+        assert r.returncode == 0, r.stderr[-3000:]
+        rows = json.loads(r.stdout)
+        assert [(x["cid"], x["run_id"], x["nodes"]) for x in rows] == [(cid, "embedded", {"node": 1})]
+    finally:
+        publisher.close()
