@@ -12,8 +12,8 @@ in order and close in reverse):
    our HTTP port;
 4. blobs (``blobs/service.py``), with its collection of the blobs the node no longer keeps
    (``roles/common/pins.py``) every 10 minutes;
-5. runs (``roles/runs.py``): lists, serves and announces the runs held in ``<data-dir>/runs/``, and
-   relays other nodes' run listings;
+5. runs (``roles/runs.py``): lists, serves and announces the runs held in ``<data-dir>/runs/`` (nothing
+   for a node that holds none);
 
 then its RL roles (``--role``: :func:`intellect_node.roles.role_factory`), then any further services
 (a test's cheating worker). Sweep nodes run only their sweep service (:func:`sweep_worker_node`,

@@ -6,7 +6,8 @@ for the client):
 - :class:`RunsService`, one per joined node: the runs held in ``<data-dir>/runs/`` (``<cid>.run``: the
   signed run manifest, whose blob is in the node's store; written by ``run init`` and by ``join --run``).
   When it holds any it provides :data:`RUNS_KEY` in the DHT, answers ``GET /runs/v1`` with its signed
-  :class:`RunListing` and publishes the listing on :data:`RUNS_TOPIC` every :data:`LISTING_INTERVAL_S`.
+  :class:`RunListing`, and publishes the listing on :data:`RUNS_TOPIC` every :data:`LISTING_INTERVAL_S`
+  (relaying other holders' listings there); a node holding none stays off the topic.
   The blob service announces the manifest and model blobs themselves, as every blob it holds.
 - :func:`find_runs`: asks every provider of :data:`RUNS_KEY` for its listing (HTTP, the address rules
   of ``blobs/addresses.py``), adds the listings heard on the gossip topic, fetches each listed manifest
@@ -130,10 +131,9 @@ class RunsService:
                 log.warning("run %s not listed: %s", cid, exc)
                 continue
             self.runs[cid] = m
-        swarm = self._rt.swarm
-        swarm.subscribe(RUNS_TOPIC, self._validate, self._heard)
-        if self.runs:
+        if self.runs:  # a node holding no run keeps out of the topic: no mesh to maintain for it
             log.info("listing runs %s", ", ".join(f"{m.run_id} ({cid})" for cid, m in self.runs.items()))
+            self._rt.swarm.subscribe(RUNS_TOPIC, self._validate, self._heard)
             self._task = self._rt.spawn("runs-listing", self._announce_loop)
 
     async def close(self) -> None:
