@@ -8,7 +8,9 @@ would beside another node, instead of sharing the store).
 The rule ``gc`` follows: a blob is removed when it is
 
 - not pinned: the policy chain this node's trainer announces (``trainer/policy/publisher.json``: the
-  latest full checkpoint and the deltas after it; peers fetch them from the trainer first), and
+  latest full checkpoint and the deltas after it; peers fetch them from the trainer first), and the runs
+  it serves (``runs/*.run``: each run's manifest and model files, which participants fetch by their
+  CIDs), and
 - older than ``--min-age`` (default one hour; its manifest's arrival time): a worker's rollout batch is
   fetched by validators and the trainer within minutes, and a policy version a worker fetched is served
   to the workers after it for a while, so recent blobs stay; and
@@ -42,7 +44,8 @@ T = TypeVar("T")
 
 
 def pins(d: Path) -> dict[str, str]:
-    """Blob CID -> why it is pinned: the policy chain the trainer on this data dir announces."""
+    """Blob CID -> why it is pinned: the policy chain the trainer on this data dir announces, and the
+    runs it serves (``roles/common/pins.py``)."""
     return published_pins(d)
 
 

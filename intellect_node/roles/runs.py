@@ -58,12 +58,12 @@ from intellect_node.protocol.run_manifest import (
     seal_listing,
 )
 from intellect_node.protocol.signing import SigningKey
+from intellect_node.roles.common import pins
 from intellect_node.roles.common.seams import Runtime
 
 log = logging.getLogger(__name__)
 
-RUNS_DIR = "runs"
-"""``<data-dir>/runs/``: ``<cid>.run`` (the signed manifest) and ``<cid>/`` (its model and thresholds)."""
+RUNS_DIR = pins.RUNS_DIR
 LISTING_INTERVAL_S = 30.0
 """How often a node holding runs publishes its listing on the runs topic."""
 LISTING_TIMEOUT_S = 5.0
@@ -82,16 +82,12 @@ def run_folder(data_dir: Path, cid: str) -> Path:
 
 def held_runs(data_dir: Path) -> dict[str, RunManifest]:
     """The runs in ``<data-dir>/runs/`` whose manifest opens (a damaged file is logged and left out)."""
-    out: dict[str, RunManifest] = {}
+    held = pins.held_runs(data_dir)
     folder = data_dir / RUNS_DIR
-    if not folder.is_dir():
-        return out
-    for path in sorted(folder.glob("*.run")):
-        try:
-            out[path.stem] = open_run_manifest(path.read_bytes()[:MAX_RUN_ENVELOPE_BYTES + 1])
-        except (OSError, ProtocolError) as exc:
-            log.warning("run manifest %s left out: %s", path, exc)
-    return out
+    for path in sorted(folder.glob("*.run")) if folder.is_dir() else []:
+        if path.stem not in held:
+            log.warning("run manifest %s left out: it does not open as a run manifest", path)
+    return held
 
 
 # -- the service -----------------------------------------------------------------------------------

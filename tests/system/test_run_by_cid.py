@@ -167,6 +167,13 @@ def test_run_publish_serves_a_run_without_a_role(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     cid = r.stdout.strip().splitlines()[-1]
     assert f"run publish --data-dir {tmp_path / 'organiser'}" in r.stdout and "(given)" in r.stdout
+    # The run's blobs are pinned: `blob gc` leaves the manifest and every model file.
+    r = _cli("blob", "gc", "--min-age", "0", "--data-dir", str(tmp_path / "organiser"))
+    assert r.returncode == 0 and "removed 0 blob(s)" in r.stderr, r.stderr
+    r = _cli("blob", "ls", "--json", "--data-dir", str(tmp_path / "organiser"))
+    held = {b["cid"]: b["pinned"] for b in map(json.loads, r.stdout.splitlines())}
+    assert held[cid] == "run embedded: its manifest" and all(held.values())
+    assert len(held) == len(list(model.iterdir()))  # the manifest, and the files but the thresholds
     port = free_port()
     publisher = NodeProcess(tmp_path / "organiser", env=ENV, argv=[
         CLI, "run", "publish", "--data-dir", str(tmp_path / "organiser"), "--listen",

@@ -1,5 +1,8 @@
-"""Which blobs a node keeps: the policy chain its trainer announces (pinned: what ``blob gc`` and the
-node's own collection never remove), and every blob younger than :data:`GC_MIN_AGE_S`.
+"""Which blobs a node keeps: the policy chain its trainer announces and the runs it serves (pinned: what
+``blob gc`` and the node's own collection never remove), and every blob younger than :data:`GC_MIN_AGE_S`.
+
+The runs a node serves are the signed manifests in ``<data-dir>/runs/`` (``roles/runs.py``): each
+manifest's blob and its model files' blobs, which participants fetch by their CIDs (``join --run``).
 
 The trainer publishes from ``<data-dir>/trainer/policy`` (``roles/trainer/role.py``), where
 ``publisher.json`` names the latest full checkpoint and the deltas after it; peers fetch those from the
@@ -11,7 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from intellect_node.errors import ConfigError
+from intellect_node.errors import ConfigError, ProtocolError
+from intellect_node.protocol.run_manifest import MAX_RUN_ENVELOPE_BYTES, RunManifest, open_run_manifest
 
 GC_MIN_AGE_S = 3600.0
 """Blobs younger than this stay (their manifest's arrival time): a worker's rollout batch is fetched by
@@ -23,12 +27,35 @@ TRAINER_POLICY_DIR = Path("trainer") / "policy"
 """Where the trainer of a data dir publishes from, relative to the data dir."""
 
 
+RUNS_DIR = "runs"
+"""``<data-dir>/runs/``: ``<cid>.run`` (a run's signed manifest) and ``<cid>/`` (its model and thresholds)."""
+
+
+def held_runs(data_dir: Path) -> dict[str, RunManifest]:
+    """The runs in ``<data-dir>/runs/`` whose manifest opens, by the CID of their blob (a damaged file is
+    left out: the runs service refuses to list it)."""
+    out: dict[str, RunManifest] = {}
+    folder = Path(data_dir) / RUNS_DIR
+    if not folder.is_dir():
+        return out
+    for path in sorted(folder.glob("*.run")):
+        try:
+            out[path.stem] = open_run_manifest(path.read_bytes()[:MAX_RUN_ENVELOPE_BYTES + 1])
+        except (OSError, ProtocolError):
+            continue
+    return out
+
+
 def published_pins(data_dir: Path) -> dict[str, str]:
-    """Blob CID -> why it is pinned: the policy chain the trainer on ``data_dir`` announces. ConfigError
-    when the state file is there but unreadable (then nothing may be removed: which blobs the trainer
-    needs is unknown)."""
+    """Blob CID -> why it is pinned: the policy chain the trainer on ``data_dir`` announces, and the runs
+    it serves. ConfigError when the trainer's state file is there but unreadable (then nothing may be
+    removed: which blobs the trainer needs is unknown)."""
     path = Path(data_dir) / TRAINER_POLICY_DIR / PUBLISHER_STATE
     out: dict[str, str] = {}
+    for cid, run in held_runs(data_dir).items():
+        out[cid] = f"run {run.run_id}: its manifest"
+        for f in run.model_files:
+            out.setdefault(f.blob, f"run {run.run_id}: model file {f.path}")
     try:
         st = json.loads(path.read_text())
         full_version, full_cid = int(st["full"][0]), str(st["full"][1])
