@@ -53,29 +53,31 @@ def _say(text: str) -> None:
     typer.echo(text, err=True)
 
 
-async def _lookup(bootstrap: list[str], wait_s: float) -> list[Any]:
+async def _lookup(bootstrap: list[str], listen: str, wait_s: float) -> list[Any]:
     """Every run the swarm lists (``roles.runs.find_runs``), seen through a fresh key and a temporary
     store; ``wait_s``: also wait this long for listings on the runs topic."""
     from intellect_node.roles.runs import client_swarm, find_runs, listen_for_listings
 
     with tempfile.TemporaryDirectory(prefix="intellect-runs-") as tmp:
-        async with client_swarm(bootstrap, data_dir=Path(tmp)) as (swarm, blobs):
+        async with client_swarm(bootstrap, listen=listen, data_dir=Path(tmp)) as (swarm, blobs):
             heard = await listen_for_listings(swarm)
             if wait_s > 0:
                 await asyncio.sleep(wait_s)
             return await find_runs(swarm, blobs, heard=heard)
 
 
-def _bootstrap_of(d: Path, bootstrap: list[str], config_file: Optional[Path]) -> list[str]:
-    """``--bootstrap``, else the node config's ``network.bootstrap``; ConfigError when neither names one."""
+def _network_of(d: Path, bootstrap: list[str], config_file: Optional[Path]) -> tuple[list[str], str]:
+    """``(--bootstrap or the config's network.bootstrap, where to listen)``; ConfigError when no
+    bootstrap address is given."""
     from intellect_node.config.loader import load_config
+    from intellect_node.roles.runs import lookup_listen
 
     flags = {"network": {"bootstrap": bootstrap}} if bootstrap else {}
     cfg = load_config(config_file, data_dir=d, flags=flags)
     if not cfg.network.bootstrap:
         raise ConfigError("no peer to ask: give --bootstrap /ip4/<host>/tcp/<port>/p2p/<peer id> (a run's "
                           "organiser prints it), or set network.bootstrap in the config", field="--bootstrap")
-    return list(cfg.network.bootstrap)
+    return list(cfg.network.bootstrap), lookup_listen(cfg.network.listen)
 
 
 def _age(seconds: int) -> str:
@@ -113,9 +115,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """List the runs the swarm announces: run ID, model, environment, organiser, manifest CID, nodes
         seen per role, newest policy version and step, age. Exit 1 when no peer answers."""
-        addrs = _bootstrap_of(data_dir(data_dir_opt), list(bootstrap), config_file)
+        addrs, listen = _network_of(data_dir(data_dir_opt), list(bootstrap), config_file)
         try:
-            rows = asyncio.run(_lookup(addrs, wait_s))
+            rows = asyncio.run(_lookup(addrs, listen, wait_s))
         except IntellectNodeError as exc:
             typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
             raise typer.Exit(1) from exc
@@ -152,7 +154,8 @@ def _pick(run_ref: str, candidates: list[tuple[str, str, str]]) -> str:
     return candidates[0][0]
 
 
-async def _prepare(d: Path, run_ref: str, organiser: Optional[str], bootstrap: list[str]) -> tuple[str, Any]:
+async def _prepare(d: Path, run_ref: str, organiser: Optional[str], bootstrap: list[str],
+                   listen: str) -> tuple[str, Any]:
     """The run's CID and manifest, with its model folder and thresholds written under
     ``<data-dir>/runs/<cid>/`` (see the module docstring)."""
     from intellect_node.blobs.service import BLOBS_DIR, BlobService
@@ -189,7 +192,7 @@ async def _prepare(d: Path, run_ref: str, organiser: Optional[str], bootstrap: l
     if not bootstrap:
         raise ConfigError(f"--run {run_ref}: the run is not held in {d}, and there is no peer to fetch it "
                           "from; give --bootstrap /ip4/<host>/tcp/<port>/p2p/<peer id>", field="--bootstrap")
-    async with client_swarm(bootstrap, data_dir=d) as (_swarm, blobs):
+    async with client_swarm(bootstrap, listen=listen, data_dir=d) as (_swarm, blobs):
         if cid is None:
             _say(f"looking up run {run_ref} ...")
             now = int(time.time() * 1000)
@@ -216,7 +219,7 @@ def config_for_run(run_ref: str, organiser: Optional[str], d: Path, *, flags: di
     from intellect_node.fsutil import atomic_write_text
     from intellect_node.p2p import identity
     from intellect_node.protocol.ids import public_key_from_peer_id
-    from intellect_node.roles.runs import run_folder
+    from intellect_node.roles.runs import lookup_listen, run_folder
 
     if organiser is not None:
         try:
@@ -232,7 +235,8 @@ def config_for_run(run_ref: str, organiser: Optional[str], d: Path, *, flags: di
                           "drop it from your config, flags and environment", field=field)
     own = build_config({k: v for k, v in local.items() if k not in ("run", "rl")})
     identity.ensure_data_dir(d)
-    cid, run = asyncio.run(_prepare(d, run_ref, organiser, list(own.network.bootstrap)))
+    cid, run = asyncio.run(_prepare(d, run_ref, organiser, list(own.network.bootstrap),
+                                    lookup_listen(own.network.listen)))
     folder = run_folder(d, cid)
     thresholds = folder / "proof_thresholds.json"
     atomic_write_text(thresholds, run.thresholds)

@@ -192,6 +192,17 @@ class RunsService:
 # -- the client side -------------------------------------------------------------------------------
 
 
+def lookup_listen(listen: Sequence[str]) -> str:
+    """Where a lookup swarm listens: the node's first listen address on any free port. The address kind
+    matters: a node fetches from a peer's private (LAN) address only when it has one of that kind itself
+    (``blobs/addresses.py``), so a lookup on loopback could not fetch from a run's organiser on the LAN."""
+    first = listen[0] if listen else "/ip4/127.0.0.1/tcp/0"
+    parts = first.split("/")
+    if len(parts) >= 5 and parts[3] == "tcp":
+        parts[4] = "0"
+    return "/".join(parts)
+
+
 @asynccontextmanager
 async def client_swarm(bootstrap: Sequence[str], *, listen: str = "/ip4/127.0.0.1/tcp/0",
                        data_dir: Path, timeout: float = 60.0) -> AsyncIterator[tuple[Swarm, BlobService]]:

@@ -38,3 +38,11 @@ def test_a_run_id_naming_several_manifests_is_refused_with_the_list() -> None:
         _pick("r1", [("bafkreione", "12D3KooWa", "3m"), ("bafkreitwo", "12D3KooWb", "5s")])
     with pytest.raises(ConfigError, match="no run with that ID"):
         _pick("r1", [])
+
+
+def test_a_lookup_listens_where_the_node_would_on_a_free_port() -> None:
+    from intellect_node.roles.runs import lookup_listen
+
+    assert lookup_listen(["/ip4/0.0.0.0/tcp/4001"]) == "/ip4/0.0.0.0/tcp/0"
+    assert lookup_listen(["/ip4/192.168.1.5/tcp/4001", "/ip4/127.0.0.1/tcp/1"]) == "/ip4/192.168.1.5/tcp/0"
+    assert lookup_listen([]) == "/ip4/127.0.0.1/tcp/0"
