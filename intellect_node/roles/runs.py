@@ -69,6 +69,11 @@ LISTING_INTERVAL_S = 30.0
 LISTING_TIMEOUT_S = 5.0
 """Deadline of one ``GET /runs/v1``."""
 MAX_PROVIDERS_ASKED = 20
+MAX_RUNS_LOOKED_AT = 64
+"""Distinct run CIDs one lookup fetches the manifests of (listings name at most 32 each)."""
+MANIFEST_TIMEOUT_S = 15.0
+"""Deadline of one listed manifest's fetch: a listing naming CIDs nobody serves costs a lookup this long
+at most, since the manifests are fetched at once."""
 
 
 def run_file(data_dir: Path, cid: str) -> Path:
@@ -351,17 +356,25 @@ async def find_runs(swarm: Swarm, blobs: BlobService, *, heard: Sequence[RunList
         return None
 
     listings = [x for x in await asyncio.gather(*(ask(p) for p in providers)) if x is not None]
+    listings += heard
+    cids = list(dict.fromkeys(seen.cid for listing in listings for seen in listing.runs))[:MAX_RUNS_LOOKED_AT]
+
+    async def manifest(cid: str) -> RunManifest | None:
+        try:
+            run, _raw = await asyncio.wait_for(fetch_run(blobs, cid), MANIFEST_TIMEOUT_S)
+            return run
+        except (IntellectNodeError, asyncio.TimeoutError) as exc:
+            log.info("listed run %s cannot be fetched: %r", cid, exc)
+            return None
+
+    manifests = dict(zip(cids, await asyncio.gather(*(manifest(c) for c in cids))))
     rows: dict[str, RunRow] = {}
-    for listing in [*listings, *heard]:
+    for listing in listings:
         for seen in listing.runs:
-            row = rows.get(seen.cid)
-            if row is None:
-                try:
-                    m, _raw = await fetch_run(blobs, seen.cid)
-                except IntellectNodeError as exc:
-                    log.info("run %s listed by %s cannot be fetched: %s", seen.cid, listing.node, exc)
-                    continue
-                row = rows[seen.cid] = RunRow(seen.cid, m)
+            m = manifests.get(seen.cid)
+            if m is None:
+                continue
+            row = rows.setdefault(seen.cid, RunRow(seen.cid, m))
             if listing.node not in row.listed_by:
                 row.listed_by.append(listing.node)
             for role, n in seen.nodes.items():
