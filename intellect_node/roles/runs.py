@@ -135,7 +135,8 @@ class RunsService:
         if self.runs:  # a node holding no run keeps out of the topic: no mesh to maintain for it
             log.info("listing runs %s", ", ".join(f"{m.run_id} ({cid})" for cid, m in self.runs.items()))
             self._rt.swarm.subscribe(RUNS_TOPIC, self._validate, self._heard)
-            self._task = self._rt.spawn("runs-listing", self._announce_loop)
+            # Not essential: a node whose listing fails keeps training and serving (restarted meanwhile).
+            self._task = self._rt.spawn("runs-listing", self._announce_loop, essential=False)
 
     async def close(self) -> None:
         if self._task is not None:
