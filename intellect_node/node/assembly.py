@@ -66,10 +66,7 @@ def add_common_services(runtime: NodeRuntime) -> None:
     runtime.add_service(blobs)
     from intellect_node.roles.runs import RunsService
 
-    def runs(rt: Any) -> RunsService:  # NodeRuntime is the roles' Runtime; Any as for blobs above
-        return RunsService.for_runtime(rt)
-
-    runtime.add_service(runs)
+    runtime.add_service(RunsService.for_runtime)
 
 
 def build_node(config: NodeConfig, data_dir: Path, *, roles: Sequence[str] = (),

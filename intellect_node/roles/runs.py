@@ -29,14 +29,16 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from intellect_node.blobs.addresses import AddressPolicy
 from intellect_node.blobs.service import BlobService
-from intellect_node.errors import IntellectNodeError, ProtocolError, TransportError
+from intellect_node.config import NodeConfig
+from intellect_node.config.status import StatusBoard
+from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError, TransportError
 from intellect_node.fsutil import atomic_write_bytes
 from intellect_node.p2p.swarm import Provider, Swarm
 from intellect_node.protocol.blob import Manifest
@@ -59,9 +61,10 @@ from intellect_node.protocol.run_manifest import (
 )
 from intellect_node.protocol.signing import SigningKey
 from intellect_node.roles.common import pins
-from intellect_node.roles.common.seams import Runtime
+from intellect_node.roles.common.seams import LoopFactory
 
 log = logging.getLogger(__name__)
+S = TypeVar("S")
 
 RUNS_DIR = pins.RUNS_DIR
 LISTING_INTERVAL_S = 30.0
@@ -98,12 +101,35 @@ def held_runs(data_dir: Path) -> dict[str, RunManifest]:
 # -- the service -----------------------------------------------------------------------------------
 
 
+class RunsRuntime(Protocol):
+    """What the runs service uses of the node (``node.runtime.NodeRuntime``). Not the roles' ``Runtime``:
+    a listing counts the peers of each role, which needs the whole swarm facade (its peerbook's records,
+    this node's roles), not the slice an RL role sees."""
+
+    @property
+    def config(self) -> NodeConfig: ...
+
+    @property
+    def board(self) -> StatusBoard: ...
+
+    @property
+    def swarm(self) -> Swarm: ...
+
+    @property
+    def data_dir(self) -> Path: ...
+
+    def service(self, kind: type[S]) -> S | None: ...
+
+    def spawn(self, name: str, factory: LoopFactory, *, essential: bool = True,
+              may_end: bool = False) -> asyncio.Task[None]: ...
+
+
 class RunsService:
     """Serves and announces the runs this node holds (module docstring). ``status()`` under ``runs``."""
 
     name = "runs"
 
-    def __init__(self, runtime: Runtime, blobs: BlobService) -> None:
+    def __init__(self, runtime: RunsRuntime, blobs: BlobService) -> None:
         self._rt = runtime
         self._blobs = blobs
         self.runs: dict[str, RunManifest] = {}
@@ -114,8 +140,10 @@ class RunsService:
     MAX_HEARD = 256
 
     @classmethod
-    def for_runtime(cls, rt: Runtime) -> "RunsService":
-        blobs = next(s for s in rt.services if isinstance(s, BlobService))
+    def for_runtime(cls, rt: RunsRuntime) -> "RunsService":
+        blobs = rt.service(BlobService)
+        if blobs is None:
+            raise ConfigError("the runs service needs the blob service; add it first", field="services")
         return cls(rt, blobs)
 
     async def start(self) -> None:
