@@ -23,7 +23,7 @@ from intellect_node.protocol.run_manifest import RunManifest
 RUN_SECTIONS = ("run", "rl")
 LOCAL_FIELDS = frozenset({
     "run.model", "run.proof_thresholds",
-    "rl.seed", "rl.reward_timeout_s", "rl.train_device", "rl.train_implementation", "rl.micro_batch_tokens",
+    "rl.reward_timeout_s", "rl.train_device", "rl.train_implementation", "rl.micro_batch_tokens",
     "rl.gradient_checkpointing", "rl.checkpoint_every",
 })
 """Fields a manifest does not carry: this machine's paths, and choices that change how fast a node works

@@ -27,18 +27,19 @@ def _manifest(shared: dict[str, dict[str, object]]) -> RunManifest:
 def test_shared_sections_round_trip_through_a_manifest(tmp_path: Path) -> None:
     organiser_cfg = build_config({"run": {"run_id": "r1", "trainer_peer_id": TRAINER.peer_id,
                                           "model": "/organiser/model", "proof_thresholds": "/o/t.json"},
-                                  "rl": {"env": "reasoning_gym:chain_sum", "lr": 5e-5, "seed": 3}})
+                                  "rl": {"env": "reasoning_gym:chain_sum", "lr": 5e-5,
+                                         "train_device": "cpu"}})
     shared = run_sections(organiser_cfg)
-    assert "model" not in shared["run"] and "seed" not in shared["rl"]
+    assert "model" not in shared["run"] and "train_device" not in shared["rl"]
     assert "proof_thresholds_sha256" not in shared["run"]
     m = _manifest(shared)
-    cfg = config_from_manifest(m, local={"network": {"http_host": "127.0.0.1"}, "rl": {"seed": 9}},
-                               origin={"rl.seed": "--config x.toml"}, model_dir=tmp_path / "model",
-                               thresholds=tmp_path / "t.json")
+    local = {"network": {"http_host": "127.0.0.1"}, "rl": {"reward_timeout_s": 9}}
+    cfg = config_from_manifest(m, local=local, origin={"rl.reward_timeout_s": "--config x.toml"},
+                               model_dir=tmp_path / "model", thresholds=tmp_path / "t.json")
     assert cfg.run.trainer_peer_id == TRAINER.peer_id and cfg.rl.lr == 5e-5
     assert cfg.run.model == str(tmp_path / "model") and cfg.run.proof_thresholds == str(tmp_path / "t.json")
     assert cfg.run.proof_thresholds_sha256 == m.thresholds_sha256
-    assert cfg.rl.seed == 9 and cfg.network.http_host == "127.0.0.1"
+    assert cfg.rl.reward_timeout_s == 9 and cfg.network.http_host == "127.0.0.1"
 
 
 def test_a_shared_field_set_locally_is_refused_naming_it(tmp_path: Path) -> None:
