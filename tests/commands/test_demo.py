@@ -28,11 +28,16 @@ def test_headless_demo_runs_steps_and_reports(tmp_path: Path) -> None:
     assert doc["stopped_because"] == "steps reached"
     assert set(doc["exit_codes"]) == {"trainer", "validator0", "worker0", "worker1"}
     assert all(code == 0 for code in doc["exit_codes"].values()), doc["exit_codes"]
-    # each worker's ledger recorded what it submitted, and it was flushed on SIGTERM
+    # each worker's ledger recorded what it submitted, and it was flushed on SIGTERM. The workers join by
+    # the run's CID (manifest and model fetched from the trainer first), so one may come up a few seconds
+    # after the other under load, when the first has already fed both steps (work_ahead): together they
+    # submitted the steps' batches, each ledger is closed cleanly whatever it holds.
+    submitted = 0
     for w in ("worker0", "worker1"):
         assert not (root / w / "ledger.sqlite-wal").exists()  # checked before a reader opens it
         led = json.loads(run_cli("ledger", "--data-dir", str(root / w), "--json").stdout)
-        assert led["summary"]["batches_submitted"] >= 1
+        submitted += led["summary"]["batches_submitted"]
+    assert submitted >= 2
 
 
 def test_step_log_keeps_steps_across_polls_and_counts_validator_verdicts() -> None:
