@@ -22,7 +22,7 @@ from typing import Callable, Final, Literal
 from intellect_node.errors import ProtocolError
 from intellect_node.protocol import codec
 from intellect_node.protocol.ids import validate_cid
-from intellect_node.protocol.signing import SigningKey, open_envelope
+from intellect_node.protocol.signing import SigningKey, open_from_trainer
 
 POLICY_DOMAIN = "intellect/policy/1"
 POLICY_KIND = "policy"  # the topic kind: /intellect/<run_id>/policy/1
@@ -135,12 +135,9 @@ def seal_announcement(key: SigningKey, ann: PolicyAnnouncement) -> bytes:
 
 def open_announcement(data: bytes, *, run_id: str, trainer: str) -> PolicyAnnouncement:
     """Decode, verify and check an announcement: signed by ``trainer``, for ``run_id``, consistent."""
-    ann, signer = open_envelope(data, POLICY_DOMAIN, PolicyAnnouncement, max_size=MAX_ANNOUNCEMENT_BYTES)
-    if signer != trainer:
-        raise ProtocolError(f"policy announced by {signer}, not the run's trainer")
-    if ann.run_id != run_id:
-        raise ProtocolError(f"announcement for run {ann.run_id[:128]!r}, this node is in {run_id!r}")
-    return check_announcement(ann)
+    return check_announcement(open_from_trainer(
+        data, POLICY_DOMAIN, PolicyAnnouncement, max_size=MAX_ANNOUNCEMENT_BYTES, run_id=run_id,
+        trainer=trainer, what="policy announcement"))
 
 
 def announcement_validator(run_id: str, trainer: str) -> Callable[[bytes, str], PolicyAnnouncement]:

@@ -7,7 +7,7 @@ of message being replayed as another.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -80,3 +80,23 @@ def open_envelope(data: bytes, domain: str, type_: type[T], *, max_size: int) ->
         raise ProtocolError(f"envelope for {env.domain!r}, expected {domain!r}")
     verify_signature(env.signer, env.domain, env.payload, env.signature)
     return codec.decode(env.payload, type_, max_size=max_size), env.signer
+
+
+class _RunScoped(Protocol):
+    @property
+    def run_id(self) -> str: ...
+
+
+R = TypeVar("R", bound=_RunScoped)
+
+
+def open_from_trainer(data: bytes, domain: str, type_: type[R], *, max_size: int, run_id: str, trainer: str,
+                      what: str) -> R:
+    """Decode and verify an envelope only the run's trainer may sign (``what`` names it in errors): its
+    signer must be ``trainer`` and its message of ``run_id``."""
+    msg, signer = open_envelope(data, domain, type_, max_size=max_size)
+    if signer != trainer:
+        raise ProtocolError(f"{what} signed by {signer}, not the run's trainer")
+    if msg.run_id != run_id:
+        raise ProtocolError(f"{what} for run {msg.run_id[:128]!r}, this node is in {run_id!r}")
+    return msg

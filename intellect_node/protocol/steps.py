@@ -26,7 +26,7 @@ from typing import Callable
 from intellect_node.errors import ProtocolError
 from intellect_node.protocol import codec
 from intellect_node.protocol.ids import validate_cid
-from intellect_node.protocol.signing import SigningKey, open_envelope
+from intellect_node.protocol.signing import SigningKey, open_from_trainer
 from intellect_node.protocol.topics import validate_run_id
 
 STEP_DOMAIN = "intellect/step/1"
@@ -142,12 +142,8 @@ def seal_record(key: SigningKey, rec: StepRecord) -> bytes:
 
 def open_record(data: bytes, *, run_id: str, trainer: str) -> StepRecord:
     """Decode, verify and check a record: signed by ``trainer``, for ``run_id``, consistent."""
-    rec, signer = open_envelope(data, STEP_DOMAIN, StepRecord, max_size=MAX_RECORD_BYTES)
-    if signer != trainer:
-        raise ProtocolError(f"step record signed by {signer}, not the run's trainer")
-    if rec.run_id != run_id:
-        raise ProtocolError(f"step record for run {rec.run_id[:128]!r}, this node is in {run_id!r}")
-    return check_record(rec)
+    return check_record(open_from_trainer(data, STEP_DOMAIN, StepRecord, max_size=MAX_RECORD_BYTES,
+                                          run_id=run_id, trainer=trainer, what="step record"))
 
 
 def record_validator(run_id: str, trainer: str) -> Callable[[bytes, str], StepRecord]:
