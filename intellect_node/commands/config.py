@@ -29,18 +29,22 @@ if TYPE_CHECKING:
 
 def _join_flags(args: list[str]) -> dict[str, Any]:
     """Parse ``args`` with the ``join`` command's parser; the config layer of the flags given."""
-    import click
-
     from intellect_node.cli import app
     from intellect_node.commands.join import join_flags
 
+    # typer ships its own copy of click: its group and errors are not the `click` package's classes
     group = typer.main.get_command(app)
-    assert isinstance(group, click.Group)  # an app of several commands is a group
-    join_cmd = group.commands["join"]
+    commands = getattr(group, "commands", None)
+    if not isinstance(commands, dict) or "join" not in commands:
+        raise RuntimeError("the CLI has no join command")
+    join_cmd = commands["join"]
     try:
         ctx = join_cmd.make_context("join", list(args), resilient_parsing=False)
-    except click.exceptions.UsageError as exc:
-        raise ConfigError(f"{exc.format_message()} (flags after `config show` are join's flags)",
+    except Exception as exc:  # a usage error of typer's click names the bad flag
+        message = getattr(exc, "format_message", None)
+        if not callable(message):
+            raise
+        raise ConfigError(f"{message()} (flags after `config show` are join's flags)",
                           field="flags") from exc
     params = dict(ctx.params)
     for name in ("config_file", "data_dir_opt"):
