@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -91,11 +92,16 @@ def test_weights_that_are_not_finite_are_never_published_or_checkpointed(tmp_pat
 def test_a_skipped_step_is_charged_to_the_batch_behind_it(tmp_path: Path) -> None:
     """The step's batches are tried alone: the one whose loss is not finite alone is held against its
     worker (``nonfinite``, a refusal like a failed check), the honest one beside it is not."""
+    from intellect_node.blobs.store import BlobStore
+    from intellect_node.protocol.ids import cid_of
+    from intellect_node.protocol.steps import STEP_KIND
+    from intellect_node.protocol.topics import topic
     from intellect_node.roles.trainer.batching import Accepted
     from intellect_node.roles.trainer.metrics import MetricsFile
     from intellect_node.roles.trainer.publication import Publication
+    from intellect_node.roles.trainer.records import StepRecords, settings_of
     from intellect_node.trainer.model import TrainOptions
-    from tests.security._roles_inproc import GROUP, trainer_role
+    from tests.security._roles_inproc import GROUP, RUN, trainer_role
 
     trainer_key, validator, honest, forger = (SigningKey.generate() for _ in range(4))
     poison = 77  # stands in for whatever a record holds that the loss cannot survive
@@ -120,8 +126,21 @@ def test_a_skipped_step_is_charged_to_the_batch_behind_it(tmp_path: Path) -> Non
         # nothing published before: the step only waits for (and times) the previous publication
         trainer.publication = Publication(None, trainer.rt.swarm, "policy", trainer.dir,  # type: ignore[arg-type]
                                           trainer.rt.board, trainer.tasks, trainer._snapshot)
-        taken = [Accepted("b-honest", honest.peer_id, 0, [group(45)], 1),
-                 Accepted("b-forged", forger.peer_id, 0, [group(poison)], 2)]
+        # the step's signed record, as start() wires it, into a real blob store
+        store = BlobStore(tmp_path / "blobs")
+
+        class Blobs:
+            async def put_file(self, path: Any, *, name: str | None = None,
+                               announce_min_chunks: int = 0) -> tuple[str, object]:
+                return await asyncio.to_thread(store.add_file, path, trainer_key, name=name)
+
+        trainer.records = StepRecords(key=trainer_key, swarm=trainer.rt.swarm, blobs=Blobs(),
+                                      topic=topic(RUN, STEP_KIND), directory=trainer.dir, tasks=trainer.tasks)
+        trainer.settings = settings_of(trainer.gcfg, lr=trainer.rl.lr, temperature=trainer.rl.temperature,
+                                       micro_tokens=None, compute_dtype=None)
+        trainer._head_hash = (await asyncio.to_thread(trainer._snapshot)).content_hash
+        taken = [Accepted(cid_of(b"honest"), honest.peer_id, 0, [group(45)], 1),
+                 Accepted(cid_of(b"forged"), forger.peer_id, 0, [group(poison)], 2)]
         try:
             await trainer._step(taken, [])
         finally:
