@@ -190,6 +190,12 @@ class RunConfig(_Section):
     ...). Validators need calibrated thresholds for each of them against their own verifier (torch on
     inference.device) and use the loosest; a worker whose engine is not listed refuses to start."""
 
+    audit_tolerance: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """How far an auditor's replay of a training step may be from the published weights and still pass:
+    the largest per-tensor difference relative to the step's update (``roles/auditor/tolerance.py``).
+    0 (the default): bitwise only, which holds for auditors on the trainer's kind of CPU and dtype; for
+    others, calibrate it on honest replays (`bench/audit.py --calibrate` prints the value and its margin)."""
+
     @field_validator("rollout_engines")
     @classmethod
     def _rollout_engines(cls, v: list[str]) -> list[str]:

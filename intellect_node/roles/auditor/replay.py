@@ -35,6 +35,7 @@ import torch
 
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.steps import StepBatch, StepRecord, StepSettings
+from intellect_node.roles.auditor.tolerance import compare
 from intellect_node.roles.trainer.records import grpo_config_of
 from intellect_node.trainer.optim import Optimizer
 from intellect_node.trainer.step import Sample, make_optimizer, train_step
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 Outcome = Literal["pass", "fail", "unavailable"]
 GroupsOf = Callable[[StepBatch], "list[list[Sample]] | None"]
 """A record's batch as the trainer's groups of samples (re-scored); None when the batch cannot be had."""
+PublishedOf = Callable[[StepRecord], "PolicyWeights | None"]
+"""The weights a record says its step made (its ``checkpoint_hash``); None when they cannot be had."""
 
 
 @dataclass(frozen=True)
@@ -98,12 +101,18 @@ def replay_record(model: Any, opt: Optimizer, rec: StepRecord, samples: Sequence
 class WindowReplay:
     """A replay in progress: ``model`` (holding the window's start policy), its optimizer (None: a fresh
     one, for a window from version 0) and the hash of what it holds. :meth:`audit` takes the records one
-    at a time, in order; after a step that did not pass, every later one is ``unavailable``."""
+    at a time, in order; after a step that did not pass, every later one is ``unavailable``.
 
-    def __init__(self, model: Any, settings: StepSettings, opt: Optimizer | None = None) -> None:
+    ``tolerance`` (the run's ``audit_tolerance``; 0: bitwise only) with ``published``: a step whose hash
+    differs passes when its weights are within the tolerance of the published ones (``tolerance.py``)."""
+
+    def __init__(self, model: Any, settings: StepSettings, opt: Optimizer | None = None, *,
+                 tolerance: float = 0.0, published: PublishedOf | None = None) -> None:
         self.model = model
         self.settings = settings
         self.opt = opt
+        self.tolerance = tolerance
+        self.published = published
         self.held = weights_hash(model)
         self.started = False
         self.stopped = ""  # why the replay no longer holds the published policy ("" while it does)
@@ -125,15 +134,37 @@ class WindowReplay:
         samples, outcome, why = trained_samples(rec, groups_of)
         if samples is None:
             return self._stop(StepAudit(rec.seq, rec.version, outcome, rec.checkpoint_hash, reason=why))
+        base = None
         if rec.trained:
             if self.opt is None:
                 self.opt = make_optimizer(self.model, rec.settings.lr, betas=rec.settings.betas,
                                           weight_decay=rec.settings.weight_decay)
+            if self.tolerance > 0:
+                base = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
             self.held = replay_record(self.model, self.opt, rec, samples)
+        if self.held != rec.checkpoint_hash and base is not None:
+            return self._within(rec, base)
         if self.held != rec.checkpoint_hash:
             return self._stop(StepAudit(rec.seq, rec.version, "fail", rec.checkpoint_hash, self.held,
                                         "the replayed weights differ from the published ones"))
         return StepAudit(rec.seq, rec.version, "pass", rec.checkpoint_hash, self.held)
+
+    def _within(self, rec: StepRecord, base: dict[str, torch.Tensor]) -> StepAudit:
+        """Not bitwise: a pass when the published weights are within the tolerance of the replay's, and the
+        replay goes on from the published weights (the next record starts there)."""
+        pub = self.published(rec) if self.published is not None else None
+        if pub is None or pub.content_hash != rec.checkpoint_hash:
+            why = "the replay is not bitwise and the published weights could not be had"
+            return self._stop(StepAudit(rec.seq, rec.version, "unavailable", rec.checkpoint_hash, self.held,
+                                        why))
+        c = compare(self.model.state_dict(), pub, self.tolerance, base=base)
+        if not c.within:
+            return self._stop(StepAudit(rec.seq, rec.version, "fail", rec.checkpoint_hash, self.held,
+                                        c.reason))
+        replayed, self.held = self.held, rec.checkpoint_hash
+        self.model.load_state_dict(pub.to_state_dict())
+        return StepAudit(rec.seq, rec.version, "pass", rec.checkpoint_hash, self.held,
+                         f"within tolerance (the replay made {replayed}): {c.reason}")
 
     def _stop(self, result: StepAudit) -> StepAudit:
         self.stopped = f"after step {result.seq} ({result.outcome})"
@@ -141,9 +172,11 @@ class WindowReplay:
 
 
 def audit_window(model: Any, records: Sequence[StepRecord], groups_of: GroupsOf, *,
-                 settings: StepSettings, opt: Optimizer | None = None) -> list[StepAudit]:
+                 settings: StepSettings, opt: Optimizer | None = None, tolerance: float = 0.0,
+                 published: PublishedOf | None = None) -> list[StepAudit]:
     """Audit ``records`` (consecutive steps, oldest first) on ``model``, which holds the first one's base
     policy, and ``opt`` its optimizer state (None: a fresh optimizer, for a window from version 0).
-    ``settings``: the run's, from its configuration; a record naming others fails."""
-    replay = WindowReplay(model, settings, opt)
+    ``settings``: the run's, from its configuration; a record naming others fails. ``tolerance`` and
+    ``published``: see :class:`WindowReplay`."""
+    replay = WindowReplay(model, settings, opt, tolerance=tolerance, published=published)
     return [replay.audit(rec, groups_of) for rec in records]
