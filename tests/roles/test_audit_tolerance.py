@@ -136,10 +136,10 @@ def test_compare_same_scaled_and_mismatched_weights(honest: Any) -> None:
 def test_calibration_covers_honest_steps_it_did_not_see(honest: Any) -> None:
     states, _ = honest
     seen = _auditor_replays(states, STEPS)
-    cal = calibrate(seen[:2], condition="padded -> packed", margins=AuditMargins(factor=10.0, floor=1e-5))
+    cal = calibrate(seen[:2], condition="padded -> packed", margins=AuditMargins(factor=4.0, floor=1e-5))
     assert cal.steps == 2
     assert 0.0 < cal.observed < 1e-2, cal  # rounding, not a different step
-    assert cal.tolerance == pytest.approx(cal.observed * 10.0 + 1e-5)
+    assert cal.tolerance == pytest.approx(cal.observed * 4.0 + 1e-5)
     assert cal.to_json()["tolerance"] == cal.tolerance
     for base, replayed, published in seen[2:]:
         assert compare(replayed, published, cal.tolerance, base=base).within
