@@ -211,7 +211,8 @@ CONDITIONS: dict[str, dict[str, Any]] = {
     "bf16 against fp32": dict(threads=1, dtype="bfloat16", ref="float32"),
     "dishonest: lr x1.1": dict(threads=1, dtype="float32", ref="float32", lr_scale=1.1),
 }
-REAL_CONDITIONS = ("again (1 thread, fp32)", "2 threads, fp32", "avx2 kernels, fp32", "dishonest: lr x1.1")
+REAL_CONDITIONS = ("again (1 thread, fp32)", "2 threads, fp32", "avx2 kernels, fp32",
+                   "2 threads, bf16 autocast", "dishonest: lr x1.1")
 """SmolLM2's share of the conditions: every child loads 538 MB and replays each step."""
 
 
