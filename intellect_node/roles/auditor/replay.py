@@ -20,8 +20,11 @@ of the window is ``unavailable``: the replay no longer holds the published polic
 
 Shortcuts: the optimizer state at the window's start is handed in, or made fresh, which is right only
 for a window starting at version 0 (an optimizer holds no state before its first step); the trainer does
-not publish its optimizer state yet. Bitwise equality holds on the CPU with one torch thread and the
-same dtype (the trainer runs with ``torch.set_num_threads(1)``); nothing here calibrates a tolerance.
+not publish its optimizer state yet. Bitwise equality holds on the CPU with one torch thread (the trainer
+runs with ``torch.set_num_threads(1)``), the same dtype and the same kernels (measured: two threads are
+not reliably bitwise, another CPU's kernels never). Where it does not, a :class:`WindowReplay` given the
+run's ``tolerance`` and a way to the published weights compares a step whose hash differs within that
+tolerance (``tolerance.py``) and, when it holds, continues from the published weights.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """Audits where bitwise replay does not hold: compare a replayed step with the published one within a
 tolerance calibrated on honest replays.
 
-A replay is bitwise when it runs as the trainer ran: the CPU, the same compute dtype and the same kernels.
-Measured on this project's CPU (bench/README.md, "audit"): one or two torch threads give the same bits,
-so does a second run; a CPU whose kernels differ (emulated with ``ATEN_CPU_CAPABILITY`` avx2 or default
-against the trainer's avx512) does not, and neither does a GPU, whose reduction order differs again.
-There the auditor compares numbers instead of hashes.
+A replay is bitwise when it runs as the trainer ran: the CPU, one torch thread, the same compute dtype and
+the same kernels. Measured on this project's CPU (bench/README.md, "audit"): a second run gives the same
+bits; two threads did in one run and not in another (3e-6 of an update apart: the BLAS may use fewer
+threads than asked on a busy machine, which changes the order of its sums); a CPU whose kernels differ
+(emulated with ``ATEN_CPU_CAPABILITY`` avx2 or default against the trainer's avx512) never does, nor
+would a GPU, whose reduction order differs again. There the auditor compares numbers instead of hashes.
 
 What is compared: for each tensor, the difference between the replayed and the published weights
 relative to the step's own update, ``|replayed - published| / |replayed - base|`` (Euclidean norms over
