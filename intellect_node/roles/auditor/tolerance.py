@@ -12,7 +12,7 @@ What is compared: for each tensor, the difference between the replayed and the p
 relative to the step's own update, ``|replayed - published| / |replayed - base|`` (Euclidean norms over
 the tensor; ``base`` the weights the step started from). Against the update, not the weights, because the
 update is what a dishonest trainer changes: a learning rate off by 10% moves every tensor by 0.1/1.1 of
-its update, while other kernels' rounding moved the embedded model's worst tensor (a layer norm's 64
+its update, while other kernels' rounding moved the embedded model's worst tensor (a layer norm's 128
 weights) by 2e-3 to 4e-3 of it (AdamW divides each gradient by its own running scale, so the rounding of
 a near-zero gradient can flip an element's step; in a small tensor those few elements weigh most). Per
 tensor, so that a change confined to one small tensor is not averaged away. A tensor that moved where
