@@ -222,7 +222,7 @@ def audit_text(s: StatusSnapshot, *, short: bool = False) -> Text:
     ago = f" · last {duration(age)} ago" if age is not None and not short else ""
     if a.state == "failed":
         t = Text(f"FAILED step {a.first_failed.seq if a.first_failed else '?'}", style="bold red")
-        t.append(" · refusing trainer" if a.refusing else f" · {a.passed}/{a.audited} passed", style="red")
+        t.append(" · refusing" if a.refusing else f" · {a.passed}/{a.audited} passed", style="red")
         return t
     if a.state == "partial":
         return Text(f"{a.passed} passed, {a.unavailable} unavailable{ago}", style="yellow")
@@ -239,10 +239,10 @@ def _audit_failed(a: Audits, width: int) -> list[Text]:
         return []
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append("AUDIT FAILED", style="bold white on red")
-    t.append(f" step {f.seq} (v{f.version}) by {short_peer(f.auditor)}: replay {short_peer(f.expected, 8)}"
-             f" ≠ published {short_peer(f.published, 8)}", style="bold red")
-    t.append(" · NOT FOLLOWING THE TRAINER" if a.refusing else " · still following (require_audits off)",
-             style="bold red" if a.refusing else "red")
+    t.append(f" step {f.seq} (v{f.version})", style="bold red")
+    t.append(" · NOT FOLLOWING THE TRAINER" if a.refusing else " · still followed", style="bold red")
+    t.append(f" · replay {short_peer(f.expected, 8)} ≠ published {short_peer(f.published, 8)} by "
+             f"{short_peer(f.auditor)}", style="red")
     return [t]
 
 

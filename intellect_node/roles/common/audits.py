@@ -305,8 +305,9 @@ class AuditWatch:
         first = t.first_failed
         if self.required and first is not None and not self._refusal:
             v = first.verdict
-            self._refusal = (f"not following trainer {self.trainer}: it failed the audit of step {v.seq} "
-                             f"(v{v.version}) by {first.auditor}; evidence in {self.dir}")
+            self._refusal = (f"the trainer failed the audit of step {v.seq} (v{v.version}) by "
+                             f"{first.auditor}: not following it (run.require_audits); evidence in "
+                             f"{self.dir}")
             self._rt.board.set_degraded("audit", self._refusal)
         self._rt.board.set_audits(Audits(
             state=t.state, trainer=self.trainer, auditors=len(self.auditors), heard_from=t.heard_from,
