@@ -300,3 +300,11 @@ def test_require_audits_needs_an_auditor_and_travels_in_the_run_manifest() -> No
                           "auditor_peer_ids": [AUDITOR.peer_id]})
     shared = run_sections(c)["run"]
     assert shared["require_audits"] is True and shared["auditor_peer_ids"] == [AUDITOR.peer_id]
+
+
+def test_evidence_that_cannot_be_written_does_not_hide_the_failure(tmp_path: Path) -> None:
+    w, rt = watch(tmp_path)
+    (tmp_path / "audits" / RUN).mkdir(parents=True)
+    (tmp_path / "audits" / RUN / "evidence").write_text("a file where the folder goes")
+    deliver(w, rt, seal_verdict(AUDITOR, verdict(3, "fail")))
+    assert w.refusal() and rt.board.snapshot().audits.state == "failed" and not w.evidence

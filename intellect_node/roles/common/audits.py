@@ -283,7 +283,11 @@ class AuditWatch:
         if changed and v.outcome == "fail":
             ev = Evidence(v, auditor, envelope, self.tally.last_at)
             if v.seq not in self.evidence and len(self.evidence) < MAX_EVIDENCE:
-                self.evidence[v.seq] = await asyncio.to_thread(write_evidence, self.dir, ev)
+                try:
+                    self.evidence[v.seq] = await asyncio.to_thread(write_evidence, self.dir, ev)
+                except OSError as exc:  # the failure still counts here: a full disk must not hide it
+                    log.error("could not keep the evidence of step %d in %s: %s; a restart will not "
+                              "remember this failure", v.seq, self.dir, exc)
             self.tally.failed(ev)
             self._failed(ev)
         self._publish()
