@@ -195,7 +195,9 @@ class RunsService:
 
     def listing(self) -> RunListing:
         """What this node sees of each run it holds: its run's nodes per role (this node included), the
-        newest policy version and trainer step it knows; other runs' counts it cannot see."""
+        newest policy version and trainer step it knows. Other runs get no counts: heartbeats, which
+        carry the roles, come only on this node's own run's topic (docs/architecture.md, "Runs"); the
+        nodes of those runs list them with theirs."""
         snap = self._rt.board.snapshot()
         swarm = self._rt.swarm
         mine = self._rt.config.run.run_id
