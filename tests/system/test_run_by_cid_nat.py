@@ -21,7 +21,6 @@ Every process is started by the topology and ended by PID when it closes.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -103,7 +102,6 @@ def nat(st: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_participant_behind_nat_joins_a_run_by_cid_through_a_relay(topo: Topology, tmp_path: Path) -> None:
-    started = time.monotonic()
     trainer_dir, validator_dir, worker_dir = (tmp_path / n for n in ("trainer", "validator", "worker"))
     organiser = identity.init_key(trainer_dir).peer_id
     validator_id = identity.init_key(validator_dir).peer_id
@@ -155,4 +153,3 @@ def test_a_participant_behind_nat_joins_a_run_by_cid_through_a_relay(topo: Topol
     # LAN URL, the validator cannot fetch it ("unavailable", a strike, docs/nat.md). Nothing else.
     assert set(ledger["rejection_reasons"]) <= {"unavailable"}, ledger
     assert trainer.status() and validator.status()  # both still running
-    print(f"\nNATed participant: first accepted batch {time.monotonic() - started:.0f} s after start")
