@@ -6,7 +6,8 @@ between (two verdicts cannot both pass with the same rollouts; ``roles/common/se
 and a small JSON (worker, version, arrival order, the sealed acceptances that admitted it) are written to
 ``trainer/inbox/<cid>.batch|.json`` atomically; its keys are appended to ``trainer/admitted.jsonl``
 (fsynced). A crash from the inbox write on re-queues the batch on restart (:meth:`Inbox.reload`), adding
-its keys back should the journal line not have made it. Once a checkpoint lists a batch as consumed, its inbox files go (:meth:`Inbox.drop`).
+its keys back should the journal line not have made it. Once a checkpoint lists a batch as consumed, its
+inbox files go (:meth:`Inbox.drop`).
 
 The trainer checkpoints only every ``rl.checkpoint_every`` steps, so the inbox also holds the batches of
 the steps since the last checkpoint, and :class:`StepJournal` (``trainer/steps.jsonl``) says which batches
