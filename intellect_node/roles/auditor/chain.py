@@ -2,7 +2,9 @@
 
 With ``validator.audit`` on, a validator runs a :class:`ChainAuditor` beside its checks. It hears the
 step records on the run's ``steps`` topic, keeps them by journal sequence number, and takes them in
-order from the first: for each, it fetches the batches the record names through the swarm (from their
+order from the first: for each, it checks the evidence that admitted its batches and that no batch the
+validators accepted was dropped without a word (``evidence.py``, from the verdicts it hears on the run's
+``verdicts`` topic, its own included), then fetches the batches the record names through the swarm (from their
 workers or the trainer), re-scores them as the trainer does (``inputs.py``) and replays the step on its
 own copy of the model (``replay.py``: :class:`~intellect_node.roles.auditor.replay.WindowReplay`, the CPU
 with one torch thread). It signs an ``AuditVerdict`` per record (``protocol/audits.py``), gossips it on
@@ -28,9 +30,11 @@ from intellect_node.config.status import StatusBoard
 from intellect_node.errors import IntellectNodeError
 from intellect_node.fsutil import append_jsonl
 from intellect_node.protocol.audits import AUDIT_KIND, AuditVerdict, seal_verdict
+from intellect_node.protocol.rl import VERDICT_KIND, BatchVerdict, verdict_validator
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE
 from intellect_node.protocol.steps import STEP_KIND, StepBatch, StepRecord, record_validator
 from intellect_node.protocol.topics import topic
+from intellect_node.roles.auditor.evidence import AdmissionCheck, RunRules
 from intellect_node.roles.auditor.inputs import batch_groups, run_rescorer, run_settings
 from intellect_node.roles.auditor.replay import StepAudit, WindowReplay
 from intellect_node.roles.common.fetch import HintedFetcher
@@ -64,6 +68,10 @@ class ChainAuditor:
         self._waiting_since: float | None = None
         self._replay: WindowReplay | None = None
         self._rescorer = run_rescorer(cfg, StatusBoard(role="auditor"))
+        self._validators = frozenset(cfg.run.validator_peer_ids)
+        self.admission = AdmissionCheck(RunRules(self._run_id, self._validators, cfg.run.verdict_quorum,
+                                                 cfg.run.async_level))
+        self._newest_version = 0  # the newest policy version a record heard made
         self.counts = {"audited": 0, "pass": 0, "fail": 0, "unavailable": 0}
         self.first_bad: dict[str, Any] = {}
         self.last: dict[str, Any] = {}
@@ -72,13 +80,21 @@ class ChainAuditor:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._swarm.subscribe(topic(self._run_id, STEP_KIND), record_validator(self._run_id, self._trainer),
                               self._on_record)
+        self._swarm.subscribe(topic(self._run_id, VERDICT_KIND),
+                              verdict_validator(self._run_id, self._validators), self._on_verdict,
+                              include_own=True)
 
     def status(self) -> dict[str, Any]:
         return {**self.counts, "next_seq": self._next, "held": len(self._pending),
                 "first_bad": dict(self.first_bad), "last": dict(self.last),
+                "disputed": self.admission.disputed,
                 "state": ("stopped" if self._replay is not None and self._replay.stopped else "following")}
 
+    def _on_verdict(self, msg: tuple[BatchVerdict, str], origin: str) -> None:
+        self.admission.heard(msg[0], msg[1], self._newest_version)
+
     async def _on_record(self, rec: StepRecord, origin: str) -> None:
+        self._newest_version = max(self._newest_version, rec.version)
         if rec.seq >= self._next and len(self._pending) < MAX_PENDING:
             self._pending.setdefault(rec.seq, rec)
             self._heard.set()
@@ -109,8 +125,13 @@ class ChainAuditor:
                     pass
                 continue
             self._waiting_since = None
-            data = await self._fetch_all(rec)
-            result = await asyncio.to_thread(replay.audit, rec, batch_groups(self._rescorer, data.get))
+            why = self.admission.check(rec)  # no replay for a step that should not have taken its batches
+            if why:
+                result = StepAudit(rec.seq, rec.version, "fail", rec.checkpoint_hash, reason=why)
+                replay.stopped = f"after step {rec.seq} (fail)"
+            else:
+                data = await self._fetch_all(rec)
+                result = await asyncio.to_thread(replay.audit, rec, batch_groups(self._rescorer, data.get))
             await self._verdict(result)
             self._next += 1
         log.warning("audit stopped: %s", replay.stopped)

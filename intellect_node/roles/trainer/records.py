@@ -26,7 +26,7 @@ from intellect_node.config.schema import RLConfig
 from intellect_node.errors import IntellectNodeError
 from intellect_node.fsutil import atomic_write_bytes
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.protocol.steps import StepBatch, StepRecord, StepSettings, seal_record
+from intellect_node.protocol.steps import DroppedBatch, StepBatch, StepRecord, StepSettings, seal_record
 from intellect_node.roles.common.seams import RoleSwarm, RoleTasks
 from intellect_node.roles.trainer.batching import Accepted
 from intellect_node.trainer.grpo import GRPOConfig
@@ -67,16 +67,18 @@ def grpo_config_of(s: StepSettings) -> GRPOConfig:
 
 def build_record(*, run_id: str, seq: int, step: int, base: tuple[int, str], new: tuple[int, str],
                  taken: Sequence[Accepted], stale: Sequence[Accepted], useful: Sequence[Sequence[Sample]],
-                 no_signal: str, settings: StepSettings) -> StepRecord:
+                 no_signal: str, settings: StepSettings, dropped: Sequence[DroppedBatch] = ()) -> StepRecord:
     """The record of one step: ``base``/``new`` are (version, checkpoint hash); ``useful`` the groups the
-    online filter kept (the very group objects of ``taken``, in order)."""
+    online filter kept (the very group objects of ``taken``, in order); each taken batch with the sealed
+    acceptances that admitted it; ``dropped``: the accepted batches not queued since the last record."""
     kept = {id(g) for g in useful}
     batches = [StepBatch(cid=a.cid, worker=a.worker, groups=len(a.groups),
-                         trained=[i for i, g in enumerate(a.groups) if id(g) in kept]) for a in taken]
+                         trained=[i for i, g in enumerate(a.groups) if id(g) in kept],
+                         evidence=list(a.evidence)) for a in taken]
     return StepRecord(run_id=run_id, seq=seq, step=step, base_version=base[0], base_hash=base[1],
                       version=new[0], checkpoint_hash=new[1], batches=batches,
                       stale=[StepBatch(cid=a.cid, worker=a.worker, groups=len(a.groups)) for a in stale],
-                      no_signal=no_signal, settings=settings)
+                      no_signal=no_signal, settings=settings, dropped=list(dropped))
 
 
 class RecordBlobs(Protocol):

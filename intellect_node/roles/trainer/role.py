@@ -67,7 +67,7 @@ from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.policy import POLICY_KIND
 from intellect_node.protocol.rl import NOTICE_KIND, VERDICT_KIND, notice_validator, verdict_validator
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE
-from intellect_node.protocol.steps import STEP_KIND
+from intellect_node.protocol.steps import ACCEPT_ENVELOPE_BYTES, MAX_EVIDENCE_BYTES, STEP_KIND
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.common.fetch import ANNOUNCE_MIN_CHUNKS, HintedFetcher
 from intellect_node.roles.common.models import model_dir
@@ -78,7 +78,7 @@ from intellect_node.roles.common.tasks import run_assignments, run_task
 from intellect_node.roles.trainer.admission import Admission
 from intellect_node.roles.trainer.batching import Accepted, Step, fresh_floor
 from intellect_node.roles.trainer.inbox import Inbox, JournalEntry, StepJournal
-from intellect_node.roles.trainer.intake import BatchIntake
+from intellect_node.roles.trainer.intake import BatchIntake, with_envelope
 from intellect_node.roles.trainer.metrics import MetricsFile
 from intellect_node.roles.trainer.nosignal import NoSignal
 from intellect_node.roles.trainer.publication import Publication
@@ -117,6 +117,11 @@ class Trainer:
         if not cfg.run.validator_peer_ids:
             raise ConfigError("the trainer trains only on work its validators accepted: set "
                               "run.validator_peer_ids (--validator-peer-id)", field="run.validator_peer_ids")
+        if cfg.rl.groups_per_step * cfg.run.verdict_quorum * ACCEPT_ENVELOPE_BYTES > MAX_EVIDENCE_BYTES:
+            raise ConfigError(f"rl.groups_per_step x run.verdict_quorum is {cfg.rl.groups_per_step} x "
+                              f"{cfg.run.verdict_quorum}: a step record could not carry the acceptances of "
+                              f"its batches (at most {MAX_EVIDENCE_BYTES // ACCEPT_ENVELOPE_BYTES}); lower "
+                              "one of them", field="rl.groups_per_step")
         self.task = run_task(cfg)
         self.assignments = run_assignments(cfg, self.task)  # each batch must be one of its worker's windows
         self.tokenizer = ModelTokenizer(model_dir(cfg))
@@ -195,7 +200,8 @@ class Trainer:
         self.rt.board.set_policy(current=self.version, local=self.version)
         trusted = frozenset(self.cfg.run.validator_peer_ids)
         self.rt.swarm.subscribe(topic(self.run_id, VERDICT_KIND),
-                                verdict_validator(self.run_id, trusted, on_ignored=self.intake.verdict_late),
+                                with_envelope(verdict_validator(self.run_id, trusted,
+                                                                on_ignored=self.intake.verdict_late)),
                                 self.intake.on_verdict)
         allowed = frozenset(self.cfg.run.worker_allowlist) or None
         self.rt.swarm.subscribe(topic(self.run_id, NOTICE_KIND), notice_validator(self.run_id, allowed),
@@ -357,8 +363,9 @@ class Trainer:
         t_taken = time.time()
         replaying = entry is not None  # a journaled step again: its batches were charged the first time
         if entry is None:  # the recipe of the version about to be made is on disk before it exists
+            dropped = self.intake.drain_dropped([a.cid for a in (*taken, *stale)])
             entry = await asyncio.to_thread(self.journal.append, self.version, [a.cid for a in taken],
-                                            [a.cid for a in stale])
+                                            [a.cid for a in stale], dropped)
         groups = [g for a in taken for g in a.groups]
         samples_all = [s for g in groups for s in g]
         filtered = filter_groups(groups, lambda s: s.reward)
@@ -374,7 +381,7 @@ class Trainer:
             if record:
                 self._record(None, samples_all, filtered, taken, stale, entry.seq)
             self._attempted(filtered, samples_all)
-            self._step_record(entry.seq, taken, stale, filtered, self._head_hash)
+            self._step_record(entry, taken, stale, filtered, self._head_hash)
             return None
         samples = [s for g in useful for s in g]
         t0 = time.monotonic()
@@ -386,7 +393,7 @@ class Trainer:
         t_wait = time.monotonic() - t1
         self.version += 1
         self.step += 1
-        self._step_record(entry.seq, taken, stale, filtered, snap.content_hash)
+        self._step_record(entry, taken, stale, filtered, snap.content_hash)
         # Where a step's time goes (seconds): the optimizer step with the weights' copy; publish_s is the
         # last finished publication's (it runs beside the next step), publish_wait_s how long this step
         # waited for it to finish; checkpoint_s the checkpoint written after the previous step's line (0
@@ -410,17 +417,18 @@ class Trainer:
         self._forget_old()
         return snap
 
-    def _step_record(self, seq: int, taken: list[Accepted], stale: list[Accepted],
+    def _step_record(self, entry: JournalEntry, taken: list[Accepted], stale: list[Accepted],
                      filtered: FilteredGroups[Sample], new_hash: str) -> None:
         """Publish the signed record of the step just taken (``records.py``); the version and step are
-        already the new ones when it trained."""
+        already the new ones when it trained. It names the accepted batches dropped since the last record
+        (journaled with the step, so a replay makes the same record)."""
         assert self.records is not None, "start() makes the records before any step"
         trained = bool(filtered.useful)
         base = (self.version - 1 if trained else self.version, self._head_hash)
-        self.records.emit(build_record(run_id=self.run_id, seq=seq, step=self.step, base=base,
+        self.records.emit(build_record(run_id=self.run_id, seq=entry.seq, step=self.step, base=base,
                                        new=(self.version, new_hash), taken=taken, stale=stale,
                                        useful=filtered.useful, no_signal=filtered.cause,
-                                       settings=self.settings))
+                                       settings=self.settings, dropped=entry.dropped))
         self._head_hash = new_hash
 
     def _attempted(self, filtered: FilteredGroups[Sample], samples: list[Sample]) -> None:

@@ -136,7 +136,8 @@ class Worker:
         self.ledger = ledger_of(self.rt)
         if self.ledger is not None:  # the trainer's step records: this worker's receipts
             self.receipts = Receipts(self.ledger, run_id=self.run_id,
-                                     trainer=require_trainer(self.cfg, "worker"))
+                                     trainer=require_trainer(self.cfg, "worker"),
+                                     async_level=self.cfg.run.async_level)
             self.receipts.subscribe(self.rt.swarm)
         self.policy = TrainerPolicy(self.rt, fetcher, self.dir / "policy", self.tasks, self._load,
                                     on_announcement=self._on_announcement)
