@@ -16,8 +16,8 @@ Reading is strict: a name that is not one of the three per-parameter entries, an
 a parameter with part of its entries, or a shape or dtype that does not fit the parameter raises
 :class:`~intellect_node.errors.ProtocolError` (the bytes come from a peer).
 
-Shortcuts: AdamW only (the trainer's one optimizer); the state is gathered into one file, so a sharded
-trainer (``trainer/distributed.py``) does not publish it yet.
+Shortcuts: AdamW only (the trainer's one optimizer), one parameter group; the state is gathered into
+one file on the CPU (a GPU trainer's moments are copied out tensor by tensor as it is written).
 """
 
 from __future__ import annotations

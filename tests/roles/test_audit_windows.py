@@ -4,7 +4,9 @@ Real processes on loopback (trainer, the run's validator, one worker, the embedd
 checkpoints every two steps and publishes each checkpoint's weights and optimizer state as blobs named
 in that step's record). Once the trainer has published a checkpoint, a second validator with
 ``validator.audit`` on joins: it never heard the steps from version 0, so its first window starts at a
-later checkpoint, from the weights and optimizer state it fetches through the swarm.
+later checkpoint, from the weights and optimizer state it fetches through the swarm. (The worker stops
+while the auditor starts, so that the trainer is still early in the run, rewards still mixed, when the
+auditor's window runs.)
 
 - an honest trainer: the window replays to every published hash, and at the next checkpoint the
   replayed optimizer state is the published one; every verdict passes;
@@ -28,7 +30,7 @@ from tests.support.wait import wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 RL = dict(group_size=8, problems_per_batch=2, groups_per_step=2, max_new_tokens=5, batches_per_version=2,
-          checkpoint_every=2, ban_after=1000, lr=1e-3)
+          checkpoint_every=2, ban_after=1000, lr=5e-4)
 
 
 def _audit(proc: NodeProcess) -> dict[str, Any]:
@@ -51,11 +53,17 @@ def _run(tmp: Path, mode: str | None) -> tuple[dict[str, Any], list[dict[str, An
                                   argv=[sys.executable, "-m", "tests.support.dishonest_trainer", mode,
                                         str(tmp / "trainer")])
         trainer, t_addr, _, v_addr = run.trainer_and_validator(trainer)
-        run.start("w1", "worker", bootstrap=[t_addr, v_addr])
+        worker = run.start("w1", "worker", bootstrap=[t_addr, v_addr])
         wait_for(lambda: bool(_states(trainer)), timeout=600, what="a checkpoint state published")
+        # The worker pauses while the auditor starts: the trainer waits for work, so the run is still
+        # young (rewards still mixed, steps still training) when the auditor hears its next checkpoint.
+        worker.close()
         auditor = run.start("auditor", "validator", bootstrap=[t_addr, v_addr],
                             validator={"audit": True, "audit_fraction": 1.0})
         listen_addr(auditor)
+        wait_for(lambda: auditor.status()["validator"]["versions_held"], timeout=300,
+                 what="the auditor following the trainer's policy")
+        run.start("w1", "worker", bootstrap=[t_addr, v_addr])
         if mode is None:  # a whole window: from one published checkpoint to the next
             wait_for(lambda: _audit(auditor)["windows"]["pass"] >= 1, timeout=600, what="a window passed")
         else:
