@@ -49,6 +49,7 @@ from intellect_node.protocol.steps import (
     check_record,
     seal_record,
 )
+from intellect_node.roles.common.pins import TRAINER_STATES
 from intellect_node.roles.common.seams import RoleSwarm, RoleTasks
 from intellect_node.roles.trainer.batching import Accepted
 from intellect_node.trainer.grpo import GRPOConfig
@@ -59,7 +60,7 @@ from intellect_node.trainer.step import Sample
 log = logging.getLogger(__name__)
 
 RECORDS_DIR = "records"
-STATES_FILE = "states.json"
+STATES_FILE = TRAINER_STATES.name
 """``records/states.json``: the newest published checkpoint states, ``[{"version", "seq", "weights_cid",
 "optimizer_cid"}]`` (read by ``roles/common/pins.py``)."""
 PINNED_STATES = 4
