@@ -16,6 +16,7 @@ and the window choice.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,14 +49,20 @@ SETTINGS = settings_of(GRPOConfig(group_size=GROUP, token_budget=64, max_grad_no
 RUN = "units"
 
 
+@functools.cache
+def _sampler() -> Any:
+    return tiny_llama(seed=100)
+
+
 def _step(model: Any, opt: Any, samples: list[Sample], s: StepSettings = SETTINGS) -> None:
     train_step(model, opt, samples, grpo_config_of(s), temperature=s.temperature,
                micro_tokens=s.micro_tokens, compute_dtype=None)
 
 
+@functools.cache
 def _groups(seed: int) -> list[list[Sample]]:
     """Two groups with unequal rewards (both train), sampled from a model of their own."""
-    samples = scored_samples(tiny_llama(seed=100 + seed), [[1, 3, 5], [1, 4]], GROUP, seed=seed)
+    samples = scored_samples(_sampler(), [[1, 3, 5], [1, 4]], GROUP, seed=seed)
     groups = [samples[i:i + GROUP] for i in range(0, len(samples), GROUP)]
     assert all(len({s.reward for s in g}) > 1 for g in groups)
     return groups
