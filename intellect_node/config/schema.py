@@ -439,8 +439,17 @@ class ValidatorConfig(_Section):
     the slots proven workers need). One peer never has more than one batch in flight."""
 
     audit: bool = False
-    """Also audit the trainer: replay every training step from its signed step records on the CPU and
-    sign a verdict per step (``roles/auditor/chain.py``; costs about one trainer step of CPU per step)."""
+    """Also audit the trainer: replay windows of training steps from its signed step records on the CPU
+    and sign a verdict per step replayed (``roles/auditor/chain.py``; costs about one trainer step of CPU
+    per step replayed)."""
+
+    audit_fraction: float = Field(default=1.0, gt=0.0, le=1.0)
+    """With ``audit`` on: the chance that this validator audits each window of steps, drawn from its own
+    secret randomness when it hears the window's start, so the trainer cannot tell which it will be. A
+    window runs from one checkpoint the trainer published (``rl.checkpoint_every`` steps) to the next,
+    or from version 0; consecutive audited windows are one replay. 1.0 (the default) audits every step
+    heard; 0.1 about one window in ten, a tenth of the CPU. A dishonest step is caught with probability
+    ``audit_fraction`` per auditor (docs/training.md, "Audit")."""
 
     peer_queue: int = Field(default=8, ge=1, le=1024)
     """Notices one peer may have waiting; more are refused (busy: recorded, not a strike, since a

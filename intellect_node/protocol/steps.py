@@ -19,7 +19,10 @@ whose groups all had equal rewards and made none), the run's trainer publishes o
   named by some record;
 - ``settings``: every number the GRPO step of ``trainer/step.py`` reads. The step draws no random
   numbers (no dropout, no sampling): the base weights, the optimizer state, the samples in this order and
-  these settings decide the new weights, bit for bit on the CPU with one thread.
+  these settings decide the new weights, bit for bit on the CPU with one thread;
+- ``state`` (:class:`StepState`), only on a step after which the trainer wrote a checkpoint: the blobs
+  holding the weights it made and the optimizer state after it (``trainer/optstate.py``), and that
+  state's content hash. A window of steps can be replayed by anyone from any such step on.
 
 Receivers check the signer (the run's trainer), the run and the record's own consistency
 (:func:`open_record`); a worker's receipts and an auditor's replay read the records alone.
@@ -99,6 +102,14 @@ class DroppedBatch(codec.Message, frozen=True):
     reason: str  # one of DROP_REASONS
 
 
+class StepState(codec.Message, frozen=True):
+    """The trainer's state after a step it checkpointed: where to fetch a window's start."""
+
+    weights_cid: str  # blob CID of the new version's canonical weights (hash: the record's checkpoint_hash)
+    optimizer_cid: str  # blob CID of the optimizer state after the step (trainer/optstate.py)
+    optimizer_hash: str  # the content hash of those optimizer bytes
+
+
 class StepRecord(codec.Message, frozen=True):
     run_id: str
     seq: int  # the trainer's journal sequence number of this step (1, 2, ...; unique in the run)
@@ -112,6 +123,7 @@ class StepRecord(codec.Message, frozen=True):
     stale: list[StepBatch] = []
     no_signal: str = ""  # why nothing trained ("all_zero", ...); empty when the step trained
     dropped: list[DroppedBatch] = []
+    state: StepState | None = None  # set when a checkpoint follows the step (module docstring)
 
     @property
     def trained(self) -> bool:
@@ -168,6 +180,11 @@ def check_record(rec: StepRecord) -> StepRecord:
         raise ProtocolError("a record trains exactly when it names trained groups and no no_signal cause")
     if not rec.trained and rec.checkpoint_hash != rec.base_hash:
         raise ProtocolError("a step that trained nothing keeps its base policy")
+    if rec.state is not None:
+        if not rec.trained:
+            raise ProtocolError("only a step that trained is followed by a checkpoint")
+        for cid in (rec.state.weights_cid, rec.state.optimizer_cid, rec.state.optimizer_hash):
+            validate_cid(cid)
     s = rec.settings
     if (s.compute_dtype is not None and s.compute_dtype not in COMPUTE_DTYPES) or s.group_size < 2 \
             or s.token_budget < 1 or (s.micro_tokens is not None and s.micro_tokens < 1):

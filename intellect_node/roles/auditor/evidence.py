@@ -178,10 +178,15 @@ class AdmissionCheck:
                 return why
         for b, why in self._stale_claims(rec):
             return f"{_batch(b)}: {why}"
+        self.named(rec)
+        return self._dropped_silently(rec.base_version)
+
+    def named(self, rec: StepRecord) -> None:
+        """Note the batches ``rec`` names (taken, stale or dropped): call it for every record heard, those
+        outside the windows audited too, so that a batch one of them named is never taken for dropped."""
         for cid in [b.cid for b in (*rec.batches, *rec.stale)] + [d.cid for d in rec.dropped]:
             if cid not in self._named:
                 _put(self._named, cid, rec.base_version)
-        return self._dropped_silently(rec.base_version)
 
     def _rejected_first(self, b: StepBatch, got: Admitted) -> str:
         heard = self._heard.get(f"{b.worker}/{b.cid}")

@@ -18,9 +18,9 @@ audit could not run: a batch missing, a group count that the re-scoring here doe
 window that does not start at the weights held): never a pass. After a step that did not pass, the rest
 of the window is ``unavailable``: the replay no longer holds the published policy.
 
-Shortcuts: the optimizer state at the window's start is handed in, or made fresh, which is right only
-for a window starting at version 0 (an optimizer holds no state before its first step); the trainer does
-not publish its optimizer state yet. Bitwise equality holds on the CPU with one torch thread and the
+The optimizer state at the window's start is handed in (one the trainer published with a checkpoint,
+loaded by ``windows.load_start``), or made fresh for a window from version 0 (an optimizer holds no state
+before its first step). Shortcuts: bitwise equality holds on the CPU with one torch thread and the
 same dtype (the trainer runs with ``torch.set_num_threads(1)``); nothing here calibrates a tolerance.
 """
 
