@@ -7,10 +7,13 @@ to the completions and events):
 - :func:`render_swarm`: several nodes, one line each, plus the training trend and recent events merged
   across them (what ``intellect-node demo`` shows).
 
-Both put a run that is not learning (``training.no_signal_warning``: every group's rewards equal, step
-after step) in red under their title, and show the recent completions a node scored (its answer, the
-expected one, the reward) in a panel of their own: the trainer's in the swarm view, which re-scores
-every worker's. On 24 rows the warning and the completions take the events panel's place.
+Both show the run's audit state (``snapshot.audits``: the node view in its swarm panel, the swarm view
+on its swarm line) and put a failed audit in red under their title, with the step, both hashes and
+whether the node stopped following the trainer. Both put a run that is not learning
+(``training.no_signal_warning``: every group's rewards equal, step after step) in red under their
+title, and show the recent completions a node scored (its answer, the expected one, the reward) in a
+panel of their own: the trainer's in the swarm view, which re-scores every worker's. On 24 rows the
+warnings and the completions take the events panel's place.
 
 Without a TTY (a pipe, a log file, systemd) :func:`run` prints a plain status line every
 ``plain_interval_s`` and one line per new rejection or warning instead of drawing.
@@ -39,7 +42,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from intellect_node.config.status import Completion, Notice, Rejection, StatusSnapshot
+from intellect_node.config.status import Audits, Completion, Notice, Rejection, StatusSnapshot
 
 SPARK = "▁▂▃▄▅▆▇█"
 ROLE_STYLE = {"trainer": "bold magenta", "validator": "bold cyan", "worker": "bold green"}
@@ -211,6 +214,38 @@ def _not_learning(warning: str, width: int) -> list[Text]:
     return out
 
 
+def audit_text(s: StatusSnapshot, *, short: bool = False) -> Text:
+    """The run's audit state in a few words: a failure in red, steps that could not be audited in yellow
+    (never shown as passed), no verdict at all as ``unaudited``; ``short``: without the age and detail."""
+    a = s.audits
+    age = s.audit_age_s
+    ago = f" · last {duration(age)} ago" if age is not None and not short else ""
+    if a.state == "failed":
+        t = Text(f"FAILED step {a.first_failed.seq if a.first_failed else '?'}", style="bold red")
+        t.append(" · refusing" if a.refusing else f" · {a.passed}/{a.audited} passed", style="red")
+        return t
+    if a.state == "partial":
+        return Text(f"{a.passed} passed, {a.unavailable} unavailable{ago}", style="yellow")
+    if a.state == "passing":
+        return Text(f"{a.passed} passed", style="green").append(ago, style="dim")
+    return Text("unaudited" + (f" ({a.detail})" if a.detail and not short else ""), style="yellow")
+
+
+def _audit_failed(a: Audits, width: int) -> list[Text]:
+    """One red line for a failed audit (nothing otherwise): the step, the auditor, both hashes, and
+    whether this node stopped following the trainer."""
+    f = a.first_failed
+    if a.state != "failed" or f is None:
+        return []
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append("AUDIT FAILED", style="bold white on red")
+    t.append(f" step {f.seq} (v{f.version})", style="bold red")
+    t.append(" · NOT FOLLOWING THE TRAINER" if a.refusing else " · still followed", style="bold red")
+    t.append(f" · replay {short_peer(f.expected, 8)} ≠ published {short_peer(f.published, 8)} by "
+             f"{short_peer(f.auditor)}", style="red")
+    return [t]
+
+
 def _completions(items: Sequence[Completion], rows: int, width: int, who: str = "") -> RenderableType:
     """The newest ``rows`` completions, newest last: reward, the answer found (or why none), the
     expected one, and the end of the completion, where answers are (the prompt after it if room)."""
@@ -325,11 +360,12 @@ def render_node(s: StatusSnapshot, *, width: int = 80, height: int = 24,
         f" {s.reachability.relay and 'via ' + short_peer(s.reachability.relay)}", style="dim"))
     swarm.add_row("policy", _policy_text(s))
     swarm.add_row("shards", f"{s.shards.completed} done, {human_bytes(s.shards.bytes_downloaded)}")
-    for sh in s.shards.active[:2]:
+    for sh in s.shards.active[:1]:
         swarm.add_row("", Text(f"{_bar(sh.bytes_done, sh.bytes_total, 10)} {sh.name}", no_wrap=True,
                                overflow="ellipsis"))
-    for _ in range(2 - min(2, len(s.shards.active))):
+    if not s.shards.active:
         swarm.add_row("", "")
+    swarm.add_row("audits", audit_text(s))
 
     work = Table.grid(padding=(0, 1))
     work.add_column(style="dim", no_wrap=True, min_width=9)
@@ -349,7 +385,7 @@ def render_node(s: StatusSnapshot, *, width: int = 80, height: int = 24,
     half.add_column(ratio=1)
     half.add_row(Panel(swarm, title="swarm", title_align="left", box=box.ROUNDED, padding=(0, 1)),
                  Panel(work, title="work", title_align="left", box=box.ROUNDED, padding=(0, 1)))
-    warning = _not_learning(s.training.no_signal_warning, width)
+    warning = _audit_failed(s.audits, width) + _not_learning(s.training.no_signal_warning, width)
     rows = height - NODE_FIXED_ROWS - len(warning)
     return Group(title, ident, *warning, half, _trend(s, width - 4),
                  *_bottom(_node_events(s), s.training.completions, rows, width - 4, max_events=4),
@@ -413,8 +449,9 @@ def render_swarm(snaps: Sequence[StatusSnapshot], *, width: int = 80, height: in
             events.append((max(now, s.ts), who, _trouble_text(s, now)))
     trainer = next((s for s in snaps if s.training.history), None) or next(
         (s for s in snaps if s.role == "trainer"), None)
-    warning = _not_learning(next((s.training.no_signal_warning for s in snaps
-                                  if s.training.no_signal_warning), ""), width)
+    failed = next((s.audits for s in snaps if s.audits.state == "failed"), None)
+    warning = (_audit_failed(failed, width) if failed is not None else []) + _not_learning(
+        next((s.training.no_signal_warning for s in snaps if s.training.no_signal_warning), ""), width)
     # The trainer's completions (it re-scores every worker's), else the workers' own, merged.
     scorer = next((s for s in snaps if s.training.completions and "trainer" in s.role.split(",")), None)
     if scorer is not None:
@@ -440,12 +477,14 @@ def _swarm_line(snaps: Sequence[StatusSnapshot]) -> Text:
     rej = sum(s.rollouts.rejected for s in judges)
     tok = sum(s.throughput.tokens_per_s for s in snaps)
     newest = max((s.policy.current for s in snaps), default=-1)
-    t = Text(" swarm ", style="bold")
-    t.append(f"policy v{newest}  " if newest >= 0 else "no policy yet  ")
-    t.append(f"verdicts {acc} accepted, ")
-    t.append(f"{rej} rejected", style="red" if rej else "")
-    t.append(f" ({pct(acc / (acc + rej)) if acc + rej else '-'})  {tok:.0f} tok/s")
-    return t
+    t = Text(" swarm ", style="bold", no_wrap=True, overflow="ellipsis")
+    t.append(f"v{newest} · " if newest >= 0 else "no policy · ")
+    t.append(f"verdicts {acc} acc ")
+    t.append(f"{rej} rej", style="red" if rej else "")
+    t.append(f" ({pct(acc / (acc + rej)) if acc + rej else '-'}) · {tok:.0f} tok/s · audit ")
+    # the node that has heard the most (a failed one first): every node of a run hears the same verdicts
+    seen = max(snaps, key=lambda s: (s.audits.state == "failed", s.audits.audited), default=None)
+    return t.append_text(audit_text(seen, short=True) if seen is not None else Text("-"))
 
 
 # -- plain lines for logs --------------------------------------------------------------------------
@@ -470,6 +509,11 @@ def status_line(s: StatusSnapshot, now: float | None = None) -> str:
         parts.append(f"step={last.step} reward={last.reward_mean:.3f} pass={last.pass_rate:.2f}")
     if s.training.no_signal_warning:
         parts.append(f"NOT-LEARNING={s.training.no_signal_streak}")
+    a = s.audits
+    parts.append(f"audit={a.state}:{a.passed}/{a.audited}" + (f":unavailable={a.unavailable}"
+                                                             if a.unavailable else ""))
+    if a.state == "failed" and a.first_failed is not None:
+        parts.append(f"AUDIT-FAILED=step{a.first_failed.seq}" + (":REFUSING-TRAINER" if a.refusing else ""))
     return " ".join(parts)
 
 

@@ -96,7 +96,9 @@ class BlobService:
         self._penalise = penalise
         self._is_banned = is_banned
         self._board = board
-        self._extra_sources = list(extra_sources)
+        self.extra_sources: tuple[ChunkSource, ...] = tuple(extra_sources)
+        """Sources tried before HTTP (the NAT service's libp2p chunk stream for ``p2p://`` providers);
+        every fetcher of this node's blobs takes them (``roles/common/fetch.HintedFetcher`` too)."""
         self._http: HttpChunkSource | None = None
         self._fetcher: Fetcher | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -123,7 +125,7 @@ class BlobService:
         # Every remote read has a deadline: a frozen peer (SIGSTOP) keeps its sockets open and silent.
         self._http = HttpChunkSource(connect_timeout=self._timeouts[0], read_timeout=self._timeouts[1],
                                      addresses=self.addresses)
-        sources: list[ChunkSource] = [*self._extra_sources, self._http]
+        sources: list[ChunkSource] = [*self.extra_sources, self._http]
         self._fetcher = Fetcher(self.store, sources, self._find, self_peer_id=self.key.peer_id,
                                 penalise=self._penalise, is_banned=self._is_banned,
                                 protect=self._hold[0], unprotect=self._hold[1])

@@ -25,14 +25,16 @@ def _when(ts: float | None) -> str:
 
 def _receipt(row: dict[str, Any]) -> str:
     """What the trainer's step records say of a batch: the step and version that trained on it, dropped
-    and why, admitted and not yet trained (accepted, no record yet), or nothing (not accepted)."""
+    and why, admitted and not yet trained (accepted, no record yet), dropped without a record (accepted,
+    no record named it, and the records heard are past the version it could be trained at), or nothing
+    (not accepted)."""
     outcome = row.get("trained_outcome")
     if outcome == "trained":
         return f"v{row['trained_version']} ({row['trained_groups']}/{row['groups']} groups)"
     if outcome:
         return f"dropped: {outcome}"
     if row["verdicts"] and not row["rejected"] and row["accepted"]:
-        return "admitted, not yet trained"
+        return "dropped without a record" if row.get("past_bound") else "admitted, not yet trained"
     return ""
 
 
@@ -87,6 +89,10 @@ def register(app: typer.Typer) -> None:
         console.print(f"trained on (step records) [bold]{summary.batches_trained}[/] batches "
                       f"({summary.rollouts_trained} rollouts), admitted and not yet trained "
                       f"{summary.batches_admitted_untrained}, dropped by the trainer: {dropped}")
+        if summary.batches_unrecorded:
+            console.print(f"[red]{summary.batches_unrecorded} accepted batches dropped without a record[/] "
+                          "(no step record named them, though the trainer is past the version they could "
+                          "be trained at)")
         if rows:
             table = Table("submitted", "batch", "policy", "rollouts", "accepted", "rejected", "reasons",
                           "trainer", title="recent batches", title_justify="left")

@@ -7,7 +7,9 @@ degraded, ``reasons``, ``restarts``, recent ``warnings``) and the full ``snapsho
 the state and its reasons first: a degraded node must not read as a healthy one; then what to hand to
 others (the listen multiaddrs) and the metrics URL to scrape (``metrics.metrics`` in the JSON). A trainer
 that is not learning (``snapshot.training.no_signal_warning``) says so right under the state, and its
-step attempts are on the ``training`` line.
+step attempts are on the ``training`` line. The run's audit state (``snapshot.audits``) follows: a
+failed audit as ``AUDIT FAILED`` with its step, both hashes and whether the node still follows the
+trainer; otherwise the counts, ``UNAUDITED`` when no verdict was heard.
 """
 
 from __future__ import annotations
@@ -26,6 +28,27 @@ TIMELINE_LABELS = (("ready", "ready"), ("first_peer", "peer"), ("first_policy", 
 """``snapshot.timeline``'s stages (config/status.py TIMELINE_STAGES) as the summary names them."""
 
 
+def audit_lines(a: dict[str, Any]) -> list[str]:
+    """The run's audit state (``snapshot.audits``): a failed audit first and loud, with its evidence in
+    short; steps that could not be audited are never read as passed, and no verdict is ``unaudited``."""
+    state = a.get("state", "unaudited")
+    age = a.get("last_verdict_age_s")
+    counts = (f"{a.get('audited', 0)} steps audited: {a.get('passed', 0)} passed, "
+              f"{a.get('failed', 0)} failed, {a.get('unavailable', 0)} unavailable"
+              + (f" · last verdict {age:.0f} s ago" if isinstance(age, (int, float)) else ""))
+    f = a.get("first_failed") or {}
+    if state == "failed" and f:
+        return [f"AUDIT FAILED step {f.get('seq')} (v{f.get('version')}) by {f.get('auditor')}: "
+                + ("NOT FOLLOWING THE TRAINER" if a.get("refusing") else "still following the trainer "
+                   "(run.require_audits off)"),
+                f"            replay made {f.get('expected') or '-'}",
+                f"            published   {f.get('published')}",
+                f"            {f.get('reason', '')}",
+                f"audits      {counts}"]
+    label = state.upper() if state in ("unaudited", "partial") else state
+    return [f"audits      {label} · {counts}" + (f" ({a['detail']})" if a.get("detail") else "")]
+
+
 def summary(st: dict[str, Any]) -> str:
     """A readable multi-line summary of a status answer."""
     health = st.get("health") or {}
@@ -35,6 +58,7 @@ def summary(st: dict[str, Any]) -> str:
     training = (st.get("snapshot") or {}).get("training") or {}
     if training.get("no_signal_warning"):
         lines.append(f"NOT LEARNING {training['no_signal_warning']}")
+    lines += audit_lines((st.get("snapshot") or {}).get("audits") or {})
     restarts = {k: v for k, v in (health.get("restarts") or {}).items() if v}
     if restarts:
         lines.append("restarts    " + ", ".join(f"{k} {v}" for k, v in sorted(restarts.items())))

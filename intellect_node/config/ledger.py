@@ -73,13 +73,24 @@ CREATE TABLE IF NOT EXISTS trained (
     PRIMARY KEY (run_id, batch_id)
 );
 CREATE INDEX IF NOT EXISTS trained_worker ON trained(worker);
+CREATE TABLE IF NOT EXISTS heads (
+    run_id       TEXT PRIMARY KEY,
+    base_version INTEGER NOT NULL,
+    async_level  INTEGER NOT NULL
+);
 CREATE INDEX IF NOT EXISTS batches_submitted ON batches(submitted_at);
 """
 
 
-TRAINED_OUTCOMES = ("trained", "equal_rewards", "stale")
-"""What a step record says of a batch it took: trained on (some of its groups at least), every group's
-rewards equal (nothing to learn from), or refused as stale (its rollouts older than ``run.async_level``)."""
+TRAINED_OUTCOMES = ("trained", "equal_rewards", "stale", "duplicate", "wrong_task", "not_assigned",
+                    "bad_signature", "refused", "banned", "not_allowed", "unavailable")
+"""What a step record says of a batch it names: trained on (some of its groups at least), every group's
+rewards equal (nothing to learn from), refused as stale (its rollouts older than ``run.async_level``), or
+dropped by the trainer before queuing it for another reason (``protocol.steps.DROP_REASONS``)."""
+UNRECORDED_SLACK_VERSIONS = 1
+"""An accepted batch of policy version v that no step record names counts as dropped without a record once
+a record's base version reaches v + ``run.async_level`` + 1 (its rollouts are stale there, so an honest
+trainer has named it) plus this many versions (its admission may have been under way over a step)."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +123,10 @@ class LedgerSummary:
     """This node's batches a step record says were trained on (receipts)."""
     rollouts_trained: int = 0
     batches_admitted_untrained: int = 0
-    """Accepted by every verdict heard and named by no step record yet."""
+    """Accepted by every verdict heard and named by no step record yet, still trainable."""
+    batches_unrecorded: int = 0
+    """Accepted by every verdict heard and named by no step record though past the staleness bound
+    (:data:`UNRECORDED_SLACK_VERSIONS`): dropped without a record."""
     batches_dropped: dict[str, int] = field(default_factory=dict)
     """This node's batches a step record took without training on them, by outcome."""
 
@@ -131,8 +145,15 @@ class LedgerSummary:
             "runs": list(self.runs), "first_at": self.first_at, "last_at": self.last_at,
             "batches_trained": self.batches_trained, "rollouts_trained": self.rollouts_trained,
             "batches_admitted_untrained": self.batches_admitted_untrained,
+            "batches_unrecorded": self.batches_unrecorded,
             "batches_dropped": dict(self.batches_dropped),
         }
+
+
+_PAST_BOUND = ("coalesce((SELECT h.base_version >= b.policy_version + h.async_level + 1 + "
+               f"{UNRECORDED_SLACK_VERSIONS} FROM heads h WHERE h.run_id = b.run_id), 0)")
+"""SQL: 1 when the step records heard for batch ``b``'s run are past the version its rollouts could be
+trained at (with the slack), else 0."""
 
 
 class Ledger:
@@ -172,8 +193,9 @@ class Ledger:
             self._db.execute("SELECT count(*) FROM batches").fetchone()
             # A ledger written before receipts existed has no table for them (a node adds it when it opens
             # the file): a reader then shows none.
-            self._receipts = self._db.execute(
-                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='trained'").fetchone() is not None
+            tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            self._receipts = "trained" in tables
+            self._past_bound = _PAST_BOUND if "heads" in tables else "0"  # an older file: none known
         except sqlite3.DatabaseError as exc:
             raise ConfigError(f"{self.path} is not a readable ledger ({exc}); move it aside and the node "
                               "starts a new one", field="data_dir") from exc
@@ -207,9 +229,11 @@ class Ledger:
             return cur.rowcount == 1
 
     def record_step(self, *, run_id: str, seq: int, step: int, version: int,
-                    receipts: list[Receipt]) -> int:
+                    receipts: list[Receipt], base_version: int = 0, async_level: int = 0) -> int:
         """Record the batches one step record names (the receipts of every worker it names); how many were
-        new. A batch keeps the first record that named it (a replayed step names the same)."""
+        new. A batch keeps the first record that named it (a replayed step names the same). The run's
+        newest ``base_version`` heard and its ``run.async_level`` say which accepted batches no record
+        named in time (:data:`UNRECORDED_SLACK_VERSIONS`)."""
         now = self._clock()
         with self._lock:
             self._db.execute("BEGIN")
@@ -220,6 +244,10 @@ class Ledger:
                         "INSERT OR IGNORE INTO trained VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (run_id, r.batch_id, r.worker, int(seq), int(step), int(version), r.outcome,
                          int(r.groups), int(r.groups_trained), int(r.rollouts_trained), now)).rowcount
+                self._db.execute(
+                    "INSERT INTO heads VALUES (?, ?, ?) ON CONFLICT(run_id) DO UPDATE SET "
+                    "base_version = max(base_version, excluded.base_version), "
+                    "async_level = excluded.async_level", (run_id, int(base_version), int(async_level)))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -269,7 +297,7 @@ class Ledger:
                 "AND n_rejected > 0 GROUP BY reason ORDER BY 2 DESC, 1", a).fetchall()
             runs = tuple(r[0] for r in db.execute(
                 "SELECT run_id FROM batches UNION SELECT run_id FROM verdicts ORDER BY 1").fetchall())
-            trained, rollouts, untrained, dropped = 0, 0, 0, []
+            trained, rollouts, untrained, unrecorded, dropped = 0, 0, 0, 0, []
             if self._receipts:
                 trained, rollouts = db.execute(
                     "SELECT count(*), coalesce(sum(t.rollouts_trained),0) FROM trained t JOIN batches b "
@@ -279,12 +307,14 @@ class Ledger:
                     "SELECT t.outcome, count(*) FROM trained t JOIN batches b ON b.batch_id = t.batch_id "
                     "WHERE (? IS NULL OR t.run_id = ?) AND t.outcome != 'trained' GROUP BY 1 ORDER BY 1",
                     a).fetchall()
-                untrained = db.execute(
-                    "SELECT count(*) FROM batches b WHERE (? IS NULL OR b.run_id = ?) "
+                untrained, unrecorded = db.execute(
+                    f"SELECT count(*) - coalesce(sum({self._past_bound}), 0), "
+                    f"coalesce(sum({self._past_bound}), 0) "
+                    "FROM batches b WHERE (? IS NULL OR b.run_id = ?) "
                     "AND EXISTS (SELECT 1 FROM verdicts v WHERE v.batch_id = b.batch_id) "
                     "AND NOT EXISTS (SELECT 1 FROM verdicts v WHERE v.batch_id = b.batch_id "
                     "AND (v.n_rejected > 0 OR v.n_accepted = 0)) "
-                    "AND NOT EXISTS (SELECT 1 FROM trained t WHERE t.batch_id = b.batch_id)", a).fetchone()[0]
+                    "AND NOT EXISTS (SELECT 1 FROM trained t WHERE t.batch_id = b.batch_id)", a).fetchone()
         times = [t for t in (b_first, b_last, v_last) if t is not None]
         return LedgerSummary(
             batches_submitted=nb, rollouts_submitted=nr, tokens_submitted=nt, verdicts_received=nv,
@@ -292,13 +322,14 @@ class Ledger:
             unknown_batch_verdicts=unknown, rejection_reasons={(k or "rejected"): v for k, v in reasons},
             runs=runs, first_at=min(times) if times else None, last_at=max(times) if times else None,
             batches_trained=trained, rollouts_trained=rollouts, batches_admitted_untrained=untrained,
-            batches_dropped=dict(dropped))
+            batches_unrecorded=unrecorded, batches_dropped=dict(dropped))
 
     def recent(self, limit: int = 20) -> list[dict[str, Any]]:
         """The newest batches with their verdicts and receipt (``trained_*``: what the step record naming
-        the batch says; None when none has), newest first."""
-        receipt = ("t.outcome, t.version, t.step, t.groups_trained, t.groups" if self._receipts
-                   else "NULL, NULL, NULL, NULL, NULL")
+        the batch says; None when none has; ``past_bound``: no record named it, though the records heard
+        are past the version it could be trained at), newest first."""
+        receipt = (f"t.outcome, t.version, t.step, t.groups_trained, t.groups, {self._past_bound}"
+                   if self._receipts else "NULL, NULL, NULL, NULL, NULL, 0")
         join = "LEFT JOIN trained t ON t.batch_id = b.batch_id " if self._receipts else ""
         with self._lock:
             rows = self._db.execute(
@@ -310,7 +341,7 @@ class Ledger:
                 (int(limit),)).fetchall()
         keys = ("batch_id", "run_id", "policy_version", "n_rollouts", "n_tokens", "submitted_at",
                 "accepted", "rejected", "verdicts", "reasons", "trained_outcome", "trained_version",
-                "trained_step", "trained_groups", "groups")
+                "trained_step", "trained_groups", "groups", "past_bound")
         return [dict(zip(keys, r)) for r in rows]
 
     def trained_by_worker(self, *, run_id: str | None = None) -> list[dict[str, Any]]:

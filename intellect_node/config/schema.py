@@ -177,6 +177,19 @@ class RunConfig(_Section):
     key is not listed refuses to start. A closed run is the one defence against many fresh keys that
     costs them nothing to get around (docs/security.md)."""
 
+    auditor_peer_ids: list[str] = Field(default_factory=list)
+    """Peer IDs whose audit verdicts every node of the run accepts besides validator_peer_ids' (a validator
+    audits with validator.audit on): an auditor that is not one of the run's validators. Verdicts signed
+    by anyone else are refused at the gossip validator and held against the peer that sent them."""
+
+    require_audits: bool = False
+    """Stop following a trainer that failed an audit: once a verdict of one of the run's auditors says a
+    step's replay did not make the published policy, workers stop generating and submitting for that
+    trainer, validators stop verifying for it, and neither adopts its newer policies; each keeps the
+    signed verdict as evidence in <data-dir>/audits/ and keeps refusing after a restart (docs/security.md,
+    "What a failed audit does"). Off: a failed audit is shown on every node and nothing stops. Needs an
+    auditor: validator_peer_ids or auditor_peer_ids."""
+
     proof_thresholds: str | None = None
     """The run's TOPLOC thresholds file (`intellect-node proofs calibrate` writes it), the same on every
     validator. Default: proof_thresholds.json in the model folder."""
@@ -219,6 +232,10 @@ class RunConfig(_Section):
             raise ValueError(f"verdict_quorum {self.verdict_quorum} exceeds the "
                              f"{len(self.validator_peer_ids)} validator_peer_ids; lower it or list more "
                              "validators")
+        if self.require_audits and not (self.validator_peer_ids or self.auditor_peer_ids):
+            raise ValueError("require_audits is on but the run names no auditor: list the auditing "
+                             "validators in validator_peer_ids (with validator.audit on) or other auditors "
+                             "in auditor_peer_ids, or set require_audits = false")
         return self
 
     @field_validator("run_id")
@@ -239,7 +256,7 @@ class RunConfig(_Section):
                 raise ValueError(f"{v!r} is not an ed25519 peer ID (12D3KooW...)") from exc
         return v
 
-    @field_validator("validator_peer_ids", "worker_allowlist")
+    @field_validator("validator_peer_ids", "worker_allowlist", "auditor_peer_ids")
     @classmethod
     def _validators(cls, v: list[str]) -> list[str]:
         for p in v:
@@ -428,8 +445,17 @@ class ValidatorConfig(_Section):
     the slots proven workers need). One peer never has more than one batch in flight."""
 
     audit: bool = False
-    """Also audit the trainer: replay every training step from its signed step records on the CPU and
-    sign a verdict per step (``roles/auditor/chain.py``; costs about one trainer step of CPU per step)."""
+    """Also audit the trainer: replay windows of training steps from its signed step records on the CPU
+    and sign a verdict per step replayed (``roles/auditor/chain.py``; costs about one trainer step of CPU
+    per step replayed)."""
+
+    audit_fraction: float = Field(default=1.0, gt=0.0, le=1.0)
+    """With ``audit`` on: the chance that this validator audits each window of steps, drawn from its own
+    secret randomness when it hears the window's start, so the trainer cannot tell which it will be. A
+    window runs from one checkpoint the trainer published (``rl.checkpoint_every`` steps) to the next,
+    or from version 0; consecutive audited windows are one replay. 1.0 (the default) audits every step
+    heard; 0.1 about one window in ten, a tenth of the CPU. A dishonest step is caught with probability
+    ``audit_fraction`` per auditor (docs/training.md, "Audit")."""
 
     peer_queue: int = Field(default=8, ge=1, le=1024)
     """Notices one peer may have waiting; more are refused (busy: recorded, not a strike, since a

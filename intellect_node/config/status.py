@@ -17,6 +17,7 @@ in worker threads):
 - trainer: :meth:`set_policy`, :meth:`train_step` per optimizer step, :meth:`train_attempt` per step
   attempt (trained or not: see "Learning signal" below);
 - trainer and worker: :meth:`completions` with a few of the completions they scored;
+- the audit watch (``roles/common/audits.py``, every node of a run): :meth:`set_audits`;
 - anyone: :meth:`warn`. A ``logging.Handler`` (:class:`BoardLogHandler`) forwards WARNING+ records;
   ``join`` installs it for every node, headless or not;
 - runtime (liveness): :meth:`set_degraded` with a reason per part ("" once it works again),
@@ -293,6 +294,53 @@ class Health:
     refreshed_at: float = 0.0
 
 
+AUDIT_STATES = ("unaudited", "passing", "partial", "failed")
+"""The run's audit state as a node sees it (:class:`Audits`): no verdict heard; every step heard of
+passed; some could not be audited (``unavailable``: never a pass) and none failed; a step failed."""
+
+
+@dataclass(frozen=True)
+class AuditFailure:
+    """The first step (lowest journal sequence number) an auditor failed: its evidence in short."""
+
+    seq: int
+    version: int
+    auditor: str
+    expected: str
+    """The policy hash the auditor's replay made."""
+    published: str
+    """The hash the trainer published for that step."""
+    reason: str
+    ts: float
+    """Wall time the verdict was received (or, after a restart, the evidence was written)."""
+
+
+@dataclass(frozen=True)
+class Audits:
+    """The run's audit state (``roles/common/audits.py``): what the run's auditors said of its trainer's
+    steps, counted per step (a step several auditors judged counts once: failed if any failed it, passed
+    if any passed it, else unavailable). ``refusing``: this node stopped following the trainer
+    (``run.require_audits``); ``detail`` says why, or why nothing can be audited."""
+
+    state: str = "unaudited"
+    trainer: str = ""
+    auditors: int = 0
+    """Auditors whose verdicts this node accepts (the run's validators and ``run.auditor_peer_ids``)."""
+    heard_from: int = 0
+    """Of those, the ones a verdict was heard from."""
+    audited: int = 0
+    passed: int = 0
+    failed: int = 0
+    unavailable: int = 0
+    last_verdict_at: float = 0.0
+    """Wall time of the newest verdict accepted (0: none)."""
+    first_failed: AuditFailure | None = None
+    required: bool = False
+    """``run.require_audits``."""
+    refusing: bool = False
+    detail: str = ""
+
+
 TIMELINE_STAGES = ("ready", "first_peer", "first_policy", "first_batch_submitted", "first_batch_accepted")
 """The stages of a join, in the order a fresh worker passes them (issue #15: the aim is the last one
 within 30 s of start on the embedded model)."""
@@ -354,6 +402,7 @@ class StatusSnapshot:
     warnings: tuple[Notice, ...] = ()
     health: Health = field(default_factory=Health)
     timeline: Timeline = field(default_factory=Timeline)
+    audits: Audits = field(default_factory=Audits)
 
     @property
     def uptime_s(self) -> float:
@@ -362,6 +411,12 @@ class StatusSnapshot:
     @property
     def healthy(self) -> bool:
         return self.state == "running" and not self.health.reasons
+
+    @property
+    def audit_age_s(self) -> float | None:
+        """Seconds from the newest audit verdict accepted to this snapshot (None: none heard)."""
+        at = self.audits.last_verdict_at
+        return max(0.0, self.ts - at) if at else None
 
     @property
     def age_s(self) -> float:
@@ -397,6 +452,8 @@ class StatusSnapshot:
         out["policy"]["staleness"] = self.policy.staleness
         out["proofs"]["acceptance_rate"] = self.proofs.acceptance_rate
         out["proofs"]["failed"] = self.proofs.failed
+        age = self.audit_age_s
+        out["audits"]["last_verdict_age_s"] = None if age is None else round(age, 3)
         return out
 
     @classmethod
@@ -564,6 +621,12 @@ class StatusBoard:
         ident = Identity(peer_id=peer_id, version=version, data_dir=data_dir,
                          listen_addrs=tuple(listen_addrs), http_url=http_url)
         self._update(lambda s: {"identity": dataclasses.replace(ident, metrics_url=s.identity.metrics_url)})
+
+    def set_audits(self, audits: Audits) -> None:
+        """The run's audit state, whole (``roles/common/audits.py`` owns it)."""
+        if audits.state not in AUDIT_STATES:
+            raise ValueError(f"audit state {audits.state!r}; one of {', '.join(AUDIT_STATES)}")
+        self._update(lambda s: {"audits": audits})
 
     def set_metrics_url(self, url: str) -> None:
         """Where ``/metrics`` is served (its port may be a fallback): the dashboard shows it."""

@@ -14,6 +14,8 @@ in order and close in reverse):
    (``roles/common/pins.py``) every 10 minutes;
 5. runs (``roles/runs.py``): lists, serves and announces the runs held in ``<data-dir>/runs/`` (nothing
    for a node that holds none);
+6. the audit watch (``roles/common/audits.py``): the run's audit state from its auditors' verdicts, and
+   with ``run.require_audits`` the refusal the roles after it consult;
 
 then its RL roles (``--role``: :func:`intellect_node.roles.role_factory`), then any further services
 (a test's cheating worker). Sweep nodes run only their sweep service (:func:`sweep_worker_node`,
@@ -37,8 +39,8 @@ if TYPE_CHECKING:
 
 
 def add_common_services(runtime: NodeRuntime) -> None:
-    """Add the services every joined node runs (ledger, metrics, NAT, blobs, runs; see the module
-    docstring)."""
+    """Add the services every joined node runs (ledger, metrics, NAT, blobs, runs, audits; see the
+    module docstring)."""
     from intellect_node.blobs.service import BlobService
     from intellect_node.config.ledger import LedgerService
     from intellect_node.node.metrics import MetricsService
@@ -67,6 +69,9 @@ def add_common_services(runtime: NodeRuntime) -> None:
     from intellect_node.roles.runs import RunsService
 
     runtime.add_service(RunsService.for_runtime)
+    from intellect_node.roles.common.audits import AuditWatch
+
+    runtime.add_service(AuditWatch.for_runtime)
 
 
 def build_node(config: NodeConfig, data_dir: Path, *, roles: Sequence[str] = (),

@@ -27,6 +27,10 @@ Health on a scrape: ``intellect_node_healthy`` is 1 only for a running node with
 ``intellect_node_restarts_total{part}`` counts libp2p and essential-task restarts, and
 ``intellect_node_status_age_seconds`` is how long ago the node's status loop last refreshed the board
 (alert when it passes a few seconds: the numbers beside it are stale).
+
+Audits (every node of a run): ``intellect_node_audit_state{state}``, ``intellect_node_audit_steps{outcome}``,
+``intellect_node_auditors{which}``, ``intellect_node_audit_refusing``, and once there is one
+``intellect_node_audit_first_failed_seq`` and ``intellect_node_audit_last_verdict_age_seconds``.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from intellect_node.config.status import NO_SIGNAL_CAUSES, StatusBoard, Training
+from intellect_node.config.status import AUDIT_STATES, NO_SIGNAL_CAUSES, StatusBoard, StatusSnapshot, Training
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +121,7 @@ class StatusCollector(Collector):
             yield GaugeMetricFamily(f"{_PREFIX}_pass_rate", "Pass rate at the last step.",
                                     value=last.pass_rate)
         yield from _learning_signal(s.training)
+        yield from _audits(s)
         yield GaugeMetricFamily(f"{_PREFIX}_uptime_seconds", "Seconds since the node started.",
                                 value=s.uptime_s)
         # The join timeline: a stage appears once reached (a validator never submits a batch), so an
@@ -171,6 +176,41 @@ def _learning_signal(t: Training) -> Iterator[Metric]:
         yield GaugeMetricFamily(f"{_PREFIX}_groups_filtered_fraction",
                                 "Fraction of the last step attempt's groups dropped by the online filter.",
                                 value=t.filtered_fraction)
+
+
+def _audits(s: StatusSnapshot) -> Iterator[Metric]:
+    """The run's audit state (``roles/common/audits.py``) as every node sees it: one alert rule fits
+    every node. The step counts are gauges: a step first ``unavailable`` moves when an auditor passes or
+    fails it later."""
+    a = s.audits
+    state = GaugeMetricFamily(f"{_PREFIX}_audit_state",
+                              "The run's audit state: 1 for the current one (unaudited: no verdict heard; "
+                              "partial: some steps could not be audited, none failed).", labels=["state"])
+    for name in AUDIT_STATES:
+        state.add_metric([name], int(a.state == name))
+    yield state
+    steps = GaugeMetricFamily(f"{_PREFIX}_audit_steps",
+                              "Trainer steps audited, by outcome over the run's auditors (failed if any "
+                              "failed it, passed if any passed it, else unavailable).", labels=["outcome"])
+    for outcome in ("passed", "failed", "unavailable"):
+        steps.add_metric([outcome], getattr(a, outcome))
+    yield steps
+    auditors = GaugeMetricFamily(f"{_PREFIX}_auditors", "The run's auditors: accepted by this node, and "
+                                 "heard from.", labels=["which"])
+    auditors.add_metric(["accepted"], a.auditors)
+    auditors.add_metric(["heard"], a.heard_from)
+    yield auditors
+    yield GaugeMetricFamily(f"{_PREFIX}_audit_refusing",
+                            "1 while this node refuses the run's trainer after a failed audit "
+                            "(run.require_audits), else 0.", value=int(a.refusing))
+    if a.first_failed is not None:
+        yield GaugeMetricFamily(f"{_PREFIX}_audit_first_failed_seq",
+                                "Journal sequence number of the first step an auditor failed.",
+                                value=a.first_failed.seq)
+    age = s.audit_age_s
+    if age is not None:  # absent until a verdict is heard: absent() reads "never audited"
+        yield GaugeMetricFamily(f"{_PREFIX}_audit_last_verdict_age_seconds",
+                                "Seconds since the newest audit verdict this node accepted.", value=age)
 
 
 def build_registry(board: StatusBoard) -> CollectorRegistry:

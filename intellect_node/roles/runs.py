@@ -17,7 +17,10 @@ for the client):
   ``--organiser`` when given), then every model file by its blob CID (publisher and size checked; every
   chunk is hash-checked by the fetcher) into a folder.
 - :func:`client_swarm`: a short-lived swarm with a fresh key for the commands that look before a node
-  runs (``runs``, ``join --run`` before it builds the node's configuration).
+  runs (``runs``, ``join --run`` before it builds the node's configuration). It runs the client side of
+  the NAT service (``p2p/nat``: circuit dialling, DCUtR, the libp2p chunk stream), so files held only by
+  nodes behind NAT (``p2p://`` providers) come through their relays; it needs no AutoNAT verdict or
+  relay reservation of its own, since a lookup only dials out (a lookup behind NAT included).
 """
 
 from __future__ import annotations
@@ -37,9 +40,11 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from intellect_node.blobs.addresses import AddressPolicy
 from intellect_node.blobs.service import BlobService
 from intellect_node.config import NodeConfig
+from intellect_node.config.nat import NatConfig
 from intellect_node.config.status import StatusBoard
 from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError, TransportError
 from intellect_node.fsutil import atomic_write_bytes
+from intellect_node.p2p.nat.service import NatService
 from intellect_node.p2p.swarm import Provider, Swarm
 from intellect_node.protocol.blob import Manifest
 from intellect_node.protocol.run_manifest import (
@@ -190,7 +195,9 @@ class RunsService:
 
     def listing(self) -> RunListing:
         """What this node sees of each run it holds: its run's nodes per role (this node included), the
-        newest policy version and trainer step it knows; other runs' counts it cannot see."""
+        newest policy version and trainer step it knows. Other runs get no counts: heartbeats, which
+        carry the roles, come only on this node's own run's topic (docs/architecture.md, "Runs"); the
+        nodes of those runs list them with theirs."""
         snap = self._rt.board.snapshot()
         swarm = self._rt.swarm
         mine = self._rt.config.run.run_id
@@ -247,8 +254,13 @@ async def client_swarm(bootstrap: Sequence[str], *, listen: str = "/ip4/127.0.0.
     # A lookup dials whatever the DHT names, nodes long gone included: libp2p's dial errors are noise
     # to the command's user (a node started afterwards sets the level again, p2p.swarm).
     logging.getLogger("libp2p").setLevel(logging.CRITICAL)
-    blobs = BlobService.from_swarm(swarm, data_dir)
+    # A run's files may be held only by nodes behind NAT (an organiser publishing from home, participants
+    # once the organiser left): they advertise ``p2p://`` and serve over the libp2p chunk stream through
+    # their relays. The lookup only dials out, so it runs the NAT service's client side alone.
+    nat = NatService(swarm, NatConfig(), client_only=True)
+    blobs = BlobService.from_swarm(swarm, data_dir, extra_sources=[nat.source])
     try:
+        await nat.start()
         if not bootstrap:
             raise TransportError("no bootstrap address: give --bootstrap /ip4/.../tcp/.../p2p/<peer id>")
         deadline = time.monotonic() + timeout
@@ -265,6 +277,7 @@ async def client_swarm(bootstrap: Sequence[str], *, listen: str = "/ip4/127.0.0.
         yield swarm, blobs
     finally:
         await blobs.close()
+        await nat.close()
         await swarm.close()
 
 

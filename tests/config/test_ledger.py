@@ -187,3 +187,29 @@ def test_a_ledger_from_before_receipts_reads(tmp_path: Path) -> None:
     with Ledger(path, readonly=True) as led:
         assert led.summary().batches_trained == 0 and led.trained_by_worker() == []
         assert led.recent(1)[0]["trained_outcome"] is None
+
+
+def test_accepted_batch_no_record_names_past_the_bound(data_dir: Path) -> None:
+    """b7 (v4, accepted, named by no record) is admitted and not yet trained while the records heard are
+    at base v6 (async_level 1: v4 is stale from base v6 on, and one version of slack), and dropped without a
+    record once a record at base v7 is heard."""
+    from intellect_node.config.ledger import Receipt
+
+    with Ledger.in_data_dir(data_dir) as led:
+        _fill(led)
+        _receipts(led)
+        led.record_step(run_id="r1", seq=10, step=9, version=7, base_version=6, async_level=1, receipts=[
+            Receipt("b8", "other", "trained", groups=2, groups_trained=2, rollouts_trained=16)])
+        s = led.summary(run_id="r1")
+        assert (s.batches_admitted_untrained, s.batches_unrecorded) == (1, 0)
+        led.record_step(run_id="r1", seq=11, step=10, version=8, base_version=7, async_level=1, receipts=[
+            Receipt("b9", "other", "trained", groups=2, groups_trained=2, rollouts_trained=16)])
+        s = led.summary(run_id="r1")
+        assert (s.batches_admitted_untrained, s.batches_unrecorded) == (0, 1)
+        assert {r["batch_id"]: r["past_bound"] for r in led.recent(20)}["b7"] == 1
+        # an older record heard later does not move the run's head back
+        led.record_step(run_id="r1", seq=3, step=2, version=3, base_version=2, async_level=1, receipts=[])
+        assert led.summary(run_id="r1").batches_unrecorded == 1
+    text = run_cli("ledger", "--data-dir", str(data_dir), "--recent", "20", env={"COLUMNS": "200"})
+    assert text.returncode == 0, text.stderr
+    assert "dropped without a record" in text.stdout and "admitted, not yet trained" not in text.stdout

@@ -179,6 +179,108 @@ def test_node_runtime_serves_a_blob_to_a_p2p_provider_fetch(tmp_path: Path) -> N
     run(main(), timeout=120)
 
 
+def test_a_role_fetches_from_a_holder_that_advertises_p2p(tmp_path: Path) -> None:
+    """The roles' fetcher (``HintedFetcher``: a validator fetching a worker's batch, the trainer a
+    verdict) takes the blob service's libp2p source: a holder behind NAT advertises ``p2p://<peer>`` in
+    its heartbeats. With HTTP alone every such fetch found "no providers" and the validator rejected the
+    NATed worker's batches as unavailable, then banned it (seen in ``test_run_by_cid_nat.py``)."""
+    from intellect_node.blobs.service import BlobService
+    from intellect_node.p2p.nat.service import NatService
+    from intellect_node.roles.common.fetch import HintedFetcher
+    from tests.support.swarm import run, runtime_nodes
+    from tests.support.wait import wait_until
+
+    holder: dict[int, Any] = {}
+
+    def nat_factory(rt: Any) -> Any:
+        holder[id(rt)] = svc = NatService.for_runtime(rt)
+        return svc
+
+    def blob_factory(rt: Any) -> Any:
+        nat = holder[id(rt)]
+        svc = BlobService.from_swarm(rt.swarm, rt.data_dir, board=rt.board, extra_sources=[nat.source])
+        nat.attach_blob_store(lambda: svc.store)
+        return svc
+
+    src = tmp_path / "batch.bin"
+    src.write_bytes(os.urandom(300_000))
+
+    async def main() -> None:
+        async with runtime_nodes(tmp_path / "nodes", 2, {0: [1]}, services=[nat_factory, blob_factory],
+                                 heartbeat_interval=1.0) as rts:
+            blobs = [next(s for s in rt.services if isinstance(s, BlobService)) for rt in rts]
+            cid, _ = await blobs[0].put_file(str(src))
+            peer0 = rts[0].swarm.peer_id
+            # What the NAT service sets on a PRIVATE node; its heartbeats carry it to node 1.
+            rts[0].swarm.http_url = f"p2p://{peer0}"
+            await wait_until(lambda: rts[1].swarm.peerbook.http_url(peer0) == f"p2p://{peer0}", timeout=30,
+                             what="node 1 to hear node 0's p2p:// blob URL")
+            fetcher = HintedFetcher(blobs[1], rts[1].swarm)
+            try:
+                got = await fetcher.fetch(cid, holders=[peer0], max_size=1 << 20, timeout=60)
+            finally:
+                fetcher.close()
+            assert got == src.read_bytes()
+            assert rts[0].status()["nat"]["chunk_stream"]["served_bytes"] >= len(got)
+
+    run(main(), timeout=120)
+
+
+def test_a_run_lookup_fetches_from_an_organiser_that_advertises_p2p(tmp_path: Path) -> None:
+    """``join --run``'s lookup (``roles.runs.client_swarm``) fetches a run's manifest and model files
+    from a node that advertises ``p2p://`` (an organiser behind NAT): the lookup runs the NAT service's
+    client side, so the libp2p chunk stream is one of its sources. Before, it had HTTP alone and found
+    "no provider"."""
+    from intellect_node.blobs.service import BlobService
+    from intellect_node.commands.run import seal_run
+    from intellect_node.config.loader import build_config
+    from intellect_node.config.run_manifest import run_sections
+    from intellect_node.p2p.identity import init_key
+    from intellect_node.p2p.nat.service import NatService
+    from intellect_node.roles.runs import client_swarm, fetch_model, fetch_run
+    from tests.support.swarm import run, runtime_nodes
+    from tests.support.wait import wait_until
+
+    organiser_dir = tmp_path / "nodes" / "node0"  # runtime_nodes' first data dir: the node serves it
+    key = init_key(organiser_dir)
+    model = tmp_path / "model"
+    model.mkdir()
+    files = {"config.json": b'{"tiny": true}', "weights.bin": os.urandom(200_000)}
+    for name, data in files.items():
+        (model / name).write_bytes(data)
+    shared = run_sections(build_config({"run": {"run_id": "behind-nat", "trainer_peer_id": key.peer_id}}))
+    cid = seal_run(key, organiser_dir, "behind-nat", model, sorted(model.iterdir()), shared, "{}", [],
+                   lambda _line: None)
+    holder: dict[int, Any] = {}
+
+    def nat_factory(rt: Any) -> Any:
+        holder[id(rt)] = svc = NatService.for_runtime(rt)
+        return svc
+
+    def blob_factory(rt: Any) -> Any:
+        nat = holder[id(rt)]
+        svc = BlobService.from_swarm(rt.swarm, rt.data_dir, board=rt.board, extra_sources=[nat.source])
+        nat.attach_blob_store(lambda: svc.store)
+        return svc
+
+    async def main() -> None:
+        async with runtime_nodes(tmp_path / "nodes", 1, services=[nat_factory, blob_factory]) as rts:
+            organiser = rts[0]
+            assert organiser.swarm.peer_id == key.peer_id
+            organiser.swarm.http_url = f"p2p://{key.peer_id}"  # what a PRIVATE node advertises
+            boot = f"{organiser.swarm.listen_addrs()[0]}"
+            async with client_swarm([boot], data_dir=tmp_path / "joiner") as (_swarm, blobs):
+                await wait_until(lambda: organiser.status()["blobs"]["blobs"], timeout=30,
+                                 what="the organiser's blob service up")
+                manifest, _raw = await fetch_run(blobs, cid, organiser=key.peer_id)
+                out = await fetch_model(blobs, manifest, tmp_path / "joiner" / "model")
+            assert {p.name: p.read_bytes() for p in out.iterdir()} == files
+            served = organiser.status()["nat"]["chunk_stream"]["served_bytes"]
+            assert served >= sum(map(len, files.values())), served
+
+    run(main(), timeout=120)
+
+
 def _static(providers: list[Any]) -> Any:
     async def find(cid: str) -> list[Any]:
         return providers

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,12 +53,12 @@ def _trainer_main(data_dir: Path) -> int:
     from tests.support.roles import run_custom_node
 
     class Observed(Trainer):
-        async def _checkpoint(self) -> None:
+        async def _checkpoint(self, publish: bool = False) -> Any:
             lines = read_jsonl(self.dir / METRICS_FILE) if (self.dir / METRICS_FILE).exists() else []
             recorded = max((int(m["version"]) for m in lines if m.get("trained")), default=None)
             with open(data_dir / SEEN, "a") as f:
                 f.write(json.dumps({"version": self.version, "recorded": recorded}) + "\n")
-            await super()._checkpoint()
+            return await super()._checkpoint(publish)
 
     return run_custom_node(data_dir, "trainer", [Observed.for_runtime])
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from intellect_node.protocol.rl import BatchVerdict, RolloutNotice
 from intellect_node.protocol.signing import SigningKey
 from tests.security._roles_inproc import RUN, assigned, batch_bytes, record, trainer_role
+from tests.support.verdicts import gossiped
 
 TRAINER, VALIDATOR, WORKER, MALLORY = (SigningKey(bytes([i]) * 32) for i in range(31, 35))
 
@@ -35,7 +36,7 @@ def test_planted_records_are_refused_and_the_workers_real_batch_is_admitted(tmp_
                 notice = RolloutNotice(run_id=RUN, batch_cid=cid, policy_version=0, n_rollouts=2,
                                        batch_bytes=len(data))
                 trainer.intake.on_notice((notice, WORKER.peer_id), WORKER.peer_id)
-                await trainer.intake.on_verdict((_accept(cid), VALIDATOR.peer_id), VALIDATOR.peer_id)
+                await trainer.intake.on_verdict(gossiped(VALIDATOR, _accept(cid)), VALIDATOR.peer_id)
             return ([a.cid for a in trainer.admission.queue], dict(trainer.intake.counts),
                     trainer.rt.swarm.peerbook.rejections, dict(trainer.rt.swarm.banned))
         finally:

@@ -30,6 +30,7 @@ from intellect_node.protocol.rl import BatchVerdict, RolloutNotice
 from intellect_node.protocol.rollout import RolloutRecord
 from intellect_node.protocol.signing import SigningKey
 from tests.security._roles_inproc import GROUP, RUN, batch_bytes, config, record, trainer_role, validator_role
+from tests.support.verdicts import gossiped
 
 TRAINER, VALIDATOR, WORKER, OTHER = (SigningKey(bytes([i]) * 32) for i in range(41, 45))
 PER_BATCH = 2
@@ -244,7 +245,7 @@ def test_the_trainer_checks_the_assignment_again_at_admission(tmp_path: Path) ->
                 trainer.intake.on_notice((notice, WORKER.peer_id), WORKER.peer_id)
                 accept = BatchVerdict(run_id=RUN, batch_cid=cid, worker=WORKER.peer_id,
                                       policy_version=version, accepted=True, n_accepted=GROUP, n_rejected=0)
-                await trainer.intake.on_verdict((accept, VALIDATOR.peer_id), VALIDATOR.peer_id)
+                await trainer.intake.on_verdict(gossiped(VALIDATOR, accept), VALIDATOR.peer_id)
             return ([a.cid for a in trainer.admission.queue], trainer.status(),
                     trainer.rt.swarm.peerbook.rejections)
         finally:

@@ -27,6 +27,7 @@ from tests.security._roles_inproc import (
     trainer_role,
     validator_role,
 )
+from tests.support.verdicts import gossiped
 
 TRAINER, V1, V2, WORKER = (SigningKey(bytes([i]) * 32) for i in range(11, 15))
 
@@ -70,8 +71,8 @@ def test_the_trainer_trains_on_a_batch_a_lagging_validator_could_not_judge(tmp_p
             notice = RolloutNotice(run_id=RUN, batch_cid=cid, policy_version=0, n_rollouts=2,
                                    batch_bytes=len(data))
             trainer.intake.on_notice((notice, WORKER.peer_id), WORKER.peer_id)
-            await trainer.intake.on_verdict((_verdict(cid, reason="policy_version"), V1.peer_id), V1.peer_id)
-            await trainer.intake.on_verdict((_verdict(cid), V2.peer_id), V2.peer_id)
+            await trainer.intake.on_verdict(gossiped(V1, _verdict(cid, reason="policy_version")), V1.peer_id)
+            await trainer.intake.on_verdict(gossiped(V2, _verdict(cid)), V2.peer_id)
             return ([a.cid for a in trainer.admission.queue], dict(trainer.intake.counts),
                     trainer.rt.swarm.peerbook.rejections)
         finally:

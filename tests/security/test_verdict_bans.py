@@ -28,6 +28,7 @@ from intellect_node.protocol.rl import (
 )
 from intellect_node.protocol.signing import SigningKey
 from tests.security._roles_inproc import RUN, trainer_role
+from tests.support.verdicts import gossiped
 
 TRAINER, V1, V2, WORKER, BYSTANDER = (SigningKey(bytes([i]) * 32) for i in range(1, 6))
 
@@ -57,12 +58,12 @@ def test_one_validator_bans_neither_the_run_nor_a_peer_whose_batch_it_is_not(tmp
         # A hostile (or broken) trusted validator names the other validator, the trainer, and a peer that
         # announced no such batch.
         for target in (V2.peer_id, TRAINER.peer_id, BYSTANDER.peer_id):
-            await trainer.intake.on_verdict((_ban(target, cid_of(target.encode())), V1.peer_id), V1.peer_id)
+            await trainer.intake.on_verdict(gossiped(V1, _ban(target, cid_of(target.encode()))), V1.peer_id)
         assert trainer.rt.swarm.banned == {}
         # A worker's own announced batch: one validator is the quorum of 1 here, so the ban stands.
         cid = cid_of(b"worker batch")
         trainer.intake.on_notice((_notice(cid), WORKER.peer_id), WORKER.peer_id)
-        await trainer.intake.on_verdict((_ban(WORKER.peer_id, cid), V1.peer_id), V1.peer_id)
+        await trainer.intake.on_verdict(gossiped(V1, _ban(WORKER.peer_id, cid)), V1.peer_id)
         return dict(trainer.rt.swarm.banned)
 
     banned = _run(tmp_path, 1, body)
@@ -75,10 +76,10 @@ def test_a_ban_takes_the_quorum_of_distinct_validators(tmp_path: Path) -> None:
         cids = [cid_of(b"b%d" % i) for i in range(3)]
         for cid in cids:
             trainer.intake.on_notice((_notice(cid), WORKER.peer_id), WORKER.peer_id)
-        await trainer.intake.on_verdict((_ban(WORKER.peer_id, cids[0]), V1.peer_id), V1.peer_id)
-        await trainer.intake.on_verdict((_ban(WORKER.peer_id, cids[1]), V1.peer_id), V1.peer_id)  # same voter
+        await trainer.intake.on_verdict(gossiped(V1, _ban(WORKER.peer_id, cids[0])), V1.peer_id)
+        await trainer.intake.on_verdict(gossiped(V1, _ban(WORKER.peer_id, cids[1])), V1.peer_id)  # same voter
         seen.append(dict(trainer.rt.swarm.banned))
-        await trainer.intake.on_verdict((_ban(WORKER.peer_id, cids[2]), V2.peer_id), V2.peer_id)
+        await trainer.intake.on_verdict(gossiped(V2, _ban(WORKER.peer_id, cids[2])), V2.peer_id)
         seen.append(dict(trainer.rt.swarm.banned))
         return seen
 
@@ -94,7 +95,7 @@ def test_a_replayed_old_ban_verdict_does_nothing(tmp_path: Path) -> None:
         old = _ban(WORKER.peer_id, cid, time_ms=now_ms() - VERDICT_MAX_AGE_MS - 60_000)
         ahead = _ban(WORKER.peer_id, cid, time_ms=now_ms() + VERDICT_MAX_AHEAD_MS + 60_000)
         for v in (old, ahead):
-            await trainer.intake.on_verdict((v, V1.peer_id), V1.peer_id)
+            await trainer.intake.on_verdict(gossiped(V1, v), V1.peer_id)
         return dict(trainer.rt.swarm.banned), dict(trainer.intake.counts)
 
     banned, counts = _run(tmp_path, 1, body)

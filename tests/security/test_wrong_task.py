@@ -13,6 +13,7 @@ from pathlib import Path
 from intellect_node.protocol.rl import BatchVerdict, RolloutNotice
 from intellect_node.protocol.signing import SigningKey
 from tests.security._roles_inproc import RUN, batch_bytes, record, trainer_role, validator_role
+from tests.support.verdicts import gossiped
 
 TRAINER, VALIDATOR, WORKER = (SigningKey(bytes([i]) * 32) for i in range(21, 24))
 
@@ -55,7 +56,7 @@ def test_the_trainer_refuses_another_tasks_batch_its_validator_accepted(tmp_path
             trainer.intake.on_notice((notice, WORKER.peer_id), WORKER.peer_id)
             accept = BatchVerdict(run_id=RUN, batch_cid=cid, worker=WORKER.peer_id, policy_version=0,
                                   accepted=True, n_accepted=2, n_rejected=0)
-            await trainer.intake.on_verdict((accept, VALIDATOR.peer_id), VALIDATOR.peer_id)
+            await trainer.intake.on_verdict(gossiped(VALIDATOR, accept), VALIDATOR.peer_id)
             return ([a.cid for a in trainer.admission.queue], dict(trainer.intake.counts),
                     trainer.rt.swarm.peerbook.rejections, len(trainer.admission.tally))
         finally:

@@ -4,7 +4,11 @@
 
 - ``lr``: trains with twice the configured learning rate, while its step records state the run's;
 - ``nudge``: adds an update of its own to the weights after each optimizer step (every weight + 1e-4)
-  and publishes the result as the step's.
+  and publishes the result as the step's;
+- ``rejected``: takes a validator's rejection (for the worker's fault) as an acceptance, so it trains on
+  batches its validators rejected; the best evidence it can attach is the rejecting verdict itself;
+- ``drop``: silently drops the first batch its validators accept (never queued, named by no record); its
+  status says which (``dropped_silently``).
 """
 
 from __future__ import annotations
@@ -17,13 +21,42 @@ from tests.support.roles import run_custom_node
 
 
 def main(mode: str, data_dir: Path) -> int:
+    import msgspec
     import torch
 
+    from intellect_node.protocol.rl import NOT_WORKERS_FAULT, BatchVerdict
     from intellect_node.roles.trainer.role import Trainer
     from intellect_node.trainer.optim import Optimizer
     from intellect_node.trainer.step import make_optimizer
 
     class Dishonest(Trainer):
+        dropped_silently = ""
+
+        def __init__(self, runtime: Any) -> None:
+            super().__init__(runtime)
+            decide, take_in = self.admission.decide, self.intake._take_in
+
+            def lax_decide(verdict: BatchVerdict, validator: str, **kw: Any) -> Any:
+                if not verdict.accepted and verdict.reason not in NOT_WORKERS_FAULT:
+                    n = verdict.n_accepted + verdict.n_rejected  # "accepted", with the rejection as evidence
+                    verdict = msgspec.structs.replace(verdict, accepted=True, n_accepted=n, n_rejected=0,
+                                                      reason="", detail="", ban=False)
+                return decide(verdict, validator, **kw)
+
+            async def dropping_take_in(verdict: BatchVerdict, validator: str, evidence: Any) -> None:
+                if not self.dropped_silently:
+                    self.dropped_silently = verdict.batch_cid  # neither queued nor named: gone
+                    return
+                await take_in(verdict, validator, evidence)
+
+            if mode == "rejected":
+                self.admission.decide = lax_decide  # type: ignore[method-assign]
+            elif mode == "drop":
+                self.intake._take_in = dropping_take_in  # type: ignore[method-assign]
+
+        def status(self) -> dict[str, Any]:
+            return {**super().status(), "dropped_silently": self.dropped_silently}
+
         def _optimizer(self, ckpt: Path | None = None) -> Optimizer:
             if mode != "lr":
                 return super()._optimizer(ckpt)
@@ -41,6 +74,6 @@ def main(mode: str, data_dir: Path) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] in ("lr", "nudge"):
+    if len(sys.argv) == 3 and sys.argv[1] in ("lr", "nudge", "rejected", "drop"):
         sys.exit(main(sys.argv[1], Path(sys.argv[2])))
-    sys.exit(f"usage: {sys.argv[0]} lr|nudge DATA_DIR")
+    sys.exit(f"usage: {sys.argv[0]} lr|nudge|rejected|drop DATA_DIR")

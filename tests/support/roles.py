@@ -46,16 +46,16 @@ def make_key(data_dir: Path) -> str:
 def write_config(data_dir: Path, *, trainer: str, validators: list[str], model: str, rl: dict[str, Any],
                  run_id: str = "e2e", bootstrap: list[str] | None = None, async_level: int = 2,
                  verdict_quorum: int = 1, worker_allowlist: list[str] | None = None,
-                 validator: dict[str, Any] | None = None) -> Path:
+                 validator: dict[str, Any] | None = None, require_audits: bool = False) -> Path:
     """``<data_dir>/config.toml`` (read by ``join`` from the data dir). ``validator``: the
-    ``[validator]`` section's settings."""
+    ``[validator]`` section's settings; ``require_audits``: ``run.require_audits``."""
     network: dict[str, Any] = {"listen": ["/ip4/127.0.0.1/tcp/0"], "http_host": "127.0.0.1",
                                "heartbeat_interval": 1.0, "peer_timeout": 10.0}
     if bootstrap:
         network["bootstrap"] = bootstrap
     run = {"run_id": run_id, "trainer_peer_id": trainer, "validator_peer_ids": validators, "model": model,
            "async_level": async_level, "verdict_quorum": verdict_quorum,
-           "worker_allowlist": worker_allowlist or []}
+           "worker_allowlist": worker_allowlist or [], "require_audits": require_audits}
     return write_config_file(data_dir / "config.toml", {"network": network, "metrics": {"enabled": False},
                                                         "run": run, "rl": rl, "validator": validator or {}})
 

@@ -14,6 +14,8 @@ whose model file no node holds. Operator mistakes exit 2 naming the flag.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -119,35 +121,44 @@ def test_a_run_made_listed_joined_and_forgeries_refused(tmp_path: Path) -> None:
             assert (fetched / f.path).read_bytes() == (model / f.path).read_bytes()
         assert worker.status()["worker"]["rejected"] == 0
 
-        # -- what a participant refuses ------------------------------------------------------------
+        # -- what a participant refuses (the cases at once: each is a process start and a lookup) ---------
         env = codec.decode(raw, Envelope, max_size=1 << 20)
         forged_payload = codec.encode(msgspec.structs.replace(manifest, bootstrap=[]))
         forged = codec.encode(msgspec.structs.replace(env, payload=forged_payload))
-        err = _refused(tmp_path, "j-forged", _put(out / "trainer", forged, tmp_path, "forged.run"), boot)
-        assert "bad signature" in err, err
-
         mallory = SigningKey.generate()
         in_his_name = codec.encode(Envelope(domain=RUN_DOMAIN, payload=env.payload, signer=mallory.peer_id,
                                            signature=mallory.sign_bytes(RUN_DOMAIN, env.payload)))
-        err = _refused(tmp_path, "j-mallory", _put(out / "trainer", in_his_name, tmp_path, "m.run"), boot)
-        assert "not its signer" in err, err
-
-        err = _refused(tmp_path, "j-other-organiser", cid, boot, "--organiser", mallory.peer_id)
-        assert f"not by the organiser {mallory.peer_id}" in err, err
-
         key = load_key(out / "trainer")
         files = [*manifest.model_files[:-1], msgspec.structs.replace(manifest.model_files[-1],
                                                                      blob=cid_of(b"nobody has this"))]
         unknown = seal_run_manifest(key, msgspec.structs.replace(manifest, model_files=files,
                                                                  created_ms=manifest.created_ms + 1))
-        err = _refused(tmp_path, "j-unknown", _put(out / "trainer", unknown, tmp_path, "u.run"), boot)
-        assert f"could not fetch blob {cid_of(b'nobody has this')}" in err, err
 
-        # Operator mistakes: exit 2 naming the flag.
-        r = _cli("join", "--run", cid, "--run-id", "other", "--data-dir", str(tmp_path / "j-flag"),
-                 "--bootstrap", boot)
+        def served(raw_manifest: bytes, name: str) -> Callable[[], str]:
+            return lambda: _refused(tmp_path, f"j-{name}", _put(out / "trainer", raw_manifest, tmp_path,
+                                                                f"{name}.run"), boot)
+
+        cases: dict[str, Callable[[], Any]] = {
+            "forged": served(forged, "forged"),
+            "mallory": served(in_his_name, "mallory"),
+            "unknown": served(unknown, "unknown"),
+            "other-organiser": lambda: _refused(tmp_path, "j-other-organiser", cid, boot, "--organiser",
+                                                mallory.peer_id),
+            # Operator mistakes: exit 2 naming the flag.
+            "run-id": lambda: _cli("join", "--run", cid, "--run-id", "other", "--data-dir",
+                                   str(tmp_path / "j-flag"), "--bootstrap", boot),
+            "organiser-flag": lambda: _cli("join", "--run", cid, "--organiser", "nobody", "--data-dir",
+                                           str(tmp_path / "j-flag2")),
+        }
+        with ThreadPoolExecutor(len(cases)) as pool:
+            got = {name: f.result() for name, f in [(n, pool.submit(fn)) for n, fn in cases.items()]}
+        assert "bad signature" in got["forged"], got["forged"]
+        assert "not its signer" in got["mallory"], got["mallory"]
+        assert f"not by the organiser {mallory.peer_id}" in got["other-organiser"], got["other-organiser"]
+        assert f"could not fetch blob {cid_of(b'nobody has this')}" in got["unknown"], got["unknown"]
+        r = got["run-id"]
         assert r.returncode == 2 and "run.run_id (set in --run-id) comes from the run manifest" in r.stderr
-        r = _cli("join", "--run", cid, "--organiser", "nobody", "--data-dir", str(tmp_path / "j-flag"))
+        r = got["organiser-flag"]
         assert r.returncode == 2 and "--organiser 'nobody' is not a peer ID" in r.stderr
     finally:
         for p in procs:

@@ -81,9 +81,13 @@ class NatService:
     def __init__(self, swarm: Swarm, config: NatConfig, *,
                  blob_store: Callable[[], HeldBlobs | None] = lambda: None,
                  on_reject: Callable[[str, str], None] | None = None,
-                 board: StatusBoard | None = None) -> None:
+                 board: StatusBoard | None = None, client_only: bool = False) -> None:
         self.swarm = swarm
         self.cfg = config
+        self.client_only = client_only
+        """True for a short-lived lookup (``roles/runs.client_swarm``): it only dials out, so it asks no
+        peer for dial-backs, reserves no relay and relays for nobody; it keeps the dialler, DCUtR and the
+        chunk stream, so it can fetch from ``p2p://`` providers through their relays."""
         self.board = board
         self._blob_store = blob_store
         self._on_reject = on_reject
@@ -131,6 +135,8 @@ class NatService:
                 self._nursery = nursery
                 await self._start_trio(nursery)
                 loop.call_soon_threadsafe(ready)
+                if self.client_only:
+                    await trio.sleep_forever()
                 await self._check_loop()
 
         self._task = asyncio.create_task(self.swarm.bridge.call(main), name="nat")
@@ -169,7 +175,7 @@ class NatService:
         if self.cfg.hole_punching:
             self.puncher = HolePuncher(host)
             await nursery.start(self.puncher.run)
-        if self.cfg.relay_service == "on":
+        if self.cfg.relay_service == "on" and not self.client_only:
             await self._start_relay_service()
 
     async def _check_loop(self) -> None:

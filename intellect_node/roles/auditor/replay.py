@@ -18,11 +18,11 @@ audit could not run: a batch missing, a group count that the re-scoring here doe
 window that does not start at the weights held): never a pass. After a step that did not pass, the rest
 of the window is ``unavailable``: the replay no longer holds the published policy.
 
-Shortcuts: the optimizer state at the window's start is handed in, or made fresh, which is right only
-for a window starting at version 0 (an optimizer holds no state before its first step); the trainer does
-not publish its optimizer state yet. Bitwise equality holds on the CPU with one torch thread (the trainer
-runs with ``torch.set_num_threads(1)``), the same dtype and the same kernels (measured: two threads are
-not reliably bitwise, another CPU's kernels never). Where it does not, a :class:`WindowReplay` given the
+The optimizer state at the window's start is handed in (one the trainer published with a checkpoint,
+loaded by ``windows.load_start``), or made fresh for a window from version 0 (an optimizer holds no state
+before its first step). Bitwise equality holds on the CPU with one torch thread (the trainer runs with
+``torch.set_num_threads(1)``), the same dtype and the same kernels (measured: two threads are not
+reliably bitwise, another CPU's kernels never). Where it does not, a :class:`WindowReplay` given the
 run's ``tolerance`` and a way to the published weights compares a step whose hash differs within that
 tolerance (``tolerance.py``) and, when it holds, continues from the published weights.
 """

@@ -49,7 +49,10 @@ class HintedFetcher:
         self._hints: dict[str, list[str]] = {}  # CID -> holders named by the fetches under way
         self._looked: set[str] = set()  # CIDs whose hinted-only first lookup was answered
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # CID -> (one fetch at a time, users)
-        self._fetcher = Fetcher(blobs.store, [self._http], self._find, self_peer_id=swarm.peer_id,
+        # The blob service's other sources too: a holder behind NAT advertises ``p2p://`` and serves
+        # over the libp2p chunk stream (p2p/nat); with HTTP alone its batches could not be fetched.
+        self._fetcher = Fetcher(blobs.store, [*blobs.extra_sources, self._http], self._find,
+                                self_peer_id=swarm.peer_id,
                                 penalise=swarm.peerbook.record_rejection, is_banned=swarm.peerbook.is_banned)
 
     async def _find(self, cid: str) -> Sequence[Provider]:

@@ -11,6 +11,10 @@ repeats its newest announcement every couple of seconds, and each repeat is offe
 up on is tried again at the next repeat. The role gets every version obtained as ``on_version(version,
 checkpoint)``, and at start the version already held on disk.
 
+With ``run.require_audits`` on and the trainer failing an audit (``roles/common/audits.py``), no newer
+version is adopted: announcements are no longer offered to the follower (``refused_announcements``
+counts them), and a version obtained after the refusal began is not handed to the role.
+
 Policy blobs come from the trainer first (it holds every one), the DHT second (``HintedFetcher``).
 Version 0 is built from the node's own copy of the run's model folder when its hash is the trainer's
 (``PolicyFollower``'s ``base``): at a run's start no node fetches the whole model.
@@ -26,6 +30,7 @@ from pathlib import Path
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, announcement_validator
 from intellect_node.protocol.topics import topic
+from intellect_node.roles.common.audits import audit_gate
 from intellect_node.roles.common.fetch import HintedFetcher
 from intellect_node.roles.common.models import MAX_POLICY_BYTES, model_dir
 from intellect_node.roles.common.policy import ObtainResult, PolicyFollower
@@ -59,6 +64,8 @@ class TrainerPolicy:
         self._tasks = tasks
         self._on_version = on_version
         self._on_announcement = on_announcement
+        self.refusal = audit_gate(runtime)  # "" while the trainer may be followed
+        self.refused_announcements = 0
         self.follower = PolicyFollower(directory, fetcher.holding([self.trainer]), run_id=self.run_id,
                                        trainer=self.trainer, max_checkpoint_bytes=MAX_POLICY_BYTES,
                                        board=runtime.board, on_reject=runtime.swarm.peerbook.record_rejection,
@@ -82,11 +89,17 @@ class TrainerPolicy:
     def _heard(self, ann: PolicyAnnouncement, origin: str) -> None:
         if self._on_announcement is not None:
             self._on_announcement(ann)
+        if self.refusal():
+            self.refused_announcements += 1
+            return
         self.follower.offer(ann)
 
     async def _follow(self) -> None:
         await self.follower.follow(self._obtained, backoff_s=RETRY_S)
 
     async def _obtained(self, res: ObtainResult) -> None:
+        if self.refusal():
+            log.warning("policy v%d obtained but not loaded: %s", res.version, self.refusal())
+            return
         await self._on_version(res.version, res.checkpoint)
         log.info("policy v%d loaded (%s, %d bytes fetched)", res.version, res.path, res.bytes_fetched)

@@ -6,7 +6,9 @@ manifest's blob and its model files' blobs, which participants fetch by their CI
 
 The trainer publishes from ``<data-dir>/trainer/policy`` (``roles/trainer/role.py``), where
 ``publisher.json`` names the latest full checkpoint and the deltas after it; peers fetch those from the
-trainer first. Light on purpose (JSON only): the CLI reads it without importing torch.
+trainer first. It also keeps the newest checkpoint states its step records name (weights and optimizer
+blobs, ``trainer/records/states.json``, ``roles/trainer/records.py``): auditors start windows there. Light
+on purpose (JSON only): the CLI reads it without importing torch.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ PUBLISHER_STATE = "publisher.json"
 """The publisher's state file in its directory (``roles/common/policy.PolicyPublisher``)."""
 TRAINER_POLICY_DIR = Path("trainer") / "policy"
 """Where the trainer of a data dir publishes from, relative to the data dir."""
+TRAINER_STATES = Path("trainer") / "records" / "states.json"
+"""The checkpoint states the trainer of a data dir publishes (``roles/trainer/records.STATES_FILE``)."""
 
 
 RUNS_DIR = "runs"
@@ -47,9 +51,10 @@ def held_runs(data_dir: Path) -> dict[str, RunManifest]:
 
 
 def published_pins(data_dir: Path) -> dict[str, str]:
-    """Blob CID -> why it is pinned: the policy chain the trainer on ``data_dir`` announces, and the runs
-    it serves. ConfigError when the trainer's state file is there but unreadable (then nothing may be
-    removed: which blobs the trainer needs is unknown)."""
+    """Blob CID -> why it is pinned: the policy chain the trainer on ``data_dir`` announces, the newest
+    checkpoint states it published and the runs it serves. ConfigError when one of the trainer's state
+    files is there but unreadable (then nothing may be removed: which blobs the trainer needs is
+    unknown)."""
     path = Path(data_dir) / TRAINER_POLICY_DIR / PUBLISHER_STATE
     out: dict[str, str] = {}
     for cid, run in held_runs(data_dir).items():
@@ -65,6 +70,17 @@ def published_pins(data_dir: Path) -> dict[str, str]:
     except FileNotFoundError:
         pass
     except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+        raise ConfigError(f"{path} is unreadable ({exc}): cannot tell which blobs the trainer needs, so "
+                          "none is removed", field="data_dir") from exc
+    path = Path(data_dir) / TRAINER_STATES
+    try:
+        for st in json.loads(path.read_text()):
+            version = int(st["version"])
+            out[str(st["weights_cid"])] = f"trainer: checkpoint v{version} weights (audit window start)"
+            out[str(st["optimizer_cid"])] = f"trainer: checkpoint v{version} optimizer state"
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path} is unreadable ({exc}): cannot tell which blobs the trainer needs, so "
                           "none is removed", field="data_dir") from exc
     return out

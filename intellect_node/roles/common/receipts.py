@@ -2,7 +2,10 @@
 
 Every step record a node hears on the run's ``steps`` topic (signed by the run's trainer, checked by the
 gossip validator) names the batches the step took and what became of each: trained on (how many of its
-groups and rollouts), every group's rewards equal (nothing to learn from) or refused as stale.
+groups and rollouts), every group's rewards equal (nothing to learn from), refused as stale, or dropped
+before queuing and why (the record's ``dropped``). With the record's base version and the run's
+``run.async_level`` the ledger also tells an accepted batch no record named in time ("dropped without a
+record") from one admitted and not yet trained.
 :class:`Receipts` writes one ledger row per batch (``config/ledger.Ledger.record_step``), every worker's,
 so ``intellect-node ledger`` shows this worker's receipts and ``ledger --all`` every worker's trained
 rollouts, from the records alone. Records are gossip, not stored: a node hears the steps taken while it
@@ -30,14 +33,17 @@ def receipts_of(rec: StepRecord) -> list[Receipt]:
            for b in rec.batches]
     out += [Receipt(batch_id=b.cid, worker=b.worker, outcome="stale", groups=b.groups, groups_trained=0,
                     rollouts_trained=0) for b in rec.stale]
+    out += [Receipt(batch_id=d.cid, worker=d.worker, outcome=d.reason, groups=0, groups_trained=0,
+                    rollouts_trained=0) for d in rec.dropped]
     return out
 
 
 class Receipts:
     """Keeps every step record heard in ``ledger``; :meth:`subscribe` joins the run's ``steps`` topic."""
 
-    def __init__(self, ledger: Ledger, *, run_id: str, trainer: str) -> None:
+    def __init__(self, ledger: Ledger, *, run_id: str, trainer: str, async_level: int) -> None:
         self._ledger = ledger
+        self._async_level = async_level
         self._run_id = run_id
         self._trainer = trainer
         self.heard = 0
@@ -49,7 +55,8 @@ class Receipts:
 
     async def on_record(self, rec: StepRecord, origin: str) -> None:
         new = await asyncio.to_thread(self._ledger.record_step, run_id=rec.run_id, seq=rec.seq, step=rec.step,
-                                      version=rec.version, receipts=receipts_of(rec))
+                                      version=rec.version, receipts=receipts_of(rec),
+                                      base_version=rec.base_version, async_level=self._async_level)
         self.heard += 1
         self.last_seq = max(self.last_seq, rec.seq)
         if new:

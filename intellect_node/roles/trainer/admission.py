@@ -66,10 +66,11 @@ class Admission:
         """:func:`vote_key` of the batches decided (queued, consumed or refused) -> their policy version."""
 
     def decide(self, verdict: BatchVerdict, validator: str, *, version: int, consumed: bool,
-               banned: bool) -> Decision:
-        """One trusted validator's verdict, at policy ``version``. ``consumed``: the batch is in a
-        checkpoint already; ``banned``: its worker is banned here. After ``admit`` the caller fetches the
-        batch and reports :meth:`add`, :meth:`refused` (it was a duplicate) or :meth:`failed`."""
+               banned: bool, raw: bytes = b"") -> Decision:
+        """One trusted validator's verdict (``raw``: its sealed envelope), at policy ``version``.
+        ``consumed``: the batch is in a checkpoint already; ``banned``: its worker is banned here. After
+        ``admit`` the caller takes the quorum's envelopes (:meth:`evidence`), fetches the batch and reports
+        :meth:`add`, :meth:`refused` (it was a duplicate) or :meth:`failed`."""
         key = vote_key(verdict.worker, verdict.batch_cid)
         v = verdict.policy_version
         if key in self.known or consumed:
@@ -79,7 +80,7 @@ class Admission:
             return "not_allowed"
         if not verdict.accepted and verdict.reason in NOT_WORKERS_FAULT:
             return "abstain"  # this validator could not judge it: another one may
-        if self.tally.vote(key, validator, verdict.accepted, v) == "wait":
+        if self.tally.vote(key, validator, verdict.accepted, v, raw) == "wait":
             return "wait"  # fewer than run.verdict_quorum validators have accepted it so far
         if not verdict.accepted:
             self.known[key] = v
@@ -91,6 +92,10 @@ class Admission:
             self.tally.done(key)
             return "stale"
         return "admit"
+
+    def evidence(self, worker: str, cid: str) -> tuple[bytes, ...]:
+        """The sealed acceptances that admitted a batch (after ``admit``, before :meth:`add`)."""
+        return self.tally.evidence(vote_key(worker, cid))
 
     def add(self, acc: Accepted) -> None:
         """Queue an admitted batch (after :meth:`decide`, or found in the inbox after a restart)."""

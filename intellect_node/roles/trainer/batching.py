@@ -24,23 +24,31 @@ class VerdictTally:
     """Votes of the trusted validators on each batch: ``quorum`` distinct acceptances admit it and a
     rejection that comes first refuses it. The caller decides each batch once and calls :meth:`done`
     after a successful admission (until then the votes stay, so a failed admission is retried on the next
-    acceptance). Bounded: beyond ``limit`` batches the oldest counts are forgotten."""
+    acceptance). Each acceptance's signed envelope is kept (:meth:`evidence`): the step record that takes
+    the batch carries them. Bounded: beyond ``limit`` batches the oldest counts are forgotten."""
 
     def __init__(self, quorum: int, limit: int = 4096) -> None:
         self.quorum = quorum
         self.limit = limit
-        self._votes: dict[str, tuple[int, set[str]]] = {}  # key -> (policy version, acceptors)
+        # key -> (policy version, acceptor -> its sealed verdict, first kept)
+        self._votes: dict[str, tuple[int, dict[str, bytes]]] = {}
 
-    def vote(self, cid: str, validator: str, accepted: bool, version: int = 0) -> str:
-        """"admit" (the quorum-th distinct acceptance), "refuse" (a rejection) or "wait"."""
+    def vote(self, cid: str, validator: str, accepted: bool, version: int = 0, raw: bytes = b"") -> str:
+        """"admit" (the quorum-th distinct acceptance), "refuse" (a rejection) or "wait". ``raw``: the
+        verdict's sealed envelope, as gossiped."""
         if not accepted:
             self._votes.pop(cid, None)
             return "refuse"
-        _, votes = self._votes.setdefault(cid, (version, set()))
-        votes.add(validator)
+        _, votes = self._votes.setdefault(cid, (version, {}))
+        votes.setdefault(validator, raw)
         while len(self._votes) > self.limit:
             del self._votes[next(iter(self._votes))]
         return "admit" if len(votes) >= self.quorum else "wait"
+
+    def evidence(self, cid: str) -> tuple[bytes, ...]:
+        """The sealed acceptances that made the quorum (the first ``quorum`` distinct validators')."""
+        _, votes = self._votes.get(cid, (0, {}))
+        return tuple(votes.values())[:self.quorum]
 
     def done(self, cid: str) -> None:
         self._votes.pop(cid, None)
@@ -89,6 +97,8 @@ class Accepted:
     groups: list[list[Sample]]
     seq: int
     """Arrival order (persisted with the batch, so a restarted trainer queues in the same order)."""
+    evidence: tuple[bytes, ...] = ()
+    """The sealed accepting verdicts that admitted it (persisted with the batch; its step record's)."""
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,11 @@
 Admitting a batch its validators accepted (:meth:`Inbox.admit`) takes three steps before the trainer
 queues it: its rollout keys are checked against those admitted before and reserved, with no await in
 between (two verdicts cannot both pass with the same rollouts; ``roles/common/seen.py``); the batch bytes
-and a small JSON (worker, version, arrival order) are written to ``trainer/inbox/<cid>.batch|.json``
-atomically; its keys are appended to ``trainer/admitted.jsonl`` (fsynced). A crash from the inbox write
-on re-queues the batch on restart (:meth:`Inbox.reload`), adding its keys back should the journal line
-not have made it. Once a checkpoint lists a batch as consumed, its inbox files go (:meth:`Inbox.drop`).
+and a small JSON (worker, version, arrival order, the sealed acceptances that admitted it) are written to
+``trainer/inbox/<cid>.batch|.json`` atomically; its keys are appended to ``trainer/admitted.jsonl``
+(fsynced). A crash from the inbox write on re-queues the batch on restart (:meth:`Inbox.reload`), adding
+its keys back should the journal line not have made it. Once a checkpoint lists a batch as consumed, its
+inbox files go (:meth:`Inbox.drop`).
 
 The trainer checkpoints only every ``rl.checkpoint_every`` steps, so the inbox also holds the batches of
 the steps since the last checkpoint, and :class:`StepJournal` (``trainer/steps.jsonl``) says which batches
@@ -18,6 +19,8 @@ bit-identical weights, so the versions it announced before the crash come out ag
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import logging
 import time
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING
 from intellect_node.errors import IntellectNodeError, ProtocolError
 from intellect_node.fsutil import append_jsonl, atomic_write_bytes, atomic_write_text
 from intellect_node.protocol.rollout import RolloutBatch, decode_batch
+from intellect_node.protocol.steps import DroppedBatch
 from intellect_node.roles.common.seen import describe_key, rollout_keys
 from intellect_node.roles.trainer.admitted import AdmittedJournal
 from intellect_node.roles.trainer.batching import Accepted
@@ -74,9 +78,10 @@ class Inbox:
         self.seq = 0
         """The newest arrival number handed out (batches are queued in this order after a restart)."""
 
-    async def admit(self, cid: str, worker: str, version: int, data: bytes, keys: Sequence[str]) -> int:
-        """Reserve ``keys`` and persist the batch; its arrival number. Raises :class:`DuplicateRollouts`
-        when one of the keys was admitted before at ``version``."""
+    async def admit(self, cid: str, worker: str, version: int, data: bytes, keys: Sequence[str],
+                    evidence: Sequence[bytes] = ()) -> int:
+        """Reserve ``keys`` and persist the batch with its ``evidence`` (the sealed acceptances); its arrival
+        number. Raises :class:`DuplicateRollouts` when one of the keys was admitted before at ``version``."""
         dup = self.admitted.first_seen(version, keys)
         if dup is not None:
             raise DuplicateRollouts(f"{describe_key(dup)} at v{version} was admitted before")
@@ -85,7 +90,8 @@ class Inbox:
             self.seq += 1
             seq = self.seq
             await asyncio.to_thread(atomic_write_bytes, self.dir / f"{cid}.batch", data)
-            meta = {"cid": cid, "worker": worker, "version": version, "seq": seq, "time": time.time()}
+            meta = {"cid": cid, "worker": worker, "version": version, "seq": seq, "time": time.time(),
+                    "evidence": [base64.b64encode(e).decode("ascii") for e in evidence]}
             await asyncio.to_thread(atomic_write_text, self.dir / f"{cid}.json", json.dumps(meta))
             await self.admitted.append(version, worker, cid, keys)
         except BaseException:
@@ -106,14 +112,15 @@ class Inbox:
                     continue
                 batch = decode_batch((self.dir / f"{cid}.batch").read_bytes())
                 worker, version, seq = str(meta["worker"]), int(meta["version"]), int(meta["seq"])
+                evidence = tuple(base64.b64decode(e, validate=True) for e in meta.get("evidence", []))
                 groups = groups_of(batch, worker, version)
-            except (OSError, ValueError, KeyError, TypeError, IntellectNodeError) as exc:
+            except (OSError, ValueError, KeyError, TypeError, binascii.Error, IntellectNodeError) as exc:
                 log.warning("inbox entry %s unreadable (%s); skipped", meta_path.name, exc)
                 continue
             keys = rollout_keys(batch.rollouts)
             if not self.admitted.holds(version, keys):  # killed between the inbox write and the journal
                 self.admitted.append_now(version, worker, cid, keys)
-            found.append(Accepted(cid, worker, version, groups, seq))
+            found.append(Accepted(cid, worker, version, groups, seq, evidence))
         found.sort(key=lambda a: a.seq)
         self.seq = max([self.seq, *(a.seq for a in found)])
         return found
@@ -127,12 +134,19 @@ class Inbox:
 @dataclass(frozen=True)
 class JournalEntry:
     """One step as the trainer took it: at policy ``version``, the batches ``taken`` (in the order their
-    groups were trained on) and the queued ones refused as ``stale`` on the way."""
+    groups were trained on), the queued ones refused as ``stale`` on the way, and the accepted batches
+    ``dropped`` without queuing that its step record names (so a replayed record is the same)."""
 
     seq: int
     version: int
     taken: tuple[str, ...]
     stale: tuple[str, ...]
+    dropped: tuple[DroppedBatch, ...] = ()
+
+    def line(self) -> dict[str, object]:
+        """The journal's JSON line."""
+        return {"seq": self.seq, "version": self.version, "taken": list(self.taken),
+                "stale": list(self.stale), "dropped": [[d.cid, d.worker, d.reason] for d in self.dropped]}
 
 
 class StepJournal:
@@ -157,9 +171,11 @@ class StepJournal:
         for line in text.splitlines():
             try:
                 d = json.loads(line)
-                self.entries.append(JournalEntry(int(d["seq"]), int(d["version"]),
-                                                 tuple(str(c) for c in d["taken"]),
-                                                 tuple(str(c) for c in d["stale"])))
+                self.entries.append(JournalEntry(
+                    int(d["seq"]), int(d["version"]), tuple(str(c) for c in d["taken"]),
+                    tuple(str(c) for c in d["stale"]),
+                    tuple(DroppedBatch(cid=str(c), worker=str(w), reason=str(r))
+                          for c, w, r in d.get("dropped", []))))
             except (ValueError, KeyError, TypeError):
                 log.warning("step journal %s: unreadable line skipped (torn by a crash?)", self.path)
 
@@ -167,11 +183,11 @@ class StepJournal:
         """The steps after the checkpoint that covers entries up to ``seq``, oldest first."""
         return [e for e in self.entries if e.seq > seq]
 
-    def append(self, version: int, taken: Sequence[str], stale: Sequence[str]) -> JournalEntry:
+    def append(self, version: int, taken: Sequence[str], stale: Sequence[str],
+               dropped: Sequence[DroppedBatch] = ()) -> JournalEntry:
         """Record the next step (blocking: a small fsynced append; run it in a thread)."""
-        entry = JournalEntry(self.seq + 1, version, tuple(taken), tuple(stale))
-        append_jsonl(self.path, {"seq": entry.seq, "version": version, "taken": list(taken),
-                                 "stale": list(stale)})
+        entry = JournalEntry(self.seq + 1, version, tuple(taken), tuple(stale), tuple(dropped))
+        append_jsonl(self.path, entry.line())
         self.seq = entry.seq
         self.entries.append(entry)
         return entry
@@ -179,6 +195,4 @@ class StepJournal:
     def trim(self, upto: int) -> None:
         """A checkpoint now covers entries up to ``upto``: keep only the later ones (blocking)."""
         self.entries = [e for e in self.entries if e.seq > upto]
-        atomic_write_text(self.path, "".join(json.dumps({"seq": e.seq, "version": e.version,
-                                                         "taken": list(e.taken), "stale": list(e.stale)})
-                                             + "\n" for e in self.entries))
+        atomic_write_text(self.path, "".join(json.dumps(e.line()) + "\n" for e in self.entries))

@@ -12,12 +12,16 @@ The gossip handlers of the ``rollouts`` and ``verdicts`` topics:
   admit it. In a closed run (``run.worker_allowlist``) other workers' batches are refused
   (``not_allowed``).
 
-Admitting a batch: take the prefetched copy or fetch it (from the worker, and the validator, which holds
-it), check and re-score it (``rescore.py``), persist it to the inbox with its rollout keys
-(``inbox.py``: a batch holding a rollout admitted before is refused as ``duplicate`` whatever its CID),
-then queue it. A refusal that is the worker's doing is recorded against it and ``rl.ban_after`` of them
-ban it. A verdict carrying ``ban`` is one validator's vote: ``run.verdict_quorum`` of them, each about a
-batch the worker itself announced (its notice was heard here), ban the worker; the run's trainer and
+Admitting a batch: keep the sealed acceptances that made the quorum (the evidence its step record will
+carry, ``protocol/steps.py``), take the prefetched copy or fetch it (from the worker, and the validator,
+which holds it), check and re-score it (``rescore.py``), persist it to the inbox with its rollout keys and
+that evidence (``inbox.py``: a batch holding a rollout admitted before is refused as ``duplicate`` whatever
+its CID), then queue it. An accepted batch not queued (already stale, refused here, its worker banned or
+not allowed, its blob not to be had) is named with why in the next step record
+(:meth:`BatchIntake.drain_dropped`), so an auditor can tell it from one dropped in silence. A refusal that
+is the worker's doing is recorded against it and ``rl.ban_after`` of them ban it. A verdict carrying
+``ban`` is one validator's vote: ``run.verdict_quorum`` of them, each about a batch the worker itself
+announced (its notice was heard here), ban the worker; the run's trainer and
 validators are never banned by verdicts (``Admission.bans``).
 
 Nothing here references the trainer: it hands in the policy version it is at, the batches it consumed,
@@ -36,6 +40,7 @@ from intellect_node.envs.assignment import Coverage
 from intellect_node.errors import IntellectNodeError
 from intellect_node.protocol.rl import BatchVerdict, RolloutNotice, now_ms, verdict_time_error
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE, RolloutBatch, decode_batch
+from intellect_node.protocol.steps import DROP_REASONS, DroppedBatch
 from intellect_node.roles.common.seams import RoleSwarm
 from intellect_node.roles.common.seen import BoundedMap, rollout_keys
 from intellect_node.roles.trainer.admission import Admission
@@ -50,9 +55,24 @@ PEERS_KEPT = 65536
 """Workers whose refusals are counted here, and notices remembered (what a peer can make us hold)."""
 HOPS_KEPT = 1024
 """Batches whose hop times are remembered for the metrics line of the step that takes them."""
+DROPPED_KEPT = 4096
+"""Accepted batches dropped without queuing, held until a step record names them; more: the oldest go."""
+DROPPED_PER_RECORD = 256
+"""Most of them one step record names (the rest wait for the next)."""
 
 FetchBatch = Callable[[str, Sequence[str], "int | None"], Awaitable[bytes]]
 """``fetch(cid, holders, size)``: a batch blob's bytes, from ``holders`` first (at most MAX_BATCH_SIZE)."""
+
+
+def with_envelope(validate: Callable[[bytes, str], tuple[BatchVerdict, str]]
+                  ) -> Callable[[bytes, str], tuple[BatchVerdict, str, bytes]]:
+    """A verdict gossip validator that also hands on the envelope it checked (the evidence kept)."""
+
+    def check(data: bytes, origin: str) -> tuple[BatchVerdict, str, bytes]:
+        verdict, signer = validate(data, origin)
+        return verdict, signer, bytes(data)
+
+    return check
 
 
 class BatchIntake:
@@ -84,6 +104,26 @@ class BatchIntake:
         self._heard: BoundedMap[str, int] = BoundedMap(PEERS_KEPT)  # vote_key of notices heard -> version
         self._clock_warned: set[str] = set()  # validators whose verdicts came outside the time window
         self.hops: BoundedMap[str, dict[str, float]] = BoundedMap(HOPS_KEPT)  # batch CID -> hop -> wall time
+        self._dropped: dict[str, DroppedBatch] = {}  # accepted, not queued, not yet named by a record
+
+    def drop(self, worker: str, cid: str, reason: str) -> None:
+        """An accepted batch not queued: the next step record names it (``reason``: one of DROP_REASONS)."""
+        if cid in self._dropped:
+            return
+        self._dropped[cid] = DroppedBatch(cid=cid, worker=worker,
+                                          reason=reason if reason in DROP_REASONS else "refused")
+        while len(self._dropped) > DROPPED_KEPT:
+            del self._dropped[next(iter(self._dropped))]
+
+    def drain_dropped(self, named: Sequence[str] = ()) -> list[DroppedBatch]:
+        """The dropped batches for the next step record (at most DROPPED_PER_RECORD), oldest first; those
+        in ``named`` (the record takes them after all: a later verdict admitted them) are left out."""
+        out: list[DroppedBatch] = []
+        for cid in list(self._dropped)[:DROPPED_PER_RECORD]:
+            d = self._dropped.pop(cid)
+            if cid not in named:
+                out.append(d)
+        return out
 
     def count_stale(self, n: int) -> None:
         """A batch (of ``n`` rollouts) refused as stale: by a verdict, or left in the queue too long."""
@@ -125,8 +165,9 @@ class BatchIntake:
             self._clock_warned.add(validator)
             log.warning("verdicts of validator %s ignored: %s (logged once per validator)", validator, why)
 
-    async def on_verdict(self, msg: tuple[BatchVerdict, str], origin: str) -> None:
-        verdict, validator = msg
+    async def on_verdict(self, msg: tuple[BatchVerdict, str, bytes], origin: str) -> None:
+        """A verdict (with its sealed envelope, the evidence a step record carries)."""
+        verdict, validator, raw = msg
         late = verdict_time_error(verdict, now_ms())
         if late:  # expired between the gossip validator and here
             self.verdict_late(verdict, validator, late)
@@ -135,7 +176,10 @@ class BatchIntake:
             await self._ban_vote(verdict, validator)
         w, cid = verdict.worker, verdict.batch_cid
         decision = self._admission.decide(verdict, validator, version=self._version(),
-                                          consumed=self._consumed(cid), banned=self._swarm.is_banned(w))
+                                          consumed=self._consumed(cid), banned=self._swarm.is_banned(w),
+                                          raw=raw)
+        if decision in ("not_allowed", "stale", "banned") and verdict.accepted:
+            self.drop(w, cid, decision)
         if decision == "not_allowed":
             self.counts["not_allowed_batches"] += 1
             self._swarm.peerbook.record_rejection(w, f"batch {cid}: not_allowed "
@@ -151,22 +195,24 @@ class BatchIntake:
             self.counts["abstained_verdicts"] += 1
         elif decision == "admit":
             self._hop(cid, "verdict")
-            await self._take_in(verdict, validator)
+            await self._take_in(verdict, validator, self._admission.evidence(w, cid))
 
-    async def _take_in(self, verdict: BatchVerdict, validator: str) -> None:
+    async def _take_in(self, verdict: BatchVerdict, validator: str, evidence: tuple[bytes, ...]) -> None:
         """Fetch (or take the prefetched copy), check and persist a batch its validators accepted, then
         queue it."""
         w, cid = verdict.worker, verdict.batch_cid
         try:
-            acc = await self._admit(verdict, validator)
+            acc = await self._admit(verdict, validator, evidence)
         except asyncio.CancelledError:
             raise
         except RefusedBatch as exc:
             self._admission.refused(w, cid)
+            self.drop(w, cid, exc.reason)
             await self._refuse(verdict, validator, exc)
             return
         except IntellectNodeError as exc:
             self._admission.failed(w, cid)  # another validator's verdict may bring it again
+            self.drop(w, cid, "unavailable")  # left out of the record should it be taken after all
             log.warning("accepted batch %s could not be admitted: %s", cid, exc)
             return
         self._hop(cid, "admitted")
@@ -176,7 +222,7 @@ class BatchIntake:
         self._admission.add(acc)
         self._on_queued()
 
-    async def _admit(self, verdict: BatchVerdict, validator: str) -> Accepted:
+    async def _admit(self, verdict: BatchVerdict, validator: str, evidence: tuple[bytes, ...]) -> Accepted:
         w, cid, version = verdict.worker, verdict.batch_cid, verdict.policy_version
         banned = self._swarm.is_banned(w)  # accepted before its ban: the validator holds the batch
         got = await self.prefetch.claim(w, cid, wait=not banned)
@@ -192,8 +238,8 @@ class BatchIntake:
         window = self._rescorer.window_of(w, version, batch.rollouts[0].problem_id)
         if window is not None:  # always: groups() refuses a batch outside the worker's assignment
             self.coverage.add(w, version, window)
-        seq = await self._inbox.admit(cid, w, version, data, rollout_keys(batch.rollouts))
-        return Accepted(cid, w, version, groups, seq)
+        seq = await self._inbox.admit(cid, w, version, data, rollout_keys(batch.rollouts), evidence)
+        return Accepted(cid, w, version, groups, seq, evidence)
 
     # -- blame -----------------------------------------------------------------------------------
 

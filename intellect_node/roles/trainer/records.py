@@ -6,8 +6,18 @@ new policy hashes and the step's settings (:func:`settings_of`). :class:`StepRec
 trainer's key and, as one of the role's jobs, writes it to ``trainer/records/<seq>.rec`` (atomically),
 adds that file to the blob store (provided in the DHT) and gossips it on the run's ``steps`` topic.
 
-A step replayed after a crash (``replay.py``) makes the same record again (same batches, same weights:
-the same bytes), so publishing it twice tells nobody anything new and contradicts nothing.
+A step after which the trainer checkpoints carries the state it checkpointed (``StepState``): the trainer
+hands in the files (:meth:`StepRecords.state_files`: the checkpoint's canonical weights, linked, and the
+optimizer state in the canonical encoding of ``trainer/optstate.py``, written before the next step moves
+it), and the record's job adds both to the blob store (provided in the DHT) before it seals the record.
+``records/states.json`` names the newest :data:`PINNED_STATES` such blobs: ``roles/common/pins.py`` keeps
+them through garbage collection, so auditors can start windows there. Records go out in the order the
+steps were taken (one job at a time), so a record is never heard before the one it follows.
+
+A step replayed after a crash (``replay.py``) makes the same record again (same batches, same weights,
+the same state blobs: the same bytes), so publishing it twice tells nobody anything new and contradicts
+nothing. Shortcut: a record whose job had not run when the trainer was killed is not published again once
+a checkpoint covers its step.
 
 Nothing here references the trainer: it hands in the swarm, the blob service, its key and the role's tasks.
 """
@@ -15,26 +25,58 @@ Nothing here references the trainer: it hands in the swarm, the blob service, it
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
+import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import msgspec
 import torch
 
 from intellect_node.config.schema import RLConfig
 from intellect_node.errors import IntellectNodeError
-from intellect_node.fsutil import atomic_write_bytes
+from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
 from intellect_node.protocol.signing import SigningKey
-from intellect_node.protocol.steps import StepBatch, StepRecord, StepSettings, seal_record
+from intellect_node.protocol.steps import (
+    DroppedBatch,
+    StepBatch,
+    StepRecord,
+    StepSettings,
+    StepState,
+    check_record,
+    seal_record,
+)
+from intellect_node.roles.common.pins import TRAINER_STATES
 from intellect_node.roles.common.seams import RoleSwarm, RoleTasks
 from intellect_node.roles.trainer.batching import Accepted
 from intellect_node.trainer.grpo import GRPOConfig
+from intellect_node.trainer.optim import Optimizer
+from intellect_node.trainer.optstate import write_optimizer
 from intellect_node.trainer.step import Sample
 
 log = logging.getLogger(__name__)
 
 RECORDS_DIR = "records"
+STATES_FILE = TRAINER_STATES.name
+"""``records/states.json``: the newest published checkpoint states, ``[{"version", "seq", "weights_cid",
+"optimizer_cid"}]`` (read by ``roles/common/pins.py``)."""
+PINNED_STATES = 4
+"""Checkpoint states kept pinned: an auditor fetches a window's start when it hears the record, so the
+newest few are enough (older ones still stay ``GC_MIN_AGE_S``, an hour, like every blob)."""
+
+
+@dataclass(frozen=True)
+class StateFiles:
+    """A checkpoint's state to publish with its step's record: files the record's job adds as blobs and
+    then removes."""
+
+    weights: Path
+    optimizer: Path
+    optimizer_hash: str
 
 
 def settings_of(gcfg: GRPOConfig, *, lr: float, betas: tuple[float, float] = (0.9, 0.999),
@@ -67,16 +109,29 @@ def grpo_config_of(s: StepSettings) -> GRPOConfig:
 
 def build_record(*, run_id: str, seq: int, step: int, base: tuple[int, str], new: tuple[int, str],
                  taken: Sequence[Accepted], stale: Sequence[Accepted], useful: Sequence[Sequence[Sample]],
-                 no_signal: str, settings: StepSettings) -> StepRecord:
+                 no_signal: str, settings: StepSettings, dropped: Sequence[DroppedBatch] = ()) -> StepRecord:
     """The record of one step: ``base``/``new`` are (version, checkpoint hash); ``useful`` the groups the
-    online filter kept (the very group objects of ``taken``, in order)."""
+    online filter kept (the very group objects of ``taken``, in order); each taken batch with the sealed
+    acceptances that admitted it; ``dropped``: the accepted batches not queued since the last record."""
     kept = {id(g) for g in useful}
     batches = [StepBatch(cid=a.cid, worker=a.worker, groups=len(a.groups),
-                         trained=[i for i, g in enumerate(a.groups) if id(g) in kept]) for a in taken]
+                         trained=[i for i, g in enumerate(a.groups) if id(g) in kept],
+                         evidence=list(a.evidence)) for a in taken]
     return StepRecord(run_id=run_id, seq=seq, step=step, base_version=base[0], base_hash=base[1],
                       version=new[0], checkpoint_hash=new[1], batches=batches,
                       stale=[StepBatch(cid=a.cid, worker=a.worker, groups=len(a.groups)) for a in stale],
-                      no_signal=no_signal, settings=settings)
+                      no_signal=no_signal, settings=settings, dropped=list(dropped))
+
+
+def _read_states(path: Path) -> list[dict[str, object]]:
+    try:
+        states = json.loads(path.read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        log.warning("%s unreadable (%s): it is written again at the next checkpoint", path, exc)
+        return []
+    return [s for s in states if isinstance(s, dict)] if isinstance(states, list) else []
 
 
 class RecordBlobs(Protocol):
@@ -101,27 +156,66 @@ class StepRecords:
         self.published = 0
         self.last: dict[str, object] = {}
         """The newest record published: seq, version, blob CID."""
+        self._order = asyncio.Lock()
+        self.states: list[dict[str, object]] = _read_states(self.dir / STATES_FILE)
 
     def status(self) -> dict[str, object]:
-        return {"published": self.published, "last": dict(self.last)}
+        return {"published": self.published, "last": dict(self.last),
+                "states": [s.get("version") for s in self.states]}
 
     def path(self, seq: int) -> Path:
         return self.dir / f"{seq:010d}.rec"
 
-    def emit(self, rec: StepRecord) -> None:
-        """Seal ``rec`` now (a bad record is the trainer's bug: it raises here) and publish it as a job."""
-        raw = seal_record(self._key, rec)
-        self._tasks.job(self._publish(rec, raw), f"step record {rec.seq}")
-
-    async def _publish(self, rec: StepRecord, raw: bytes) -> None:
-        path = self.path(rec.seq)
-        await asyncio.to_thread(atomic_write_bytes, path, raw)
-        cid = ""
+    def state_files(self, ckpt_dir: Path, version: int, opt: Optimizer) -> StateFiles:
+        """The files of checkpoint ``ckpt_dir`` (version ``version``) to publish (worker thread, before the
+        next step moves the optimizer): its weights linked (copied where links are not supported) and the
+        optimizer state written canonically."""
+        weights, optimizer = self.dir / f"state-v{version}.weights", self.dir / f"state-v{version}.optimizer"
+        weights.unlink(missing_ok=True)
         try:
-            cid, _ = await self._blobs.put_file(path, name=f"{rec.run_id}-step{rec.seq}.rec",
-                                                announce_min_chunks=0)
-        except IntellectNodeError as exc:  # the gossip still goes out; the file stays for a later look
-            log.warning("step record %d not stored as a blob: %s", rec.seq, exc)
-        await self._swarm.publish(self._topic, raw)
-        self.published += 1
-        self.last = {"seq": rec.seq, "version": rec.version, "cid": cid}
+            os.link(ckpt_dir / "model.safetensors", weights)
+        except OSError:
+            shutil.copyfile(ckpt_dir / "model.safetensors", weights)
+        return StateFiles(weights, optimizer, write_optimizer(optimizer, opt))
+
+    def emit(self, rec: StepRecord, state: StateFiles | None = None) -> None:
+        """Check ``rec`` now (a bad record is the trainer's bug: it raises here) and publish it as a job,
+        with ``state`` added as blobs first when the step was checkpointed."""
+        check_record(rec)
+        self._tasks.job(self._publish(rec, state), f"step record {rec.seq}")
+
+    async def _publish(self, rec: StepRecord, state: StateFiles | None) -> None:
+        async with self._order:  # taken in the order the jobs were made: the order of the steps
+            if state is not None:
+                rec = await self._with_state(rec, state)
+            raw = seal_record(self._key, rec)
+            path = self.path(rec.seq)
+            await asyncio.to_thread(atomic_write_bytes, path, raw)
+            cid = ""
+            try:
+                cid, _ = await self._blobs.put_file(path, name=f"{rec.run_id}-step{rec.seq}.rec",
+                                                    announce_min_chunks=0)
+            except IntellectNodeError as exc:  # the gossip still goes out; the file stays for a later look
+                log.warning("step record %d not stored as a blob: %s", rec.seq, exc)
+            await self._swarm.publish(self._topic, raw)
+            self.published += 1
+            self.last = {"seq": rec.seq, "version": rec.version, "cid": cid}
+
+    async def _with_state(self, rec: StepRecord, files: StateFiles) -> StepRecord:
+        """``rec`` naming the state blobs (unchanged when they could not be stored: no window starts
+        there)."""
+        name = f"{rec.run_id}-v{rec.version}"
+        try:
+            w_cid, _ = await self._blobs.put_file(files.weights, name=f"{name}.weights")
+            o_cid, _ = await self._blobs.put_file(files.optimizer, name=f"{name}.optimizer")
+        except (IntellectNodeError, OSError) as exc:
+            log.warning("checkpoint state of v%d not published: %s", rec.version, exc)
+            return rec
+        finally:
+            files.weights.unlink(missing_ok=True)
+            files.optimizer.unlink(missing_ok=True)
+        entry = {"version": rec.version, "seq": rec.seq, "weights_cid": w_cid, "optimizer_cid": o_cid}
+        self.states = [*(s for s in self.states if s["seq"] != rec.seq), entry][-PINNED_STATES:]
+        await asyncio.to_thread(atomic_write_text, self.dir / STATES_FILE, json.dumps(self.states))
+        return msgspec.structs.replace(rec, state=StepState(weights_cid=w_cid, optimizer_cid=o_cid,
+                                                            optimizer_hash=files.optimizer_hash))

@@ -41,10 +41,11 @@ The Trainer itself holds the training loop, the checkpoints and the status it re
   heard, admitted) and of the step's.
 - **Checkpoints.** Every ``rl.checkpoint_every`` steps the weights, AdamW state and consumed batch IDs
   are checkpointed atomically (``trainer/checkpoint.py``); then the inbox copies of the batches it holds
-  and the journal entries it covers go. After SIGKILL the trainer reloads the latest checkpoint (same
-  version numbering), re-queues every inbox batch not in its consumed set (none lost, none trained
-  twice), replays the journaled steps since the checkpoint (``replay.py``) and re-announces (or
-  publishes) the newest version.
+  and the journal entries it covers go, and the step's record goes out naming the checkpoint's weights
+  and optimizer state as blobs (``records.py``: where an auditor's window can start). After SIGKILL the
+  trainer reloads the latest checkpoint (same version numbering), re-queues every inbox batch not in its
+  consumed set (none lost, none trained twice), replays the journaled steps since the checkpoint
+  (``replay.py``) and re-announces (or publishes) the newest version.
 
 Shortcuts: one optimizer step per batch of groups (no PPO epochs); the trainer does not verify proofs
 itself, it relies on the validators it was configured to trust.
@@ -67,7 +68,7 @@ from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.policy import POLICY_KIND
 from intellect_node.protocol.rl import NOTICE_KIND, VERDICT_KIND, notice_validator, verdict_validator
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE
-from intellect_node.protocol.steps import STEP_KIND
+from intellect_node.protocol.steps import ACCEPT_ENVELOPE_BYTES, MAX_EVIDENCE_BYTES, STEP_KIND
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.common.fetch import ANNOUNCE_MIN_CHUNKS, HintedFetcher
 from intellect_node.roles.common.models import model_dir
@@ -78,11 +79,17 @@ from intellect_node.roles.common.tasks import run_assignments, run_task
 from intellect_node.roles.trainer.admission import Admission
 from intellect_node.roles.trainer.batching import Accepted, Step, fresh_floor
 from intellect_node.roles.trainer.inbox import Inbox, JournalEntry, StepJournal
-from intellect_node.roles.trainer.intake import BatchIntake
+from intellect_node.roles.trainer.intake import BatchIntake, with_envelope
 from intellect_node.roles.trainer.metrics import MetricsFile
 from intellect_node.roles.trainer.nosignal import NoSignal
 from intellect_node.roles.trainer.publication import Publication
-from intellect_node.roles.trainer.records import StepRecords, build_record, run_grpo_config, settings_of
+from intellect_node.roles.trainer.records import (
+    StateFiles,
+    StepRecords,
+    build_record,
+    run_grpo_config,
+    settings_of,
+)
 from intellect_node.roles.trainer.replay import Announced, replay_steps
 from intellect_node.roles.trainer.rescore import Rescorer
 from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, read_optimizer, save_checkpoint
@@ -117,6 +124,11 @@ class Trainer:
         if not cfg.run.validator_peer_ids:
             raise ConfigError("the trainer trains only on work its validators accepted: set "
                               "run.validator_peer_ids (--validator-peer-id)", field="run.validator_peer_ids")
+        if cfg.rl.groups_per_step * cfg.run.verdict_quorum * ACCEPT_ENVELOPE_BYTES > MAX_EVIDENCE_BYTES:
+            raise ConfigError(f"rl.groups_per_step x run.verdict_quorum is {cfg.rl.groups_per_step} x "
+                              f"{cfg.run.verdict_quorum}: a step record could not carry the acceptances of "
+                              f"its batches (at most {MAX_EVIDENCE_BYTES // ACCEPT_ENVELOPE_BYTES}); lower "
+                              "one of them", field="rl.groups_per_step")
         self.task = run_task(cfg)
         self.assignments = run_assignments(cfg, self.task)  # each batch must be one of its worker's windows
         self.tokenizer = ModelTokenizer(model_dir(cfg))
@@ -195,7 +207,8 @@ class Trainer:
         self.rt.board.set_policy(current=self.version, local=self.version)
         trusted = frozenset(self.cfg.run.validator_peer_ids)
         self.rt.swarm.subscribe(topic(self.run_id, VERDICT_KIND),
-                                verdict_validator(self.run_id, trusted, on_ignored=self.intake.verdict_late),
+                                with_envelope(verdict_validator(self.run_id, trusted,
+                                                                on_ignored=self.intake.verdict_late)),
                                 self.intake.on_verdict)
         allowed = frozenset(self.cfg.run.worker_allowlist) or None
         self.rt.swarm.subscribe(topic(self.run_id, NOTICE_KIND), notice_validator(self.run_id, allowed),
@@ -357,8 +370,9 @@ class Trainer:
         t_taken = time.time()
         replaying = entry is not None  # a journaled step again: its batches were charged the first time
         if entry is None:  # the recipe of the version about to be made is on disk before it exists
+            dropped = self.intake.drain_dropped([a.cid for a in (*taken, *stale)])
             entry = await asyncio.to_thread(self.journal.append, self.version, [a.cid for a in taken],
-                                            [a.cid for a in stale])
+                                            [a.cid for a in stale], dropped)
         groups = [g for a in taken for g in a.groups]
         samples_all = [s for g in groups for s in g]
         filtered = filter_groups(groups, lambda s: s.reward)
@@ -374,7 +388,7 @@ class Trainer:
             if record:
                 self._record(None, samples_all, filtered, taken, stale, entry.seq)
             self._attempted(filtered, samples_all)
-            self._step_record(entry.seq, taken, stale, filtered, self._head_hash)
+            self._step_record(entry, taken, stale, filtered, self._head_hash)
             return None
         samples = [s for g in useful for s in g]
         t0 = time.monotonic()
@@ -386,7 +400,6 @@ class Trainer:
         t_wait = time.monotonic() - t1
         self.version += 1
         self.step += 1
-        self._step_record(entry.seq, taken, stale, filtered, snap.content_hash)
         # Where a step's time goes (seconds): the optimizer step with the weights' copy; publish_s is the
         # last finished publication's (it runs beside the next step), publish_wait_s how long this step
         # waited for it to finish; checkpoint_s the checkpoint written after the previous step's line (0
@@ -401,26 +414,32 @@ class Trainer:
         if record:
             self._record(stats, samples_all, filtered, taken, stale, entry.seq)
         self._attempted(filtered, samples_all)
+        state = None
         if self.version - self._ckpt_version >= self.rl.checkpoint_every:
             t_ckpt = time.monotonic()
-            await self._checkpoint()
+            state = await self._checkpoint(publish=True)
             self._checkpoint_s = time.monotonic() - t_ckpt
+        # After the checkpoint: the record of a checkpointed step names the state it left (records.py).
+        self._step_record(entry, taken, stale, filtered, snap.content_hash, state)
         # Rollouts older than async_level are refused as stale from now on: their keys can go.
         await self.admitted.compact(fresh_floor(self.version, self.cfg.run.async_level))
         self._forget_old()
         return snap
 
-    def _step_record(self, seq: int, taken: list[Accepted], stale: list[Accepted],
-                     filtered: FilteredGroups[Sample], new_hash: str) -> None:
-        """Publish the signed record of the step just taken (``records.py``); the version and step are
-        already the new ones when it trained."""
+    def _step_record(self, entry: JournalEntry, taken: list[Accepted], stale: list[Accepted],
+                     filtered: FilteredGroups[Sample], new_hash: str,
+                     state: StateFiles | None = None) -> None:
+        """Publish the signed record of the step just taken (``records.py``), with the state checkpointed
+        after it if any; the version and step are already the new ones when it trained. It names the
+        accepted batches dropped since the last record (journaled with the step, so a replay makes the
+        same record)."""
         assert self.records is not None, "start() makes the records before any step"
         trained = bool(filtered.useful)
         base = (self.version - 1 if trained else self.version, self._head_hash)
-        self.records.emit(build_record(run_id=self.run_id, seq=seq, step=self.step, base=base,
+        self.records.emit(build_record(run_id=self.run_id, seq=entry.seq, step=self.step, base=base,
                                        new=(self.version, new_hash), taken=taken, stale=stale,
                                        useful=filtered.useful, no_signal=filtered.cause,
-                                       settings=self.settings))
+                                       settings=self.settings, dropped=entry.dropped), state)
         self._head_hash = new_hash
 
     def _attempted(self, filtered: FilteredGroups[Sample], samples: list[Sample]) -> None:
@@ -433,18 +452,27 @@ class Trainer:
         if any(v < floor for v in self.consumed.values()):
             self.consumed = {c: v for c, v in self.consumed.items() if v >= floor}
 
-    async def _checkpoint(self) -> None:
+    async def _checkpoint(self, publish: bool = False) -> StateFiles | None:
         """Commit the model, optimizer and consumed set; then drop what the checkpoint now holds: the inbox
-        copies of the batches consumed since the last one and the journal entries up to now."""
+        copies of the batches consumed since the last one and the journal entries up to now. ``publish``:
+        also prepare the state's files for the step record (the checkpoint of a step's version)."""
         covered = self.journal.seq
         saved = TrainerState(version=self.version, consumed=frozenset(self.consumed), step=self.step,
                              extra={"journal_seq": covered})
-        await asyncio.to_thread(save_checkpoint, self.dir / "checkpoints", self.model, self.opt, saved)
+
+        def commit() -> StateFiles | None:
+            path = save_checkpoint(self.dir / "checkpoints", self.model, self.opt, saved)
+            if not publish or self.opt is None or self.records is None:
+                return None
+            return self.records.state_files(path, self.version, self.opt)
+
+        state = await asyncio.to_thread(commit)
         self._ckpt_version = self.version
         for cid in self._undropped:
             self.inbox.drop(cid)
         self._undropped = set()
         await asyncio.to_thread(self.journal.trim, covered)
+        return state
 
     def _record(self, stats: StepStats | None, samples: list[Sample], filtered: FilteredGroups[Sample],
                 taken: list[Accepted], stale: list[Accepted], seq: int) -> None:

@@ -3,6 +3,10 @@
 With ``validator.audit`` on it also replays the trainer's steps from their signed records
 (``roles/auditor/chain.py``) and reports the audit state under ``audit`` in its status.
 
+With ``run.require_audits`` on, a validator stops verifying for a trainer that failed an audit
+(``roles/common/audits.py``): notices are dropped as they arrive (``refused_audit`` in its status), the
+ones queued are left unverified, no newer policy is adopted, and the node reads ``degraded`` with why.
+
 A notice (signature- and run-checked in the gossip validator, which also drops banned senders and, in a
 closed run, peers off ``run.worker_allowlist``) first goes through the intake
 (``roles/validator/intake.py``): per peer rates, byte budget and queue, the version window, the new-identity
@@ -95,6 +99,7 @@ from intellect_node.protocol.rl import (
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE, decode_batch
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.auditor.chain import ChainAuditor
+from intellect_node.roles.common.audits import audit_gate
 from intellect_node.roles.common.engines import run_thresholds
 from intellect_node.roles.common.fetch import HintedFetcher
 from intellect_node.roles.common.follow import TrainerPolicy
@@ -158,6 +163,7 @@ class Validator:
         self.thresholds = run_thresholds(cfg, model_dir(cfg))
         self.dir = Path(runtime.data_dir) / "validator"
         self.auditor: ChainAuditor | None = None  # start() makes it when validator.audit is on
+        self.audit_refusal = audit_gate(runtime)  # "" while the trainer may be verified for
         self.engines: OrderedDict[int, tuple[str, TorchEngine]] = OrderedDict()
         self.latest_announced = -1
         self._heard_trainer = float("-inf")  # when the last announcement (new or repeated) came
@@ -187,7 +193,7 @@ class Validator:
         self.strikes: BoundedMap[str, int] = BoundedMap(PEERS_KEPT)  # refusals come before the newcomer limit
         self.counts = {"accepted": 0, "rejected": 0, "stale": 0, "unchecked": 0, "banned": 0, "duplicate": 0,
                        "reused": 0, "replayed": 0, "unavailable": 0, "not_allowed": 0, "verified": 0,
-                       "verified_full": 0, "resent": 0}
+                       "verified_full": 0, "resent": 0, "refused_audit": 0}
         self.verify_s = 0.0
         self.rng = random.Random()
         self._fetched: BoundedMap[tuple[str, str], float] = BoundedMap(1024)  # (worker, CID) -> wall time
@@ -227,6 +233,8 @@ class Validator:
                                for pool, sc in self.scorers.items()}, **self.budgets.status()},
                 "intake": self.intake.status(),
                 "audit": self.auditor.status() if self.auditor is not None else None,
+                "audit_refusal": self.audit_refusal(),
+                "refused_announcements": self.policy.refused_announcements if hasattr(self, "policy") else 0,
                 # seconds since the trainer's last announcement (None: never heard)
                 "trainer_silent_s": (round(time.monotonic() - self._heard_trainer, 1)
                                      if self._heard_trainer > float("-inf") else None),
@@ -296,6 +304,9 @@ class Validator:
         notice, worker = msg
         if self.rt.swarm.is_banned(worker):
             return
+        if self.audit_refusal():  # run.require_audits: no verification for a trainer that failed one
+            self.counts["refused_audit"] += 1
+            return
         taken = [f"{worker}\0{notice.batch_cid}"]
         if self.notices.first_seen(notice.policy_version, taken) is not None:
             self.counts["replayed"] += 1
@@ -329,6 +340,9 @@ class Validator:
     async def _dispatch_loop(self) -> None:
         while True:
             self._wake.clear()
+            if self.audit_refusal():  # what is queued stays unverified (see the module docstring)
+                await asyncio.sleep(1.0)
+                continue
             now = time.monotonic()
             for p in self.intake.take(now, self._decidable, self._grant):
                 self.tasks.job(self._job(p, self._pool(p.worker)),

@@ -29,6 +29,11 @@ engine per policy version (weights in memory, cheap); vLLM is started once from 
 each version's weights are swapped into it, never during a batch (``_engine_lock``). A worker whose
 engine@device the run does not list in ``run.rollout_engines`` refuses to start.
 
+With ``run.require_audits`` on, a worker stops working for a trainer that failed an audit
+(``roles/common/audits.py``): it generates and submits nothing more (a batch made meanwhile is withheld,
+``withheld`` in its status), adopts no newer policy, and its status says why (``audit_refusal``, and the
+node reads ``degraded``).
+
 The record-building step is :meth:`Worker.make_records`; tests subclass it to play a cheating worker.
 
 The first completion of each group it generates, with its reward and the answer the run's extraction
@@ -65,6 +70,7 @@ from intellect_node.protocol.rl import (
 )
 from intellect_node.protocol.rollout import RolloutBatch, RolloutRecord, encode_batch
 from intellect_node.protocol.topics import topic
+from intellect_node.roles.common.audits import audit_gate
 from intellect_node.roles.common.completions import completion
 from intellect_node.roles.common.engines import engine_choice, require_rollout_engine
 from intellect_node.roles.common.fetch import ANNOUNCE_MIN_CHUNKS, HintedFetcher
@@ -115,6 +121,8 @@ class Worker:
         self._heard: BoundedMap[int, str] = BoundedMap(64)  # version -> announced hash
         self.fetcher: HintedFetcher | None = None  # made by start(), closed by close()
         self.receipts: Receipts | None = None  # start() makes it when the node keeps a ledger
+        self.audit_refusal = audit_gate(runtime)  # "" while the trainer may be worked for
+        self.withheld = 0  # batches made, then not submitted: the trainer failed an audit meanwhile
 
     @classmethod
     def for_runtime(cls, runtime: Runtime) -> "Worker":
@@ -128,7 +136,8 @@ class Worker:
         self.ledger = ledger_of(self.rt)
         if self.ledger is not None:  # the trainer's step records: this worker's receipts
             self.receipts = Receipts(self.ledger, run_id=self.run_id,
-                                     trainer=require_trainer(self.cfg, "worker"))
+                                     trainer=require_trainer(self.cfg, "worker"),
+                                     async_level=self.cfg.run.async_level)
             self.receipts.subscribe(self.rt.swarm)
         self.policy = TrainerPolicy(self.rt, fetcher, self.dir / "policy", self.tasks, self._load,
                                     on_announcement=self._on_announcement)
@@ -145,7 +154,9 @@ class Worker:
 
     def status(self) -> dict[str, Any]:
         return {"policy_version": self.version, "batches": self.batches, **self.verdicts,
-                "step_records": self.receipts.status() if self.receipts is not None else {}}
+                "step_records": self.receipts.status() if self.receipts is not None else {},
+                "audit_refusal": self.audit_refusal(), "withheld": self.withheld,
+                "refused_announcements": self.policy.refused_announcements if hasattr(self, "policy") else 0}
 
     # -- policy ----------------------------------------------------------------------------------
 
@@ -227,6 +238,9 @@ class Worker:
         version_seen, window = self._load_used()  # the next window of this worker's assignment there
         last_submit = 0.0
         while True:
+            if self.audit_refusal():  # run.require_audits: nothing more for this trainer
+                await asyncio.sleep(0.5)
+                continue
             capped = self.version == version_seen and credit <= 0
             # A trainer that gets no signal (every group's rewards equal) does not move on; after a
             # while, keep feeding it rather than waiting for a version that needs our rollouts to exist.
@@ -260,6 +274,10 @@ class Worker:
             n_tokens = sum(len(r.completion_tokens) for r in records)
             self.rt.board.rollouts_generated(len(records), tokens=n_tokens)
             await asyncio.to_thread(self._show, problems, records)
+            if self.audit_refusal():
+                self.withheld += 1
+                log.warning("batch of v%d withheld: %s", version, self.audit_refusal())
+                continue
             try:
                 await self.submit(records, version, n_tokens)
             except IntellectNodeError as exc:

@@ -1,0 +1,342 @@
+"""What every node of a run makes of the auditors' verdicts: :class:`AuditWatch`.
+
+Auditors (validators with ``validator.audit``, ``roles/auditor/chain.py``) sign one ``AuditVerdict`` per
+step record of the trainer (``protocol/audits.py``) on the run's ``audits`` topic. Every joined node
+(worker, validator, trainer, a node with no role) runs an :class:`AuditWatch` (a common service,
+``node/assembly.py``) that:
+
+1. accepts verdicts only from the run's auditors: ``run.validator_peer_ids`` and ``run.auditor_peer_ids``,
+   about the run's trainer (``run.trainer_peer_id``), of this run; anything else is refused in the
+   gossip validator and the reason recorded against the peer that sent it, as on every topic. A node
+   whose run names no trainer or no auditor subscribes to nothing and reads ``unaudited``, with why;
+2. counts them per step in an :class:`AuditTally` (a pure state machine): a step is ``failed`` if any
+   auditor failed it, else ``passed`` if any passed it, else ``unavailable``; ``unavailable`` is never
+   counted as a pass, and a run with no verdict heard reads ``unaudited``, not passing;
+3. keeps the evidence of each failed step before acting on it: ``<data-dir>/audits/<run>/evidence/
+   <seq>.verdict`` (the signed envelope as received) and ``<seq>.json`` (run, trainer, auditor, seq,
+   version, expected and published hashes, reason), both written atomically, the JSON last;
+4. publishes the state on the status board (``snapshot.audits``: ``status``, the dashboard, ``/metrics``)
+   and under ``audits`` in ``GET /v1/status``;
+5. with ``run.require_audits`` on, refuses the trainer from its first failed step on: :meth:`refusal`
+   is the reason (``""`` while following), which the worker (no more generation or submissions), the
+   validator (no more verification) and :class:`~intellect_node.roles.common.follow.TrainerPolicy` (no
+   newer policy adopted) consult; the node reads ``degraded`` with that reason and logs it as an error.
+   At start the evidence kept is read back (each envelope checked again against the run's auditors and
+   trainer), so a restarted node still refuses that trainer. With it off a failed audit is shown (state
+   ``failed``, a warning) and nothing stops.
+
+Bounds (a trusted auditor's key may still be stolen): a verdict is at most ``MAX_AUDIT_BYTES``; each
+auditor's verdicts are remembered for its latest :data:`MAX_PER_AUDITOR` steps, the tally's steps for the
+latest :data:`MAX_STEPS` (older steps stay in the counts, and a verdict about one of them is ignored);
+at most :data:`MAX_EVIDENCE` failed steps are kept as evidence (the first ones: what a refusal rests on).
+An auditor that contradicts itself about a step (pass, then fail) is refused and the contradiction
+recorded against it; only ``unavailable`` may later turn into a pass or a fail.
+
+Shortcuts: the counts other than the evidence live in memory (a restarted node counts afresh from the
+verdicts it hears, with its failed steps read back from the evidence). One auditor's failure is enough to
+refuse the trainer: auditors are configured, like the validators whose single rejection refuses a batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from intellect_node.config.status import AuditFailure, Audits, clean_text
+from intellect_node.errors import ProtocolError
+from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
+from intellect_node.protocol.audits import AUDIT_KIND, MAX_AUDIT_BYTES, AuditVerdict, open_verdict
+from intellect_node.protocol.topics import topic
+from intellect_node.roles.common.seams import Runtime
+
+log = logging.getLogger(__name__)
+
+MAX_STEPS = 65536
+"""Steps whose outcome the tally holds (a few MB); older ones stay in the counts only."""
+MAX_PER_AUDITOR = 4096
+"""Steps each auditor's own verdicts are remembered for (repeats ignored, contradictions refused)."""
+MAX_EVIDENCE = 64
+"""Failed steps kept as evidence in the data dir (the first ones heard)."""
+REASON_CHARS = 300
+"""An auditor's reason as the status shows it (the evidence file keeps it whole: at most 1024)."""
+EVIDENCE_DIR = "evidence"
+RANK = {"unavailable": 0, "pass": 1, "fail": 2}
+"""A step's outcome over its auditors is the highest ranked one said of it."""
+COUNTED = {"pass": "passed", "fail": "failed", "unavailable": "unavailable"}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A failed step's evidence: the verdict, who signed it and the envelope as received."""
+
+    verdict: AuditVerdict
+    auditor: str
+    envelope: bytes
+    received_at: float
+
+    def to_json(self) -> str:
+        v = self.verdict
+        return json.dumps({"run_id": v.run_id, "trainer": v.trainer, "auditor": self.auditor, "seq": v.seq,
+                           "version": v.version, "outcome": v.outcome, "expected": v.expected,
+                           "published": v.published, "reason": v.reason, "received_at": self.received_at,
+                           "envelope": f"{v.seq}.verdict"}, indent=1, sort_keys=True)
+
+    def failure(self) -> AuditFailure:
+        v = self.verdict
+        return AuditFailure(seq=v.seq, version=v.version, auditor=self.auditor, expected=v.expected,
+                            published=v.published, reason=clean_text(v.reason, REASON_CHARS),
+                            ts=self.received_at)
+
+
+class AuditTally:
+    """The verdicts about one trainer's steps, per step (no I/O: see the module docstring)."""
+
+    def __init__(self, trainer: str, *, max_steps: int = MAX_STEPS, max_per_auditor: int = MAX_PER_AUDITOR
+                 ) -> None:
+        self.trainer = trainer
+        self._max_steps = max_steps
+        self._max_per_auditor = max_per_auditor
+        self._steps: dict[int, str] = {}  # seq -> the step's outcome over its auditors
+        self._floor = 0  # steps at or below it were let go: verdicts about them are ignored
+        self._by_auditor: dict[str, OrderedDict[int, str]] = {}
+        self.counts = {"passed": 0, "failed": 0, "unavailable": 0}
+        self.first_failed: Evidence | None = None
+        self.last_at = 0.0
+
+    @property
+    def audited(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def heard_from(self) -> int:
+        return len(self._by_auditor)
+
+    def add(self, v: AuditVerdict, auditor: str) -> bool:
+        """Count ``v`` (signed by ``auditor``, checked by the caller); True when it changed a step's
+        outcome, False for a repeat or a step let go. ProtocolError for a verdict about another trainer
+        or one that contradicts the auditor's earlier verdict about the step."""
+        if v.trainer != self.trainer:
+            raise ProtocolError(f"audit verdict about trainer {v.trainer[:64]!r}, the run's is "
+                                f"{self.trainer}")
+        if v.seq <= self._floor:
+            return False
+        mine = self._by_auditor.setdefault(auditor, OrderedDict())
+        said = mine.get(v.seq)
+        if said == v.outcome:
+            return False
+        if said is not None and said != "unavailable":
+            raise ProtocolError(f"audit verdict {v.outcome} on step {v.seq} contradicts the {said} "
+                                "this auditor signed before")
+        mine[v.seq] = v.outcome
+        mine.move_to_end(v.seq)
+        while len(mine) > self._max_per_auditor:
+            mine.popitem(last=False)
+        before = self._steps.get(v.seq)
+        if before is not None and RANK[before] >= RANK[v.outcome]:
+            return False
+        if before is not None:
+            self.counts[COUNTED[before]] -= 1
+        self._steps[v.seq] = v.outcome
+        self.counts[COUNTED[v.outcome]] += 1
+        while len(self._steps) > self._max_steps:
+            oldest = min(self._steps)
+            del self._steps[oldest]
+            self._floor = max(self._floor, oldest)
+        return True
+
+    def failed(self, ev: Evidence) -> None:
+        """``ev`` is a failed step (added first): the earliest one by sequence number is the run's
+        ``first_failed``."""
+        if self.first_failed is None or ev.verdict.seq < self.first_failed.verdict.seq:
+            self.first_failed = ev
+
+    @property
+    def state(self) -> str:
+        if self.counts["failed"] or self.first_failed is not None:
+            return "failed"
+        if self.counts["unavailable"]:
+            return "partial"
+        return "passing" if self.counts["passed"] else "unaudited"
+
+
+def evidence_dir(data_dir: Path, run_id: str) -> Path:
+    return Path(data_dir) / "audits" / run_id / EVIDENCE_DIR
+
+
+def write_evidence(directory: Path, ev: Evidence) -> Path:
+    """Keep ``ev`` (the envelope first, then the JSON that names it, each written atomically); the
+    JSON's path."""
+    seq = ev.verdict.seq
+    atomic_write_bytes(directory / f"{seq}.verdict", ev.envelope)
+    path = directory / f"{seq}.json"
+    atomic_write_text(path, ev.to_json())
+    return path
+
+
+def read_evidence(directory: Path, *, run_id: str, trainer: str, auditors: frozenset[str]
+                  ) -> tuple[list[Evidence], list[str]]:
+    """The evidence kept in ``directory`` that still holds: each envelope opened and checked again (run,
+    auditors, trainer, a failure); ``(evidence, why each other file was left out)``."""
+    found: list[Evidence] = []
+    skipped: list[str] = []
+    if not directory.is_dir():
+        return found, skipped
+    for path in sorted(directory.glob("*.json"))[:MAX_EVIDENCE]:
+        raw = path.with_suffix(".verdict")
+        try:
+            doc = json.loads(path.read_text())
+            data = raw.read_bytes()[:MAX_AUDIT_BYTES + 1024]
+            v, signer = open_verdict(data, run_id=run_id, auditors=auditors)
+        except (OSError, ValueError, ProtocolError) as exc:
+            skipped.append(f"{path.name}: {exc}")
+            continue
+        if v.trainer != trainer or v.outcome != "fail":
+            skipped.append(f"{path.name}: a {v.outcome} about trainer {v.trainer}, the run's is {trainer}")
+            continue
+        at = doc.get("received_at") if isinstance(doc, dict) else None
+        found.append(Evidence(v, signer, data, float(at) if isinstance(at, (int, float)) else 0.0))
+    return found, skipped
+
+
+class AuditWatch:
+    """The run's audit state on this node (a common service; see the module docstring)."""
+
+    name = "audits"
+
+    def __init__(self, runtime: Runtime) -> None:
+        cfg = runtime.config
+        self._rt = runtime
+        self.run_id = cfg.run.run_id
+        self.trainer = cfg.run.trainer_peer_id or ""
+        self.auditors = frozenset(cfg.run.validator_peer_ids) | frozenset(cfg.run.auditor_peer_ids)
+        self.required = cfg.run.require_audits
+        self.dir = evidence_dir(runtime.data_dir, self.run_id)
+        self.tally = AuditTally(self.trainer)
+        self.evidence: dict[int, Path] = {}  # seq -> evidence JSON kept
+        self.refused = {"verdicts": 0}  # verdicts refused after the gossip validator (contradictions)
+        self._refusal = ""
+        self._lock = asyncio.Lock()  # one verdict counted (and its evidence kept) at a time
+        self.detail = ("" if self.trainer and self.auditors else
+                       "the run names no trainer (run.trainer_peer_id)" if not self.trainer else
+                       "the run names no auditor (run.validator_peer_ids, run.auditor_peer_ids)")
+
+    @classmethod
+    def for_runtime(cls, runtime: Runtime) -> "AuditWatch":
+        return cls(runtime)
+
+    async def start(self) -> None:
+        if self.detail:
+            self._publish()
+            return
+        found, skipped = await asyncio.to_thread(read_evidence, self.dir, run_id=self.run_id,
+                                                 trainer=self.trainer, auditors=self.auditors)
+        for why in skipped:
+            log.warning("audit evidence left out: %s", why)
+        for ev in found:
+            self.tally.add(ev.verdict, ev.auditor)
+            self.tally.failed(ev)
+            self.evidence[ev.verdict.seq] = self.dir / f"{ev.verdict.seq}.json"
+        self._publish()
+        if self._refusal:
+            log.error("%s (read back from the evidence kept)", self._refusal)
+        self._rt.swarm.subscribe(topic(self.run_id, AUDIT_KIND), self._validate, self._on_verdict,
+                                 include_own=True)  # an auditing validator counts its own verdicts too
+
+    async def close(self) -> None:
+        pass
+
+    def refusal(self) -> str:
+        """Why this node does not follow the run's trainer ("" while it does): ``run.require_audits`` and
+        a step the trainer failed."""
+        return self._refusal
+
+    def _validate(self, data: bytes, origin: str) -> tuple[AuditVerdict, str, bytes]:
+        """The gossip validator (trio thread): signed by one of the run's auditors, of this run, about its
+        trainer; the envelope is kept with it for the evidence."""
+        v, signer = open_verdict(data, run_id=self.run_id, auditors=self.auditors)
+        if v.trainer != self.trainer:
+            raise ProtocolError(f"audit verdict about trainer {v.trainer[:64]!r}, the run's is "
+                                f"{self.trainer}")
+        return v, signer, data
+
+    async def _on_verdict(self, msg: tuple[AuditVerdict, str, bytes], origin: str) -> None:
+        v, auditor, data = msg
+        async with self._lock:
+            await self.take(v, auditor, data)
+
+    async def take(self, v: AuditVerdict, auditor: str, envelope: bytes) -> None:
+        """Count one verdict already opened and checked (the gossip handler's work, callable by tests)."""
+        try:
+            changed = self.tally.add(v, auditor)
+        except ProtocolError as exc:
+            self.refused["verdicts"] += 1
+            self._rt.swarm.peerbook.record_rejection(auditor, f"{topic(self.run_id, AUDIT_KIND)}: {exc}")
+            return
+        self.tally.last_at = time.time()
+        if changed and v.outcome == "fail":
+            ev = Evidence(v, auditor, envelope, self.tally.last_at)
+            if v.seq not in self.evidence and len(self.evidence) < MAX_EVIDENCE:
+                try:
+                    self.evidence[v.seq] = await asyncio.to_thread(write_evidence, self.dir, ev)
+                except OSError as exc:  # the failure still counts here: a full disk must not hide it
+                    log.error("could not keep the evidence of step %d in %s: %s; a restart will not "
+                              "remember this failure", v.seq, self.dir, exc)
+            self.tally.failed(ev)
+            self._failed(ev)
+        self._publish()
+
+    def _failed(self, ev: Evidence) -> None:
+        v = ev.verdict
+        what = (f"trainer {self.trainer} failed the audit of step {v.seq} (v{v.version}) by {ev.auditor}: "
+                f"replay made {v.expected or '-'}, published {v.published}: "
+                f"{clean_text(v.reason, REASON_CHARS)}")
+        if not self.required:
+            log.warning("%s (run.require_audits is off: still following it)", what)
+            return
+        if not self._refusal:
+            log.error("%s; not following it any more (run.require_audits), evidence in %s", what, self.dir)
+
+    def _publish(self) -> None:
+        """The state to the status board (and, once refusing, the node's degraded reason)."""
+        t = self.tally
+        first = t.first_failed
+        if self.required and first is not None and not self._refusal:
+            v = first.verdict
+            self._refusal = (f"the trainer failed the audit of step {v.seq} (v{v.version}) by "
+                             f"{first.auditor}: not following it (run.require_audits); evidence in "
+                             f"{self.dir}")
+            self._rt.board.set_degraded("audit", self._refusal)
+        self._rt.board.set_audits(Audits(
+            state=t.state, trainer=self.trainer, auditors=len(self.auditors), heard_from=t.heard_from,
+            audited=t.audited, passed=t.counts["passed"], failed=t.counts["failed"],
+            unavailable=t.counts["unavailable"], last_verdict_at=t.last_at,
+            first_failed=first.failure() if first is not None else None, required=self.required,
+            refusing=bool(self._refusal), detail=self._refusal or self.detail))
+
+    def status(self) -> dict[str, Any]:
+        t = self.tally
+        first = t.first_failed
+        return {"state": t.state, "trainer": self.trainer, "auditors": sorted(self.auditors),
+                "heard_from": t.heard_from, "audited": t.audited, **t.counts,
+                "required": self.required, "refusing": bool(self._refusal), "refusal": self._refusal,
+                "detail": self.detail, "refused_verdicts": self.refused["verdicts"],
+                "first_failed": ({"seq": first.verdict.seq, "version": first.verdict.version,
+                                  "auditor": first.auditor, "expected": first.verdict.expected,
+                                  "published": first.verdict.published,
+                                  "reason": clean_text(first.verdict.reason, REASON_CHARS)}
+                                 if first is not None else None),
+                "evidence": {str(seq): str(p) for seq, p in sorted(self.evidence.items())}}
+
+
+def audit_gate(runtime: Runtime) -> Callable[[], str]:
+    """What a role asks before it works for the run's trainer: the node's :meth:`AuditWatch.refusal`, or
+    never a refusal where the node runs no audit watch (a role assembled without the common services)."""
+    watch = runtime.service(AuditWatch)
+    return watch.refusal if watch is not None else (lambda: "")
