@@ -13,10 +13,10 @@ What we actually do, per model:
    signal, then the weights' hash it publishes) and, on a second copy of the model, the auditor's
    (``WindowReplay.audit``: decode each batch, re-score it from the task, check the filter, replay the
    step, hash), CPU seconds each (``time.process_time``), after one untimed warm-up step. Every audit
-   must pass bitwise. Bytes per
-   window of ``w`` steps: the start weights (the canonical checkpoint), the batches, and the optimizer
-   state the window would start from (AdamW's two fp32 moments per parameter: an estimate, the trainer
-   does not publish it yet); a non-bitwise audit also fetches each step's published weights.
+   must pass bitwise. Bytes per window of ``w`` steps: the start weights (the canonical checkpoint), the
+   optimizer state the window starts from (the blob the trainer publishes with a checkpoint,
+   ``trainer/optstate.py``) and the batches; a non-bitwise audit also fetches each step's published
+   weights.
 3. Bitwise: child processes replay the same steps under other conditions, each step from the reference's
    (the trainer's: one thread, fp32, this CPU's avx512 kernels) base weights with its own optimizer, as
    ``WindowReplay`` does within a tolerance: two threads; another run of the reference; bf16 autocast
@@ -135,6 +135,7 @@ def cost(inputs: Inputs) -> dict[str, Any]:
     from intellect_node.roles.common.models import model_dir
     from intellect_node.roles.trainer.records import grpo_config_of
     from intellect_node.trainer.model import TrainOptions, load_trainable
+    from intellect_node.trainer.optstate import encode_optimizer
     from intellect_node.trainer.step import make_optimizer, train_step
 
     torch.set_num_threads(1)
@@ -177,6 +178,7 @@ def cost(inputs: Inputs) -> dict[str, Any]:
         recs.append(rec)
         held, version = rec.checkpoint_hash, rec.version
     ckpt_bytes = PolicyWeights.from_state_dict(trainer.state_dict()).nbytes
+    opt_bytes = encode_optimizer(opt).nbytes
     n_params = sum(p.numel() for p in trainer.parameters())
     del trainer, opt
 
@@ -191,7 +193,7 @@ def cost(inputs: Inputs) -> dict[str, Any]:
         outcomes.append(a.outcome)
     trained_steps = [i for i, r in enumerate(recs) if r.trained]
     batch_bytes = [sum(len(raw) for _, raw in step) for step in inputs.batches]
-    return {"params": n_params, "checkpoint_bytes": ckpt_bytes, "optimizer_bytes_est": 8 * n_params,
+    return {"params": n_params, "checkpoint_bytes": ckpt_bytes, "optimizer_bytes": opt_bytes,
             "batch_bytes_per_step": sum(batch_bytes) / len(batch_bytes), "outcomes": outcomes,
             "trained_steps": len(trained_steps),
             "train_s": [train_s[i] for i in trained_steps],
@@ -332,9 +334,9 @@ def report(name: str, c: dict[str, Any], interval: float, window: int) -> dict[s
     print(f"trainer re-scoring its batches   {rescore:8.3f} CPU s")
     print(f"audit step (decode, re-score, filter, replay, hash) {audit:8.3f} CPU s = "
           f"{audit / train:.2f}x the trainer's step, {audit / (train + rescore):.2f}x with its re-scoring")
-    ck, opt, bb = c["checkpoint_bytes"], c["optimizer_bytes_est"], c["batch_bytes_per_step"]
-    print(f"bytes: start weights {ck / 1e6:.2f} MB, optimizer state {opt / 1e6:.2f} MB (estimate: 2 fp32 "
-          f"moments a parameter, not published yet), batches {bb / 1e3:.1f} kB a step")
+    ck, opt, bb = c["checkpoint_bytes"], c["optimizer_bytes"], c["batch_bytes_per_step"]
+    print(f"bytes: start weights {ck / 1e6:.2f} MB, optimizer state {opt / 1e6:.2f} MB (the published blob), "
+          f"batches {bb / 1e3:.1f} kB a step")
     for w in (1, window):
         total = ck + opt + w * bb
         print(f"  window of {w:3d} steps: {total / 1e6:8.2f} MB bitwise; + {w * ck / 1e6:.2f} MB of "
