@@ -1,4 +1,5 @@
-"""The run's model: its folder, its base weights, and a policy checkpoint loaded onto it."""
+"""The run's model: its folder, its base (config, tokenizer, tensor shapes), and a policy checkpoint's weights
+loaded onto it."""
 
 from __future__ import annotations
 
