@@ -51,6 +51,11 @@ def model_files(folder: Path) -> list[Path]:
     return files
 
 
+def validator_dirs(n: int) -> list[str]:
+    """The data dirs ``run init`` makes validator keys in, under ``--out``."""
+    return ["validator" if i == 0 else f"validator-{i + 1}" for i in range(n)]
+
+
 def _keys(out: Path, trainer: str | None, validators: list[str], n_validators: int,
           echo: Any) -> tuple[str, list[str], Path | None]:
     """The trainer's and validators' peer IDs, creating keys under ``out`` for those not given; and the
@@ -83,8 +88,7 @@ def _keys(out: Path, trainer: str | None, validators: list[str], n_validators: i
         if n_validators < 1:
             raise ConfigError("--validators must be at least 1 (or give --validator-peer-id)",
                               field="--validators")
-        names = ["validator" if i == 0 else f"validator-{i + 1}" for i in range(n_validators)]
-        validators = [make(out / name) for name in names]
+        validators = [make(out / name) for name in validator_dirs(n_validators)]
     else:
         echo(f"  validators: {', '.join(validators)} (given)")
     return trainer, validators, trainer_dir
@@ -219,14 +223,8 @@ def register(app: typer.Typer) -> None:
         echo(f"wrote {out_dir / 'run.toml'} (the same settings as a config file) and {out_dir / 'run.cid'}")
         if not bootstrap:
             echo("note: no --bootstrap address in the run: participants give --bootstrap to join")
-        echo("next:")
-        if trainer_dir == organiser_dir:
-            echo(f"  intellect-node join --run {cid} --role trainer --data-dir {trainer_dir}   "
-                 "(serves the run)")
-        else:
-            echo(f"  intellect-node run publish --data-dir {organiser_dir}   (serves the run)")
-            echo(f"  the trainer: intellect-node join --run {cid} --role trainer")
-        echo(f"  participants: intellect-node join --run {cid} --role worker --organiser {organiser.peer_id}")
+        _next_steps(cid, organiser_dir, trainer_dir, [] if given_vals else vals, out_dir, boot,
+                    organiser.peer_id, echo)
         echo(f"made in {time.monotonic() - started:.0f} s; the run's CID:")
         echo(cid)
 
@@ -266,6 +264,27 @@ def register(app: typer.Typer) -> None:
                                       headless=True))
 
     app.add_typer(run, name="run")
+
+
+def _next_steps(cid: str, organiser_dir: Path, trainer_dir: Path | None, made_validators: list[str],
+                out_dir: Path, boot: list[str], organiser: str, echo: Any) -> None:
+    """The commands that start the run: the organiser's node serving it, the trainer and the validators
+    whose keys were made here (each in its data dir), and what a participant runs. Every node but the
+    organiser's needs an address to fetch the run from: the run's first bootstrap address."""
+    at = f" --bootstrap {boot[0]}" if boot else " --bootstrap <the organiser's address>"
+    run = f"intellect-node join --run {cid}"
+    echo("next:")
+    if trainer_dir != organiser_dir:
+        echo(f"  intellect-node run publish --data-dir {organiser_dir}   (serves the run)")
+    if trainer_dir is None:
+        echo(f"  the trainer, on its machine: {run} --role trainer{at}")
+    elif trainer_dir == organiser_dir:
+        echo(f"  {run} --role trainer --data-dir {trainer_dir}   (serves the run)")
+    else:
+        echo(f"  {run} --role trainer --data-dir {trainer_dir}{at}")
+    for name in validator_dirs(len(made_validators)):
+        echo(f"  {run} --role validator --data-dir {out_dir / name}{at}")
+    echo(f"  participants: {run} --role worker{at} --organiser {organiser}")
 
 
 def _thresholds(out_dir: Path, given: Path | None, folder: Path, cfg: Any, n: int, sizes: list[int],

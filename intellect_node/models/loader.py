@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "LoadedModel", "ModelTokenizer", "embedded_model_dir", "export_model",
-           "load_hf_model", "load_model", "load_tokenizer", "read_config", "read_weights",
-           "resolve_model_dir", "torch_dtype"]
+           "load_hf_model", "load_model", "load_tokenizer", "read_config", "read_weight_shapes",
+           "read_weights", "resolve_model_dir", "torch_dtype"]
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
@@ -239,15 +239,39 @@ def load_tokenizer(model: str | Path | None = None) -> ModelTokenizer:
     return ModelTokenizer(resolve_model_dir(model))
 
 
-def load_model(model: str | Path | None = None, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
+def load_model(model: str | Path | None = None, dtype: str = "float32", device: str = "cpu", *,
+               weights: bool = True) -> LoadedModel:
     """A supported model folder's weights as plain tensors (no transformers import).
 
     Tensors are read one at a time from the safetensors file(s) and converted to ``dtype`` on ``device``
-    as they arrive, so at most one tensor exists twice: a model that fits once fits while loading."""
+    as they arrive, so at most one tensor exists twice: a model that fits once fits while loading.
+
+    ``weights=False``: the tensors are meta tensors (names, shapes and ``dtype``; no data, only the files'
+    headers read), for a role whose weights come from a policy checkpoint: it needs the config, the
+    tokenizer and what a checkpoint must hold, not a second copy of the model in memory."""
     path = resolve_model_dir(model)
     config = read_config(path)
-    state = read_weights(path, dtype, device)
+    state = read_weights(path, dtype, device) if weights else read_weight_shapes(path, dtype)
     return LoadedModel(path=path, config=config, state=state, tokenizer=ModelTokenizer(path), dtype=dtype)
+
+
+def read_weight_shapes(path: Path, dtype: str = "float32") -> dict[str, "torch.Tensor"]:
+    """Every tensor of the folder's safetensors file(s) by name as a meta tensor of its shape in
+    ``dtype``: the files' headers are read, never their data."""
+    import torch
+    from safetensors import safe_open
+
+    td = torch_dtype(dtype)
+    weight_map, files = _weight_files(path)
+    shapes: dict[str, torch.Tensor] = {}
+    for name in sorted(files):
+        if not (path / name).exists():
+            raise ConfigError(f"--model {path}: weights file {name} is missing", field="model")
+        with safe_open(str(path / name), framework="pt") as f:
+            for key in f.keys():
+                if weight_map is None or weight_map.get(key) == name:
+                    shapes[key] = torch.empty(f.get_slice(key).get_shape(), dtype=td, device="meta")
+    return shapes
 
 
 def read_weights(path: Path, dtype: str = "float32", device: str = "cpu") -> dict[str, "torch.Tensor"]:

@@ -135,3 +135,13 @@ def test_checkpoint_cid_of_one_file_and_of_shards(tmp_path: Path) -> None:
     last = sorted(copy.glob("model-*.safetensors"))[-1]
     last.write_bytes(last.read_bytes()[:-1] + b" ")  # one byte of one shard changed
     assert checkpoint_cid(copy) != cid
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-sharded", "qwen3"])
+def test_shapes_only_holds_every_tensor_name_and_shape_and_no_data(kind: str) -> None:
+    full = load_model(family_model(kind), dtype="bfloat16")
+    shell = load_model(family_model(kind), dtype="bfloat16", weights=False)
+    assert shell.state.keys() == full.state.keys() and shell.config == full.config
+    for k, t in shell.state.items():
+        assert (t.shape, t.dtype) == (full.state[k].shape, full.state[k].dtype), k
+    assert {t.device.type for t in shell.state.values()} == {"meta"}

@@ -82,6 +82,11 @@ def test_a_run_made_listed_joined_and_forgeries_refused(tmp_path: Path) -> None:
     assert "rl.answer_format = 'whole' (chosen:" in r.stdout and "groups learnable" in r.stdout
     assert "sha256" in r.stdout
     organiser = load_key(out / "trainer").peer_id
+    # The next steps name each node's data dir and the address a node that is not the organiser's needs.
+    at = f"--bootstrap /ip4/127.0.0.1/tcp/{port}/p2p/{organiser}"
+    assert f"--role trainer --data-dir {out / 'trainer'}   (serves the run)" in r.stdout
+    assert f"--role validator --data-dir {out / 'validator'} {at}" in r.stdout
+    assert f"participants: intellect-node join --run {cid} --role worker {at} --organiser" in r.stdout
     raw = (out / "trainer" / "runs" / f"{cid}.run").read_bytes()
     manifest = open_run_manifest(raw, organiser=organiser)
     assert manifest.run_id == "qwen3-cid" and manifest.bootstrap == [
