@@ -12,20 +12,25 @@ step records on the run's ``steps`` topic and keeps them by journal sequence num
 2. the steps, in order from the next record: the evidence that admitted its batches checked, and that no
    batch the validators accepted was dropped without a word (``evidence.py``, from the verdicts it hears
    on the run's ``verdicts`` topic, its own included; a step failing these is not replayed), then the
-   batches each names fetched through the swarm (from
-   their workers or the trainer), re-scored as the trainer does (``inputs.py``) and the step replayed on
-   its own copy of the model (``replay.py``: :class:`~intellect_node.roles.auditor.replay.WindowReplay`,
-   the CPU with one torch thread);
+   batches each names fetched through the swarm (from their workers or the trainer), re-scored as the
+   trainer does (``inputs.py``) and the step replayed on its own copy of the model (``replay.py``:
+   :class:`~intellect_node.roles.auditor.replay.WindowReplay`, the CPU with one torch thread). With
+   ``run.audit_tolerance`` above 0, a step whose hash differs is compared with the weights the trainer
+   published for it, which the replay (in its worker thread) asks the event loop for (``published.py``:
+   the announced delta applied to the step's base, else the full weights blob; the validator hands every
+   policy announcement it hears to :meth:`ChainAuditor.announced`), and the replay goes on from them when
+   they are within the tolerance;
 3. the end: the next record carrying ``state``, where the replay's optimizer state must also be the one
-   published (``windows.check_end``); the next window is drawn there, and when it is audited the replay
-   goes on.
+   published (``windows.check_end``; within the tolerance, it is fetched and compared by numbers); the
+   next window is drawn there, and when it is audited the replay goes on.
 
 It signs an ``AuditVerdict`` per record replayed (``protocol/audits.py``), and one for a window whose
 start could not be had (``unavailable``, never a pass) or was not what the trainer signed (``fail``),
 naming the record whose state it is; gossips it on the run's ``audits`` topic, appends it to
 ``auditor/verdicts.jsonl`` and reports the audit state in its status (``audit``: the steps audited,
-passed, failed and unavailable, the windows likewise, the first that did not pass). At fraction 1.0 it
-replays every step heard, from version 0 or from the first start it hears when it joins later.
+passed, failed and unavailable, the windows likewise, the first that did not pass, the tolerance and the
+published blobs it used). At fraction 1.0 it replays every step heard, from version 0 or from the first
+start it hears when it joins later.
 
 Shortcuts: a window ends at its first step that does not pass (its weights no longer follow the published
 chain; the auditor waits for the next start) and at a missing record (a sequence number not heard within

@@ -23,8 +23,9 @@ loaded by ``windows.load_start``), or made fresh for a window from version 0 (an
 before its first step). Bitwise equality holds on the CPU with one torch thread (the trainer runs with
 ``torch.set_num_threads(1)``), the same dtype and the same kernels (measured: two threads are not
 reliably bitwise, another CPU's kernels never). Where it does not, a :class:`WindowReplay` given the
-run's ``tolerance`` and a way to the published weights compares a step whose hash differs within that
-tolerance (``tolerance.py``) and, when it holds, continues from the published weights.
+run's ``tolerance`` and a way to the published weights (the chain auditor's: ``published.py``) compares a
+step whose hash differs within that tolerance (``tolerance.py``) and, when it holds, continues from the
+published weights.
 """
 
 from __future__ import annotations
