@@ -16,7 +16,9 @@ it, and are never told to anyone: the trainer cannot know which of its steps wil
 settings (the state's file holds no hyperparameters: ``trainer/optstate.py``), checking both against the
 hashes the trainer signed. :func:`check_end` compares, at a record carrying ``state``, the replay's
 optimizer state with the one published: a trainer that publishes a state other than the one its steps
-made is caught by the window before it, as a nudged weight is.
+made is caught by the window before it, as a nudged weight is. Within ``run.audit_tolerance`` (a replay
+that is not bitwise) the published state is fetched and its moments compared by numbers, each relative
+to the replay's own norm, and the replay goes on from it.
 """
 
 from __future__ import annotations
