@@ -13,7 +13,8 @@ rows, the auditor replays with each group's prompt shared (the same sums up to f
 - a trainer whose learning rate is 10% above what its records state fails its first step;
 - a trainer that publishes an optimizer state its steps did not make fails at its checkpoint;
 - nothing announced and no blob named: ``unavailable``, never a pass; a checkpointed step's weights come
-  from its full weights blob when no delta is known.
+  from its full weights blob when no delta is known, an anchor's from the announced full blob when its
+  delta does not apply; a blob nobody holds is ``PublishedUnavailable`` with why.
 """
 
 from __future__ import annotations
@@ -245,7 +246,7 @@ def test_published_weights_not_to_be_had_are_unavailable(tmp_path: Path, toleran
     # A blob nobody holds is looked for until the fetch's deadline: a short one here.
     monkeypatch.setattr("intellect_node.roles.auditor.published.FETCH_TIMEOUT_S", 3.0)
 
-    async def main(trainer: BlobPeer, auditor: BlobPeer) -> tuple[list[StepAudit], str, bool, Any]:
+    async def main(trainer: BlobPeer, auditor: BlobPeer) -> tuple[Any, ...]:
         chain = await _train_and_publish(tmp_path, trainer)
         published, fetcher = _published(auditor, trainer)
         try:
@@ -261,12 +262,19 @@ def test_published_weights_not_to_be_had_are_unavailable(tmp_path: Path, toleran
                                                     optimizer_hash=rec.state.optimizer_hash)})  # type: ignore[union-attr]
             with pytest.raises(PublishedUnavailable, match="not fetched") as info:
                 await published.weights(gone, {})
-            return audits, str(info.value), got.content_hash == rec.checkpoint_hash, dict(published.fetched)
+            # An anchor's weights (v3, full_every 3) from the announced full blob when its delta does not
+            # apply (here: handed no base), heard in the newest announcement alone.
+            anchor = PublishedPolicy(fetcher, trainer.key.peer_id)
+            anchor.heard(announcement_validator(RUN, chain.trainer)(chain.announcements[-1], chain.trainer))
+            v3 = await anchor.weights(chain.records[2], {})
+            return (audits, str(info.value), got.content_hash == rec.checkpoint_hash, dict(published.fetched),
+                    v3.content_hash == chain.records[2].checkpoint_hash, dict(anchor.fetched))
         finally:
             fetcher.close()
 
-    audits, why, full_is_published, fetched = _run(main, tmp_path)
+    audits, why, full_is_published, fetched, anchor_is_published, anchor_fetched = _run(main, tmp_path)
     assert [a.outcome for a in audits] == ["unavailable"] * len(STEPS), audits
     assert "could not be had" in audits[0].reason
     assert full_is_published and fetched == {"delta": 0, "full": 1, "optimizer": 0}
     assert "nobody" not in why and "not fetched" in why
+    assert anchor_is_published and anchor_fetched == {"delta": 0, "full": 1, "optimizer": 0}

@@ -89,7 +89,10 @@ class PublishedPolicy:
         gossip validator let it through)."""
         for link in ann.deltas:
             self._links.setdefault(link.target_hash, link)
-        self._full.setdefault(ann.full_hash, (ann.full_version, ann.full_cid, ann.full_size))
+        try:
+            self._full.setdefault(ann.full_hash, (ann.full_version, ann.full_cid, ann.full_size))
+        except KeyError:  # the links do not reach back to the anchor: its hash is not announced here
+            pass
         if len(self._links) > MAX_LINKS:
             for h in sorted(self._links, key=lambda h: self._links[h].version)[:len(self._links) - MAX_LINKS]:
                 del self._links[h]
@@ -117,12 +120,13 @@ class PublishedPolicy:
                 log.warning("audit of step %d: the delta to v%d: %s; trying the full weights", rec.seq,
                             rec.version, exc)
         cid = rec.state.weights_cid if rec.state is not None else None
+        size: int | None = None
         if cid is None and rec.checkpoint_hash in self._full:
-            cid = self._full[rec.checkpoint_hash][1]
+            _, cid, size = self._full[rec.checkpoint_hash]
         if cid is None:
             raise PublishedUnavailable(f"{tried}no delta or full weights of v{rec.version} "
                                        f"({rec.checkpoint_hash}) announced")
-        data = await self._fetch(cid, MAX_POLICY_BYTES)
+        data = await self._fetch(cid, MAX_POLICY_BYTES, size)
         out = await asyncio.to_thread(_parse, data, MAX_POLICY_BYTES, rec.checkpoint_hash, "weights")
         self.fetched["full"] += 1
         return out
