@@ -29,7 +29,7 @@ app = typer.Typer(
 
 COMMAND_MODULES = (
     "keys", "join", "status", "blob", "model", "tasks", "rollout", "proofs", "sweep", "demo", "ledger",
-    "doctor", "stop", "logs", "config", "service", "peers", "run", "runs",
+    "doctor", "stop", "logs", "config", "service", "peers", "run", "runs", "audit",
 )
 
 

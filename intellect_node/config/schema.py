@@ -207,7 +207,9 @@ class RunConfig(_Section):
     """How far an auditor's replay of a training step may be from the published weights and still pass:
     the largest per-tensor difference relative to the step's update (``roles/auditor/tolerance.py``).
     0 (the default): bitwise only, which holds for auditors on the trainer's kind of CPU and dtype; for
-    others, calibrate it on honest replays (`bench/audit.py --calibrate` prints the value and its margin)."""
+    others, calibrate it on honest replays (`intellect-node audit calibrate` prints the value). Above 0,
+    a step that is not bitwise is compared with the weights the trainer published, fetched through the
+    swarm (``roles/auditor/published.py``)."""
 
     @field_validator("rollout_engines")
     @classmethod

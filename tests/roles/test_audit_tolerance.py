@@ -159,7 +159,7 @@ def _replay(states: list[dict[str, torch.Tensor]], recs: list[StepRecord], toler
     groups = {b.cid: STEPS[r.seq - 1] for r in recs for b in r.batches}
     model = load_trainable(None)
     replay = WindowReplay(model, SETTINGS, tolerance=tolerance,
-                          published=(lambda rec: by_hash.get(rec.checkpoint_hash)) if published else None)
+                          published=(lambda rec, _: by_hash.get(rec.checkpoint_hash)) if published else None)
     return [replay.audit(rec, lambda b: groups[b.cid]) for rec in recs]
 
 

@@ -12,20 +12,25 @@ step records on the run's ``steps`` topic and keeps them by journal sequence num
 2. the steps, in order from the next record: the evidence that admitted its batches checked, and that no
    batch the validators accepted was dropped without a word (``evidence.py``, from the verdicts it hears
    on the run's ``verdicts`` topic, its own included; a step failing these is not replayed), then the
-   batches each names fetched through the swarm (from
-   their workers or the trainer), re-scored as the trainer does (``inputs.py``) and the step replayed on
-   its own copy of the model (``replay.py``: :class:`~intellect_node.roles.auditor.replay.WindowReplay`,
-   the CPU with one torch thread);
+   batches each names fetched through the swarm (from their workers or the trainer), re-scored as the
+   trainer does (``inputs.py``) and the step replayed on its own copy of the model (``replay.py``:
+   :class:`~intellect_node.roles.auditor.replay.WindowReplay`, the CPU with one torch thread). With
+   ``run.audit_tolerance`` above 0, a step whose hash differs is compared with the weights the trainer
+   published for it, which the replay (in its worker thread) asks the event loop for (``published.py``:
+   the announced delta applied to the step's base, else the full weights blob; the validator hands every
+   policy announcement it hears to :meth:`ChainAuditor.announced`), and the replay goes on from them when
+   they are within the tolerance;
 3. the end: the next record carrying ``state``, where the replay's optimizer state must also be the one
-   published (``windows.check_end``); the next window is drawn there, and when it is audited the replay
-   goes on.
+   published (``windows.check_end``; within the tolerance, it is fetched and compared by numbers); the
+   next window is drawn there, and when it is audited the replay goes on.
 
 It signs an ``AuditVerdict`` per record replayed (``protocol/audits.py``), and one for a window whose
 start could not be had (``unavailable``, never a pass) or was not what the trainer signed (``fail``),
 naming the record whose state it is; gossips it on the run's ``audits`` topic, appends it to
 ``auditor/verdicts.jsonl`` and reports the audit state in its status (``audit``: the steps audited,
-passed, failed and unavailable, the windows likewise, the first that did not pass). At fraction 1.0 it
-replays every step heard, from version 0 or from the first start it hears when it joins later.
+passed, failed and unavailable, the windows likewise, the first that did not pass, the tolerance and the
+published blobs it used). At fraction 1.0 it replays every step heard, from version 0 or from the first
+start it hears when it joins later.
 
 Shortcuts: a window ends at its first step that does not pass (its weights no longer follow the published
 chain; the auditor waits for the next start) and at a missing record (a sequence number not heard within
@@ -51,14 +56,16 @@ from intellect_node.errors import IntellectNodeError, ProtocolError
 from intellect_node.fsutil import append_jsonl
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.audits import AUDIT_KIND, AuditVerdict, seal_verdict
+from intellect_node.protocol.policy import PolicyAnnouncement
 from intellect_node.protocol.rl import VERDICT_KIND, BatchVerdict, verdict_validator
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE
 from intellect_node.protocol.steps import STEP_KIND, StepBatch, StepRecord, record_validator
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.auditor.evidence import AdmissionCheck, RunRules
 from intellect_node.roles.auditor.inputs import batch_groups, run_rescorer, run_settings
-from intellect_node.roles.auditor.replay import Outcome, StepAudit, WindowReplay
-from intellect_node.roles.auditor.windows import Start, WindowPlan, check_end, load_start
+from intellect_node.roles.auditor.published import MAX_OPTIMIZER_BYTES, PublishedPolicy
+from intellect_node.roles.auditor.replay import Outcome, PublishedOf, StepAudit, WindowReplay
+from intellect_node.roles.auditor.windows import OptimizerOf, Start, WindowPlan, check_end, load_start
 from intellect_node.roles.common.fetch import HintedFetcher
 from intellect_node.roles.common.models import MAX_POLICY_BYTES, model_dir
 from intellect_node.roles.common.seams import RoleSwarm
@@ -72,8 +79,6 @@ RECORD_WAIT_S = 300.0
 FETCH_TIMEOUT_S = 60.0
 START_FETCH_TIMEOUT_S = 600.0
 """A window's start is a model's weights and twice that in optimizer state: more time than a batch."""
-MAX_OPTIMIZER_BYTES = 2 * MAX_POLICY_BYTES + (16 << 20)
-"""AdamW holds two moments per weight (the same dtype) and a scalar step per tensor, with its header."""
 VERDICTS_FILE = "verdicts.jsonl"
 
 
@@ -107,6 +112,10 @@ class ChainAuditor:
         self.admission = AdmissionCheck(RunRules(self._run_id, self._validators, cfg.run.verdict_quorum,
                                                  cfg.run.async_level))
         self._newest_version = 0  # the newest policy version a record heard made
+        self.tolerance = cfg.run.audit_tolerance
+        self.published = PublishedPolicy(fetcher, trainer)
+        self._published_of: PublishedOf | None = None  # run() sets both when the tolerance is not 0
+        self._optimizer_of: OptimizerOf | None = None
 
     def start(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -116,6 +125,11 @@ class ChainAuditor:
                               verdict_validator(self._run_id, self._validators), self._on_verdict,
                               include_own=True)
 
+    def announced(self, ann: PolicyAnnouncement) -> None:
+        """Every policy announcement of the run's trainer the node hears (checked and signed): the deltas
+        and full weights a replay within the tolerance may need (``published.py``)."""
+        self.published.heard(ann)
+
     def status(self) -> dict[str, Any]:
         if self._next:
             state = "following"  # a window in progress
@@ -124,7 +138,8 @@ class ChainAuditor:
         return {**self.counts, "windows": {**self.windows, "skipped": self.plan.skipped},
                 "fraction": self.plan.fraction, "window": dict(self._window), "next_seq": self._next,
                 "held": len(self._pending), "first_bad": dict(self.first_bad), "last": dict(self.last),
-                "disputed": self.admission.disputed, "state": state}
+                "disputed": self.admission.disputed, "state": state, "tolerance": self.tolerance,
+                "published_fetched": dict(self.published.fetched)}
 
     def _on_verdict(self, msg: tuple[BatchVerdict, str], origin: str) -> None:
         self.admission.heard(msg[0], msg[1], self._newest_version)
@@ -150,6 +165,8 @@ class ChainAuditor:
         from intellect_node.trainer.model import TrainOptions, load_trainable
 
         torch.set_num_threads(1)  # as the trainer: bitwise replays need the same thread count
+        if self.tolerance > 0:  # the replay (a worker thread) asks for published weights while it runs
+            self._published_of, self._optimizer_of = self.published.blocking(asyncio.get_running_loop())
         model = await asyncio.to_thread(load_trainable, model_dir(self._cfg),
                                         TrainOptions.from_section(self._cfg.rl))
         while True:
@@ -174,7 +191,8 @@ class ChainAuditor:
         self._window = {"start_version": start.version, "first_seq": start.first, "passed": 0}
         rec = start.record
         if rec is None:  # version 0: the model as loaded holds it (checked against the first record)
-            self._replay = WindowReplay(model, self._settings)
+            self._replay = WindowReplay(model, self._settings, tolerance=self.tolerance,
+                                        published=self._published_of)
             self._next = start.first
             return
         assert rec.state is not None
@@ -193,7 +211,8 @@ class ChainAuditor:
 
     def _load(self, model: Any, rec: StepRecord, weights: bytes, optimizer: bytes) -> WindowReplay:
         return load_start(model, rec, PolicyWeights.parse(weights, max_size=MAX_POLICY_BYTES),
-                          PolicyWeights.parse(optimizer, max_size=MAX_OPTIMIZER_BYTES), self._settings)
+                          PolicyWeights.parse(optimizer, max_size=MAX_OPTIMIZER_BYTES), self._settings,
+                          tolerance=self.tolerance, published=self._published_of)
 
     async def _fetch_start(self, cid: str, max_size: int) -> bytes:
         return await self._fetcher.fetch(cid, holders=[self._trainer], max_size=max_size,
@@ -233,7 +252,7 @@ class ChainAuditor:
             groups = batch_groups(self._rescorer, data.get)
 
             def audit() -> StepAudit:
-                return check_end(replay, rec, replay.audit(rec, groups))
+                return check_end(replay, rec, replay.audit(rec, groups), self._optimizer_of)
 
             result = await asyncio.to_thread(audit)
         await self._verdict(result, step=True)

@@ -23,14 +23,15 @@ loaded by ``windows.load_start``), or made fresh for a window from version 0 (an
 before its first step). Bitwise equality holds on the CPU with one torch thread (the trainer runs with
 ``torch.set_num_threads(1)``), the same dtype and the same kernels (measured: two threads are not
 reliably bitwise, another CPU's kernels never). Where it does not, a :class:`WindowReplay` given the
-run's ``tolerance`` and a way to the published weights compares a step whose hash differs within that
-tolerance (``tolerance.py``) and, when it holds, continues from the published weights.
+run's ``tolerance`` and a way to the published weights (the chain auditor's: ``published.py``) compares a
+step whose hash differs within that tolerance (``tolerance.py``) and, when it holds, continues from the
+published weights.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -48,8 +49,9 @@ log = logging.getLogger(__name__)
 Outcome = Literal["pass", "fail", "unavailable"]
 GroupsOf = Callable[[StepBatch], "list[list[Sample]] | None"]
 """A record's batch as the trainer's groups of samples (re-scored); None when the batch cannot be had."""
-PublishedOf = Callable[[StepRecord], "PolicyWeights | None"]
-"""The weights a record says its step made (its ``checkpoint_hash``); None when they cannot be had."""
+PublishedOf = Callable[[StepRecord, "Mapping[str, torch.Tensor]"], "PolicyWeights | None"]
+"""The weights a record says its step made (its ``checkpoint_hash``), given the weights the step started
+from (hash ``base_hash``: a delta applies to them); None when they cannot be had."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,7 @@ class WindowReplay:
     def _within(self, rec: StepRecord, base: dict[str, torch.Tensor]) -> StepAudit:
         """Not bitwise: a pass when the published weights are within the tolerance of the replay's, and the
         replay goes on from the published weights (the next record starts there)."""
-        pub = self.published(rec) if self.published is not None else None
+        pub = self.published(rec, base) if self.published is not None else None
         if pub is None or pub.content_hash != rec.checkpoint_hash:
             why = "the replay is not bitwise and the published weights could not be had"
             return self._stop(StepAudit(rec.seq, rec.version, "unavailable", rec.checkpoint_hash, self.held,

@@ -28,8 +28,11 @@ Calibration (:func:`calibrate`), as the proof thresholds are calibrated (``proof
 3. the worst relative difference over every tensor and step is the observation, and the tolerance is
    ``worst * factor + floor`` (:class:`AuditMargins`).
 
-The run's tolerance is ``run.audit_tolerance`` (0: bitwise only), a shared run setting, so a run joined by
-its manifest's CID carries it pinned with the rest of the run's configuration. A replay of the same step
+``intellect-node audit calibrate`` runs this on the run's own model and task for an auditor's thread
+count (``calibration.py``, which also observes the optimizer state, compared at checkpoints);
+``bench/audit.py`` for this CPU's other kernels. The run's tolerance is ``run.audit_tolerance`` (0: bitwise
+only), a shared run setting, so a run joined by its manifest's CID carries it pinned with the rest of the
+run's configuration; the chain auditor applies it (``chain.py``, ``published.py``). A replay of the same step
 under one condition repeats its bits, so N honest observations are N different steps, not N repeats.
 
 Shortcut: calibration covers the conditions it was run under (the thread counts and CPU kernels of the

@@ -16,7 +16,9 @@ it, and are never told to anyone: the trainer cannot know which of its steps wil
 settings (the state's file holds no hyperparameters: ``trainer/optstate.py``), checking both against the
 hashes the trainer signed. :func:`check_end` compares, at a record carrying ``state``, the replay's
 optimizer state with the one published: a trainer that publishes a state other than the one its steps
-made is caught by the window before it, as a nudged weight is.
+made is caught by the window before it, as a nudged weight is. Within ``run.audit_tolerance`` (a replay
+that is not bitwise) the published state is fetched and its moments compared by numbers, each relative
+to the replay's own norm, and the replay goes on from it.
 """
 
 from __future__ import annotations
@@ -26,15 +28,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from intellect_node.errors import ProtocolError
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.steps import StepRecord, StepSettings
-from intellect_node.roles.auditor.replay import StepAudit, WindowReplay
+from intellect_node.roles.auditor.replay import PublishedOf, StepAudit, WindowReplay
+from intellect_node.roles.auditor.tolerance import compare
 from intellect_node.trainer.optim import Optimizer
 from intellect_node.trainer.optstate import encode_optimizer, load_optimizer
 from intellect_node.trainer.step import make_optimizer
 
 log = logging.getLogger(__name__)
+
+OptimizerOf = Callable[[StepRecord], "PolicyWeights | None"]
+"""The optimizer state published with a record carrying ``state``; None when it cannot be had."""
 
 IDLE_HOLD = 64
 """Records an idle auditor keeps while no start is held (the newest): a start's window begins after it,
@@ -114,11 +122,12 @@ class WindowPlan:
 
 
 def load_start(model: Any, start: StepRecord, weights: PolicyWeights, optimizer: PolicyWeights,
-               settings: StepSettings) -> WindowReplay:
+               settings: StepSettings, *, tolerance: float = 0.0,
+               published: PublishedOf | None = None) -> WindowReplay:
     """A replay holding ``start``'s checkpoint: ``weights`` and ``optimizer`` (the blobs its ``state``
     names) loaded into ``model`` and a new optimizer with the run's ``settings``. ProtocolError when
     either is not what the record's hashes say or does not fit the model (the trainer's fault: it signed
-    them)."""
+    them). ``tolerance``, ``published``: see :class:`WindowReplay`."""
     assert start.state is not None, "a window starts at a record with state"
     if weights.content_hash != start.checkpoint_hash:
         raise ProtocolError(f"the weights blob of v{start.version} hashes to {weights.content_hash}, the "
@@ -134,20 +143,58 @@ def load_start(model: Any, start: StepRecord, weights: PolicyWeights, optimizer:
     opt: Optimizer = make_optimizer(model, settings.lr, betas=settings.betas,
                                     weight_decay=settings.weight_decay)
     load_optimizer(opt, optimizer)
-    replay = WindowReplay(model, settings, opt)
+    replay = WindowReplay(model, settings, opt, tolerance=tolerance, published=published)
     if replay.held != start.checkpoint_hash:  # the dtype the model holds is not the published one
         raise ProtocolError(f"the weights of v{start.version} do not load into the run's model unchanged")
     return replay
 
 
-def check_end(replay: WindowReplay, rec: StepRecord, result: StepAudit) -> StepAudit:
+def check_end(replay: WindowReplay, rec: StepRecord, result: StepAudit,
+              published_optimizer: OptimizerOf | None = None) -> StepAudit:
     """``result`` (``rec``'s audit), failed when ``rec`` passed, carries ``state`` and the replay's
-    optimizer state is not the one published (``published``/``expected``: the two optimizer hashes)."""
+    optimizer state is not the one published (``published``/``expected``: the two optimizer hashes).
+
+    With the replay's ``tolerance`` (not bitwise), a state whose hash differs is compared instead with the
+    published one (``published_optimizer``: fetched and hash-checked; None, ``unavailable``): each moment
+    tensor's difference relative to the replay's own (``tolerance.compare`` from zero), and when every one
+    is within the tolerance the replay goes on from the published state, as it does from the weights."""
     if result.outcome != "pass" or rec.state is None:
         return result
-    made = encode_optimizer(replay.opt).content_hash if replay.opt is not None else ""
+    mine = encode_optimizer(replay.opt) if replay.opt is not None else None
+    made = mine.content_hash if mine is not None else ""
     if made == rec.state.optimizer_hash:
         return result
+    if mine is not None and replay.tolerance > 0:
+        return _optimizer_within(replay, rec, result, mine, published_optimizer)
     replay.stopped = f"after step {rec.seq} (fail)"
     return StepAudit(rec.seq, rec.version, "fail", rec.state.optimizer_hash, made,
                      f"the optimizer state published with v{rec.version} differs from the replayed one")
+
+
+def _optimizer_within(replay: WindowReplay, rec: StepRecord, result: StepAudit, mine: PolicyWeights,
+                      published_optimizer: OptimizerOf | None) -> StepAudit:
+    assert rec.state is not None and replay.opt is not None
+    pub = published_optimizer(rec) if published_optimizer is not None else None
+    if pub is None or pub.content_hash != rec.state.optimizer_hash:
+        replay.stopped = f"after step {rec.seq} (unavailable)"
+        return StepAudit(rec.seq, rec.version, "unavailable", rec.state.optimizer_hash, mine.content_hash,
+                         "the replayed optimizer state is not bitwise and the published one could not be had")
+    own = mine.to_state_dict()
+    c = compare(own, pub, replay.tolerance, base={k: torch.zeros_like(v) for k, v in own.items()})
+    if not c.within:
+        replay.stopped = f"after step {rec.seq} (fail)"
+        w = c.worst
+        assert w is not None
+        return StepAudit(rec.seq, rec.version, "fail", rec.state.optimizer_hash, mine.content_hash,
+                         f"the optimizer state published with v{rec.version} differs from the replayed one: "
+                         f"{w.name} by {w.relative:.3g} of its norm (max |diff| {w.max_abs:.3g}); tolerance "
+                         f"{replay.tolerance:.3g}")
+    try:
+        load_optimizer(replay.opt, pub)
+    except ProtocolError as exc:  # the same names and shapes as the replay's: cannot happen after compare
+        replay.stopped = f"after step {rec.seq} (fail)"
+        return StepAudit(rec.seq, rec.version, "fail", rec.state.optimizer_hash, mine.content_hash, str(exc))
+    w = c.worst
+    worst = f"{w.name} by {w.relative:.3g} of its norm" if w is not None else "no tensors"
+    return StepAudit(rec.seq, rec.version, "pass", result.published, result.expected,
+                     f"{result.reason}; optimizer state within tolerance ({worst})".lstrip("; "))

@@ -207,15 +207,17 @@ class Validator:
         self.blobs = blob_service(self.rt)
         self.fetcher = HintedFetcher(self.blobs, self.rt.swarm)
         await self.tasks.open()
+        if self.cfg.validator.audit:  # the trainer's steps replayed from its records (roles/auditor/)
+            # made before the policy is followed: it notes every announcement (``_on_announcement``)
+            self.auditor = ChainAuditor(self.cfg, swarm=self.rt.swarm, fetcher=self.fetcher,
+                                        trainer=require_trainer(self.cfg, "validator"),
+                                        directory=Path(self.rt.data_dir) / "auditor")
         self.policy = TrainerPolicy(self.rt, self.fetcher, self.dir / "policy", self.tasks, self._add_engine,
                                     on_announcement=self._on_announcement, keep_passing=self.async_level)
         await self.policy.start()
         self.rt.swarm.subscribe(topic(self.run_id, NOTICE_KIND), self._notice_validator(), self._on_notice)
         self.tasks.loop("validator-loop", self._dispatch_loop)
-        if self.cfg.validator.audit:  # the trainer's steps replayed from its records (roles/auditor/)
-            self.auditor = ChainAuditor(self.cfg, swarm=self.rt.swarm, fetcher=self.fetcher,
-                                        trainer=require_trainer(self.cfg, "validator"),
-                                        directory=Path(self.rt.data_dir) / "auditor")
+        if self.auditor is not None:
             self.auditor.start()
             self.tasks.loop("validator-audit", self.auditor.run, may_end=True)
 
@@ -264,6 +266,8 @@ class Validator:
         """Every valid announcement, repeats included (``roles/common/follow.py`` obtains the versions)."""
         now, last = time.monotonic(), self._heard_trainer
         self._heard_trainer = now
+        if self.auditor is not None:
+            self.auditor.announced(ann)
         if now - last > HEARD_RECENTLY_S:  # back after a silence (or heard for the first time)
             since = last - HEARD_RECENTLY_S  # what it may have missed: from before the silence showed
             missed = [v for t, v in self._recent_accepted if t >= since]
