@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -255,44 +256,38 @@ def load_model(model: str | Path | None = None, dtype: str = "float32", device: 
     return LoadedModel(path=path, config=config, state=state, tokenizer=ModelTokenizer(path), dtype=dtype)
 
 
+def _each_tensor(path: Path, device: str = "cpu") -> Iterator[tuple[str, Any]]:
+    """(name, open safetensors file) for every tensor of the folder's weights file(s), each from the file
+    the index names for it."""
+    from safetensors import safe_open
+
+    weight_map, files = _weight_files(path)
+    for name in sorted(files):
+        if not (path / name).exists():
+            raise ConfigError(f"--model {path}: weights file {name} is missing", field="model")
+        with safe_open(str(path / name), framework="pt", device=device) as f:
+            for key in f.keys():
+                if weight_map is None or weight_map.get(key) == name:
+                    yield key, f
+
+
 def read_weight_shapes(path: Path, dtype: str = "float32") -> dict[str, "torch.Tensor"]:
     """Every tensor of the folder's safetensors file(s) by name as a meta tensor of its shape in
     ``dtype``: the files' headers are read, never their data."""
     import torch
-    from safetensors import safe_open
 
     td = torch_dtype(dtype)
-    weight_map, files = _weight_files(path)
-    shapes: dict[str, torch.Tensor] = {}
-    for name in sorted(files):
-        if not (path / name).exists():
-            raise ConfigError(f"--model {path}: weights file {name} is missing", field="model")
-        with safe_open(str(path / name), framework="pt") as f:
-            for key in f.keys():
-                if weight_map is None or weight_map.get(key) == name:
-                    shapes[key] = torch.empty(f.get_slice(key).get_shape(), dtype=td, device="meta")
-    return shapes
+    return {key: torch.empty(f.get_slice(key).get_shape(), dtype=td, device="meta")
+            for key, f in _each_tensor(path)}
 
 
 def read_weights(path: Path, dtype: str = "float32", device: str = "cpu") -> dict[str, "torch.Tensor"]:
     """Every tensor of the folder's safetensors file(s) by name, in ``dtype`` on ``device``, read one at a
     time (at most one tensor exists twice while loading)."""
-    from safetensors import safe_open
-
     td = torch_dtype(dtype)
-    weight_map, files = _weight_files(path)
-    state: dict[str, torch.Tensor] = {}
-    for name in sorted(files):
-        if not (path / name).exists():
-            raise ConfigError(f"--model {path}: weights file {name} is missing", field="model")
-        # safetensors places tensors on a CUDA device itself; CPU tensors are copied out of the mmap.
-        where = device if device.startswith("cuda") else "cpu"
-        with safe_open(str(path / name), framework="pt", device=where) as f:
-            for key in f.keys():
-                if weight_map is not None and weight_map.get(key) != name:
-                    continue
-                state[key] = f.get_tensor(key).to(device=device, dtype=td)
-    return state
+    # safetensors places tensors on a CUDA device itself; CPU tensors are copied out of the mmap.
+    where = device if device.startswith("cuda") else "cpu"
+    return {key: f.get_tensor(key).to(device=device, dtype=td) for key, f in _each_tensor(path, where)}
 
 
 def load_hf_model(model: str | Path | None = None, dtype: str = "float32") -> "PreTrainedModel":
