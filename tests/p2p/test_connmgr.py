@@ -250,7 +250,10 @@ def test_a_hub_trims_to_low_keeps_protected_peers_and_gossip_reaches_everyone() 
             assert outsider not in kept and outsider in hub.connmgr.trimmed
             trimmed = [n for n in leaves if n.peer_id not in kept]
             assert len(trimmed) == 3
-            assert all(hub.peerbook.addrs(n.peer_id) for n in trimmed), "trimmed peers stay known"
+            # A leaf trimmed before its first heartbeat reached the hub (a loaded machine, 1 s grace) is
+            # learnt through the mesh afterwards: what is asserted is that a trim forgets nothing.
+            await wait_until(lambda: all(hub.peerbook.addrs(n.peer_id) for n in trimmed), 60,
+                             what="trimmed peers stay known")
 
             # Discovery: the library's dialer (run on each disconnect and every 30 s) dials peers the
             # peerstore holds (identify and DHT answers fill it) only while below low. The hub, at low,
