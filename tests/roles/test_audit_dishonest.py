@@ -27,14 +27,13 @@ import pytest
 from tests.support.audit_run import (
     RL,
     audit_of,
-    dishonest_trainer,
     records,
     role_status,
     shows_failed,
+    start_swarm,
     verdicts,
 )
 from tests.support.roles import role_run
-from tests.support.swarm import NodeProcess
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -46,14 +45,12 @@ def _caught(tmp: Path, mode: str, *, cheat: bool = False, **config: Any
     state, the auditor's verdicts, the peer IDs and the trainer's status."""
     names = ("trainer", "validator", "w1", "c1") if cheat else ("trainer", "validator", "w1")
     with role_run(tmp, names, rl=RL, validator={"audit": True}, **config) as run:
-        trainer, t_addr, validator, v_addr = run.trainer_and_validator(dishonest_trainer(run, mode))
-        nodes: list[NodeProcess] = [trainer, validator, run.start("w1", "worker", bootstrap=[t_addr, v_addr])]
-        if cheat:
-            nodes.append(run.cheat("c1", "reward", bootstrap=[t_addr, v_addr]))
+        sw = start_swarm(run, mode, cheats=("c1",) if cheat else ())
+        trainer, validator = sw.trainer, sw.validator
         wait_for(lambda: audit_of(validator)["state"] == "stopped", timeout=600, what="the audit stopped")
         st = audit_of(validator)
         seq = int(st["first_bad"]["seq"])
-        wait_for(lambda: all(shows_failed(p, seq) for p in nodes), timeout=120,
+        wait_for(lambda: all(shows_failed(p, seq) for p in sw.nodes), timeout=120,
                  what=f"every node showing step {seq} failed")
         t_status = role_status(trainer, "trainer")
     mine = verdicts(tmp / "validator")

@@ -32,7 +32,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.audit_run import RL, audit_of, audits_seen, records, role_status, verdicts
+from tests.support.audit_run import (
+    RL,
+    audit_of,
+    audits_seen,
+    records,
+    role_status,
+    start_swarm,
+    verdicts,
+)
 from tests.support.roles import listen_addr, role_run
 from tests.support.swarm import NodeProcess
 from tests.support.wait import wait_for
@@ -54,12 +62,11 @@ def test_honest_trainer_is_never_flagged(tmp_path: Path) -> None:
     names = ("trainer", "validator", "auditor", "w1", "c1")
     with role_run(tmp_path, names, rl={**RL, "checkpoint_every": 2}, async_level=1, require_audits=True,
                   validator={"audit": True}, auditors=("auditor",)) as run:
-        trainer, t_addr, validator, v_addr = run.trainer_and_validator()
-        worker = run.start("w1", "worker", bootstrap=[t_addr, v_addr])
-        cheat = run.cheat("c1", "reward", bootstrap=[t_addr, v_addr])
+        sw = start_swarm(run, cheats=("c1",))
+        trainer, validator, worker, cheat = sw.trainer, sw.validator, sw.workers["w1"], sw.workers["c1"]
         wait_for(lambda: bool(_states(trainer)), timeout=600, what="a checkpoint state published")
         before = role_status(worker, "worker")
-        auditor = run.start("auditor", "validator", bootstrap=[t_addr, v_addr],
+        auditor = run.start("auditor", "validator", bootstrap=[sw.t_addr, sw.v_addr],
                             validator={"audit": True, "audit_fraction": 1.0})
         listen_addr(auditor)
         nodes = (trainer, validator, auditor, worker, cheat)

@@ -38,9 +38,9 @@ from tests.support.audit_run import (
     RL,
     audit_of,
     audits_seen,
-    dishonest_trainer,
     role_status,
     shows_failed,
+    start_swarm,
     verdicts,
 )
 from tests.support.dishonest_trainer import CUE
@@ -82,8 +82,9 @@ def test_nudging_trainer_is_caught_by_both_auditors_and_not_followed(tmp_path: P
     names = ("trainer", "validator", "auditor", "w1")
     with role_run(tmp_path, names, rl={**RL, "checkpoint_every": 2}, validator={"audit": True},
                   auditors=("auditor",), require_audits=True) as run:
-        trainer, t_addr, validator, v_addr = run.trainer_and_validator(dishonest_trainer(run, "nudge"))
-        worker = run.start("w1", "worker", bootstrap=[t_addr, v_addr])
+        sw = start_swarm(run, "nudge")
+        trainer, validator, worker = sw.trainer, sw.validator, sw.workers["w1"]
+        t_addr, v_addr = sw.t_addr, sw.v_addr
         wait_for(lambda: bool(role_status(trainer, "trainer")["records"].get("states")), timeout=600,
                  what="a checkpoint state published")
         auditor = run.start("auditor", "validator", bootstrap=[t_addr, v_addr],
@@ -103,7 +104,7 @@ def test_nudging_trainer_is_caught_by_both_auditors_and_not_followed(tmp_path: P
         for proc, name in ((validator, "validator"), (auditor, "auditor")):
             st = audit_of(proc)
             bad = st["first_bad"]
-            assert st["fail"] == 1 and bad["outcome"] == "fail" and int(bad["version"]) == nudged, (name, st)
+            assert bad["outcome"] == "fail" and int(bad["version"]) == nudged, (name, st)
             assert bad["expected"] and bad["expected"] != bad["published"], bad
             assert "replayed weights differ" in str(bad["reason"]), bad
             assert int(bad["window"]) == holding, (name, bad, states)

@@ -6,11 +6,14 @@ Used by ``tests/roles/test_audit_honest.py``, ``test_audit_nudge.py`` and ``test
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from intellect_node.fsutil import read_jsonl
-from tests.support.roles import ENV, RoleRun, write_config
+from tests.support.ports import reserved_port
+from tests.support.roles import ENV, RoleRun, listen_addr, write_config
 from tests.support.swarm import NodeProcess
 
 RL: dict[str, Any] = dict(group_size=8, problems_per_batch=4, groups_per_step=4, max_new_tokens=5,
@@ -66,13 +69,50 @@ def records(trainer_dir: Path) -> dict[int, dict[str, Any]]:
     return out
 
 
-def dishonest_trainer(run: RoleRun, mode: str) -> NodeProcess:
-    """``run``'s trainer in ``root/trainer`` as ``tests/support/dishonest_trainer.py`` ``mode``, with the
-    run's config; hand it to :meth:`RoleRun.trainer_and_validator`."""
-    write_config(run.root / "trainer", **run.common)
-    return NodeProcess(run.root / "trainer", env=ENV,
-                       argv=[sys.executable, "-m", "tests.support.dishonest_trainer", mode,
-                             str(run.root / "trainer")])
+@dataclass
+class Swarm:
+    """The nodes :func:`start_swarm` started, each ready, and the two addresses others bootstrap from."""
+
+    trainer: NodeProcess
+    validator: NodeProcess
+    workers: dict[str, NodeProcess]
+    t_addr: str
+    v_addr: str
+
+    @property
+    def nodes(self) -> list[NodeProcess]:
+        return [self.trainer, self.validator, *self.workers.values()]
+
+
+def start_swarm(run: RoleRun, mode: str | None = None, *, workers: Sequence[str] = ("w1",),
+                cheats: Sequence[str] = ()) -> Swarm:
+    """``run``'s trainer (honest, or ``tests/support/dishonest_trainer.py`` ``mode``), its validator
+    ``root/validator``, honest ``workers`` and reward-cheating ``cheats`` (``roles.py`` ``reward``), all
+    started at once so that their start-ups (torch, the model) overlap: the trainer and the validator on
+    ports picked beforehand (``ports.reserved_port``), the validator bootstrapped to the trainer, the
+    workers to both; each dials again until one answers (``BOOTSTRAP_RETRY_S`` in ``node/runtime.py``).
+    A worker that reached only one of the two still works: gossip goes through it, and blobs are fetched
+    over HTTP from the URL in the holder's heartbeats. Returns once every node is ready."""
+    port_t, port_v = reserved_port(), reserved_port()
+    while port_v == port_t:
+        port_v = reserved_port()
+    t_addr = f"/ip4/127.0.0.1/tcp/{port_t}/p2p/{run.ids['trainer']}"
+    v_addr = f"/ip4/127.0.0.1/tcp/{port_v}/p2p/{run.ids['validator']}"
+    if mode is None:
+        trainer = run.start("trainer", "trainer", port=port_t)
+    else:
+        write_config(run.root / "trainer", **{**run.common, "port": port_t})
+        trainer = NodeProcess(run.root / "trainer", env=ENV,
+                              argv=[sys.executable, "-m", "tests.support.dishonest_trainer", mode,
+                                    str(run.root / "trainer")])
+        run.procs.append(trainer)
+    validator = run.start("validator", "validator", bootstrap=[t_addr], port=port_v)
+    started = {w: run.start(w, "worker", bootstrap=[t_addr, v_addr]) for w in workers}
+    started.update({c: run.cheat(c, "reward", bootstrap=[t_addr, v_addr]) for c in cheats})
+    sw = Swarm(trainer, validator, started, t_addr, v_addr)
+    for proc in sw.nodes:
+        listen_addr(proc)
+    return sw
 
 
 def shows_failed(proc: NodeProcess, seq: int) -> bool:

@@ -47,11 +47,11 @@ def write_config(data_dir: Path, *, trainer: str, validators: list[str], model: 
                  run_id: str = "e2e", bootstrap: list[str] | None = None, async_level: int = 2,
                  verdict_quorum: int = 1, worker_allowlist: list[str] | None = None,
                  validator: dict[str, Any] | None = None, require_audits: bool = False,
-                 auditors: list[str] | None = None) -> Path:
+                 auditors: list[str] | None = None, port: int = 0) -> Path:
     """``<data_dir>/config.toml`` (read by ``join`` from the data dir). ``validator``: the
     ``[validator]`` section's settings; ``require_audits``: ``run.require_audits``; ``auditors``:
-    ``run.auditor_peer_ids``."""
-    network: dict[str, Any] = {"listen": ["/ip4/127.0.0.1/tcp/0"], "http_host": "127.0.0.1",
+    ``run.auditor_peer_ids``; ``port``: the libp2p port on 127.0.0.1 (0: the kernel's pick)."""
+    network: dict[str, Any] = {"listen": [f"/ip4/127.0.0.1/tcp/{port}"], "http_host": "127.0.0.1",
                                "heartbeat_interval": 1.0, "peer_timeout": 10.0}
     if bootstrap:
         network["bootstrap"] = bootstrap
