@@ -143,9 +143,9 @@ def test_nudging_trainer_is_caught_by_both_auditors_and_not_followed(tmp_path: P
         w, v = role_status(worker, "worker"), role_status(validator, "validator")
 
         def refused_more() -> bool:
-            return (role_status(worker, "worker")["refused_announcements"] >= w["refused_announcements"] + 3
-                    and role_status(validator, "validator")["refused_announcements"]
-                    >= v["refused_announcements"] + 3)
+            now_w, now_v = role_status(worker, "worker"), role_status(validator, "validator")
+            return bool(now_w["refused_announcements"] >= w["refused_announcements"] + 3
+                        and now_v["refused_announcements"] >= v["refused_announcements"] + 3)
 
         wait_for(refused_more, timeout=120, what="three more announcements refused by each")
         w2, v2 = role_status(worker, "worker"), role_status(validator, "validator")

@@ -88,20 +88,22 @@ def start_swarm(run: RoleRun, mode: str | None = None, *, workers: Sequence[str]
                 cheats: Sequence[str] = ()) -> Swarm:
     """``run``'s trainer (honest, or ``tests/support/dishonest_trainer.py`` ``mode``), its validator
     ``root/validator``, honest ``workers`` and reward-cheating ``cheats`` (``roles.py`` ``reward``), all
-    started at once so that their start-ups (torch, the model) overlap: the trainer and the validator on
-    ports picked beforehand (``ports.reserved_port``), the validator bootstrapped to the trainer, the
-    workers to both; each dials again until one answers (``BOOTSTRAP_RETRY_S`` in ``node/runtime.py``).
-    A worker that reached only one of the two still works: gossip goes through it, and blobs are fetched
-    over HTTP from the URL in the holder's heartbeats. Returns once every node is ready."""
+    started at once so that their start-ups (torch, the model) overlap. The trainer and the validator
+    listen on ports picked beforehand (``ports.reserved_port``) and bootstrap to each other, the workers
+    to both. A node dials its bootstrap peers again only while no peer at all is connected
+    (``BOOTSTRAP_RETRY_S`` in ``node/runtime.py``), so whichever of the two comes up last is the one that
+    connects them; a worker may reach only one of them, which is enough: gossip goes through it, and
+    blobs are fetched over HTTP from the URL in the holder's heartbeats. Returns once every node is
+    ready."""
     port_t, port_v = reserved_port(), reserved_port()
     while port_v == port_t:
         port_v = reserved_port()
     t_addr = f"/ip4/127.0.0.1/tcp/{port_t}/p2p/{run.ids['trainer']}"
     v_addr = f"/ip4/127.0.0.1/tcp/{port_v}/p2p/{run.ids['validator']}"
     if mode is None:
-        trainer = run.start("trainer", "trainer", port=port_t)
+        trainer = run.start("trainer", "trainer", port=port_t, bootstrap=[v_addr])
     else:
-        write_config(run.root / "trainer", **{**run.common, "port": port_t})
+        write_config(run.root / "trainer", **{**run.common, "port": port_t, "bootstrap": [v_addr]})
         trainer = NodeProcess(run.root / "trainer", env=ENV,
                               argv=[sys.executable, "-m", "tests.support.dishonest_trainer", mode,
                                     str(run.root / "trainer")])
