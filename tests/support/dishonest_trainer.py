@@ -4,7 +4,9 @@
 
 - ``lr``: trains with twice the configured learning rate, while its step records state the run's;
 - ``nudge``: adds an update of its own to the weights after each optimizer step (every weight + 1e-4)
-  and publishes the result as the step's;
+  and publishes the result as the step's, from the first step it trains once the file :data:`CUE`
+  exists in its data dir (the test makes it when its auditors are in place; made before the start, from
+  the first step); its status lists the versions so made (``nudged``);
 - ``rejected``: takes a validator's rejection (for the worker's fault) as an acceptance, so it trains on
   batches its validators rejected; the best evidence it can attach is the rejecting verdict itself;
 - ``drop``: silently drops the first batch its validators accept (never queued, named by no record); its
@@ -19,6 +21,9 @@ from typing import Any
 
 from tests.support.roles import run_custom_node
 
+CUE = "nudge-now"
+"""``nudge`` nudges every step it trains once this file exists in its data dir."""
+
 
 def main(mode: str, data_dir: Path) -> int:
     import msgspec
@@ -31,6 +36,7 @@ def main(mode: str, data_dir: Path) -> int:
 
     class Dishonest(Trainer):
         dropped_silently = ""
+        nudged: list[int] = []  # versions made by a nudged step
 
         def __init__(self, runtime: Any) -> None:
             super().__init__(runtime)
@@ -55,7 +61,7 @@ def main(mode: str, data_dir: Path) -> int:
                 self.intake._take_in = dropping_take_in  # type: ignore[method-assign]
 
         def status(self) -> dict[str, Any]:
-            return {**super().status(), "dropped_silently": self.dropped_silently}
+            return {**super().status(), "dropped_silently": self.dropped_silently, "nudged": self.nudged[:16]}
 
         def _optimizer(self, ckpt: Path | None = None) -> Optimizer:
             if mode != "lr":
@@ -64,10 +70,11 @@ def main(mode: str, data_dir: Path) -> int:
 
         def _train(self, samples: list[Any]) -> Any:
             stats, _ = super()._train(samples)
-            if mode == "nudge":
+            if mode == "nudge" and (data_dir / CUE).exists():
                 with torch.no_grad():
                     for p in self.model.parameters():
                         p.add_(1e-4)
+                self.nudged = [*self.nudged, self.version + 1]  # the step's version (_step counts it next)
             return stats, self._snapshot()
 
     return run_custom_node(data_dir, "trainer", [Dishonest.for_runtime])

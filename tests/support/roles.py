@@ -46,16 +46,19 @@ def make_key(data_dir: Path) -> str:
 def write_config(data_dir: Path, *, trainer: str, validators: list[str], model: str, rl: dict[str, Any],
                  run_id: str = "e2e", bootstrap: list[str] | None = None, async_level: int = 2,
                  verdict_quorum: int = 1, worker_allowlist: list[str] | None = None,
-                 validator: dict[str, Any] | None = None, require_audits: bool = False) -> Path:
+                 validator: dict[str, Any] | None = None, require_audits: bool = False,
+                 auditors: list[str] | None = None, port: int = 0) -> Path:
     """``<data_dir>/config.toml`` (read by ``join`` from the data dir). ``validator``: the
-    ``[validator]`` section's settings; ``require_audits``: ``run.require_audits``."""
-    network: dict[str, Any] = {"listen": ["/ip4/127.0.0.1/tcp/0"], "http_host": "127.0.0.1",
+    ``[validator]`` section's settings; ``require_audits``: ``run.require_audits``; ``auditors``:
+    ``run.auditor_peer_ids``; ``port``: the libp2p port on 127.0.0.1 (0: the kernel's pick)."""
+    network: dict[str, Any] = {"listen": [f"/ip4/127.0.0.1/tcp/{port}"], "http_host": "127.0.0.1",
                                "heartbeat_interval": 1.0, "peer_timeout": 10.0}
     if bootstrap:
         network["bootstrap"] = bootstrap
     run = {"run_id": run_id, "trainer_peer_id": trainer, "validator_peer_ids": validators, "model": model,
            "async_level": async_level, "verdict_quorum": verdict_quorum,
-           "worker_allowlist": worker_allowlist or [], "require_audits": require_audits}
+           "worker_allowlist": worker_allowlist or [], "require_audits": require_audits,
+           "auditor_peer_ids": auditors or []}
     return write_config_file(data_dir / "config.toml", {"network": network, "metrics": {"enabled": False},
                                                         "run": run, "rl": rl, "validator": validator or {}})
 
@@ -121,16 +124,18 @@ class RoleRun:
 @contextmanager
 def role_run(root: Path, names: Iterable[str], *, rl: dict[str, Any],
              validators: Sequence[str] = ("validator",), allowlist: Sequence[str] = (),
-             model: str | None = None, **config: Any) -> Iterator[RoleRun]:
+             auditors: Sequence[str] = (), model: str | None = None, **config: Any) -> Iterator[RoleRun]:
     """A run of the nodes ``names`` under ``root``: a key each, ``trainer`` the run's trainer,
-    ``validators`` its validators and ``allowlist`` its closed worker allowlist (none: an open run), the
+    ``validators`` its validators, ``auditors`` its auditors besides them (``run.auditor_peer_ids``) and
+    ``allowlist`` its closed worker allowlist (none: an open run), the
     embedded model unless ``model``; ``config``: more ``write_config`` keywords every node shares. Every
     process started through it is closed on the way out."""
     from intellect_node.models.loader import embedded_model_dir
 
     ids = {n: make_key(root / n) for n in names}
     common = dict(trainer=ids["trainer"], validators=[ids[v] for v in validators],
-                  worker_allowlist=[ids[w] for w in allowlist], model=model or str(embedded_model_dir()),
+                  worker_allowlist=[ids[w] for w in allowlist], auditors=[ids[a] for a in auditors],
+                  model=model or str(embedded_model_dir()),
                   rl=rl, **config)
     run = RoleRun(root, ids, common)
     try:
