@@ -8,6 +8,7 @@ is instant. Operator mistakes (:class:`ConfigError`) print the field and the fix
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 
 import typer
@@ -55,6 +56,46 @@ for _name in COMMAND_MODULES:
             raise
         continue
     _mod.register(app)
+
+
+def _unwrap(text: str) -> str:
+    """``text`` with each paragraph's single line breaks turned into spaces, so that rich wraps the help to
+    the terminal rather than at the source's line ends. Paragraphs marked ``\\b`` and lines that start a
+    list item or are indented keep their breaks."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    out = []
+    for para in paragraphs:
+        if para.startswith("\b"):
+            out.append(para)
+            continue
+        lines = para.split("\n")
+        joined = lines[0]
+        for line in lines[1:]:
+            numbered = line[:1].isdigit() and line.split(" ", 1)[0].endswith(".")
+            keep = numbered or line.startswith((" ", "- ", "* "))
+            joined += ("\n" if keep else " ") + line
+        out.append(joined)
+    return "\n\n".join(out)
+
+
+def _unwrap_help(tapp: typer.Typer) -> None:
+    """Apply :func:`_unwrap` to every help text and docstring that typer renders for ``tapp``'s tree."""
+    infos: list[typer.models.CommandInfo | typer.models.TyperInfo] = [tapp.info, *tapp.registered_commands]
+    if tapp.registered_callback is not None:
+        infos.append(tapp.registered_callback)
+    for group in tapp.registered_groups:
+        infos.append(group)
+        if group.typer_instance is not None:
+            _unwrap_help(group.typer_instance)
+    for info in infos:
+        if isinstance(info.help, str):
+            info.help = _unwrap(info.help)
+        callback = info.callback
+        if callback is not None and callback.__doc__:
+            callback.__doc__ = _unwrap(callback.__doc__)
+
+
+_unwrap_help(app)
 
 
 NODE_COMMANDS = frozenset({"join", "sweep"})
