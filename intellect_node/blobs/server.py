@@ -248,7 +248,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 async def send_deadline(request: web.Request, handler: Handler) -> web.StreamResponse:
     """The handler gets :data:`HANDLER_TIMEOUT_S`, its response's bytes ``SEND_BASE_S + size /
     MIN_SEND_BYTES_PER_S``; past either the connection is aborted (a reader that stopped reading
-    holds nothing)."""
+    holds nothing). A peer that closes its connection mid-response is routine: logged at debug, not as
+    aiohttp's error with a traceback."""
     try:
         async with asyncio.timeout(HANDLER_TIMEOUT_S):
             resp = await handler(request)
@@ -261,6 +262,12 @@ async def send_deadline(request: web.Request, handler: Handler) -> web.StreamRes
         if request.transport is not None:
             request.transport.abort()
         log.debug("bulk HTTP: %s %s from %s past its deadline; connection closed", request.method,
+                  request.path[:80], request.remote)
+        raise asyncio.CancelledError from None
+    except ConnectionError:  # reset, broken pipe, aiohttp's "Connection lost": the reader went away
+        if request.transport is not None:
+            request.transport.abort()
+        log.debug("bulk HTTP: %s %s from %s: the peer closed the connection mid-response", request.method,
                   request.path[:80], request.remote)
         raise asyncio.CancelledError from None
     return resp
