@@ -60,7 +60,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 import msgspec
@@ -132,10 +132,16 @@ class RunInfo:
 
 @dataclass(frozen=True)
 class Peers:
+    """Connected peers, and the inbound cap: slots held by open inbound connections, the cap (libp2p's
+    ``max_connections - min_connections``) and inbound connections refused at the cap so far."""
+
     count: int = 0
     trainers: tuple[str, ...] = ()
     validators: tuple[str, ...] = ()
     workers: tuple[str, ...] = ()
+    inbound_in_use: int = 0
+    inbound_cap: int = 0
+    inbound_refused: int = 0
 
 
 @dataclass(frozen=True)
@@ -640,11 +646,16 @@ class StatusBoard:
 
     def set_peers(self, count: int, *, trainers: Iterable[str] = (), validators: Iterable[str] = (),
                   workers: Iterable[str] = ()) -> None:
-        peers = Peers(count=count, trainers=tuple(sorted(trainers)), validators=tuple(sorted(validators)),
-                      workers=tuple(sorted(workers)))
         now = self._clock()
-        self._update(lambda s: {"peers": peers,
+        self._update(lambda s: {"peers": replace(s.peers, count=count, trainers=tuple(sorted(trainers)),
+                                                 validators=tuple(sorted(validators)),
+                                                 workers=tuple(sorted(workers))),
                                 **(self._marked(s, "first_peer", now) if count > 0 else {})})
+
+    def set_inbound(self, in_use: int, cap: int, refused: int) -> None:
+        """The inbound connection cap (see :class:`Peers`)."""
+        self._update(lambda s: {"peers": replace(s.peers, inbound_in_use=in_use, inbound_cap=cap,
+                                                 inbound_refused=refused)})
 
     def set_reachability(self, status: str, *, public_addrs: Iterable[str] = (), relay: str = "",
                          detail: str = "") -> None:

@@ -77,6 +77,15 @@ class StatusCollector(Collector):
         peers.add_metric(["validator"], len(s.peers.validators))
         peers.add_metric(["worker"], len(s.peers.workers))
         yield peers
+        inbound = GaugeMetricFamily(f"{_PREFIX}_inbound_slots",
+                                    "Inbound connection slots: held by open inbound connections (in_use) and "
+                                    "the cap past which new inbound connections are refused (cap).",
+                                    labels=["which"])
+        inbound.add_metric(["in_use"], s.peers.inbound_in_use)
+        inbound.add_metric(["cap"], s.peers.inbound_cap)
+        yield inbound
+        yield CounterMetricFamily(f"{_PREFIX}_inbound_refused", "Inbound connections refused because the "
+                                  "inbound cap was full.", value=s.peers.inbound_refused)
 
         policy = GaugeMetricFamily(f"{_PREFIX}_policy_version",
                                    "Policy version: newest announced (current) and loaded here (local).",

@@ -298,7 +298,8 @@ class NodeRuntime:
             "alive_peers": sw.peerbook.alive_peers() if sw else [],
             "known_peers": sw.peerbook.snapshot() if sw else [],
             "gossip": {"delivered": dict(sw.delivered), "dropped": dict(sw.dropped)} if sw else {},
-            "connections": sw.connmgr.snapshot(len(sw.connected_peers())) if sw else {},
+            "connections": ({**sw.connmgr.snapshot(len(sw.connected_peers())), "inbound": _inbound(sw)}
+                            if sw else {}),
             "http": self.http_gate.stats(),
             "heartbeats": self.heartbeats.snapshot() if self.heartbeats else {},
             "snapshot": snap.to_dict(),
@@ -336,6 +337,7 @@ class NodeRuntime:
                 count = len(sw.connected_peers())
                 self.board.set_peers(count, trainers=by_role["trainer"],
                                      validators=by_role["validator"], workers=by_role["worker"])
+                show_inbound(self.board, sw)
                 self._note_peers(count)
                 await asyncio.to_thread(sw.peerbook.save)  # fsync: keep it off the event loop
             self.board.refreshed()
@@ -426,6 +428,20 @@ async def serve(runtime: NodeRuntime) -> None:
         log.info("stopped in %.2fs", time.monotonic() - t0)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+
+def show_inbound(board: StatusBoard, sw: Swarm) -> None:
+    """The inbound cap on the board: its numbers, and ``degraded`` while it is full (new peers refused)."""
+    slots = sw.inbound()
+    board.set_inbound(slots.in_use, slots.cap, slots.refused)
+    board.set_degraded("inbound", (
+        f"inbound connection cap full ({slots.in_use} of {slots.cap}): new peers are refused "
+        f"({slots.refused} so far); raise network.conn_high") if slots.full else "")
+
+
+def _inbound(sw: Swarm) -> dict[str, int]:
+    slots = sw.inbound()
+    return {"in_use": slots.in_use, "cap": slots.cap, "refused": slots.refused}
 
 
 def run_node(runtime: NodeRuntime) -> int:

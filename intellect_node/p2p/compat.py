@@ -15,7 +15,9 @@ What is here:
   pubsub's per-peer tasks contain their failures; a stale pubsub stream's failure never tears down the
   stream that replaced it; pubsub's per-peer outbound queue is deeper than the stock 32 RPCs and sends
   an RPC that fits as it is; a peer's signed record, attached to every pubsub RPC, is checked once per
-  change, not once per RPC; a copy of a message already seen starts no task.
+  change, not once per RPC; a copy of a message already seen starts no task; an inbound connection
+  holds its slot of the inbound cap while it is open, not for the swarm's life, and a refusal at a full
+  cap is counted (:func:`inbound_slots`) and logged at WARNING.
 - :func:`contain_streams` (per host): the one choke point through which every inbound stream of every
   protocol reaches its handler (see :mod:`intellect_node.p2p.guard`).
 - :func:`prune_low_scores` (per gossipsub router): peers whose score fell leave the mesh.
@@ -67,7 +69,7 @@ def _check_version() -> None:
 _check_version()
 
 # Imported only after the version check: on another version these names may not exist.
-from libp2p.abc import IHost, INetStream  # noqa: E402
+from libp2p.abc import IHost, IMuxedConn, INetStream  # noqa: E402
 from libp2p.host.autonat.autonat import AutoNATService, _addr_ip  # noqa: E402
 from libp2p.host.autonat.pb.autonat_pb2 import Message as AutoNATMessage  # noqa: E402
 from libp2p.network.connection.swarm_connection import SwarmConn  # noqa: E402
@@ -350,6 +352,19 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "hundred bytes",
         "tests/p2p/test_compat_idle.py::test_stock_rpc_queue_rebuilds_rpcs_that_fit",
         "not reported", "upstream returns an RPC within the limit unsplit (the test then fails)"),
+    Workaround(
+        "inbound-slot-per-connection", "apply_fixes: Swarm._handle_inbound_connection",
+        "the inbound cap's slot (max_connections - min_connections) is taken per connection and given "
+        "back only when the whole swarm stops: the handler waits on the swarm's end after the upgrade, "
+        "so closing a connection never returns its slot; at the cap every later inbound connection is "
+        "closed before multistream (the dialer reads 'failed to negotiate the secure protocol') and the "
+        "library logs it at DEBUG only",
+        "a demo trainer refused every new peer after 124 inbound connections over its life (74 plain "
+        "connect/disconnect cycles from fresh keys, the rest banned attackers redialing) and had not "
+        "recovered 4.5 minutes later (shared notes, libp2p-0.8.1)",
+        "tests/p2p/test_inbound_slots.py::test_stock_inbound_handler_keeps_the_slot_of_a_closed_connection",
+        "not reported", "upstream returns the slot when its connection closes (the test then fails: the "
+        "stock handler gives the slot back)"),
 )
 
 
@@ -417,6 +432,7 @@ def apply_fixes() -> None:
     _STOCK.setdefault("yamux.read_exactly", _yamux.read_exactly)
     _yamux.read_exactly = _read_noting_header  # the name the read loop reads frames with
     _patch(_yamux.Yamux, "_read_data_body", _read_body_within_window)
+    _patch(LibSwarm, "_handle_inbound_connection", _inbound_connection)
     _patch(SwarmConn, "start", guard.contained_connection_task(SwarmConn.start, "stream accept loop"))
     _patch(_yamux.Yamux, "start", guard.contained_connection_task(_yamux.Yamux.start, "yamux read loop"))
     _patch(Pubsub, "write_msg", _write_msg)
@@ -435,6 +451,121 @@ def apply_fixes() -> None:
     _STOCK.setdefault("pubsub.maybe_consume_signed_record", _pubsub_module.maybe_consume_signed_record)
     _pubsub_module.maybe_consume_signed_record = _consume_record_once
     _gossipsub_module.maybe_consume_signed_record = _consume_record_once
+
+
+# -- inbound connection slots ------------------------------------------------------------------------
+
+INBOUND_WARNING_EVERY_S = 60.0
+"""At most one WARNING a minute for inbound connections refused at the cap (each one is counted)."""
+
+
+@dataclass
+class InboundRefusals:
+    """Inbound connections one libp2p swarm refused because its inbound cap was full."""
+
+    count: int = 0
+    warned_at: float = float("-inf")
+    unwarned: int = 0
+
+
+@dataclass(frozen=True)
+class InboundSlots:
+    """The inbound cap of one host: slots held by open inbound connections, the cap, refusals so far."""
+
+    in_use: int
+    cap: int
+    refused: int
+
+    @property
+    def full(self) -> bool:
+        return self.cap > 0 and self.in_use >= self.cap
+
+
+_REFUSALS: "weakref.WeakKeyDictionary[LibSwarm, InboundRefusals]" = weakref.WeakKeyDictionary()
+
+
+def inbound_slots(host: IHost) -> InboundSlots:
+    """How full ``host``'s inbound cap is (read on any thread: two ints and a counter)."""
+    network = network_of(host)
+    limiter: trio.CapacityLimiter = network._inbound_limiter
+    refused = _REFUSALS.get(network)
+    return InboundSlots(in_use=int(limiter.borrowed_tokens), cap=int(limiter.total_tokens),
+                        refused=refused.count if refused else 0)
+
+
+def _note_inbound_refusal(network: LibSwarm) -> None:
+    seen = _REFUSALS.setdefault(network, InboundRefusals())
+    seen.count += 1
+    seen.unwarned += 1
+    now = time.monotonic()
+    if now - seen.warned_at >= INBOUND_WARNING_EVERY_S:
+        log.warning("inbound connection cap (%d) full: refused %d new inbound connection(s) since the "
+                       "last warning (%d in all); raise network.conn_high if honest peers are turned away",
+                       int(network._inbound_limiter.total_tokens), seen.unwarned, seen.count)
+        seen.warned_at = now
+        seen.unwarned = 0
+
+
+async def _close_quietly(conn: Any) -> None:
+    try:
+        await conn.close()
+    except Exception as exc:  # the socket is already gone: nothing is left to release
+        log.debug("closing a refused inbound connection: %s", exc)
+
+
+async def _inbound_connection(self: LibSwarm, conn: Any, maddr: Any) -> None:
+    """The inbound handler with its slot held while its own connection is open, not the swarm's life.
+
+    What it keeps of the stock handler: the cap taken without a checkpoint (``acquire_nowait``), the
+    connection gate, the security and muxer upgrade. What it changes: after the upgrade it waits until
+    the connection shuts down (or the swarm ends), so the ``finally`` returns the slot, from the task that
+    took it, exactly once; a refusal at the cap is counted (:func:`inbound_slots`) and logged at WARNING,
+    rate-limited. Pre-multiplexed transports (QUIC, WebTransport) go to the stock inner handler: the node
+    listens on TCP only."""
+    try:
+        self._inbound_limiter.acquire_nowait()
+    except trio.WouldBlock:
+        _note_inbound_refusal(self)
+        await _close_quietly(conn)
+        return
+    try:
+        if isinstance(conn, IMuxedConn):
+            from libp2p.network.swarm import SwarmEvent
+
+            # The stock inner handler takes either kind; its annotation names only the raw one.
+            await self._do_handle_inbound_connection(conn, maddr, SwarmEvent())  # type: ignore[arg-type]
+        else:
+            await _upgrade_and_hold(self, conn, maddr)
+    finally:
+        self._inbound_limiter.release()
+
+
+async def _upgrade_and_hold(network: LibSwarm, conn: Any, maddr: Any) -> None:
+    from libp2p.network.connection.raw_connection import RawConnection
+
+    remote = network._build_remote_multiaddr(conn)
+    if remote is not None and not await network.connection_gate.is_allowed(remote):
+        await _close_quietly(conn)
+        return
+    raw = RawConnection(conn, False)
+    try:
+        muxed = await network.upgrade_inbound_raw_conn(raw, maddr)
+    except Exception as exc:  # a dialer that fails its handshake ends only its own connection
+        log.debug("inbound upgrade from %s failed: %s", remote, exc)
+        await _close_quietly(raw)
+        return
+    shutting_down: trio.Event | None = getattr(muxed, "event_shutting_down", None)
+    if shutting_down is None:  # a muxer without the event: hold the slot as the stock handler does
+        await network.manager.wait_finished()
+        return
+    async with trio.open_nursery() as nursery:
+        async def swarm_end() -> None:
+            await network.manager.wait_finished()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(swarm_end)
+        await shutting_down.wait()
+        nursery.cancel_scope.cancel()
 
 
 async def _window_update(self: _yamux.YamuxStream, *, bytes_read: int = 0) -> None:

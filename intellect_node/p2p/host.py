@@ -326,6 +326,9 @@ class P2PHost:
     def connected_peers(self) -> list[str]:
         return sorted(p.to_base58() for p in self.host.get_connected_peers())  # a list copy (C, atomic)
 
+    def inbound(self) -> compat.InboundSlots:
+        return compat.inbound_slots(self.host)
+
     # -- connections ---------------------------------------------------------------------------------
 
     def _on_connected(self, pid: ID, remote_ip: str | None = None) -> None:

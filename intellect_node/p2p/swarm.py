@@ -52,6 +52,7 @@ from intellect_node.protocol.signing import SigningKey
 from intellect_node.protocol.topics import validate_run_id
 
 if TYPE_CHECKING:
+    from intellect_node.p2p.compat import InboundSlots
     from intellect_node.p2p.host import P2PHost
 
 log = logging.getLogger(__name__)
@@ -266,6 +267,10 @@ class Swarm:
 
     def connected_peers(self) -> list[str]:
         return self.p2p.connected_peers()
+
+    def inbound(self) -> InboundSlots:
+        """How full the inbound connection cap is (``compat.inbound_slots``)."""
+        return self.p2p.inbound()
 
     async def connect(self, addr: str) -> str:
         """Dial a ``.../p2p/<id>`` multiaddr; return the peer ID (TransportError if it fails)."""
