@@ -298,16 +298,19 @@ class P2PHost:
 
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Run host, pubsub, gossipsub and DHT until cancelled; ``started()`` once listening."""
-        async with self.host.run(listen_addrs=self._listen):
-            async with background_trio_service(self.pubsub), background_trio_service(self.gossipsub), \
-                    background_trio_service(self.dht), trio.open_nursery() as nursery:
-                self._nursery = nursery
-                await self.pubsub.wait_until_ready()
-                self.addrs_snapshot = self.listen_addrs()
-                nursery.start_soon(self._refresh_addrs)
-                nursery.start_soon(self.connmgr.run, self._survey, self.close_peer)
-                task_status.started()
-                await trio.sleep_forever()
+        try:
+            async with self.host.run(listen_addrs=self._listen):
+                async with background_trio_service(self.pubsub), background_trio_service(self.gossipsub), \
+                        background_trio_service(self.dht), trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    await self.pubsub.wait_until_ready()
+                    self.addrs_snapshot = self.listen_addrs()
+                    nursery.start_soon(self._refresh_addrs)
+                    nursery.start_soon(self.connmgr.run, self._survey, self.close_peer)
+                    task_status.started()
+                    await trio.sleep_forever()
+        finally:
+            compat.stop_seen_cache(self.pubsub)
 
     async def _refresh_addrs(self) -> None:
         # get_addrs() walks libp2p state that only the trio thread may touch; the asyncio side reads

@@ -12,6 +12,7 @@ The node's smallest watermarks (low 1, high 1) give an inbound cap of 16: ``max_
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -75,6 +76,26 @@ def test_cap_plus_one_connect_disconnect_cycles_from_fresh_keys_all_connect() ->
     run(main(), timeout=300)
 
 
+def test_at_the_nodes_own_watermarks_cap_plus_one_cycles_all_connect() -> None:
+    """The node's default watermarks (cap 124), 125 fresh-key cycles, 8 dialers at a time."""
+    from intellect_node.config import build_config
+
+    async def main() -> None:
+        async with node(ConnLimits.from_config(build_config())) as target:
+            cap = target.inbound().cap
+            assert cap == 124
+
+            async def dialer(share: int) -> None:
+                for _ in range(share):
+                    await _cycle(target)
+
+            await asyncio.gather(*(dialer(cap // 8 + (1 if i < cap % 8 + 1 else 0)) for i in range(8)))
+            await wait_until(lambda: target.inbound().in_use == 0, 30, what="every slot returns")
+            assert target.inbound().refused == 0
+
+    run(main(), timeout=300)
+
+
 def test_a_banned_peers_redials_cost_no_slot() -> None:
     async def main() -> None:
         async with node() as target, node(ConnLimits(low=1, high=4)) as banned:
@@ -82,8 +103,11 @@ def test_a_banned_peers_redials_cost_no_slot() -> None:
             for _ in range(CAP + 1):
                 with contextlib.suppress(Exception):  # the dial may succeed, then be closed at once
                     await banned.connect(target.listen_addrs()[0])
+                # The banned side sees the close only after the target took the connection and refused it.
+                await wait_until(lambda: target.peer_id not in banned.connected_peers(), 20,
+                                 what="the target closes the banned peer's connection")
                 await wait_until(lambda: target.inbound().in_use == 0, 20, what="the banned peer's slot")
-            assert banned.peer_id not in target.connected_peers()
+            assert target.inbound().refused == 0  # closed after the handshake, never refused at the cap
             await _cycle(target)  # an honest newcomer still gets in
 
     run(main(), timeout=300)
