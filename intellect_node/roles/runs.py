@@ -362,7 +362,10 @@ async def _get_listing(policy: AddressPolicy, provider: Provider) -> RunListing:
     parts = urlsplit(provider.http_url)
     if parts.scheme != "http" or not parts.hostname or parts.port is None:
         raise TransportError(f"provider URL {provider.http_url[:80]!r} is not a plain http://host:port URL")
-    infos = await asyncio.get_running_loop().getaddrinfo(parts.hostname, parts.port)
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(parts.hostname, parts.port)
+    except (OSError, UnicodeError) as exc:  # socket.gaierror: a name nobody resolves is a provider's word
+        raise TransportError(f"cannot resolve {parts.hostname[:80]!r}: {exc}") from exc
     if not infos:
         raise TransportError(f"cannot resolve {parts.hostname}")
     ip = str(infos[0][4][0])
@@ -395,6 +398,8 @@ async def find_runs(swarm: Swarm, blobs: BlobService, *, heard: Sequence[RunList
             swarm.peerbook.record_rejection(p.peer_id, f"run listing: {exc}")
         except TransportError as exc:
             log.info("no run listing from %s: %s", p.peer_id, exc)
+        except (OSError, ValueError) as exc:  # anything else a provider's address can raise: skip it
+            log.info("no run listing from %s: %r", p.peer_id, exc)
         return None
 
     listings = [x for x in await asyncio.gather(*(ask(p) for p in providers)) if x is not None]
