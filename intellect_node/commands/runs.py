@@ -88,15 +88,25 @@ def _age(seconds: int) -> str:
     return f"{seconds // 3600}h" if seconds < 172800 else f"{seconds // 86400}d"
 
 
+def printable(text: str) -> str:
+    """``text`` with every control and format character (C0/C1 escapes, bidi overrides, zero-width
+    marks: Unicode categories Cc, Cf, and line and paragraph separators) as ``?``: what a manifest or a
+    listing says is a peer's word and must not drive the operator's terminal."""
+    import unicodedata
+
+    return "".join("?" if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") else ch for ch in text)
+
+
 def render(rows: list[dict[str, Any]]) -> str:
-    """The table ``runs`` prints."""
+    """The table ``runs`` prints (every cell through :func:`printable`)."""
     head = ["RUN", "MODEL", "ENV", "ORGANISER", "CID", "NODES", "VERSION", "STEP", "AGE"]
     table = [head]
     for r in rows:
         nodes = " ".join(f"{k}={v}" for k, v in sorted(r["nodes"].items())) or "-"
-        table.append([r["run_id"], r["model"], r["env"], r["organiser"][-8:], r["cid"], nodes,
-                      str(r["policy_version"]) if r["policy_version"] >= 0 else "-",
-                      str(r["step"]) if r["step"] >= 0 else "-", _age(r["age_s"])])
+        table.append([printable(str(c)) for c in (
+            r["run_id"], r["model"], r["env"], r["organiser"][-8:], r["cid"], nodes,
+            str(r["policy_version"]) if r["policy_version"] >= 0 else "-",
+            str(r["step"]) if r["step"] >= 0 else "-", _age(r["age_s"]))])
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
 
@@ -202,7 +212,7 @@ async def _prepare(d: Path, run_ref: str, organiser: Optional[str], bootstrap: l
                                    _age(max(0, (now - r.manifest.created_ms) // 1000))) for r in rows])
         _say(f"fetching run {cid} ...")
         run, raw = await fetch_run(blobs, cid, organiser=organiser)
-        _say(f"run {run.run_id} by {run.organiser}: fetching {len(run.model_files)} model files "
+        _say(f"run {printable(run.run_id)} by {run.organiser}: fetching {len(run.model_files)} model files "
              f"({run.model_bytes} bytes) by their CIDs ...")
         await fetch_model(blobs, run, run_folder(d, cid) / "model")
         keep_run(d, cid, raw)
@@ -250,7 +260,7 @@ def config_for_run(run_ref: str, organiser: Optional[str], d: Path, *, flags: di
     local = {**local, "network": {**dict(local.get("network", {})), "bootstrap": boot}}
     cfg = config_from_manifest(run, local=local, origin=origin, model_dir=folder / "model",
                                thresholds=thresholds)
-    _say(f"joining run {run.run_id} ({cid}) organised by {run.organiser}")
+    _say(f"joining run {printable(run.run_id)} ({cid}) organised by {run.organiser}")
     return cfg
 
 
