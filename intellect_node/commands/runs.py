@@ -9,7 +9,7 @@ by its CID (in a temporary store), and prints one row per run.
 1. the node's own layers (``--config``, ``INTELLECT_NODE_*``, flags) are read; a shared ``[run]``/``[rl]``
    field among them is refused before anything else (it would make another run than the CID names);
 2. ``--run`` names a CID, or a run ID looked up like ``runs`` does (refused, with the list, when it names
-   several manifests);
+   several manifests, and without ``--organiser`` when the listings name several CIDs for it);
 3. the manifest and the model files are taken from this data dir's blob store when complete there (the
    organiser's node, a restarted participant), else fetched by their CIDs through the swarm; the
    manifest must be signed by its blob's publisher (and by ``--organiser`` when given), every model file
@@ -164,6 +164,23 @@ def _pick(run_ref: str, candidates: list[tuple[str, str, str]]) -> str:
     return candidates[0][0]
 
 
+def _pick_by_id(run_ref: str, organiser: Optional[str], rows: list[Any], claims: dict[str, set[str]],
+                now_ms: int) -> str:
+    """The CID that run ID ``run_ref`` names among the rows ``find_runs`` found. Without ``--organiser``
+    every listing must name the same CID for it: a listing is one node's word, and a hostile one may name
+    its own manifest of that run ID (with the honest one left out of the lookup's limits). ConfigError
+    naming --organiser when they disagree."""
+    named = sorted(claims.get(run_ref, set()))
+    if organiser is None and len(named) > 1:
+        raise ConfigError(f"--run {run_ref}: the peers' listings name {len(named)} manifests for that run "
+                          f"ID ({', '.join(named[:8])}); pass --organiser <peer id> to pin who made the "
+                          "run, or --run <CID>", field="--organiser")
+    found = [r for r in rows if r.manifest.run_id == run_ref
+             and (organiser is None or r.manifest.organiser == organiser)]
+    return _pick(run_ref, [(r.cid, r.manifest.organiser,
+                            _age(max(0, (now_ms - r.manifest.created_ms) // 1000))) for r in found])
+
+
 async def _prepare(d: Path, run_ref: str, organiser: Optional[str], bootstrap: list[str],
                    listen: str) -> tuple[str, Any]:
     """The run's CID and manifest, with its model folder and thresholds written under
@@ -205,11 +222,9 @@ async def _prepare(d: Path, run_ref: str, organiser: Optional[str], bootstrap: l
     async with client_swarm(bootstrap, listen=listen, data_dir=d) as (_swarm, blobs):
         if cid is None:
             _say(f"looking up run {run_ref} ...")
-            now = int(time.time() * 1000)
-            rows = [r for r in await find_runs(_swarm, blobs) if r.manifest.run_id == run_ref
-                    and (organiser is None or r.manifest.organiser == organiser)]
-            cid = _pick(run_ref, [(r.cid, r.manifest.organiser,
-                                   _age(max(0, (now - r.manifest.created_ms) // 1000))) for r in rows])
+            claims: dict[str, set[str]] = {}
+            rows = await find_runs(_swarm, blobs, claims=claims)
+            cid = _pick_by_id(run_ref, organiser, rows, claims, int(time.time() * 1000))
         _say(f"fetching run {cid} ...")
         run, raw = await fetch_run(blobs, cid, organiser=organiser)
         _say(f"run {printable(run.run_id)} by {run.organiser}: fetching {len(run.model_files)} model files "

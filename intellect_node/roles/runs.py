@@ -385,9 +385,12 @@ async def _get_listing(policy: AddressPolicy, provider: Provider) -> RunListing:
     return open_listing(body, now_ms=int(time.time() * 1000), signer=provider.peer_id)
 
 
-async def find_runs(swarm: Swarm, blobs: BlobService, *, heard: Sequence[RunListing] = ()) -> list[RunRow]:
+async def find_runs(swarm: Swarm, blobs: BlobService, *, heard: Sequence[RunListing] = (),
+                    claims: dict[str, set[str]] | None = None) -> list[RunRow]:
     """Every run some provider of :data:`RUNS_KEY` (or a listing in ``heard``) names, whose manifest
-    could be fetched and checked; newest first. A provider that answers wrong is recorded against it."""
+    could be fetched and checked; newest first. A provider that answers wrong is recorded against it.
+    ``claims``, when given, is filled with run ID -> every CID a listing names for it (fetched or not):
+    listings that disagree about a run ID are a reason to refuse joining by that ID alone."""
     providers = (await swarm.find_providers(RUNS_KEY))[:MAX_PROVIDERS_ASKED]
     policy = AddressPolicy.from_swarm(swarm)
 
@@ -404,6 +407,10 @@ async def find_runs(swarm: Swarm, blobs: BlobService, *, heard: Sequence[RunList
 
     listings = [x for x in await asyncio.gather(*(ask(p) for p in providers)) if x is not None]
     listings += heard
+    if claims is not None:
+        for listing in listings:
+            for seen in listing.runs:
+                claims.setdefault(seen.run_id, set()).add(seen.cid)
     cids = list(dict.fromkeys(seen.cid for listing in listings for seen in listing.runs))[:MAX_RUNS_LOOKED_AT]
 
     async def manifest(cid: str) -> RunManifest | None:

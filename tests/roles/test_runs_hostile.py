@@ -46,3 +46,34 @@ def _find(swarm: _Swarm, heard: list[RunListing] | None = None) -> Any:
 def test_a_provider_whose_host_does_not_resolve_is_skipped() -> None:
     hostile = Provider("12D3KooWhostile", "http://no-such-host.invalid:8080")
     assert _find(_Swarm([hostile])) == []
+
+
+class _Store:
+    def manifest(self, _cid: str) -> None:
+        return None
+
+    def missing(self, _cid: str) -> bool:
+        return True
+
+
+class _Blobs:
+    """Serves nothing: every listed manifest's fetch fails as an unserved blob does."""
+
+    store = _Store()
+
+    async def fetch(self, cid: str, **_kw: object) -> None:
+        from intellect_node.errors import TransportError
+
+        raise TransportError(f"no provider serves {cid}")
+
+
+def test_every_cid_listed_for_a_run_id_is_reported_fetched_or_not() -> None:
+    from intellect_node.protocol.ids import cid_of
+    from intellect_node.protocol.run_manifest import RunSeen
+
+    a, b = cid_of(b"a"), cid_of(b"b")
+    heard = [RunListing(node="12D3KooWone", time_ms=1, runs=[RunSeen(cid=a, run_id="r1", nodes={})]),
+             RunListing(node="12D3KooWtwo", time_ms=1, runs=[RunSeen(cid=b, run_id="r1", nodes={})])]
+    claims: dict[str, set[str]] = {}
+    rows = asyncio.run(find_runs(_Swarm([]), _Blobs(), heard=heard, claims=claims))  # type: ignore[arg-type]
+    assert rows == [] and claims == {"r1": {a, b}}
