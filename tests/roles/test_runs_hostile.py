@@ -77,3 +77,49 @@ def test_every_cid_listed_for_a_run_id_is_reported_fetched_or_not() -> None:
     claims: dict[str, set[str]] = {}
     rows = asyncio.run(find_runs(_Swarm([]), _Blobs(), heard=heard, claims=claims))  # type: ignore[arg-type]
     assert rows == [] and claims == {"r1": {a, b}}
+
+
+def _run() -> Any:
+    from intellect_node.protocol.ids import cid_of
+    from intellect_node.protocol.run_manifest import ModelFile, RunManifest
+
+    return RunManifest(format="intellect-node/run/1", run_id="r1", organiser="12D3KooWorg", created_ms=1,
+                       model_name="m", model_files=[ModelFile(path="config.json", blob=cid_of(b"c"), size=1)],
+                       config="{}", thresholds="{}")
+
+
+def test_one_listing_cannot_inflate_a_runs_counts() -> None:
+    from intellect_node.protocol.ids import cid_of
+    from intellect_node.protocol.run_manifest import RunSeen
+    from intellect_node.roles.runs import rows_of
+
+    cid = cid_of(b"run")
+    honest = [RunListing(node=f"12D3KooWh{i}", time_ms=1,
+                         runs=[RunSeen(cid=cid, run_id="r1", nodes={"worker": 3, "trainer": 1})])
+              for i in range(2)]
+    hostile = RunListing(node="12D3KooWbad", time_ms=1,
+                         runs=[RunSeen(cid=cid, run_id="r1", nodes={"worker": 10_000, "validator": 500})])
+    silent = RunListing(node="12D3KooWother", time_ms=1, runs=[RunSeen(cid=cid, run_id="r1", nodes={})])
+    (row,) = rows_of([*honest, hostile, silent], {cid: _run()})
+    assert row.nodes == {"worker": 3, "trainer": 1}
+    assert len(row.listed_by) == 4
+
+
+def test_listings_heard_while_waiting_are_bounded_newest_per_node() -> None:
+    from intellect_node.roles.runs import MAX_HEARD_LISTINGS, listen_for_listings
+
+    handlers: list[Any] = []
+
+    class _Sub:
+        def subscribe(self, _topic: str, _validate: Any, on_message: Any) -> None:
+            handlers.append(on_message)
+
+    heard = asyncio.run(listen_for_listings(_Sub()))  # type: ignore[arg-type]
+    (on_message,) = handlers
+    for i in range(3 * MAX_HEARD_LISTINGS):
+        node = f"12D3KooW{i}"
+        on_message(RunListing(node=node, time_ms=i, runs=[]), node)
+    for t in (1, 2):
+        on_message(RunListing(node="12D3KooWlast", time_ms=t, runs=[]), "12D3KooWlast")
+    assert len(heard) == MAX_HEARD_LISTINGS
+    assert [x.time_ms for x in heard if x.node == "12D3KooWlast"] == [2]
