@@ -32,7 +32,8 @@ HOSTILE = _Row("bafkreievil", _Manifest("r1", "12D3KooWbad"))
 def test_listings_that_disagree_about_a_run_id_need_organiser() -> None:
     claims = {"r1": {"bafkreihonest", "bafkreievil"}}
     # Only the hostile manifest was fetched (the honest one left out by the lookup's limits): still refused.
-    with pytest.raises(ConfigError, match=r"--run r1: the peers' listings name 2 manifests.*--organiser") as e:
+    refused = r"--run r1: the peers' listings name 2 manifests.*--organiser"
+    with pytest.raises(ConfigError, match=refused) as e:
         _pick_by_id("r1", None, [HOSTILE], claims, 0)  # type: ignore[list-item]
     assert e.value.field == "--organiser"
     pinned = _pick_by_id("r1", "12D3KooWorg", [HONEST, HOSTILE], claims, 0)  # type: ignore[list-item]
