@@ -187,6 +187,8 @@ def calibrate(steps: Iterable[tuple[State, State, State]], *, condition: str,
         w = worst(diffs)
         if w is None:
             continue
+        if not w.finite:
+            raise ValueError(f"step {n}: tensor {w.name} is not finite (NaN or inf)")
         if not math.isfinite(w.relative):
             raise ValueError(f"step {n}: tensor {w.name} moved in the published step but not in the replay")
         if w.relative > seen:
