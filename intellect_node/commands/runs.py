@@ -9,7 +9,7 @@ by its CID (in a temporary store), and prints one row per run.
 1. the node's own layers (``--config``, ``INTELLECT_NODE_*``, flags) are read; a shared ``[run]``/``[rl]``
    field among them is refused before anything else (it would make another run than the CID names);
 2. ``--run`` names a CID, or a run ID looked up like ``runs`` does (refused, with the list, when it names
-   several manifests);
+   several manifests, and without ``--organiser`` when the listings name several CIDs for it);
 3. the manifest and the model files are taken from this data dir's blob store when complete there (the
    organiser's node, a restarted participant), else fetched by their CIDs through the swarm; the
    manifest must be signed by its blob's publisher (and by ``--organiser`` when given), every model file
@@ -88,15 +88,25 @@ def _age(seconds: int) -> str:
     return f"{seconds // 3600}h" if seconds < 172800 else f"{seconds // 86400}d"
 
 
+def printable(text: str) -> str:
+    """``text`` with every control and format character (C0/C1 escapes, bidi overrides, zero-width
+    marks: Unicode categories Cc, Cf, and line and paragraph separators) as ``?``: what a manifest or a
+    listing says is a peer's word and must not drive the operator's terminal."""
+    import unicodedata
+
+    return "".join("?" if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") else ch for ch in text)
+
+
 def render(rows: list[dict[str, Any]]) -> str:
-    """The table ``runs`` prints."""
+    """The table ``runs`` prints (every cell through :func:`printable`)."""
     head = ["RUN", "MODEL", "ENV", "ORGANISER", "CID", "NODES", "VERSION", "STEP", "AGE"]
     table = [head]
     for r in rows:
         nodes = " ".join(f"{k}={v}" for k, v in sorted(r["nodes"].items())) or "-"
-        table.append([r["run_id"], r["model"], r["env"], r["organiser"][-8:], r["cid"], nodes,
-                      str(r["policy_version"]) if r["policy_version"] >= 0 else "-",
-                      str(r["step"]) if r["step"] >= 0 else "-", _age(r["age_s"])])
+        table.append([printable(str(c)) for c in (
+            r["run_id"], r["model"], r["env"], r["organiser"][-8:], r["cid"], nodes,
+            str(r["policy_version"]) if r["policy_version"] >= 0 else "-",
+            str(r["step"]) if r["step"] >= 0 else "-", _age(r["age_s"]))])
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
 
@@ -154,6 +164,23 @@ def _pick(run_ref: str, candidates: list[tuple[str, str, str]]) -> str:
     return candidates[0][0]
 
 
+def _pick_by_id(run_ref: str, organiser: Optional[str], rows: list[Any], claims: dict[str, set[str]],
+                now_ms: int) -> str:
+    """The CID that run ID ``run_ref`` names among the rows ``find_runs`` found. Without ``--organiser``
+    every listing must name the same CID for it: a listing is one node's word, and a hostile one may name
+    its own manifest of that run ID (with the honest one left out of the lookup's limits). ConfigError
+    naming --organiser when they disagree."""
+    named = sorted(claims.get(run_ref, set()))
+    if organiser is None and len(named) > 1:
+        raise ConfigError(f"--run {run_ref}: the peers' listings name {len(named)} manifests for that run "
+                          f"ID ({', '.join(named[:8])}); pass --organiser <peer id> to pin who made the "
+                          "run, or --run <CID>", field="--organiser")
+    found = [r for r in rows if r.manifest.run_id == run_ref
+             and (organiser is None or r.manifest.organiser == organiser)]
+    return _pick(run_ref, [(r.cid, r.manifest.organiser,
+                            _age(max(0, (now_ms - r.manifest.created_ms) // 1000))) for r in found])
+
+
 async def _prepare(d: Path, run_ref: str, organiser: Optional[str], bootstrap: list[str],
                    listen: str) -> tuple[str, Any]:
     """The run's CID and manifest, with its model folder and thresholds written under
@@ -195,14 +222,12 @@ async def _prepare(d: Path, run_ref: str, organiser: Optional[str], bootstrap: l
     async with client_swarm(bootstrap, listen=listen, data_dir=d) as (_swarm, blobs):
         if cid is None:
             _say(f"looking up run {run_ref} ...")
-            now = int(time.time() * 1000)
-            rows = [r for r in await find_runs(_swarm, blobs) if r.manifest.run_id == run_ref
-                    and (organiser is None or r.manifest.organiser == organiser)]
-            cid = _pick(run_ref, [(r.cid, r.manifest.organiser,
-                                   _age(max(0, (now - r.manifest.created_ms) // 1000))) for r in rows])
+            claims: dict[str, set[str]] = {}
+            rows = await find_runs(_swarm, blobs, claims=claims)
+            cid = _pick_by_id(run_ref, organiser, rows, claims, int(time.time() * 1000))
         _say(f"fetching run {cid} ...")
         run, raw = await fetch_run(blobs, cid, organiser=organiser)
-        _say(f"run {run.run_id} by {run.organiser}: fetching {len(run.model_files)} model files "
+        _say(f"run {printable(run.run_id)} by {run.organiser}: fetching {len(run.model_files)} model files "
              f"({run.model_bytes} bytes) by their CIDs ...")
         await fetch_model(blobs, run, run_folder(d, cid) / "model")
         keep_run(d, cid, raw)
@@ -250,7 +275,7 @@ def config_for_run(run_ref: str, organiser: Optional[str], d: Path, *, flags: di
     local = {**local, "network": {**dict(local.get("network", {})), "bootstrap": boot}}
     cfg = config_from_manifest(run, local=local, origin=origin, model_dir=folder / "model",
                                thresholds=thresholds)
-    _say(f"joining run {run.run_id} ({cid}) organised by {run.organiser}")
+    _say(f"joining run {printable(run.run_id)} ({cid}) organised by {run.organiser}")
     return cfg
 
 

@@ -3,7 +3,9 @@
 The manifest (``protocol/run_manifest.py``) carries the ``[run]`` and ``[rl]`` settings every node of the
 run shares, minus :data:`LOCAL_FIELDS`: paths on this machine (the model folder and thresholds file,
 which ``join --run`` fetches and writes itself) and the trainer's hardware choices. A node joining by
-CID takes every shared setting from the manifest; setting one of them locally as well (``--config``, an
+CID takes every shared setting from the manifest, and nothing else: a manifest that sets a local
+field, a machine file or another section is refused naming it (:func:`manifest_refusal`); setting a
+shared field locally as well (``--config``, an
 ``INTELLECT_NODE_RUN__*`` variable, ``--run-id``...) is refused naming the field, since the run would
 then not be the one the CID names. The local fields, the network and every other section stay the
 node's own.
@@ -59,6 +61,27 @@ def shared_fields_set(local: Mapping[str, Any], origin: Mapping[str, str]) -> li
     return out
 
 
+MACHINE_FILES = frozenset({"rl.tasks_file", "rl.solve_rates_file"})
+"""Shared fields that name a file on the organiser's machine: a manifest carries them unset (null) only
+(:func:`run_sections` refuses a config that sets them)."""
+
+
+def manifest_refusal(shared: Mapping[str, Any]) -> str | None:
+    """Why a manifest's config sets something that is not a shared run setting (another section, a
+    field in :data:`LOCAL_FIELDS` or :data:`DERIVED_FIELDS`, a machine file in :data:`MACHINE_FILES`
+    set), or None. The manifest is the organiser's word: it must not choose a joining node's paths,
+    device or checkpoint cadence."""
+    for section, values in shared.items():
+        if section not in RUN_SECTIONS or not isinstance(values, Mapping):
+            return f"{str(section)[:40]!r} is not a shared run setting (only [run] and [rl] are)"
+        for name, value in values.items():
+            field = f"{section}.{str(name)[:40]}"
+            machine_file = field in MACHINE_FILES and value is not None
+            if field in LOCAL_FIELDS or field in DERIVED_FIELDS or machine_file:
+                return f"{field} is not a shared run setting (it is this node's own)"
+    return None
+
+
 def config_from_manifest(m: RunManifest, *, local: Mapping[str, Any], origin: Mapping[str, str],
                          model_dir: Path, thresholds: Path) -> NodeConfig:
     """The node's configuration: its own layers (``local``: file, variables, flags as
@@ -74,6 +97,12 @@ def config_from_manifest(m: RunManifest, *, local: Mapping[str, Any], origin: Ma
         shared = m.config_dict()
     except ValueError as exc:  # checked when the manifest was opened; here for a hand-made object
         raise ProtocolError(f"the run manifest's config is not JSON: {exc}") from exc
+    if not isinstance(shared, Mapping):
+        raise ProtocolError("the run manifest's config is not a JSON object")
+    why = manifest_refusal(shared)
+    if why:
+        raise ProtocolError(f"the run manifest sets {why}; refused (its organiser's node or an attacker "
+                            "put it there)")
     paths = {"run": {"model": str(model_dir), "proof_thresholds": str(thresholds),
                      "proof_thresholds_sha256": m.thresholds_sha256}}
     merged = deep_merge(deep_merge(dict(local), shared), paths)

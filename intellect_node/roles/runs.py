@@ -362,7 +362,10 @@ async def _get_listing(policy: AddressPolicy, provider: Provider) -> RunListing:
     parts = urlsplit(provider.http_url)
     if parts.scheme != "http" or not parts.hostname or parts.port is None:
         raise TransportError(f"provider URL {provider.http_url[:80]!r} is not a plain http://host:port URL")
-    infos = await asyncio.get_running_loop().getaddrinfo(parts.hostname, parts.port)
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(parts.hostname, parts.port)
+    except (OSError, UnicodeError) as exc:  # socket.gaierror: a name nobody resolves is a provider's word
+        raise TransportError(f"cannot resolve {parts.hostname[:80]!r}: {exc}") from exc
     if not infos:
         raise TransportError(f"cannot resolve {parts.hostname}")
     ip = str(infos[0][4][0])
@@ -382,9 +385,12 @@ async def _get_listing(policy: AddressPolicy, provider: Provider) -> RunListing:
     return open_listing(body, now_ms=int(time.time() * 1000), signer=provider.peer_id)
 
 
-async def find_runs(swarm: Swarm, blobs: BlobService, *, heard: Sequence[RunListing] = ()) -> list[RunRow]:
+async def find_runs(swarm: Swarm, blobs: BlobService, *, heard: Sequence[RunListing] = (),
+                    claims: dict[str, set[str]] | None = None) -> list[RunRow]:
     """Every run some provider of :data:`RUNS_KEY` (or a listing in ``heard``) names, whose manifest
-    could be fetched and checked; newest first. A provider that answers wrong is recorded against it."""
+    could be fetched and checked; newest first. A provider that answers wrong is recorded against it.
+    ``claims``, when given, is filled with run ID -> every CID a listing names for it (fetched or not):
+    listings that disagree about a run ID are a reason to refuse joining by that ID alone."""
     providers = (await swarm.find_providers(RUNS_KEY))[:MAX_PROVIDERS_ASKED]
     policy = AddressPolicy.from_swarm(swarm)
 
@@ -395,10 +401,16 @@ async def find_runs(swarm: Swarm, blobs: BlobService, *, heard: Sequence[RunList
             swarm.peerbook.record_rejection(p.peer_id, f"run listing: {exc}")
         except TransportError as exc:
             log.info("no run listing from %s: %s", p.peer_id, exc)
+        except (OSError, ValueError) as exc:  # anything else a provider's address can raise: skip it
+            log.info("no run listing from %s: %r", p.peer_id, exc)
         return None
 
     listings = [x for x in await asyncio.gather(*(ask(p) for p in providers)) if x is not None]
     listings += heard
+    if claims is not None:
+        for listing in listings:
+            for seen in listing.runs:
+                claims.setdefault(seen.run_id, set()).add(seen.cid)
     cids = list(dict.fromkeys(seen.cid for listing in listings for seen in listing.runs))[:MAX_RUNS_LOOKED_AT]
 
     async def manifest(cid: str) -> RunManifest | None:
@@ -410,7 +422,13 @@ async def find_runs(swarm: Swarm, blobs: BlobService, *, heard: Sequence[RunList
             return None
 
     manifests = dict(zip(cids, await asyncio.gather(*(manifest(c) for c in cids))))
+    return rows_of(listings, manifests)
+
+
+def rows_of(listings: Sequence[RunListing], manifests: dict[str, RunManifest | None]) -> list[RunRow]:
+    """One row per listed run whose manifest is in ``manifests``, newest first."""
     rows: dict[str, RunRow] = {}
+    reported: dict[str, list[dict[str, int]]] = {}
     for listing in listings:
         for seen in listing.runs:
             m = manifests.get(seen.cid)
@@ -419,21 +437,42 @@ async def find_runs(swarm: Swarm, blobs: BlobService, *, heard: Sequence[RunList
             row = rows.setdefault(seen.cid, RunRow(seen.cid, m))
             if listing.node not in row.listed_by:
                 row.listed_by.append(listing.node)
-            for role, n in seen.nodes.items():
-                row.nodes[role] = max(row.nodes.get(role, 0), n)
+            if seen.nodes:  # empty: the listing node does not count this run's nodes
+                reported.setdefault(seen.cid, []).append(seen.nodes)
             row.policy_version = max(row.policy_version, seen.policy_version)
             row.step = max(row.step, seen.step)
+    # A role's count is the lower median over the listings that count the run's nodes (a role one does
+    # not name: 0), not their maximum: one listing (a node's word) cannot inflate a run's counts; a
+    # majority of the listings still can.
+    for cid, reports in reported.items():
+        for role in sorted({r for nodes in reports for r in nodes}):
+            counts = sorted(nodes.get(role, 0) for nodes in reports)
+            if n := counts[(len(counts) - 1) // 2]:
+                rows[cid].nodes[role] = n
     return sorted(rows.values(), key=lambda r: -r.manifest.created_ms)
 
 
+MAX_HEARD_LISTINGS = RunsService.MAX_HEARD
+"""Listings ``runs --wait`` keeps: the newest per node, this many nodes at most (the earliest heard go)."""
+
+
 async def listen_for_listings(swarm: Swarm) -> list[RunListing]:
-    """Subscribe to the runs topic; the returned list fills with the listings heard from then on."""
+    """Subscribe to the runs topic; the returned list fills with the listings heard from then on, the
+    newest per node and :data:`MAX_HEARD_LISTINGS` at most."""
     heard: list[RunListing] = []
+    by_node: dict[str, RunListing] = {}
 
     def validate(data: bytes, origin: str) -> RunListing:
         return open_listing(data, now_ms=int(time.time() * 1000), signer=origin)
 
-    swarm.subscribe(RUNS_TOPIC, validate, lambda listing, _origin: heard.append(listing))
+    def keep(listing: RunListing, origin: str) -> None:
+        by_node.pop(origin, None)
+        by_node[origin] = listing
+        while len(by_node) > MAX_HEARD_LISTINGS:
+            by_node.pop(next(iter(by_node)))
+        heard[:] = by_node.values()
+
+    swarm.subscribe(RUNS_TOPIC, validate, keep)
     return heard
 
 

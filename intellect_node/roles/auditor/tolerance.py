@@ -62,13 +62,16 @@ class TensorDiff:
     """Largest elementwise |replayed - published|."""
     relative: float
     """|replayed - published| / |replayed - base| (norms over the tensor); inf for a difference where the
-    replay did not move the tensor at all."""
+    replay did not move the tensor at all, or for weights that are not finite."""
+    finite: bool = True
+    """False when the replayed or the published tensor holds NaN or inf."""
 
 
 def _relative(diff_norm: float, update_norm: float) -> float:
     if diff_norm == 0.0:
         return 0.0
-    return diff_norm / update_norm if update_norm > 0.0 else math.inf
+    out = diff_norm / update_norm if update_norm > 0.0 else math.inf
+    return out if not math.isnan(out) else math.inf  # a NaN base: never within either
 
 
 def tensor_diffs(replayed: State, published: State, base: State) -> list[TensorDiff]:
@@ -87,6 +90,11 @@ def tensor_diffs(replayed: State, published: State, base: State) -> list[TensorD
                                   0.0 if torch.equal(r, p) else math.inf))
             continue
         r64, p64 = r.detach().double(), p.detach().double()
+        if not (bool(torch.isfinite(r64).all()) and bool(torch.isfinite(p64).all())):
+            # NaN compares false both ways: left as it is, it passes ``<= tolerance`` checks as the
+            # worst tensor's key, or hides behind another tensor in :func:`worst`. Never within.
+            out.append(TensorDiff(name, math.inf, math.inf, finite=False))
+            continue
         d = r64 - p64
         out.append(TensorDiff(name, float(d.abs().max()) if d.numel() else 0.0,
                               _relative(float(d.norm()), float((r64 - b.detach().double()).norm()))))
@@ -109,6 +117,8 @@ class Comparison:
         w = self.worst
         if w is None:
             return "no tensors compared"
+        if not w.finite:
+            return f"tensor {w.name} is not finite (NaN or inf) in the replayed or the published step"
         return (f"tensor {w.name} differs from the published one by {w.relative:.3g} of its update (max "
                 f"|diff| {w.max_abs:.3g}); tolerance {self.tolerance:.3g}")
 
@@ -177,6 +187,8 @@ def calibrate(steps: Iterable[tuple[State, State, State]], *, condition: str,
         w = worst(diffs)
         if w is None:
             continue
+        if not w.finite:
+            raise ValueError(f"step {n}: tensor {w.name} is not finite (NaN or inf)")
         if not math.isfinite(w.relative):
             raise ValueError(f"step {n}: tensor {w.name} moved in the published step but not in the replay")
         if w.relative > seen:
