@@ -128,6 +128,7 @@ class Swarm:
         self._listen: list[str] = []
         self._announce: list[str] = []
         self._subscriptions: list[tuple[str, Any, Any]] = []  # (topic, validator, deliver) for restarts
+        self._fanout: dict[str, list[tuple[Handler, bool]]] = {}  # topic -> its further subscribers
         self._provided: OrderedDict[str, None] = OrderedDict()
         self._bootstrap_addrs: list[str] = []
         self._rejoin_task: asyncio.Task[None] | None = None
@@ -367,7 +368,14 @@ class Swarm:
         """Receive ``topic``. ``validate(data, origin)`` returns the decoded message or raises
         ProtocolError (dropped, not forwarded, blamed on ``origin``) or MessageIgnored (dropped, not
         forwarded, blamed on no one); ``handler(msg, origin)`` (plain or async) then runs on the asyncio
-        loop. Own messages are skipped unless ``include_own``."""
+        loop. Own messages are skipped unless ``include_own``. A topic has one message type: a second
+        subscriber of a topic (two roles of one node) gets the messages its first subscriber's
+        ``validate`` decoded (libp2p keeps one validator per topic)."""
+        more = self._fanout.get(topic)
+        if more is not None:
+            more.append((handler, include_own))
+            return
+        self._fanout[topic] = more = []
 
         def validator(data: bytes, origin: str, msg_id: bytes) -> bool | None:
             try:
@@ -393,14 +401,17 @@ class Swarm:
 
         def deliver(data: bytes, origin: str, msg_id: bytes) -> None:
             msg = self._stash.pop(msg_id, None)
-            if msg is None or (origin == self.peer_id and not include_own) or msg_id in seen:
+            if msg is None or msg_id in seen:
                 return
             # A restarted host has an empty seen-cache and peers' gossip brings recent messages again.
             seen[msg_id] = None
             if len(seen) > STASH_SIZE:
                 seen.popitem(last=False)
-            self.delivered[topic] += 1
-            self._bridge.to_asyncio(self._dispatch, topic, handler, msg, origin)
+            own = origin == self.peer_id
+            for h, with_own in ((handler, include_own), *more):
+                if with_own or not own:
+                    self.delivered[topic] += 1
+                    self._bridge.to_asyncio(self._dispatch, topic, h, msg, origin)
 
         self._subscriptions.append((topic, validator, deliver))
         if not self._resubscribing and not self.watch.down_reason:  # else the restart subscribes it

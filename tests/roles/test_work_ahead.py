@@ -41,9 +41,10 @@ def test_a_worker_a_version_ahead_feeds_each_step_without_waste(tmp_path: Path) 
               work_ahead=1)
     with role_run(tmp_path, ("trainer", "validator", "w"), rl=rl) as run:
         trainer, t_addr, _, v_addr = run.trainer_and_validator()
-        run.start("w", "worker", bootstrap=[t_addr, v_addr])
+        worker = run.start("w", "worker", bootstrap=[t_addr, v_addr])
         wait_for(lambda: trainer.status()["trainer"]["step"] >= 6, timeout=300, what="6 trained steps")
         st = trainer.status()["trainer"]
+        pacing = worker.status()["worker"]["pacing"]
     hops = _lines(tmp_path / "w" / "worker" / "hops.jsonl")
     loaded = [h for h in hops if h["event"] == "loaded"]
     # Version 0 is the model the worker already holds: built from its folder, not fetched
@@ -53,8 +54,12 @@ def test_a_worker_a_version_ahead_feeds_each_step_without_waste(tmp_path: Path) 
     submitted = [h for h in hops if h["event"] == "submitted"]
     first = submitted[0]["version"]
     assert [h["version"] for h in submitted].count(first) == 2, submitted  # the pipeline is filled once
-    # credit: two batches to start, one more per version the worker held, never more
-    assert len(submitted) <= 2 + max(h["version"] for h in submitted) - first, submitted
+    # credit: two batches to start, one more per version the worker held, and one back for each batch a
+    # step consumed without training (every group's rewards equal) or a validator could not judge, or
+    # after a stall (worker/pacing.py); never more
+    given_back = pacing["refilled_no_signal"] + pacing["refilled_unjudged"] + pacing["stall_batches"]
+    bound = 2 + max(h["version"] for h in submitted) - first + given_back
+    assert len(submitted) <= bound, (submitted, pacing)
     trained = [m for m in _lines(tmp_path / "trainer" / "trainer" / "metrics.jsonl") if m["trained"]]
     assert trained[0]["staleness_max"] == 0  # the first step: the first batch, on the policy it updates
     assert trained[1]["staleness_max"] == 1, trained[1]  # the second: the batch made beside the first step

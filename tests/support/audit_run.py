@@ -21,8 +21,8 @@ RL: dict[str, Any] = dict(group_size=8, problems_per_batch=4, groups_per_step=4,
 """The embedded model, a step one batch of four groups of eight five-token rollouts.
 
 The tests wait for steps that train, and a step whose groups all have equal rewards trains nothing (no
-new version, so a worker that used its ``batches_per_version`` waits ``worker.role.RESUBMIT_AFTER_S``
-before its next batch). Four groups a step (not two) and a small learning rate keep most steps training:
+new version: the step record gives the workers their batches back, and the time went to rollouts that
+taught nothing). Four groups a step (not two) and a small learning rate keep most steps training:
 the embedded model passes few problems, a group of eight often has no pass at all, and a larger step
 soon makes its rewards all zero. ``work_ahead`` 1: the next version's batches are made while this one
 trains. ``checkpoint_every`` 1000: one window, from version 0."""

@@ -99,6 +99,9 @@ class BoundedMap(Generic[K, V]):
         while len(self._d) > self.limit:
             self._d.popitem(last=False)
 
+    def pop(self, key: K) -> V | None:
+        return self._d.pop(key, None)
+
     def __contains__(self, key: object) -> bool:
         return key in self._d
 

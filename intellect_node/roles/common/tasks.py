@@ -33,9 +33,10 @@ def run_task(cfg: NodeConfig, *, filtered: bool = True) -> Task:
 
 WINDOW_ROOM = 4
 """Assignment windows per version, in multiples of what a worker submits per version at most
-(``batches_per_version * (1 + work_ahead)``): the rest is room for the batches it resubmits while the
-trainer finds no signal and makes no new version. A worker choosing among its windows shows the ones it
-skipped (``envs.assignment.Coverage``); the fewer windows, the less it has to choose from."""
+(``batches_per_version * (1 + work_ahead)``): the rest is room for the batches it makes again while the
+trainer finds no signal and makes no new version (``roles/worker/pacing.py``). A worker choosing among
+its windows shows the ones it skipped (``envs.assignment.Coverage``); the fewer windows, the less it has
+to choose from."""
 
 
 def run_assignments(cfg: NodeConfig, task: Task) -> Assignments:

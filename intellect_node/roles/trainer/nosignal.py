@@ -1,10 +1,11 @@
 """A step attempt with no learnable group, said so: the status board's count, the hint, one warning a streak.
 
 A step attempt whose groups all have equal rewards trains nothing: its batches are consumed (journaled,
-recorded in ``metrics.jsonl`` with ``trained`` false and the cause), no version is made, and the workers,
-capped per version, resubmit after a while. :meth:`NoSignal.attempted` reports every attempt to the
-status board (``board.train_attempt``: groups dropped, the cause when all were, a hint naming the settings
-to check); a streak of them raises ``training.no_signal_warning``, logged once per streak as a warning.
+recorded in ``metrics.jsonl`` with ``trained`` false and the cause), no version is made, and the step
+record naming the batches gives each worker its batches back (``roles/worker/pacing.py``).
+:meth:`NoSignal.attempted` reports every attempt to the status board (``board.train_attempt``: groups
+dropped, the cause when all were, a hint naming the settings to check); a streak of them raises
+``training.no_signal_warning``, logged once per streak as a warning.
 """
 
 from __future__ import annotations

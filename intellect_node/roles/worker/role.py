@@ -13,7 +13,9 @@ A worker submits at most ``rl.batches_per_version`` batches per policy version, 
 announcement: older work would only be refused as stale once the trainer moves on. With ``rl.work_ahead``
 = k it starts with k versions' worth more (each new version then adds one version's worth, up to that
 cap), so its batches for the trainer's next step are made and verified while the trainer runs the current
-one, one version stale, and it still makes no more rollouts than the trainer takes.
+one, one version stale, and it still makes no more rollouts than the trainer takes. A step that consumed
+its batches without training (the trainer's step record says so) and a batch a validator could not judge
+give their credit back at once; no timer paces a healthy run (``pacing.py``).
 
 Problems are assigned, not chosen (``envs/assignment.py``): the k-th batch a worker makes at policy
 version v holds exactly window k of its assignment at v, which every validator and the trainer recompute
@@ -69,6 +71,7 @@ from intellect_node.protocol.rl import (
     verdict_validator,
 )
 from intellect_node.protocol.rollout import RolloutBatch, RolloutRecord, encode_batch
+from intellect_node.protocol.steps import STEP_KIND, StepRecord, record_validator
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.common.audits import audit_gate
 from intellect_node.roles.common.completions import completion
@@ -82,11 +85,10 @@ from intellect_node.roles.common.seams import RoleTasks, Runtime
 from intellect_node.roles.common.seen import BoundedMap
 from intellect_node.roles.common.services import blob_service, ledger_of
 from intellect_node.roles.common.tasks import run_assignments, run_task
+from intellect_node.roles.worker.pacing import Pacing
 
 log = logging.getLogger(__name__)
 
-RESUBMIT_AFTER_S = 10.0
-"""A worker capped at ``batches_per_version`` submits one more batch after this long without a new policy."""
 USED_FILE = "used.json"
 HOPS_FILE = "hops.jsonl"
 
@@ -123,6 +125,7 @@ class Worker:
         self.receipts: Receipts | None = None  # start() makes it when the node keeps a ledger
         self.audit_refusal = audit_gate(runtime)  # "" while the trainer may be worked for
         self.withheld = 0  # batches made, then not submitted: the trainer failed an audit meanwhile
+        self.pacing = Pacing(self.rl.batches_per_version, self.rl.work_ahead, async_level=cfg.run.async_level)
 
     @classmethod
     def for_runtime(cls, runtime: Runtime) -> "Worker":
@@ -134,11 +137,13 @@ class Worker:
         self.blobs = blob_service(self.rt)
         self.fetcher = fetcher = HintedFetcher(self.blobs, self.rt.swarm)
         self.ledger = ledger_of(self.rt)
+        trainer = require_trainer(self.cfg, "worker")
         if self.ledger is not None:  # the trainer's step records: this worker's receipts
-            self.receipts = Receipts(self.ledger, run_id=self.run_id,
-                                     trainer=require_trainer(self.cfg, "worker"),
+            self.receipts = Receipts(self.ledger, run_id=self.run_id, trainer=trainer,
                                      async_level=self.cfg.run.async_level)
-            self.receipts.subscribe(self.rt.swarm)
+        # the step records also pace this worker (``pacing.py``): a step that trained nothing gives back
+        self.rt.swarm.subscribe(topic(self.run_id, STEP_KIND), record_validator(self.run_id, trainer),
+                                self._on_record)
         self.policy = TrainerPolicy(self.rt, fetcher, self.dir / "policy", self.tasks, self._load,
                                     on_announcement=self._on_announcement)
         await self.policy.start()
@@ -156,6 +161,7 @@ class Worker:
         return {"policy_version": self.version, "batches": self.batches, **self.verdicts,
                 "step_records": self.receipts.status() if self.receipts is not None else {},
                 "audit_refusal": self.audit_refusal(), "withheld": self.withheld,
+                "pacing": self.pacing.status(),
                 "refused_announcements": self.policy.refused_announcements if hasattr(self, "policy") else 0}
 
     # -- policy ----------------------------------------------------------------------------------
@@ -232,30 +238,26 @@ class Worker:
             return -1, 0
 
     async def _loop(self) -> None:
-        per_version = self.rl.batches_per_version
-        cap = per_version * (1 + self.rl.work_ahead)
-        credit = cap  # batches this worker may still submit before the next version (``rl.work_ahead``)
+        pacing = self.pacing
         version_seen, window = self._load_used()  # the next window of this worker's assignment there
-        last_submit = 0.0
+        if version_seen >= 0:
+            pacing.on_version(version_seen)
         while True:
             if self.audit_refusal():  # run.require_audits: nothing more for this trainer
                 await asyncio.sleep(0.5)
                 continue
-            capped = self.version == version_seen and credit <= 0
-            # A trainer that gets no signal (every group's rewards equal) does not move on; after a
-            # while, keep feeding it rather than waiting for a version that needs our rollouts to exist.
-            if self.engine is None or (capped and time.monotonic() - last_submit < RESUBMIT_AFTER_S):
+            if self.engine is None:
                 await asyncio.sleep(0.05)
                 continue
             if self.version != version_seen:
-                if version_seen >= 0:  # (the first version: the credit is the whole cap already)
-                    # every version the trainer made adds a version's worth; versions this worker missed
-                    # count too, so a worker that fell behind makes up its share on the newest one
-                    credit = min(cap, credit + per_version * max(self.version - version_seen, 1))
+                pacing.on_version(self.version)
                 version_seen = self.version
                 window = 0
+            if not pacing.may_make():
+                await asyncio.sleep(0.05)
+                continue
             if window >= self.assignments.layout.windows:  # every window of this version made: wait
-                credit, last_submit = 0, time.monotonic()
+                pacing.exhausted()
                 continue
             engine, version, ckpt_hash = self.engine, self.version, self.checkpoint_hash
             t0 = time.monotonic()
@@ -284,8 +286,6 @@ class Worker:
                 log.warning("could not submit a batch: %s", exc)
                 await asyncio.sleep(0.5)
                 continue
-            credit = max(credit - 1, 0)
-            last_submit = time.monotonic()
             log.debug("batch of %d rollouts at v%d in %.2fs", len(records), version, time.monotonic() - t0)
 
     async def submit(self, records: list[RolloutRecord], version: int, n_tokens: int) -> str:
@@ -294,6 +294,7 @@ class Worker:
         await asyncio.to_thread(atomic_write_bytes, path, data)
         cid, _ = await self.blobs.put_file(path, name=f"{self.run_id}-rollouts-v{version}",
                                            announce_min_chunks=ANNOUNCE_MIN_CHUNKS)
+        self.pacing.submitted(cid, version)
         path.unlink(missing_ok=True)  # the blob store holds it now
         if self.ledger is not None:
             await asyncio.to_thread(self.ledger.record_submission, cid, run_id=self.run_id,
@@ -308,10 +309,18 @@ class Worker:
         self.rt.board.mark("first_batch_submitted")  # the join timeline (config/status.py); once only
         return cid
 
+    async def _on_record(self, rec: StepRecord, origin: str) -> None:
+        if self.receipts is not None:
+            await self.receipts.on_record(rec, origin)
+        if given := self.pacing.on_record(rec, self.rt.swarm.peer_id):
+            log.debug("step record %d trained nothing (%s): %d batch(es) more", rec.seq, rec.no_signal, given)
+
     async def _on_verdict(self, msg: tuple[BatchVerdict, str], origin: str) -> None:
         verdict, validator = msg
         if verdict.worker != self.rt.swarm.peer_id:
             return
+        if not verdict.accepted and self.pacing.on_refusal(verdict.batch_cid, verdict.reason):
+            log.debug("batch %s not judged (%s): one batch more", verdict.batch_cid[:16], verdict.reason)
         kind = "accepted" if verdict.accepted else "stale" if verdict.reason == "stale" else "rejected"
         self.verdicts[kind] += 1
         n = verdict.n_accepted + verdict.n_rejected
