@@ -26,8 +26,10 @@ from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-RL = dict(group_size=4, problems_per_batch=2, groups_per_step=1, max_new_tokens=4, batches_per_version=3,
+RL = dict(group_size=4, problems_per_batch=2, groups_per_step=1, max_new_tokens=4, batches_per_version=1,
           answer_format="answer_tags")
+"""One batch a version, one batch an attempt: every attempt after the first is fed by the batch the
+previous attempt's step record gave back to the worker (``roles/worker/pacing.py``)."""
 
 
 def _snapshot(proc: Any) -> StatusSnapshot:
@@ -55,6 +57,7 @@ def test_a_run_whose_rewards_are_all_zero_says_why_it_is_not_learning(tmp_path: 
         s = _snapshot(trainer)
         metrics = _metrics(trainer.status()["metrics"]["metrics"])
         w = _snapshot(worker)
+        pacing = worker.status()["worker"]["pacing"]
         queued = trainer.status()["trainer"]["queued_batches"]
 
     t = s.training
@@ -71,6 +74,8 @@ def test_a_run_whose_rewards_are_all_zero_says_why_it_is_not_learning(tmp_path: 
                                  and c.expected and isinstance(c.text, str) and c.worker == run.ids["w"]
                                  for c in t.completions)
     assert w.training.completions and all(c.reward == 0.0 for c in w.training.completions)
+    # the worker made the later attempts' batches because the records gave its batches back
+    assert pacing["refilled_no_signal"] >= NO_SIGNAL_ATTEMPTS - 1, pacing
     # /metrics, from the same counters
     assert metrics[("intellect_node_train_attempts_no_signal_total", (("cause", "all_zero"),))] >= \
         NO_SIGNAL_ATTEMPTS

@@ -64,3 +64,7 @@ def test_a_worker_a_version_ahead_feeds_each_step_without_waste(tmp_path: Path) 
     assert trained[0]["staleness_max"] == 0  # the first step: the first batch, on the policy it updates
     assert trained[1]["staleness_max"] == 1, trained[1]  # the second: the batch made beside the first step
     assert st["stale_batches"] == 0, st
+    # every accepted batch but those still queued (at most the two a version ahead) went into a step, none
+    # older than the one version work_ahead allows
+    assert st["accepted_batches"] - st["taken_batches"] <= 2, st
+    assert set(st["taken_by_age"]) <= {"0", "1"}, st

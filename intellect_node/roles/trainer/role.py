@@ -164,6 +164,8 @@ class Trainer:
         self.tasks = RoleTasks(runtime, "trainer")  # the train and announce loops; publications
         self.replay: dict[str, Any] = {"steps": 0, "outcome": "none"}
         self.idle_s = 0.0
+        # batches taken into a step attempt, by their age in versions at that step (0: the policy it updates)
+        self.taken_by_age: dict[int, int] = {}
         self.busy_s = 0.0
         self.last: dict[str, Any] = {}
         self._timing: dict[str, float] = {}
@@ -227,12 +229,23 @@ class Trainer:
         return {"version": self.version, "step": self.step, "queued_batches": len(self.admission.queue),
                 "awaiting_quorum": len(self.admission.tally), "admitted_keys": len(self.admitted),
                 "queued_groups": self.admission.queued_groups(), **self.intake.counts,
+                **self._usage(),
                 "unjudged_groups": self.rescorer.unjudged,
                 "checkpoint_version": self._ckpt_version, "replay": dict(self.replay),
                 "records": self.records.status() if self.records is not None else {},
                 "prefetch": dict(self.intake.prefetch.counts),
                 "idle_fraction": self.idle_s / total if total else None, "last_step": self.last,
                 "assignments_by_worker": self.intake.coverage.report(64)}
+
+    def _usage(self) -> dict[str, Any]:
+        """What became of the accepted batches: how many a step took, at which age (versions behind the
+        policy the step updated; never above ``run.async_level``), and the fraction of the accepted ones
+        that is (the rest: queued, or dropped as stale)."""
+        taken = sum(self.taken_by_age.values())
+        accepted = self.intake.counts["accepted_batches"]
+        ages = {str(k): v for k, v in sorted(self.taken_by_age.items())}
+        return {"taken_batches": taken, "taken_by_age": ages,
+                "taken_fraction": taken / accepted if accepted else None}
 
     async def _fetch(self, cid: str, holders: Sequence[str], size: int | None) -> bytes:
         """A batch blob for the intake (a notice's size when known)."""
@@ -380,6 +393,10 @@ class Trainer:
         ids = [a.cid for a in taken] + [a.cid for a in stale]
         # in memory; on disk at the next checkpoint, the journal until then
         self.consumed.update((a.cid, a.version) for a in (*taken, *stale))
+        if not replaying:
+            for a in taken:
+                age = self.version - a.version
+                self.taken_by_age[age] = self.taken_by_age.get(age, 0) + 1
         self._undropped.update(ids)
         record = self.metrics.records(entry.seq)
         if not useful:
@@ -496,6 +513,7 @@ class Trainer:
                 "clipped_frac": stats.clipped_frac if stats else 0.0,
                 "staleness_mean": sum(stale_v) / max(len(stale_v), 1),
                 "staleness_max": max(stale_v, default=0),
+                "batch_ages": sorted(base - a.version for a in taken),
                 "accepted": counts["accepted_rollouts"], "rejected": counts["rejected_rollouts"],
                 "stale": counts["stale_rollouts"],
                 "idle_fraction": self.idle_s / total if total else 0.0,
