@@ -48,28 +48,41 @@ def test_quorum_larger_than_the_validator_list_is_an_operator_error(tmp_path: Pa
     assert "verdict_quorum" in str(e.value) and "validator_peer_ids" in str(e.value)
 
 
-@pytest.mark.slow
 def test_a_quorum_of_two_trains_only_on_batches_both_validators_accepted(tmp_path: Path) -> None:
-    """Real processes on loopback: with ``verdict_quorum = 2`` the trainer does not train on batches that
-    only one validator has accepted; once the second validator is up, it trains."""
-    from tests.support.roles import role_run
-    from tests.support.wait import wait_for
+    """In one process (``intellect_node.testing.roles``): with ``verdict_quorum = 2`` the trainer does not
+    train on batches that only one validator has accepted; once the second validator is up, it trains."""
+    import asyncio
+    from typing import Any
 
-    rl = dict(group_size=8, problems_per_batch=4, groups_per_step=4, max_new_tokens=5, batches_per_version=1)
-    with role_run(tmp_path, ("trainer", "va", "vb", "w"), rl=rl, validators=("va", "vb"),
-                  verdict_quorum=2) as run:
-        trainer, t_addr, va, _ = run.trainer_and_validator(validator="va")
-        run.start("w", "worker", bootstrap=[t_addr])
-        # Validator A's acceptances reach the trainer, which holds them until a second one comes.
-        wait_for(lambda: trainer.status()["trainer"]["awaiting_quorum"] >= 1, timeout=300,
-                 what="a batch accepted by validator A alone")
-        st = trainer.status()["trainer"]
-        assert st["step"] == 0 and st["accepted_batches"] == 0, st
+    from intellect_node.roles.trainer.role import Trainer
+    from intellect_node.roles.validator.role import Validator
+    from intellect_node.roles.worker.role import Worker
+    from intellect_node.testing.roles import in_process_swarm, key_of, run_config
+    from tests.support.wait import wait_until
 
-        vb = run.start("vb", "validator", bootstrap=[t_addr])
-        wait_for(lambda: trainer.status()["trainer"]["step"] >= 2, timeout=300, what="2 trained steps")
-        st = trainer.status()["trainer"]
-        a, b = va.status()["validator"], vb.status()["validator"]
+    # Three batches a version: the second validator never hears the notices sent before it started, and
+    # the worker's later batches of v0 are the ones both validators judge.
+    rl = dict(group_size=8, problems_per_batch=4, groups_per_step=4, max_new_tokens=5, batches_per_version=3)
+    validators = [key_of("va").peer_id, key_of("vb").peer_id]
+    cfg = run_config(trainer=key_of("trainer").peer_id, validators=validators, rl=rl, verdict_quorum=2)
+
+    async def main() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        async with in_process_swarm(tmp_path) as net:
+            trainer = await net.start("trainer", cfg, Trainer.for_runtime)
+            va = await net.start("va", cfg, Validator.for_runtime)
+            await net.start("w", cfg, Worker.for_runtime)
+            # Validator A's acceptances reach the trainer, which holds them until a second one comes.
+            await wait_until(lambda: trainer.status()["awaiting_quorum"] >= 1, timeout=300,
+                             what="a batch accepted by validator A alone")
+            st = trainer.status()
+            assert st["step"] == 0 and st["accepted_batches"] == 0, st
+
+            vb = await net.start("vb", cfg, Validator.for_runtime)
+            await wait_until(lambda: trainer.status()["step"] >= 2, timeout=300, what="2 trained steps")
+            assert not net.failures(), net.failures()
+            return trainer.status(), va.status(), vb.status()
+
+    st, a, b = asyncio.run(main())
     # Every admitted batch was accepted by both; none was rejected by either.
     assert st["accepted_batches"] >= 2 and st["rejected_batches"] == 0
     assert a["accepted"] >= st["accepted_batches"] and b["accepted"] >= st["accepted_batches"]

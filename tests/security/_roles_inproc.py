@@ -3,7 +3,8 @@
 What these tests check happens inside one role once a message has arrived (which verdict bans whom, which
 records a batch may hold), so the role is driven through its own gossip handlers with the messages a
 hostile peer would send; the gossip and blob layers are stood in for by :class:`FakeSwarm` (bans and
-rejections recorded, publications kept) and a prefetch that hands over the batch bytes given.
+rejections recorded, publications kept) and a prefetch that hands over the batch bytes given. The fakes
+are the package's (``intellect_node.testing.roles``); what is here builds these tests' run and records.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from intellect_node.config import NodeConfig
-from intellect_node.config.status import StatusBoard
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.rollout import (
     RolloutBatch,
@@ -24,53 +24,11 @@ from intellect_node.protocol.rollout import (
     sign_rollout,
 )
 from intellect_node.protocol.signing import SigningKey
+from intellect_node.testing.roles import FakeFetcher as FakeFetcher  # re-exported for the tests here
+from intellect_node.testing.roles import FakeRuntime
 
 RUN = "sec"
 GROUP = 2
-
-
-class FakePeerbook:
-    def __init__(self) -> None:
-        self.rejections: list[tuple[str, str]] = []
-
-    def record_rejection(self, peer_id: str, reason: str, *, counts: bool = True) -> int:
-        self.rejections.append((peer_id, reason))
-        return len(self.rejections)
-
-    def ban(self, peer_id: str, reason: str) -> None:
-        pass
-
-
-class FakeSwarm:
-    def __init__(self, key: SigningKey) -> None:
-        self.key = key
-        self.peer_id = key.peer_id
-        self.banned: dict[str, str] = {}
-        self.peerbook = FakePeerbook()
-        self.published: list[tuple[str, bytes]] = []
-
-    def is_banned(self, peer_id: str) -> bool:
-        return peer_id in self.banned
-
-    async def ban(self, peer_id: str, reason: str) -> None:
-        self.banned[peer_id] = reason
-
-    async def publish(self, topic: str, data: bytes) -> None:
-        self.published.append((topic, data))
-
-
-class FakeRuntime:
-    def __init__(self, config: NodeConfig, key: SigningKey, data_dir: Path) -> None:
-        self.config = config
-        self.board = StatusBoard()
-        self.swarm = FakeSwarm(key)
-        self.data_dir = data_dir
-
-    def service(self, kind: type[Any]) -> None:
-        return None  # no blob service, no ledger: the prefetch hands the batches over
-
-    def spawn(self, *args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("no loops in these tests")
 
 
 def config(trainer: str, validators: list[str], *, quorum: int = 1, **rl: Any) -> NodeConfig:
@@ -148,13 +106,3 @@ def validator_role(tmp: Path, key: SigningKey, trainer: str, **rl: Any) -> Any:
 
     rt = FakeRuntime(config(trainer, [key.peer_id], **rl), key, tmp)
     return Validator(rt)  # type: ignore[arg-type]
-
-
-class FakeFetcher:
-    """Serves the given bytes for any CID (the blob layer is not what these tests are about)."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    async def fetch(self, cid: str, **kwargs: Any) -> bytes:
-        return self.data
