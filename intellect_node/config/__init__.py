@@ -5,7 +5,10 @@ roles read and write of the node: the ledger (:mod:`.ledger`) and the status boa
   every field);
 - :mod:`.loader`: file < environment < flags, and error messages that name the field and its source;
 - :mod:`.example`: ``docs/config.example.toml`` from the docstrings
-  (``python -m intellect_node.config > docs/config.example.toml``).
+  (``python -m intellect_node.config > docs/config.example.toml``, which is :mod:`.__main__`);
+- :mod:`.nat`: the ``[nat]`` section (reachability checks, relaying, hole punching);
+- :mod:`.run_manifest`: a node's configuration from a run manifest (``join --run CID``), and the run-wide
+  part of a config.
 
 Callers import the configuration from here. It sits at the bottom of the graph: it imports nothing of
 ours above ``protocol/`` (tests/test_layering.py), so every part may read it.

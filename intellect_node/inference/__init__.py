@@ -4,6 +4,13 @@ Callers choose an engine with :func:`make_engine` and use it through the protoco
 default and the only one the verifier's prefill runs on; ``vllm_engine`` is imported lazily (extra
 ``intellect-node[vllm]``). :func:`choose_engine` turns the configured ``auto | torch | vllm`` and device
 into the engine a node runs, with the reason it logs.
+
+``base`` is the seam itself; ``decoder`` the lean forward pass the torch engine and the verifier's
+prefill share; ``rollouts`` turns generations into signed rollout records; ``verifier`` re-checks them
+(proofs, sampling, rewards); ``calibrate`` derives the validator's thresholds from honest rollouts;
+``evaluate`` measures a policy (held-out pass rate, per-problem solve rates); ``memory`` says how much
+memory a role needs for a model before one is loaded; ``run_settings`` chooses settings that fit the
+model and the task, with a preflight that says whether a run can learn.
 """
 
 from __future__ import annotations

@@ -1,3 +1,8 @@
 """Models and tokenizers loaded from Hugging Face folders (offline), and the embedded default model.
-May import: ``errors``, ``fsutil``, ``protocol``. Used by ``inference/`` and ``trainer/``.
-"""
+
+``loader`` loads a model and its tokenizer for the engines, the verifier and the trainer; ``families``
+reads which decoder family a ``config.json`` is (the ones the torch runner implements); ``ops`` holds the
+elementwise pieces the inference runner and the trainer's network share; ``tokenizer`` the tokenizer
+helpers; ``gguf`` turns a llama.cpp file into a model folder, with ``gguf_tokenizer`` building its
+tokenizer files from the file's metadata.
+May import: ``errors``, ``fsutil``, ``protocol``. Used by ``inference/`` and ``trainer/``."""

@@ -1,5 +1,8 @@
 """What runs one node: the runtime that assembles its services and supervises its tasks, health, the
 control API, metrics and systemd notification (its configuration, ledger and status board are
-``config/``'s). May import every layer below (``roles``, ``blobs``, ``p2p``, ``inference``, ...); only
-``commands/``, ``cli.py`` and ``dashboard.py`` import it.
-"""
+``config/``'s).
+
+``assembly`` is the one place a node is put together from its services (``build_node``); ``runtime``
+supervises them; ``processes`` starts nodes as child processes and talks to them; ``sdnotify`` speaks the
+systemd notification protocol. May import every layer below (``roles``, ``blobs``, ``p2p``,
+``inference``, ...); only ``commands/``, ``cli.py`` and ``dashboard.py`` import it."""

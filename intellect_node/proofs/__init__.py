@@ -1,1 +1,5 @@
-"""Pure tensor math for verification (TOPLOC, logprob and sampling checks). Never runs a model."""
+"""Pure tensor math for verification. Never runs a model.
+
+``toploc`` makes and checks TOPLOC proofs (the top-k of the last hidden states, committed as a polynomial
+over a prime field); ``sampling`` the log-prob and sampling checks; ``thresholds`` the acceptance
+thresholds and how calibration derives them from honest runs."""

@@ -1,1 +1,2 @@
-"""Research workloads run by the swarm (pure compute, no networking), e.g. incidental polysemanticity."""
+"""Research workloads run by the swarm (pure compute, no networking), e.g. incidental polysemanticity
+(``polysemanticity``); ``sweep/`` farms many small training runs out to the swarm, one module per concern."""

@@ -1,8 +1,10 @@
 """The roles a node can run: ``trainer``, ``worker``, ``validator`` (``--role`` of ``intellect-node join``),
 the sweep coordinator and worker (``sweep``), and policy distribution (``common.policy``: publisher,
-follower). One folder per role (``trainer/``, ``validator/``, ``worker/``, each with its ``role.py``), what
-they share in ``common/``. They compose the layers below them (``p2p``, ``blobs``, ``inference``,
-``trainer``, ``proofs``, ``protocol``) and plug into a node as services; ``node/`` assembles them.
+follower). One folder per role (``trainer/``, ``validator/``, ``worker/``, each with its ``role.py``, and
+``auditor/``, which replays the trainer's steps inside a validator), what they share in ``common/``;
+``runs`` is the runs a node lists and serves and the client side that finds them and fetches one by its
+CID. They compose the layers below them (``p2p``, ``blobs``, ``inference``, ``trainer``, ``proofs``,
+``protocol``) and plug into a node as services; ``node/`` assembles them.
 """
 
 from __future__ import annotations
