@@ -36,7 +36,7 @@ from typing import Any, Optional
 import typer
 
 from intellect_node.commands.common import DataDirOption, data_dir
-from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError
+from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError, TransportError
 
 
 def _is_cid(text: str) -> bool:
@@ -66,18 +66,52 @@ async def _lookup(bootstrap: list[str], listen: str, wait_s: float) -> list[Any]
             return await find_runs(swarm, blobs, heard=heard)
 
 
+def remembered_bootstrap(d: Path, limit: int = 8) -> list[str]:
+    """Addresses of the peers the node of data dir ``d`` remembered (``peers.json``, newest first, each
+    ending ``/p2p/<peer id>``): whom a command asks when no bootstrap address is given and no node runs."""
+    from intellect_node.p2p.peerbook import PEERS_FILE, PeerBook
+
+    if not (d / PEERS_FILE).exists():
+        return []
+    out = []
+    for peer, addrs in PeerBook("", data_dir=d).remembered()[:limit]:
+        if addrs:
+            addr = addrs[0]
+            out.append(addr if "/p2p/" in addr else f"{addr}/p2p/{peer}")
+    return out
+
+
 def _network_of(d: Path, bootstrap: list[str], config_file: Optional[Path]) -> tuple[list[str], str]:
-    """``(--bootstrap or the config's network.bootstrap, where to listen)``; ConfigError when no
-    bootstrap address is given."""
+    """``(--bootstrap, else the config's network.bootstrap, else the data dir's remembered peers; where to
+    listen)``; ConfigError when there is no peer to ask."""
     from intellect_node.config.loader import load_config
     from intellect_node.roles.runs import lookup_listen
 
     flags = {"network": {"bootstrap": bootstrap}} if bootstrap else {}
     cfg = load_config(config_file, data_dir=d, flags=flags)
-    if not cfg.network.bootstrap:
+    addrs = list(cfg.network.bootstrap) or remembered_bootstrap(d)
+    if not addrs:
         raise ConfigError("no peer to ask: give --bootstrap /ip4/<host>/tcp/<port>/p2p/<peer id> (a run's "
-                          "organiser prints it), or set network.bootstrap in the config", field="--bootstrap")
-    return list(cfg.network.bootstrap), lookup_listen(cfg.network.listen)
+                          "organiser prints it), set network.bootstrap in the config, or start the node "
+                          f"(`intellect-node join --data-dir {d}`) and ask it", field="--bootstrap")
+    return addrs, lookup_listen(cfg.network.listen)
+
+
+def _ask_running_node(d: Path, wait_s: float) -> list[dict[str, Any]] | None:
+    """The runs the node running with ``d`` finds through its own swarm (``GET /v1/runs`` of its control
+    API), or None when no node runs there (no control file, or it does not answer: a stale file)."""
+    from intellect_node.node import control
+
+    if not (d / control.CONTROL_FILE).exists():
+        return None
+    try:
+        answer = control.request(d, "GET", f"/v1/runs?wait={wait_s:g}", timeout=120.0 + wait_s)
+    except ConfigError:
+        return None
+    rows = answer.get("runs") if isinstance(answer, dict) else None
+    if not isinstance(rows, list):
+        raise TransportError(f"the node of --data-dir {d} answered /v1/runs without a list of runs")
+    return rows
 
 
 def _age(seconds: int) -> str:
@@ -124,15 +158,21 @@ def register(app: typer.Typer) -> None:
                                                          "on the runs gossip topic."),
     ) -> None:
         """List the runs the swarm announces: run ID, model, environment, organiser, manifest CID, nodes
-        seen per role, newest policy version and step, age. Exit 1 when no peer answers."""
-        addrs, listen = _network_of(data_dir(data_dir_opt), list(bootstrap), config_file)
+        seen per role, newest policy version and step, age. Without --bootstrap, a node running with
+        --data-dir is asked (through its own peers); with none running, the config's bootstrap peers or
+        the data dir's remembered peers. Exit 1 when no peer answers."""
+        d = data_dir(data_dir_opt)
         try:
-            rows = asyncio.run(_lookup(addrs, listen, wait_s))
+            out = None if bootstrap else _ask_running_node(d, wait_s)
+            if out is None:
+                addrs, listen = _network_of(d, list(bootstrap), config_file)
+                now = int(time.time() * 1000)
+                out = [r.to_json(now) for r in asyncio.run(_lookup(addrs, listen, wait_s))]
+        except ConfigError:
+            raise
         except IntellectNodeError as exc:
             typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
             raise typer.Exit(1) from exc
-        now = int(time.time() * 1000)
-        out = [r.to_json(now) for r in rows]
         if as_json:
             typer.echo(json.dumps(out, indent=2))
         elif not out:
@@ -260,8 +300,8 @@ def config_for_run(run_ref: str, organiser: Optional[str], d: Path, *, flags: di
                           "drop it from your config, flags and environment", field=field)
     own = build_config({k: v for k, v in local.items() if k not in ("run", "rl")})
     identity.ensure_data_dir(d)
-    cid, run = asyncio.run(_prepare(d, run_ref, organiser, list(own.network.bootstrap),
-                                    lookup_listen(own.network.listen)))
+    ask = list(own.network.bootstrap) or remembered_bootstrap(d)
+    cid, run = asyncio.run(_prepare(d, run_ref, organiser, ask, lookup_listen(own.network.listen)))
     folder = run_folder(d, cid)
     thresholds = folder / "proof_thresholds.json"
     atomic_write_text(thresholds, run.thresholds)

@@ -16,6 +16,8 @@ for the client):
 - :func:`fetch_run` and :func:`fetch_model`: the manifest by CID (blob publisher = signer = organiser,
   ``--organiser`` when given), then every model file by its blob CID (publisher and size checked; every
   chunk is hash-checked by the fetcher) into a folder.
+- ``GET /v1/runs`` on the node's control API (:meth:`RunsService.control_routes`): the same lookup
+  through the running node's own swarm, for ``intellect-node runs --data-dir D`` beside a running node.
 - :func:`client_swarm`: a short-lived swarm with a fresh key for the commands that look before a node
   runs (``runs``, ``join --run`` before it builds the node's configuration). It runs the client side of
   the NAT service (``p2p/nat``: circuit dialling, DCUtR, the libp2p chunk stream), so files held only by
@@ -79,6 +81,9 @@ LISTING_TIMEOUT_S = 5.0
 MAX_PROVIDERS_ASKED = 20
 MAX_RUNS_LOOKED_AT = 64
 """Distinct run CIDs one lookup fetches the manifests of (listings name at most 32 each)."""
+RUNS_CONTROL_PATH = "/v1/runs"
+MAX_CONTROL_WAIT_S = 120.0
+"""The longest ``?wait=`` the control route honours (``runs --wait`` through a running node)."""
 MANIFEST_TIMEOUT_S = 15.0
 """Deadline of one listed manifest's fetch: a listing naming CIDs nobody serves costs a lookup this long
 at most, since the manifests are fetched at once."""
@@ -223,6 +228,25 @@ class RunsService:
             return web.Response(body=self.sealed_listing(), content_type="application/octet-stream")
 
         return [web.get(RUNS_HTTP_PATH, get)]
+
+    def control_routes(self) -> list[web.RouteDef]:
+        """``GET /v1/runs[?wait=S]`` on the control API: :func:`find_runs` through this node's own swarm
+        (its peers, its DHT, the listings it heard, its own), as the ``runs`` command prints them; how the
+        CLI uses the node that is running instead of a lookup of its own (``intellect-node runs``)."""
+
+        async def get(request: web.Request) -> web.StreamResponse:
+            try:
+                wait_s = min(MAX_CONTROL_WAIT_S, max(0.0, float(request.query.get("wait", "0"))))
+            except ValueError:
+                return web.json_response({"error": "wait must be a number of seconds"}, status=400)
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
+            own = [self.listing()] if self.runs else []
+            rows = await find_runs(self._rt.swarm, self._blobs, heard=[*self.heard.values(), *own])
+            now = int(time.time() * 1000)
+            return web.json_response({"runs": [r.to_json(now) for r in rows]})
+
+        return [web.get(RUNS_CONTROL_PATH, get)]
 
     def status(self) -> dict[str, Any]:
         return {"runs": [{"cid": cid, "run_id": m.run_id, "model": m.model_name, "env": m.env,

@@ -23,6 +23,7 @@ import msgspec
 import pytest
 
 from intellect_node.p2p.identity import init_key, load_key
+from intellect_node.p2p.peerbook import PeerBook
 from intellect_node.protocol import codec
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.run_manifest import (
@@ -172,7 +173,9 @@ def test_a_run_made_listed_joined_and_forgeries_refused(tmp_path: Path) -> None:
 
 def test_run_publish_serves_a_run_without_a_role(tmp_path: Path) -> None:
     """`run publish` on the organiser's data dir: a node with no role lists the run, which a fresh node
-    then finds; thresholds given (`--thresholds`) instead of calibrated."""
+    then finds, `runs` beside the running node finds through that node, and a data dir that remembers
+    the node's address finds without --bootstrap; thresholds given (`--thresholds`) instead of
+    calibrated."""
     from intellect_node.models.loader import embedded_model_dir
 
     model = embedded_model_dir()
@@ -201,5 +204,20 @@ def test_run_publish_serves_a_run_without_a_role(tmp_path: Path) -> None:
         assert r.returncode == 0, r.stderr[-3000:]
         rows = json.loads(r.stdout)
         assert [(x["cid"], x["run_id"], x["nodes"]) for x in rows] == [(cid, "embedded", {"node": 1})]
+        # Beside the running node, `runs` needs no address: it asks that node (its control API), which
+        # looks through its own swarm and counts its own listing.
+        r = _cli("runs", "--json", "--data-dir", str(tmp_path / "organiser"))
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert [(x["cid"], x["run_id"]) for x in json.loads(r.stdout)] == [(cid, "embedded")]
+        # With no node running and no address given, the peers a data dir remembers are asked.
+        remembered = tmp_path / "rem"
+        remembered.mkdir()
+        book = PeerBook("", data_dir=remembered)
+        addr = st["listen_addrs"][0]
+        book.remember(addr.rsplit("/p2p/", 1)[1], [addr])
+        book.save(force=True)
+        r = _cli("runs", "--json", "--data-dir", str(remembered))
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert [x["cid"] for x in json.loads(r.stdout)] == [cid]
     finally:
         publisher.close()
