@@ -10,7 +10,8 @@ What we do:
    complete request head (the blank line after the headers) within ``head_timeout_s`` of being
    accepted, or it is closed. Later requests on a kept-alive connection get the same bound from
    aiohttp's ``keepalive_timeout`` (set to ``head_timeout_s`` by :func:`runner_kwargs`): aiohttp
-   closes a connection that waits that long for a complete next request, whatever part of one came.
+   closes a connection that waits that long for a complete next request, whatever part of one came
+   (aiohttp's behaviour, not ours: pyproject.toml pins the tested range, and a test checks it).
 2. At most ``max_connections`` open connections, and ``per_address`` from one remote address. A new
    connection over either cap closes the oldest connection (of that address, when it is the address's
    cap) that has not sent a complete request head yet; when there is none it is refused (reset).
