@@ -435,7 +435,8 @@ class ValidatorConfig(_Section):
 
     scoring_timeouts_per_batch: int = Field(default=1, ge=0, le=1024)
     """Answers of one batch that may run into rl.reward_timeout_s and stay reward_unjudged (not the
-    worker's fault: a slow node); one more and the batch is refused (scoring_budget) unscored."""
+    worker's fault: a slow node), or crash the scoring process (retried once on a fresh one, whose start
+    the batch pays); one more of either and the batch is refused (scoring_budget) unscored."""
 
     peer_scoring_s_per_min: float = Field(default=30.0, gt=0)
     """Scoring seconds one peer's batches may use a minute, sustained (a token bucket holding 10 minutes

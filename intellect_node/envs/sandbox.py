@@ -82,19 +82,23 @@ _HEADER = struct.Struct(">I")
 
 class Meter:
     """What one batch's answers may cost a scoring pool: ``seconds`` of scoring (the time its calls hold
-    a process: the checker's run and the round trip, not a replacement's start) and ``timeouts`` calls
-    that run into the time limit. Once either is spent, every further call raises
-    :class:`ScoringFailed` with reason ``budget`` at once, and so does a call cut short by what is left
-    of ``seconds`` or the timeout beyond the allowance: the rest of the batch is not scored.
+    a process: the checker's run and the round trip, and the start of a process that replaces one its
+    answer crashed) and ``timeouts`` calls that run into the time limit or crash the scoring process.
+    Once either is spent, every further call raises :class:`ScoringFailed` with reason ``budget`` at
+    once, and so does a call cut short by what is left of ``seconds``, or the timeout or crash beyond the
+    allowance: the rest of the batch is not scored.
 
-    A timeout costs its time limit plus a replacement process's start (charged to no one, so it is the
-    count of timeouts that bounds it). One batch is scored by one thread at a time (the verifier's)."""
+    A timeout costs its time limit plus a replacement process's start, which is charged to no one: it is
+    the count of timeouts that bounds it. A crash is retried once on a fresh process while the allowance
+    lasts, and that process's start is charged to the batch; past the allowance there is no retry.
+    One batch is scored by one thread at a time (the verifier's)."""
 
     def __init__(self, seconds: float, timeouts: int) -> None:
         self.seconds = seconds
         self.timeouts = timeouts
         self.used_s = 0.0
         self.timed_out = 0
+        self.crashed = 0
         self.calls = 0
         self.spent = ""
         """Why no more calls may run ("" while they may)."""
@@ -109,19 +113,24 @@ class Meter:
             raise ScoringFailed("budget", self.spent)
         return min(timeout_s, left)
 
-    def charge(self, seconds: float, *, timed_out: bool = False, cut: bool = False) -> None:
+    def charge(self, seconds: float, *, timed_out: bool = False, cut: bool = False,
+               crashed: bool = False) -> None:
         """Count one call of ``seconds``; ScoringFailed (``budget``) when it was cut short by this meter
-        (``cut``) or was a timeout past the allowance."""
+        (``cut``), or was a timeout or a crash of the scoring process (``crashed``) past the allowance
+        (timeouts and crashes share it)."""
         self.calls += 1
         self.used_s += seconds
         if timed_out:
             self.timed_out += 1
-            if self.timed_out > self.timeouts:
-                self.spent = (f"{self.timed_out} answers ran past the time limit, at most {self.timeouts} "
-                              f"a batch")
+        if crashed:
+            self.crashed += 1
+        if (timed_out or crashed) and self.timed_out + self.crashed > self.timeouts:
+            what = [f"{self.timed_out} answers ran past the time limit"] if self.timed_out else []
+            what += [f"{self.crashed} crashed the scoring process"] if self.crashed else []
+            self.spent = f"{' and '.join(what)}, at most {self.timeouts} a batch"
         if cut and not self.spent:
             self.spent = f"{self.used_s:.1f} s of scoring used of {self.seconds:.1f} s"
-        if self.spent and (cut or timed_out):
+        if self.spent and (cut or timed_out or crashed):
             raise ScoringFailed("budget", self.spent)
 
 
@@ -223,14 +232,17 @@ class ScoringPool:
             meter.limit(timeout_s)  # spent: refused before it waits for a process
         with self._slots:
             for attempt in (0, 1):
+                # A first call's process start is not the answer's time; a retry's is: the answer
+                # crashed the process it replaces.
+                started = time.monotonic()
                 child = self._take()
                 t0: float | None = None
                 limit = timeout_s
                 try:
-                    self._warm(child, (module, *warm))  # a replacement's start is not the answer's time
+                    self._warm(child, (module, *warm))
                     if meter is not None:
                         limit = meter.limit(timeout_s)
-                    t0 = time.monotonic()
+                    t0 = started if attempt else time.monotonic()
                     value = child.call((module, function, args), limit)
                 except TimeoutError:
                     self._discard(child)
@@ -241,7 +253,7 @@ class ScoringPool:
                 except ChildGone as exc:
                     self._discard(child)
                     if meter is not None and t0 is not None:
-                        meter.charge(time.monotonic() - t0)
+                        meter.charge(time.monotonic() - t0, crashed=True)  # past the allowance: no retry
                     if attempt or self._closed:
                         raise ScoringFailed("checker_error", str(exc)) from None
                     log.warning("scoring process lost (%s); starting another", exc)

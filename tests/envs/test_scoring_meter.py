@@ -67,3 +67,75 @@ def test_closing_a_pool_ends_a_call_in_flight_at_once() -> None:
     pool.close()
     t.join(timeout=60)
     assert not t.is_alive() and got == ["checker_error"] and pool.busy == 0
+
+
+def test_a_crash_counts_against_the_allowance_it_shares_with_timeouts() -> None:
+    meter = Meter(seconds=100.0, timeouts=1)
+    meter.charge(0.5, crashed=True)  # within the allowance: the pool retries on a fresh process
+    assert not meter.spent and meter.crashed == 1
+    with pytest.raises(ScoringFailed, match="budget"):
+        meter.charge(5.0, timed_out=True)  # one crash and one timeout: past an allowance of one
+    assert "1 answers ran past the time limit and 1 crashed the scoring process" in meter.spent
+
+
+def _crash_busy_child(pool: ScoringPool) -> None:
+    """The busy scoring process dies under its call, as one a hostile answer crashed would."""
+    def scoring() -> bool:  # past the imports: the answer itself is being scored
+        return pool.busy == 1 and "sympy" in next(iter(pool._busy)).imported
+
+    wait_for(scoring, timeout=120, what="the call scores its answer in a process")
+    next(iter(pool._busy)).proc.kill()
+
+
+def test_an_answer_that_crashes_the_checker_past_the_allowance_gets_no_free_restart() -> None:
+    """Before, a crash was retried on a fresh process whatever the meter said, and neither the crash nor
+    the replacement's start was charged: an answer that kills its checker cost its sender nothing."""
+    pool = ScoringPool(1)
+    meter = Meter(seconds=100.0, timeouts=0)
+    got: list[str] = []
+
+    def score() -> None:
+        try:
+            with scoring_in(Lane(pool, meter)):
+                pool.call("intellect_node.envs.mathcheck", "verify_in_child", SLOW, "5", timeout_s=600.0,
+                          warm=("math_verify", "sympy"), meter=meter)
+        except ScoringFailed as exc:
+            got.append(exc.reason)
+
+    t = threading.Thread(target=score)
+    try:
+        t.start()
+        _crash_busy_child(pool)
+        t.join(timeout=60)
+        assert not t.is_alive() and got == ["budget"], got
+        assert meter.crashed == 1 and "crashed the scoring process" in meter.spent
+        assert pool.started == 1  # no replacement started for it
+    finally:
+        pool.close()
+        t.join(timeout=60)
+
+
+def test_a_crash_within_the_allowance_is_retried_on_the_batchs_time() -> None:
+    pool = ScoringPool(1)
+    meter = Meter(seconds=1000.0, timeouts=1)
+    got: list[str] = []
+
+    def score() -> None:
+        try:
+            pool.call("intellect_node.envs.mathcheck", "verify_in_child", SLOW, "5", timeout_s=600.0,
+                      warm=("math_verify", "sympy"), meter=meter)
+        except ScoringFailed as exc:
+            got.append(exc.reason)
+
+    t = threading.Thread(target=score)
+    try:
+        t.start()
+        _crash_busy_child(pool)
+        wait_for(lambda: pool.started == 2, timeout=120, what="the retry's process")
+        _crash_busy_child(pool)  # the retried call crashes too: past the allowance of one
+        t.join(timeout=60)
+        assert not t.is_alive() and got == ["budget"], got
+        assert meter.crashed == 2 and meter.calls == 2
+    finally:
+        pool.close()
+        t.join(timeout=60)

@@ -6,8 +6,9 @@ math-verify) each cost a validator the whole time limit and a process restart. S
 under a :class:`~intellect_node.envs.sandbox.Meter` charged to its sender:
 
 1. a batch of ``n`` rollouts may use ``n * scoring_s_per_rollout`` seconds of scoring plus room for
-   ``scoring_timeouts_per_batch`` timeouts, and at most that many timeouts (an honest answer times out
-   rarely: ``reward_timeout_s`` is set far above what one needs);
+   ``scoring_timeouts_per_batch`` timeouts, and at most that many timeouts or crashes of the scoring
+   process together (an honest answer times out rarely: ``reward_timeout_s`` is set far above what one
+   needs; a crash's replacement process is started on the batch's time);
 2. a peer's batches together may use ``peer_scoring_s_per_min`` (a token bucket holding
    :data:`PEER_BURST_MIN` minutes of it), so a key cannot keep a scoring process busy batch after batch;
 3. what a batch used is taken from its sender's bucket when it has been scored.
