@@ -6,11 +6,18 @@ the failures which ports answer (a port scanner). So before a request goes out, 
 resolves to must be one of the provider's own:
 
 1. an address its libp2p connection to this node came from (now or before; ``connected``), or
-2. an address it announced in its signed listen addresses (``announced``), if that address is public.
+2. an address it announced in its signed listen addresses (``announced``), if that address is public
+   and the peer proved it is there: this node dialled the peer's libp2p at that address and the Noise
+   handshake answered with the peer's key (:meth:`AddressPolicy.prove`, once per peer and address in
+   :data:`PROOF_RETRY_S`). A signature over an address proves only that the peer typed it: without the
+   dial, any key could announce a third party's public host and have every node that fetches from it
+   send requests there.
 
 and its kind must fit:
 
-- public (globally routable) addresses: either of the above;
+- public (globally routable) addresses: either of the above (an announced one once proven; a peer
+  already connected from another address is not dialled again, so only its connection's address
+  counts);
 - loopback, private (RFC 1918, unique-local, shared 100.64/10) and link-local addresses: only an
   address the peer is connected from, and only when this node itself has an address of that kind (its
   advertised URL or a listen address; a node that advertises no concrete address, such as a wildcard
@@ -26,14 +33,22 @@ failed source for that provider, like a refused connection.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
-from collections.abc import Callable, Iterable
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from intellect_node.errors import TransportError
+
+PROOF_RETRY_S = 600.0
+"""How long a failed proof of an announced public address stands before the address is dialled again."""
+MAX_PROOFS_KEPT = 1024
+PROOF_TIMEOUT_S = 5.0
 
 _SHARED = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT: not global, not "private" in 3.11
 
@@ -94,18 +109,71 @@ class AddressPolicy:
     it may). ``own()`` lists this node's own addresses (URLs, multiaddrs or plain IPs), ``peer(peer_id)``
     what it knows of the peer's."""
 
-    def __init__(self, own: Callable[[], Iterable[str]], peer: Callable[[str], PeerAddresses]) -> None:
+    def __init__(self, own: Callable[[], Iterable[str]], peer: Callable[[str], PeerAddresses],
+                 dial: Callable[[str, str], Awaitable[bool]] | None = None) -> None:
         self._own = own
         self._peer = peer
+        self._dial = dial
+        """``dial(peer_id, ip)``: connect to the peer's libp2p at an address it announced with ``ip``;
+        True when the peer answered there (its connection then counts as ``connected``)."""
+        self._failed: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self.proofs = {"proven": 0, "failed": 0}
 
     @classmethod
     def from_swarm(cls, swarm: Any) -> "AddressPolicy":
-        """This node's advertised URL and listen addresses; the peerbook's view of each peer."""
+        """This node's advertised URL and listen addresses; the peerbook's view of each peer; proofs by
+        dialling the peer's announced multiaddr through the swarm."""
         def peer(peer_id: str) -> PeerAddresses:
             connected, announced = swarm.peerbook.addresses(peer_id)
             return PeerAddresses(frozenset(connected), frozenset(announced))
 
-        return cls(lambda: [swarm.http_url, *swarm.listen_addrs()], peer)
+        async def dial(peer_id: str, ip: str) -> bool:
+            for addr in swarm.peerbook.announced_addrs(peer_id)[:8]:
+                if ip_of_multiaddr(addr) != ip:
+                    continue
+                target = addr if "/p2p/" in addr else f"{addr}/p2p/{peer_id}"
+                try:
+                    async with asyncio.timeout(PROOF_TIMEOUT_S):
+                        if await swarm.connect(target) != peer_id:
+                            continue
+                except (TransportError, TimeoutError):
+                    continue
+                # libp2p keeps one connection a peer: a peer already connected from elsewhere is not
+                # dialled again, and only an address its connection came from counts
+                if ip in swarm.peerbook.addresses(peer_id)[0]:
+                    return True
+            return False
+
+        return cls(lambda: [swarm.http_url, *swarm.listen_addrs()], peer, dial)
+
+    def needs_proof(self, peer_id: str, ip: str) -> bool:
+        """Whether ``ip`` is a public address ``peer_id`` announced but has not been connected from: the
+        one refusal a proof (:meth:`prove`) can lift."""
+        if kind(ip) != "global":
+            return False
+        known = self._peer(peer_id)
+        bare = ip.split("%", 1)[0]
+        return bare in known.announced and bare not in known.connected
+
+    async def prove(self, peer_id: str, ip: str) -> bool:
+        """Dial ``peer_id`` at the announced public ``ip`` (not again within :data:`PROOF_RETRY_S` of a
+        failure); True when it answered there with its own key."""
+        if self._dial is None:
+            return False
+        key = (peer_id, ip.split("%", 1)[0])
+        failed_at = self._failed.get(key)
+        if failed_at is not None and time.monotonic() - failed_at < PROOF_RETRY_S:
+            return False
+        ok = await self._dial(peer_id, key[1])
+        self.proofs["proven" if ok else "failed"] += 1
+        if ok:
+            self._failed.pop(key, None)
+        else:
+            self._failed[key] = time.monotonic()
+            self._failed.move_to_end(key)
+            while len(self._failed) > MAX_PROOFS_KEPT:
+                self._failed.popitem(last=False)
+        return ok
 
     def own_kinds(self) -> set[str]:
         out = set()
@@ -123,8 +191,10 @@ class AddressPolicy:
         known = self._peer(peer_id)
         bare = ip.split("%", 1)[0]
         if k == "global":
-            if bare in known.connected or bare in known.announced:
+            if bare in known.connected:
                 return ""
+            if bare in known.announced:
+                return f"public address {ip} the peer announced is not proven (no libp2p answered there)"
             return f"{ip} is neither where the peer is connected from nor a public address it announced"
         if bare not in known.connected:
             return f"{k} address {ip} is not where the peer is connected from"

@@ -362,7 +362,10 @@ class HttpChunkSource:
                 self._addr_cache.clear()
             addr = self._addr_cache[key] = infos[0]
         if self.addresses is not None:
-            why = self.addresses.refusal(str(getattr(provider, "peer_id", "")), str(addr[4][0]))
+            peer, ip = str(getattr(provider, "peer_id", "")), str(addr[4][0])
+            why = self.addresses.refusal(peer, ip)
+            if why and self.addresses.needs_proof(peer, ip) and await self.addresses.prove(peer, ip):
+                why = self.addresses.refusal(peer, ip)
             if why:
                 raise AddressRefused(f"provider {str(getattr(provider, 'peer_id', ''))[:16]}...: {why}")
         return addr

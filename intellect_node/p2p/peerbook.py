@@ -175,6 +175,12 @@ class PeerBook:
                     announced.append(parts[2])
             return list(rec.conn_ips), announced
 
+    def announced_addrs(self, peer_id: str) -> list[str]:
+        """The listen addresses ``peer_id`` signed (its newest heartbeat or node info)."""
+        with self._lock:
+            rec = self._peers.get(peer_id)
+            return list(rec.addrs) if rec is not None else []
+
     def heard(self, peer_id: str, *, http_url: str = "", addrs: list[str] | None = None,
               roles: list[str] | None = None, timeout: float | None = None) -> bool:
         """Record a verified heartbeat; True if the peer was not alive before (new or back).

@@ -57,10 +57,10 @@ def test_the_rule() -> None:
     # A peer on the internet cannot point into this machine or its LAN, whatever it announces.
     assert on_loopback.refusal("far", "127.0.0.1") and on_lan.refusal("far", "10.0.0.7")
     assert on_lan.refusal("lan", "10.0.0.6")  # another LAN host than the peer
-    # Public addresses: where it connects from, or one it announced; no one else's.
+    # Public addresses: where it connects from, or one it announced once proven (below); no one else's.
     assert public.refusal("far", "9.9.9.9") == ""
-    assert public.refusal("far", "8.8.8.8") == ""
-    assert public.refusal("far", "1.1.1.1")
+    assert "not proven" in public.refusal("far", "8.8.8.8") and public.needs_proof("far", "8.8.8.8")
+    assert public.refusal("far", "1.1.1.1") and not public.needs_proof("far", "1.1.1.1")
     assert public.refusal("unknown", "8.8.8.8")
     assert on_loopback.refusal("far", "169.254.169.254") and on_loopback.refusal("local", "0.0.0.0")
     # A node behind NAT that listens on 0.0.0.0 and is reached through a relay advertises no concrete
@@ -71,6 +71,44 @@ def test_the_rule() -> None:
     route = kind(source_address("10.0.0.5"))
     assert (relayed.refusal("lan", "10.0.0.5") == "") == (route == "private")
     assert relayed.refusal("far", "10.0.0.7")  # not where that peer connects from
+
+
+def test_an_announced_public_address_is_used_only_once_the_peer_answered_there() -> None:
+    """Issue 40 item 18: a signed listen address proves only that the peer typed it. Before, any key could
+    announce a third party's public host (its heartbeat's addresses) and have every node that fetched
+    from it send requests there; now the address is dialled first (libp2p: the Noise handshake answers
+    with the peer's key only if the peer is there), and a failed proof is not retried for a while."""
+    book = PeerBook("me")
+    book.set_connected("far", True, remote_ip="9.9.9.9")
+    book.heard("far", addrs=["/ip4/8.8.8.8/tcp/4001/p2p/far", "/ip4/203.0.113.9/tcp/4001/p2p/far"])
+    dialled: list[tuple[str, str]] = []
+
+    async def dial(peer_id: str, ip: str) -> bool:
+        dialled.append((peer_id, ip))
+        if ip != "8.8.8.8":
+            return False  # a third party's host: no libp2p with the peer's key answers there
+        book.set_connected(peer_id, True, remote_ip=ip)
+        return True
+
+    def peer(p: str) -> PeerAddresses:
+        connected, announced = book.addresses(p)
+        return PeerAddresses(frozenset(connected), frozenset(announced))
+
+    policy = AddressPolicy(lambda: ["http://8.8.4.4:8000"], peer, dial)
+
+    async def main() -> None:
+        assert policy.refusal("far", "8.8.8.8")
+        assert await policy.prove("far", "8.8.8.8")
+        assert policy.refusal("far", "8.8.8.8") == "" and not policy.needs_proof("far", "8.8.8.8")
+        assert policy.needs_proof("far", "203.0.113.9") is False  # documentation range: never fetched
+        book.heard("far", addrs=["/ip4/1.1.1.1/tcp/4001/p2p/far"])
+        assert not await policy.prove("far", "1.1.1.1")
+        assert not await policy.prove("far", "1.1.1.1")  # not dialled again within PROOF_RETRY_S
+        assert "not proven" in policy.refusal("far", "1.1.1.1")
+
+    asyncio.run(main())
+    assert dialled == [("far", "8.8.8.8"), ("far", "1.1.1.1")]
+    assert policy.proofs == {"proven": 1, "failed": 1}
 
 
 def test_a_worker_url_pointing_elsewhere_sends_no_request(tmp_path: Path) -> None:
