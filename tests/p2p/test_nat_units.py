@@ -137,6 +137,57 @@ def test_chunks_over_a_libp2p_stream_honest_tampered_and_hostile() -> None:
     assert len(rejected) == 2 and all("chunk-stream" in r for _, r in rejected)
 
 
+def test_readers_that_stop_reading_pin_a_bounded_amount() -> None:
+    """Issue 40 item 16: each chunk stream holds its whole item while the reader reads it. Before, one
+    peer could open streams without end, each asking for a 3 MiB chunk and never reading, and pin a
+    chunk apiece until the deadline; now a peer has MAX_STREAMS_PER_PEER served at once and the next is
+    answered ``busy`` without the item being read, while another peer is still served."""
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+    from multiaddr import Multiaddr
+
+    from intellect_node.errors import TransportError
+
+    big = os.urandom(3 << 20)  # far past a yamux window: the write blocks while nobody reads
+    cid = cid_of(big)
+    looked_up: list[str] = []
+
+    async def lookup(kind: str, c: str) -> bytes | None:
+        looked_up.append(c)
+        return big if c == cid else None
+
+    async def main() -> None:
+        a, b, c = _host(11), _host(12), _host(13)
+        listen = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
+        async with a.run(listen), b.run(listen), c.run(listen):
+            server = chunk_stream.ChunkStreamServer(a, lookup)
+            server.register()
+            await b.connect(info_from_p2p_addr(a.get_addrs()[0]))
+            await c.connect(info_from_p2p_addr(a.get_addrs()[0]))
+            stalled = []
+            for _ in range(chunk_stream.MAX_STREAMS_PER_PEER):
+                s = await b.new_stream(a.get_id(), [chunk_stream.PROTOCOL_ID])
+                await s.write(chunk_stream._frame(codec.encode(chunk_stream.ChunkRequest(kind="chunk",
+                                                                                         cid=cid))))
+                stalled.append(s)  # never read
+            with trio.fail_after(30):
+                while len(looked_up) < chunk_stream.MAX_STREAMS_PER_PEER:
+                    await trio.sleep(0.01)
+            assert server.serving_bytes == chunk_stream.MAX_STREAMS_PER_PEER * len(big)
+            with pytest.raises(TransportError, match="busy"):
+                await chunk_stream.ChunkStreamClient(b, a.get_id(), timeout=10).get_chunk(cid)
+            assert server.refused_busy == 1 and len(looked_up) == chunk_stream.MAX_STREAMS_PER_PEER
+            # another peer is served meanwhile
+            assert await chunk_stream.ChunkStreamClient(c, a.get_id(), timeout=30).get_chunk(cid) == big
+            for s in stalled:
+                await s.reset()
+            with trio.fail_after(30):
+                while server.serving_bytes:
+                    await trio.sleep(0.01)
+            assert await chunk_stream.ChunkStreamClient(b, a.get_id(), timeout=30).get_chunk(cid) == big
+
+    trio.run(main)
+
+
 def test_node_runtime_serves_a_blob_to_a_p2p_provider_fetch(tmp_path: Path) -> None:
     """The NAT service inside real node runtimes (loopback, so AutoNAT has no verdict): a fetch from a
     ``p2p://`` provider goes over the libp2p chunk stream and is hash-checked into the store."""

@@ -16,6 +16,13 @@ the rest of the budget is left to gossip, DHT and protocol overhead (Noise + Yam
 knows the limit from its own reservation with that relay; on a relayed connection whose limit it does
 not know it assumes go-libp2p's default relay limit (128 KiB). Shortcut: the budget is tracked per
 connection in memory, not shared with other protocols' actual byte counts.
+
+What a peer can make this node hold: a served item is read into memory whole and written while the
+reader reads, so a reader that stops reading pins it until the stream's deadline (READ_TIMEOUT_S). A
+peer has at most MAX_STREAMS_PER_PEER chunk streams being served at once (every connection it has
+together: the bound per connection is the same or tighter), and all peers together at most
+MAX_SERVING_BYTES of items in flight; a request past either is answered ``busy`` at once (no item is
+read for it), which the client treats as a transport failure (another source, or later).
 """
 
 from __future__ import annotations
@@ -46,6 +53,9 @@ BUDGET_SHARE = 0.75
 UNKNOWN_RELAY_LIMIT = 128 * 1024
 """go-libp2p's default per-circuit data limit: the safe assumption when the limit is not known."""
 READ_TIMEOUT_S = 60.0
+MAX_STREAMS_PER_PEER = 4
+MAX_SERVING_BYTES = 64 * 1024 * 1024
+"""Bytes of items all chunk streams together hold while their readers read them."""
 KINDS = ("chunk", "manifest", "have")
 MAX_HAVE_BYTES = 1 << 20
 """A have bitmap: one bit per chunk; 1 MiB covers 8 M chunks (24 TiB at 3 MiB each)."""
@@ -57,7 +67,7 @@ class ChunkRequest(codec.Message, frozen=True):
 
 
 class ChunkResponse(codec.Message, frozen=True):
-    status: str  # "ok" | "missing" | "relay-budget" | "bad-request"
+    status: str  # "ok" | "missing" | "relay-budget" | "busy" | "bad-request"
     size: int = 0
     budget_left: int | None = None
 
@@ -105,6 +115,10 @@ class ChunkStreamServer:
         self._used: weakref.WeakKeyDictionary[IMuxedConn, int] = weakref.WeakKeyDictionary()
         self.served_bytes = 0
         self.refused_budget = 0
+        self.refused_busy = 0
+        self._active: dict[str, int] = {}
+        """Chunk streams being served per peer."""
+        self.serving_bytes = 0
 
     def register(self) -> None:
         self.host.set_stream_handler(TProtocol(PROTOCOL_ID), self.handle)
@@ -118,6 +132,8 @@ class ChunkStreamServer:
 
     async def handle(self, stream: INetStream) -> None:
         peer = str(stream.muxed_conn.peer_id)
+        self._active[peer] = self._active.get(peer, 0) + 1
+        held = 0
         try:
             with trio.fail_after(READ_TIMEOUT_S):
                 raw = await _read_frame(stream, MAX_REQUEST)
@@ -125,10 +141,19 @@ class ChunkStreamServer:
                 if req.kind not in KINDS:
                     raise ProtocolError(f"unknown kind {req.kind[:32]!r}")
                 validate_cid(req.cid)
-                data = await self.lookup(req.kind, req.cid)
                 conn = stream.muxed_conn
                 left = self.budget_left(conn)
-                if data is None:
+                data: bytes | None = b""
+                if self._active[peer] > MAX_STREAMS_PER_PEER or self.serving_bytes >= MAX_SERVING_BYTES:
+                    busy = True
+                else:
+                    data = await self.lookup(req.kind, req.cid)
+                    busy = data is not None and self.serving_bytes + len(data) > MAX_SERVING_BYTES
+                if busy:
+                    self.refused_busy += 1
+                    header = ChunkResponse(status="busy", budget_left=left)
+                    data = b""
+                elif data is None:
                     header = ChunkResponse(status="missing", budget_left=left)
                     data = b""
                 elif left is not None and len(data) + 4 + MAX_RESPONSE_HEADER > left:
@@ -141,6 +166,8 @@ class ChunkStreamServer:
                 if left is not None:
                     cost = len(raw) + 8 + len(data) + MAX_RESPONSE_HEADER
                     self._used[conn] = self._used.get(conn, 0) + cost
+                held = len(data)
+                self.serving_bytes += held
                 await stream.write(_frame(codec.encode(header)) + data)
                 self.served_bytes += len(data)
             await stream.close()
@@ -151,6 +178,11 @@ class ChunkStreamServer:
         except Exception as exc:  # edge of a per-peer handler: reset so the reader never hangs
             logger.debug("chunk stream from %s failed: %s", peer, exc)
             await stream.reset()
+        finally:
+            self.serving_bytes -= held
+            self._active[peer] -= 1
+            if not self._active[peer]:
+                del self._active[peer]
 
 
 class ChunkStreamClient:
@@ -172,6 +204,8 @@ class ChunkStreamClient:
                                       max_size=MAX_RESPONSE_HEADER)
                 if header.status == "missing":
                     return None
+                if header.status == "busy":
+                    raise TransportError(f"{self.peer}: busy serving other chunk streams")
                 if header.status == "relay-budget":
                     raise RelayBudgetExceeded(
                         f"{self.peer}: relayed connection has {header.budget_left} bytes of budget left")

@@ -387,7 +387,9 @@ class NatService:
             out["hole_punch"] = {"attempts": p.attempts, "direct": p.direct, "failed": p.failed}
         if self.chunk_server is not None:
             out["chunk_stream"] = {"served_bytes": self.chunk_server.served_bytes,
-                                   "refused_relay_budget": self.chunk_server.refused_budget}
+                                   "refused_relay_budget": self.chunk_server.refused_budget,
+                                   "refused_busy": self.chunk_server.refused_busy,
+                                   "serving_bytes": self.chunk_server.serving_bytes}
         return out
 
 
