@@ -78,6 +78,16 @@ def test_a_crash_counts_against_the_allowance_it_shares_with_timeouts() -> None:
     assert "1 answers ran past the time limit and 1 crashed the scoring process" in meter.spent
 
 
+def _score_slow(pool: ScoringPool, meter: Meter, got: list[str]) -> None:
+    """Score an answer that takes far longer than any test waits, under ``meter``; the reason it failed
+    with goes to ``got``."""
+    try:
+        pool.call("intellect_node.envs.mathcheck", "verify_in_child", SLOW, "5", timeout_s=600.0,
+                  warm=("math_verify", "sympy"), meter=meter)
+    except ScoringFailed as exc:
+        got.append(exc.reason)
+
+
 def _crash_busy_child(pool: ScoringPool) -> None:
     """The busy scoring process dies under its call, as one a hostile answer crashed would."""
     def scoring() -> bool:  # past the imports: the answer itself is being scored
@@ -93,16 +103,7 @@ def test_an_answer_that_crashes_the_checker_past_the_allowance_gets_no_free_rest
     pool = ScoringPool(1)
     meter = Meter(seconds=100.0, timeouts=0)
     got: list[str] = []
-
-    def score() -> None:
-        try:
-            with scoring_in(Lane(pool, meter)):
-                pool.call("intellect_node.envs.mathcheck", "verify_in_child", SLOW, "5", timeout_s=600.0,
-                          warm=("math_verify", "sympy"), meter=meter)
-        except ScoringFailed as exc:
-            got.append(exc.reason)
-
-    t = threading.Thread(target=score)
+    t = threading.Thread(target=_score_slow, args=(pool, meter, got))
     try:
         t.start()
         _crash_busy_child(pool)
@@ -119,15 +120,7 @@ def test_a_crash_within_the_allowance_is_retried_on_the_batchs_time() -> None:
     pool = ScoringPool(1)
     meter = Meter(seconds=1000.0, timeouts=1)
     got: list[str] = []
-
-    def score() -> None:
-        try:
-            pool.call("intellect_node.envs.mathcheck", "verify_in_child", SLOW, "5", timeout_s=600.0,
-                      warm=("math_verify", "sympy"), meter=meter)
-        except ScoringFailed as exc:
-            got.append(exc.reason)
-
-    t = threading.Thread(target=score)
+    t = threading.Thread(target=_score_slow, args=(pool, meter, got))
     try:
         t.start()
         _crash_busy_child(pool)

@@ -16,6 +16,7 @@ import resource
 import selectors
 import socket
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -148,6 +149,24 @@ def test_slowloris_does_not_stop_an_honest_fetch(tmp_path: Path) -> None:
         node.close()
 
 
+@contextlib.asynccontextmanager
+async def _bulk_server(store: BlobStore, gate: ConnectionGate) -> AsyncIterator[socket.socket]:
+    """The node's bulk HTTP server for ``store`` behind ``gate``, on a loopback socket."""
+    app = web.Application(middlewares=[send_deadline])
+    app.add_routes(blob_routes(store))
+    runner = web.AppRunner(app, access_log=None, **runner_kwargs(gate.limits))
+    await runner.setup()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    sock.setblocking(False)
+    await GatedSite(runner, sock, gate).start()
+    try:
+        yield sock
+    finally:
+        await runner.cleanup()
+
+
 def test_a_reader_that_stops_reading_is_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(server, "SEND_BASE_S", 0.2)
     monkeypatch.setattr(server, "MIN_SEND_BYTES_PER_S", 1 << 40)
@@ -159,16 +178,7 @@ def test_a_reader_that_stops_reading_is_cut_off(tmp_path: Path, monkeypatch: pyt
 
     async def main() -> None:
         gate = ConnectionGate(BulkLimits())
-        app = web.Application(middlewares=[send_deadline])
-        app.add_routes(blob_routes(store))
-        runner = web.AppRunner(app, access_log=None, **runner_kwargs(gate.limits))
-        await runner.setup()
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(16)
-        sock.setblocking(False)
-        await GatedSite(runner, sock, gate).start()
-        try:
+        async with _bulk_server(store, gate) as sock:
             reader, writer = await asyncio.open_connection(*sock.getsockname(), limit=1024)
             writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             writer.write(f"GET /blob/v1/chunk/{chunk} HTTP/1.1\r\nHost: a\r\n\r\n".encode())
@@ -176,8 +186,6 @@ def test_a_reader_that_stops_reading_is_cut_off(tmp_path: Path, monkeypatch: pyt
             await reader.readuntil(b"\r\n\r\n")  # the head came; the body is never read
             await wait_until(lambda: gate.stats()["open"] == 0, 30, what="the stalled response's connection")
             writer.close()
-        finally:
-            await runner.cleanup()
 
     asyncio.run(main())
 
@@ -194,16 +202,7 @@ def test_a_kept_alive_connection_that_dribbles_its_next_head_is_closed(tmp_path:
 
     async def main() -> None:
         gate = ConnectionGate(BulkLimits(head_timeout_s=0.5))
-        app = web.Application(middlewares=[send_deadline])
-        app.add_routes(blob_routes(store))
-        runner = web.AppRunner(app, access_log=None, **runner_kwargs(gate.limits))
-        await runner.setup()
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(16)
-        sock.setblocking(False)
-        await GatedSite(runner, sock, gate).start()
-        try:
+        async with _bulk_server(store, gate) as sock:
             reader, writer = await asyncio.open_connection(*sock.getsockname())
             writer.write(f"GET /blob/v1/manifest/{cid} HTTP/1.1\r\nHost: a\r\n\r\n".encode())
             await writer.drain()
@@ -217,7 +216,5 @@ def test_a_kept_alive_connection_that_dribbles_its_next_head_is_closed(tmp_path:
             # aiohttp closes it (EOF) once the keep-alive timeout passes; bounded far above 0.5 s
             assert await asyncio.wait_for(reader.read(), 30) == b""
             writer.close()
-        finally:
-            await runner.cleanup()
 
     asyncio.run(main())
