@@ -63,30 +63,48 @@ class JsonlAppender:
     the file itself survives a crash. The file stays open until :meth:`close`.
 
     ``fresh_line``: every append starts with a newline, so a line torn by a kill mid-write ends there and
-    the next append's line stays readable (the reader skips the blank lines)."""
+    the next append's line stays readable (the reader skips the blank lines).
+
+    For diagnostics (timestamps no one acts on): ``fsync=False`` leaves the flushing to the kernel, and
+    ``max_bytes`` rotates the file to ``<name>.1`` (one old file kept) once an append finds it past that
+    size, so a long-running node's log stays bounded."""
 
     def __init__(self, path: str | os.PathLike[str], *, mode: int = 0o666, fresh_line: bool = False,
-                 **dumps: Any) -> None:
+                 fsync: bool = True, max_bytes: int | None = None, **dumps: Any) -> None:
         self.path = Path(path)
         self.mode = mode
         self.fresh_line = fresh_line
+        self.fsync = fsync
+        self.max_bytes = max_bytes
         self.dumps = dumps
         self._fd: int | None = None
+        self._size = 0
 
     def append(self, records: Iterable[Any]) -> None:
         text = "".join(json.dumps(r, **self.dumps) + "\n" for r in records)
         if not text:
             return
         if self._fd is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            created = not self.path.exists()
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, self.mode)
-            if created:
-                fsync_dir(self.path.parent)
+            self._open()
+        if self.max_bytes is not None and self._size > self.max_bytes:
+            self.close()
+            self.path.replace(self.path.with_name(self.path.name + ".1"))
+            self._open()
+        assert self._fd is not None
         data = memoryview((("\n" if self.fresh_line else "") + text).encode("utf-8"))
+        self._size += len(data)
         while data:
             data = data[os.write(self._fd, data):]
-        os.fsync(self._fd)
+        if self.fsync:
+            os.fsync(self._fd)
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        created = not self.path.exists()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, self.mode)
+        self._size = os.fstat(self._fd).st_size
+        if created and self.fsync:
+            fsync_dir(self.path.parent)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -95,10 +113,11 @@ class JsonlAppender:
 
 
 def append_jsonl(path: str | os.PathLike[str], *records: Any, mode: int = 0o666, fresh_line: bool = False,
-                 **dumps: Any) -> None:
-    """Append ``records`` to the JSON-lines file ``path``, fsynced (:class:`JsonlAppender`, opened for this
-    one append)."""
-    appender = JsonlAppender(path, mode=mode, fresh_line=fresh_line, **dumps)
+                 fsync: bool = True, max_bytes: int | None = None, **dumps: Any) -> None:
+    """Append ``records`` to the JSON-lines file ``path``, fsynced unless ``fsync=False``, rotated past
+    ``max_bytes`` (:class:`JsonlAppender`, opened for this one append)."""
+    appender = JsonlAppender(path, mode=mode, fresh_line=fresh_line, fsync=fsync, max_bytes=max_bytes,
+                             **dumps)
     try:
         appender.append(records)
     finally:

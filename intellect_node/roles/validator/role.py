@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import random
 import time
@@ -81,6 +80,7 @@ from intellect_node.config.status import clean_text
 from intellect_node.envs.assignment import Coverage
 from intellect_node.envs.sandbox import Lane, ScoringPool
 from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError
+from intellect_node.fsutil import append_jsonl
 from intellect_node.inference import make_engine
 from intellect_node.inference.verifier import Expectations, Verifier
 from intellect_node.policy.weights import PolicyWeights
@@ -557,12 +557,4 @@ class Validator:
                 "accepted": verdict.accepted, "verdict": now,
                 "notice": None if arrived is None else now - (mono - arrived),
                 "fetched": self._fetched.get((verdict.worker, verdict.batch_cid))}
-        self.dir.mkdir(parents=True, exist_ok=True)
-        path = self.dir / "hops.jsonl"
-        try:
-            if path.stat().st_size > HOPS_MAX_BYTES:
-                path.replace(path.with_name(path.name + ".1"))
-        except FileNotFoundError:
-            pass
-        with open(path, "a") as f:
-            f.write(json.dumps(line) + "\n")
+        append_jsonl(self.dir / "hops.jsonl", line, fsync=False, max_bytes=HOPS_MAX_BYTES)

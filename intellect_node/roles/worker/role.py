@@ -43,7 +43,8 @@ finds in it, goes to the status board (``training.completions``; ``roles/common/
 
 ``worker/hops.jsonl`` (diagnostics, not fsynced) timestamps the worker's side of the learning loop for
 ``bench/learning.py``: each new version announced (heard) and loaded (with where the follower's time went:
-fetch, apply, persist, engine), and each batch submitted.
+fetch, apply, persist, engine), and each batch submitted; past :data:`HOPS_MAX_BYTES` it is rotated to
+``hops.jsonl.1`` (one old file kept), as the validator's is (``fsutil.JsonlAppender``).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from typing import Any
 
 from intellect_node.envs.tasks import Problem
 from intellect_node.errors import IntellectNodeError
-from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
+from intellect_node.fsutil import append_jsonl, atomic_write_bytes, atomic_write_text
 from intellect_node.inference import InferenceEngine, SamplingConfig, make_engine
 from intellect_node.inference.rollouts import generate_rollouts
 from intellect_node.policy.weights import PolicyWeights
@@ -91,6 +92,8 @@ log = logging.getLogger(__name__)
 
 USED_FILE = "used.json"
 HOPS_FILE = "hops.jsonl"
+HOPS_MAX_BYTES = 16 << 20
+"""``worker/hops.jsonl`` is rotated past this size (to ``hops.jsonl.1``, one old file kept)."""
 
 
 class Worker:
@@ -168,9 +171,8 @@ class Worker:
 
     def _hop(self, event: str, **fields: Any) -> None:
         """One line of ``worker/hops.jsonl`` (see the module docstring)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / HOPS_FILE, "a") as f:
-            f.write(json.dumps({"event": event, "t": time.time(), **fields}) + "\n")
+        append_jsonl(self.dir / HOPS_FILE, {"event": event, "t": time.time(), **fields}, fsync=False,
+                     max_bytes=HOPS_MAX_BYTES)
 
     def _on_announcement(self, ann: PolicyAnnouncement) -> None:
         """A new version announced, or a version announced again with other content (which a trainer
