@@ -19,6 +19,27 @@ DataDirOption = typer.Option(
 )
 
 
+# The node's own options, one declaration each: every command that takes them says the same thing.
+NodeConfigOption = typer.Option(
+    None, "--config", "-c",
+    help="The node's TOML config (see docs/config.example.toml). Default: $INTELLECT_NODE_CONFIG, else "
+         "<data-dir>/config.toml if present; INTELLECT_NODE_<SECTION>__<FIELD> variables and flags "
+         "override it.",
+)
+ListenOption = typer.Option(
+    [], "--listen", "-l",
+    help="libp2p listen multiaddr (repeatable). Default /ip4/127.0.0.1/tcp/0; use /ip4/0.0.0.0/tcp/4001 "
+         "to be reachable from other machines.",
+)
+BootstrapOption = typer.Option(
+    [], "--bootstrap", "-b",
+    help="Peer to dial, /ip4/.../tcp/.../p2p/12D3KooW... (repeatable; in place of the config's "
+         "network.bootstrap).",
+)
+LogLevelOption = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR.")
+LogFileOption = typer.Option(None, "--log-file", help="Write logs here instead of stderr.")
+
+
 def data_dir(value: Optional[Path]) -> Path:
     return resolve_data_dir(value)
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from intellect_node.commands.common import DataDirOption, data_dir
+from intellect_node.commands.common import DataDirOption, NodeConfigOption, data_dir
 from intellect_node.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -107,9 +107,7 @@ def register(app: typer.Typer) -> None:
     def show(
         ctx: typer.Context,
         data_dir_opt: Optional[Path] = DataDirOption,
-        config_file: Optional[Path] = typer.Option(
-            None, "--config", "-c", help="TOML config (default: $INTELLECT_NODE_CONFIG, else "
-                                         "<data-dir>/config.toml if present)."),
+        config_file: Optional[Path] = NodeConfigOption,
         as_json: bool = typer.Option(False, "--json", help="One JSON object: file, values, origin."),
     ) -> None:
         """Print the effective configuration (TOML) with each value's source: default, file, env or flag.

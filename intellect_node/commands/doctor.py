@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 import typer
 
 from intellect_node.commands.checks import FAIL, OK, SKIP, WARN, Check
-from intellect_node.commands.common import DataDirOption, data_dir
+from intellect_node.commands.common import BootstrapOption, DataDirOption, NodeConfigOption, data_dir
 from intellect_node.errors import ConfigError, IntellectNodeError
 from intellect_node.p2p.ports import check_listen_ports
 
@@ -397,11 +397,8 @@ def register(app: typer.Typer) -> None:
     @app.command("doctor")
     def doctor(
         data_dir_opt: Optional[Path] = DataDirOption,
-        config_file: Optional[Path] = typer.Option(None, "--config", "-c",
-                                                   help="Node config (TOML) to check."),
-        bootstrap: list[str] = typer.Option([], "--bootstrap", "-b",
-                                            help="Bootstrap peer to test (repeatable); "
-                                                 "adds to the config's."),
+        config_file: Optional[Path] = NodeConfigOption,
+        bootstrap: list[str] = BootstrapOption,
         offline: bool = typer.Option(False, "--offline", help="Skip the checks that dial peers."),
         as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
         model: Optional[str] = typer.Option(None, "--model", help="Only estimate memory for this model "

@@ -13,7 +13,15 @@ from typing import Any, Optional
 
 import typer
 
-from intellect_node.commands.common import DataDirOption, data_dir
+from intellect_node.commands.common import (
+    BootstrapOption,
+    DataDirOption,
+    ListenOption,
+    LogFileOption,
+    LogLevelOption,
+    NodeConfigOption,
+    data_dir,
+)
 from intellect_node.commands.logs import NODE_LOG
 from intellect_node.errors import ConfigError
 
@@ -118,13 +126,8 @@ def register(app: typer.Typer) -> None:
     @app.command("join")
     def join(
         data_dir_opt: Optional[Path] = DataDirOption,
-        listen: list[str] = typer.Option(
-            [], "--listen", "-l", help="libp2p listen multiaddr (repeatable). Default /ip4/127.0.0.1/tcp/0; "
-                                       "use /ip4/0.0.0.0/tcp/4001 to be reachable from other machines."),
-        bootstrap: list[str] = typer.Option(
-            [], "--bootstrap", "-b", help="Peer to dial at start, /ip4/.../tcp/.../p2p/12D3KooW... "
-                                          "(repeatable). If none answers, peers remembered from earlier runs "
-                                          "are tried."),
+        listen: list[str] = ListenOption,
+        bootstrap: list[str] = BootstrapOption,
         announce: list[str] = typer.Option(
             [], "--announce", help="Multiaddr to advertise instead of the listen addresses, e.g. your public "
                                    "IP or a port forward (repeatable)."),
@@ -154,15 +157,10 @@ def register(app: typer.Typer) -> None:
         peer_timeout: Optional[float] = typer.Option(None, "--peer-timeout",
                                                      help="Seconds of silence before a peer is gone "
                                                           "(default 20)."),
-        config_file: Optional[Path] = typer.Option(
-            None, "--config", "-c", help="TOML config (see docs/config.example.toml). Default: "
-                                         "$INTELLECT_NODE_CONFIG, else <data-dir>/config.toml if present. "
-                                         "INTELLECT_NODE_<SECTION>__<FIELD> variables and flags override "
-                                         "it."),
+        config_file: Optional[Path] = NodeConfigOption,
         headless: bool = typer.Option(False, "--headless", help="No dashboard; log lines only (JSON lines)."),
-        log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
-        log_file: Optional[Path] = typer.Option(None, "--log-file",
-                                                help="Write logs here instead of stderr."),
+        log_level: str = LogLevelOption,
+        log_file: Optional[Path] = LogFileOption,
         run: Optional[str] = typer.Option(None, "--run", help="Join the run with this CID (or run ID): its "
                                           "signed manifest, model and thresholds are fetched through the "
                                           "swarm by their hashes (`intellect-node runs` lists runs)."),

@@ -29,7 +29,17 @@ from typing import Any, Optional
 
 import typer
 
-from intellect_node.commands.common import DataDirOption, data_dir, data_dir_lock, parse_env_args
+from intellect_node.commands.common import (
+    BootstrapOption,
+    DataDirOption,
+    ListenOption,
+    LogFileOption,
+    LogLevelOption,
+    NodeConfigOption,
+    data_dir,
+    data_dir_lock,
+    parse_env_args,
+)
 from intellect_node.errors import ConfigError
 
 MAX_MODEL_FILE_COUNT = 64
@@ -231,15 +241,14 @@ def register(app: typer.Typer) -> None:
     @run.command("publish")
     def publish(
         data_dir_opt: Optional[Path] = DataDirOption,
-        listen: list[str] = typer.Option([], "--listen", "-l", help="libp2p listen multiaddr (repeatable)."),
+        listen: list[str] = ListenOption,
         announce: list[str] = typer.Option([], "--announce", help="Multiaddr to advertise (repeatable)."),
-        bootstrap: list[str] = typer.Option([], "--bootstrap", "-b", help="Peer to dial at start."),
+        bootstrap: list[str] = BootstrapOption,
         http_host: Optional[str] = typer.Option(None, "--http-host", help="Bind address of the bulk HTTP "
                                                                           "server."),
-        config_file: Optional[Path] = typer.Option(None, "--config", "-c", help="The node's own config "
-                                                   "(network, metrics...)."),
-        log_file: Optional[Path] = typer.Option(None, "--log-file", help="Write logs here."),
-        log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+        config_file: Optional[Path] = NodeConfigOption,
+        log_file: Optional[Path] = LogFileOption,
+        log_level: str = LogLevelOption,
     ) -> None:
         """Serve and announce the runs in --data-dir (made by `run init`) until Ctrl-C or SIGTERM: a node
         without a role that holds the manifests and the model files, lists the runs in the DHT and on the

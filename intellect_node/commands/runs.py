@@ -35,7 +35,7 @@ from typing import Any, Optional
 
 import typer
 
-from intellect_node.commands.common import DataDirOption, data_dir
+from intellect_node.commands.common import BootstrapOption, DataDirOption, NodeConfigOption, data_dir
 from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError, TransportError
 
 
@@ -148,11 +148,9 @@ def render(rows: list[dict[str, Any]]) -> str:
 def register(app: typer.Typer) -> None:
     @app.command("runs")
     def runs(
-        bootstrap: list[str] = typer.Option([], "--bootstrap", "-b", help="Peer to ask (repeatable; default: "
-                                            "the config's network.bootstrap)."),
+        bootstrap: list[str] = BootstrapOption,
         data_dir_opt: Optional[Path] = DataDirOption,
-        config_file: Optional[Path] = typer.Option(None, "--config", "-c", help="Node config whose "
-                                                   "network.bootstrap is used without --bootstrap."),
+        config_file: Optional[Path] = NodeConfigOption,
         as_json: bool = typer.Option(False, "--json", help="One JSON object per run, in a list."),
         wait_s: float = typer.Option(0.0, "--wait", help="Also listen this many seconds for run listings "
                                                          "on the runs gossip topic."),
