@@ -48,7 +48,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable, Mapping, Protocol
+from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 import torch
 
@@ -114,6 +114,23 @@ def _policy_dtype(ckpt: PolicyWeights) -> str:
     if not by:
         raise ConfigError("the policy has no F32, BF16 or F16 tensors to publish", field="dtype")
     return max(by, key=lambda k: by[k])
+
+
+_STATE_ERRORS = (OSError, ValueError, KeyError, TypeError, ProtocolError, IntegrityError)
+"""What :func:`_load_named` raises for a state file or checkpoint that cannot be used."""
+
+
+def _load_named(root: Path, state_file: str, max_size: int) -> tuple[dict[str, Any], PolicyWeights]:
+    """``(state, checkpoint)``: the JSON state file ``root/state_file`` (``publisher.json``, ``CURRENT``)
+    and the checkpoint of the version it names, checked against the hash it records; one of
+    :data:`_STATE_ERRORS` when either is unusable."""
+    st = json.loads((root / state_file).read_text())
+    if not isinstance(st, dict):
+        raise ValueError(f"{state_file} is not a JSON object")
+    ckpt = PolicyWeights.load(root / _ckpt_name(int(st["version"])), max_size=max_size)
+    if ckpt.content_hash != st["hash"]:
+        raise IntegrityError(f"checkpoint file does not match {state_file}")
+    return st, ckpt
 
 
 def _write_unsynced(path: Path, data: bytes | bytearray | memoryview) -> None:
@@ -198,13 +215,10 @@ class PolicyPublisher:
         if not path.exists():
             return
         try:
-            st = json.loads(path.read_text())
-            ckpt = PolicyWeights.load(self.root / _ckpt_name(st["version"]), max_size=1 << 62)
-            if ckpt.content_hash != st["hash"]:
-                raise IntegrityError("checkpoint file does not match publisher.json")
+            st, ckpt = _load_named(self.root, PUBLISHER_STATE, 1 << 62)
             links = [DeltaLink(**d) for d in st["links"]]
             full = (int(st["full"][0]), str(st["full"][1]), int(st["full"][2]))
-        except (OSError, ValueError, KeyError, TypeError, ProtocolError, IntegrityError) as exc:
+        except _STATE_ERRORS as exc:
             # Publishing still works: the next version becomes a fresh anchor.
             log.warning("policy publisher state in %s unusable (%s); next version is published in full",
                         self.root, exc)
@@ -379,12 +393,8 @@ class PolicyFollower:
         if not path.exists():
             return
         try:
-            cur = json.loads(path.read_text())
-            ckpt = PolicyWeights.load(self.root / _ckpt_name(int(cur["version"])),
-                                      max_size=self.max_checkpoint_bytes)
-            if ckpt.content_hash != cur["hash"]:
-                raise IntegrityError("checkpoint file does not match CURRENT")
-        except (OSError, ValueError, KeyError, TypeError, ProtocolError, IntegrityError) as exc:
+            cur, ckpt = _load_named(self.root, CURRENT, self.max_checkpoint_bytes)
+        except _STATE_ERRORS as exc:
             log.warning("held policy in %s unusable (%s); starting without one", self.root, exc)
             return
         self.version, self.checkpoint = int(cur["version"]), ckpt
