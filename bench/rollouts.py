@@ -16,7 +16,7 @@ Times are process CPU time (``time.process_time``), not wall time: the developme
 several engineers, so wall time mostly measures the neighbours; for single-threaded work CPU time is the
 cost. Generation runs past ``<eos>`` (``ignore_eos`` here, ``min_new_tokens`` for transformers) so every row
 produces exactly ``--new-tokens`` tokens; the embedded model would otherwise stop after ~5. Figures are the
-median of ``--repeats`` runs. Aims (issue 3): >= 1.5x ``generate`` at batch 32, proofs <= 3% of
+median of ``--repeats`` runs. Aims: >= 1.5x ``generate`` at batch 32, proofs <= 3% of
 generation, verification <= 0.2x generation for 128 new tokens. Verification is timed twice: the tensor
 checks on every rollout (full), and ``Verifier.verify`` with the tensor checks on ``--verify-fraction`` of
 the rollouts, the cheap checks on all (what a validator with ``rl.verify_fraction`` does).

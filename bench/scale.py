@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Scale benchmark: N idle role-less nodes on 127.0.0.1, what each costs and how fast the swarm answers.
 
-Issue #17 asks that a node's idle cost not grow with the swarm. For each N (``--nodes 4,8,16,32,48``)
+A node's idle cost must not grow with the swarm. For each N (``--nodes 4,8,16,32,48``)
 this starts N real ``intellect-node join --headless`` processes (no role, default network settings,
 each in its own data dir under one temp dir, through the product's supervisor ``node/processes.py``),
 in waves of ``--wave`` started together, each wave waited for before the next (two cores cannot start
@@ -62,13 +62,13 @@ sys.path.insert(0, str(REPO))
 
 RUN_ID = "bench-scale"
 AIM_CPU = 0.01
-"""Issue #17: idle CPU per node under 1% of one core (and flat from 4 to 48 nodes)."""
+"""Aim: idle CPU per node under 1% of one core (and flat from 4 to 48 nodes)."""
 AIM_REACH_S = 2.0
-"""Issue #17: a gossip message reaches 99% of 48 nodes in under 2 s."""
+"""Aim: a gossip message reaches 99% of 48 nodes in under 2 s."""
 AIM_LOOKUP_P95_S = 1.0
-"""Issue #17: provider lookups p95 under 1 s at 48 nodes."""
+"""Aim: provider lookups p95 under 1 s at 48 nodes."""
 AIM_START_S = 2.0
-"""Issue #17: a node starts in under 2 s."""
+"""Aim: a node starts in under 2 s."""
 START_TIMEOUT_S = 120.0
 """Per wave: two cores starting a wave beside 40 idle nodes take seconds, never minutes."""
 SETTLE_POLL_S = 3.0

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-r"""Where an idle node's CPU goes, and what it sends and receives per connected peer (issue #17).
+r"""Where an idle node's CPU goes, and what it sends and receives per connected peer.
 
 Starts ``--nodes`` idle role-less nodes exactly as ``bench/scale.py`` does (same waves, bootstrap and
 settle rule), but each with the bench-only probe ``bench/scale_probe/sitecustomize.py`` (counters of

@@ -157,7 +157,7 @@ async def _find(cid: str, hint: dict[str, str], urls: dict[str, str]) -> Sequenc
 
 async def _bloat(keys: int, root: Path) -> tuple[float, float, int]:
     """(trainer CPU s, peak MiB, disk bytes left) after ``keys`` notices of 16 KiB blobs whose manifests
-    list one 1 KiB chunk 16,384 times (a ~1 MiB manifest: the forgery of issue 32, item 2)."""
+    list one 1 KiB chunk 16,384 times (a ~1 MiB manifest)."""
     mallory = BlobStore(root / "mallory")
     cids = []
     for i in range(keys):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make test-loaded`: the same suite as `make test`, with two CPU-bound processes running beside it, the
-# way a user's busy 2-core machine looks (issue #12: stalls appeared at load 8-16 from other programs).
+# way a user's busy 2-core machine looks (stalls appeared at load 8-16 from other programs).
 #
 # The burners are this script's own children, ended by PID on every exit path (suite passed, failed, or
 # the script interrupted), never by name. Arguments replace `tests` as pytest's (e.g. one test file). The

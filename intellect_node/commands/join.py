@@ -236,7 +236,7 @@ def start_node(cfg: Any, d: Path, roles: list[str], *, headless: bool, log_file:
 
     runtime = build_node(cfg, d, roles=roles)  # a wrong --role fails here, before anything starts
     # WARNING+ records reach the status snapshot whether or not a dashboard shows it: a headless
-    # node's `status --json` and /v1/status carry them (they stayed empty before, issue #12).
+    # node's `status --json` and /v1/status carry them (not only the dashboard's panel).
     logging.getLogger().addHandler(BoardLogHandler(runtime.board))
     if show_dashboard:
         close_dashboard = _dashboard(runtime)

@@ -348,8 +348,8 @@ class Audits:
 
 
 TIMELINE_STAGES = ("ready", "first_peer", "first_policy", "first_batch_submitted", "first_batch_accepted")
-"""The stages of a join, in the order a fresh worker passes them (issue #15: the aim is the last one
-within 30 s of start on the embedded model)."""
+"""The stages of a join, in the order a fresh worker passes them (the aim: the last one within 30 s of
+start on the embedded model)."""
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "write() takes the stream's write lock per frame, so a message longer than one frame (64 KiB, or "
         "the remaining send window) can have a concurrent writer's frame between its frames; a write "
         "that fails part-way (window timeout, cancellation) leaves a truncated message on an open stream",
-        "honest nodes under load sent 761/765-byte pubsub frames that did not parse (issue #12); pubsub "
+        "honest nodes under load sent 761/765-byte pubsub frames that did not parse; pubsub "
         "writes one stream from its send loop, the subscription replay and the pending flush at once",
         "tests/p2p/test_libp2p_compat.py::test_stock_yamux_write_interleaves_concurrent_messages",
         "not reported", "upstream holds a per-stream lock for the whole message and resets a stream "
@@ -144,7 +144,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "an exception a stream handler does not catch escapes to the connection's nursery and stops the "
         "whole Swarm service: 6 bytes on /meshsub/1.1.0 (protobuf DecodeError), a non-UTF-8 multistream "
         "line (UnicodeDecodeError)",
-        "`05 ff ff ff ff ff` on /meshsub/1.1.0 took a node off the network until restart (issue #12)",
+        "`05 ff ff ff ff ff` on /meshsub/1.1.0 took a node off the network until restart",
         "tests/p2p/test_libp2p_fuzz.py::test_hostile_streams_leave_the_node_serving_honest_peers",
         "not reported", "upstream's dispatcher contains handler failures to their stream"),
     Workaround(
@@ -252,7 +252,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "each peer's outbound RPC queue holds 32 RPCs and rejects the rest silently (go-libp2p-pubsub's "
         "default, sized for a Go scheduler): a forwarder whose trio thread stalls for a second on a busy "
         "machine drops the forwards of a burst it already accepted",
-        "a 5-node star at load 15: the hub got all 32 messages of a burst, the leaves 23-25 each (issue #12)",
+        "a 5-node star at load 15: the hub got all 32 messages of a burst, the leaves 23-25 each",
         "tests/p2p/test_libp2p_compat.py::test_stock_pubsub_outbound_queue_rejects_past_32_rpcs",
         "not reported (the size is a constructor argument pubsub never passes)",
         "upstream lets the host choose the size (then pass PEER_OUTBOUND_QUEUE instead)"),
@@ -261,7 +261,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "ConnectionPruner never closes a connection with an open stream, and every gossipsub peer holds "
         "a pubsub stream for the connection's life, so above the high watermark it closes nothing that "
         "matters; it knows nothing of meshes, relays or the run's trainer",
-        "read from the 0.8.1 source (connection_pruner.py: 'never interrupt live traffic'); issue #17: "
+        "read from the 0.8.1 source (connection_pruner.py: 'never interrupt live traffic'): "
         "16 local nodes held 15 connections each",
         "tests/p2p/test_connmgr.py::test_a_hub_trims_to_low_keeps_protected_peers_and_gossip_reaches_everyone",
         "not reported",
@@ -282,7 +282,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "the gossipsub heartbeat from 1 s to 30 s (60 s at medium health) and raises D_low/D_high and "
         "the gossip factor: mesh repair after churn or trims takes 30-60 s instead of 1 s",
         "a healthy 5-node ring: heartbeat 1 s -> 30 s, health 0.33, D_low/D_high 4/12 -> 6/15, gossip "
-        "factor 0.25 -> 0.45, 30 s after start; a full mesh of 6: 60 s (measured, issue #17)",
+        "factor 0.25 -> 0.45, 30 s after start; a full mesh of 6: 60 s (measured)",
         "tests/p2p/test_gossip_scoring.py::test_stock_adaptive_gossip_slows_the_heartbeat_of_a_healthy_mesh",
         "not reported", "upstream's health counts honest peers as healthy and keeps the configured "
         "heartbeat (the test then fails: the stock mode keeps 1 s)"),

@@ -21,7 +21,7 @@ the oldest time). Bulk bytes move over HTTP and are unaffected by a closed libp2
 
 Dialing is the other half. py-libp2p's auto-connector dials peers from the peerstore (identify and DHT
 answers fill it) up to the midpoint of its watermarks; with the stock settings a node connected to every
-peer it learned of (issue #17). The host sets its target to ``low``: below that it dials known peers
+peer it learned of. The host sets its target to ``low``: below that it dials known peers
 (skipping those it was disconnected from in the last minute, so a trimmed peer is not dialed straight
 back), at or above it it dials nobody. A trimmed peer stays in the peerbook and the DHT routing table
 and may connect again; the manager trims again only once the node is above ``high``.

@@ -2,8 +2,8 @@
 
 py-libp2p 0.8.1 runs each connection's tasks (the yamux read loop, the stream accept loop and, under
 it, every inbound stream's handler) inside the ``Swarm`` service; an exception a handler does not catch
-stops the whole service: no more dials, gossip or DHT for every peer (issue #12: six bytes on
-``/meshsub/1.1.0``). Rather than wrap each handler of each protocol by hand, failures are caught where
+stops the whole service: no more dials, gossip or DHT for every peer (six bytes on ``/meshsub/1.1.0``
+were enough). Rather than wrap each handler of each protocol by hand, failures are caught where
 the library hands work to code that reads peer input:
 
 - :func:`contain_streams`: the network's one stream dispatcher (every inbound stream of every protocol

@@ -6,7 +6,7 @@ providers resolve to URLs without a round trip). Liveness follows heartbeats, no
 a frozen (SIGSTOPped) peer keeps its TCP connection (notes).
 
 Every heartbeat reaches every node, so if every node beat every ``interval`` s each would receive
-N / interval heartbeats a second: the idle cost of a node would grow with the swarm (issue #17). So a
+N / interval heartbeats a second: the idle cost of a node would grow with the swarm. So a
 node stretches its interval with the swarm: it counts the alive peers that stretch too (``n``, itself
 included) and beats every ``interval * n / stretch_above`` s once ``n`` passes ``stretch_above``
 (at most ``max_interval``), see :func:`stretched_interval`. Every node then receives about

@@ -96,7 +96,7 @@ def connection_config(limits: ConnLimits) -> ConnectionConfig:
 
     Its auto-connector dials peers from the peerstore up to the midpoint of its two watermarks: both are
     set to our ``low``, so it dials only while fewer than ``low`` peers are connected (with the former
-    8/64 it aimed at 36: every peer the node learned of, issue #17). Its pruner is replaced by our
+    8/64 it aimed at 36: every peer the node learned of). Its pruner is replaced by our
     :class:`ConnManager` (``compat.replace_pruner``), so its high watermark means nothing else.
     ``max_connections`` is the hard cap past which connections are refused at once (inbound ones past
     ``max_connections - min_connections``): twice ``high``, and at least 16 above it, so a node with small

@@ -3,8 +3,8 @@ process exits non-zero and its supervisor (systemd, the demo, an operator) start
 
 :class:`Libp2pWatch` (one per :class:`~intellect_node.p2p.swarm.Swarm`): py-libp2p runs its services
 (``Swarm``, pubsub, gossipsub, Kademlia) under ``TrioManager``s. A task of one that raises makes its
-manager cancel everything and raise out of ``background_trio_service``, which ends our trio thread (the
-pubsub ``DecodeError`` of issue #12 did exactly that); a service cancelled without an error ends its
+manager cancel everything and raise out of ``background_trio_service``, which ends our trio thread (a
+pubsub ``DecodeError`` on a malformed frame did exactly that); a service cancelled without an error ends its
 manager quietly (``manager.is_finished``) while the thread and its listeners live on; and a trio loop
 blocked by a runaway call answers nothing. The watch asks the trio thread every
 :data:`PROBE_INTERVAL_S` which services still run (:func:`services_down`), with a deadline of
@@ -47,7 +47,7 @@ RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 """Waits between libp2p restart attempts (the last one repeats)."""
 GIVE_UP_S = 20.0
 """Seconds of failed restart attempts after which the process exits with :data:`EXIT_UNHEALTHY`; with
-a clean stop after it, the node is gone within 30 s of the failure (issue #12)."""
+a clean stop after it, the node is gone within 30 s of the failure."""
 JOIN_OLD_THREAD_S = 3.0
 """How long a restart waits for the old trio thread to end before leaving it behind (a wedged one)."""
 

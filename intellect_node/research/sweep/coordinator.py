@@ -6,7 +6,7 @@ it returns, and appends the events it emits to the journal *before* sending anyt
 accepted result is never lost by a crash). Every state change is an event; :meth:`Coordinator.restore`
 replays a journal into the same state.
 
-Rules (issue 6):
+Rules:
 
 - **No duplicate work except on purpose.** A job is granted to one peer at a time per missing vote; a
   peer never gets a job it already ran or holds.
@@ -45,7 +45,7 @@ from intellect_node.protocol.sweep import JobSpec, job_id
 from intellect_node.research.sweep.grids import default_deadline_s
 
 DEFAULT_CHECK_FRACTION = 0.05
-"""Share of jobs re-executed by a second peer (issue 6's default)."""
+"""Share of jobs re-executed by a second peer."""
 DEFAULT_MAX_VOTES = 4
 """Executions of one job before a dispute without a majority is given up as unresolved."""
 DEFAULT_CHECK_GRACE_S = 120.0
