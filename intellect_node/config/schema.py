@@ -90,7 +90,8 @@ class NetworkConfig(_Section):
     """Rejections recorded against a peer (bad proofs, malformed messages, corrupt chunks...) after which
     this node bans it: its connections are closed and refused, and the ban is kept in peers.json for 7
     days (`intellect-node peers unban` lifts it). Honest peers reach a handful at most; 0 never bans
-    automatically (the validators' own bans, rl.ban_after, still apply)."""
+    automatically (the validators' own bans, rl.ban_after, still apply). The run's trainer, validators and
+    auditors are never banned this way: the run's audits and quorum judge them."""
 
     conn_low: int = Field(default=32, ge=0, le=10_000)
     """Connections the connection manager trims down to, and below which the node dials peers it knows
@@ -239,6 +240,14 @@ class RunConfig(_Section):
                              "validators in validator_peer_ids (with validator.audit on) or other auditors "
                              "in auditor_peer_ids, or set require_audits = false")
         return self
+
+    @property
+    def role_peers(self) -> frozenset[str]:
+        """The peers this run names for a role: its trainer, validators and auditors. No node bans one of
+        them automatically by rejection counts (network.auto_ban_after): the run's own rules judge them
+        (audits, the verdict quorum)."""
+        named = [self.trainer_peer_id, *self.validator_peer_ids, *self.auditor_peer_ids]
+        return frozenset(p for p in named if p)
 
     @field_validator("run_id")
     @classmethod
