@@ -340,6 +340,8 @@ class NodeRuntime:
                 self.board.set_peers(count, trainers=by_role["trainer"],
                                      validators=by_role["validator"], workers=by_role["worker"])
                 show_inbound(self.board, sw)
+                self.board.set_gossip(refused=sum(sw.dropped.values()), stale=sw.ignored_why.get("stale", 0),
+                                      repeat=sw.ignored_why.get("repeat", 0))
                 self._note_peers(count)
                 await asyncio.to_thread(sw.peerbook.save)  # fsync: keep it off the event loop
             self.board.refreshed()

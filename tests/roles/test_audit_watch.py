@@ -25,8 +25,8 @@ from intellect_node.config.run_manifest import run_sections
 from intellect_node.config.status import StatusBoard, StatusSnapshot
 from intellect_node.errors import ConfigError, ProtocolError
 from intellect_node.node.metrics import build_registry
-from intellect_node.protocol.audits import AUDIT_KIND, AuditVerdict, seal_verdict
 from intellect_node.protocol import codec
+from intellect_node.protocol.audits import AUDIT_KIND, AuditVerdict, seal_verdict
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.signing import Envelope, SigningKey
 from intellect_node.protocol.topics import topic
