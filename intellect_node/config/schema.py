@@ -90,8 +90,8 @@ class NetworkConfig(_Section):
     """Rejections recorded against a peer (bad proofs, malformed messages, corrupt chunks...) after which
     this node bans it: its connections are closed and refused, and the ban is kept in peers.json for 7
     days (`intellect-node peers unban` lifts it). Honest peers reach a handful at most; 0 never bans
-    automatically (the validators' own bans, rl.ban_after, still apply). The run's trainer, validators and
-    auditors are never banned this way: the run's audits and quorum judge them."""
+    automatically (the validators' own bans, rl.ban_after, still apply). The run's trainer, validators
+    and auditors are never banned this way: the run's audits and quorum judge them."""
 
     conn_low: int = Field(default=32, ge=0, le=10_000)
     """Connections the connection manager trims down to, and below which the node dials peers it knows
