@@ -446,6 +446,14 @@ class ValidatorConfig(_Section):
     """Answers of one batch that may run into rl.reward_timeout_s and stay reward_unjudged (not the
     worker's fault: a slow node); one more and the batch is refused (scoring_budget) unscored."""
 
+    unjudged_per_version: int = Field(default=3, ge=1, le=1024)
+    """Batches of one worker at one policy version this validator may leave reward_unjudged (its checker
+    ran out of time: not the worker's fault, so the same bytes may come again under another blob name).
+    Past it, the worker's queued batches at that version are answered reward_unjudged unscored and its
+    new notices at that version are not taken in (recorded, not a strike): re-sending a batch that
+    times the checker out cannot make this validator score it forever. An honest worker meets it only on
+    a validator too slow for its answers; the next version starts afresh."""
+
     peer_scoring_s_per_min: float = Field(default=30.0, gt=0)
     """Scoring seconds one peer's batches may use a minute, sustained (a token bucket holding 10 minutes
     of it); a batch that finds it spent is refused (scoring_budget) when it has anything to score."""

@@ -33,7 +33,8 @@ Replays: a heartbeat stamped more than five minutes from the receiver's clock, o
 than the last one taken from its signer (neither a later stamp nor a higher ``seq``: a copy, or an
 older one), is ignored (``MessageIgnored``, counted in ``ignored``): not forwarded, blamed on no one,
 since anyone can publish a peer's old heartbeat again. A restarted node (``seq`` from 1, later stamp) and
-a clock stepped back (earlier stamp, higher ``seq``) are still heard.
+a clock stepped back (earlier stamp, higher ``seq``) are still heard; a node restarted with its clock set
+back (lower ``seq`` and stamp both) is unheard until one of them passes its last heartbeat's.
 
 Both loops run under the runtime's task supervisor (``spawn``, see ``p2p/liveness.py``). While the
 swarm restarts libp2p a failed heartbeat is not logged (the swarm logs the outage once) rather than
