@@ -249,3 +249,17 @@ def test_the_runs_peers_are_never_banned_by_rejection_counts() -> None:
         assert not book.is_banned(peer) and book.rejections(peer)[0] == 3 * AUTO_BAN_AFTER  # still shown
     book.ban(TRAINER.peer_id, "the operator's word")  # an explicit ban still holds
     assert book.is_banned(TRAINER.peer_id)
+
+
+def test_the_signed_contents_remembered_for_repeats_are_bounded() -> None:
+    from intellect_node.protocol.freshness import SeenDigests
+
+    seen = SeenDigests(limit=4)
+    for i in range(6):
+        seen.take(AUDITOR.peer_id, bytes([i]), what="x")
+    with pytest.raises(MessageIgnored) as exc:
+        seen.take(AUDITOR.peer_id, bytes([5]), what="x")
+    assert exc.value.kind == "repeat"
+    seen.take(MALLORY.peer_id, bytes([5]), what="x")  # the same bytes from another signer: not a repeat
+    seen.take(AUDITOR.peer_id, bytes([0]), what="x")  # forgotten past the limit: taken once more
+    assert len(seen._seen) == 4
