@@ -3,7 +3,7 @@
     IntellectNodeError
      +-- ConfigError        operator input is wrong (bad flag, bad field); the CLI exits with code 2
      +-- ProtocolError      bytes from a peer (or a file) do not decode to a valid message
-     |    +-- MessageIgnored  well-formed and signed, but not to act on now (expired): no blame
+     |    +-- MessageIgnored  well-formed and signed, but not to act on now (stale, a repeat): no blame
      +-- TransportError     a peer could not be reached, timed out, or broke a stream
      |    +-- ChunkUnavailable  the provider does not hold that blob part (ask another; no penalty)
      +-- IntegrityError     content did not match its hash (a chunk, a blob, a checkpoint), or weights
@@ -33,10 +33,15 @@ class ProtocolError(IntellectNodeError):
 
 
 class MessageIgnored(ProtocolError):
-    """A gossip message that is well-formed and correctly signed but that no receiver acts on now (a
-    verdict sealed too long ago): the gossip validator drops it without forwarding it and holds it
-    against no one, neither its signer (a replay is not the signer's doing) nor the peer that forwarded
-    it (which may have checked it a moment earlier, or with another clock)."""
+    """A gossip message that is well-formed and correctly signed but that no receiver acts on now: the
+    gossip validator drops it without forwarding it and holds it against no one, neither its signer (a
+    replay is not the signer's doing) nor the peer that forwarded it (which may have checked it a moment
+    earlier, or with another clock). ``kind`` says which: ``"stale"`` (dated outside the receiver's
+    window: a replay, or clocks minutes apart) or ``"repeat"`` (one already taken, again)."""
+
+    def __init__(self, message: str, *, kind: str = "stale") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class TransportError(IntellectNodeError):

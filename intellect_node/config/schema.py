@@ -90,7 +90,8 @@ class NetworkConfig(_Section):
     """Rejections recorded against a peer (bad proofs, malformed messages, corrupt chunks...) after which
     this node bans it: its connections are closed and refused, and the ban is kept in peers.json for 7
     days (`intellect-node peers unban` lifts it). Honest peers reach a handful at most; 0 never bans
-    automatically (the validators' own bans, rl.ban_after, still apply)."""
+    automatically (the validators' own bans, rl.ban_after, still apply). The run's trainer, validators
+    and auditors are never banned this way: the run's audits and quorum judge them."""
 
     conn_low: int = Field(default=32, ge=0, le=10_000)
     """Connections the connection manager trims down to, and below which the node dials peers it knows
@@ -239,6 +240,14 @@ class RunConfig(_Section):
                              "validators in validator_peer_ids (with validator.audit on) or other auditors "
                              "in auditor_peer_ids, or set require_audits = false")
         return self
+
+    @property
+    def role_peers(self) -> frozenset[str]:
+        """The peers this run names for a role: its trainer, validators and auditors. No node bans one of
+        them automatically by rejection counts (network.auto_ban_after): the run's own rules judge them
+        (audits, the verdict quorum)."""
+        named = [self.trainer_peer_id, *self.validator_peer_ids, *self.auditor_peer_ids]
+        return frozenset(p for p in named if p)
 
     @field_validator("run_id")
     @classmethod
@@ -437,6 +446,14 @@ class ValidatorConfig(_Section):
     """Answers of one batch that may run into rl.reward_timeout_s and stay reward_unjudged (not the
     worker's fault: a slow node), or crash the scoring process (retried once on a fresh one, whose start
     the batch pays); one more of either and the batch is refused (scoring_budget) unscored."""
+
+    unjudged_per_version: int = Field(default=3, ge=1, le=1024)
+    """Batches of one worker at one policy version this validator may leave reward_unjudged (its checker
+    ran out of time: not the worker's fault, so the same bytes may come again under another blob name).
+    Past it, the worker's queued batches at that version are answered reward_unjudged unscored and its
+    new notices at that version are not taken in (recorded, not a strike): re-sending a batch that
+    times the checker out cannot make this validator score it forever. An honest worker meets it only on
+    a validator too slow for its answers; the next version starts afresh."""
 
     peer_scoring_s_per_min: float = Field(default=30.0, gt=0)
     """Scoring seconds one peer's batches may use a minute, sustained (a token bucket holding 10 minutes

@@ -133,7 +133,9 @@ class RunInfo:
 @dataclass(frozen=True)
 class Peers:
     """Connected peers, and the inbound cap: slots held by open inbound connections, the cap (libp2p's
-    ``max_connections - min_connections``) and inbound connections refused at the cap so far."""
+    ``max_connections - min_connections``) and inbound connections refused at the cap so far. And the
+    gossip messages our validators judged so far, not delivered: refused (blamed on their origin) and
+    ignored (blamed on no one: stamped outside the window, or a repeat of one taken; what replays are)."""
 
     count: int = 0
     trainers: tuple[str, ...] = ()
@@ -142,6 +144,9 @@ class Peers:
     inbound_in_use: int = 0
     inbound_cap: int = 0
     inbound_refused: int = 0
+    gossip_refused: int = 0
+    gossip_ignored_stale: int = 0
+    gossip_ignored_repeat: int = 0
 
 
 @dataclass(frozen=True)
@@ -656,6 +661,11 @@ class StatusBoard:
         """The inbound connection cap (see :class:`Peers`)."""
         self._update(lambda s: {"peers": replace(s.peers, inbound_in_use=in_use, inbound_cap=cap,
                                                  inbound_refused=refused)})
+
+    def set_gossip(self, *, refused: int, stale: int, repeat: int) -> None:
+        """Gossip messages not delivered so far (see :class:`Peers`)."""
+        self._update(lambda s: {"peers": replace(s.peers, gossip_refused=refused, gossip_ignored_stale=stale,
+                                                 gossip_ignored_repeat=repeat)})
 
     def set_reachability(self, status: str, *, public_addrs: Iterable[str] = (), relay: str = "",
                          detail: str = "") -> None:

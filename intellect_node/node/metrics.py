@@ -86,6 +86,14 @@ class StatusCollector(Collector):
         yield inbound
         yield CounterMetricFamily(f"{_PREFIX}_inbound_refused", "Inbound connections refused because the "
                                   "inbound cap was full.", value=s.peers.inbound_refused)
+        gossip = CounterMetricFamily(f"{_PREFIX}_gossip_undelivered",
+                                     "Gossip messages not delivered: refused (blamed on their origin), or "
+                                     "ignored as stale or as a repeat (replays: blamed on no one).",
+                                     labels=["outcome"])
+        gossip.add_metric(["refused"], s.peers.gossip_refused)
+        gossip.add_metric(["ignored_stale"], s.peers.gossip_ignored_stale)
+        gossip.add_metric(["ignored_repeat"], s.peers.gossip_ignored_repeat)
+        yield gossip
 
         policy = GaugeMetricFamily(f"{_PREFIX}_policy_version",
                                    "Policy version: newest announced (current) and loaded here (local).",

@@ -216,7 +216,8 @@ class NodeRuntime:
                                        data_dir=self.data_dir, http_url=self.http_url, roles=self.roles,
                                        peer_timeout=net.peer_timeout, announce=list(net.announce),
                                        conn=ConnLimits.from_config(self.config),
-                                       auto_ban_after=net.auto_ban_after or None)
+                                       auto_ban_after=net.auto_ban_after or None,
+                                       run_peers=self.config.run.role_peers)
         self.swarm.watch.listeners.append(self._libp2p_health)
         self.swarm.on_fatal = self.fail
         self.board.set_identity(key.peer_id, version=__version__, data_dir=str(self.data_dir),
@@ -297,7 +298,8 @@ class NodeRuntime:
             "roles": self.roles,
             "alive_peers": sw.peerbook.alive_peers() if sw else [],
             "known_peers": sw.peerbook.snapshot() if sw else [],
-            "gossip": {"delivered": dict(sw.delivered), "dropped": dict(sw.dropped)} if sw else {},
+            "gossip": {"delivered": dict(sw.delivered), "dropped": dict(sw.dropped),
+                       "ignored": dict(sw.ignored), "ignored_why": dict(sw.ignored_why)} if sw else {},
             "connections": ({**sw.connmgr.snapshot(len(sw.connected_peers())), "inbound": _inbound(sw)}
                             if sw else {}),
             "http": self.http_gate.stats(),
@@ -338,6 +340,8 @@ class NodeRuntime:
                 self.board.set_peers(count, trainers=by_role["trainer"],
                                      validators=by_role["validator"], workers=by_role["worker"])
                 show_inbound(self.board, sw)
+                self.board.set_gossip(refused=sum(sw.dropped.values()), stale=sw.ignored_why.get("stale", 0),
+                                      repeat=sw.ignored_why.get("repeat", 0))
                 self._note_peers(count)
                 await asyncio.to_thread(sw.peerbook.save)  # fsync: keep it off the event loop
             self.board.refreshed()

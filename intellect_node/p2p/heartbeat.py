@@ -29,6 +29,13 @@ base interval until it has heard the swarm (at most one ``max_interval``); a pee
 roles or ignores the rule only costs what one misbehaving publisher costs (gossipsub's rate limits and
 scoring, ``p2p/host.py``), and fake peer IDs that inflate the estimate are bounded by ``max_interval``.
 
+Replays: a heartbeat stamped more than five minutes from the receiver's clock, or one that is not newer
+than the last one taken from its signer (neither a later stamp nor a higher ``seq``: a copy, or an
+older one), is ignored (``MessageIgnored``, counted in ``ignored``): not forwarded, blamed on no one,
+since anyone can publish a peer's old heartbeat again. A restarted node (``seq`` from 1, later stamp) and
+a clock stepped back (earlier stamp, higher ``seq``) are still heard; a node restarted with its clock set
+back (lower ``seq`` and stamp both) is unheard until one of them passes its last heartbeat's.
+
 Both loops run under the runtime's task supervisor (``spawn``, see ``p2p/liveness.py``). While the
 swarm restarts libp2p a failed heartbeat is not logged (the swarm logs the outage once) rather than
 every interval.
@@ -40,13 +47,14 @@ import asyncio
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
 
 from intellect_node.aioutil import cancel_and_wait
-from intellect_node.errors import ProtocolError, TransportError
+from intellect_node.errors import MessageIgnored, ProtocolError, TransportError
 from intellect_node.p2p.swarm import Swarm
 from intellect_node.protocol import gossip
 from intellect_node.protocol.topics import topic
@@ -65,6 +73,9 @@ announcing a longer interval still holds the previous promise: the next heartbea
 JITTER = 0.1
 """A node sleeps up to this fraction less than the interval it announced (never more), so nodes that
 started together do not beat together."""
+MAX_LATEST = 4096
+"""Signers whose last heartbeat (``seq``, stamp) is remembered to ignore repeats (the peerbook's bound);
+past it the longest-silent is forgotten, and a repeat of its heartbeat is taken once more: harmless."""
 
 PeerListener = Callable[[str], None]
 Spawn = Callable[[str, Callable[[], Awaitable[Any]]], "asyncio.Task[Any]"]
@@ -123,6 +134,10 @@ class Heartbeats:
         """Called (asyncio loop) when a peer has been silent for ``peer_timeout``."""
         self._tasks: list[asyncio.Task[Any]] = []
         self._seq = 0
+        self.ignored = {"stale": 0, "repeat": 0}
+        """Heartbeats ignored (``MessageIgnored``): stamped outside the window, or not newer than the
+        signer's last one."""
+        self._latest: OrderedDict[str, tuple[int, int]] = OrderedDict()  # signer -> (seq, time_ms) taken
 
     def start(self) -> None:
         self.swarm.peerbook.peer_timeout = self.peer_timeout
@@ -135,9 +150,23 @@ class Heartbeats:
         self._tasks = []
 
     def _validate(self, data: bytes, origin: str) -> gossip.Heartbeat:
-        hb, signer = gossip.open_heartbeat(data, run_id=self.swarm.run_id, now_ms=int(time.time() * 1000))
-        if signer != origin:
-            raise ProtocolError(f"heartbeat signed by {signer} published by {origin}")
+        """The gossip validator (trio thread; the only user of ``_latest``)."""
+        try:
+            hb, signer = gossip.open_heartbeat(data, run_id=self.swarm.run_id,
+                                               now_ms=int(time.time() * 1000))
+            if signer != origin:
+                raise ProtocolError(f"heartbeat signed by {signer} published by {origin}")
+            last = self._latest.get(signer)
+            if last is not None and hb.seq <= last[0] and hb.time_ms <= last[1]:
+                raise MessageIgnored(f"heartbeat seq {hb.seq} of {signer} is not newer than seq {last[0]} "
+                                     "(a repeat)", kind="repeat")
+        except MessageIgnored as exc:
+            self.ignored[exc.kind] = self.ignored.get(exc.kind, 0) + 1
+            raise
+        self._latest[signer] = (hb.seq, hb.time_ms)
+        self._latest.move_to_end(signer)
+        while len(self._latest) > MAX_LATEST:
+            self._latest.popitem(last=False)
         return hb
 
     def _on_heartbeat(self, hb: gossip.Heartbeat, origin: str) -> None:
@@ -201,7 +230,7 @@ class Heartbeats:
         elapsed = max(1e-9, time.monotonic() - self._started)
         return {"interval_s": round(self.current_interval, 3), "base_interval_s": self.interval,
                 "fixed_rate": self.fixed_rate, "swarm_estimate": self.swarm_estimate(),
-                "sent": self.sent, "received": self.received,
+                "sent": self.sent, "received": self.received, "ignored": dict(self.ignored),
                 "received_per_s": round(self.received / elapsed, 3)}
 
     async def _sweep_loop(self) -> None:

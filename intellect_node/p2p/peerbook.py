@@ -16,6 +16,12 @@ clean slate: a validator's verdict or a trainer's ban cost the swarm evidence to
 and an honest peer banned automatically by mistake comes back by itself); the newest :data:`MAX_BANS_KEPT`
 are written. ``intellect-node peers bans`` lists them and ``peers unban`` lifts one while the node is
 stopped.
+
+The peers the run names for a role (``run_peers``: its trainer, validators and auditors) are never banned
+automatically: their rejections are counted and shown, but a count is not proof (a replay, a bug, an
+honest disagreement can raise it), and banning one of them would stop the run on this node. Their faults
+are the run's own rules to judge: audits for the trainer, the quorum for validators; an explicit
+:meth:`ban` still holds.
 """
 
 from __future__ import annotations
@@ -95,10 +101,13 @@ class PeerBook:
     """Thread-safe per-peer records. ``data_dir`` (optional) is where ``peers.json`` lives."""
 
     def __init__(self, self_id: str, data_dir: Path | None = None, *, peer_timeout: float = 15.0,
-                 auto_ban_after: int | None = AUTO_BAN_AFTER) -> None:
+                 auto_ban_after: int | None = AUTO_BAN_AFTER,
+                 run_peers: frozenset[str] = frozenset()) -> None:
         self.self_id = self_id
         self.peer_timeout = peer_timeout
         self.auto_ban_after = auto_ban_after
+        self.run_peers = run_peers
+        """Never banned automatically (the run's trainer, validators and auditors; module docstring)."""
         self._path = data_dir / PEERS_FILE if data_dir is not None else None
         self._lock = threading.Lock()
         self._peers: dict[str, PeerRecord] = {}
@@ -258,7 +267,8 @@ class PeerBook:
             rec.rejections += counts
             rec.reasons.append(reason[:200])
             count = rec.rejections
-            if self.auto_ban_after is not None and count >= self.auto_ban_after and rec.banned is None:
+            if self.auto_ban_after is not None and count >= self.auto_ban_after and rec.banned is None \
+                    and peer_id not in self.run_peers:
                 rec.banned, rec.banned_at = f"auto: {count} rejections, last: {reason[:120]}", time.time()
                 self._dirty = auto_ban = True
                 self._bound_bans()

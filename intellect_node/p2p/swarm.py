@@ -10,8 +10,10 @@ adds what the library does not do for us:
 - **Validation with blame.** ``subscribe(topic, validate, handler)``: ``validate(data, origin)`` runs
   inside the gossip validator on the trio thread; a ``ProtocolError`` drops the message (it is not
   forwarded) and the reason is recorded in the peerbook against the origin (the libp2p-signed
-  publisher). A ``MessageIgnored`` (well-formed, signed, only too old) drops it too, blaming no one
-  (compat ``gossip-ignore``). The decoded message goes to ``handler(msg, origin)`` on the asyncio loop.
+  publisher). A ``MessageIgnored`` (well-formed, signed, only stale or a repeat: what a replay is) drops
+  it too, blaming no one, neither the origin nor the forwarder (compat ``gossip-ignore``); both are
+  counted per topic and per kind (``dropped``, ``ignored``, ``ignored_why``; ``GET /v1/status``). The
+  decoded message goes to ``handler(msg, origin)`` on the asyncio loop.
 - **Providers with URLs.** DHT provider records name peers; :meth:`find_providers` de-duplicates them
   and turns each into ``Provider(peer_id, http_url)`` using the URL from its heartbeat or, failing that,
   a signed node-info request (``/intellect/info/1.0.0``, 5 s deadline).
@@ -123,6 +125,8 @@ class Swarm:
         """Messages refused by our validators, per topic."""
         self.ignored: dict[str, int] = defaultdict(int)
         """Messages our validators ignored (``MessageIgnored``: not forwarded, no one blamed), per topic."""
+        self.ignored_why: dict[str, int] = defaultdict(int)
+        """The same, per ``MessageIgnored.kind`` (``stale``, ``repeat``)."""
         self.delivered: dict[str, int] = defaultdict(int)
         self._closed = False
         self._listen: list[str] = []
@@ -148,12 +152,15 @@ class Swarm:
     async def start(cls, key: SigningKey, *, run_id: str, listen: list[str], data_dir: Path | None = None,
                     http_url: str = "", roles: list[str] | None = None,
                     peer_timeout: float = 15.0, announce: list[str] | None = None,
-                    conn: ConnLimits | None = None, auto_ban_after: int | None = AUTO_BAN_AFTER) -> "Swarm":
+                    conn: ConnLimits | None = None, auto_ban_after: int | None = AUTO_BAN_AFTER,
+                    run_peers: frozenset[str] = frozenset()) -> "Swarm":
         """Start libp2p (host, DHT, gossipsub) on ``listen`` and return once it listens. ``conn``: the
         connection manager's watermarks and protected peers (``ConnLimits.from_config``);
-        ``auto_ban_after``: rejections before the peerbook bans a peer (None: never)."""
+        ``auto_ban_after``: rejections before the peerbook bans a peer (None: never), except
+        ``run_peers`` (``RunConfig.role_peers``), which it never bans by count."""
         quiet_libp2p_logging()
-        book = PeerBook(key.peer_id, data_dir, peer_timeout=peer_timeout, auto_ban_after=auto_ban_after)
+        book = PeerBook(key.peer_id, data_dir, peer_timeout=peer_timeout, auto_ban_after=auto_ban_after,
+                        run_peers=run_peers)
         self = cls(key, run_id, book, http_url, roles or [], conn)
         self.peerbook.on_auto_ban = self._auto_ban
         self._listen, self._announce = list(listen), list(announce or [])
@@ -380,8 +387,9 @@ class Swarm:
         def validator(data: bytes, origin: str, msg_id: bytes) -> bool | None:
             try:
                 msg = validate(data, origin)
-            except MessageIgnored:  # only too old: not forwarded, not held against anyone
+            except MessageIgnored as exc:  # stale or a repeat: not forwarded, not held against anyone
                 self.ignored[topic] += 1
+                self.ignored_why[exc.kind] += 1
                 return None
             except ProtocolError as exc:
                 self.dropped[topic] += 1

@@ -2,7 +2,8 @@
 
 Nothing here imports torch, libp2p or trio. Every decoder raises only :class:`ProtocolError`.
 One module per protocol, each declaring its structs, its protocol ID or topic and its maximum size:
-``codec`` (the canonical encoding and strict decoding), ``signing`` (signed envelopes), ``ids`` (peer and
+``codec`` (the canonical encoding and strict decoding), ``signing`` (signed envelopes), ``freshness``
+(dated messages outside their window, and repeats, are ignored, not refused), ``ids`` (peer and
 content IDs), ``topics``; ``gossip`` (heartbeats, node info), ``blob`` (blob manifests, have bitmaps),
 ``rollout`` (rollout records), ``rl`` (batch notices and verdicts), ``policy`` (policy announcements and
 deltas), ``steps`` (the trainer's step records), ``audits`` (auditors' verdicts), ``run_manifest`` (runs

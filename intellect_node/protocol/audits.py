@@ -5,14 +5,24 @@ An auditor (``roles/auditor/``) replays the trainer's steps from their signed re
 made the published ``checkpoint_hash``), ``fail`` (it made ``expected``, or the record contradicts
 itself or the run: ``reason``) or ``unavailable`` (the audit could not run: a batch missing, the start
 not held). ``unavailable`` is never a pass.
+
+A verdict carries the time it was sealed (``time_ms``, set by :func:`seal_verdict`): receivers ignore
+one outside :func:`verdict_time_error`'s window at the gossip validator, so a replay is neither
+forwarded nor blamed on anyone. The field is left out of the bytes when unset, so a verdict of an
+auditor of the release before it still decodes (undated: taken, without the window; every repeat of
+its signed bytes is still ignored, ``roles/common/audits.py``).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Literal
+
+import msgspec
 
 from intellect_node.errors import ProtocolError
 from intellect_node.protocol import codec
+from intellect_node.protocol.freshness import check_stamp
 from intellect_node.protocol.ids import validate_cid
 from intellect_node.protocol.signing import SigningKey, open_envelope
 from intellect_node.protocol.topics import validate_run_id
@@ -21,6 +31,13 @@ AUDIT_DOMAIN = "intellect/audit/1"
 AUDIT_KIND = "audits"  # the topic kind: /intellect/<run_id>/audits/1
 MAX_AUDIT_BYTES = 4096
 MAX_REASON_LEN = 1024
+VERDICT_MAX_AGE_MS = 300_000
+"""A verdict sealed longer ago than this (by the receiver's clock) is ignored: an auditor publishes each
+verdict once, sealed just before, and gossip delivers in seconds; only replays (and clocks minutes apart)
+fall outside. The batch verdicts' window (``protocol.rl``)."""
+VERDICT_MAX_AHEAD_MS = 60_000
+"""A verdict dated further ahead than this is ignored (a broken clock, or one sealed to outlive the
+window)."""
 
 
 class AuditVerdict(codec.Message, frozen=True):
@@ -32,6 +49,9 @@ class AuditVerdict(codec.Message, frozen=True):
     published: str  # the record's checkpoint hash
     expected: str = ""  # the hash the replay made ("" when it did not run)
     reason: str = ""
+    time_ms: int | msgspec.UnsetType = msgspec.UNSET
+    """When the auditor sealed it (unix ms; :func:`seal_verdict` sets it); unset in an older auditor's
+    verdicts."""
 
 
 def check_verdict(v: AuditVerdict) -> AuditVerdict:
@@ -45,11 +65,25 @@ def check_verdict(v: AuditVerdict) -> AuditVerdict:
         raise ProtocolError(f"audit reason of {len(v.reason)} characters, at most {MAX_REASON_LEN}")
     if v.outcome == "pass" and v.expected != v.published:
         raise ProtocolError("a pass names the published hash as the one replayed")
+    if not isinstance(v.time_ms, msgspec.UnsetType) and not 0 < v.time_ms < 1 << 53:
+        raise ProtocolError(f"audit verdict time {v.time_ms} out of range")
     return v
 
 
-def seal_verdict(key: SigningKey, v: AuditVerdict) -> bytes:
+def seal_verdict(key: SigningKey, v: AuditVerdict, *, now_ms: int | None = None) -> bytes:
+    """Sign ``v``, dated now (``now_ms``, unix ms) unless it carries a time already."""
+    if isinstance(v.time_ms, msgspec.UnsetType):
+        v = msgspec.structs.replace(v, time_ms=int(time.time() * 1000) if now_ms is None else now_ms)
     return key.seal(AUDIT_DOMAIN, check_verdict(v))
+
+
+def check_verdict_time(v: AuditVerdict, now_ms: int) -> None:
+    """``MessageIgnored`` unless ``v`` was sealed inside the window around ``now_ms`` (unix ms): at most
+    :data:`VERDICT_MAX_AGE_MS` before it, :data:`VERDICT_MAX_AHEAD_MS` after. An undated verdict (an
+    older auditor's) passes."""
+    if not isinstance(v.time_ms, msgspec.UnsetType):
+        check_stamp(v.time_ms, now_ms, max_age_ms=VERDICT_MAX_AGE_MS, max_ahead_ms=VERDICT_MAX_AHEAD_MS,
+                    what="audit verdict")
 
 
 def open_verdict(data: bytes, *, run_id: str, auditors: frozenset[str] | None) -> tuple[AuditVerdict, str]:
@@ -64,7 +98,14 @@ def open_verdict(data: bytes, *, run_id: str, auditors: frozenset[str] | None) -
 
 def verdict_validator(run_id: str, auditors: frozenset[str] | None
                       ) -> Callable[[bytes, str], tuple[AuditVerdict, str]]:
-    def validate(data: bytes, from_peer: str) -> tuple[AuditVerdict, str]:
-        return open_verdict(data, run_id=run_id, auditors=auditors)
+    """Gossip validator: a verdict of this run, published by its signer (one of ``auditors``; any if
+    None), sealed inside the window (else ``MessageIgnored``)."""
+
+    def validate(data: bytes, origin: str) -> tuple[AuditVerdict, str]:
+        v, signer = open_verdict(data, run_id=run_id, auditors=auditors)
+        if signer != origin:
+            raise ProtocolError("audit verdict signed by another peer than its publisher")
+        check_verdict_time(v, int(time.time() * 1000))
+        return v, signer
 
     return validate

@@ -15,6 +15,7 @@ import msgspec
 
 from intellect_node.errors import ProtocolError
 from intellect_node.protocol import codec
+from intellect_node.protocol.freshness import check_stamp
 from intellect_node.protocol.signing import open_envelope
 from intellect_node.protocol.topics import validate_run_id
 
@@ -31,7 +32,8 @@ MAX_URL_LEN = 256
 MAX_URL_PATH_LEN = 64
 """A base URL's path prefix (a node behind a reverse proxy); the blob routes follow it."""
 MAX_CLOCK_SKEW_MS = 5 * 60 * 1000
-"""Heartbeats stamped further than this from our clock are refused (stale replays, broken clocks)."""
+"""Heartbeats stamped further than this from our clock are ignored (``MessageIgnored``: replays, broken
+clocks), blamed on no one."""
 MAX_INTERVAL_MS = 24 * 3600 * 1000
 """Largest announced heartbeat interval accepted; receivers cap what they honour far lower
 (``network.heartbeat_max_interval``), this only refuses nonsense."""
@@ -128,15 +130,18 @@ def _check_common(run_id: str, http_url: str, listen_addrs: list[str], roles: li
 
 
 def open_heartbeat(data: bytes, *, run_id: str, now_ms: int) -> tuple[Heartbeat, str]:
-    """Decode, verify and check a heartbeat for ``run_id``; return it and the signer's peer ID."""
+    """Decode, verify and check a heartbeat for ``run_id``; return it and the signer's peer ID. One
+    stamped more than :data:`MAX_CLOCK_SKEW_MS` from ``now_ms`` raises ``MessageIgnored``."""
     hb, signer = open_envelope(data, HEARTBEAT_DOMAIN, Heartbeat, max_size=MAX_HEARTBEAT_SIZE)
     _check_common(hb.run_id, hb.http_url, hb.listen_addrs, hb.roles, signer)
     if hb.run_id != run_id:
         raise ProtocolError(f"heartbeat for run {hb.run_id!r}, this node is in {run_id!r}")
-    if hb.seq < 0 or abs(hb.time_ms - now_ms) > MAX_CLOCK_SKEW_MS:
-        raise ProtocolError("heartbeat seq/time out of range")
+    if hb.seq < 0:
+        raise ProtocolError(f"heartbeat seq {hb.seq} out of range")
     if hb.interval_ms is not msgspec.UNSET and not 0 < hb.interval_ms <= MAX_INTERVAL_MS:
         raise ProtocolError(f"heartbeat interval_ms {hb.interval_ms} out of range")
+    check_stamp(hb.time_ms, now_ms, max_age_ms=MAX_CLOCK_SKEW_MS, max_ahead_ms=MAX_CLOCK_SKEW_MS,
+                what="heartbeat")
     return hb, signer
 
 

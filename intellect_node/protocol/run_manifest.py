@@ -28,6 +28,7 @@ from typing import Any, Literal
 from intellect_node.errors import ProtocolError
 from intellect_node.protocol import codec
 from intellect_node.protocol.blob import Manifest
+from intellect_node.protocol.freshness import check_stamp
 from intellect_node.protocol.ids import cid_of, public_key_from_peer_id, validate_cid
 from intellect_node.protocol.signing import SigningKey, open_envelope
 from intellect_node.protocol.topics import validate_run_id
@@ -68,7 +69,8 @@ MAX_LISTED_RUNS = 32
 MAX_LISTING_BYTES = MAX_LISTED_RUNS * 512 + 1024
 MAX_ROLE_NAME = 32
 MAX_LISTING_AGE_MS = 10 * 60 * 1000
-"""Listings stamped further than this from the reader's clock are refused (replays, broken clocks)."""
+"""Listings stamped further than this from the reader's clock are ignored (``MessageIgnored``: replays,
+broken clocks), blamed on no one."""
 
 
 class ModelFile(codec.Message, frozen=True):
@@ -259,10 +261,11 @@ def seal_listing(key: SigningKey, listing: RunListing) -> bytes:
 
 def open_listing(raw: bytes, *, now_ms: int, signer: str | None = None) -> RunListing:
     """Decode and verify a listing; ``signer``: the peer it must come from (the gossip origin, the
-    provider asked). ProtocolError for anything wrong, a stale or future stamp included."""
+    provider asked). ProtocolError for anything wrong; ``MessageIgnored`` for a stale or future stamp."""
     listing, by = open_envelope(raw, LISTING_DOMAIN, RunListing, max_size=MAX_LISTING_BYTES)
     if listing.node != by or (signer is not None and by != signer):
         raise ProtocolError("the listing is not signed by the node it names")
-    if abs(listing.time_ms - now_ms) > MAX_LISTING_AGE_MS:
-        raise ProtocolError("the listing's time stamp is too far from this node's clock")
-    return check_listing(listing)
+    check_listing(listing)
+    check_stamp(listing.time_ms, now_ms, max_age_ms=MAX_LISTING_AGE_MS, max_ahead_ms=MAX_LISTING_AGE_MS,
+                what="run listing")
+    return listing

@@ -25,6 +25,7 @@ from typing import Union
 
 from intellect_node.errors import ProtocolError
 from intellect_node.protocol import codec
+from intellect_node.protocol.freshness import check_stamp
 from intellect_node.protocol.ids import cid_of, public_key_from_peer_id, validate_cid
 from intellect_node.protocol.signing import ENVELOPE_OVERHEAD, Envelope, SigningKey, verify_signature
 from intellect_node.protocol.topics import validate_run_id
@@ -47,6 +48,7 @@ MAX_WEIGHTS = 1 << 24
 MAX_STEPS = 1_000_000
 MAX_SEED = (1 << 63) - 1
 MAX_CLOCK_SKEW_MS = 5 * 60 * 1000
+"""Messages stamped further than this from the receiver's clock are ignored (``MessageIgnored``)."""
 VARIANTS = ("poly", "noise")
 NOISE_KINDS = ("none", "bernoulli", "gaussian")
 SWEEP_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -155,14 +157,12 @@ def curve_points(spec: JobSpec) -> int:
     return spec.steps // spec.record_every + 1 if spec.variant == "noise" and spec.record_every else 0
 
 
-def _check_common(msg: SweepMessage, run_id: str, now_ms: int) -> None:
+def _check_common(msg: SweepMessage, run_id: str) -> None:
     validate_run_id(msg.run_id)
     if msg.run_id != run_id:
         raise ProtocolError(f"sweep message for run {msg.run_id[:64]!r}, this node is in {run_id!r}")
     if not SWEEP_ID_RE.match(msg.sweep_id):
         raise ProtocolError(f"bad sweep id {msg.sweep_id[:80]!r}")
-    if abs(msg.time_ms - now_ms) > MAX_CLOCK_SKEW_MS:
-        raise ProtocolError("sweep message time out of range (replay or broken clock)")
 
 
 def check_message(msg: SweepMessage) -> SweepMessage:
@@ -205,12 +205,16 @@ def seal(key: SigningKey, msg: SweepMessage) -> bytes:
 
 
 def open_message(data: bytes, *, run_id: str, now_ms: int) -> tuple[SweepMessage, str]:
-    """Decode, verify and check one sweep envelope; return the message and its signer's peer ID."""
+    """Decode, verify and check one sweep envelope; return the message and its signer's peer ID. One
+    stamped more than :data:`MAX_CLOCK_SKEW_MS` from ``now_ms`` raises ``MessageIgnored``."""
     env = codec.decode(data, Envelope, max_size=MAX_MESSAGE_SIZE + ENVELOPE_OVERHEAD)
     type_ = _DOMAIN_TYPES.get(env.domain)
     if type_ is None:
         raise ProtocolError(f"not a sweep message domain: {env.domain[:64]!r}")
     verify_signature(env.signer, env.domain, env.payload, env.signature)
     msg = codec.decode(env.payload, type_, max_size=MAX_MESSAGE_SIZE)
-    _check_common(msg, run_id, now_ms)
-    return check_message(msg), env.signer
+    _check_common(msg, run_id)
+    check_message(msg)
+    check_stamp(msg.time_ms, now_ms, max_age_ms=MAX_CLOCK_SKEW_MS, max_ahead_ms=MAX_CLOCK_SKEW_MS,
+                what="sweep message")
+    return msg, env.signer

@@ -44,7 +44,13 @@ from intellect_node.blobs.service import BlobService
 from intellect_node.config import NodeConfig
 from intellect_node.config.nat import NatConfig
 from intellect_node.config.status import StatusBoard
-from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError, TransportError
+from intellect_node.errors import (
+    ConfigError,
+    IntellectNodeError,
+    MessageIgnored,
+    ProtocolError,
+    TransportError,
+)
 from intellect_node.fsutil import atomic_write_bytes
 from intellect_node.p2p.nat.service import NatService
 from intellect_node.p2p.swarm import Provider, Swarm
@@ -421,6 +427,8 @@ async def find_runs(swarm: Swarm, blobs: BlobService, *, heard: Sequence[RunList
     async def ask(p: Provider) -> RunListing | None:
         try:
             return await _get_listing(policy, p)
+        except MessageIgnored as exc:  # a stamp off our clock: a clock apart is no misbehaviour
+            log.info("run listing of %s left out: %s", p.peer_id, exc)
         except ProtocolError as exc:
             swarm.peerbook.record_rejection(p.peer_id, f"run listing: {exc}")
         except TransportError as exc:

@@ -133,3 +133,15 @@ def test_step_attempts_without_a_learnable_group_are_exported_by_cause() -> None
     assert m[("intellect_node_train_groups_total", (("outcome", "seen"),))] == 8 * (NO_SIGNAL_ATTEMPTS + 1)
     assert m[("intellect_node_train_groups_total", (("outcome", "filtered"),))] == 6 + 8 * NO_SIGNAL_ATTEMPTS
     assert m[("intellect_node_groups_filtered_fraction", ())] == 1.0
+
+
+def test_gossip_not_delivered_is_exported_by_outcome() -> None:
+    """Replays ignored (stale, repeats) apart from messages refused with blame (issue 40, item 1)."""
+    board = StatusBoard(role="worker")
+    board.set_gossip(refused=2, stale=100, repeat=3)
+    text, _ = asyncio.run(_scrape(board))
+    samples = _samples(text)
+    name = "intellect_node_gossip_undelivered_total"
+    assert {k[1][0][1]: v for k, v in samples.items() if k[0] == name} == \
+        {"refused": 2, "ignored_stale": 100, "ignored_repeat": 3}
+    assert board.snapshot().to_dict()["peers"]["gossip_ignored_stale"] == 100

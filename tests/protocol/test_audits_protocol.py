@@ -24,9 +24,10 @@ def _verdict(**kw: object) -> AuditVerdict:
 
 
 def test_round_trip_and_signers() -> None:
-    raw = seal_verdict(AUDITOR, _verdict())
+    raw = seal_verdict(AUDITOR, _verdict(), now_ms=1_800_000_000_000)  # dated as it is sealed
     ours = frozenset({AUDITOR.peer_id})
-    assert open_verdict(raw, run_id="r1", auditors=ours) == (_verdict(), AUDITOR.peer_id)
+    assert open_verdict(raw, run_id="r1", auditors=ours) == (_verdict(time_ms=1_800_000_000_000),
+                                                               AUDITOR.peer_id)
     assert open_verdict(raw, run_id="r1", auditors=None)[1] == AUDITOR.peer_id
     with pytest.raises(ProtocolError, match="not one of the run's auditors"):
         open_verdict(seal_verdict(MALLORY, _verdict()), run_id="r1", auditors=frozenset({AUDITOR.peer_id}))

@@ -25,9 +25,10 @@ from intellect_node.config.run_manifest import run_sections
 from intellect_node.config.status import StatusBoard, StatusSnapshot
 from intellect_node.errors import ConfigError, ProtocolError
 from intellect_node.node.metrics import build_registry
+from intellect_node.protocol import codec
 from intellect_node.protocol.audits import AUDIT_KIND, AuditVerdict, seal_verdict
 from intellect_node.protocol.ids import cid_of
-from intellect_node.protocol.signing import SigningKey
+from intellect_node.protocol.signing import Envelope, SigningKey
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.common.audits import AuditTally, AuditWatch, audit_gate
 
@@ -88,9 +89,12 @@ def watch(tmp: Path, **kw: Any) -> tuple[AuditWatch, Runtime]:
     return w, rt
 
 
-def deliver(w: AuditWatch, rt: Runtime, data: bytes, origin: str = "12D3KooWforwarder") -> None:
-    """Through the gossip validator then the handler, as the swarm would."""
+def deliver(w: AuditWatch, rt: Runtime, data: bytes, origin: str | None = None) -> None:
+    """Through the gossip validator then the handler, as the swarm would; published by ``origin``, by
+    default the verdict's signer (who alone may publish it)."""
     validate, handler = rt.swarm.subscribed[topic(RUN, AUDIT_KIND)]
+    if origin is None:
+        origin = codec.decode(data, Envelope, max_size=len(data)).signer
     asyncio.run(handler(validate(data, origin), origin))
 
 
@@ -149,14 +153,16 @@ def test_the_first_failed_step_is_the_lowest() -> None:
 def test_only_the_runs_auditors_about_its_trainer_are_accepted(tmp_path: Path) -> None:
     w, rt = watch(tmp_path)
     validate, _ = rt.swarm.subscribed[topic(RUN, AUDIT_KIND)]
-    v, signer, data = validate(seal_verdict(AUDITOR, verdict(1)), "x")  # the honest auditor
+    v, signer, data = validate(seal_verdict(AUDITOR, verdict(1)), AUDITOR.peer_id)  # the honest auditor
     assert signer == AUDITOR.peer_id and v.seq == 1 and data
+    with pytest.raises(ProtocolError, match="another peer than its publisher"):  # its verdict, by another
+        validate(seal_verdict(AUDITOR, verdict(2)), MALLORY.peer_id)
     for bad, why in ((seal_verdict(MALLORY, verdict(1, "fail")), "not one of the run's auditors"),
                      (seal_verdict(AUDITOR, verdict(1, run_id="other")), "for run"),
                      (seal_verdict(AUDITOR, verdict(1, trainer=MALLORY.peer_id)), "about trainer"),
                      (b"\x00" * 10, "."), (b"x" * 100_000, ".")):
         with pytest.raises(ProtocolError, match=why):
-            validate(bad, "x")
+            validate(bad, AUDITOR.peer_id)
     assert w.tally.audited == 0
 
 

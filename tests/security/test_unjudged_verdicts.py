@@ -111,3 +111,47 @@ def test_the_validator_checks_the_same_bytes_again_after_an_undecided_verdict(tm
     assert v1.reason == "reward_unjudged"
     assert v2.accepted, v2  # checked again, not "the same batch as ..." nor a duplicate
     assert len(calls) == 2
+
+
+def test_unjudged_batches_are_bounded_per_worker_and_version(tmp_path: Path) -> None:
+    """Issue 40, item 8: a batch whose answer runs the checker out of time gets ``reward_unjudged``
+    (never held against the worker), and the same bytes under a new blob name are checked again. Without
+    a bound, a worker re-sending it forever costs the validator a scoring time limit (and a scorer
+    restart) each time, at no cost of its own. Now each worker has ``validator.unjudged_per_version``
+    unjudged batches per version at a validator: past it, queued ones are answered ``reward_unjudged``
+    unscored and unfetched, and new notices at that version are not taken in (recorded, not a strike)."""
+    recs = [record(WORKER, assigned(WORKER), i) for i in range(2)]
+    _, data = batch_bytes(recs)
+    validator = validator_role(tmp_path, V1, TRAINER.peer_id)
+    validator.fetcher = FakeFetcher(data)
+    validator.engines[0] = validator.engines[1] = ("policy-hash", object())
+    validator.latest_announced = 1
+    budget = validator.vcfg.unjudged_per_version
+    checked: list[int] = []
+
+    async def check_content(notice: RolloutNotice, worker: str, data: bytes, held: Any) -> BatchVerdict:
+        checked.append(notice.policy_version)  # its checker runs out of time on every copy
+        return validator._verdict(notice, worker, 0, 2, "reward_unjudged", "the checker timed out here")
+
+    validator._check_content = check_content
+
+    def notice(name: str, version: int = 0) -> RolloutNotice:
+        return RolloutNotice(run_id=RUN, batch_cid=cid_of(name.encode()), policy_version=version,
+                             n_rollouts=2, batch_bytes=len(data))
+
+    async def main() -> list[BatchVerdict]:
+        return [await validator.check(notice(f"again-{i}"), WORKER.peer_id) for i in range(budget + 5)]
+
+    verdicts = asyncio.run(main())
+    assert checked == [0] * budget  # scored while the budget lasted, then not any more
+    assert {v.reason for v in verdicts} == {"reward_unjudged"} and not any(v.ban for v in verdicts)
+    assert validator.counts["unjudged_budget"] == 5
+    assert validator.status()["unjudged_budget"] == 5
+    validator._on_notice((notice("one-more"), WORKER.peer_id), WORKER.peer_id)  # not taken in
+    assert validator.counts["unjudged_budget"] == 6 and validator.intake.queued() == 0
+    assert "unjudged_budget" in (validator.rt.swarm.peerbook.last_rejection(WORKER.peer_id) or "")
+    assert validator.strikes.get(WORKER.peer_id) is None and validator.rejections.get(WORKER.peer_id) is None
+    # The next version is a fresh budget, and another worker has its own.
+    asyncio.run(validator.check(notice("next", 1), WORKER.peer_id))
+    asyncio.run(validator.check(notice("theirs"), V2.peer_id))
+    assert checked == [0] * budget + [1, 0]

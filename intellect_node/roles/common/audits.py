@@ -6,9 +6,13 @@ step record of the trainer (``protocol/audits.py``) on the run's ``audits`` topi
 ``node/assembly.py``) that:
 
 1. accepts verdicts only from the run's auditors: ``run.validator_peer_ids`` and ``run.auditor_peer_ids``,
-   about the run's trainer (``run.trainer_peer_id``), of this run; anything else is refused in the
-   gossip validator and the reason recorded against the peer that sent it, as on every topic. A node
-   whose run names no trainer or no auditor subscribes to nothing and reads ``unaudited``, with why;
+   about the run's trainer (``run.trainer_peer_id``), of this run, published by the auditor that signed
+   them; anything else is refused in the gossip validator and the reason recorded against the peer that
+   sent it, as on every topic. A verdict sealed outside the window (``protocol.audits``: 5 minutes old,
+   1 minute ahead) or one whose signed bytes were taken before is ignored there (``MessageIgnored``:
+   not forwarded, blamed on no one; counted in ``ignored_verdicts``): a replay is not its signer's
+   doing. A node whose run names no trainer or no auditor subscribes to nothing and reads
+   ``unaudited``, with why;
 2. counts them per step in an :class:`AuditTally` (a pure state machine): a step is ``failed`` if any
    auditor failed it, else ``passed`` if any passed it, else ``unavailable``; ``unavailable`` is never
    counted as a pass, and a run with no verdict heard reads ``unaudited``, not passing;
@@ -29,8 +33,10 @@ Bounds (a trusted auditor's key may still be stolen): a verdict is at most ``MAX
 auditor's verdicts are remembered for its latest :data:`MAX_PER_AUDITOR` steps, the tally's steps for the
 latest :data:`MAX_STEPS` (older steps stay in the counts, and a verdict about one of them is ignored);
 at most :data:`MAX_EVIDENCE` failed steps are kept as evidence (the first ones: what a refusal rests on).
-An auditor that contradicts itself about a step (pass, then fail) is refused and the contradiction
-recorded against it; only ``unavailable`` may later turn into a pass or a fail.
+An auditor that contradicts itself about a step (a pass and a fail: two different verdicts it signed,
+never one repeated) is refused and the contradiction recorded against it (an auditor of the run is never
+banned for it by count, ``p2p/peerbook.py``); ``unavailable`` may later turn into a pass or a fail, and
+an ``unavailable`` heard after the step's pass or fail is an older word, superseded, ignored.
 
 Shortcuts: the counts other than the evidence live in memory (a restarted node counts afresh from the
 verdicts it hears, with its failed steps read back from the evidence). One auditor's failure is enough to
@@ -50,9 +56,17 @@ from pathlib import Path
 from typing import Any
 
 from intellect_node.config.status import AuditFailure, Audits, clean_text
-from intellect_node.errors import ProtocolError
+from intellect_node.errors import MessageIgnored, ProtocolError
 from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
-from intellect_node.protocol.audits import AUDIT_KIND, MAX_AUDIT_BYTES, AuditVerdict, open_verdict
+from intellect_node.protocol import codec
+from intellect_node.protocol.audits import (
+    AUDIT_KIND,
+    MAX_AUDIT_BYTES,
+    AuditVerdict,
+    open_verdict,
+    verdict_validator,
+)
+from intellect_node.protocol.freshness import SeenDigests
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.common.seams import Runtime
 
@@ -129,8 +143,8 @@ class AuditTally:
             return False
         mine = self._by_auditor.setdefault(auditor, OrderedDict())
         said = mine.get(v.seq)
-        if said == v.outcome:
-            return False
+        if said == v.outcome or (said is not None and v.outcome == "unavailable"):
+            return False  # a repeat, or the word before this auditor's pass or fail
         if said is not None and said != "unavailable":
             raise ProtocolError(f"audit verdict {v.outcome} on step {v.seq} contradicts the {said} "
                                 "this auditor signed before")
@@ -221,6 +235,9 @@ class AuditWatch:
         self.tally = AuditTally(self.trainer)
         self.evidence: dict[int, Path] = {}  # seq -> evidence JSON kept
         self.refused = {"verdicts": 0}  # verdicts refused after the gossip validator (contradictions)
+        self.ignored = {"stale": 0, "repeat": 0}  # verdicts the gossip validator ignored (MessageIgnored)
+        self._open = verdict_validator(self.run_id, self.auditors)
+        self._seen = SeenDigests()  # the signed verdicts taken (the gossip validator's, trio thread)
         self._refusal = ""
         self._lock = asyncio.Lock()  # one verdict counted (and its evidence kept) at a time
         self.detail = ("" if self.trainer and self.auditors else
@@ -258,12 +275,18 @@ class AuditWatch:
         return self._refusal
 
     def _validate(self, data: bytes, origin: str) -> tuple[AuditVerdict, str, bytes]:
-        """The gossip validator (trio thread): signed by one of the run's auditors, of this run, about its
-        trainer; the envelope is kept with it for the evidence."""
-        v, signer = open_verdict(data, run_id=self.run_id, auditors=self.auditors)
-        if v.trainer != self.trainer:
-            raise ProtocolError(f"audit verdict about trainer {v.trainer[:64]!r}, the run's is "
-                                f"{self.trainer}")
+        """The gossip validator (trio thread): signed by one of the run's auditors and published by it, of
+        this run, about its trainer, sealed inside the window and not taken before; the envelope is kept
+        with it for the evidence."""
+        try:
+            v, signer = self._open(data, origin)
+            if v.trainer != self.trainer:
+                raise ProtocolError(f"audit verdict about trainer {v.trainer[:64]!r}, the run's is "
+                                    f"{self.trainer}")
+            self._seen.take(signer, codec.encode(v), what=f"audit verdict on step {v.seq}")
+        except MessageIgnored as exc:
+            self.ignored[exc.kind] = self.ignored.get(exc.kind, 0) + 1
+            raise
         return v, signer, data
 
     async def _on_verdict(self, msg: tuple[AuditVerdict, str, bytes], origin: str) -> None:
@@ -327,6 +350,7 @@ class AuditWatch:
                 "heard_from": t.heard_from, "audited": t.audited, **t.counts,
                 "required": self.required, "refusing": bool(self._refusal), "refusal": self._refusal,
                 "detail": self.detail, "refused_verdicts": self.refused["verdicts"],
+                "ignored_verdicts": dict(self.ignored),
                 "first_failed": ({"seq": first.verdict.seq, "version": first.verdict.version,
                                   "auditor": first.auditor, "expected": first.verdict.expected,
                                   "published": first.verdict.published,

@@ -48,7 +48,11 @@ notice taken in, batch fetched, verdict published; past :data:`HOPS_MAX_BYTES` i
 
 A verdict the validator could not decide (``stale``, ``policy_version``, ``reward_unjudged``: see
 ``protocol.rl.NOT_WORKERS_FAULT``) is not remembered as the batch's outcome: the same bytes sent again are
-checked again, never answered from memory (let alone as a ``duplicate``).
+checked again, never answered from memory (let alone as a ``duplicate``). ``reward_unjudged`` costs this
+validator a scoring time limit and a scorer restart each time, so each worker may get
+``validator.unjudged_per_version`` of them per version here: past it its queued batches at that version
+are answered ``reward_unjudged`` unfetched and unscored, and its new notices at that version are not
+taken in (``unjudged_budget``: recorded against it, not a strike).
 
 The same notice again (same worker, same blob) is ignored and not charged: anyone can replay a signed
 gossip message once the gossip layer's seen-cache has forgotten it.
@@ -184,6 +188,8 @@ class Validator:
                              exempt=self.allowed)
         self.seen = SeenRollouts()
         self.outcomes: BoundedMap[tuple[str, str], tuple[bool, str, str, str]] = BoundedMap(8192)
+        self.unjudged: BoundedMap[tuple[str, int], int] = BoundedMap(8192)
+        """(worker, version) -> its batches left reward_unjudged here (``validator.unjudged_per_version``)."""
         """(worker, sha256 of the batch) -> (accepted, reason, detail, first CID): resubmissions reuse it."""
         self.notices = SeenRollouts()  # "worker\0CID" of notices taken in, per version (replays are ignored)
         self.trust: BoundedMap[str, int] = BoundedMap(PEERS_KEPT)  # worker -> accepted batches
@@ -193,7 +199,7 @@ class Validator:
         self.strikes: BoundedMap[str, int] = BoundedMap(PEERS_KEPT)  # refusals come before the newcomer limit
         self.counts = {"accepted": 0, "rejected": 0, "stale": 0, "unchecked": 0, "banned": 0, "duplicate": 0,
                        "reused": 0, "replayed": 0, "unavailable": 0, "not_allowed": 0, "verified": 0,
-                       "verified_full": 0, "resent": 0, "refused_audit": 0}
+                       "verified_full": 0, "resent": 0, "refused_audit": 0, "unjudged_budget": 0}
         self.verify_s = 0.0
         self.rng = random.Random()
         self._fetched: BoundedMap[tuple[str, str], float] = BoundedMap(1024)  # (worker, CID) -> wall time
@@ -315,6 +321,12 @@ class Validator:
         if self.notices.first_seen(notice.policy_version, taken) is not None:
             self.counts["replayed"] += 1
             return
+        if self._unjudged_spent(worker, notice.policy_version):
+            self.counts["unjudged_budget"] += 1
+            self.rt.swarm.peerbook.record_rejection(
+                worker, f"notice {notice.batch_cid}: unjudged_budget: {self.vcfg.unjudged_per_version} "
+                f"batches at v{notice.policy_version} left unjudged here", counts=False)
+            return
         refusal = self.intake.offer(worker, notice, time.monotonic(), self.latest_announced)
         if refusal is not None:
             self.rt.swarm.peerbook.record_rejection(
@@ -325,6 +337,9 @@ class Validator:
             return
         self.notices.add(notice.policy_version, taken)
         self._wake.set()
+
+    def _unjudged_spent(self, worker: str, version: int) -> bool:
+        return (self.unjudged.get((worker, version)) or 0) >= self.vcfg.unjudged_per_version
 
     def _strike(self, worker: str, reason: str) -> bool:
         """Count a strike; True (and the ban under way) when it reaches ``strikes_ban_after``."""
@@ -414,6 +429,10 @@ class Validator:
         if held is None:
             reason = "stale" if v < self.latest_announced else "policy_version"
             return self._verdict(notice, worker, 0, n, reason, f"no policy v{v} to check against")
+        if self._unjudged_spent(worker, v):  # queued before the budget ran out: no fetch, no scoring
+            self.counts["unjudged_budget"] += 1
+            return self._verdict(notice, worker, 0, n, "reward_unjudged", f"not scored: "
+                                 f"{self.vcfg.unjudged_per_version} batches at v{v} left unjudged here")
         deadline = self.fetch_deadline(notice.batch_bytes)
         assert self.fetcher is not None, "jobs run only after start()"
         try:
@@ -441,6 +460,8 @@ class Validator:
         if verdict.reason not in NOT_HELD:  # undecided here: the same bytes again are checked again
             self.outcomes.put((worker, digest),
                               (verdict.accepted, verdict.reason, verdict.detail, notice.batch_cid))
+        elif verdict.reason == "reward_unjudged":  # ... within the worker's budget at this version
+            self.unjudged.put((worker, v), (self.unjudged.get((worker, v)) or 0) + 1)
         return verdict
 
     async def _check_content(self, notice: RolloutNotice, worker: str, data: bytes,
