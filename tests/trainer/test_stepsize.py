@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from intellect_node.trainer.stepsize import MAX_SCALE, MIN_SCALE, in_bounds, measured, next_scale, step_lr, warmup
+from intellect_node.trainer.stepsize import (
+    MAX_SCALE,
+    MIN_SCALE,
+    in_bounds,
+    measured,
+    next_scale,
+    step_lr,
+    warmup,
+)
 
 
 def test_warmup_is_linear_to_the_full_lr() -> None:
