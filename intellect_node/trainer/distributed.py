@@ -144,7 +144,8 @@ def parallel_train_step(model: Any, optimizer: torch.optim.Optimizer, samples: S
     dist.all_reduce(t)
     tokens = max(float(t[1]), 1.0)
     return StepStats(loss=float(t[0]), grad_norm=grad_norm, tokens=int(t[1]), samples=len(samples),
-                     clipped_frac=float(t[4]) / tokens, ratio_mean=local.ratio_mean, ratio_max=local.ratio_max,
+                     clipped_frac=float(t[4]) / tokens, ratio_mean=local.ratio_mean,
+                     ratio_max=local.ratio_max,
                      reward_mean=sum(s.reward for s in samples) / len(samples),
                      kl_sampler=float(t[2]) / tokens, neg_logp=float(t[3]) / tokens,
                      lr=float(optimizer.param_groups[0]["lr"]))

@@ -133,3 +133,20 @@ def test_step_attempts_without_a_learnable_group_are_exported_by_cause() -> None
     assert m[("intellect_node_train_groups_total", (("outcome", "seen"),))] == 8 * (NO_SIGNAL_ATTEMPTS + 1)
     assert m[("intellect_node_train_groups_total", (("outcome", "filtered"),))] == 6 + 8 * NO_SIGNAL_ATTEMPTS
     assert m[("intellect_node_groups_filtered_fraction", ())] == 1.0
+
+
+def test_the_last_step_sizes_are_exported_once_a_step_trained() -> None:
+    from intellect_node.config.status import StepDiagnostics
+
+    b = StatusBoard(role="trainer")
+    m = _samples(asyncio.run(_scrape(b))[0])
+    assert m[("intellect_node_step_too_large", ())] == 0 and ("intellect_node_step_kl_sampler", ()) not in m
+    b.train_step(1, reward_mean=0.5, pass_rate=0.5, step_warning="too large",
+                 diagnostics=StepDiagnostics(kl_sampler=0.2, clipped_frac=0.3, ratio_mean=1.1, ratio_max=2.5,
+                                             grad_norm=0.7, lr=1e-5, entropy=1.5, staleness_max=2))
+    m = _samples(asyncio.run(_scrape(b))[0])
+    got = {k[0].removeprefix("intellect_node_"): v for k, v in m.items()
+           if k[0].startswith("intellect_node_step_")}
+    assert got == {"step_too_large": 1, "step_kl_sampler": 0.2, "step_clipped_fraction": 0.3,
+                   "step_ratio_mean": 1.1, "step_ratio_max": 2.5, "step_grad_norm": 0.7, "step_lr": 1e-5,
+                   "step_entropy": 1.5, "step_staleness_max": 2}

@@ -18,6 +18,7 @@ The parts, each in its own module; none of them references the ``Trainer``, whic
 - ``records.py``: ``StepRecords``, each step's signed record (``protocol/steps.py``: base and new policy,
   batches and groups trained, settings), gossiped on the run's ``steps`` topic and stored as a blob;
 - ``nosignal.py``: ``NoSignal``, step attempts with no learnable group reported, with a hint;
+- ``stepcheck.py``: ``StepCheck``, a step too large for its trust region (KL or cut fraction) reported;
 - ``metrics.py``: ``MetricsFile``, ``trainer/metrics.jsonl`` and the last journaled step it recorded;
 - from ``roles/common/``: ``PolicyPublisher`` (``policy.py``), ``HintedFetcher`` (``fetch.py``), the
   run's task (``tasks.py``), and ``RoleTasks`` (``seams.py``) for the train and announce loops and the
@@ -62,6 +63,7 @@ from typing import Any
 
 import torch
 
+from intellect_node.config.status import StepDiagnostics
 from intellect_node.errors import ConfigError
 from intellect_node.models.loader import ModelTokenizer
 from intellect_node.policy.weights import PolicyWeights
@@ -92,6 +94,7 @@ from intellect_node.roles.trainer.records import (
 )
 from intellect_node.roles.trainer.replay import Announced, replay_steps
 from intellect_node.roles.trainer.rescore import Rescorer
+from intellect_node.roles.trainer.stepcheck import StepCheck
 from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, read_optimizer, save_checkpoint
 from intellect_node.trainer.filtering import FilteredGroups, filter_groups
 from intellect_node.trainer.optim import Optimizer
@@ -154,6 +157,7 @@ class Trainer:
                                   on_queued=self._data.set, async_level=cfg.run.async_level,
                                   ban_after=self.rl.ban_after)
         self.no_signal = NoSignal(runtime.board, self.rl)
+        self.step_check = StepCheck(self.rl)  # a step too large for its trust region, said so
         self.fetcher: HintedFetcher | None = None  # start() makes it (it needs the blob service)
         self.opt: Optimizer | None = None  # start() loads it, or the training loop makes the first
         self.records: StepRecords | None = None  # start() makes it (it needs the blob service)
@@ -523,6 +527,11 @@ class Trainer:
                 "no_signal": filtered.cause,
                 "loss": stats.loss if stats else 0.0, "grad_norm": stats.grad_norm if stats else 0.0,
                 "clipped_frac": stats.clipped_frac if stats else 0.0,
+                "kl_sampler": stats.kl_sampler if stats else 0.0,
+                "ratio_mean": stats.ratio_mean if stats else 1.0,
+                "ratio_max": stats.ratio_max if stats else 1.0,
+                "lr": stats.lr if stats else 0.0, "entropy": stats.neg_logp if stats else 0.0,
+                "loss_kind": self.rl.loss,
                 "staleness_mean": sum(stale_v) / max(len(stale_v), 1),
                 "staleness_max": max(stale_v, default=0),
                 "batch_ages": sorted(base - a.version for a in taken),
@@ -534,7 +543,12 @@ class Trainer:
         self.last = line
         self.metrics.write(line, seq)
         if stats is not None:
-            self.rt.board.train_step(self.step, reward_mean=reward_mean, pass_rate=pass_rate)
+            diag = StepDiagnostics(kl_sampler=stats.kl_sampler, clipped_frac=stats.clipped_frac,
+                                   ratio_mean=stats.ratio_mean, ratio_max=stats.ratio_max,
+                                   grad_norm=stats.grad_norm, lr=stats.lr, entropy=stats.neg_logp,
+                                   staleness_max=max(stale_v, default=0))
+            self.rt.board.train_step(self.step, reward_mean=reward_mean, pass_rate=pass_rate,
+                                     diagnostics=diag, step_warning=self.step_check.checked(stats))
         log.info("step %d -> v%d: pass %.3f reward %.3f (%d samples, %d/%d groups, staleness %.2f)%s",
                  self.step, self.version, pass_rate, reward_mean, len(samples), len(filtered.useful),
                  filtered.total, line["staleness_mean"],
