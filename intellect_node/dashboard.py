@@ -42,7 +42,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from intellect_node.config.status import Audits, Completion, Notice, Rejection, StatusSnapshot
+from intellect_node.config.status import Audits, Completion, Notice, Rejection, StatusSnapshot, Training
 
 SPARK = "▁▂▃▄▅▆▇█"
 ROLE_STYLE = {"trainer": "bold magenta", "validator": "bold cyan", "worker": "bold green"}
@@ -174,7 +174,11 @@ def _trend(history_source: StatusSnapshot | None, width: int) -> RenderableType:
                      f"last{n} {_mean(passes[-n:]):6.1%} · first{n} "
                      f"{_mean([p.pass_rate for p in start[:n]]):.1%}")
     step = history_source.training.step if history_source else -1
-    return Panel(grid, title=f"training · step {step if step >= 0 else '-'}", title_align="left",
+    d = history_source.training.diagnostics if history_source else None
+    sizes = (f" · kl {d.kl_sampler:.3g} clip {d.clipped_frac:.0%} ratio≤{d.ratio_max:.2f} "
+             f"gn {d.grad_norm:.3g} lr {d.lr:.2g} H {d.entropy:.2f} age≤{d.staleness_max}"
+             ) if d is not None else ""
+    return Panel(grid, title=f"training · step {step if step >= 0 else '-'}{sizes}", title_align="left",
                  box=box.ROUNDED, padding=(0, 1))
 
 
@@ -194,11 +198,19 @@ def _events(items: list[tuple[float, str, Text]], rows: int) -> RenderableType:
                  padding=(0, 1))
 
 
-def _not_learning(warning: str, width: int) -> list[Text]:
-    """The not-learning warning, wrapped into at most :data:`WARNING_LINES` lines of ``width``."""
+def _learning_warning(t: Training) -> tuple[str, str]:
+    """The training warning to show and its label: not learning first, else a step too large."""
+    if t.no_signal_warning:
+        return "NOT LEARNING", t.no_signal_warning
+    return ("STEP TOO LARGE", t.step_warning) if t.step_warning else ("", "")
+
+
+def _not_learning(warning: str, width: int, label: str = "NOT LEARNING") -> list[Text]:
+    """The not-learning (or ``label``'s) warning, wrapped into at most :data:`WARNING_LINES` lines of
+    ``width``."""
     if not warning:
         return []
-    lines = textwrap.wrap("NOT LEARNING " + warning, width=max(20, width - 1))
+    lines = textwrap.wrap(f"{label} {warning}", width=max(20, width - 1))
     if len(lines) > WARNING_LINES:
         lines = lines[:WARNING_LINES]
         lines[-1] = lines[-1][:max(0, width - 2)] + "…"
@@ -206,8 +218,7 @@ def _not_learning(warning: str, width: int) -> list[Text]:
     for i, line in enumerate(lines):
         t = Text(no_wrap=True, overflow="ellipsis")
         if i == 0:
-            t.append("NOT LEARNING", style="bold white on red").append(line[len("NOT LEARNING"):],
-                                                                       style="bold red")
+            t.append(label, style="bold white on red").append(line[len(label):], style="bold red")
         else:
             t.append(line, style="bold red")
         out.append(t)
@@ -385,7 +396,8 @@ def render_node(s: StatusSnapshot, *, width: int = 80, height: int = 24,
     half.add_column(ratio=1)
     half.add_row(Panel(swarm, title="swarm", title_align="left", box=box.ROUNDED, padding=(0, 1)),
                  Panel(work, title="work", title_align="left", box=box.ROUNDED, padding=(0, 1)))
-    warning = _audit_failed(s.audits, width) + _not_learning(s.training.no_signal_warning, width)
+    label, text = _learning_warning(s.training)
+    warning = _audit_failed(s.audits, width) + _not_learning(text, width, label)
     rows = height - NODE_FIXED_ROWS - len(warning)
     return Group(title, ident, *warning, half, _trend(s, width - 4),
                  *_bottom(_node_events(s), s.training.completions, rows, width - 4, max_events=4),
@@ -450,8 +462,9 @@ def render_swarm(snaps: Sequence[StatusSnapshot], *, width: int = 80, height: in
     trainer = next((s for s in snaps if s.training.history), None) or next(
         (s for s in snaps if s.role == "trainer"), None)
     failed = next((s.audits for s in snaps if s.audits.state == "failed"), None)
-    warning = (_audit_failed(failed, width) if failed is not None else []) + _not_learning(
-        next((s.training.no_signal_warning for s in snaps if s.training.no_signal_warning), ""), width)
+    label, text = next((_learning_warning(s.training) for s in snaps if _learning_warning(s.training)[1]),
+                       ("", ""))
+    warning = (_audit_failed(failed, width) if failed is not None else []) + _not_learning(text, width, label)
     # The trainer's completions (it re-scores every worker's), else the workers' own, merged.
     scorer = next((s for s in snaps if s.training.completions and "trainer" in s.role.split(",")), None)
     if scorer is not None:
@@ -509,6 +522,8 @@ def status_line(s: StatusSnapshot, now: float | None = None) -> str:
         parts.append(f"step={last.step} reward={last.reward_mean:.3f} pass={last.pass_rate:.2f}")
     if s.training.no_signal_warning:
         parts.append(f"NOT-LEARNING={s.training.no_signal_streak}")
+    elif s.training.step_warning:
+        parts.append("STEP-TOO-LARGE")
     a = s.audits
     parts.append(f"audit={a.state}:{a.passed}/{a.audited}" + (f":unavailable={a.unavailable}"
                                                              if a.unavailable else ""))

@@ -376,6 +376,32 @@ class RLConfig(_Section):
     kl_coef: float = Field(default=0.0, ge=0)
     """KL penalty weight against the starting policy (off, as in INTELLECT-2)."""
 
+    loss: Literal["grpo", "intellect2", "prime", "mis"] = "grpo"
+    """The per-token objective (trainer/losses.py, docs/training.md): "grpo" (PPO clip around the
+    sampler's log-probs, INTELLECT-2's two-sided cap), "intellect2" (clip around the trainer's own
+    log-probs before the update, times a truncated staleness weight), "prime" (unclipped ratio, tokens
+    masked by probability change, tau x log-ratio^2) or "mis" (masked importance sampling)."""
+
+    is_cap: float = Field(default=2.0, gt=1, le=100)
+    """"intellect2": the cap of the staleness weight pi_old / pi_sampler; "mis": tokens whose ratio to
+    the sampler is outside [1/is_cap, is_cap] are masked."""
+
+    prob_diff_mask: float = Field(default=0.2, gt=0, le=1)
+    """"prime": a token whose probability moved more than this since sampling, in its advantage's
+    direction, gets no gradient (prime-rl: 0.2)."""
+
+    log_ratio_tau: float = Field(default=1e-3, ge=0)
+    """"prime": the weight of (log pi_theta - log pi_sampler)^2 per token (prime-rl: 1e-3)."""
+
+    lr_warmup_steps: int = Field(default=0, ge=0, le=100000)
+    """Linear warmup: step n (0-based) trains at lr x min(1, (n + 1) / lr_warmup_steps). 0: none
+    (INTELLECT-2 warmed up 25 steps, prime-rl 10)."""
+
+    target_kl: float | None = Field(default=None, gt=0, le=10)
+    """An adaptive step: after each step, the next lr is scaled toward this mean KL(sampler || current)
+    per token of the batches trained (x sqrt(target / measured), at most x2 or /2 a step, within
+    [lr / 16, 4 x lr]; trainer/stepsize.py). Unset: the lr follows lr and lr_warmup_steps alone."""
+
     max_steps: int | None = Field(default=None, ge=1)
     """Stop training after this many optimizer steps (the node keeps serving the last policy)."""
 

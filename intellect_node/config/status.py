@@ -38,7 +38,9 @@ reports the attempt, trained or not, with how many groups the online filter drop
 zero advantage) and, when it dropped them all, why (:data:`NO_SIGNAL_CAUSES`) and a short hint on the
 likely causes. The newest attempts with no learnable group in a row are ``no_signal_streak``; once they
 reach :data:`NO_SIGNAL_ATTEMPTS`, or the first of them is :data:`NO_SIGNAL_WINDOW_S` old, the snapshot
-carries ``no_signal_warning`` (cleared by the next trained step). ``training.completions`` holds the
+carries ``no_signal_warning`` (cleared by the next trained step). Each trained step also reports its
+sizes (``training.diagnostics``: KL to the sampler, the cut fraction, ratios, gradient norm, lr, entropy,
+staleness) and ``training.step_warning`` while the last one was too large. ``training.completions`` holds the
 newest :data:`RECENT_COMPLETIONS` completions the node scored (peer-supplied text: the board truncates it
 and strips control characters, so no view has to).
 
@@ -241,6 +243,26 @@ class TrainPoint:
 
 
 @dataclass(frozen=True)
+class StepDiagnostics:
+    """How large the trainer's last step was (``trainer/grpo.LossParts``), per completion token."""
+
+    kl_sampler: float = 0.0
+    """KL(sampler || weights before the step), nats per token."""
+    clipped_frac: float = 0.0
+    """Fraction of tokens the objective cut (clipped, masked or truncated: ``rl.loss``)."""
+    ratio_mean: float = 1.0
+    ratio_max: float = 1.0
+    """pi_theta / pi_sampler over the tokens."""
+    grad_norm: float = 0.0
+    """Before clipping at ``rl.max_grad_norm``."""
+    lr: float = 0.0
+    entropy: float = 0.0
+    """Mean -log pi_theta(token) on the samples: the policy's entropy estimated, nats per token."""
+    staleness_max: int = 0
+    """Versions the oldest sample trained was behind the weights it updated."""
+
+
+@dataclass(frozen=True)
 class Completion:
     """One completion as a node scored it (the trainer re-scores every rollout; a worker scores its own).
     Peer-supplied text: the board keeps it short and free of control characters."""
@@ -284,6 +306,10 @@ class Training:
     """The last attempt's fraction of groups dropped (None before the first attempt)."""
     no_signal_warning: str = ""
     """Why the run is not learning and what to check, while it is not ("" otherwise)."""
+    diagnostics: StepDiagnostics | None = None
+    """The last trained step's sizes (None before one)."""
+    step_warning: str = ""
+    """Why the last step was too large and what to change ("" when it was in band)."""
     completions: tuple[Completion, ...] = ()
     """The newest :data:`RECENT_COMPLETIONS` completions this node scored, oldest first."""
 
@@ -743,7 +769,8 @@ class StatusBoard:
                                                   passed=s.proofs.passed + int(passed))}
         self._update(change)
 
-    def train_step(self, step: int, *, reward_mean: float, pass_rate: float) -> None:
+    def train_step(self, step: int, *, reward_mean: float, pass_rate: float,
+                   diagnostics: StepDiagnostics | None = None, step_warning: str = "") -> None:
         point = TrainPoint(step=step, reward_mean=float(reward_mean), pass_rate=float(pass_rate),
                            ts=self._clock())
 
@@ -751,7 +778,8 @@ class StatusBoard:
             self._history.append(point)
             if len(self._first) < FIRST_LEN:
                 self._first.append(point)
-            return {"training": dataclasses.replace(s.training, step=step)}
+            return {"training": dataclasses.replace(s.training, step=step, step_warning=step_warning[:400],
+                                                    diagnostics=diagnostics or s.training.diagnostics)}
         self._update(change)
 
     def train_attempt(self, *, groups: int, filtered: int, cause: str = "", hint: str = "") -> None:

@@ -138,6 +138,7 @@ class StatusCollector(Collector):
             yield GaugeMetricFamily(f"{_PREFIX}_pass_rate", "Pass rate at the last step.",
                                     value=last.pass_rate)
         yield from _learning_signal(s.training)
+        yield from _step_sizes(s.training)
         yield from _audits(s)
         yield GaugeMetricFamily(f"{_PREFIX}_uptime_seconds", "Seconds since the node started.",
                                 value=s.uptime_s)
@@ -164,6 +165,27 @@ class StatusCollector(Collector):
                                 value=s.age_s)
         yield GaugeMetricFamily(f"{_PREFIX}_warnings_recent",
                                 "Warnings among the recent ones kept in the status.", value=len(s.warnings))
+
+
+def _step_sizes(t: Training) -> Iterator[Metric]:
+    """The last trained step's sizes (``config/status.StepDiagnostics``), once there was one, and whether
+    the status carries the step-too-large warning (0 on other roles)."""
+    yield GaugeMetricFamily(f"{_PREFIX}_step_too_large",
+                            "1 while the status carries the step-too-large warning, else 0.",
+                            value=int(bool(t.step_warning)))
+    d = t.diagnostics
+    if d is None:
+        return
+    for name, value, what in (
+            ("step_kl_sampler", d.kl_sampler, "KL(sampler || current) per token at the last step, nats."),
+            ("step_clipped_fraction", d.clipped_frac, "Fraction of the last step's tokens cut (clip, mask)."),
+            ("step_ratio_mean", d.ratio_mean, "Mean importance ratio to the sampler at the last step."),
+            ("step_ratio_max", d.ratio_max, "Largest importance ratio to the sampler at the last step."),
+            ("step_grad_norm", d.grad_norm, "Gradient norm of the last step, before clipping."),
+            ("step_lr", d.lr, "Learning rate of the last step."),
+            ("step_entropy", d.entropy, "Mean -log pi(token) at the last step (entropy estimate), nats."),
+            ("step_staleness_max", d.staleness_max, "Versions behind of the last step's oldest sample.")):
+        yield GaugeMetricFamily(f"{_PREFIX}_{name}", what, value=value)
 
 
 def _learning_signal(t: Training) -> Iterator[Metric]:

@@ -17,7 +17,8 @@ whose groups all had equal rewards and made none), the run's trainer publishes o
   to queue at all, each with why (:data:`DROP_REASONS`: already stale when the quorum came, the trainer's
   own refusal, a banned or unlisted worker, the blob not to be had), so that every accepted batch is
   named by some record;
-- ``settings``: every number the GRPO step of ``trainer/step.py`` reads. The step draws no random
+- ``settings``: every number the GRPO step of ``trainer/step.py`` reads, the lr this step used (after
+  warmup and the adaptive scale, ``trainer/stepsize.py``) among them. The step draws no random
   numbers (no dropout, no sampling): the base weights, the optimizer state, the samples in this order and
   these settings decide the new weights, bit for bit on the CPU with one thread;
 - ``state`` (:class:`StepState`), only on a step after which the trainer wrote a checkpoint: the blobs
@@ -58,6 +59,7 @@ MAX_RECORD_BYTES = 960 * 1024
 limit."""
 MAX_PEER_ID_LEN = 128
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+LOSSES = ("grpo", "intellect2", "prime", "mis")  # trainer/losses.py's (protocol/ imports no torch)
 NO_SIGNAL_CAUSES = ("", "all_zero", "all_one", "all_equal", "no_groups")
 DROP_REASONS = ("stale", "duplicate", "wrong_task", "not_assigned", "bad_signature", "refused", "banned",
                 "not_allowed", "unavailable")
@@ -84,7 +86,18 @@ class StepSettings(codec.Message, frozen=True):
     scale_by_std: bool
     temperature: float
     micro_tokens: int | None
+    """The trainer's own micro-batching (``rl.micro_batch_tokens``, not a shared setting): an auditor
+    replays with the record's value, which decides the summation order and so the bits."""
     compute_dtype: str | None  # autocast dtype; None: the weights' own (fp32 on the CPU)
+    loss: str = "grpo"  # rl.loss: the per-token objective (trainer/losses.py)
+    is_cap: float = 2.0
+    prob_diff_mask: float = 0.2
+    log_ratio_tau: float = 1e-3
+    warmup_steps: int = 0  # rl.lr_warmup_steps
+    target_kl: float | None = None
+    lr_scale: float = 1.0
+    """The adaptive step's scale this step trained with (``trainer/stepsize.py``; 1 without
+    ``target_kl``): ``lr`` is the run's lr x the warmup's factor x this, the lr the step used."""
 
 
 class StepBatch(codec.Message, frozen=True):
@@ -187,7 +200,8 @@ def check_record(rec: StepRecord) -> StepRecord:
             validate_cid(cid)
     s = rec.settings
     if (s.compute_dtype is not None and s.compute_dtype not in COMPUTE_DTYPES) or s.group_size < 2 \
-            or s.token_budget < 1 or (s.micro_tokens is not None and s.micro_tokens < 1):
+            or s.token_budget < 1 or (s.micro_tokens is not None and s.micro_tokens < 1) \
+            or s.loss not in LOSSES or not s.lr_scale > 0 or s.warmup_steps < 0:
         raise ProtocolError("step settings out of range")
     return rec
 

@@ -99,8 +99,9 @@ def _local(t: Any) -> float:
 def parallel_train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[Sample],
                         cfg: GRPOConfig, *, strategy: str, micro_batch: int = 64,
                         micro_tokens: int | None = None, pad_id: int = 0, temperature: float = 1.0,
-                        compute_dtype: torch.dtype | None = None) -> StepStats:
-    """One GRPO step with ``model`` wrapped by :func:`wrap`; every rank passes the whole batch."""
+                        compute_dtype: torch.dtype | None = None, lr: float | None = None) -> StepStats:
+    """One GRPO step with ``model`` wrapped by :func:`wrap`; every rank passes the whole batch. The
+    objective is ``cfg.loss``'s, as in ``step.train_step``; ``lr`` as there (the schedule's)."""
     rank, size = world()
     if len(samples) % cfg.group_size:
         raise ValueError(f"{len(samples)} samples are not whole groups of {cfg.group_size}")
@@ -129,15 +130,25 @@ def parallel_train_step(model: Any, optimizer: torch.optim.Optimizer, samples: S
             else:
                 micro_step(model, filler, torch.zeros(1), cfg, **{**kw, "loss_scale": 0.0})
     grad_norm = _local(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+    if lr is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     local = summarize(parts, mine, grad_norm)
-    # Loss and token counts are per rank; sum them so every rank reports the global figures.
-    t = torch.tensor([local.loss, float(local.tokens)], dtype=torch.float64)
+    # Loss and token counts are per rank; sum them (the per-token means weighted by tokens) so every rank
+    # reports the global figures.
+    n = float(local.tokens)
+    t = torch.tensor([local.loss, n, local.kl_sampler * n, local.neg_logp * n, local.clipped_frac * n],
+                     dtype=torch.float64)
     dist.all_reduce(t)
+    tokens = max(float(t[1]), 1.0)
     return StepStats(loss=float(t[0]), grad_norm=grad_norm, tokens=int(t[1]), samples=len(samples),
-                     clipped_frac=local.clipped_frac, ratio_mean=local.ratio_mean, ratio_max=local.ratio_max,
-                     reward_mean=sum(s.reward for s in samples) / len(samples))
+                     clipped_frac=float(t[4]) / tokens, ratio_mean=local.ratio_mean,
+                     ratio_max=local.ratio_max,
+                     reward_mean=sum(s.reward for s in samples) / len(samples),
+                     kl_sampler=float(t[2]) / tokens, neg_logp=float(t[3]) / tokens,
+                     lr=float(optimizer.param_groups[0]["lr"]))
 
 
 # ------------------------------------------------------------------------------ full state on rank 0

@@ -18,6 +18,9 @@ completion is not down-weighted and the step size does not depend on how long th
 a plain sum over tokens, which is what lets the step be split across micro-batches and DDP ranks
 exactly (see ``step.py`` and ``distributed.py``).
 
+``rl.loss`` chooses the per-token objective: the one above (``grpo``, the default) or one of the
+off-policy corrections of ``losses.py``; the KL and entropy terms below apply to each alike.
+
 Shortcuts: no std normalisation of advantages by default (Dr. GRPO argues it biases toward too-easy
 and too-hard questions; ``scale_by_std`` turns it on); the KL term uses the k3 estimator
 exp(q - p) - (q - p) - 1 per sampled token rather than an exact KL over the vocabulary.
@@ -30,6 +33,17 @@ from dataclasses import dataclass
 import torch
 
 from intellect_node.errors import ConfigError
+from intellect_node.trainer.losses import (
+    IS_CAP,
+    LOG_RATIO_TAU,
+    LOSSES,
+    PROB_DIFF_MASK,
+    TokenTerms,
+    grpo_terms,
+    intellect2_terms,
+    mis_terms,
+    prime_terms,
+)
 
 GROUP_SIZE = 16
 """Completions sampled per prompt. INTELLECT-2 (arXiv 2505.07291) samples 16 per problem."""
@@ -72,6 +86,14 @@ class GRPOConfig:
     """Weight of an entropy bonus. Off by default (INTELLECT-2 used none)."""
     scale_by_std: bool = False
     """Divide advantages by the group's std (original GRPO). Off: Dr. GRPO / mean-centred advantages."""
+    loss: str = "grpo"
+    """The per-token objective, one of ``losses.LOSSES`` (``losses.py``)."""
+    is_cap: float = IS_CAP
+    """``intellect2``'s staleness-weight truncation, ``mis``'s ratio band [1/cap, cap]."""
+    prob_diff_mask: float = PROB_DIFF_MASK
+    """``prime``: the probability change past which a token is masked."""
+    log_ratio_tau: float = LOG_RATIO_TAU
+    """``prime``: the weight of (log ratio)^2."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -84,6 +106,10 @@ class GRPOConfig:
             ("token_budget", self.token_budget >= 1, "a positive number of tokens"),
             ("kl_coef", self.kl_coef >= 0.0, "zero or positive"),
             ("entropy_coef", self.entropy_coef >= 0.0, "zero or positive"),
+            ("loss", self.loss in LOSSES, f"one of {', '.join(LOSSES)}"),
+            ("is_cap", self.is_cap > 1.0, "above 1"),
+            ("prob_diff_mask", 0.0 < self.prob_diff_mask <= 1.0, "in (0, 1]"),
+            ("log_ratio_tau", self.log_ratio_tau >= 0.0, "zero or positive"),
         ]
         for name, ok, need in checks:
             if not ok:
@@ -125,11 +151,17 @@ class LossParts:
     policy_loss: float
     tokens: int
     clipped_frac: float
-    """Fraction of completion tokens whose gradient the clip or the delta cap removed."""
+    """Fraction of completion tokens the objective cut: whose gradient the clip, the delta cap or a mask
+    removed, or whose weight ``intellect2``'s cap truncated."""
     ratio_mean: float
+    """pi_theta / pi_sampler over the completion tokens, whatever the objective's own ratio."""
     ratio_max: float
     kl: float
     entropy: float
+    kl_sampler: float = 0.0
+    """Mean per token of KL(sampler || current), the k3 estimate rho - 1 - log rho on the sampled tokens."""
+    neg_logp: float = 0.0
+    """Mean per token of -log pi_theta(token): the current policy's entropy estimated on the samples."""
 
 
 def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
@@ -144,15 +176,8 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     adv = advantages.to(logprobs.dtype)
     if adv.dim() == 1:
         adv = adv.unsqueeze(1).expand_as(logprobs)
-    # Masked-out positions may hold anything (padding): zero the log-ratio there so exp() stays finite.
-    log_ratio = torch.where(mask.bool(), logprobs - old_logprobs, torch.zeros_like(logprobs))
-    log_ratio = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-    ratio = torch.exp(log_ratio)
-    clipped = torch.clamp(ratio, 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)
-    # Negative advantage: cap the unclipped ratio at delta (zero gradient above it).
-    unclipped = torch.where(adv < 0, torch.clamp(ratio, max=cfg.neg_ratio_cap), ratio)
-    per_token = -torch.minimum(unclipped * adv, clipped * adv)
-    policy_sum = (per_token * mask_f).sum()
+    terms = policy_terms(logprobs, old_logprobs, adv, mask.bool(), cfg)
+    policy_sum = (terms.per_token * mask_f).sum()
     loss = policy_sum / cfg.token_budget
 
     kl_val = 0.0
@@ -174,15 +199,33 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
 
     with torch.no_grad():
         n = int(mask_f.sum().item())
-        # A token contributes no gradient when the chosen term is constant in rho: the clipped term
-        # outside [1-eps, 1+eps], or the capped term above delta.
-        no_grad = ((ratio > 1.0 + cfg.clip_eps_high) & (adv > 0)) | \
-                  ((ratio < 1.0 - cfg.clip_eps_low) & (adv < 0)) | \
-                  ((ratio > cfg.neg_ratio_cap) & (adv < 0))
-        clipped_frac = float((no_grad.to(mask_f.dtype) * mask_f).sum() / max(n, 1))
-        rm = ratio[mask.bool()]
+        on = mask.bool()
+        log_ratio = torch.where(on, logprobs - old_logprobs, torch.zeros_like(logprobs))
+        ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+        clipped_frac = float((terms.cut.to(mask_f.dtype) * mask_f).sum() / max(n, 1))
+        rm = ratio[on]
         ratio_mean = float(rm.mean()) if n else 1.0
         ratio_max = float(rm.max()) if n else 1.0
+        k3 = ratio - 1.0 - log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        kl_sampler = float((k3 * mask_f).sum() / max(n, 1))
+        neg_logp = float((-logprobs.detach() * mask_f).sum() / max(n, 1))
     return LossParts(loss=loss, policy_loss=float(policy_sum.detach()) / cfg.token_budget, tokens=n,
                      clipped_frac=clipped_frac, ratio_mean=ratio_mean, ratio_max=ratio_max,
-                     kl=kl_val, entropy=ent_val)
+                     kl=kl_val, entropy=ent_val, kl_sampler=kl_sampler, neg_logp=neg_logp)
+
+
+def policy_terms(logprobs: torch.Tensor, sampler: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                 cfg: GRPOConfig) -> TokenTerms:
+    """The per-token objective ``cfg.loss`` names (``losses.py``), ``[B, T]``."""
+    bound = LOG_RATIO_BOUND
+    if cfg.loss == "intellect2":
+        return intellect2_terms(logprobs, sampler, adv, mask, eps_low=cfg.clip_eps_low,
+                                eps_high=cfg.clip_eps_high, neg_cap=cfg.neg_ratio_cap, is_cap=cfg.is_cap,
+                                bound=bound)
+    if cfg.loss == "prime":
+        return prime_terms(logprobs, sampler, adv, mask, prob_diff=cfg.prob_diff_mask, tau=cfg.log_ratio_tau,
+                           bound=bound)
+    if cfg.loss == "mis":
+        return mis_terms(logprobs, sampler, adv, mask, is_cap=cfg.is_cap, bound=bound)
+    return grpo_terms(logprobs, sampler, adv, mask, eps_low=cfg.clip_eps_low, eps_high=cfg.clip_eps_high,
+                      neg_cap=cfg.neg_ratio_cap, bound=bound)

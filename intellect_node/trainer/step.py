@@ -78,6 +78,12 @@ class StepStats:
     reward_mean: float
     kl: float = 0.0
     entropy: float = 0.0
+    kl_sampler: float = 0.0
+    """Mean per token of KL(sampler || weights before the step), ``grpo.LossParts.kl_sampler``."""
+    neg_logp: float = 0.0
+    """Mean per token of -log pi(token) before the step: the policy's entropy estimated on the samples."""
+    lr: float = 0.0
+    """The learning rate the step used (0: the optimizer's own, not set by the caller)."""
     extra: dict[str, float] = field(default_factory=dict)
     skipped: bool = False
     """The loss or the gradient was not finite: no optimizer step was taken, the weights are unchanged."""
@@ -361,7 +367,8 @@ def summarize(parts: Sequence[LossParts], samples: Sequence[Sample], grad_norm: 
         samples=len(samples), clipped_frac=weighted("clipped_frac"), ratio_mean=weighted("ratio_mean"),
         ratio_max=max((p.ratio_max for p in parts), default=1.0),
         reward_mean=sum(s.reward for s in samples) / max(len(samples), 1),
-        kl=sum(p.kl for p in parts), entropy=sum(p.entropy for p in parts))
+        kl=sum(p.kl for p in parts), entropy=sum(p.entropy for p in parts), kl_sampler=weighted("kl_sampler"),
+        neg_logp=weighted("neg_logp"))
 
 
 def takes_packed(model: torch.nn.Module | None) -> bool:
@@ -390,8 +397,12 @@ def finite_alone(model: torch.nn.Module, samples: Sequence[Sample], cfg: GRPOCon
 def train_step(model: torch.nn.Module, optimizer: Optimizer, samples: Sequence[Sample], cfg: GRPOConfig,
                *, micro_batch: int = 64, micro_tokens: int | None = None, pad_id: int = 0,
                ref_model: torch.nn.Module | None = None, temperature: float = 1.0,
-               compute_dtype: torch.dtype | None = None, pack: bool = True) -> StepStats:
+               compute_dtype: torch.dtype | None = None, pack: bool = True,
+               lr: float | None = None) -> StepStats:
     """One GRPO optimizer step on ``samples`` (whole groups, consecutive). Returns the step's statistics.
+
+    ``lr``: the learning rate of this step (the schedule's, ``stepsize.py``), set on the optimizer before
+    it steps; None keeps the optimizer's.
 
     ``pack``: share each group's prompt (:func:`pack_groups`) where the model takes that layout
     (:class:`~intellect_node.trainer.lean.LeanCausalLM`, and the reference model too when the KL term uses it)
@@ -413,9 +424,12 @@ def train_step(model: torch.nn.Module, optimizer: Optimizer, samples: Sequence[S
         # clip_grad_norm_ scales a NaN gradient into NaN, and AdamW would write it into every weight.
         optimizer.zero_grad(set_to_none=True)
         return replace(summarize(parts, samples, grad_norm), skipped=True)
+    if lr is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return summarize(parts, samples, grad_norm)
+    return replace(summarize(parts, samples, grad_norm), lr=float(optimizer.param_groups[0]["lr"]))
 
 
 @overload

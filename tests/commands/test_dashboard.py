@@ -263,3 +263,21 @@ def test_status_prints_the_not_learning_warning_and_the_attempts() -> None:
     calm = json.loads(busy_board(FakeClock()).snapshot().to_json())
     healthy = summary({"health": {"state": "running"}, "snapshot": calm})
     assert "NOT LEARNING" not in healthy and "attempts" not in healthy
+
+
+def test_the_training_panel_shows_the_last_step_sizes_and_a_too_large_step_warns() -> None:
+    from intellect_node.config.status import StepDiagnostics
+
+    clock = FakeClock()
+    b = busy_board(clock)
+    diag = StepDiagnostics(kl_sampler=0.12, clipped_frac=0.36, ratio_mean=1.1, ratio_max=3.5, grad_norm=0.4,
+                           lr=5e-5, entropy=1.25, staleness_max=1)
+    b.train_step(3, reward_mean=0.5, pass_rate=0.5, diagnostics=diag,
+                 step_warning="the step is too large: KL to the sampler 0.120 nats/token; lower rl.lr")
+    s = b.snapshot()
+    c = _console(120, 40)
+    c.print(dashboard.render_node(s, width=120, height=40, now=s.ts))
+    text = _fits(c, 120, 40)
+    assert "kl 0.12 clip 36% ratio≤3.50 gn 0.4 lr 5e-05 H 1.25 age≤1" in text
+    assert "STEP TOO LARGE the step is too large: KL to the sampler 0.120" in text
+    assert "STEP-TOO-LARGE" in dashboard.status_line(s, now=s.ts)

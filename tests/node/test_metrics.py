@@ -136,7 +136,7 @@ def test_step_attempts_without_a_learnable_group_are_exported_by_cause() -> None
 
 
 def test_gossip_not_delivered_is_exported_by_outcome() -> None:
-    """Replays ignored (stale, repeats) apart from messages refused with blame (issue 40, item 1)."""
+    """Replays ignored (stale, repeats) apart from messages refused with blame."""
     board = StatusBoard(role="worker")
     board.set_gossip(refused=2, stale=100, repeat=3)
     text, _ = asyncio.run(_scrape(board))
@@ -145,3 +145,20 @@ def test_gossip_not_delivered_is_exported_by_outcome() -> None:
     assert {k[1][0][1]: v for k, v in samples.items() if k[0] == name} == \
         {"refused": 2, "ignored_stale": 100, "ignored_repeat": 3}
     assert board.snapshot().to_dict()["peers"]["gossip_ignored_stale"] == 100
+
+
+def test_the_last_step_sizes_are_exported_once_a_step_trained() -> None:
+    from intellect_node.config.status import StepDiagnostics
+
+    b = StatusBoard(role="trainer")
+    m = _samples(asyncio.run(_scrape(b))[0])
+    assert m[("intellect_node_step_too_large", ())] == 0 and ("intellect_node_step_kl_sampler", ()) not in m
+    b.train_step(1, reward_mean=0.5, pass_rate=0.5, step_warning="too large",
+                 diagnostics=StepDiagnostics(kl_sampler=0.2, clipped_frac=0.3, ratio_mean=1.1, ratio_max=2.5,
+                                             grad_norm=0.7, lr=1e-5, entropy=1.5, staleness_max=2))
+    m = _samples(asyncio.run(_scrape(b))[0])
+    got = {k[0].removeprefix("intellect_node_"): v for k, v in m.items()
+           if k[0].startswith("intellect_node_step_")}
+    assert got == {"step_too_large": 1, "step_kl_sampler": 0.2, "step_clipped_fraction": 0.3,
+                   "step_ratio_mean": 1.1, "step_ratio_max": 2.5, "step_grad_norm": 0.7, "step_lr": 1e-5,
+                   "step_entropy": 1.5, "step_staleness_max": 2}

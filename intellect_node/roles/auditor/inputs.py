@@ -25,10 +25,13 @@ from intellect_node.trainer.step import Sample
 
 
 def run_settings(cfg: NodeConfig) -> StepSettings:
-    """The step settings the run's configuration gives its trainer."""
+    """The step settings the run's configuration gives its trainer: ``lr`` is the run's (a step's record
+    says the one it used, ``replay.py`` checks it follows), ``micro_tokens`` this node's own (a record's
+    is the trainer's, and the replay uses it)."""
     opts = TrainOptions.from_section(cfg.rl)
     return settings_of(run_grpo_config(cfg.rl), lr=cfg.rl.lr, temperature=cfg.rl.temperature,
-                       micro_tokens=opts.micro_batch_tokens, compute_dtype=opts.compute_dtype)
+                       micro_tokens=opts.micro_batch_tokens, compute_dtype=opts.compute_dtype,
+                       warmup_steps=cfg.rl.lr_warmup_steps, target_kl=cfg.rl.target_kl)
 
 
 def run_rescorer(cfg: NodeConfig, board: StatusBoard | None = None) -> Rescorer:

@@ -6,7 +6,12 @@ the model holding the window's start policy and each batch's groups (re-scored f
 trainer re-scores them, ``roles/trainer/rescore.py``), and for each record in turn:
 
 1. checks the record's settings are the run's, and that it starts where the previous one ended (the
-   first: from the weights handed in);
+   first: from the weights handed in). Two numbers are the record's own: ``micro_tokens`` (the trainer's
+   local micro-batching, which fixes the summation order: the replay uses the record's) and the lr the
+   step used, which must follow the run's schedule (``trainer/stepsize.py``): the run's lr x the
+   warmup's factor at the record's step x the record's ``lr_scale``, a scale the controller can reach
+   and, after a step replayed bit for bit here, exactly the one the controller makes from the KL that
+   step measured (the first step of a window has no such step before it: only the bound holds there);
 2. checks the groups it says it trained on are exactly those whose rewards are not all equal (the
    online filter, ``trainer/filtering.py``): a trainer that leaves out a group with a signal, or trains
    on one without, is caught here without any compute;
@@ -35,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import msgspec
 import torch
 
 from intellect_node.policy.weights import PolicyWeights
@@ -42,7 +48,8 @@ from intellect_node.protocol.steps import StepBatch, StepRecord, StepSettings
 from intellect_node.roles.auditor.tolerance import compare
 from intellect_node.roles.trainer.records import grpo_config_of
 from intellect_node.trainer.optim import Optimizer
-from intellect_node.trainer.step import Sample, make_optimizer, train_step
+from intellect_node.trainer.step import Sample, StepStats, make_optimizer, train_step
+from intellect_node.trainer.stepsize import in_bounds, measured, next_scale, step_lr
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +101,31 @@ def trained_samples(rec: StepRecord, groups_of: GroupsOf) -> tuple[list[Sample] 
     return samples, "pass", ""
 
 
-def replay_record(model: Any, opt: Optimizer, rec: StepRecord, samples: Sequence[Sample]) -> str:
-    """Train ``model`` one step as ``rec`` says; the new weights' hash."""
+def replay_record(model: Any, opt: Optimizer, rec: StepRecord, samples: Sequence[Sample]
+                  ) -> tuple[str, StepStats]:
+    """Train ``model`` one step as ``rec`` says; the new weights' hash and the step's statistics."""
     s = rec.settings
     dtype = None if s.compute_dtype is None else getattr(torch, s.compute_dtype)
-    train_step(model, opt, samples, grpo_config_of(s), temperature=s.temperature, micro_tokens=s.micro_tokens,
-               compute_dtype=dtype)
-    return weights_hash(model)
+    stats = train_step(model, opt, samples, grpo_config_of(s), temperature=s.temperature,
+                       micro_tokens=s.micro_tokens, compute_dtype=dtype, lr=s.lr)
+    return weights_hash(model), stats
+
+
+def settings_fault(rec: StepSettings, run: StepSettings, *, step: int, trained: bool,
+                   scale: float | None) -> str:
+    """Why ``rec`` (a record's settings) are not what the run's ``run`` make at trained-step count ``step``
+    (after the step), with ``scale`` the controller's expected scale (None: unknown); "" when they are."""
+    own = msgspec.structs.replace(rec, lr=run.lr, micro_tokens=run.micro_tokens, lr_scale=run.lr_scale)
+    if own != run:
+        return f"settings {rec} are not the run's {run}"
+    if not in_bounds(rec.lr_scale, run.target_kl):
+        return f"lr_scale {rec.lr_scale} is not one the run's schedule (target_kl {run.target_kl}) reaches"
+    if scale is not None and rec.lr_scale != scale:
+        return f"lr_scale {rec.lr_scale} is not the {scale} the previous step's KL makes"
+    lr = step_lr(run.lr, step - 1 if trained else step, run.warmup_steps, rec.lr_scale)
+    if rec.lr != lr:
+        return f"lr {rec.lr} is not the {lr} the run's schedule gives step {step}"
+    return ""
 
 
 class WindowReplay:
@@ -119,6 +144,9 @@ class WindowReplay:
         self.tolerance = tolerance
         self.published = published
         self.held = weights_hash(model)
+        # The lr scale the controller makes for the next record (None: unknown); a window from version 0
+        # (no optimizer state yet) starts where the trainer's controller starts.
+        self.scale: float | None = 1.0 if opt is None else None
         self.started = False
         self.stopped = ""  # why the replay no longer holds the published policy ("" while it does)
 
@@ -133,9 +161,10 @@ class WindowReplay:
                                             reason="the weights held are not the window's start"))
             return self._stop(StepAudit(rec.seq, rec.version, "fail", rec.checkpoint_hash, self.held,
                                         f"step {rec.seq} does not start where the previous step ended"))
-        if rec.settings != self.settings:
-            return self._stop(StepAudit(rec.seq, rec.version, "fail", rec.checkpoint_hash,
-                                        reason=f"settings {rec.settings} are not the run's {self.settings}"))
+        fault = settings_fault(rec.settings, self.settings, step=rec.step, trained=rec.trained,
+                               scale=self.scale)
+        if fault:
+            return self._stop(StepAudit(rec.seq, rec.version, "fail", rec.checkpoint_hash, reason=fault))
         samples, outcome, why = trained_samples(rec, groups_of)
         if samples is None:
             return self._stop(StepAudit(rec.seq, rec.version, outcome, rec.checkpoint_hash, reason=why))
@@ -146,7 +175,13 @@ class WindowReplay:
                                           weight_decay=rec.settings.weight_decay)
             if self.tolerance > 0:
                 base = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-            self.held = replay_record(self.model, self.opt, rec, samples)
+            self.held, stats = replay_record(self.model, self.opt, rec, samples)
+            # the KL is this replay's own: the next scale is known only after a bitwise step
+            kl = measured(stats.kl_sampler, (x.policy_version for x in samples), rec.base_version)
+            self.scale = next_scale(rec.settings.lr_scale, kl, rec.settings.target_kl) \
+                if self.held == rec.checkpoint_hash else None
+        else:
+            self.scale = rec.settings.lr_scale  # nothing trained: the controller measured nothing
         if self.held != rec.checkpoint_hash and base is not None:
             return self._within(rec, base)
         if self.held != rec.checkpoint_hash:

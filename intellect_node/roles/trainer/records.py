@@ -81,10 +81,13 @@ class StateFiles:
 
 def settings_of(gcfg: GRPOConfig, *, lr: float, betas: tuple[float, float] = (0.9, 0.999),
                 weight_decay: float = 0.0, temperature: float, micro_tokens: int | None,
-                compute_dtype: torch.dtype | None) -> StepSettings:
+                compute_dtype: torch.dtype | None, warmup_steps: int = 0, target_kl: float | None = None,
+                lr_scale: float = 1.0) -> StepSettings:
     """The record's settings: every number ``train_step`` and ``make_optimizer`` read (their defaults for
-    the optimizer's betas and weight decay, which the trainer does not change)."""
-    return StepSettings(lr=lr, betas=betas, weight_decay=weight_decay, group_size=gcfg.group_size,
+    the optimizer's betas and weight decay, which the trainer does not change), and the schedule's."""
+    return StepSettings(lr=lr, loss=gcfg.loss, is_cap=gcfg.is_cap, prob_diff_mask=gcfg.prob_diff_mask,
+                        log_ratio_tau=gcfg.log_ratio_tau, warmup_steps=warmup_steps, target_kl=target_kl,
+                        lr_scale=lr_scale, betas=betas, weight_decay=weight_decay, group_size=gcfg.group_size,
                         clip_eps_low=gcfg.clip_eps_low, clip_eps_high=gcfg.clip_eps_high,
                         neg_ratio_cap=gcfg.neg_ratio_cap, max_grad_norm=gcfg.max_grad_norm,
                         token_budget=gcfg.token_budget, kl_coef=gcfg.kl_coef, entropy_coef=gcfg.entropy_coef,
@@ -96,7 +99,8 @@ def settings_of(gcfg: GRPOConfig, *, lr: float, betas: tuple[float, float] = (0.
 def run_grpo_config(rl: RLConfig) -> GRPOConfig:
     """The GRPO config a run's ``[rl]`` section makes (the trainer's, and what an auditor expects)."""
     return GRPOConfig(group_size=rl.group_size, max_grad_norm=rl.max_grad_norm, kl_coef=rl.kl_coef,
-                      token_budget=rl.groups_per_step * rl.group_size * rl.max_new_tokens)
+                      token_budget=rl.groups_per_step * rl.group_size * rl.max_new_tokens, loss=rl.loss,
+                      is_cap=rl.is_cap, prob_diff_mask=rl.prob_diff_mask, log_ratio_tau=rl.log_ratio_tau)
 
 
 def grpo_config_of(s: StepSettings) -> GRPOConfig:
@@ -104,7 +108,9 @@ def grpo_config_of(s: StepSettings) -> GRPOConfig:
     return GRPOConfig(group_size=s.group_size, clip_eps_low=s.clip_eps_low, clip_eps_high=s.clip_eps_high,
                       neg_ratio_cap=s.neg_ratio_cap, max_grad_norm=s.max_grad_norm,
                       token_budget=s.token_budget,
-                      kl_coef=s.kl_coef, entropy_coef=s.entropy_coef, scale_by_std=s.scale_by_std)
+                      kl_coef=s.kl_coef, entropy_coef=s.entropy_coef, scale_by_std=s.scale_by_std,
+                      loss=s.loss, is_cap=s.is_cap, prob_diff_mask=s.prob_diff_mask,
+                      log_ratio_tau=s.log_ratio_tau)
 
 
 def build_record(*, run_id: str, seq: int, step: int, base: tuple[int, str], new: tuple[int, str],

@@ -18,6 +18,7 @@ The parts, each in its own module; none of them references the ``Trainer``, whic
 - ``records.py``: ``StepRecords``, each step's signed record (``protocol/steps.py``: base and new policy,
   batches and groups trained, settings), gossiped on the run's ``steps`` topic and stored as a blob;
 - ``nosignal.py``: ``NoSignal``, step attempts with no learnable group reported, with a hint;
+- ``stepcheck.py``: ``StepCheck``, a step too large for its trust region (KL or cut fraction) reported;
 - ``metrics.py``: ``MetricsFile``, ``trainer/metrics.jsonl`` and the last journaled step it recorded;
 - from ``roles/common/``: ``PolicyPublisher`` (``policy.py``), ``HintedFetcher`` (``fetch.py``), the
   run's task (``tasks.py``), and ``RoleTasks`` (``seams.py``) for the train and announce loops and the
@@ -62,13 +63,14 @@ from typing import Any
 
 import torch
 
+from intellect_node.config.status import StepDiagnostics
 from intellect_node.errors import ConfigError
 from intellect_node.models.loader import ModelTokenizer
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.policy import POLICY_KIND
 from intellect_node.protocol.rl import NOTICE_KIND, VERDICT_KIND, notice_validator, verdict_validator
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE
-from intellect_node.protocol.steps import ACCEPT_ENVELOPE_BYTES, MAX_EVIDENCE_BYTES, STEP_KIND
+from intellect_node.protocol.steps import ACCEPT_ENVELOPE_BYTES, MAX_EVIDENCE_BYTES, STEP_KIND, StepSettings
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.common.fetch import ANNOUNCE_MIN_CHUNKS, HintedFetcher
 from intellect_node.roles.common.models import model_dir
@@ -92,10 +94,12 @@ from intellect_node.roles.trainer.records import (
 )
 from intellect_node.roles.trainer.replay import Announced, replay_steps
 from intellect_node.roles.trainer.rescore import Rescorer
+from intellect_node.roles.trainer.stepcheck import StepCheck
 from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, read_optimizer, save_checkpoint
 from intellect_node.trainer.filtering import FilteredGroups, filter_groups
 from intellect_node.trainer.optim import Optimizer
 from intellect_node.trainer.step import Sample, StepStats, finite_alone, make_optimizer, train_step
+from intellect_node.trainer.stepsize import measured, next_scale, step_lr
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +157,7 @@ class Trainer:
                                   on_queued=self._data.set, async_level=cfg.run.async_level,
                                   ban_after=self.rl.ban_after)
         self.no_signal = NoSignal(runtime.board, self.rl)
+        self.step_check = StepCheck(self.rl)  # a step too large for its trust region, said so
         self.fetcher: HintedFetcher | None = None  # start() makes it (it needs the blob service)
         self.opt: Optimizer | None = None  # start() loads it, or the training loop makes the first
         self.records: StepRecords | None = None  # start() makes it (it needs the blob service)
@@ -160,6 +165,7 @@ class Trainer:
         self._undropped: set[str] = set()  # consumed, inbox copy kept until a checkpoint holds it
         self.version = 0
         self.step = 0
+        self.lr_scale = 1.0  # the adaptive step's scale for the next step (trainer/stepsize.py)
         self._ckpt_version = 0
         self.tasks = RoleTasks(runtime, "trainer")  # the train and announce loops; publications
         self.replay: dict[str, Any] = {"steps": 0, "outcome": "none"}
@@ -199,9 +205,6 @@ class Trainer:
                                        self.rt.board, self.tasks, self._snapshot)
         self.records = StepRecords(key=self.rt.swarm.key, swarm=self.rt.swarm, blobs=blobs,
                                    topic=topic(self.run_id, STEP_KIND), directory=self.dir, tasks=self.tasks)
-        self.settings = settings_of(self.gcfg, lr=self.rl.lr, temperature=self.rl.temperature,
-                                    micro_tokens=self.train_options.micro_batch_tokens,
-                                    compute_dtype=self.train_options.compute_dtype)
         self._head_hash = (await asyncio.to_thread(self._snapshot)).content_hash  # the records' base
         await self.tasks.open()
         newest = await self._replay(self.journal.after(covered), publisher)
@@ -271,6 +274,7 @@ class Trainer:
         # The checkpoint does not say each batch's version: they count as the checkpoint's own.
         self.version, self.step = state.version, state.step
         self.consumed = dict.fromkeys(state.consumed, state.version)
+        self.lr_scale = float(state.extra.get("lr_scale", 1.0))
         log.info("resumed at policy v%d (step %d, %d batches consumed)", self.version, self.step,
                  len(self.consumed))
         return int(state.extra.get("journal_seq", 0))
@@ -345,13 +349,22 @@ class Trainer:
             opt.load_state_dict(saved)
         return opt
 
-    def _train(self, samples: list[Sample]) -> tuple[StepStats, PolicyWeights]:
-        """The optimizer step, then a copy of the new weights in canonical policy bytes (worker thread):
-        what gets published while the next step moves the weights."""
+    def _settings(self) -> StepSettings:
+        """The next step's settings, with the lr it trains at (``trainer/stepsize.py``)."""
+        lr = step_lr(self.rl.lr, self.step, self.rl.lr_warmup_steps, self.lr_scale)
+        return settings_of(self.gcfg, lr=lr, temperature=self.rl.temperature,
+                           micro_tokens=self.train_options.micro_batch_tokens,
+                           compute_dtype=self.train_options.compute_dtype,
+                           warmup_steps=self.rl.lr_warmup_steps, target_kl=self.rl.target_kl,
+                           lr_scale=self.lr_scale)
+
+    def _train(self, samples: list[Sample], lr: float) -> tuple[StepStats, PolicyWeights]:
+        """The optimizer step at ``lr``, then a copy of the new weights in canonical policy bytes (worker
+        thread): what gets published while the next step moves the weights."""
         assert self.opt is not None, "the training loop builds the optimizer before any step"
         stats = train_step(self.model, self.opt, samples, self.gcfg, temperature=self.rl.temperature,
                            micro_tokens=self.train_options.micro_batch_tokens,
-                           compute_dtype=self.train_options.compute_dtype)
+                           compute_dtype=self.train_options.compute_dtype, lr=lr)
         return stats, self._snapshot()
 
     def _snapshot(self) -> PolicyWeights:
@@ -399,18 +412,21 @@ class Trainer:
                 self.taken_by_age[age] = self.taken_by_age.get(age, 0) + 1
         self._undropped.update(ids)
         record = self.metrics.records(entry.seq)
+        settings = self._settings()
         if not useful:
             # Nothing to learn from: the batches are consumed all the same (the workers make new ones),
             # and the attempt is counted, so a run that never trains says why (module docstring).
             if record:
                 self._record(None, samples_all, filtered, taken, stale, entry.seq)
             self._attempted(filtered, samples_all)
-            self._step_record(entry, taken, stale, filtered, self._head_hash)
+            self._step_record(entry, taken, stale, filtered, self._head_hash, settings)
             return None
         samples = [s for g in useful for s in g]
         t0 = time.monotonic()
-        stats, snap = await asyncio.to_thread(self._train, samples)
+        stats, snap = await asyncio.to_thread(self._train, samples, settings.lr)
         t1 = time.monotonic()
+        kl = measured(stats.kl_sampler, (s.policy_version for s in samples), self.version)
+        self.lr_scale = next_scale(self.lr_scale, kl, self.rl.target_kl)
         if stats.skipped and not replaying:
             await self._charge_nonfinite(taken, useful)
         await self.publication.wait()  # the previous version's, started a step ago: usually done
@@ -437,14 +453,14 @@ class Trainer:
             state = await self._checkpoint(publish=True)
             self._checkpoint_s = time.monotonic() - t_ckpt
         # After the checkpoint: the record of a checkpointed step names the state it left (records.py).
-        self._step_record(entry, taken, stale, filtered, snap.content_hash, state)
+        self._step_record(entry, taken, stale, filtered, snap.content_hash, settings, state)
         # Rollouts older than async_level are refused as stale from now on: their keys can go.
         await self.admitted.compact(fresh_floor(self.version, self.cfg.run.async_level))
         self._forget_old()
         return snap
 
     def _step_record(self, entry: JournalEntry, taken: list[Accepted], stale: list[Accepted],
-                     filtered: FilteredGroups[Sample], new_hash: str,
+                     filtered: FilteredGroups[Sample], new_hash: str, settings: StepSettings,
                      state: StateFiles | None = None) -> None:
         """Publish the signed record of the step just taken (``records.py``), with the state checkpointed
         after it if any; the version and step are already the new ones when it trained. It names the
@@ -456,7 +472,7 @@ class Trainer:
         self.records.emit(build_record(run_id=self.run_id, seq=entry.seq, step=self.step, base=base,
                                        new=(self.version, new_hash), taken=taken, stale=stale,
                                        useful=filtered.useful, no_signal=filtered.cause,
-                                       settings=self.settings, dropped=entry.dropped), state)
+                                       settings=settings, dropped=entry.dropped), state)
         self._head_hash = new_hash
 
     def _attempted(self, filtered: FilteredGroups[Sample], samples: list[Sample]) -> None:
@@ -475,7 +491,7 @@ class Trainer:
         also prepare the state's files for the step record (the checkpoint of a step's version)."""
         covered = self.journal.seq
         saved = TrainerState(version=self.version, consumed=frozenset(self.consumed), step=self.step,
-                             extra={"journal_seq": covered})
+                             extra={"journal_seq": covered, "lr_scale": self.lr_scale})
 
         def commit() -> StateFiles | None:
             path = save_checkpoint(self.dir / "checkpoints", self.model, self.opt, saved)
@@ -511,6 +527,11 @@ class Trainer:
                 "no_signal": filtered.cause,
                 "loss": stats.loss if stats else 0.0, "grad_norm": stats.grad_norm if stats else 0.0,
                 "clipped_frac": stats.clipped_frac if stats else 0.0,
+                "kl_sampler": stats.kl_sampler if stats else 0.0,
+                "ratio_mean": stats.ratio_mean if stats else 1.0,
+                "ratio_max": stats.ratio_max if stats else 1.0,
+                "lr": stats.lr if stats else 0.0, "entropy": stats.neg_logp if stats else 0.0,
+                "loss_kind": self.rl.loss,
                 "staleness_mean": sum(stale_v) / max(len(stale_v), 1),
                 "staleness_max": max(stale_v, default=0),
                 "batch_ages": sorted(base - a.version for a in taken),
@@ -522,7 +543,12 @@ class Trainer:
         self.last = line
         self.metrics.write(line, seq)
         if stats is not None:
-            self.rt.board.train_step(self.step, reward_mean=reward_mean, pass_rate=pass_rate)
+            diag = StepDiagnostics(kl_sampler=stats.kl_sampler, clipped_frac=stats.clipped_frac,
+                                   ratio_mean=stats.ratio_mean, ratio_max=stats.ratio_max,
+                                   grad_norm=stats.grad_norm, lr=stats.lr, entropy=stats.neg_logp,
+                                   staleness_max=max(stale_v, default=0))
+            self.rt.board.train_step(self.step, reward_mean=reward_mean, pass_rate=pass_rate,
+                                     diagnostics=diag, step_warning=self.step_check.checked(stats))
         log.info("step %d -> v%d: pass %.3f reward %.3f (%d samples, %d/%d groups, staleness %.2f)%s",
                  self.step, self.version, pass_rate, reward_mean, len(samples), len(filtered.useful),
                  filtered.total, line["staleness_mean"],
