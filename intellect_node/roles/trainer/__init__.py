@@ -7,5 +7,5 @@
   pieces in ``batching``; ``admitted`` and ``inbox`` keep admitted work through a SIGKILL;
 - out: ``records`` signs a step record per journaled step, ``publication`` publishes each new version in
   order, ``metrics`` writes ``trainer/metrics.jsonl``, ``nosignal`` says so when a step had nothing to
-  learn from;
+  learn from, ``stepcheck`` when a step moved the policy too far (KL, tokens cut);
 - ``replay``: the steps journaled since the last checkpoint, taken again after a restart."""
