@@ -4,8 +4,8 @@ folder (and a GGUF file).
 Where a data dir holds policy versions (each a canonical policy file, ``policy/weights.py``, whose content
 hash is the version's announced hash):
 
-- ``trainer/checkpoints/vNNNNNNNN/model.safetensors``: the trainer's checkpoints (the newest
-  ``rl.checkpoint_keep``, ``trainer/checkpoint.py``);
+- ``trainer/checkpoints/vNNNNNNNN/model.safetensors``: the trainer's checkpoints (its two newest,
+  ``trainer/checkpoint.py``);
 - ``trainer/policy/vNNNNNNNNNN.safetensors``: the trainer's newest published version
   (``roles/common/policy.py``, the publisher);
 - ``<role>/policy/vNNNNNNNNNN.safetensors``: the version a worker or validator holds (the follower).
