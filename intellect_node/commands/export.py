@@ -1,5 +1,7 @@
 """``intellect-node model export``: a model folder, or a policy version a run trained, as a Hugging Face
-folder (and a GGUF file).
+folder (and a GGUF file). The policy comes from a data dir (below) or, with ``--run CID``, from the swarm:
+the run fetched and checked as ``join --run`` does, then the version its trainer announces, fetched by
+hash as a worker follows it (``export_from_swarm``).
 
 Where a data dir holds policy versions (each a canonical policy file, ``policy/weights.py``, whose content
 hash is the version's announced hash):
@@ -134,6 +136,81 @@ def export_policy(data_dir: Path, version: str, out: Path, *, model: Optional[Pa
     return path, held, policy.content_hash
 
 
+SWARM_POLICY_DIR = Path("exported") / "policy"
+"""Where ``--run`` keeps the version it fetched (``held_versions`` finds it there afterwards)."""
+
+
+async def _fetch_announced(cfg: Any, d: Path, timeout: float) -> tuple[Any, Any]:
+    """(the newest announcement heard from the run's trainer, that version's policy) through a lookup
+    swarm: the announcement on the run's policy topic (the trainer repeats it every few seconds), then
+    the version as a follower obtains it (the announced delta chain from the full checkpoint, or from
+    version 0 built from the run's model folder), its bytes checked against the announced hash."""
+    import asyncio
+    from functools import partial
+
+    from intellect_node.errors import TransportError
+    from intellect_node.protocol.policy import POLICY_KIND, PolicyAnnouncement, announcement_validator
+    from intellect_node.protocol.topics import topic
+    from intellect_node.roles.common.fetch import HintedFetcher
+    from intellect_node.roles.common.models import MAX_POLICY_BYTES
+    from intellect_node.roles.common.policy import PolicyFollower
+    from intellect_node.roles.runs import client_swarm, lookup_listen
+    from intellect_node.trainer.model import initial_policy
+
+    run_id, trainer = cfg.run.run_id, cfg.run.trainer_peer_id
+    async with client_swarm(list(cfg.network.bootstrap), listen=lookup_listen(cfg.network.listen),
+                            data_dir=d) as (swarm, blobs):
+        heard: asyncio.Future[PolicyAnnouncement] = asyncio.get_running_loop().create_future()
+
+        def on_announcement(ann: PolicyAnnouncement, origin: str) -> None:
+            if not heard.done():
+                heard.set_result(ann)
+
+        swarm.subscribe(topic(run_id, POLICY_KIND), announcement_validator(run_id, trainer), on_announcement)
+        try:
+            async with asyncio.timeout(timeout):
+                ann = await heard
+        except TimeoutError:
+            raise TransportError(f"no policy announcement from the run's trainer {trainer} in "
+                                 f"{timeout:.0f} s; is it up, and reachable from the bootstrap peers?"
+                                 ) from None
+        follower = PolicyFollower(d / SWARM_POLICY_DIR, HintedFetcher(blobs, swarm).holding([trainer]),
+                                  run_id=run_id, trainer=trainer, max_checkpoint_bytes=MAX_POLICY_BYTES,
+                                  base=partial(initial_policy, Path(cfg.run.model)))
+        res = await follower.obtain(ann)
+    return ann, res.checkpoint
+
+
+def export_from_swarm(run_ref: str, organiser: Optional[str], bootstrap: list[str], d: Path, version: str,
+                      out: Path, *, dtype: Optional[str], timeout: float) -> tuple[Path, int, str]:
+    """``--run``: the run fetched and checked as ``join --run`` does (``commands/runs.config_for_run``),
+    its newest announced policy fetched by hash, written as a Hugging Face folder ``out``; (the folder,
+    the version, its hash). Only the version the trainer announces can be had from the swarm."""
+    import asyncio
+
+    from intellect_node.commands.runs import config_for_run
+    from intellect_node.inference.rollouts import checkpoint_cid
+    from intellect_node.models.export import export_folder
+
+    if version != "latest" and not version.isdigit():
+        raise ConfigError(f"--version {version!r} is neither a version number nor 'latest'", field="version")
+    flags = {"network": {"bootstrap": bootstrap}} if bootstrap else {}
+    cfg = config_for_run(run_ref, organiser, d, flags=flags, config_file=None,
+                         flag_names={"network.bootstrap": "--bootstrap"})
+    ann, policy = asyncio.run(_fetch_announced(cfg, d, timeout))
+    if version != "latest" and int(version) != ann.version:
+        raise ConfigError(f"--version {version}: the run's trainer announces v{ann.version}, the only "
+                          "version the swarm hands out; give --data-dir of a node that holds the one you "
+                          "want",
+                          field="version")
+    base = Path(cfg.run.model)
+    provenance = {"version": ann.version, "policy_hash": ann.checkpoint_hash, "run_id": cfg.run.run_id,
+                  "trainer": cfg.run.trainer_peer_id, "from": "swarm", "base_model": str(base),
+                  "base_checkpoint_cid": checkpoint_cid(base)}
+    path = export_folder(base, policy.to_state_dict(), out, dtype=dtype, provenance=provenance)
+    return path, ann.version, ann.checkpoint_hash
+
+
 def add_to(group: typer.Typer) -> None:
     """``export`` in the ``model`` group."""
 
@@ -154,6 +231,15 @@ def add_to(group: typer.Typer) -> None:
         gguf: Optional[Path] = typer.Option(None, "--gguf", help="Also write a GGUF file (llama.cpp, "
                                                                  "ollama) of the exported folder."),
         gguf_type: str = typer.Option("f16", "--gguf-type", help="GGUF tensor type: f16, q8_0 or f32."),
+        run: Optional[str] = typer.Option(None, "--run", help="A run's CID (or ID): fetch its newest "
+                                                             "policy by hash from the swarm, as join --run "
+                                                             "fetches the run (files kept in --data-dir)."),
+        organiser: Optional[str] = typer.Option(None, "--organiser", help="With --run: the peer ID that "
+                                                                         "must have signed the run."),
+        bootstrap: list[str] = typer.Option([], "--bootstrap", help="With --run: a peer to ask "
+                                                                    "(multiaddr; repeatable)."),
+        timeout: float = typer.Option(120.0, "--timeout", help="With --run: seconds to wait for the "
+                                                               "trainer's policy announcement."),
     ) -> None:
         """Write a model folder (config, safetensors, tokenizer, chat template, generation config) that
         transformers and vLLM load offline: with --data-dir, a policy version the run trained; without,
@@ -168,7 +254,26 @@ def add_to(group: typer.Typer) -> None:
         if gguf is not None and gguf_type not in GGUF_TYPES:
             raise ConfigError(f"--gguf-type {gguf_type!r} is not one of {', '.join(GGUF_TYPES)}",
                               field="gguf_type")
-        if data_dir is not None:
+        if run is not None:
+            from intellect_node.commands.common import data_dir as resolve
+            from intellect_node.commands.runs import fail
+            from intellect_node.errors import IntellectNodeError
+            from intellect_node.p2p.identity import ensure_data_dir
+
+            if model is not None:
+                raise ConfigError("--model comes from the run's manifest with --run; drop it", field="model")
+            d = resolve(data_dir)
+            ensure_data_dir(d)
+            try:
+                path, got, digest = export_from_swarm(run, organiser, bootstrap, d, version, dst, dtype=dtype,
+                                                      timeout=timeout)
+            except ConfigError:
+                raise
+            except IntellectNodeError as exc:  # the run or its policy could not be had: exit 1, why
+                fail(exc)
+                raise
+            typer.echo(f"exported policy v{got} (from the swarm, {digest}) to {path}")
+        elif data_dir is not None:
             path, held, digest = export_policy(data_dir.expanduser(), version, dst, model=model, dtype=dtype)
             typer.echo(f"exported policy v{held.version} ({held.where}, {digest}) to {path}")
         elif version != "latest":
