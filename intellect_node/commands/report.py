@@ -206,10 +206,15 @@ def figures(data: RunData) -> list[Figure]:
     steps = data.steps
     if steps:
         fig, ax = plt.subplots(figsize=(9, 3.6))
-        for key, label in (("reward_mean", "mean reward"), ("pass_rate", "pass rate")):
+        for key, label, style in (("reward_mean", "mean reward", "-"), ("pass_rate", "pass rate", "--")):
             pts = [(float(m["step"]), v) for m in steps if (v := _number(m.get(key))) is not None]
             if pts:
-                ax.plot(*zip(*pts), marker=".", label=label)
+                line, = ax.plot(*zip(*pts), style, marker=".", alpha=0.45, label=label)
+                if len(pts) > THROUGHPUT_WINDOW:  # a step's figure swings: its mean over a window too
+                    ys = [v for _, v in pts]
+                    windows = [ys[max(0, i - THROUGHPUT_WINDOW + 1):i + 1] for i in range(len(ys))]
+                    ax.plot([x for x, _ in pts], [sum(w) / len(w) for w in windows], style,
+                            color=line.get_color(), label=f"{label}, {THROUGHPUT_WINDOW}-step mean")
         ax.set_xlabel("step")
         ax.set_ylim(-0.02, 1.02)
         ax.legend()
@@ -257,7 +262,8 @@ def figures(data: RunData) -> list[Figure]:
                 axes[0][1].plot(*zip(*pts), label=key)
         axes[0][1].set_title("rollouts heard by the trainer (cumulative)", fontsize=10)
         axes[0][1].set_xlabel("step")
-        axes[0][1].legend()
+        if counters:
+            axes[0][1].legend()
         for ax in axes[0]:
             ax.grid(alpha=0.3)
         done(fig, "throughput", "Throughput")
