@@ -1,5 +1,5 @@
-"""``intellect-node model``: the embedded model (a tiny Llama pretrained on 3-digit addition), and GGUF
-files imported as model folders."""
+"""``intellect-node model``: the embedded model (a tiny Llama pretrained on 3-digit addition), a run's
+trained policy exported (``commands/export.py``), and GGUF files imported as model folders."""
 
 from __future__ import annotations
 
@@ -49,18 +49,13 @@ def model_size(path: Path) -> tuple[int, int]:
 
 
 def register(app: typer.Typer) -> None:
-    model = typer.Typer(help="The embedded default model: export it, inspect it; import GGUF files.",
+    model = typer.Typer(help="Models: export a run's trained policy (or the embedded model), inspect them; "
+                              "import and export GGUF files.",
                         no_args_is_help=True)
 
-    @model.command("export")
-    def export(
-        dir: Path = typer.Argument(..., help="Folder to write the model to (Hugging Face format)."),
-    ) -> None:
-        """Write the embedded model (config, weights, tokenizer, proof thresholds) to DIR."""
-        from intellect_node.models.loader import export_model
+    from intellect_node.commands.export import add_to
 
-        out = export_model(dir)
-        typer.echo(f"wrote the embedded model to {out}")
+    add_to(model)  # `model export`: a folder or a run's policy out (commands/export.py)
 
     @model.command("import")
     def import_(

@@ -1,4 +1,5 @@
-"""``intellect-node run init`` and ``run publish``: an organiser makes a run and serves it.
+"""``intellect-node run init`` and ``run publish``: an organiser makes a run and serves it (``run report``,
+what a run did, is ``commands/report.py``).
 
 ``run init --model M --env E --out DIR`` does what docs/real-runs.md used to list as steps:
 
@@ -122,7 +123,8 @@ def _bootstrap(addrs: list[str], organiser: str) -> list[str]:
 
 
 def register(app: typer.Typer) -> None:
-    run = typer.Typer(help="Make a run (init) and serve it (publish).", no_args_is_help=True)
+    run = typer.Typer(help="Make a run (init), serve it (publish), report what it did (report).",
+                      no_args_is_help=True)
 
     @run.command("init")
     def init(
@@ -272,6 +274,9 @@ def register(app: typer.Typer) -> None:
                                       config_file=config_file, log_file=log_file, log_level=log_level,
                                       headless=True))
 
+    from intellect_node.commands.report import add_to
+
+    add_to(run)  # `run report`: what a run did, one HTML page (commands/report.py)
     app.add_typer(run, name="run")
 
 

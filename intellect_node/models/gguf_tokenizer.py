@@ -22,12 +22,14 @@ BPE) by a label, ``tokenizer.ggml.pre``. What we do:
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from intellect_node.errors import ConfigError
 
-CONTROL, USER_DEFINED = 3, 4
+NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
 """``tokenizer.ggml.token_type`` values (llama.cpp's ``LLAMA_TOKEN_TYPE_*``)."""
 
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -63,14 +65,14 @@ regex, where a whole word found in the vocabulary is taken as is (``ignore_merge
 
 
 @lru_cache(maxsize=1)
-def _byte_alphabet() -> frozenset[str]:
+def byte_alphabet() -> frozenset[str]:
     """The 256 characters GPT-2's byte-to-unicode table spells bytes with."""
     return frozenset(_byte_table().values())
 
 
-def _spelled(token: str) -> str:
+def spelled(token: str) -> str:
     """A token in the byte alphabet (as transformers' conversion respells one written as plain text)."""
-    if set(token) <= _byte_alphabet():
+    if set(token) <= byte_alphabet():
         return token
     table = _byte_table()
     return "".join(table[b] for b in token.encode("utf-8"))
@@ -105,7 +107,10 @@ def tokenizer_files(meta: dict[str, Any], context_length: int) -> dict[str, str]
     tokens: list[str] = meta.get("tokenizer.ggml.tokens") or []
     merges: list[str] = meta.get("tokenizer.ggml.merges") or []
     types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    if not tokens or not merges or len(types) != len(tokens):
+    # No merges: only a vocabulary whose ordinary tokens are single characters needs none (the embedded
+    # model's, exported); anything longer would silently be tokenized byte by byte.
+    single = all(len(t) == 1 for t, k in zip(tokens, types) if k == NORMAL)
+    if not tokens or not (merges or single) or len(types) != len(tokens):
         raise ConfigError("the GGUF's tokenizer has no tokens or merges, or a token_type list of another "
                           "length", field="model")
 
@@ -125,7 +130,7 @@ def tokenizer_files(meta: dict[str, Any], context_length: int) -> dict[str, str]
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
                   "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False,
                   "ignore_merges": ignore_merges,
-                  "vocab": {_spelled(t): i for i, t in enumerate(tokens)}, "merges": merges},
+                  "vocab": {spelled(t): i for i, t in enumerate(tokens)}, "merges": merges},
     }
     tok_cfg: dict[str, Any] = {
         "add_bos_token": add_bos, "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
@@ -156,13 +161,13 @@ def _added_tokens(tokens: list[str], types: list[int]) -> list[dict[str, Any]]:
     CONTROL token outside the byte alphabet is a llama.cpp mislabel and left as an ordinary token."""
     out = []
     for i, (token, kind) in enumerate(zip(tokens, types)):
-        if kind == CONTROL and set(token) <= _byte_alphabet():
+        if kind == CONTROL and set(token) <= byte_alphabet():
             special = True
         elif kind == USER_DEFINED:
             special = False
         else:
             continue
-        out.append({"id": i, "content": _spelled(token) if not special else token, "single_word": False,
+        out.append({"id": i, "content": spelled(token) if not special else token, "single_word": False,
                     "lstrip": False, "rstrip": False, "normalized": False, "special": special})
     return out
 
@@ -183,3 +188,120 @@ def _post_processor(bos: str | None, tokens: list[str]) -> dict[str, Any]:
 
 def _dump(obj: dict[str, Any], indent: int | None = 2) -> str:
     return json.dumps(obj, indent=indent, ensure_ascii=False) + "\n"
+
+
+# ============================================================================================ export
+# The inverse of ``tokenizer_files``: a model folder's tokenizer as GGUF metadata (``models.gguf_export``).
+
+@dataclass(frozen=True)
+class GgufVocab:
+    """A folder's tokenizer as llama.cpp's ``tokenizer.ggml.*`` keys hold it."""
+
+    pre: str
+    tokens: list[str]
+    types: list[int]
+    merges: list[str]
+    """Empty for a character vocabulary: GGUF has no empty arrays, so the key is left out and ``scores``
+    (all 0) written instead, from which transformers' GGUF loader derives no merges. llama.cpp requires
+    merges of a ``gpt2`` tokenizer and refuses such a file."""
+    special_ids: dict[str, int]
+    """``bos``, ``eos``, ``eot``, ``eom``, ``padding``, ``unknown`` -> token ID, where the folder names
+    one."""
+    add_bos: bool
+    add_eos: bool
+    chat_template: str | None
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--gguf: {path} is not readable JSON ({exc}); {what}", field="gguf") from exc
+    if not isinstance(doc, dict):
+        raise ConfigError(f"--gguf: {path} does not hold an object; {what}", field="gguf")
+    return doc
+
+
+def _pre_label(tok: dict[str, Any]) -> str:
+    """The ``tokenizer.ggml.pre`` label whose split (:data:`PRE_TOKENIZERS`) is this tokenizer's."""
+    pre, model = tok.get("pre_tokenizer"), tok.get("model") or {}
+    ignore = bool(model.get("ignore_merges", False))
+    canon = json.dumps(pre, sort_keys=True)
+    for label, (split, ignore_merges) in PRE_TOKENIZERS.items():
+        if json.dumps(split, sort_keys=True) == canon and ignore_merges == ignore:
+            return label
+    raise ConfigError("--gguf: the model's pre-tokenizer (its text split before BPE) is none that llama.cpp "
+                      f"names (known: {', '.join(sorted(PRE_TOKENIZERS))}); GGUF export would change the "
+                      "prompts' token IDs", field="gguf")
+
+
+def _ids(value: Any) -> list[int]:
+    items = value if isinstance(value, list) else [value]
+    return [i for i in items if isinstance(i, int) and not isinstance(i, bool)]
+
+
+def tokenizer_metadata(folder: Path, config: dict[str, Any], vocab_size: int) -> GgufVocab:
+    """The tokenizer of the model folder ``folder`` (``tokenizer.json``, ``tokenizer_config.json``,
+    ``generation_config.json``) as GGUF metadata for ``vocab_size`` embedding rows: what
+    :func:`tokenizer_files` reads back into the same files. Byte-level BPE (``gpt2``) and a vocabulary of
+    single characters (the embedded model's; written as byte-level BPE without merges) are supported;
+    anything else is a ConfigError naming ``--gguf``."""
+    tok = _read_json(folder / "tokenizer.json", "a model folder needs its tokenizer.json")
+    tok_cfg, gen = ({} if not (folder / name).is_file() else _read_json(folder / name, "")
+                    for name in ("tokenizer_config.json", "generation_config.json"))
+    model = tok.get("model") or {}
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict):
+        raise ConfigError("--gguf: the tokenizer.json has no vocabulary (a unigram or other model type); "
+                          "GGUF export supports byte-level BPE tokenizers", field="gguf")
+    added = {int(a["id"]): a for a in tok.get("added_tokens") or [] if isinstance(a.get("id"), int)}
+    by_id: dict[int, str] = {int(i): str(t) for t, i in vocab.items()}
+    for i, a in added.items():
+        by_id.setdefault(i, str(a["content"]))
+    single_chars = model.get("type") == "WordLevel" and all(len(t) == 1 or i in added or t.startswith("<")
+                                                             for i, t in by_id.items())
+    if model.get("type") == "BPE" and not model.get("byte_fallback") and tok.get("normalizer") is None:
+        pre = _pre_label(tok)
+        merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+    elif single_chars:
+        pre, merges = "default", []
+        by_id = {i: t if i in added else spelled(t) for i, t in by_id.items()}
+    else:
+        fallback = " with byte fallback" if model.get("byte_fallback") else ""
+        raise ConfigError(f"--gguf: the tokenizer is {model.get('type')!r}{fallback}; GGUF export supports "
+                          "byte-level BPE (SmolLM, Llama 3, Qwen-style) and single-character vocabularies",
+                          field="gguf")
+    if sorted(by_id) != list(range(len(by_id))) or len(by_id) > vocab_size:
+        raise ConfigError(f"--gguf: the tokenizer's {len(by_id)} token IDs are not 0..n-1 within the model's "
+                          f"{vocab_size} embedding rows", field="gguf")
+    tokens = [by_id[i] for i in range(len(by_id))]
+    types = [(CONTROL if added[i].get("special") else USER_DEFINED) if i in added
+             else NORMAL if merges or len(t) == 1 else UNUSED  # a character vocabulary's reserved entries
+             for i, t in enumerate(tokens)]
+    # Embedding rows past the tokenizer's last ID get placeholder tokens, as llama.cpp's converter adds.
+    for i in range(len(tokens), vocab_size):
+        tokens.append(f"[PAD{i}]")
+        types.append(UNUSED)
+    index = {t: i for i, t in enumerate(tokens)}
+
+    def id_of(name: str) -> list[int]:
+        value = tok_cfg.get(f"{name}_token")
+        if isinstance(value, dict):
+            value = value.get("content")
+        return [index[value]] if isinstance(value, str) and value in index else []
+
+    eos = _ids(gen.get("eos_token_id")) or _ids(config.get("eos_token_id")) or id_of("eos")
+    special: dict[str, int] = {}
+    for key, ids in (("bos", _ids(config.get("bos_token_id")) or id_of("bos")), ("eos", eos[:1]),
+                     ("eot", eos[1:2]), ("eom", eos[2:3]),
+                     ("padding", _ids(config.get("pad_token_id")) or id_of("pad")),
+                     ("unknown", id_of("unk"))):
+        if ids and 0 <= ids[0] < len(tokens):
+            special[key] = ids[0]
+    template = tok_cfg.get("chat_template")
+    if not isinstance(template, str) and (folder / "chat_template.jinja").is_file():
+        template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    return GgufVocab(pre=pre, tokens=tokens, types=types, merges=merges, special_ids=special,
+                     add_bos=bool(tok_cfg.get("add_bos_token", False)),
+                     add_eos=bool(tok_cfg.get("add_eos_token", False)),
+                     chat_template=template if isinstance(template, str) and template else None)

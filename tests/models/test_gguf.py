@@ -70,7 +70,7 @@ def write_gguf(path: Path, *, arch: str = "llama", tied: bool = False, seed: int
     for i in range(LAYERS):
         for name, shape in layer_shapes.items():
             hf[f"model.layers.{i}.{name}.weight"] = rnd(*shape, base=1.0 if len(shape) == 1 else 0.0)
-    to_gguf = {v: k for k, v in gguf_import._LAYER.items()}
+    to_gguf = {v: k for k, v in gguf_import.LLAMA_LAYER.items()}
 
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(LAYERS)
