@@ -20,6 +20,7 @@ lint: setup
 # Two pytest workers (pytest-xdist), a test file each at a time: most of the suite waits on real
 # processes and sockets, so two files overlap well on 2 cores. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
+test: export SETUP_FOR = test
 test: lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not real" tests
 

@@ -27,7 +27,11 @@ have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     # libgmp-dev, python3-dev and a compiler: fastecdsa (a py-libp2p dependency) builds from source.
     # iproute2, iptables, conntrack: the NAT-traversal tests build network namespaces. tmux: dashboard check.
-    for p in libgmp-dev python3-dev build-essential iproute2 iptables conntrack tmux; do
+    pkgs=(libgmp-dev python3-dev build-essential iproute2 iptables conntrack tmux)
+    # chromium: `make test` renders the run report headless (tests/commands/test_run_report.py); the demo
+    # does not need it.
+    [ "${SETUP_FOR:-}" = test ] && pkgs+=(chromium)
+    for p in "${pkgs[@]}"; do
         have_pkg "$p" || need_pkgs+=("$p")
     done
     if [ ${#need_pkgs[@]} -gt 0 ]; then
