@@ -25,6 +25,13 @@ step record of the trainer (``protocol/audits.py``) on the run's ``audits`` topi
    trainer), so a restarted node still refuses that trainer. With it off a failed audit is shown (state
    ``failed``, a warning) and nothing stops.
 
+6. runs a :class:`~intellect_node.roles.common.binding.BindingWatch`: every announcement and step record
+   of the trainer heard, checked for two hashes signed for one version (an announced policy other than
+   the one the records describe, which no replay would see). Such a pair is a failed audit found by the
+   node itself, or a proof heard on the run's ``conflicts`` topic and checked here before it counts; it
+   is kept in the same evidence folder (``v<version>.conflict``) and refuses the trainer as a failed step
+   does.
+
 Bounds (a trusted auditor's key may still be stolen): a verdict is at most ``MAX_AUDIT_BYTES``; each
 auditor's verdicts are remembered for its latest :data:`MAX_PER_AUDITOR` steps, the tally's steps for the
 latest :data:`MAX_STEPS` (older steps stay in the counts, and a verdict about one of them is ignored);
@@ -54,6 +61,7 @@ from intellect_node.errors import ProtocolError
 from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
 from intellect_node.protocol.audits import AUDIT_KIND, MAX_AUDIT_BYTES, AuditVerdict, open_verdict
 from intellect_node.protocol.topics import topic
+from intellect_node.roles.common.binding import BindingWatch, Proof
 from intellect_node.roles.common.seams import Runtime
 
 log = logging.getLogger(__name__)
@@ -188,7 +196,7 @@ def read_evidence(directory: Path, *, run_id: str, trainer: str, auditors: froze
     skipped: list[str] = []
     if not directory.is_dir():
         return found, skipped
-    for path in sorted(directory.glob("*.json"))[:MAX_EVIDENCE]:
+    for path in sorted(directory.glob("[0-9]*.json"))[:MAX_EVIDENCE]:  # v*.json: hash conflicts
         raw = path.with_suffix(".verdict")
         try:
             doc = json.loads(path.read_text())
@@ -226,6 +234,7 @@ class AuditWatch:
         self.detail = ("" if self.trainer and self.auditors else
                        "the run names no trainer (run.trainer_peer_id)" if not self.trainer else
                        "the run names no auditor (run.validator_peer_ids, run.auditor_peer_ids)")
+        self.binding = BindingWatch(runtime, self.dir, self.trainer, self._proven)
 
     @classmethod
     def for_runtime(cls, runtime: Runtime) -> "AuditWatch":
@@ -244,6 +253,7 @@ class AuditWatch:
             self.tally.failed(ev)
             self.evidence[ev.verdict.seq] = self.dir / f"{ev.verdict.seq}.json"
         self._publish()
+        await self.binding.start()  # proofs read back, then the policy and steps topics' first validators
         if self._refusal:
             log.error("%s (read back from the evidence kept)", self._refusal)
         self._rt.swarm.subscribe(topic(self.run_id, AUDIT_KIND), self._validate, self._on_verdict,
@@ -303,27 +313,55 @@ class AuditWatch:
         if not self._refusal:
             log.error("%s; not following it any more (run.require_audits), evidence in %s", what, self.dir)
 
+    async def _proven(self, p: Proof) -> None:
+        """The binding watch took a hash conflict (found here, heard and checked, or read back)."""
+        what = f"{p.describe()} (found by {p.source})"
+        if not self.required:
+            log.warning("%s (run.require_audits is off: still following it)", what)
+        elif not self._refusal:
+            log.error("%s; not following it any more (run.require_audits), evidence in %s", what, self.dir)
+        self._publish()
+
+    def _failure(self) -> AuditFailure | None:
+        """The failure a refusal names: the first failed step, else the first hash conflict."""
+        first, proof = self.tally.first_failed, self.binding.first()
+        if first is not None:
+            return first.failure()
+        if proof is None:
+            return None
+        c = proof.conflict
+        return AuditFailure(seq=0, version=c.version, auditor=proof.source, expected=proof.hashes[0],
+                            published=proof.hashes[1], reason=proof.describe(), ts=proof.received_at)
+
     def _publish(self) -> None:
         """The state to the status board (and, once refusing, the node's degraded reason)."""
         t = self.tally
         first = t.first_failed
+        proof = self.binding.first()
         if self.required and first is not None and not self._refusal:
             v = first.verdict
             self._refusal = (f"the trainer failed the audit of step {v.seq} (v{v.version}) by "
                              f"{first.auditor}: not following it (run.require_audits); evidence in "
                              f"{self.dir}")
             self._rt.board.set_degraded("audit", self._refusal)
+        elif self.required and proof is not None and not self._refusal:
+            self._refusal = (f"{proof.describe()}: not following it (run.require_audits); evidence in "
+                             f"{self.dir}")
+            self._rt.board.set_degraded("audit", self._refusal)
+        failure = self._failure()
         self._rt.board.set_audits(Audits(
-            state=t.state, trainer=self.trainer, auditors=len(self.auditors), heard_from=t.heard_from,
+            state="failed" if proof is not None else t.state, trainer=self.trainer,
+            auditors=len(self.auditors), heard_from=t.heard_from,
             audited=t.audited, passed=t.counts["passed"], failed=t.counts["failed"],
             unavailable=t.counts["unavailable"], last_verdict_at=t.last_at,
-            first_failed=first.failure() if first is not None else None, required=self.required,
+            first_failed=failure, required=self.required,
             refusing=bool(self._refusal), detail=self._refusal or self.detail))
 
     def status(self) -> dict[str, Any]:
         t = self.tally
         first = t.first_failed
-        return {"state": t.state, "trainer": self.trainer, "auditors": sorted(self.auditors),
+        return {"state": "failed" if self.binding.proofs else t.state, "trainer": self.trainer,
+                "auditors": sorted(self.auditors),
                 "heard_from": t.heard_from, "audited": t.audited, **t.counts,
                 "required": self.required, "refusing": bool(self._refusal), "refusal": self._refusal,
                 "detail": self.detail, "refused_verdicts": self.refused["verdicts"],
@@ -332,7 +370,8 @@ class AuditWatch:
                                   "published": first.verdict.published,
                                   "reason": clean_text(first.verdict.reason, REASON_CHARS)}
                                  if first is not None else None),
-                "evidence": {str(seq): str(p) for seq, p in sorted(self.evidence.items())}}
+                "evidence": {str(seq): str(p) for seq, p in sorted(self.evidence.items())},
+                "bindings": self.binding.status()}
 
 
 def audit_gate(runtime: Runtime) -> Callable[[], str]:
