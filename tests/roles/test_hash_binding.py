@@ -264,3 +264,43 @@ def test_the_book_forgets_the_oldest_versions_first() -> None:
     small.add(b"x" * 60, {1: h(1)})
     small.add(b"y" * 60, {2: h(2)})
     assert len(small) == 1
+
+
+# -- a real honest trainer, restarted in the middle ------------------------------------------------
+
+def test_a_real_honest_trainer_is_never_flagged_across_a_restart(tmp_path: Path) -> None:
+    """In one process (``intellect_node.testing.roles``): the real trainer, validator and worker, and a
+    node that runs only the audit watch with ``run.require_audits``. The trainer checkpoints every third
+    version and is replaced after its fourth step (a restart: it replays the journaled steps since its
+    checkpoint, signing their records again); the watch hears every announcement and record and never
+    finds two hashes for one version."""
+    from intellect_node.roles.trainer.role import Trainer
+    from intellect_node.roles.validator.role import Validator
+    from intellect_node.roles.worker.role import Worker
+    from intellect_node.testing.roles import in_process_swarm, key_of, run_config
+    from tests.support.wait import wait_until
+
+    rl = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=4, batches_per_version=1,
+              work_ahead=1, checkpoint_every=3)
+    cfg = run_config(trainer=key_of("trainer").peer_id, validators=[key_of("validator").peer_id], rl=rl,
+                     require_audits=True)
+
+    async def main() -> dict[str, Any]:
+        async with in_process_swarm(tmp_path) as net:
+            trainer = await net.start("trainer", cfg, Trainer.for_runtime)
+            watcher = await net.start("watcher", cfg, AuditWatch)
+            await net.start("validator", cfg, Validator.for_runtime)
+            await net.start("w", cfg, Worker.for_runtime)
+            await wait_until(lambda: trainer.role.version >= 4, timeout=300, what="the trainer at v4")
+            trainer = await net.start("trainer", cfg, Trainer.for_runtime)  # replaced: replays since v3
+            replayed = dict(trainer.role.replay)
+            await wait_until(lambda: trainer.role.version >= 7, timeout=300, what="the trainer at v7")
+            await wait_until(lambda: watcher.role.status()["bindings"]["records"] >= 7, timeout=60,
+                             what="the watcher hearing the records")
+            assert not net.failures(), net.failures()
+            return {**watcher.role.status(), "replayed": replayed}
+
+    st = asyncio.run(main())
+    assert st["replayed"]["steps"] >= 1, st["replayed"]  # records signed again, the same bytes
+    assert st["bindings"]["found"] == 0 and st["bindings"]["proofs"] == {}, st
+    assert st["bindings"]["announcements"] >= 7 and not st["refusing"] and st["state"] != "failed", st
