@@ -296,11 +296,12 @@ def _drifting() -> Any:
 @pytest.mark.parametrize("replay", ["bitwise", "drifting"])
 def test_a_real_honest_trainer_is_never_flagged_across_a_restart(tmp_path: Path, replay: str) -> None:
     """In one process (``intellect_node.testing.roles``): the real trainer, validator and worker, and a
-    node that runs only the audit watch with ``run.require_audits``. The trainer checkpoints every fourth
-    version and is replaced after its fifth step: it replays the journaled steps since its checkpoint and
-    signs their records again (the same bytes), or, where the replay makes other weights (``drifting``),
-    signs none of them and goes on as the next version. The watch hears every announcement and record
-    and never finds two hashes for one version."""
+    node that runs only the audit watch with ``run.require_audits``. The trainer checkpoints every eighth
+    version and is replaced after its fifth step, once its records were heard: it replays the journaled
+    steps since its checkpoint and signs their records again (the same bytes), or, where the replay
+    makes other weights (``drifting``), signs none of them and goes on as the version after the newest
+    signed one. The watch hears every announcement and record and never finds two hashes for one
+    version."""
     from intellect_node.roles.trainer.role import Trainer
     from intellect_node.roles.validator.role import Validator
     from intellect_node.roles.worker.role import Worker
@@ -308,7 +309,7 @@ def test_a_real_honest_trainer_is_never_flagged_across_a_restart(tmp_path: Path,
     from tests.support.wait import wait_until
 
     rl = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=4, batches_per_version=1,
-              work_ahead=1, checkpoint_every=4)
+              work_ahead=1, checkpoint_every=8)
     cfg = run_config(trainer=key_of("trainer").peer_id, validators=[key_of("validator").peer_id], rl=rl,
                      require_audits=True)
     again = Trainer if replay == "bitwise" else _drifting()
@@ -319,8 +320,10 @@ def test_a_real_honest_trainer_is_never_flagged_across_a_restart(tmp_path: Path,
             watcher = await net.start("watcher", cfg, AuditWatch)
             await net.start("validator", cfg, Validator.for_runtime)
             await net.start("w", cfg, Worker.for_runtime)
-            await wait_until(lambda: trainer.role.version >= 5, timeout=300, what="the trainer at v5")
-            trainer = await net.start("trainer", cfg, again)  # replaced: replays the steps since v4
+            await wait_until(lambda: trainer.role.version >= 5
+                             and watcher.role.status()["bindings"]["records"] >= 5, timeout=300,
+                             what="the trainer at v5, its records heard")
+            trainer = await net.start("trainer", cfg, again)  # replaced: replays the steps since v0
             replayed = dict(trainer.role.replay)
             end = trainer.role.version + 3
             await wait_until(lambda: trainer.role.version >= end, timeout=300, what=f"the trainer at v{end}")
