@@ -35,13 +35,17 @@ step record of the trainer (``protocol/audits.py``) on the run's ``audits`` topi
 Bounds (a trusted auditor's key may still be stolen): a verdict is at most ``MAX_AUDIT_BYTES``; each
 auditor's verdicts are remembered for its latest :data:`MAX_PER_AUDITOR` steps, the tally's steps for the
 latest :data:`MAX_STEPS` (older steps stay in the counts, and a verdict about one of them is ignored);
-at most :data:`MAX_EVIDENCE` failed steps are kept as evidence (the first ones: what a refusal rests on).
+each auditor's first :data:`MAX_FAILS_PER_AUDITOR` failing verdicts count towards the quorum and are kept
+as evidence (one stolen key cannot crowd out the others' evidence).
 An auditor that contradicts itself about a step (pass, then fail) is refused and the contradiction
 recorded against it; only ``unavailable`` may later turn into a pass or a fail.
 
 Shortcuts: the counts other than the evidence live in memory (a restarted node counts afresh from the
-verdicts it hears, with its failed steps read back from the evidence). One auditor's failure is enough to
-refuse the trainer: auditors are configured, like the validators whose single rejection refuses a batch.
+verdicts it hears, with its failed steps read back from the evidence). A replay's failure cannot be
+checked by a follower (it would have to replay the step), so ``run.audit_quorum`` auditors (distinct
+keys) must fail one step before the node refuses the trainer; the default 1 keeps one auditor's failure
+enough (auditors are configured, like the validators whose single rejection refuses a batch). Below the
+quorum a failed step is shown (state ``failed``, ``failed_by`` in the status) and the trainer followed.
 """
 
 from __future__ import annotations
@@ -72,6 +76,9 @@ MAX_PER_AUDITOR = 4096
 """Steps each auditor's own verdicts are remembered for (repeats ignored, contradictions refused)."""
 MAX_EVIDENCE = 64
 """Failed steps kept as evidence in the data dir (the first ones heard)."""
+MAX_FAILS_PER_AUDITOR = 16
+"""Failing verdicts of one auditor counted towards ``run.audit_quorum`` and kept (its first ones): an
+honest auditor ends its window at a failure, so one stolen key cannot crowd out the others' evidence."""
 REASON_CHARS = 300
 """An auditor's reason as the status shows it (the evidence file keeps it whole: at most 1024)."""
 EVIDENCE_DIR = "evidence"
@@ -178,12 +185,13 @@ def evidence_dir(data_dir: Path, run_id: str) -> Path:
     return Path(data_dir) / "audits" / run_id / EVIDENCE_DIR
 
 
-def write_evidence(directory: Path, ev: Evidence) -> Path:
-    """Keep ``ev`` (the envelope first, then the JSON that names it, each written atomically); the
-    JSON's path."""
-    seq = ev.verdict.seq
-    atomic_write_bytes(directory / f"{seq}.verdict", ev.envelope)
-    path = directory / f"{seq}.json"
+def write_evidence(directory: Path, ev: Evidence, name: str = "") -> Path:
+    """Keep ``ev`` as ``name`` (default: its step's number; another auditor's failure of the same step:
+    ``<seq>-<k>``): the envelope first, then the JSON that names it, each written atomically; the JSON's
+    path."""
+    name = name or str(ev.verdict.seq)
+    atomic_write_bytes(directory / f"{name}.verdict", ev.envelope)
+    path = directory / f"{name}.json"
     atomic_write_text(path, ev.to_json())
     return path
 
@@ -196,7 +204,8 @@ def read_evidence(directory: Path, *, run_id: str, trainer: str, auditors: froze
     skipped: list[str] = []
     if not directory.is_dir():
         return found, skipped
-    for path in sorted(directory.glob("[0-9]*.json"))[:MAX_EVIDENCE]:  # v*.json: hash conflicts
+    limit = MAX_EVIDENCE + MAX_FAILS_PER_AUDITOR * len(auditors)
+    for path in sorted(directory.glob("[0-9]*.json"))[:limit]:  # v*.json: hash conflicts
         raw = path.with_suffix(".verdict")
         try:
             doc = json.loads(path.read_text())
@@ -225,7 +234,9 @@ class AuditWatch:
         self.trainer = cfg.run.trainer_peer_id or ""
         self.auditors = frozenset(cfg.run.validator_peer_ids) | frozenset(cfg.run.auditor_peer_ids)
         self.required = cfg.run.require_audits
+        self.quorum = cfg.run.audit_quorum
         self.dir = evidence_dir(runtime.data_dir, self.run_id)
+        self._fails: dict[int, dict[str, Evidence]] = {}  # seq -> auditor -> its failing verdict
         self.tally = AuditTally(self.trainer)
         self.evidence: dict[int, Path] = {}  # seq -> evidence JSON kept
         self.refused = {"verdicts": 0}  # verdicts refused after the gossip validator (contradictions)
@@ -251,7 +262,8 @@ class AuditWatch:
         for ev in found:
             self.tally.add(ev.verdict, ev.auditor)
             self.tally.failed(ev)
-            self.evidence[ev.verdict.seq] = self.dir / f"{ev.verdict.seq}.json"
+            self._fails.setdefault(ev.verdict.seq, {}).setdefault(ev.auditor, ev)
+            self.evidence.setdefault(ev.verdict.seq, self.dir / f"{ev.verdict.seq}.json")
         self._publish()
         await self.binding.start()  # proofs read back, then the policy and steps topics' first validators
         if self._refusal:
@@ -290,17 +302,31 @@ class AuditWatch:
             self._rt.swarm.peerbook.record_rejection(auditor, f"{topic(self.run_id, AUDIT_KIND)}: {exc}")
             return
         self.tally.last_at = time.time()
-        if changed and v.outcome == "fail":
+        failing = self._fails.get(v.seq, {})
+        if v.outcome == "fail" and auditor not in failing \
+                and sum(auditor in f for f in self._fails.values()) < MAX_FAILS_PER_AUDITOR:
             ev = Evidence(v, auditor, envelope, self.tally.last_at)
-            if v.seq not in self.evidence and len(self.evidence) < MAX_EVIDENCE:
+            if len(failing) < self.quorum:  # each failure up to the quorum kept: checked again on restart
                 try:
-                    self.evidence[v.seq] = await asyncio.to_thread(write_evidence, self.dir, ev)
+                    path = await asyncio.to_thread(write_evidence, self.dir, ev,
+                                                   f"{v.seq}-{len(failing) + 1}" if failing else "")
+                    self.evidence.setdefault(v.seq, path)
                 except OSError as exc:  # the failure still counts here: a full disk must not hide it
                     log.error("could not keep the evidence of step %d in %s: %s; a restart will not "
                               "remember this failure", v.seq, self.dir, exc)
-            self.tally.failed(ev)
+            self._fails.setdefault(v.seq, {})[auditor] = ev
+            if changed:
+                self.tally.failed(ev)
             self._failed(ev)
         self._publish()
+
+    def _quorum_failed(self) -> tuple[Evidence, int] | None:
+        """The lowest step ``run.audit_quorum`` auditors failed, its first failing verdict and how many."""
+        for seq in sorted(self._fails):
+            got = self._fails[seq]
+            if len(got) >= self.quorum:
+                return next(iter(got.values())), len(got)
+        return None
 
     def _failed(self, ev: Evidence) -> None:
         v = ev.verdict
@@ -310,7 +336,11 @@ class AuditWatch:
         if not self.required:
             log.warning("%s (run.require_audits is off: still following it)", what)
             return
-        if not self._refusal:
+        failing = len(self._fails.get(v.seq, {}))
+        if failing < self.quorum:
+            log.warning("%s; %d of the %d auditors run.audit_quorum needs: still following it", what,
+                        failing, self.quorum)
+        elif not self._refusal:
             log.error("%s; not following it any more (run.require_audits), evidence in %s", what, self.dir)
 
     async def _proven(self, p: Proof) -> None:
@@ -336,12 +366,14 @@ class AuditWatch:
     def _publish(self) -> None:
         """The state to the status board (and, once refusing, the node's degraded reason)."""
         t = self.tally
-        first = t.first_failed
         proof = self.binding.first()
-        if self.required and first is not None and not self._refusal:
+        quorum = self._quorum_failed()
+        if self.required and quorum is not None and not self._refusal:
+            first, n = quorum
             v = first.verdict
+            by = first.auditor if n == 1 else f"{n} auditors ({first.auditor}, ...)"
             self._refusal = (f"the trainer failed the audit of step {v.seq} (v{v.version}) by "
-                             f"{first.auditor}: not following it (run.require_audits); evidence in "
+                             f"{by}: not following it (run.require_audits); evidence in "
                              f"{self.dir}")
             self._rt.board.set_degraded("audit", self._refusal)
         elif self.required and proof is not None and not self._refusal:
@@ -363,7 +395,9 @@ class AuditWatch:
         return {"state": "failed" if self.binding.proofs else t.state, "trainer": self.trainer,
                 "auditors": sorted(self.auditors),
                 "heard_from": t.heard_from, "audited": t.audited, **t.counts,
-                "required": self.required, "refusing": bool(self._refusal), "refusal": self._refusal,
+                "required": self.required, "quorum": self.quorum, "refusing": bool(self._refusal),
+                "refusal": self._refusal,
+                "failed_by": {str(seq): len(f) for seq, f in sorted(self._fails.items())[:MAX_EVIDENCE]},
                 "detail": self.detail, "refused_verdicts": self.refused["verdicts"],
                 "first_failed": ({"seq": first.verdict.seq, "version": first.verdict.version,
                                   "auditor": first.auditor, "expected": first.verdict.expected,
