@@ -191,6 +191,12 @@ class RunConfig(_Section):
     "What a failed audit does"). Off: a failed audit is shown on every node and nothing stops. Needs an
     auditor: validator_peer_ids or auditor_peer_ids."""
 
+    audit_quorum: int = Field(default=1, ge=1, le=64)
+    """How many of the run's auditors must fail one step before require_audits stops following the
+    trainer (each failing verdict kept as evidence, and checked again after a restart). 1: one auditor's
+    failure is enough. A proof that the trainer signed two checkpoint hashes for one version needs no
+    quorum: every node checks it itself (docs/security.md, "What a failed audit does")."""
+
     proof_thresholds: str | None = None
     """The run's TOPLOC thresholds file (`intellect-node proofs calibrate` writes it), the same on every
     validator. Default: proof_thresholds.json in the model folder."""
@@ -235,6 +241,10 @@ class RunConfig(_Section):
             raise ValueError(f"verdict_quorum {self.verdict_quorum} exceeds the "
                              f"{len(self.validator_peer_ids)} validator_peer_ids; lower it or list more "
                              "validators")
+        auditors = set(self.validator_peer_ids) | set(self.auditor_peer_ids)
+        if auditors and self.audit_quorum > len(auditors):
+            raise ValueError(f"audit_quorum {self.audit_quorum} exceeds the {len(auditors)} auditors "
+                             "(validator_peer_ids and auditor_peer_ids); lower it or list more auditors")
         if self.require_audits and not (self.validator_peer_ids or self.auditor_peer_ids):
             raise ValueError("require_audits is on but the run names no auditor: list the auditing "
                              "validators in validator_peer_ids (with validator.audit on) or other auditors "

@@ -22,7 +22,7 @@ from intellect_node.protocol.steps import (
     check_record,
 )
 from intellect_node.roles.auditor.evidence import (
-    REJECT_MARGIN_MS,
+    REJECT_MARGIN_S,
     AdmissionCheck,
     Admitted,
     RunRules,
@@ -63,9 +63,20 @@ def _accepted(cid: str, version: int = 0) -> StepBatch:
                   seal_verdict(V2, _verdict(cid, version=version, time_ms=1_000_000_000_500)))
 
 
+OUTSIDE = SigningKey(bytes([6]) * 32)  # a third run validator, not in the quorum that admitted the batch
+RULES3 = RunRules("run", frozenset({V1.peer_id, V2.peer_id, OUTSIDE.peer_id}), quorum=2, async_level=1)
+
+
+def _accepted3(cid: str, time_ms: int = 1_000_000_000_000) -> StepBatch:
+    """Admitted by V1 and V2 of three validators."""
+    return _batch(cid, seal_verdict(V1, _verdict(cid, time_ms=time_ms)),
+                  seal_verdict(V2, _verdict(cid, time_ms=time_ms + 500)))
+
+
 def test_honest_evidence_admits() -> None:
     got = check_evidence(_accepted(cid_of(b"a")), base_version=1, rules=RULES)
-    assert got == Admitted(version=0, quorum_ms=1_000_000_000_500)
+    assert got == Admitted(version=0, quorum_ms=1_000_000_000_500,
+                           signers=frozenset({V1.peer_id, V2.peer_id}))
 
 
 @pytest.mark.parametrize("case, why", [
@@ -115,26 +126,72 @@ def test_evidence_is_bounded_in_the_record() -> None:
         _record(1, 0, [], dropped=[DroppedBatch(cid=cid, worker=WORKER.peer_id, reason="whim")])
 
 
+T0 = 1_000_000_000_000  # the verdicts' dates (unix ms); what the auditor heard when is on its own clock
+
+
 def test_rejection_heard_well_before_the_quorum_fails() -> None:
     cid = cid_of(b"e")
-    check = AdmissionCheck(RULES)
-    early = _verdict(cid, accepted=False, time_ms=1_000_000_000_500 - REJECT_MARGIN_MS - 1)
-    check.heard(early, V2.peer_id, 0)
-    assert "rejected by validator" in check.check(_record(1, 0, [_accepted(cid)]))
+    check = AdmissionCheck(RULES3)
+    check.heard(_verdict(cid, accepted=False, time_ms=T0), OUTSIDE.peer_id, 0, at=100.0)
+    check.heard(_verdict(cid, time_ms=T0 + 90_000), V1.peer_id, 0, at=100.0 + REJECT_MARGIN_S + 1)
+    why = check.check(_record(1, 0, [_accepted3(cid)]))
+    assert f"rejected by validator {OUTSIDE.peer_id} (reward)" in why and "the step trained on it" in why
 
 
 def test_rejection_heard_after_the_quorum_is_a_dispute() -> None:
     cid = cid_of(b"f")
-    check = AdmissionCheck(RULES)
-    check.heard(_verdict(cid, accepted=False, time_ms=1_000_000_000_400), V2.peer_id, 0)
-    check.heard(_verdict(cid, accepted=False, time_ms=1, reason="stale"), V1.peer_id, 0)  # not the worker's
-    assert check.check(_record(1, 0, [_accepted(cid)])) == ""
+    check = AdmissionCheck(RULES3)
+    check.heard(_verdict(cid, time_ms=T0), V1.peer_id, 0, at=10.0)
+    check.heard(_verdict(cid, accepted=False, time_ms=T0 + 400), OUTSIDE.peer_id, 0, at=11.0)
+    check.heard(_verdict(cid, accepted=False, time_ms=1, reason="stale"), V2.peer_id, 0, at=1.0)  # abstains
+    assert check.check(_record(1, 0, [_accepted3(cid)])) == ""
     assert check.disputed == 1
+
+
+def test_a_backdated_rejection_published_late_frames_no_one() -> None:
+    """A validator outside the quorum dates its rejection minutes before the quorum (a clock behind, or a
+    lie) and publishes it after: the trainer could not have had it first."""
+    cid = cid_of(b"framed")
+    check = AdmissionCheck(RULES3)
+    for key, at in ((V1, 5.0), (V2, 6.0)):
+        check.heard(_verdict(cid, time_ms=T0 + 240_000), key.peer_id, 0, at=at)
+    check.heard(_verdict(cid, accepted=False, time_ms=T0), OUTSIDE.peer_id, 0, at=7.0)  # 4 min "earlier"
+    assert check.check(_record(1, 0, [_accepted3(cid, time_ms=T0 + 240_000)])) == ""
+    assert check.disputed == 1
+
+
+def test_clock_skew_between_validators_fails_no_one() -> None:
+    """Honest validators whose clocks differ by minutes (within what gossip accepts) and gossip that
+    delivers in seconds: the rejection came after the quorum, whatever the dates say."""
+    cid = cid_of(b"skew")
+    check = AdmissionCheck(RULES3)
+    check.heard(_verdict(cid, time_ms=T0 + 200_000), V1.peer_id, 0, at=50.0)  # a clock 200 s ahead
+    check.heard(_verdict(cid, time_ms=T0 + 200_500), V2.peer_id, 0, at=50.5)
+    check.heard(_verdict(cid, accepted=False, time_ms=T0), OUTSIDE.peer_id, 0, at=52.0)
+    assert check.check(_record(1, 0, [_accepted3(cid, time_ms=T0 + 200_000)])) == ""
+
+
+def test_rejection_shortly_before_the_quorum_is_a_dispute() -> None:
+    """Heard a few seconds before the quorum's acceptances: the trainer may well have had the quorum
+    first (gossip reaches nodes in different orders), so an honest one is not failed."""
+    cid = cid_of(b"close")
+    check = AdmissionCheck(RULES3)
+    check.heard(_verdict(cid, accepted=False, time_ms=T0 - 120_000), OUTSIDE.peer_id, 0, at=20.0)
+    check.heard(_verdict(cid, time_ms=T0), V1.peer_id, 0, at=20.0 + REJECT_MARGIN_S - 1)
+    assert check.check(_record(1, 0, [_accepted3(cid)])) == ""
+
+
+def test_rejection_with_the_quorum_never_heard_is_a_dispute() -> None:
+    cid = cid_of(b"unheard")
+    check = AdmissionCheck(RULES3)
+    check.heard(_verdict(cid, accepted=False, time_ms=T0 - 600_000), OUTSIDE.peer_id, 0, at=1.0)
+    check.heard(_verdict(cid, time_ms=T0), OUTSIDE.peer_id, 0, at=1000.0)  # not one of the record's quorum
+    assert check.check(_record(1, 0, [_accepted3(cid)])) == ""
 
 
 def _heard_accepted(check: AdmissionCheck, cid: str, version: int, newest: int) -> None:
     for key in (V1, V2):
-        check.heard(_verdict(cid, version=version), key.peer_id, newest)
+        check.heard(_verdict(cid, version=version), key.peer_id, newest, at=0.0)
 
 
 def test_accepted_batch_never_named_fails_at_its_deadline() -> None:

@@ -315,3 +315,39 @@ def test_evidence_that_cannot_be_written_does_not_hide_the_failure(tmp_path: Pat
     (tmp_path / "audits" / RUN / "evidence").write_text("a file where the folder goes")
     deliver(w, rt, seal_verdict(AUDITOR, verdict(3, "fail")))
     assert w.refusal() and rt.board.snapshot().audits.state == "failed" and not w.evidence
+
+
+# -- run.audit_quorum ---------------------------------------------------------------------------------
+
+def _quorum_watch(tmp: Path, quorum: int) -> tuple[AuditWatch, Runtime]:
+    rt = Runtime(build_config(run={"run_id": RUN, "trainer_peer_id": TRAINER.peer_id,
+                                   "validator_peer_ids": [AUDITOR.peer_id, OTHER_AUDITOR.peer_id],
+                                   "require_audits": True, "audit_quorum": quorum}), tmp)
+    w = AuditWatch(rt)  # type: ignore[arg-type]
+    asyncio.run(w.start())
+    return w, rt
+
+
+def test_one_auditor_below_the_quorum_halts_nothing_and_a_quorum_does(tmp_path: Path) -> None:
+    w, rt = _quorum_watch(tmp_path, 2)
+    deliver(w, rt, seal_verdict(AUDITOR, verdict(3, "fail")))
+    deliver(w, rt, seal_verdict(AUDITOR, verdict(3, "fail")))  # a repeat is not a second auditor
+    assert w.refusal() == "" and w.status()["failed_by"] == {"3": 1} and w.status()["state"] == "failed"
+    deliver(w, rt, seal_verdict(OTHER_AUDITOR, verdict(5, "fail")))  # another step: no quorum either
+    assert w.refusal() == ""
+    deliver(w, rt, seal_verdict(OTHER_AUDITOR, verdict(3, "fail")))
+    assert "step 3" in w.refusal() and "2 auditors" in w.refusal()
+    again, _ = _quorum_watch(tmp_path, 2)  # both failures kept and checked again: still refusing
+    assert "step 3" in again.refusal()
+
+
+def test_the_default_quorum_of_one_keeps_one_failure_enough(tmp_path: Path) -> None:
+    w, rt = _quorum_watch(tmp_path, 1)
+    deliver(w, rt, seal_verdict(OTHER_AUDITOR, verdict(4, "fail")))
+    assert "step 4 (v4) by " + OTHER_AUDITOR.peer_id in w.refusal()
+
+
+def test_a_quorum_larger_than_the_auditors_is_refused_at_start() -> None:
+    with pytest.raises(ConfigError, match="audit_quorum 3 exceeds the 2 auditors"):
+        build_config(run={"run_id": RUN, "trainer_peer_id": TRAINER.peer_id,
+                          "validator_peer_ids": [AUDITOR.peer_id, OTHER_AUDITOR.peer_id], "audit_quorum": 3})

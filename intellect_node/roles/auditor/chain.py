@@ -142,7 +142,7 @@ class ChainAuditor:
                 "published_fetched": dict(self.published.fetched)}
 
     def _on_verdict(self, msg: tuple[BatchVerdict, str], origin: str) -> None:
-        self.admission.heard(msg[0], msg[1], self._newest_version)
+        self.admission.heard(msg[0], msg[1], self._newest_version, at=time.monotonic())
 
     async def _on_record(self, rec: StepRecord, origin: str) -> None:
         self._newest_version = max(self._newest_version, rec.version)

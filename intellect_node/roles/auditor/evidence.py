@@ -11,11 +11,21 @@ accepted. A step record (``protocol/steps.py``) makes both checkable:
    the step's base version (not older than ``run.async_level`` versions). A batch the validators rejected
    can carry no such evidence: only they sign verdicts.
 2. **Rejections heard.** A rejection (for a reason that is the worker's fault) by a run validator that the
-   auditor heard on the run's ``verdicts`` topic fails a step that took the batch when it is dated more
-   than :data:`REJECT_MARGIN_MS` before the acceptance that completed the quorum: a trainer decides on the
-   first of them to come (``roles/trainer/admission.py``), and gossip delivers in seconds, so an honest
-   one had heard it first. Dated later, it is a validators' disagreement the trainer may settle either
-   way; it is counted (:attr:`AdmissionCheck.disputed`), not failed.
+   auditor heard on the run's ``verdicts`` topic fails a step that took the batch only when the trainer
+   could have acted on it: a trainer refuses a batch on a rejection that comes before its quorum
+   (``roles/trainer/admission.py``) and may take it on a quorum that came first. What the trainer heard
+   when is signed nowhere, and the verdicts' own dates prove nothing of it: each validator dates its own
+   verdicts (one may backdate a rejection and publish it late, or run on a clock up to the age gossip
+   accepts, ``VERDICT_MAX_AGE_MS``, behind). So the check uses what this auditor saw with one clock of
+   its own (``heard``'s ``at``): the rejection counts when it was heard at least :data:`REJECT_MARGIN_S`
+   before the auditor heard one of the acceptances the record carries as evidence (the trainer held all
+   of them when it took the batch, so its quorum was complete after that one reached it). A rejection
+   the auditor forwarded that long before was on the run's gossip mesh in time for the trainer to have
+   it first. Any other rejection (heard after the quorum, or before it by less than the margin, or with
+   the quorum's acceptances never heard here) is a validators' disagreement the trainer may settle
+   either way: with ``rl.verify_fraction`` < 1 validators check different groups, and one outside the
+   quorum may honestly find what the quorum did not. It is counted (:attr:`AdmissionCheck.disputed`),
+   not failed. Clock skew between validators changes nothing here: no validator's date is compared.
 3. **Accepted work dropped.** The auditor follows the ``verdicts`` topic live (:meth:`AdmissionCheck.heard`)
    and remembers every batch a quorum accepted, with the newest trainer version heard at that moment. Each
    record audited names batches (taken, ``stale``, ``dropped`` with a reason); a remembered batch no
@@ -55,9 +65,10 @@ from intellect_node.protocol.steps import StepBatch, StepRecord
 
 V = TypeVar("V")
 
-REJECT_MARGIN_MS = VERDICT_MAX_AHEAD_MS
-"""How much earlier than the quorum's last acceptance a heard rejection must be dated to fail a step: the
-clock difference the verdicts' time window already tolerates between validators (60 s)."""
+REJECT_MARGIN_S = VERDICT_MAX_AHEAD_MS / 1000
+"""How much earlier than one of a record's accepting verdicts this auditor must have heard a rejection of
+the batch for it to fail the step (seconds of the auditor's own clock): gossip spreads a message over the
+run's mesh in a second or two, so 60 s is room for a slow mesh, never the verdicts' dates."""
 DROP_SLACK_VERSIONS = 2
 """Versions past the newest one the auditor had heard when a batch's quorum came before the batch must be
 named: the trainer may be a record ahead of what the auditor heard (its record in flight), and decides
@@ -78,10 +89,12 @@ class RunRules:
 
 @dataclass(frozen=True)
 class Admitted:
-    """A batch's evidence, opened: its policy version and when its quorum was complete (unix ms)."""
+    """A batch's evidence, opened: its policy version, when its quorum was complete (unix ms, by its
+    signers' dates) and who signed it."""
 
     version: int
     quorum_ms: int
+    signers: frozenset[str] = frozenset()
 
 
 def _batch(b: StepBatch) -> str:
@@ -118,7 +131,7 @@ def check_evidence(b: StepBatch, *, base_version: int, rules: RunRules) -> Admit
         return (f"{_batch(b)}: its rollouts of v{version} are stale at base v{base_version} "
                 f"(run.async_level {rules.async_level}); the step trained on them")
     times = sorted(v.time_ms for v in accepts.values())
-    return Admitted(version, times[rules.quorum - 1])
+    return Admitted(version, times[rules.quorum - 1], frozenset(accepts))
 
 
 def _put(d: dict[str, V], key: str, value: V) -> None:
@@ -135,8 +148,8 @@ class _Heard:
     worker: str
     cid: str
     version: int
-    accepts: dict[str, int]  # validator -> time_ms
-    rejects: dict[str, tuple[int, str]]  # validator -> (time_ms, reason)
+    accepts: dict[str, float]  # validator -> when this auditor heard its acceptance (its own clock)
+    rejects: dict[str, tuple[float, str]]  # validator -> (when heard, reason)
     deadline: int | None = None  # set when the quorum is heard: the base version it must be named by
 
 
@@ -151,20 +164,21 @@ class AdmissionCheck:
         self.disputed = 0
         """Batches trained on although a run validator rejected them after the quorum (not a failure)."""
 
-    def heard(self, v: BatchVerdict, validator: str, newest_version: int) -> None:
-        """A verdict of a run validator (checked by the gossip validator) heard while the newest trainer
-        version heard is ``newest_version``."""
+    def heard(self, v: BatchVerdict, validator: str, newest_version: int, *, at: float) -> None:
+        """A verdict of a run validator (checked by the gossip validator) heard at ``at`` (seconds of one
+        steady clock of this auditor's, ``time.monotonic``) while the newest trainer version heard is
+        ``newest_version``."""
         key = f"{v.worker}/{v.batch_cid}"
         got = self._heard.get(key)
         if got is None:
             got = _Heard(v.worker, v.batch_cid, v.policy_version, {}, {})
         if v.accepted:
-            got.accepts.setdefault(validator, v.time_ms)
+            got.accepts.setdefault(validator, at)
             if got.deadline is None and len(got.accepts) >= self.rules.quorum:
                 got.deadline = max(v.policy_version + self.rules.async_level + 1,
                                    newest_version + DROP_SLACK_VERSIONS)
         elif v.reason not in NOT_WORKERS_FAULT:
-            got.rejects.setdefault(validator, (v.time_ms, v.reason))
+            got.rejects.setdefault(validator, (at, v.reason))
         _put(self._heard, key, got)
 
     def check(self, rec: StepRecord) -> str:
@@ -190,15 +204,16 @@ class AdmissionCheck:
 
     def _rejected_first(self, b: StepBatch, got: Admitted) -> str:
         heard = self._heard.get(f"{b.worker}/{b.cid}")
-        if heard is None:
+        if heard is None or not heard.rejects:
             return ""
-        for validator, (t, reason) in sorted(heard.rejects.items(), key=lambda kv: kv[1][0]):
-            if t < got.quorum_ms - REJECT_MARGIN_MS:
-                return (f"{_batch(b)} was rejected by validator {validator} ({reason}) "
-                        f"{(got.quorum_ms - t) / 1000:.0f} s before its quorum of acceptances was "
-                        "complete; the step trained on it")
-        if heard.rejects:
-            self.disputed += 1
+        quorum = [at for signer, at in heard.accepts.items() if signer in got.signers]
+        later = max(quorum, default=None)  # the trainer's quorum was complete after this reached it
+        for validator, (at, reason) in sorted(heard.rejects.items(), key=lambda kv: kv[1][0]):
+            if later is not None and at < later - REJECT_MARGIN_S:
+                return (f"{_batch(b)} was rejected by validator {validator} ({reason}), heard here "
+                        f"{later - at:.0f} s before an acceptance the step's evidence carries; the step "
+                        "trained on it")
+        self.disputed += 1
         return ""
 
     def _stale_claims(self, rec: StepRecord) -> Iterable[tuple[StepBatch, str]]:

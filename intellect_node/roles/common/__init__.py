@@ -3,8 +3,9 @@
 model (``models``), fetching blobs from known holders (``fetch``), records as training samples
 (``records``), each rollout counted once (``seen``), policy distribution (``policy``) and following the
 trainer's policy (``follow``), engine settings (``engines``), completion texts (``completions``) and which
-blobs a node keeps (``pins``); what every node makes of the auditors' verdicts (``audits``) and the
-trainer's signed step records kept in a node's ledger (``receipts``).
+blobs a node keeps (``pins``); what every node makes of the auditors' verdicts (``audits``), the one hash
+per policy version every node checks (``binding``) and the trainer's signed step records kept in a node's
+ledger (``receipts``).
 
 Each role is a node service (``start``/``close``/``status``, see ``node/runtime.py``). Its loop runs as
 an asyncio task; every torch call goes to a worker thread (``asyncio.to_thread``) so the event loop

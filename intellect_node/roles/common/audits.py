@@ -29,18 +29,30 @@ step record of the trainer (``protocol/audits.py``) on the run's ``audits`` topi
    trainer), so a restarted node still refuses that trainer. With it off a failed audit is shown (state
    ``failed``, a warning) and nothing stops.
 
+6. runs a :class:`~intellect_node.roles.common.binding.BindingWatch`: every announcement and step record
+   of the trainer heard, checked for two hashes signed for one version (an announced policy other than
+   the one the records describe, which no replay would see). Such a pair is a failed audit found by the
+   node itself, or a proof heard on the run's ``conflicts`` topic and checked here before it counts; it
+   is kept in the same evidence folder (``v<version>.conflict``) and refuses the trainer as a failed step
+   does.
+
 Bounds (a trusted auditor's key may still be stolen): a verdict is at most ``MAX_AUDIT_BYTES``; each
 auditor's verdicts are remembered for its latest :data:`MAX_PER_AUDITOR` steps, the tally's steps for the
 latest :data:`MAX_STEPS` (older steps stay in the counts, and a verdict about one of them is ignored);
-at most :data:`MAX_EVIDENCE` failed steps are kept as evidence (the first ones: what a refusal rests on).
+at most :data:`MAX_EVIDENCE` failed steps are kept as evidence (the first ones: what a refusal rests on),
+and each auditor's first :data:`MAX_FAILS_PER_AUDITOR` failing verdicts count towards the quorum and are
+kept (one stolen key cannot crowd out the others' evidence).
 An auditor that contradicts itself about a step (a pass and a fail: two different verdicts it signed,
 never one repeated) is refused and the contradiction recorded against it (an auditor of the run is never
 banned for it by count, ``p2p/peerbook.py``); ``unavailable`` may later turn into a pass or a fail, and
 an ``unavailable`` heard after the step's pass or fail is an older word, superseded, ignored.
 
 Shortcuts: the counts other than the evidence live in memory (a restarted node counts afresh from the
-verdicts it hears, with its failed steps read back from the evidence). One auditor's failure is enough to
-refuse the trainer: auditors are configured, like the validators whose single rejection refuses a batch.
+verdicts it hears, with its failed steps read back from the evidence). A replay's failure cannot be
+checked by a follower (it would have to replay the step), so ``run.audit_quorum`` auditors (distinct
+keys) must fail one step before the node refuses the trainer; the default 1 keeps one auditor's failure
+enough (auditors are configured, like the validators whose single rejection refuses a batch). Below the
+quorum a failed step is shown (state ``failed``, ``failed_by`` in the status) and the trainer followed.
 """
 
 from __future__ import annotations
@@ -68,6 +80,7 @@ from intellect_node.protocol.audits import (
 )
 from intellect_node.protocol.freshness import SeenDigests
 from intellect_node.protocol.topics import topic
+from intellect_node.roles.common.binding import BindingWatch, Proof
 from intellect_node.roles.common.seams import Runtime
 
 log = logging.getLogger(__name__)
@@ -78,6 +91,9 @@ MAX_PER_AUDITOR = 4096
 """Steps each auditor's own verdicts are remembered for (repeats ignored, contradictions refused)."""
 MAX_EVIDENCE = 64
 """Failed steps kept as evidence in the data dir (the first ones heard)."""
+MAX_FAILS_PER_AUDITOR = 16
+"""Failing verdicts of one auditor counted towards ``run.audit_quorum`` and kept (its first ones): an
+honest auditor ends its window at a failure, so one stolen key cannot crowd out the others' evidence."""
 REASON_CHARS = 300
 """An auditor's reason as the status shows it (the evidence file keeps it whole: at most 1024)."""
 EVIDENCE_DIR = "evidence"
@@ -184,12 +200,13 @@ def evidence_dir(data_dir: Path, run_id: str) -> Path:
     return Path(data_dir) / "audits" / run_id / EVIDENCE_DIR
 
 
-def write_evidence(directory: Path, ev: Evidence) -> Path:
-    """Keep ``ev`` (the envelope first, then the JSON that names it, each written atomically); the
-    JSON's path."""
-    seq = ev.verdict.seq
-    atomic_write_bytes(directory / f"{seq}.verdict", ev.envelope)
-    path = directory / f"{seq}.json"
+def write_evidence(directory: Path, ev: Evidence, name: str = "") -> Path:
+    """Keep ``ev`` as ``name`` (default: its step's number; another auditor's failure of the same step:
+    ``<seq>-<k>``): the envelope first, then the JSON that names it, each written atomically; the JSON's
+    path."""
+    name = name or str(ev.verdict.seq)
+    atomic_write_bytes(directory / f"{name}.verdict", ev.envelope)
+    path = directory / f"{name}.json"
     atomic_write_text(path, ev.to_json())
     return path
 
@@ -202,7 +219,8 @@ def read_evidence(directory: Path, *, run_id: str, trainer: str, auditors: froze
     skipped: list[str] = []
     if not directory.is_dir():
         return found, skipped
-    for path in sorted(directory.glob("*.json"))[:MAX_EVIDENCE]:
+    limit = MAX_EVIDENCE + MAX_FAILS_PER_AUDITOR * len(auditors)
+    for path in sorted(directory.glob("[0-9]*.json"))[:limit]:  # v*.json: hash conflicts
         raw = path.with_suffix(".verdict")
         try:
             doc = json.loads(path.read_text())
@@ -231,7 +249,9 @@ class AuditWatch:
         self.trainer = cfg.run.trainer_peer_id or ""
         self.auditors = frozenset(cfg.run.validator_peer_ids) | frozenset(cfg.run.auditor_peer_ids)
         self.required = cfg.run.require_audits
+        self.quorum = cfg.run.audit_quorum
         self.dir = evidence_dir(runtime.data_dir, self.run_id)
+        self._fails: dict[int, dict[str, Evidence]] = {}  # seq -> auditor -> its failing verdict
         self.tally = AuditTally(self.trainer)
         self.evidence: dict[int, Path] = {}  # seq -> evidence JSON kept
         self.refused = {"verdicts": 0}  # verdicts refused after the gossip validator (contradictions)
@@ -243,6 +263,7 @@ class AuditWatch:
         self.detail = ("" if self.trainer and self.auditors else
                        "the run names no trainer (run.trainer_peer_id)" if not self.trainer else
                        "the run names no auditor (run.validator_peer_ids, run.auditor_peer_ids)")
+        self.binding = BindingWatch(runtime, self.dir, self.trainer, self._proven)
 
     @classmethod
     def for_runtime(cls, runtime: Runtime) -> "AuditWatch":
@@ -259,8 +280,10 @@ class AuditWatch:
         for ev in found:
             self.tally.add(ev.verdict, ev.auditor)
             self.tally.failed(ev)
-            self.evidence[ev.verdict.seq] = self.dir / f"{ev.verdict.seq}.json"
+            self._fails.setdefault(ev.verdict.seq, {}).setdefault(ev.auditor, ev)
+            self.evidence.setdefault(ev.verdict.seq, self.dir / f"{ev.verdict.seq}.json")
         self._publish()
+        await self.binding.start()  # proofs read back, then the policy and steps topics' first validators
         if self._refusal:
             log.error("%s (read back from the evidence kept)", self._refusal)
         self._rt.swarm.subscribe(topic(self.run_id, AUDIT_KIND), self._validate, self._on_verdict,
@@ -303,17 +326,31 @@ class AuditWatch:
             self._rt.swarm.peerbook.record_rejection(auditor, f"{topic(self.run_id, AUDIT_KIND)}: {exc}")
             return
         self.tally.last_at = time.time()
-        if changed and v.outcome == "fail":
+        failing = self._fails.get(v.seq, {})
+        if v.outcome == "fail" and auditor not in failing \
+                and sum(auditor in f for f in self._fails.values()) < MAX_FAILS_PER_AUDITOR:
             ev = Evidence(v, auditor, envelope, self.tally.last_at)
-            if v.seq not in self.evidence and len(self.evidence) < MAX_EVIDENCE:
+            if len(failing) < self.quorum:  # each failure up to the quorum kept: checked again on restart
                 try:
-                    self.evidence[v.seq] = await asyncio.to_thread(write_evidence, self.dir, ev)
+                    path = await asyncio.to_thread(write_evidence, self.dir, ev,
+                                                   f"{v.seq}-{len(failing) + 1}" if failing else "")
+                    self.evidence.setdefault(v.seq, path)
                 except OSError as exc:  # the failure still counts here: a full disk must not hide it
                     log.error("could not keep the evidence of step %d in %s: %s; a restart will not "
                               "remember this failure", v.seq, self.dir, exc)
-            self.tally.failed(ev)
+            self._fails.setdefault(v.seq, {})[auditor] = ev
+            if changed:
+                self.tally.failed(ev)
             self._failed(ev)
         self._publish()
+
+    def _quorum_failed(self) -> tuple[Evidence, int] | None:
+        """The lowest step ``run.audit_quorum`` auditors failed, its first failing verdict and how many."""
+        for seq in sorted(self._fails):
+            got = self._fails[seq]
+            if len(got) >= self.quorum:
+                return next(iter(got.values())), len(got)
+        return None
 
     def _failed(self, ev: Evidence) -> None:
         v = ev.verdict
@@ -323,32 +360,68 @@ class AuditWatch:
         if not self.required:
             log.warning("%s (run.require_audits is off: still following it)", what)
             return
-        if not self._refusal:
+        failing = len(self._fails.get(v.seq, {}))
+        if failing < self.quorum:
+            log.warning("%s; %d of the %d auditors run.audit_quorum needs: still following it", what,
+                        failing, self.quorum)
+        elif not self._refusal:
             log.error("%s; not following it any more (run.require_audits), evidence in %s", what, self.dir)
+
+    async def _proven(self, p: Proof) -> None:
+        """The binding watch took a hash conflict (found here, heard and checked, or read back)."""
+        what = f"{p.describe()} (found by {p.source})"
+        if not self.required:
+            log.warning("%s (run.require_audits is off: still following it)", what)
+        elif not self._refusal:
+            log.error("%s; not following it any more (run.require_audits), evidence in %s", what, self.dir)
+        self._publish()
+
+    def _failure(self) -> AuditFailure | None:
+        """The failure a refusal names: the first failed step, else the first hash conflict."""
+        first, proof = self.tally.first_failed, self.binding.first()
+        if first is not None:
+            return first.failure()
+        if proof is None:
+            return None
+        c = proof.conflict
+        return AuditFailure(seq=0, version=c.version, auditor=proof.source, expected=proof.hashes[0],
+                            published=proof.hashes[1], reason=proof.describe(), ts=proof.received_at)
 
     def _publish(self) -> None:
         """The state to the status board (and, once refusing, the node's degraded reason)."""
         t = self.tally
-        first = t.first_failed
-        if self.required and first is not None and not self._refusal:
+        proof = self.binding.first()
+        quorum = self._quorum_failed()
+        if self.required and quorum is not None and not self._refusal:
+            first, n = quorum
             v = first.verdict
+            by = first.auditor if n == 1 else f"{n} auditors ({first.auditor}, ...)"
             self._refusal = (f"the trainer failed the audit of step {v.seq} (v{v.version}) by "
-                             f"{first.auditor}: not following it (run.require_audits); evidence in "
+                             f"{by}: not following it (run.require_audits); evidence in "
                              f"{self.dir}")
             self._rt.board.set_degraded("audit", self._refusal)
+        elif self.required and proof is not None and not self._refusal:
+            self._refusal = (f"{proof.describe()}: not following it (run.require_audits); evidence in "
+                             f"{self.dir}")
+            self._rt.board.set_degraded("audit", self._refusal)
+        failure = self._failure()
         self._rt.board.set_audits(Audits(
-            state=t.state, trainer=self.trainer, auditors=len(self.auditors), heard_from=t.heard_from,
+            state="failed" if proof is not None else t.state, trainer=self.trainer,
+            auditors=len(self.auditors), heard_from=t.heard_from,
             audited=t.audited, passed=t.counts["passed"], failed=t.counts["failed"],
             unavailable=t.counts["unavailable"], last_verdict_at=t.last_at,
-            first_failed=first.failure() if first is not None else None, required=self.required,
+            first_failed=failure, required=self.required,
             refusing=bool(self._refusal), detail=self._refusal or self.detail))
 
     def status(self) -> dict[str, Any]:
         t = self.tally
         first = t.first_failed
-        return {"state": t.state, "trainer": self.trainer, "auditors": sorted(self.auditors),
+        return {"state": "failed" if self.binding.proofs else t.state, "trainer": self.trainer,
+                "auditors": sorted(self.auditors),
                 "heard_from": t.heard_from, "audited": t.audited, **t.counts,
-                "required": self.required, "refusing": bool(self._refusal), "refusal": self._refusal,
+                "required": self.required, "quorum": self.quorum, "refusing": bool(self._refusal),
+                "refusal": self._refusal,
+                "failed_by": {str(seq): len(f) for seq, f in sorted(self._fails.items())[:MAX_EVIDENCE]},
                 "detail": self.detail, "refused_verdicts": self.refused["verdicts"],
                 "ignored_verdicts": dict(self.ignored),
                 "first_failed": ({"seq": first.verdict.seq, "version": first.verdict.version,
@@ -356,7 +429,8 @@ class AuditWatch:
                                   "published": first.verdict.published,
                                   "reason": clean_text(first.verdict.reason, REASON_CHARS)}
                                  if first is not None else None),
-                "evidence": {str(seq): str(p) for seq, p in sorted(self.evidence.items())}}
+                "evidence": {str(seq): str(p) for seq, p in sorted(self.evidence.items())},
+                "bindings": self.binding.status()}
 
 
 def audit_gate(runtime: Runtime) -> Callable[[], str]:

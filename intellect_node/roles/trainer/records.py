@@ -16,8 +16,14 @@ steps were taken (one job at a time), so a record is never heard before the one 
 
 A step replayed after a crash (``replay.py``) makes the same record again (same batches, same weights,
 the same state blobs: the same bytes), so publishing it twice tells nobody anything new and contradicts
-nothing. Shortcut: a record whose job had not run when the trainer was killed is not published again once
-a checkpoint covers its step.
+nothing. One version, one hash (``protocol/binding.py``: every node fails a trainer that signs two hashes
+for one version): :class:`StepRecords` remembers what it and the newest announcement bound each recent
+version to (:meth:`StepRecords.bound`; its own records read back at start) and never seals a record that
+binds a version otherwise. A replay that did not remake a step's weights bit for bit (a device whose
+kernels are not deterministic) leaves those records unsigned (``withheld``, logged; an auditor finds the
+record missing: ``unavailable``) and goes on as the next version (``replay.py``). Shortcut: a record
+whose job had not run when the trainer was killed is not published again once a checkpoint covers its
+step.
 
 Nothing here references the trainer: it hands in the swarm, the blob service, its key and the role's tasks.
 """
@@ -29,7 +35,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -40,8 +46,11 @@ import torch
 from intellect_node.config.schema import RLConfig
 from intellect_node.errors import IntellectNodeError
 from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
-from intellect_node.protocol.signing import SigningKey
+from intellect_node.protocol.binding import record_bindings
+from intellect_node.protocol.signing import SigningKey, open_envelope
 from intellect_node.protocol.steps import (
+    MAX_RECORD_BYTES,
+    STEP_DOMAIN,
     DroppedBatch,
     StepBatch,
     StepRecord,
@@ -64,6 +73,10 @@ RECORDS_DIR = "records"
 STATES_FILE = TRAINER_STATES.name
 """``records/states.json``: the newest published checkpoint states, ``[{"version", "seq", "weights_cid",
 "optimizer_cid"}]`` (read by ``roles/common/pins.py``)."""
+BOUND_VERSIONS = 4096
+"""Versions whose signed hash is remembered (a replay goes back to the last checkpoint, far fewer)."""
+READ_BACK_RECORDS = 256
+"""Own records read back at start for what they bound (the newest ones)."""
 PINNED_STATES = 4
 """Checkpoint states kept pinned: an auditor fetches a window's start when it hears the record, so the
 newest few are enough (older ones still stay ``GC_MIN_AGE_S``, an hour, like every blob)."""
@@ -164,9 +177,35 @@ class StepRecords:
         """The newest record published: seq, version, blob CID."""
         self._order = asyncio.Lock()
         self.states: list[dict[str, object]] = _read_states(self.dir / STATES_FILE)
+        self.withheld = 0
+        """Records not signed because they bound a version to another hash than the one signed before."""
+        self._bound: dict[int, str] = {}  # version -> the hash signed for it (records, the announcement)
+        for path in sorted(self.dir.glob("*.rec"))[-READ_BACK_RECORDS:]:
+            try:
+                rec, signer = open_envelope(path.read_bytes(), STEP_DOMAIN, StepRecord,
+                                            max_size=MAX_RECORD_BYTES)
+            except (OSError, IntellectNodeError) as exc:
+                log.warning("step record %s not read back: %s", path.name, exc)
+                continue
+            if signer == key.peer_id:
+                self.bound(record_bindings(rec))
+
+    def newest_bound(self) -> tuple[int, str] | None:
+        """The newest version signed so far (by a record read back or handed in) and its hash."""
+        if not self._bound:
+            return None
+        v = max(self._bound)
+        return v, self._bound[v]
+
+    def bound(self, binds: Mapping[int, str]) -> None:
+        """Versions signed to these hashes (the first one signed stays)."""
+        for version, h in binds.items():
+            self._bound.setdefault(version, h)
+        while len(self._bound) > BOUND_VERSIONS:
+            del self._bound[min(self._bound)]
 
     def status(self) -> dict[str, object]:
-        return {"published": self.published, "last": dict(self.last),
+        return {"published": self.published, "withheld": self.withheld, "last": dict(self.last),
                 "states": [s.get("version") for s in self.states]}
 
     def path(self, seq: int) -> Path:
@@ -192,6 +231,16 @@ class StepRecords:
 
     async def _publish(self, rec: StepRecord, state: StateFiles | None) -> None:
         async with self._order:  # taken in the order the jobs were made: the order of the steps
+            binds = record_bindings(rec)
+            clash = {v: (self._bound[v], h) for v, h in binds.items() if self._bound.get(v, h) != h}
+            if clash:
+                self.withheld += 1
+                v, (was, now) = min(clash.items())
+                log.warning("step record %d not signed: it binds v%d to %s, signed as %s before (a replay "
+                            "that did not remake the weights bit for bit); an auditor finds it missing",
+                            rec.seq, v, now, was)
+                return
+            self.bound(binds)
             if state is not None:
                 rec = await self._with_state(rec, state)
             raw = seal_record(self._key, rec)

@@ -67,6 +67,7 @@ from intellect_node.config.status import StepDiagnostics
 from intellect_node.errors import ConfigError
 from intellect_node.models.loader import ModelTokenizer
 from intellect_node.policy.weights import PolicyWeights
+from intellect_node.protocol.binding import announcement_bindings
 from intellect_node.protocol.policy import POLICY_KIND
 from intellect_node.protocol.rl import NOTICE_KIND, VERDICT_KIND, notice_validator, verdict_validator
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE
@@ -293,6 +294,12 @@ class Trainer:
         version reached, when the replay trained (None: the checkpoint's are current)."""
         ann = publisher.announcement()
         announced = Announced(ann[0].version, ann[0].checkpoint_hash) if ann is not None else None
+        if self.records is not None:  # what was signed before, records too: never bound again otherwise
+            if ann is not None:
+                self.records.bound(announcement_bindings(ann[0]))
+            signed = self.records.newest_bound()
+            if signed is not None and (announced is None or signed[0] > announced.version):
+                announced = Announced(*signed)  # a record went out before its version's announcement
 
         async def train(step: Step, entry: JournalEntry) -> PolicyWeights | None:
             return await self._step(step.taken, step.stale, entry)
