@@ -12,7 +12,8 @@ traceback on stderr.
 What it cannot show, and what keeps the real console script (``tests.support.common.run_cli``): that the
 script is installed and starts, what a command does to its own process (signals, a node run, exit on
 Ctrl-C), and a command whose state outlives the call in the interpreter (the root logger's handlers
-and level and the capture of warnings are put back here; nothing else is).
+and level and the capture of warnings are put back here, and a node command's deferral of the garbage
+collector is not applied; nothing else is).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import traceback
 from collections.abc import Mapping
+from unittest import mock
 
 from typer.testing import CliRunner
 
@@ -30,6 +32,7 @@ def invoke_cli(*args: str, env: Mapping[str, str] | None = None,
                input: str | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``intellect-node *args`` here, ``env`` added to the environment for the call and ``input`` on
     its stdin; its exit code and its output as text."""
+    from intellect_node import gcpolicy
     from intellect_node.cli import main
 
     root = logging.getLogger()
@@ -37,7 +40,9 @@ def invoke_cli(*args: str, env: Mapping[str, str] | None = None,
     warnings_captured = getattr(logging, "_warnings_showwarning", None) is not None
     argv = sys.argv
     code = 0
-    with CliRunner().isolation(input=input, env=dict(env or {})) as (out, err, _):
+    # A node command (join, sweep) holds the garbage collector off for its start-up: not this process's.
+    with CliRunner().isolation(input=input, env=dict(env or {})) as (out, err, _), \
+            mock.patch.object(gcpolicy, "defer", lambda *a, **k: None):
         sys.argv = ["intellect-node", *args]
         try:
             main()
