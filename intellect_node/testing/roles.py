@@ -194,12 +194,12 @@ class InProcessNode:
     role it runs, and the tasks it spawned. Built by :meth:`InProcessSwarm.start`."""
 
     def __init__(self, net: InProcessSwarm, name: str, key: SigningKey, config: NodeConfig,
-                 data_dir: Path) -> None:
+                 data_dir: Path, label: str = "") -> None:
         self.net = net
         self.name = name
         self.config = config
         self.data_dir = data_dir
-        self.board = StatusBoard()
+        self.board = StatusBoard(role=label)
         self.swarm = FakeSwarm(key, net)
         self.services: dict[type[Any], Any] = {}
         self.role: Any = None
@@ -316,15 +316,16 @@ class InProcessSwarm:
                 loop.call_soon(node.swarm.receive, origin, topic, data)
 
     async def start(self, name: str, config: NodeConfig, role: Callable[[Any], Any] | None, *,
-                    ledger: bool = True, key: SigningKey | None = None) -> InProcessNode:
+                    ledger: bool = True, key: SigningKey | None = None, label: str = "") -> InProcessNode:
         """Node ``name`` (data dir ``root/name``, key :func:`key_of(name) <key_of>` unless ``key``) running
         ``role`` (a factory of a runtime, e.g. ``Trainer.for_runtime``; None: the blob service alone),
-        started; one of the same name that ran before is stopped first, as a process replaced."""
+        started; one of the same name that ran before is stopped first, as a process replaced. ``label``:
+        the role its status snapshot names (``join --role``'s, e.g. ``trainer``), as a dashboard reads it."""
         key = key or key_of(name)
         old = self.nodes.get(key.peer_id)
         if old is not None:
             await old.close()
-        node = InProcessNode(self, name, key, config, self.root / name)
+        node = InProcessNode(self, name, key, config, self.root / name, label)
         self.nodes[key.peer_id] = node
         self._all.append(node)
         await node._open(role, ledger)

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from intellect_node.cli import app
 from intellect_node.errors import ConfigError
-from tests.support.common import run_cli
+from tests.support.cli import invoke_cli
 
 
 def test_calibrate_prints_and_writes_the_tolerance(tmp_path: Path) -> None:
@@ -47,5 +47,5 @@ def test_operator_mistakes_name_the_flag(args: list[str], flag: str) -> None:
 
 
 def test_console_script_exits_2() -> None:
-    r = run_cli("audit", "calibrate", "--threads", "0")
+    r = invoke_cli("audit", "calibrate", "--threads", "0")
     assert r.returncode == 2 and "--threads" in r.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from intellect_node.testing.models import make_model
-from tests.support.common import run_cli
+from tests.support.cli import invoke_cli
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_fit_prints_settings_that_load_as_the_runs_rl_section(llama: Path, tmp_path: Path) -> None:
     given = tmp_path / "mine.toml"
     given.write_text("[rl]\nlr = 1e-6\n")
-    out = run_cli("config", "fit", "--model", str(llama), "--config", str(given), "--env-args",
+    out = invoke_cli("config", "fit", "--model", str(llama), "--config", str(given), "--env-args",
                   "max_digits=2")
     assert out.returncode == 0, out.stderr
     rl = tomllib.loads(out.stdout)["rl"]
@@ -39,11 +39,11 @@ def test_preflight_says_when_nothing_is_learnable(llama: Path, tmp_path: Path) -
     # one new token can never close an answer tag: every reward 0
     given = tmp_path / "tags.toml"
     given.write_text('[rl]\nmax_new_tokens = 1\nanswer_format = "answer_tags"\n')
-    out = run_cli("config", "fit", "--model", str(llama), "--config", str(given), "--preflight", timeout=300)
+    out = invoke_cli("config", "fit", "--model", str(llama), "--config", str(given), "--preflight")
     assert out.returncode == 1, (out.stdout, out.stderr)
     assert "WARNING: nothing is learnable" in out.stdout and "every reward is 0" in out.stdout
 
 
 def test_a_wrong_model_names_the_flag() -> None:
-    out = run_cli("config", "fit", "--model", "/nonexistent/model")
+    out = invoke_cli("config", "fit", "--model", "/nonexistent/model")
     assert out.returncode == 2 and "--model" in out.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,22 +82,69 @@ def test_step_log_keeps_the_trainers_learning_diagnosis() -> None:
     assert log.learning["warning"] == "" and "every reward 0" in log.learning["last_warning"]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(480)
-def test_a_demo_that_cannot_learn_says_why(tmp_path: Path) -> None:
+def test_a_demo_that_cannot_learn_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo's own plan (``--config``, one worker) run by the roles in one process
+    (``intellect_node.testing.roles``), and the headless demo's report and warnings made from their status
+    snapshots by :func:`~intellect_node.commands.demo.run_headless` itself. That the demo's processes run
+    and stop is the headless test's."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from intellect_node.commands.demo import plan_demo, run_headless
+    from intellect_node.config.status import StatusSnapshot
+    from intellect_node.roles.trainer.role import Trainer
+    from intellect_node.roles.validator.role import Validator
+    from intellect_node.roles.worker.role import Worker
+    from intellect_node.testing.roles import in_process_swarm, key_of, run_config
+    from tests.support.wait import wait_until
+
     # The embedded model never writes answer tags: every reward 0, every group filtered out.
     conf = tmp_path / "tags.toml"
     conf.write_text('[rl]\nanswer_format = "answer_tags"\n')
+    plan = plan_demo(model=None, env=None, env_args={}, config_file=conf, workers=1)
+    assert plan.extra["rl"]["answer_format"] == "answer_tags" and plan.workers == 1
+    names = {"trainer": "trainer", "validator0": "validator", "worker0": "worker"}
+    cfg = run_config(trainer=key_of("trainer").peer_id, validators=[key_of("validator0").peer_id],
+                     rl=plan.extra["rl"], run_id="demo-tags")
+
+    async def main() -> list[StatusSnapshot]:
+        async with in_process_swarm(tmp_path / "swarm") as net:
+            trainer = await net.start("trainer", cfg, Trainer.for_runtime, label="trainer")
+            await net.start("validator0", cfg, Validator.for_runtime, label="validator")
+            await net.start("worker0", cfg, Worker.for_runtime, label="worker")
+            await wait_until(lambda: trainer.board.snapshot().training.no_signal_warning, timeout=300,
+                             what="a streak of step attempts with no learnable group")
+            assert not net.failures(), net.failures()
+            return [n.board.snapshot() for n in net.nodes.values()]
+
+    snaps = asyncio.run(main())
+
+    class Ended:
+        """What ``run_headless`` reads of a ``DemoSwarm``: these snapshots, every node up, then stopped."""
+
+        run_id = "demo-tags"
+        nodes = [SimpleNamespace(name=n, role=r, peer_id=key_of(n).peer_id) for n, r in names.items()]
+
+        def dead(self) -> list[Any]:
+            return []
+
+        def snapshots(self) -> list[StatusSnapshot]:
+            return snaps
+
+        def stop(self) -> dict[str, int]:
+            return {n: 0 for n in names}
+
     report = tmp_path / "report.json"
-    r = run_cli("demo", "--headless", "--steps", "1", "--report", str(report), "--dir",
-                str(tmp_path / "swarm"), "--workers", "1", "--config", str(conf), "--timeout", "150",
-                timeout=400)
-    assert r.returncode == 1, r.stderr[-4000:]
+    capsys.readouterr()
+    # One poll of the swarm, then the demo's timeout: no step comes.
+    code = run_headless(Ended(), steps=1, timeout=0.1, report=report)  # type: ignore[arg-type]
+    err = capsys.readouterr().err
+    assert code == 1, err[-4000:]
     doc = json.loads(report.read_text())
     assert doc["steps"] == [] and doc["learning"]["no_signal_attempts"] >= 1
     assert doc["learning"]["no_signal_causes"].get("all_zero", 0) >= 1
-    assert "NOT LEARNING" in r.stderr and "every reward 0" in r.stderr
-    assert "the run was not learning" in r.stderr
+    assert "NOT LEARNING" in err and "every reward 0" in err
+    assert "the run was not learning" in err
 
 
 @pytest.mark.slow

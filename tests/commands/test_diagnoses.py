@@ -69,21 +69,21 @@ def test_a_mistyped_environment_variable_names_the_one_that_works(tmp_path) -> N
 
 
 def test_model_eval_on_a_file_that_is_not_safetensors_is_a_message(tmp_path) -> None:
-    from tests.support.common import run_cli
+    from tests.support.cli import invoke_cli
 
     bad = tmp_path / "weights.bin"
     bad.write_bytes(b"not a checkpoint at all")
-    r = run_cli("model", "eval", "--weights", str(bad), "--n", "2", timeout=120)
+    r = invoke_cli("model", "eval", "--weights", str(bad), "--n", "2")
     assert r.returncode == 2 and "is not a safetensors file" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
-    r = run_cli("model", "eval", "--weights", str(tmp_path), "--n", "2", timeout=120)
+    r = invoke_cli("model", "eval", "--weights", str(tmp_path), "--n", "2")
     assert r.returncode == 2 and "is a folder" in r.stderr, r.stderr
 
 
 def test_model_info_prints_the_size_its_help_promises() -> None:
-    from tests.support.common import run_cli
+    from tests.support.cli import invoke_cli
 
-    r = run_cli("model", "info", timeout=120)
+    r = invoke_cli("model", "info")
     assert r.returncode == 0, r.stderr
     fields = dict(ln.split(None, 1) for ln in r.stdout.splitlines() if len(ln.split(None, 1)) == 2)
     assert int(fields["parameters"].replace(",", "")) > 100_000
@@ -104,8 +104,8 @@ def test_sweep_worker_and_coordinator_agree_on_the_default_run() -> None:
 
 @pytest.mark.parametrize("command", [["join", "--headless"], ["keys", "init"], ["status"]])
 def test_a_data_dir_that_cannot_be_created_is_a_message_naming_it(command: list[str]) -> None:
-    from tests.support.common import run_cli
+    from tests.support.cli import invoke_cli
 
-    r = run_cli(*command, "--data-dir", "/proc/x/node", timeout=120)
+    r = invoke_cli(*command, "--data-dir", "/proc/x/node")
     assert r.returncode == 2, r.stderr
     assert "--data-dir /proc/x/node" in r.stderr and "Traceback" not in r.stderr

@@ -11,7 +11,8 @@ import re
 
 import typer.main
 
-from tests.support.common import REPO, run_cli
+from tests.support.cli import invoke_cli
+from tests.support.common import REPO
 
 MODEL = REPO / "intellect_node" / "assets" / "model"
 
@@ -55,7 +56,7 @@ def test_operators_doc_states_the_demos_rl_settings_and_learning_rate() -> None:
 
 
 def test_rollouts_doc_states_the_embedded_models_size_as_model_info_prints_it() -> None:
-    r = run_cli("model", "info", timeout=120)
+    r = invoke_cli("model", "info")
     assert r.returncode == 0, r.stderr
     fields = dict(ln.split(None, 1) for ln in r.stdout.splitlines() if len(ln.split(None, 1)) == 2)
     params = int(fields["parameters"].replace(",", ""))

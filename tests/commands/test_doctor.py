@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from intellect_node.commands import doctor
-from tests.support.common import run_cli
+from tests.support.cli import invoke_cli
 
 
 def _by_name(checks: list[dict]) -> dict[str, list[dict]]:
@@ -36,9 +36,9 @@ def test_offline_checks_on_a_fresh_data_dir(data_dir: Path) -> None:
 
 def test_cli_text_and_json_and_exit_code(data_dir: Path) -> None:
     """Through the real entry point: a key readable by others fails with the chmod fix, exit 1."""
-    assert run_cli("keys", "init", "--data-dir", str(data_dir)).returncode == 0
+    assert invoke_cli("keys", "init", "--data-dir", str(data_dir)).returncode == 0
     os.chmod(data_dir / "node.key", 0o644)
-    r = run_cli("doctor", "--data-dir", str(data_dir), "--offline", "--json")
+    r = invoke_cli("doctor", "--data-dir", str(data_dir), "--offline", "--json")
     assert r.returncode == 1, r.stderr
     key = _by_name(json.loads(r.stdout))["node key"][0]
     assert key["status"] == "fail" and "chmod 600" in key["fix"]
@@ -107,7 +107,7 @@ def test_beside_a_running_node_it_reports_the_nodes_real_listen_addresses(tmp_pa
     try:
         real = node.wait_ready()["listen_addrs"]
         assert real and not any(a.endswith("/tcp/0") for a in real), real
-        r = run_cli("doctor", "--data-dir", str(d), "--offline", "--json")
+        r = invoke_cli("doctor", "--data-dir", str(d), "--offline", "--json")
         listen = _by_name(json.loads(r.stdout))["listen"]
         assert len(listen) == 1 and listen[0]["status"] == "warn", listen  # loopback: this machine only
         assert all(a in listen[0]["detail"] for a in real) and "/tcp/0" not in listen[0]["detail"], listen

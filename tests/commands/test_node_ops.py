@@ -1,4 +1,6 @@
-"""`stop`, `logs [-f]` and `config show` against real node processes and real files."""
+"""`stop`, `logs [-f]` and `config show` against real node processes and real files. The commands run in
+this process (``tests.support.cli.invoke_cli``) but for `logs -f`, the installed console script ended with a
+Ctrl-C."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from pathlib import Path
 
 from intellect_node.commands.logs import PrivateRotatingFileHandler
 from intellect_node.logsetup import JsonLinesFormatter
-from tests.support.common import CLI, ctrl_c_reaches_child, run_cli
+from tests.support.cli import invoke_cli
+from tests.support.common import CLI, ctrl_c_reaches_child
 from tests.support.swarm import NodeProcess
 from tests.support.wait import wait_for
 
@@ -48,17 +51,17 @@ def test_stop_logs_follow_and_not_running(tmp_path: Path) -> None:
         assert stat.S_IMODE(log.stat().st_mode) == 0o600
         records = [json.loads(ln) for ln in log.read_text().splitlines()]
         assert any(rec["msg"].startswith(f"node {st['peer_id']} up") for rec in records)
-        r = run_cli("logs", "--data-dir", str(d), "-n", "3")
+        r = invoke_cli("logs", "--data-dir", str(d), "-n", "3")
         assert r.returncode == 0, r.stderr
         assert 0 < len(r.stdout.splitlines()) <= 3 and "INFO" in r.stdout
-        raw = run_cli("logs", "--data-dir", str(d), "-n", "1", "--json")
+        raw = invoke_cli("logs", "--data-dir", str(d), "-n", "1", "--json")
         assert json.loads(raw.stdout)["level"]
 
         out = tmp_path / "follow.txt"
         follower = _follower("--data-dir", str(d), "-n", "0", out=out)
         wait_for(lambda: follower.poll() is None and out.exists(), 10, what="the follower started")
 
-        r = run_cli("stop", "--data-dir", str(d))
+        r = invoke_cli("stop", "--data-dir", str(d))
         assert r.returncode == 0, r.stderr
         assert f"pid {node.pid}" in r.stdout and "control API" in r.stdout
         assert node.returncode == 0  # stop returned only after the node had exited, cleanly
@@ -69,7 +72,7 @@ def test_stop_logs_follow_and_not_running(tmp_path: Path) -> None:
         assert _end(follower) == 0
         follower = None
 
-        again = run_cli("stop", "--data-dir", str(d))
+        again = invoke_cli("stop", "--data-dir", str(d))
         assert again.returncode == 3 and "no node is running" in again.stderr
     finally:
         if follower is not None:
@@ -90,7 +93,7 @@ def test_stop_signals_a_node_without_control_api_and_clears_a_stale_control_file
         stdout=subprocess.PIPE)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
-        r = run_cli("stop", "--data-dir", str(d), "--timeout", "30")
+        r = invoke_cli("stop", "--data-dir", str(d), "--timeout", "30")
         assert r.returncode == 0, r.stderr
         assert "SIGTERM" in r.stdout and f"pid {holder.pid}" in r.stdout
         assert holder.wait(10) == -signal.SIGTERM
@@ -101,7 +104,7 @@ def test_stop_signals_a_node_without_control_api_and_clears_a_stale_control_file
 
     stale = {"url": "http://127.0.0.1:9", "token": "t", "pid": os.getpid()}
     (d / "control.json").write_text(json.dumps(stale))
-    r = run_cli("stop", "--data-dir", str(d))
+    r = invoke_cli("stop", "--data-dir", str(d))
     assert r.returncode == 3 and "no node is running" in r.stderr
     assert not (d / "control.json").exists()
 
@@ -135,7 +138,7 @@ def test_logs_follow_survives_rotation_and_missing_log(tmp_path: Path) -> None:
     finally:
         logger.removeHandler(handler)
         handler.close()
-    r = run_cli("logs", "--data-dir", str(tmp_path / "empty"))
+    r = invoke_cli("logs", "--data-dir", str(tmp_path / "empty"))
     assert r.returncode == 2 and "no log at" in r.stderr and "--log-file" in r.stderr
 
 
@@ -145,7 +148,7 @@ def test_config_show_sources_and_round_trip(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text('[network]\nheartbeat_interval = 2.0\npeer_timeout = 30.0\n[run]\nrun_id = "from-file"\n')
     env = {"INTELLECT_NODE_NETWORK__HTTP_PORT": "5555", "INTELLECT_NODE_RUN__RUN_ID": "from-env"}
-    r = run_cli("config", "show", "--data-dir", str(d), "--config", str(cfg), "--run-id", "from-flag",
+    r = invoke_cli("config", "show", "--data-dir", str(d), "--config", str(cfg), "--run-id", "from-flag",
                 "--control-port", "7777", env=env)
     assert r.returncode == 0, r.stderr
     lines = {ln.split("=", 1)[0].strip("# ").strip(): ln for ln in r.stdout.splitlines() if "=" in ln}
@@ -160,16 +163,16 @@ def test_config_show_sources_and_round_trip(tmp_path: Path) -> None:
     assert doc["run"]["run_id"] == "from-flag" and doc["network"]["http_port"] == 5555
     back = tmp_path / "back.toml"
     back.write_text(r.stdout)
-    j = run_cli("config", "show", "--data-dir", str(d), "--config", str(back), "--json")
+    j = invoke_cli("config", "show", "--data-dir", str(d), "--config", str(back), "--json")
     values = json.loads(j.stdout)["values"]
     assert values["run"]["run_id"] == "from-flag" and values["network"]["control_port"] == 7777
     assert json.loads(j.stdout)["origin"]["network.http_port"] == f"file {back}"
 
     # <data-dir>/config.toml is found like join finds it; a wrong flag value is refused like join does
     (d / "config.toml").write_text('[run]\nrun_id = "in-data-dir"\n')
-    j = run_cli("config", "show", "--data-dir", str(d), "--json", env={"INTELLECT_NODE_CONFIG": ""})
+    j = invoke_cli("config", "show", "--data-dir", str(d), "--json", env={"INTELLECT_NODE_CONFIG": ""})
     assert json.loads(j.stdout)["values"]["run"]["run_id"] == "in-data-dir"
-    bad = run_cli("config", "show", "--data-dir", str(d), "--bootstrap", "/ip4/1.2.3.4/tcp/1")
+    bad = invoke_cli("config", "show", "--data-dir", str(d), "--bootstrap", "/ip4/1.2.3.4/tcp/1")
     assert bad.returncode == 2 and "network.bootstrap" in bad.stderr and "--bootstrap" in bad.stderr
-    unknown = run_cli("config", "show", "--data-dir", str(d), "--no-such-flag")
+    unknown = invoke_cli("config", "show", "--data-dir", str(d), "--no-such-flag")
     assert unknown.returncode == 2 and "no-such-flag" in unknown.stderr

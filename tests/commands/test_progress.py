@@ -1,7 +1,9 @@
-"""Progress on long work, through the real CLI with stderr not a terminal (JSON lines): `blob put` (with
+"""Progress on long work, through the CLI with stderr not a terminal (JSON lines): `blob put` (with
 and without a node), `blob get` through to `--out` written and synced, an interrupted `blob get` that
 leaves no traceback in node.log, `tasks solve-rates`; the terminal form renders the same phases; and
-`scripts/setup.sh` prints one timed line per step, nothing when there is nothing to do."""
+`scripts/setup.sh` prints one timed line per step, nothing when there is nothing to do. The commands run
+in this process (``tests.support.cli.invoke_cli``) but for the interrupted get, the installed console
+script killed with a Ctrl-C."""
 
 from __future__ import annotations
 
@@ -12,12 +14,11 @@ import signal
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from intellect_node.commands.progress import Progress
 from intellect_node.node import control
 from intellect_node.protocol.ids import cid_from_digest
-from tests.support.common import CLI, REPO, ctrl_c_reaches_child, run_cli
+from tests.support.cli import invoke_cli
+from tests.support.common import CLI, REPO, ctrl_c_reaches_child
 from tests.support.swarm import NodeProcess
 from tests.support.wait import wait_for
 
@@ -44,7 +45,6 @@ def counts(lines: list[dict], phase: str) -> list[float]:
     return [rec["done"] for rec in lines if rec["phase"] == phase]
 
 
-@pytest.mark.slow  # two node processes and four CLI runs: about 20 s
 def test_blob_put_and_get_report_each_phase_as_json_lines(tmp_path: Path) -> None:
     a = NodeProcess(tmp_path / "a")
     b: NodeProcess | None = None
@@ -54,7 +54,7 @@ def test_blob_put_and_get_report_each_phase_as_json_lines(tmp_path: Path) -> Non
         b.wait_ready()
         src = tmp_path / "big.bin"
         src.write_bytes(os.urandom(3 * 1024 * KIB))
-        put = run_cli("blob", "put", str(src), "--data-dir", str(tmp_path / "a"), "--chunk-mib", "0.25",
+        put = invoke_cli("blob", "put", str(src), "--data-dir", str(tmp_path / "a"), "--chunk-mib", "0.25",
                       env=EVERY_UPDATE)
         assert put.returncode == 0, put.stderr
         cid = put.stdout.strip()  # stdout holds the CID alone: `cid=$(intellect-node blob put f)` works
@@ -66,7 +66,7 @@ def test_blob_put_and_get_report_each_phase_as_json_lines(tmp_path: Path) -> Non
         assert chunked == sorted(chunked) and chunked[-1] == src.stat().st_size and len(chunked) >= 12
 
         out = tmp_path / "out.bin"
-        get = run_cli("blob", "get", cid, "--out", str(out), "--data-dir", str(tmp_path / "b"),
+        get = invoke_cli("blob", "get", cid, "--out", str(out), "--data-dir", str(tmp_path / "b"),
                       env=EVERY_UPDATE)
         assert get.returncode == 0, get.stderr
         assert out.read_bytes() == src.read_bytes()
@@ -80,7 +80,7 @@ def test_blob_put_and_get_report_each_phase_as_json_lines(tmp_path: Path) -> Non
         assert [r["out"] for r in lines if r["phase"] == "syncing to disk"] == [str(out)]
 
         # -q: the same work, no progress at all
-        quiet = run_cli("blob", "get", cid, "--out", str(tmp_path / "q.bin"), "--data-dir",
+        quiet = invoke_cli("blob", "get", cid, "--out", str(tmp_path / "q.bin"), "--data-dir",
                         str(tmp_path / "b"), "-q")
         assert quiet.returncode == 0 and progress_lines(quiet.stderr) == [], quiet.stderr
     finally:
@@ -91,10 +91,11 @@ def test_blob_put_and_get_report_each_phase_as_json_lines(tmp_path: Path) -> Non
 
 def test_blob_put_without_a_node_reports_chunking(tmp_path: Path) -> None:
     d = tmp_path / "d"
-    assert run_cli("keys", "init", "--data-dir", str(d)).returncode == 0
+    assert invoke_cli("keys", "init", "--data-dir", str(d)).returncode == 0
     src = tmp_path / "f.bin"
     src.write_bytes(os.urandom(64 * KIB))
-    r = run_cli("blob", "put", str(src), "--data-dir", str(d), "--chunk-mib", str(4 / 1024), env=EVERY_UPDATE)
+    r = invoke_cli("blob", "put", str(src), "--data-dir", str(d), "--chunk-mib", str(4 / 1024),
+                   env=EVERY_UPDATE)
     assert r.returncode == 0, r.stderr
     lines = progress_lines(r.stderr)
     assert phases(lines) == ["chunking", "done"]
@@ -102,7 +103,6 @@ def test_blob_put_without_a_node_reports_chunking(tmp_path: Path) -> None:
     assert r.stdout.strip().startswith("bafkrei")
 
 
-@pytest.mark.slow  # a node process and a CLI killed mid-get: about 15 s
 def test_an_interrupted_get_leaves_no_traceback_at_error_in_the_node_log(tmp_path: Path) -> None:
     node = NodeProcess(tmp_path / "n")
     try:
@@ -147,7 +147,8 @@ def _node_log(d: Path) -> str:
 
 def test_tasks_solve_rates_reports_problems_measured(tmp_path: Path) -> None:
     out = tmp_path / "rates.json"
-    r = run_cli("tasks", "solve-rates", "--out", str(out), "--pool", "24", "--samples", "4", env=EVERY_UPDATE)
+    r = invoke_cli("tasks", "solve-rates", "--out", str(out), "--pool", "24", "--samples", "4",
+                   env=EVERY_UPDATE)
     assert r.returncode == 0, r.stderr
     lines = progress_lines(r.stderr)
     assert phases(lines) == ["loading the model", "measuring", "done"]
@@ -220,7 +221,7 @@ def test_start_up_log_status_and_dashboard_show_the_address_to_share_and_the_met
         up = [json.loads(line) for line in _node_log(d).splitlines() if " up: " in line]
         assert len(up) == 1 and f"--bootstrap {share}" in up[0]["msg"] and url in up[0]["msg"]
 
-        human = run_cli("status", "--data-dir", str(d))
+        human = invoke_cli("status", "--data-dir", str(d))
         assert human.returncode == 0, human.stderr
         assert f"metrics     {url}" in human.stdout and share in human.stdout
 

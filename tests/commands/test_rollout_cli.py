@@ -18,7 +18,7 @@ from intellect_node.inference.rollouts import checkpoint_cid, generate_rollouts
 from intellect_node.inference.torch_engine import TorchEngine
 from intellect_node.protocol.rollout import RolloutBatch, decode_batch, encode_batch
 from intellect_node.protocol.signing import SigningKey
-from tests.support.common import run_cli
+from tests.support.cli import invoke_cli
 from tests.support.rollouts import random_model, resign
 
 
@@ -28,16 +28,16 @@ def invoke(*args: str):  # type: ignore[no-untyped-def]
 
 def test_export_generate_verify_and_reject(tmp_path: Path) -> None:
     model = tmp_path / "model"
-    r = run_cli("model", "export", str(model))
+    r = invoke_cli("model", "export", str(model))
     assert r.returncode == 0, r.stderr
     for name in ("config.json", "model.safetensors", "tokenizer.json", "proof_thresholds.json"):
         assert (model / name).is_file()
     out = tmp_path / "batch.msgpack"
-    r = run_cli("rollout", "generate", "--model", str(model), "--n", "6", "--batch-size", "4",
+    r = invoke_cli("rollout", "generate", "--model", str(model), "--n", "6", "--batch-size", "4",
                 "--out", str(out), "--seed", "1")
     assert r.returncode == 0, r.stderr
     assert "wrote 6 rollouts" in r.stdout
-    r = run_cli("rollout", "verify", str(out), "--model", str(model))
+    r = invoke_cli("rollout", "verify", str(out), "--model", str(model))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "6/6 rollouts valid" in r.stdout
 
@@ -49,7 +49,7 @@ def test_export_generate_verify_and_reject(tmp_path: Path) -> None:
     tampered = tmp_path / "tampered.msgpack"
     tampered.write_bytes(encode_batch(RolloutBatch(run_id=batch.run_id, policy_version=batch.policy_version,
                                                    rollouts=bad)))
-    r = run_cli("rollout", "verify", str(tampered), "--model", str(model))
+    r = invoke_cli("rollout", "verify", str(tampered), "--model", str(model))
     assert r.returncode == 1
     assert f"rejected {bad[1].rollout_id} bad_signature" in r.stdout
     assert f"rejected {bad[4].rollout_id} logprob" in r.stdout
@@ -102,5 +102,5 @@ def test_operator_and_file_errors(tmp_path: Path) -> None:
     assert "dtype" in config_error("rollout", "generate", "--n", "1", "--out", "z", "--dtype", "float8")
     assert "--batch-sizes" in config_error("proofs", "calibrate", "--batch-sizes", "0")
     # the console script turns a ConfigError into exit code 2 with the message on stderr
-    r = run_cli("rollout", "generate", "--n", "0", "--out", str(tmp_path / "x"))
+    r = invoke_cli("rollout", "generate", "--n", "0", "--out", str(tmp_path / "x"))
     assert r.returncode == 2 and "--n" in r.stderr

@@ -1,13 +1,13 @@
 """``--config`` on the model commands: ``tasks solve-rates`` and ``proofs calibrate`` measure the run's
 own task (its [rl] task file or reward environment, extraction and system prompt) instead of the embedded
-addition task, with the real CLI on the embedded model."""
+addition task, with the CLI (in this process, ``tests.support.cli.invoke_cli``) on the embedded model."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from tests.support.common import run_cli
+from tests.support.cli import invoke_cli
 
 
 def _run_config(tmp_path: Path) -> Path:
@@ -23,7 +23,7 @@ def _run_config(tmp_path: Path) -> Path:
 def test_solve_rates_measures_the_runs_task_file(tmp_path: Path) -> None:
     cfg = _run_config(tmp_path)
     out = tmp_path / "rates.json"
-    r = run_cli("tasks", "solve-rates", "--config", str(cfg), "--out", str(out), "--samples", "2", "-q")
+    r = invoke_cli("tasks", "solve-rates", "--config", str(cfg), "--out", str(out), "--samples", "2", "-q")
     assert r.returncode == 0, r.stderr
     rates = json.loads(out.read_text())
     rates = rates.get("rates", rates)
@@ -33,10 +33,10 @@ def test_solve_rates_measures_the_runs_task_file(tmp_path: Path) -> None:
 
 def test_config_and_a_task_flag_name_two_tasks_and_are_refused(tmp_path: Path) -> None:
     cfg = _run_config(tmp_path)
-    r = run_cli("tasks", "solve-rates", "--config", str(cfg), "--tasks", str(tmp_path / "sums.jsonl"),
+    r = invoke_cli("tasks", "solve-rates", "--config", str(cfg), "--tasks", str(tmp_path / "sums.jsonl"),
                 "--out", str(tmp_path / "r.json"), "-q")
     assert r.returncode == 2 and "--config" in r.stderr and "drop --task" in r.stderr
-    r = run_cli("proofs", "calibrate", "--config", str(tmp_path / "missing.toml"), "--out",
+    r = invoke_cli("proofs", "calibrate", "--config", str(tmp_path / "missing.toml"), "--out",
                 str(tmp_path / "t.json"))
     assert r.returncode == 2 and "no file at" in r.stderr
 
@@ -44,7 +44,7 @@ def test_config_and_a_task_flag_name_two_tasks_and_are_refused(tmp_path: Path) -
 def test_calibrate_generates_from_the_runs_task(tmp_path: Path) -> None:
     cfg = _run_config(tmp_path)
     out = tmp_path / "thresholds.json"
-    r = run_cli("proofs", "calibrate", "--config", str(cfg), "--n", "4", "--batch-sizes", "1,4",
+    r = invoke_cli("proofs", "calibrate", "--config", str(cfg), "--n", "4", "--batch-sizes", "1,4",
                 "--out", str(out))
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())

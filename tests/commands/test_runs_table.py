@@ -9,7 +9,7 @@ import pytest
 
 from intellect_node.commands.runs import _pick, render
 from intellect_node.errors import ConfigError
-from tests.support.common import run_cli
+from tests.support.cli import invoke_cli
 
 
 def test_the_table_has_a_row_per_run_with_unknowns_as_dashes() -> None:
@@ -27,7 +27,7 @@ def test_the_table_has_a_row_per_run_with_unknowns_as_dashes() -> None:
 
 
 def test_without_a_peer_to_ask_it_names_the_flag(tmp_path: Path) -> None:
-    out = run_cli("runs", "--data-dir", str(tmp_path / "d"))
+    out = invoke_cli("runs", "--data-dir", str(tmp_path / "d"))
     assert out.returncode == 2 and "--bootstrap" in out.stderr, out.stderr
 
 

@@ -16,7 +16,8 @@ from intellect_node.commands.service import (
     Plan,
     unit_text,
 )
-from tests.support.common import CLI, REPO, run_cli
+from tests.support.cli import invoke_cli
+from tests.support.common import CLI, REPO
 
 ANALYZE = shutil.which("systemd-analyze")
 
@@ -52,7 +53,7 @@ def _exec_start(text: str) -> list[str]:
 def test_user_install_writes_unit_and_config(tmp_path: Path) -> None:
     env = {"XDG_CONFIG_HOME": str(tmp_path / "cfg")}
     data = tmp_path / "data"
-    r = run_cli("service", "install", "--user", "--data-dir", str(data), "--role", "validator", env=env)
+    r = invoke_cli("service", "install", "--user", "--data-dir", str(data), "--role", "validator", env=env)
     assert r.returncode == 0, r.stderr
     unit = tmp_path / "cfg" / "systemd" / "user" / UNIT_NAME
     config = tmp_path / "cfg" / "intellect-node" / "config.toml"
@@ -70,17 +71,17 @@ def test_user_install_writes_unit_and_config(tmp_path: Path) -> None:
     assert _verify(unit) == ""
 
     # the config it wrote is one the node accepts; a second install keeps it and refuses to replace the unit
-    shown = run_cli("config", "show", "--config", str(config), "--data-dir", str(data))
+    shown = invoke_cli("config", "show", "--config", str(config), "--data-dir", str(data))
     assert shown.returncode == 0, shown.stderr
-    again = run_cli("service", "install", "--user", "--data-dir", str(data), env=env)
+    again = invoke_cli("service", "install", "--user", "--data-dir", str(data), env=env)
     assert again.returncode == 2 and "--force" in again.stderr
     config.write_text('[run]\nrun_id = "mine"\n')
-    assert run_cli("service", "install", "--user", "--force", env=env).returncode == 0
+    assert invoke_cli("service", "install", "--user", "--force", env=env).returncode == 0
     assert config.read_text() == '[run]\nrun_id = "mine"\n'
 
 
 def test_system_dry_run_and_the_documented_unit(tmp_path: Path) -> None:
-    r = run_cli("service", "install", "--system", "--dry-run", "--config", str(tmp_path / "c.toml"))
+    r = invoke_cli("service", "install", "--system", "--dry-run", "--config", str(tmp_path / "c.toml"))
     assert r.returncode == 0, r.stderr
     assert "would write /etc/systemd/system/intellect-node.service" in r.stderr
     assert not (tmp_path / "c.toml").exists()  # nothing written
@@ -91,9 +92,9 @@ def test_system_dry_run_and_the_documented_unit(tmp_path: Path) -> None:
     unit = tmp_path / UNIT_NAME
     unit.write_text(text)
     assert _verify(unit) == ""
-    custom = run_cli("service", "install", "--system", "--dry-run", "--data-dir", "/srv/node")
+    custom = invoke_cli("service", "install", "--system", "--dry-run", "--data-dir", "/srv/node")
     assert "ReadWritePaths=/srv/node" in custom.stdout and "StateDirectory" not in custom.stdout
-    assert run_cli("service", "install", "--dry-run").returncode == 2  # --user or --system
+    assert invoke_cli("service", "install", "--dry-run").returncode == 2  # --user or --system
 
     # docs/intellect-node.service is exactly what --system writes for an install in /opt/intellect-node
     plan = Plan(system=True, unit=Path("/etc/systemd/system") / UNIT_NAME, config=SYSTEM_CONFIG,
@@ -104,7 +105,7 @@ def test_system_dry_run_and_the_documented_unit(tmp_path: Path) -> None:
 
 def test_verify_catches_a_broken_unit(tmp_path: Path) -> None:
     """The check above means something: a unit with a bad value is reported."""
-    r = run_cli("service", "install", "--system", "--dry-run")
+    r = invoke_cli("service", "install", "--system", "--dry-run")
     bad = tmp_path / UNIT_NAME
     bad.write_text(r.stdout.replace("Type=notify", "Type=bogus") if ANALYZE else "ExecStart=x\n")
     assert _verify(bad) != ""

@@ -15,7 +15,7 @@ import pytest
 
 from intellect_node.config.ledger import Ledger
 from intellect_node.errors import ConfigError
-from tests.support.common import run_cli
+from tests.support.cli import invoke_cli
 
 
 def _fill(led: Ledger) -> None:
@@ -112,15 +112,15 @@ def test_bad_ledger_files_are_config_errors(tmp_path: Path) -> None:
 def test_ledger_command_text_and_json(data_dir: Path) -> None:
     with Ledger.in_data_dir(data_dir) as led:
         _fill(led)
-    r = run_cli("ledger", "--data-dir", str(data_dir), "--json")
+    r = invoke_cli("ledger", "--data-dir", str(data_dir), "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["summary"]["rollouts_accepted"] == 16 and doc["summary"]["batches_pending"] == 1
     assert [b["batch_id"] for b in doc["recent"]] == ["b3", "b2", "b1"]
-    text = run_cli("ledger", "--data-dir", str(data_dir), "--run", "r1")
+    text = invoke_cli("ledger", "--data-dir", str(data_dir), "--run", "r1")
     assert text.returncode == 0, text.stderr
     assert "toploc_mismatch" in text.stdout and "pending" in text.stdout.lower()
-    missing = run_cli("ledger", "--data-dir", str(data_dir / "nope"))
+    missing = invoke_cli("ledger", "--data-dir", str(data_dir / "nope"))
     assert missing.returncode == 2 and "no ledger" in missing.stderr
 
 
@@ -166,10 +166,11 @@ def test_ledger_command_shows_receipts_and_every_worker(data_dir: Path) -> None:
     with Ledger.in_data_dir(data_dir) as led:
         _fill(led)
         _receipts(led)
-    doc = json.loads(run_cli("ledger", "--data-dir", str(data_dir), "--json", "--all").stdout)
+    doc = json.loads(invoke_cli("ledger", "--data-dir", str(data_dir), "--json", "--all").stdout)
     assert doc["summary"]["batches_trained"] == 1
     assert {w["worker"] for w in doc["workers"]} == {"me", "other"}
-    text = run_cli("ledger", "--data-dir", str(data_dir), "--all", "--recent", "20", env={"COLUMNS": "200"})
+    text = invoke_cli("ledger", "--data-dir", str(data_dir), "--all", "--recent", "20",
+                      env={"COLUMNS": "200"})
     assert text.returncode == 0, text.stderr
     out = text.stdout
     assert "v5 (1/2 groups)" in out and "dropped: stale" in out and "dropped: equal_rewards" in out
@@ -210,6 +211,6 @@ def test_accepted_batch_no_record_names_past_the_bound(data_dir: Path) -> None:
         # an older record heard later does not move the run's head back
         led.record_step(run_id="r1", seq=3, step=2, version=3, base_version=2, async_level=1, receipts=[])
         assert led.summary(run_id="r1").batches_unrecorded == 1
-    text = run_cli("ledger", "--data-dir", str(data_dir), "--recent", "20", env={"COLUMNS": "200"})
+    text = invoke_cli("ledger", "--data-dir", str(data_dir), "--recent", "20", env={"COLUMNS": "200"})
     assert text.returncode == 0, text.stderr
     assert "dropped without a record" in text.stdout and "admitted, not yet trained" not in text.stdout

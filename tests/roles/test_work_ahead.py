@@ -3,6 +3,7 @@ one version stale, and never makes more than the trainer takes (docs/training.md
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -28,23 +29,32 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-@pytest.mark.slow
 def test_a_worker_a_version_ahead_feeds_each_step_without_waste(tmp_path: Path) -> None:
-    """Real processes on loopback, one worker whose batch is one step's work (``groups_per_step`` =
-    ``problems_per_batch``) and ``work_ahead`` 1: it submits two batches on the first policy and then one
-    per version, so from the second step on the trainer trains on a batch made one version back (made
-    while it ran the step before) and no batch is ever left over as stale."""
-    from tests.support.roles import role_run
-    from tests.support.wait import wait_for
+    """In one process (``intellect_node.testing.roles``): one worker whose batch is one step's work
+    (``groups_per_step`` = ``problems_per_batch``) and ``work_ahead`` 1: it submits two batches on the
+    first policy and then one per version, so from the second step on the trainer trains on a batch made
+    one version back (made while it ran the step before) and no batch is ever left over as stale."""
+    from intellect_node.roles.trainer.role import Trainer
+    from intellect_node.roles.validator.role import Validator
+    from intellect_node.roles.worker.role import Worker
+    from intellect_node.testing.roles import in_process_swarm, key_of, run_config
+    from tests.support.wait import wait_until
 
     rl = dict(group_size=8, problems_per_batch=4, groups_per_step=4, max_new_tokens=5, batches_per_version=1,
               work_ahead=1)
-    with role_run(tmp_path, ("trainer", "validator", "w"), rl=rl) as run:
-        trainer, t_addr, _, v_addr = run.trainer_and_validator()
-        worker = run.start("w", "worker", bootstrap=[t_addr, v_addr])
-        wait_for(lambda: trainer.status()["trainer"]["step"] >= 6, timeout=300, what="6 trained steps")
-        st = trainer.status()["trainer"]
-        pacing = worker.status()["worker"]["pacing"]
+    cfg = run_config(trainer=key_of("trainer").peer_id, validators=[key_of("validator").peer_id], rl=rl)
+
+    async def main() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with in_process_swarm(tmp_path) as net:
+            trainer = await net.start("trainer", cfg, Trainer.for_runtime)
+            await net.start("validator", cfg, Validator.for_runtime)
+            worker = await net.start("w", cfg, Worker.for_runtime)
+            await wait_until(lambda: trainer.status()["step"] >= 6, timeout=300, what="6 trained steps")
+            st, pacing = trainer.status(), worker.status()["pacing"]
+            assert not net.failures(), net.failures()
+            return st, pacing
+
+    st, pacing = asyncio.run(main())
     hops = _lines(tmp_path / "w" / "worker" / "hops.jsonl")
     loaded = [h for h in hops if h["event"] == "loaded"]
     # Version 0 is the model the worker already holds: built from its folder, not fetched

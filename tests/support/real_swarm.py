@@ -3,7 +3,8 @@
 :func:`organise_run` builds a tiny random Qwen3 folder (``tests/support/families.py``), calibrates its
 proof thresholds with the real CLI (``intellect-node proofs calibrate``), creates every node's key and
 writes one config per node whose ``[run]`` names the thresholds file and its sha256, as a run organiser
-publishes them. :func:`start_node` then runs ``intellect-node join --role ROLE`` on it.
+publishes them. :func:`start_node` then runs ``intellect-node join --role ROLE`` on it; a run whose roles
+run in one process (``intellect_node.testing.roles``) reads the same model, thresholds and hash.
 
 The model is wider than the families' default (hidden 128, not 64): a TOPLOC proof chunk holds
 ``tokens * hidden_size`` values and needs at least the top-k's 128, so with hidden 64 a completion that
@@ -44,24 +45,34 @@ class Run:
         return self.root / name
 
 
-def calibrate(model: Path, out: Path, *, max_new_tokens: int) -> str:
+def calibrate(model: Path, out: Path, *, max_new_tokens: int, in_process: bool = False) -> str:
     """``intellect-node proofs calibrate`` for the torch@cpu pair; returns the file's sha256 (which the
-    command also prints, as the run's ``proof_thresholds_sha256``)."""
-    res = subprocess.run([CLI, "proofs", "calibrate", "--model", str(model), "--n", "16", "--batch-sizes",
-                          "1,8", "--max-new-tokens", str(max_new_tokens), "--out", str(out)],
-                         capture_output=True, text=True, timeout=300, env={**os.environ, **ENV})
+    command also prints, as the run's ``proof_thresholds_sha256``). ``in_process``: the command in this
+    process (``tests.support.cli.invoke_cli``), for a run whose nodes run here too."""
+    args = ["proofs", "calibrate", "--model", str(model), "--n", "16", "--batch-sizes", "1,8",
+            "--max-new-tokens", str(max_new_tokens), "--out", str(out)]
+    if in_process:
+        from tests.support.cli import invoke_cli
+
+        res = invoke_cli(*args)
+    else:
+        res = subprocess.run([CLI, *args], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, **ENV})
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     digest = hashlib.sha256(out.read_bytes()).hexdigest()
     assert f"sha256 {digest}" in res.stdout, res.stdout
     return digest
 
 
-def organise_run(root: Path, names: list[str], *, rl: dict[str, Any], family: str = "qwen3") -> Run:
+def organise_run(root: Path, names: list[str], *, rl: dict[str, Any], family: str = "qwen3",
+                 in_process: bool = False) -> Run:
     """Model (a tiny random ``family`` folder), thresholds and keys for a run whose trainer is
-    ``names[0]`` and validator ``names[1]``."""
+    ``names[0]`` and validator ``names[1]``. ``in_process``: calibrated in this process (see
+    :func:`calibrate`)."""
     model = build_family_model(family, root / f"model-{family}", shape=SHAPE)
     thresholds = root / "proof_thresholds.json"
-    run = Run(root, model, thresholds, calibrate(model, thresholds, max_new_tokens=int(rl["max_new_tokens"])))
+    run = Run(root, model, thresholds, calibrate(model, thresholds, max_new_tokens=int(rl["max_new_tokens"]),
+                                                 in_process=in_process))
     run.ids = {n: make_key(root / n) for n in names}
     return run
 

@@ -179,7 +179,11 @@ def run_custom_node(data_dir: Path, label: str, services: list[Any], *, common: 
     return run_node(build_node(cfg, data_dir, labels=[label], services=services, common=common))
 
 
-def _cheat_main(mode: str, data_dir: Path) -> int:
+def cheater(mode: str) -> type[Any]:
+    """The cheating worker role of ``mode`` (see the module docstring): the real :class:`Worker` with
+    :meth:`Worker.make_records` (and for some modes ``submit`` or ``assigned``) overridden. Its
+    ``for_runtime`` runs it in a child process (``cheat``) or in an in-process swarm
+    (``intellect_node.testing.roles``) alike."""
     import dataclasses
 
     import msgspec
@@ -269,8 +273,12 @@ def _cheat_main(mode: str, data_dir: Path) -> int:
                 return out
             return recs
 
+    return Cheater
+
+
+def _cheat_main(mode: str, data_dir: Path) -> int:
     # A worker node in every way but its role's code: the common services, then the cheating worker.
-    return run_custom_node(data_dir, "worker", [Cheater.for_runtime])
+    return run_custom_node(data_dir, "worker", [cheater(mode).for_runtime])
 
 
 if __name__ == "__main__":

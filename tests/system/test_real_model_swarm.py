@@ -1,10 +1,14 @@
 """The whole swarm on a real-family model with a reasoning environment: a trainer, a validator and a
-worker as ``intellect-node join`` processes on 127.0.0.1, on a tiny random folder of each supported family
-(Qwen3: q/k norms, tied embeddings; Qwen2: QKV bias; Llama: llama3 RoPE scaling; Mistral: sliding window;
-each with a BPE tokenizer, its chat template and two EOS IDs) and ``reasoning_gym:basic_arithmetic``,
-with proof thresholds calibrated for that model by ``intellect-node proofs calibrate`` and pinned in the
-run config by their sha256 (``tests/support/real_swarm.py`` does what docs/real-runs.md tells an
-organiser to do).
+worker on a tiny random folder of each supported family (Qwen3: q/k norms, tied embeddings; Qwen2: QKV
+bias; Llama: llama3 RoPE scaling; Mistral: sliding window; each with a BPE tokenizer, its chat template and
+two EOS IDs) and ``reasoning_gym:basic_arithmetic``, with proof thresholds calibrated for that model by
+``intellect-node proofs calibrate`` and pinned in the run config by their sha256
+(``tests/support/real_swarm.py`` does what docs/real-runs.md tells an organiser to do).
+
+Qwen3's run is ``intellect-node join`` processes on 127.0.0.1 (the organiser's files read by real nodes
+over the wire); the other three families run the same roles in one process
+(``intellect_node.testing.roles``), since what differs between families is the model code every role
+runs, not the processes or the wire.
 
 Checked: the trainer takes at least two GRPO steps on rollouts its validator accepted, the validator
 accepts every honest rollout (0 rejections), the worker follows the new policy (it generates for a
@@ -21,21 +25,24 @@ rollouts, a quarter to a half of the groups of 8 not uniform), so steps happen o
 organiser warming up a base model that does not follow the format yet could choose the same; the system
 prompt matches the format. Settings that decide a reward are hashed into the problem IDs, so all three
 nodes must (and do) agree on them.
-
-Measured on the 2-core machine at a load average of 7 (other engineers' tests beside it): 38-45 s.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from intellect_node.roles.trainer.role import Trainer
+from intellect_node.roles.validator.role import Validator
+from intellect_node.roles.worker.role import Worker
+from intellect_node.testing.roles import in_process_swarm, key_of, run_config
 from tests.support.real_swarm import organise_run, start_node
 from tests.support.roles import listen_addr
-from tests.support.wait import wait_for
+from tests.support.wait import wait_for, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -56,9 +63,8 @@ def _trained(trainer_dir: Path) -> list[dict[str, Any]]:
     return [m for m in rows if m["trained"]]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama", "mistral", "qwen2"])
-def test_a_swarm_on_a_reasoning_gym_task_steps_with_no_honest_rejection(tmp_path: Path, family: str) -> None:
-    run = organise_run(tmp_path, ["trainer", "validator", "worker"], rl=RL, family=family)
+def test_a_swarm_of_processes_on_a_reasoning_gym_task_steps_with_no_honest_rejection(tmp_path: Path) -> None:
+    run = organise_run(tmp_path, ["trainer", "validator", "worker"], rl=RL, family="qwen3")
     procs: list[Any] = []
     try:
         trainer = start_node(run, "trainer", "trainer", procs, rl=RL)
@@ -78,17 +84,53 @@ def test_a_swarm_on_a_reasoning_gym_task_steps_with_no_honest_rejection(tmp_path
         # The worker records the problems it draws per version when it draws them: a moment after it
         # loaded the version (status above), so wait for the record too.
         used_file = run.data_dir("worker") / "worker" / "used.json"
-        wait_for(lambda: used_file.exists() and json.loads(used_file.read_text())["version"] >= STEPS - 1,
-                 timeout=120, what="the worker drawing problems for a new version")
+        wait_for(lambda: _drawn_for_a_new_version(used_file), timeout=120,
+                 what="the worker drawing problems for a new version")
         vstat = validator.status()["validator"]
         wstat = worker.status()["worker"]
         tstat = trainer.status()["trainer"]
-        used = json.loads(used_file.read_text())
     finally:
         for p in procs:
             p.close()
+    _check(run.data_dir("trainer"), tstat, vstat, wstat, json.loads(used_file.read_text()))
 
-    trained = _trained(run.data_dir("trainer"))
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+def test_a_swarm_in_one_process_on_a_reasoning_gym_task_steps_with_no_honest_rejection(
+        tmp_path: Path, family: str) -> None:
+    run = organise_run(tmp_path, ["trainer", "validator", "worker"], rl=RL, family=family, in_process=True)
+    cfg = run_config(trainer=key_of("trainer").peer_id, validators=[key_of("validator").peer_id], rl=RL,
+                     run_id="qwen3-rg", model=str(run.model), proof_thresholds=str(run.thresholds),
+                     proof_thresholds_sha256=run.sha256)
+    used_file = run.data_dir("worker") / "worker" / "used.json"
+
+    async def main() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        async with in_process_swarm(tmp_path) as net:
+            trainer = await net.start("trainer", cfg, Trainer.for_runtime)
+            validator = await net.start("validator", cfg, Validator.for_runtime)
+            worker = await net.start("worker", cfg, Worker.for_runtime)
+            await wait_until(lambda: len(_trained(run.data_dir("trainer"))) >= STEPS, timeout=400,
+                             what=f"{STEPS} trained steps")
+            await wait_until(lambda: worker.status()["policy_version"] >= STEPS - 1, timeout=120,
+                             what="the worker on a new policy")
+            await wait_until(lambda: worker.status()["accepted"] >= 2, timeout=120,
+                             what="verdicts back at the worker")
+            await wait_until(lambda: _drawn_for_a_new_version(used_file), timeout=120,
+                             what="the worker drawing problems for a new version")
+            assert not net.failures(), net.failures()
+            return trainer.status(), validator.status(), worker.status()
+
+    tstat, vstat, wstat = asyncio.run(main())
+    _check(run.data_dir("trainer"), tstat, vstat, wstat, json.loads(used_file.read_text()))
+
+
+def _drawn_for_a_new_version(used_file: Path) -> bool:
+    return used_file.exists() and json.loads(used_file.read_text())["version"] >= STEPS - 1
+
+
+def _check(trainer_dir: Path, tstat: dict[str, Any], vstat: dict[str, Any], wstat: dict[str, Any],
+           used: dict[str, Any]) -> None:
+    trained = _trained(trainer_dir)
     assert all(m["samples"] >= RL["group_size"] and 0.0 <= m["reward_mean"] <= 1.0 for m in trained), trained
     # Partial credit did its work: some rewards were neither 0 nor 1 (the dataset's own checker).
     assert any(0.0 < m["reward_mean"] < 1.0 for m in trained), trained
