@@ -31,8 +31,6 @@ def main(mode: str, data_dir: Path) -> int:
 
     from intellect_node.protocol.rl import NOT_WORKERS_FAULT, BatchVerdict
     from intellect_node.roles.trainer.role import Trainer
-    from intellect_node.trainer.optim import Optimizer
-    from intellect_node.trainer.step import make_optimizer
 
     class Dishonest(Trainer):
         dropped_silently = ""
@@ -63,13 +61,9 @@ def main(mode: str, data_dir: Path) -> int:
         def status(self) -> dict[str, Any]:
             return {**super().status(), "dropped_silently": self.dropped_silently, "nudged": self.nudged[:16]}
 
-        def _optimizer(self, ckpt: Path | None = None) -> Optimizer:
-            if mode != "lr":
-                return super()._optimizer(ckpt)
-            return make_optimizer(self.model, 2 * self.rl.lr)  # a fresh run: no saved state to load
-
-        def _train(self, samples: list[Any]) -> Any:
-            stats, _ = super()._train(samples)
+        def _train(self, samples: list[Any], lr: float) -> Any:
+            # "lr": the step trains at twice the lr its record states (the record's settings are made apart)
+            stats, _ = super()._train(samples, 2 * lr if mode == "lr" else lr)
             if mode == "nudge" and (data_dir / CUE).exists():
                 with torch.no_grad():
                     for p in self.model.parameters():
