@@ -31,6 +31,7 @@ from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.signing import Envelope, SigningKey
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.common.audits import AuditTally, AuditWatch, audit_gate
+from tests.support.peerbook import Peerbook
 
 RUN = "aud"
 TRAINER = SigningKey.generate()
@@ -46,15 +47,6 @@ def verdict(seq: int, outcome: str = "pass", *, trainer: str | None = None, run_
     return AuditVerdict(run_id=run_id, trainer=trainer or TRAINER.peer_id, seq=seq, version=seq,
                         outcome=outcome, published=H1, expected=expected,  # type: ignore[arg-type]
                         reason="replayed weights differ" if outcome == "fail" else "")
-
-
-class Peerbook:
-    def __init__(self) -> None:
-        self.rejections: list[tuple[str, str]] = []
-
-    def record_rejection(self, peer_id: str, reason: str, *, counts: bool = True) -> int:
-        self.rejections.append((peer_id, reason))
-        return len(self.rejections)
 
 
 class Swarm:

@@ -39,6 +39,7 @@ from intellect_node.protocol.steps import STEP_KIND, StepBatch, StepRecord, Step
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.common.audits import AuditWatch
 from intellect_node.roles.common.binding import HashBook
+from tests.support.peerbook import Peerbook
 
 RUN = "bind"
 TRAINER, AUDITOR, MALLORY, WORKER = (SigningKey(bytes([40 + i]) * 32) for i in range(4))
@@ -74,15 +75,6 @@ def record(seq: int, base: int, *, trained: bool = True, chain: str = "honest", 
         run_id=RUN, seq=seq, step=seq, base_version=base, base_hash=h(base, base_chain or chain),
         version=version, checkpoint_hash=h(version, chain if trained else base_chain or chain),
         batches=[batch], settings=SETTINGS, no_signal="" if trained else "all_equal"))
-
-
-class Peerbook:
-    def __init__(self) -> None:
-        self.rejections: list[tuple[str, str]] = []
-
-    def record_rejection(self, peer_id: str, reason: str, *, counts: bool = True) -> int:
-        self.rejections.append((peer_id, reason))
-        return len(self.rejections)
 
 
 class Swarm:
