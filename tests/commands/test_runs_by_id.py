@@ -1,6 +1,5 @@
 """``join --run <run id>``: a run ID is only the listings' word, so listings that name several
-manifests for one ID are refused (exit 2 naming --organiser) unless --organiser pins who made it
-(issue 40)."""
+manifests for one ID are refused (exit 2 naming --organiser) unless --organiser pins who made it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``intellect-node runs`` prints what a manifest says (its model name, environment): a manifest's text
 is the organiser's word, so terminal controls in it (C0/C1 escapes, bidi overrides) never reach the
-terminal (issue 40)."""
+terminal."""
 
 from __future__ import annotations
 

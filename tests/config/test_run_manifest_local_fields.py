@@ -1,4 +1,4 @@
-"""A run manifest sets only the run's shared settings (``config/run_manifest.py``, issue 40): one that
+"""A run manifest sets only the run's shared settings (``config/run_manifest.py``): one that
 names this machine's paths (``rl.tasks_file``, ``rl.solve_rates_file``, ``run.model``), its local
 choices (``rl.train_device``, ``rl.checkpoint_every``) or another section is refused naming the field,
 whatever the node's own layers say."""

@@ -1,5 +1,5 @@
 """The scoring meter (``envs/sandbox.Meter``): what one batch's answers may cost a scoring pool, and a
-pool closed under a call in flight (issue 32 item 1)."""
+pool closed under a call in flight."""
 
 from __future__ import annotations
 

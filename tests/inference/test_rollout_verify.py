@@ -280,7 +280,7 @@ def test_a_checker_that_times_out_here_does_not_blame_the_worker(engine: TorchEn
 
 def test_slow_answers_past_the_honest_rate_are_held_against_the_batch(engine: TorchEngine,
                                                                       honest: list[RolloutRecord]) -> None:
-    """Issue 32 item 1: distinct answers that are slow to score, each claiming reward 1, used to cost the
+    """Distinct answers that are slow to score, each claiming reward 1, used to cost the
     whole time limit each and be ``reward_unjudged`` (not held). Under a meter allowing one timeout, the
     first is that; the second makes the batch ``scoring_budget`` (held against the worker), and the rest
     is not scored: real scoring processes, two timeouts and no third call."""

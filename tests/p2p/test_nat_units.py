@@ -138,7 +138,7 @@ def test_chunks_over_a_libp2p_stream_honest_tampered_and_hostile() -> None:
 
 
 def test_readers_that_stop_reading_pin_a_bounded_amount() -> None:
-    """Issue 40 item 16: each chunk stream holds its whole item while the reader reads it. Before, one
+    """Each chunk stream holds its whole item while the reader reads it. Before, one
     peer could open streams without end, each asking for a 3 MiB chunk and never reading, and pin a
     chunk apiece until the deadline; now a peer has MAX_STREAMS_PER_PEER served at once and the next is
     answered ``busy`` without the item being read, while another peer is still served."""

@@ -64,7 +64,7 @@ def test_verdicts_only_from_trusted_validators() -> None:
     with pytest.raises(ProtocolError, match="not one of the run's validators"):
         verdict_validator("r1", trusted, now=_sealed_at)(mallory, MALLORY.peer_id)
     # Gossip forwarding keeps the origin; a verdict published again under another origin is refused
-    # (issue 32 item 3: signer == origin, so the blame for a bad one lands on its real publisher).
+    # (signer == origin, so the blame for a bad one lands on its real publisher).
     with pytest.raises(ProtocolError, match="another peer than its publisher"):
         verdict_validator("r1", trusted, now=_sealed_at)(raw, MALLORY.peer_id)
 

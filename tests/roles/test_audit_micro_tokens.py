@@ -1,4 +1,4 @@
-"""Issue 40 item 4: ``rl.micro_batch_tokens`` is each node's own, so an auditor whose value differs from
+"""``rl.micro_batch_tokens`` is each node's own, so an auditor whose value differs from
 the trainer's still passes the trainer's honest steps: the replay uses the record's micro-batching (which
 fixes the summation order, hence the bits), and does not fail the record for it."""
 

@@ -1,5 +1,5 @@
 """A run with an off-policy loss, warmup and the target-KL step is audited pass by pass, by a validator
-whose ``rl.micro_batch_tokens`` is not the trainer's (issue 40 item 4).
+whose ``rl.micro_batch_tokens`` is not the trainer's.
 
 In one process (``intellect_node.testing.roles``): the trainer (``rl.loss`` "mis", ``lr_warmup_steps`` 3,
 ``target_kl``, micro-batches of 64 padded tokens), an auditing validator with the default 16384 and one

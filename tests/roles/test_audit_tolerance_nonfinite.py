@@ -1,5 +1,5 @@
 """A published step with NaN or inf in it is never within an audit tolerance (``roles/auditor/
-tolerance.py``, issue 40): NaN compares false both ways, so it could hide behind another tensor's
+tolerance.py``): NaN compares false both ways, so it could hide behind another tensor's
 difference as the worst one and pass."""
 
 from __future__ import annotations

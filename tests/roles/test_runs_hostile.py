@@ -1,4 +1,4 @@
-"""Hostile input to the runs lookup (``roles/runs.py``, issue 40): one provider whose address cannot be
+"""Hostile input to the runs lookup (``roles/runs.py``): one provider whose address cannot be
 resolved, or listings that disagree about a run ID, must not crash or steer ``runs`` / ``join --run``.
 The lookup through a real swarm: tests/system/test_run_by_cid.py."""
 

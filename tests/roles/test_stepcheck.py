@@ -18,11 +18,11 @@ def _stats(kl: float, cut: float) -> StepStats:
 
 
 def test_a_step_in_band_says_nothing() -> None:
-    assert too_large(_stats(0.005, 0.046), RLConfig()) == ""  # issue 39's healthy lr (1e-5 on SmolLM2)
+    assert too_large(_stats(0.005, 0.046), RLConfig()) == ""  # the healthy lr (1e-5 on SmolLM2)
 
 
 def test_a_large_step_names_what_was_out_and_the_settings_to_change() -> None:
-    w = too_large(_stats(0.12, 0.36), RLConfig(lr=5e-5))  # issue 39's lr 5e-5
+    w = too_large(_stats(0.12, 0.36), RLConfig(lr=5e-5))  # the lr 5e-5
     assert "KL to the sampler 0.120 nats/token" in w and "36% of tokens" in w
     assert "rl.lr (5e-05" in w and "rl.target_kl" in w and "rl.lr_warmup_steps" in w
     w = too_large(_stats(0.01, 0.5), RLConfig(target_kl=0.01, lr_warmup_steps=10))

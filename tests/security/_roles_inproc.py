@@ -1,4 +1,4 @@
-"""The trainer and validator roles in this process, behind a fake swarm (issue 32, items 3, 9, 10).
+"""The trainer and validator roles in this process, behind a fake swarm.
 
 What these tests check happens inside one role once a message has arrived (which verdict bans whom, which
 records a batch may hold), so the role is driven through its own gossip handlers with the messages a

@@ -1,4 +1,4 @@
-"""Issue 32, item 6: a malformed advertised URL must not crash a fetch.
+"""A malformed advertised URL must not crash a fetch.
 
 A heartbeat's or node info's ``http_url`` is any peer's word. Decoding accepts only a plain HTTP(S) base
 URL (``protocol.gossip.validate_http_url``), and whatever a provider's record holds, a fetch ends in a

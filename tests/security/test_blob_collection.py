@@ -1,4 +1,4 @@
-"""Issue 32, item 2 (what was left): a node removes the blobs nobody pinned by itself.
+"""A node removes the blobs nobody pinned by itself.
 
 Blobs a fresh key's notices made the trainer or a validator fetch stayed on disk until an operator ran
 ``intellect-node blob gc``. Now every joined node applies the same rule every ``GC_EVERY_S``

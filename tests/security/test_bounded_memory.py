@@ -1,4 +1,4 @@
-"""Issue 32 (low): what peers can make a validator or the trainer remember is bounded, and the IDs they
+"""What peers can make a validator or the trainer remember is bounded, and the IDs they
 supply reach verdicts, logs and the dashboard cleaned.
 
 - the validator's rejections and reasons per worker are bounded maps, its status lists the latest ones,

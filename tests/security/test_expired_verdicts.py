@@ -1,4 +1,4 @@
-"""Issue 32, item 3 (what was left): an expired verdict is not forwarded by gossip, and no one is blamed.
+"""An expired verdict is not forwarded by gossip, and no one is blamed.
 
 Before, the gossip validator let an expired verdict through (refusing it there would have blamed the
 honest validator that signed it, and charged an invalid message to the peer that forwarded it), so

@@ -1,4 +1,4 @@
-"""Issue 32, item 7: a worker must not choose where a validator sends requests.
+"""A worker must not choose where a validator sends requests.
 
 A provider's URL may only lead back to that provider (``blobs/addresses.py``): an address its connection
 came from or a public address it announced; loopback and private addresses only where the peer connects
@@ -74,7 +74,7 @@ def test_the_rule() -> None:
 
 
 def test_an_announced_public_address_is_used_only_once_the_peer_answered_there() -> None:
-    """Issue 40 item 18: a signed listen address proves only that the peer typed it. Before, any key could
+    """A signed listen address proves only that the peer typed it. Before, any key could
     announce a third party's public host (its heartbeat's addresses) and have every node that fetched
     from it send requests there; now the address is dialled first (libp2p: the Noise handshake answers
     with the peer's key only if the peer is there), and a failed proof is not retried for a while."""

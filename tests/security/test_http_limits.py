@@ -1,4 +1,4 @@
-"""Issue 32 (low): the bulk HTTP server is bounded against connections a peer opens and never uses.
+"""The bulk HTTP server is bounded against connections a peer opens and never uses.
 
 A real node process whose open-file limit is 512 (``prlimit``), a slowloris on 127.0.0.2 opening more
 connections than that, each sending part of a request head, and an honest fetch from 127.0.0.1. With

@@ -1,4 +1,4 @@
-"""Issue 32, item 2: what a fresh key's notice makes a node store is bounded by what it announced.
+"""What a fresh key's notice makes a node store is bounded by what it announced.
 
 A ~1 MiB manifest listing 16,384 copies of one tiny chunk was written to disk and held decoded before
 the announced size was checked, never removed, and decoded again at every start. Now a fetch under a

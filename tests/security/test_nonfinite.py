@@ -1,4 +1,4 @@
-"""Issue 32, item 4: a forged old log-probability must not turn the policy into NaN.
+"""A forged old log-probability must not turn the policy into NaN.
 
 An unsampled group (``rl.verify_fraction`` < 1) gets only cheap checks, so the trainer can see a record
 whose logprobs are finite but absurd (-89 or lower: exp(89) overflows fp32). Each layer is checked: the

@@ -1,4 +1,4 @@
-"""Issue 32, low items of the peerbook: fresh keys must not wipe rejection counts, fill memory with bans,
+"""Low items of the peerbook: fresh keys must not wipe rejection counts, fill memory with bans,
 or fill the list of peers a restarted node dials."""
 
 from __future__ import annotations

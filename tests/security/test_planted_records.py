@@ -1,4 +1,4 @@
-"""Issue 32 (low): the trainer checks every record's signature at admission.
+"""The trainer checks every record's signature at admission.
 
 Without it one trusted validator could accept a batch it made itself, holding records that name an
 honest worker (signed by someone else): the trainer admitted their rollout keys, then refused the

@@ -1,4 +1,4 @@
-"""Issue 32, item 8: tarpitting keys must not delay an honest batch at the trainer.
+"""Tarpitting keys must not delay an honest batch at the trainer.
 
 Notices from fresh keys name blobs on a provider that accepts connections and then never answers. They
 used to hold both of the trainer's prefetch slots for up to a minute each, and the honest batch's claim

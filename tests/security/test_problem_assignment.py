@@ -1,4 +1,4 @@
-"""Issue 32, item 5: problems are assigned, not chosen by the worker.
+"""Problems are assigned, not chosen by the worker.
 
 Seeds fixed a problem's samples, not which problems a worker submitted: it could submit only problems
 the policy finds easy, make a problem's group under each fresh version and keep the one it liked, or send

@@ -1,4 +1,4 @@
-"""Issue 40, item 1: replayed gossip bans its real signer no more.
+"""Replayed gossip bans its real signer no more.
 
 Anyone can keep a signed message and publish it again later (or get the signer's own libp2p message
 forwarded again once the gossip seen-cache forgot it). Before, a message found stale was a

@@ -1,4 +1,4 @@
-"""Issue 32 (low): a scoring process's reply is data, never a pickle.
+"""A scoring process's reply is data, never a pickle.
 
 A child has run a checker on hostile text; if that text ever got control of the child, a pickled reply
 would run code in the node. The parent decodes a reply only as ``envs._child.Reply`` (a number or an

@@ -1,4 +1,4 @@
-"""Issue 32 item 1: scoring is not a free stall.
+"""Scoring is not a free stall.
 
 A fresh key signs batches whose completions are each a distinct answer that math-verify cannot finish
 (``\\boxed{9^{9^{9^{8}}}}``) and claims reward 1. Every answer used to cost the validator the whole

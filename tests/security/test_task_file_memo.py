@@ -1,4 +1,4 @@
-"""Issue 32 (low): a plain task file with the ``math`` checker scores through the memo.
+"""A plain task file with the ``math`` checker scores through the memo.
 
 A hostile worker can repeat one slow completion across a whole batch; each distinct (problem, answer)
 must pay the checker's time limit once per node. Task files under the default settings were used as

@@ -1,4 +1,4 @@
-"""Issue 32, item 10: a validator that could not judge a batch does not lose the worker's honest work.
+"""A validator that could not judge a batch does not lose the worker's honest work.
 
 ``stale``, ``policy_version`` and ``reward_unjudged`` (a lagging validator, one without the policy, a
 checker that ran out of time there) are not rejections: at the trainer they decide nothing while another
@@ -114,7 +114,7 @@ def test_the_validator_checks_the_same_bytes_again_after_an_undecided_verdict(tm
 
 
 def test_unjudged_batches_are_bounded_per_worker_and_version(tmp_path: Path) -> None:
-    """Issue 40, item 8: a batch whose answer runs the checker out of time gets ``reward_unjudged``
+    """A batch whose answer runs the checker out of time gets ``reward_unjudged``
     (never held against the worker), and the same bytes under a new blob name are checked again. Without
     a bound, a worker re-sending it forever costs the validator a scoring time limit (and a scorer
     restart) each time, at no cost of its own. Now each worker has ``validator.unjudged_per_version``

@@ -1,4 +1,4 @@
-"""Issue 32, item 3: one validator cannot ban anyone at the trainer.
+"""One validator cannot ban anyone at the trainer.
 
 A verdict's ``ban`` is one validator's vote; the trainer bans a worker only when ``run.verdict_quorum``
 validators say so, each about a batch the worker itself announced (the trainer heard its signed notice);

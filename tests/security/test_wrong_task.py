@@ -1,4 +1,4 @@
-"""Issue 32, item 9: work of another task is refused as ``wrong_task``.
+"""Work of another task is refused as ``wrong_task``.
 
 The embedded ``add3`` task is always registered and every registered task resolves its own problem IDs,
 so in a run on a task file an ``add3`` batch resolved, verified and built its worker's trust. The

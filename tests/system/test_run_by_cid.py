@@ -1,4 +1,4 @@
-"""A run found and joined by its CID, with real processes on 127.0.0.1 (issue 33).
+"""A run found and joined by its CID, with real processes on 127.0.0.1.
 
 An organiser makes a run with ``intellect-node run init`` on a tiny random Qwen3 (keys, fitted settings,
 preflight, thresholds calibrated on the run's prompts, the signed manifest as a blob) and its trainer

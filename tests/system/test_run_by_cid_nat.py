@@ -1,4 +1,4 @@
-"""A participant behind NAT joins a run by its CID through a relay (issue 33; root, network namespaces).
+"""A participant behind NAT joins a run by its CID through a relay (root, network namespaces).
 
 The topology (``testing.netns.Topology``): two public hosts on a bridge and one host behind a NAT router
 that masquerades and drops new inbound connections.
