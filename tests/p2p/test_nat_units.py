@@ -169,10 +169,11 @@ def test_readers_that_stop_reading_pin_a_bounded_amount() -> None:
                 await s.write(chunk_stream._frame(codec.encode(chunk_stream.ChunkRequest(kind="chunk",
                                                                                          cid=cid))))
                 stalled.append(s)  # never read
-            with trio.fail_after(30):
-                while len(looked_up) < chunk_stream.MAX_STREAMS_PER_PEER:
+            pinned = chunk_stream.MAX_STREAMS_PER_PEER * len(big)
+            with trio.fail_after(30):  # a stream's bytes count once its lookup has returned: wait for both
+                while len(looked_up) < chunk_stream.MAX_STREAMS_PER_PEER or server.serving_bytes < pinned:
                     await trio.sleep(0.01)
-            assert server.serving_bytes == chunk_stream.MAX_STREAMS_PER_PEER * len(big)
+            assert server.serving_bytes == pinned
             with pytest.raises(TransportError, match="busy"):
                 await chunk_stream.ChunkStreamClient(b, a.get_id(), timeout=10).get_chunk(cid)
             assert server.refused_busy == 1 and len(looked_up) == chunk_stream.MAX_STREAMS_PER_PEER
