@@ -2,7 +2,8 @@
 
 Sections: ``network`` (libp2p, HTTP, heartbeats), ``run`` (what the swarm trains and whom it trusts),
 ``metrics`` (the local Prometheus endpoint), ``rl`` (the RL roles), ``validator`` (a validator's bounds
-on one peer) and ``nat``. Further sections hang off :class:`NodeConfig` the same way; the loader
+on one peer), ``nat``, ``inference`` (the engine and device) and ``logging`` (the trainer's metrics in W&B
+and TensorBoard). Further sections hang off :class:`NodeConfig` the same way; the loader
 (:mod:`.loader`) and the example file (:mod:`.example`) find them there, so a new field needs nothing
 but its declaration and docstring here.
 """
@@ -582,11 +583,16 @@ def check_device(device: str) -> str:
     return device
 
 
-def vllm_importable() -> bool:
-    """Whether vLLM is installed (found, not imported: importing it takes seconds and a GPU probe)."""
+def package_importable(name: str) -> bool:
+    """Whether the package ``name`` is installed (found, not imported: wandb takes a second to import)."""
     import importlib.util
 
-    return importlib.util.find_spec("vllm") is not None
+    return importlib.util.find_spec(name) is not None
+
+
+def vllm_importable() -> bool:
+    """Whether vLLM is installed (found, not imported: importing it takes seconds and a GPU probe)."""
+    return package_importable("vllm")
 
 
 class InferenceConfig(_Section):
@@ -657,6 +663,51 @@ class MetricsConfig(_Section):
     logged; a port you set that is taken stops the node. 0 picks a free port (shown by `status`)."""
 
 
+class LoggingConfig(_Section):
+    """Copies of the trainer's per-step metrics (``trainer/metrics.jsonl``) and held-out results in the
+    tools researchers use: Weights & Biases and TensorBoard event files (docs/training.md, "Logging").
+    Both are extras the node does not need (`pip install 'intellect-node[logging]'`). Trainer only; a
+    copy that fails is turned off with a warning and training goes on."""
+
+    wandb: bool = False
+    """Mirror each step's numeric metrics to a Weights & Biases run named after run.run_id, with the
+    run's [run] and [rl] settings as its config."""
+
+    wandb_project: str = Field(default="intellect-node", min_length=1, max_length=128)
+    """The W&B project the run goes to."""
+
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """"offline": W&B writes the run to wandb_dir and never uses the network (upload it later with
+    `wandb sync <run folder>`); "online": it streams to the W&B server, which needs `wandb login` (or
+    WANDB_API_KEY) on this machine."""
+
+    wandb_dir: str | None = None
+    """Folder W&B writes its wandb/ run folders in. Default: <data-dir>/trainer."""
+
+    tensorboard: bool = False
+    """Write each step's numeric metrics as TensorBoard scalars (`tensorboard --logdir <folder>`)."""
+
+    tensorboard_dir: str | None = None
+    """Folder of the TensorBoard event files. Default: <data-dir>/trainer/tensorboard."""
+
+    @field_validator("wandb")
+    @classmethod
+    def _wandb(cls, v: bool) -> bool:
+        if v and not package_importable("wandb"):
+            raise ValueError("W&B logging is on but wandb is not installed in this environment; "
+                             "`pip install 'intellect-node[logging]'` or set logging.wandb = false")
+        return v
+
+    @field_validator("tensorboard")
+    @classmethod
+    def _tensorboard(cls, v: bool) -> bool:
+        if v and not package_importable("tensorboard"):
+            raise ValueError("TensorBoard logging is on but tensorboard is not installed in this "
+                             "environment; `pip install 'intellect-node[logging]'` or set "
+                             "logging.tensorboard = false")
+        return v
+
+
 class NodeConfig(_Section):
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     """libp2p, HTTP and liveness settings."""
@@ -678,6 +729,9 @@ class NodeConfig(_Section):
 
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     """The rollout engine (torch, vLLM or auto), the device, vLLM's settings and the memory check."""
+
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    """The trainer's metrics mirrored to Weights & Biases and TensorBoard (the `logging` extra)."""
 
     @model_validator(mode="after")
     def _work_ahead(self) -> "NodeConfig":

@@ -6,6 +6,7 @@
 - admission: ``admission`` (the pure state machine of admitted work and each step's batches) with its
   pieces in ``batching``; ``admitted`` and ``inbox`` keep admitted work through a SIGKILL;
 - out: ``records`` signs a step record per journaled step, ``publication`` publishes each new version in
-  order, ``metrics`` writes ``trainer/metrics.jsonl``, ``nosignal`` says so when a step had nothing to
-  learn from, ``stepcheck`` when a step moved the policy too far (KL, tokens cut);
+  order, ``metrics`` writes ``trainer/metrics.jsonl`` and ``mirrors`` copies its lines (and held-out
+  results) to W&B and TensorBoard, ``nosignal`` says so when a step had nothing to learn from,
+  ``stepcheck`` when a step moved the policy too far (KL, tokens cut);
 - ``replay``: the steps journaled since the last checkpoint, taken again after a restart."""

@@ -20,6 +20,8 @@ The parts, each in its own module; none of them references the ``Trainer``, whic
 - ``nosignal.py``: ``NoSignal``, step attempts with no learnable group reported, with a hint;
 - ``stepcheck.py``: ``StepCheck``, a step too large for its trust region (KL or cut fraction) reported;
 - ``metrics.py``: ``MetricsFile``, ``trainer/metrics.jsonl`` and the last journaled step it recorded;
+- ``mirrors.py``: ``Mirrors``, each metrics line copied to W&B and TensorBoard (``[logging]``), on a
+  thread of its own;
 - from ``roles/common/``: ``PolicyPublisher`` (``policy.py``), ``HintedFetcher`` (``fetch.py``), the
   run's task (``tasks.py``), and ``RoleTasks`` (``seams.py``) for the train and announce loops and the
   publications.
@@ -84,6 +86,7 @@ from intellect_node.roles.trainer.batching import Accepted, Step, fresh_floor
 from intellect_node.roles.trainer.inbox import Inbox, JournalEntry, StepJournal
 from intellect_node.roles.trainer.intake import BatchIntake, with_envelope
 from intellect_node.roles.trainer.metrics import MetricsFile
+from intellect_node.roles.trainer.mirrors import Mirrors, mirror_openers
 from intellect_node.roles.trainer.nosignal import NoSignal
 from intellect_node.roles.trainer.publication import Publication
 from intellect_node.roles.trainer.records import (
@@ -159,6 +162,7 @@ class Trainer:
                                   ban_after=self.rl.ban_after)
         self.no_signal = NoSignal(runtime.board, self.rl)
         self.step_check = StepCheck(self.rl)  # a step too large for its trust region, said so
+        self.mirrors = Mirrors(mirror_openers(cfg, self.dir))  # start() opens them, close() closes them
         self.fetcher: HintedFetcher | None = None  # start() makes it (it needs the blob service)
         self.opt: Optimizer | None = None  # start() loads it, or the training loop makes the first
         self.records: StepRecords | None = None  # start() makes it (it needs the blob service)
@@ -196,6 +200,7 @@ class Trainer:
         self._ckpt_version = self.version
         self.journal.seq = max(self.journal.seq, covered)  # a trimmed journal numbers on from the checkpoint
         self.metrics = MetricsFile(self.dir)  # replayed steps are not recorded twice
+        self.mirrors.start()  # before the replay: the steps it records are mirrored too
         self._reload_inbox()
         await self.admitted.compact(fresh_floor(self.version, self.cfg.run.async_level))
         publisher = PolicyPublisher(self.dir / "policy", blobs, self.rt.swarm.key, self.run_id,
@@ -227,6 +232,7 @@ class Trainer:
         self.intake.prefetch.close()
         if self.fetcher is not None:
             self.fetcher.close()
+        await asyncio.to_thread(self.mirrors.close)  # after the loops: every line recorded is mirrored
 
     def status(self) -> dict[str, Any]:
         total = self.idle_s + self.busy_s
@@ -239,6 +245,7 @@ class Trainer:
                 "records": self.records.status() if self.records is not None else {},
                 "prefetch": dict(self.intake.prefetch.counts),
                 "idle_fraction": self.idle_s / total if total else None, "last_step": self.last,
+                "mirrors": self.mirrors.status(),
                 "assignments_by_worker": self.intake.coverage.report(64)}
 
     def _usage(self) -> dict[str, Any]:
@@ -549,6 +556,7 @@ class Trainer:
                 **(self._timing if stats is not None else {})}
         self.last = line
         self.metrics.write(line, seq)
+        self.mirrors.step(line)  # queued for the mirrors' thread: the loop never waits for W&B
         if stats is not None:
             diag = StepDiagnostics(kl_sampler=stats.kl_sampler, clipped_frac=stats.clipped_frac,
                                    ratio_mean=stats.ratio_mean, ratio_max=stats.ratio_max,
