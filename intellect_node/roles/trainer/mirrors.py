@@ -235,6 +235,6 @@ class Mirrors:
             return fn(*args)
         except Exception as exc:
             self.failed[name] = f"{type(exc).__name__}: {exc}"
-            log.warning("the %s metrics mirror failed and is off until the trainer restarts (%s); "
-                        "training goes on", name, self.failed[name])
+            log.warning("the %s metrics mirror (logging.%s) failed and is off until the trainer restarts "
+                        "(%s); training goes on", name, name, self.failed[name])
             return None
