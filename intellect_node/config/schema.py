@@ -698,6 +698,15 @@ class LoggingConfig(_Section):
                              "`pip install 'intellect-node[logging]'` or set logging.wandb = false")
         return v
 
+    @field_validator("wandb_project")
+    @classmethod
+    def _project(cls, v: str) -> str:
+        bad = sorted(set(v) & set("/\\#?%:"))
+        if bad:
+            raise ValueError(f"{v!r} holds {''.join(bad)!r}, which W&B project names may not; e.g. "
+                             "intellect-node")
+        return v
+
     @field_validator("tensorboard")
     @classmethod
     def _tensorboard(cls, v: bool) -> bool:

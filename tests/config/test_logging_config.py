@@ -38,3 +38,6 @@ def test_logging_is_off_by_default_and_offline_when_on() -> None:
     with pytest.raises(ConfigError, match="offline") as info:
         build_config({"logging": {"wandb_mode": "cloud"}})
     assert info.value.field == "logging.wandb_mode"
+    with pytest.raises(ConfigError, match="W&B project names") as info:
+        build_config({"logging": {"wandb_project": "team/run"}})
+    assert info.value.field == "logging.wandb_project"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from intellect_node.config.schema import LoggingConfig
 from intellect_node.fsutil import read_jsonl
 from intellect_node.roles.trainer.metrics import METRICS_FILE
 from intellect_node.roles.trainer.mirrors import (
+    MAX_QUEUED,
     Mirrors,
     TensorBoardMirror,
     mirror_openers,
@@ -147,6 +149,27 @@ def test_a_failing_sink_is_turned_off_with_one_warning_and_the_others_go_on(
     assert status["sinks"] == ["healthy"] and status["written"] == 5
     assert status["failed"] == {"tensorboard": "ImportError: no module named tensorboard",
                                 "recording": "OSError: disk full"}
+
+
+def test_lines_past_the_queue_bound_are_dropped_while_a_sink_is_stuck(
+        caplog: pytest.LogCaptureFixture) -> None:
+    release, sink = threading.Event(), _Recording()
+
+    def stuck() -> _Recording:  # the thread waits here, as in a wandb.init that hangs
+        release.wait()
+        return sink
+
+    mirrors = Mirrors([("stuck", stuck)])
+    mirrors.start()
+    with caplog.at_level(logging.WARNING, logger="intellect_node.roles.trainer.mirrors"):
+        for step in range(1, MAX_QUEUED + 6):
+            mirrors.step({"step": step, "trained": True, "loss": 1.0})
+        release.set()
+        mirrors.close()
+    assert sink.steps == list(range(1, MAX_QUEUED + 1)) and sink.closed
+    assert mirrors.status()["dropped"] == 5
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"{MAX_QUEUED} metrics lines wait for the mirrors (stuck)" in warning
 
 
 def test_without_a_sink_nothing_starts_and_lines_are_ignored(tmp_path: Path) -> None:

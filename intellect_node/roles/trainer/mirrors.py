@@ -15,9 +15,10 @@ What goes out:
 
 How: one thread (``metrics-mirrors``) owns the sinks. It opens them (importing wandb and starting its run
 takes about 2 s), writes each line the event loop queued, and closes them when the trainer stops; the
-event loop only flattens a dict and queues it. A sink that raises is turned off for the rest of the
-process with one WARNING naming it and the error, and counted in :meth:`Mirrors.status`: training and
-the other sink go on. While a sink is stuck, lines past :data:`MAX_QUEUED` are dropped and counted.
+event loop only flattens a dict and queues it. A sink that raises is turned off
+for the rest of the process with one WARNING naming it and the error, and shown in
+:meth:`Mirrors.status`: training and the other sink go on. While a sink is stuck, lines past
+:data:`MAX_QUEUED` are dropped (one WARNING) and counted.
 
 Shortcuts: a restarted trainer starts a new W&B run (the same name, steps numbered on from the
 checkpoint), and appends a new event file to the same TensorBoard folder. W&B's service process writes
@@ -208,6 +209,9 @@ class Mirrors:
         if self._thread is None:
             return
         if self._queue.qsize() >= MAX_QUEUED:
+            if not self.dropped:
+                log.warning("%d metrics lines wait for the mirrors (%s): new ones are dropped until they "
+                            "catch up; training goes on", MAX_QUEUED, ", ".join(self.status()["sinks"]))
             self.dropped += 1
             return
         self._queue.put(item)
