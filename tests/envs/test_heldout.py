@@ -38,7 +38,8 @@ def _sources(tmp: Path) -> dict[str, Task]:
     save_solve_rates(rates, {f"add3/{i}": (i % 10) / 10 for i in range(0, 2000, 7)})
     return {"addition": AdditionTask(1),
             "jsonl": build_task(tasks_file=_tasks_file(tmp, 90)),
-            "reasoning_gym": build_task(env="reasoning_gym:basic_arithmetic", env_args={"seed": 1, "size": 120}),
+            "reasoning_gym": build_task(env="reasoning_gym:basic_arithmetic",
+                                        env_args={"seed": 1, "size": 120}),
             "filtered": filter_by_rates_file(embedded_task(), rates, (0.2, 0.8))}
 
 
