@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 import torch
 
+from intellect_node.commands.status import held_out_line
 from intellect_node.config import NodeConfig
 from intellect_node.models.loader import load_model
 from intellect_node.policy.weights import PolicyWeights
@@ -101,6 +102,9 @@ def test_a_validator_evaluates_every_nth_version_and_another_confirms_it(tmp_pat
             assert (snap.version, snap.evaluator, snap.confirmed, snap.refused) == (4, evaluator.peer_id,
                                                                                     3, 0)
             assert evaluator.board.snapshot().held_out.evaluator == evaluator.peer_id
+            (line,) = held_out_line(checker.board.snapshot().to_dict()["held_out"])  # intellect-node status
+            assert line.startswith(f"held-out    v4: pass rate {results[-1].pass_rate:.3f}") and \
+                f"over {N} problems, by {evaluator.peer_id} · 3 confirmed, 0 refused here" in line, line
             lines = [json.loads(x) for x in (tmp_path / "evaluator" / "validator" / "held_out.jsonl")
                      .read_text().splitlines()]
             assert [(x["version"], x["pass_rate"], x["n"]) for x in lines] == [
@@ -189,6 +193,7 @@ def test_a_result_whose_rewards_the_policy_does_not_give_is_refused_on_recheck(t
             assert held["newest"] is None and held["confirmed"] == 0 and held["rechecked_problems"] == N // 2
             snap = checker.board.snapshot().held_out
             assert (snap.version, snap.evaluator, snap.refused) == (-1, "", 1)  # nothing left to show
+            assert held_out_line(snap.__dict__) == ["held-out    none taken · 0 confirmed, 1 refused here"]
             assert not net.failures(), net.failures()
 
     asyncio.run(main())
