@@ -19,6 +19,7 @@ import torch
 
 from intellect_node.commands.status import held_out_line
 from intellect_node.config import NodeConfig
+from intellect_node.config.status import StatusBoard
 from intellect_node.models.loader import load_model
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.evals import (
@@ -198,3 +199,33 @@ def test_a_result_whose_rewards_the_policy_does_not_give_is_refused_on_recheck(t
 
     asyncio.run(main())
 
+
+
+def test_a_version_still_waiting_when_a_newer_one_is_loaded_is_skipped(tmp_path: Path) -> None:
+    """Evaluation never queues up behind itself: of v0, v2 and v4 loaded while the evaluation thread is
+    busy, only v4 is evaluated; odd versions are not on the schedule."""
+    from intellect_node.inference import make_engine
+    from intellect_node.roles.validator.evals import Evaluations
+    from intellect_node.testing.roles import FakeSwarm
+
+    cfg = _config(evaluate=True)
+    swarm = FakeSwarm(key_of("evaluator"))
+    board = StatusBoard()
+    engine = make_engine(load_model(None), "torch")
+    evals = Evaluations(cfg, swarm, board, tmp_path, lambda v: None)
+    for v in range(5):
+        evals.policy_loaded(v, cid_of(f"v{v}".encode()), engine)
+
+    async def main() -> None:
+        loop = asyncio.create_task(evals.run())
+        try:
+            await wait_until(lambda: swarm.published, 60, what="one evaluation published")
+        finally:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+            evals.close()
+
+    asyncio.run(main())
+    assert [open_result(raw, run_id=RUN)[0].version for _, raw in swarm.published] == [4]
+    assert evals.counts["skipped"] == 2 and evals.counts["evaluated"] == 1
+    assert board.snapshot().held_out.version == 4
