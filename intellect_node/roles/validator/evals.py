@@ -30,8 +30,15 @@ The validator wires an :class:`Evaluations` in and hands it every policy version
    process and the result's digest: the same result is checked on the same chunks here, and the
    evaluator cannot know which.
 
-:meth:`Evaluations.status` is the ``held_out`` part of the validator's status; the newest result with
-its tallies also goes to the node's status board (``snapshot.held_out``, ``/metrics``).
+A result of a version this node has not loaded yet waits for it (bounded: :data:`PARKED_VERSIONS`,
+:data:`PARKED_PER_VERSION`) and is shown only once it is loaded, so a result for a version the trainer
+never made cannot pass for the newest.
+
+:meth:`Evaluations.status` is the ``held_out`` part of the validator's status; the newest result goes to
+the node's status board (``snapshot.held_out``, ``/metrics``): of the newest version's results, this
+node's own, else one of ``run.validator_peer_ids``', else the first heard, with the evaluator's peer ID
+and the results confirmed and refused here. With ``eval_recheck_fraction`` at 0 a shown result of
+another node is its word, checked only for consistency and its policy hash.
 """
 
 from __future__ import annotations
@@ -73,6 +80,10 @@ CHECKS_KEPT = 4
 """Re-checks waiting at most; a result heard when they are full is shown unchecked."""
 PARKED_VERSIONS = 8
 """Versions whose results wait for their policy to be loaded here (a result can arrive first)."""
+PARKED_PER_VERSION = 16
+"""Results of one version waiting for its policy; more are dropped (counted ``unchecked``)."""
+EVALUATORS_KEPT = 64
+"""Results of one version kept for the status, from as many evaluators (the first heard)."""
 VERSIONS_SHOWN = 16
 """Versions whose results and tallies are kept for the status."""
 UNJUDGED = frozenset({"timeout", "checker_error", "budget"})
@@ -106,12 +117,14 @@ class Evaluations:
     every: int
     evaluate: bool
     fraction: float
+    validators: frozenset[str]
 
     def __init__(self, cfg: NodeConfig, swarm: RoleSwarm, board: StatusBoard, directory: Path,
                  held: Callable[[int], tuple[str, LoadedEngine] | None]) -> None:
         run = cfg.run
         self.run_id, self.every, self.seed = run.run_id, run.eval_every, run.eval_seed
         self.evaluate = cfg.validator.evaluate
+        self.validators = frozenset(run.validator_peer_ids)
         self.fraction = cfg.validator.eval_recheck_fraction
         self.part: HeldOutPart | None = held_out_task(cfg) if run.eval_every else None
         self.n = run.eval_problems
@@ -123,6 +136,8 @@ class Evaluations:
         self.file = directory / "held_out.jsonl"
         self._held = held
         self._topic = topic(self.run_id, EVAL_KIND)
+        self._open = result_validator(self.run_id)
+        self._closing = False
         self._problems: list[Problem] | None = None  # built in the evaluation thread when first needed
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="held-out", initializer=_lower_priority)
         self._wake = asyncio.Event()
@@ -155,6 +170,8 @@ class Evaluations:
                     await self._recheck(r, evaluator, engine)
 
     def close(self) -> None:
+        """After the loop was cancelled: a judgement under way stops at its next chunk."""
+        self._closing = True
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     # -- own evaluations -------------------------------------------------------------------------
@@ -170,8 +187,12 @@ class Evaluations:
             if self._next is None or self._next[0] < version:
                 self._next = (version, policy, engine)
                 self._wake.set()
-        for r, evaluator in self._parked.pop(version) or []:
+        parked = self._parked.pop(version) or []
+        for r, evaluator in parked:
+            self._keep(r, evaluator)
             self._against_policy(r, evaluator, policy, engine)
+        if parked:
+            self._show()
 
     def _chunks(self) -> int:
         return math.ceil(self.n / EVAL_CHUNK)
@@ -181,7 +202,12 @@ class Evaluations:
         if self._problems is None:
             assert self.part is not None
             self._problems = [self.part.problem(j) for j in range(self.n)]
-        return chunk_rewards(engine, self._problems, self.keys, self.sampling, chunks)
+        out: dict[int, Any] = {}
+        for c in chunks:  # chunk by chunk: a node stopping waits for one chunk at most
+            if self._closing:
+                break
+            out.update(chunk_rewards(engine, self._problems, self.keys, self.sampling, [c]))
+        return out
 
     async def _in_thread(self, engine: LoadedEngine, chunks: list[int]) -> dict[int, Any]:
         return await asyncio.get_running_loop().run_in_executor(self._executor, self._judge, engine, chunks)
@@ -210,7 +236,7 @@ class Evaluations:
         """The gossip validator (trio thread): a signed, consistent result of this run, from its signer,
         inside its window and not taken before (else ignored)."""
         try:
-            r, signer = result_validator(self.run_id)(data, origin)
+            r, signer = self._open(data, origin)
             self._seen.take(signer, codec.encode(r), what=f"eval result of v{r.version}")
         except MessageIgnored:
             self.counts["ignored"] += 1
@@ -235,17 +261,28 @@ class Evaluations:
             self._refuse(r, evaluator, f"a second result for v{r.version} with other rewards")
             return
         self._taken.put((evaluator, r.version), r.outcomes)
-        self._tally(r.version).results[evaluator] = r
         held = self._held(r.version)
+        if held is None and r.version > self._newest_loaded:
+            # Its policy may still come: shown and checked once it is loaded here. Not shown before, so a
+            # result for a version the trainer never made cannot pass for the newest.
+            parked = self._parked.get(r.version) or []
+            if len(parked) < PARKED_PER_VERSION:
+                parked.append((r, evaluator))
+                self._parked.put(r.version, parked)
+            else:
+                self.counts["unchecked"] += 1
+            return
+        self._keep(r, evaluator)
         if held is not None:
             self._against_policy(r, evaluator, *held)
-        elif r.version > self._newest_loaded:  # its policy may still come: checked when it is loaded
-            parked = self._parked.get(r.version) or []
-            parked.append((r, evaluator))
-            self._parked.put(r.version, parked)
-        else:
+        else:  # a version this node no longer holds (or never did): shown, not checked
             self.counts["unchecked"] += 1
         self._show()
+
+    def _keep(self, r: EvalResult, evaluator: str) -> None:
+        results = self._tally(r.version).results
+        if len(results) < EVALUATORS_KEPT:
+            results[evaluator] = r
 
     def _off_run(self, r: EvalResult) -> str:
         """Why ``r`` is not an evaluation of this run's schedule ("" when it is)."""
@@ -314,14 +351,13 @@ class Evaluations:
         return tally
 
     def newest(self) -> tuple[int, str, EvalResult, Tally] | None:
-        """The newest version with a result taken: ``(version, evaluator, result, tally)``, this node's own
-        result first when it has one."""
-        for version in sorted((v for v, _ in self.tallies.items()), reverse=True):
-            tally = self.tallies.get(version)
-            if tally is not None and tally.results:
-                own = self.swarm.peer_id
-                evaluator = own if own in tally.results else next(iter(tally.results))
-                return version, evaluator, tally.results[evaluator], tally
+        """The newest version with a result taken: ``(version, evaluator, result, tally)``; of its results
+        this node's own first, then one of the run's validators', then the first heard."""
+        own = self.swarm.peer_id
+        for version, tally in sorted(self.tallies.items(), key=lambda vt: vt[0], reverse=True):
+            if tally.results:
+                ranked = sorted(tally.results, key=lambda e: (e != own, e not in self.validators))
+                return version, ranked[0], tally.results[ranked[0]], tally
         return None
 
     def _show(self) -> None:
@@ -348,4 +384,5 @@ class Evaluations:
                 "recheck_fraction": self.fraction, "newest": newest, **self.counts,
                 "waiting": self._next[0] if self._next is not None else None,
                 "checks_waiting": len(self._checks),
+                "parked": sum(len(p) for _, p in self._parked.items()),
                 "refusals": list(self.refusals)}
