@@ -532,6 +532,14 @@ class ValidatorConfig(_Section):
     rewards); a result that disagrees is refused and recorded against its evaluator. 0 (the default):
     results are shown, not checked. Costs this share of one evaluation per result heard."""
 
+    eval_recheck_tolerance: float = Field(default=0.0, ge=0.0, lt=0.5)
+    """Share of the problems re-checked (eval_recheck_fraction) whose reward may differ from another
+    node's result before it is refused. 0 (the default): every reward equal, which holds between CPU
+    nodes of one kind (measured across processes and torch thread counts: tests/inference/
+    test_evaluate.py); between machines whose float arithmetic differs a near-tie of two tokens can flip
+    a sample, and a small share (0.05) tells that from a lie about many problems. A liar can then bend
+    the pass rate by about this share."""
+
     audit_fraction: float = Field(default=1.0, gt=0.0, le=1.0)
     """With ``audit`` on: the chance that this validator audits each window of steps, drawn from its own
     secret randomness when it hears the window's start, so the trainer cannot tell which it will be. A

@@ -229,3 +229,45 @@ def test_a_version_still_waiting_when_a_newer_one_is_loaded_is_skipped(tmp_path:
     assert [open_result(raw, run_id=RUN)[0].version for _, raw in swarm.published] == [4]
     assert evals.counts["skipped"] == 2 and evals.counts["evaluated"] == 1
     assert board.snapshot().held_out.version == 4
+
+
+def test_the_recheck_tolerance_allows_that_share_of_rewards_to_differ(tmp_path: Path) -> None:
+    """``validator.eval_recheck_tolerance`` 0.1 over 16 problems re-checked: one reward that differs
+    (a flipped near-tie between unlike CPUs) is confirmed, two are refused."""
+    from intellect_node.inference import make_engine
+    from intellect_node.inference.evaluate import EVAL_CHUNK, chunk_rewards
+    from intellect_node.roles.validator.evals import Evaluations
+    from intellect_node.testing.roles import FakeSwarm
+
+    cfg = _config(eval_recheck_fraction=1.0, eval_recheck_tolerance=0.1)
+    weights = _versions(1)[0]
+    engine = make_engine(load_model(None), "torch")
+    swarm = FakeSwarm(key_of("checker"))
+    evals = Evaluations(cfg, swarm, StatusBoard(), tmp_path, lambda v: (weights.content_hash, engine))
+    evals.policy_loaded(0, weights.content_hash, engine)
+    assert evals.part is not None
+    problems = [evals.part.problem(j) for j in range(N)]
+    honest = chunk_rewards(engine, problems, evals.keys, evals.sampling, list(range(N // EVAL_CHUNK)))
+    rewards = [honest[i].reward for i in range(N)]
+
+    def forged(flips: int) -> EvalResult:
+        rs = [1.0 - r if i < flips else r for i, r in enumerate(rewards)]
+        r = make_result(run_id=RUN, version=0, policy=weights.content_hash, seed=cfg.run.eval_seed,
+                        rewards=rs)
+        return msgspec.structs.replace(r, time_ms=int(time.time() * 1000))
+
+    async def main() -> None:
+        loop = asyncio.create_task(evals.run())
+        try:
+            evals.take(forged(1), key_of("one").peer_id)
+            await wait_until(lambda: evals.counts["confirmed"] == 1, 60, what="one difference confirmed")
+            evals.take(forged(2), key_of("two").peer_id)
+            await wait_until(lambda: evals.counts["refused"] == 1, 60, what="two differences refused")
+        finally:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+            evals.close()
+
+    asyncio.run(main())
+    assert "(2 of 16 re-checked differ)" in (swarm.peerbook.last_rejection(key_of("two").peer_id) or "")
+    assert swarm.peerbook.last_rejection(key_of("one").peer_id) is None
