@@ -242,6 +242,18 @@ def audit_text(s: StatusSnapshot, *, short: bool = False) -> Text:
     return Text("unaudited" + (f" ({a.detail})" if a.detail and not short else ""), style="yellow")
 
 
+def held_out_text(s: StatusSnapshot) -> Text:
+    """The newest held-out evaluation a validator took (``snapshot.held_out``), in a few words: version,
+    pass rate, evaluator, then the results confirmed (✓) and refused (✗, red) here."""
+    h = s.held_out
+    t = Text(f"v{h.version} pass {h.pass_rate:.2f} {short_peer(h.evaluator)}" if h.version >= 0
+             else "none taken")
+    t.append(f" ✓{h.confirmed}", style="dim")
+    if h.refused:
+        t.append(f" ✗{h.refused}", style="red")
+    return t
+
+
 def _audit_failed(a: Audits, width: int) -> list[Text]:
     """One red line for a failed audit (nothing otherwise): the step, the auditor, both hashes, and
     whether this node stopped following the trainer."""
@@ -377,6 +389,8 @@ def render_node(s: StatusSnapshot, *, width: int = 80, height: int = 24,
     if not s.shards.active:
         swarm.add_row("", "")
     swarm.add_row("audits", audit_text(s))
+    if s.held_out.at:  # a validator of a run with held-out evaluation, once a result was heard
+        swarm.add_row("eval", held_out_text(s))
 
     work = Table.grid(padding=(0, 1))
     work.add_column(style="dim", no_wrap=True, min_width=9)

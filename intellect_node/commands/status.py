@@ -9,7 +9,9 @@ others (the listen multiaddrs) and the metrics URL to scrape (``metrics.metrics`
 that is not learning (``snapshot.training.no_signal_warning``) says so right under the state, and its
 step attempts are on the ``training`` line. The run's audit state (``snapshot.audits``) follows: a
 failed audit as ``AUDIT FAILED`` with its step, both hashes and whether the node still follows the
-trainer; otherwise the counts, ``UNAUDITED`` when no verdict was heard.
+trainer; otherwise the counts, ``UNAUDITED`` when no verdict was heard. A validator of a run with held-out
+evaluation shows the newest result (``snapshot.held_out``): version, pass rate, mean reward, problems,
+its evaluator, and the results confirmed and refused here.
 """
 
 from __future__ import annotations
@@ -49,6 +51,19 @@ def audit_lines(a: dict[str, Any]) -> list[str]:
     return [f"audits      {label} · {counts}" + (f" ({a['detail']})" if a.get("detail") else "")]
 
 
+def held_out_line(h: dict[str, Any]) -> list[str]:
+    """The newest held-out evaluation (``snapshot.held_out``, validators of a run with evaluation on): its
+    figures and who produced them, and how the results heard fared here; nothing before any was heard."""
+    if not h.get("at"):
+        return []
+    checks = f"{h.get('confirmed', 0)} confirmed, {h.get('refused', 0)} refused here"
+    if h.get("version", -1) < 0:
+        return [f"held-out    none taken · {checks}"]
+    return [f"held-out    v{h['version']}: pass rate {h.get('pass_rate', 0):.3f}, mean reward "
+            f"{h.get('mean_reward', 0):.3f} over {h.get('n', 0)} problems, by {h.get('evaluator', '?')} "
+            f"· {checks}"]
+
+
 def summary(st: dict[str, Any]) -> str:
     """A readable multi-line summary of a status answer."""
     health = st.get("health") or {}
@@ -59,6 +74,7 @@ def summary(st: dict[str, Any]) -> str:
     if training.get("no_signal_warning"):
         lines.append(f"NOT LEARNING {training['no_signal_warning']}")
     lines += audit_lines((st.get("snapshot") or {}).get("audits") or {})
+    lines += held_out_line((st.get("snapshot") or {}).get("held_out") or {})
     restarts = {k: v for k, v in (health.get("restarts") or {}).items() if v}
     if restarts:
         lines.append("restarts    " + ", ".join(f"{k} {v}" for k, v in sorted(restarts.items())))

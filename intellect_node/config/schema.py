@@ -219,6 +219,21 @@ class RunConfig(_Section):
     a step that is not bitwise is compared with the weights the trainer published, fetched through the
     swarm (``roles/auditor/published.py``)."""
 
+    eval_every: int = Field(default=0, ge=0, le=1_000_000)
+    """Held-out evaluation every this many policy versions (versions 0, N, 2N, ...): a validator with
+    validator.evaluate on evaluates each such version on the run's held-out problems and signs the
+    result (docs/training.md, "Held-out evaluation"). 0 (the default): off, and every problem of the
+    task is a training problem. On, run.eval_problems problems of the task are held out of training on
+    every node (``envs/heldout.py``), so all nodes of a run must agree on it (it is a shared field)."""
+
+    eval_problems: int = Field(default=256, ge=1, le=512)
+    """How many of the task's problems are held out of training and evaluated (one completion each) when
+    run.eval_every is on; at most half the task. 256 gives a pass rate's standard error of about 0.03."""
+
+    eval_seed: int = Field(default=20261129, ge=0, lt=1 << 63)
+    """Seed of the held-out evaluation's sampler keys: fixed for the run, so every node evaluating one
+    policy on the held-out problems samples the same completions and can check another's figures."""
+
     @field_validator("rollout_engines")
     @classmethod
     def _rollout_engines(cls, v: list[str]) -> list[str]:
@@ -506,6 +521,26 @@ class ValidatorConfig(_Section):
     and sign a verdict per step replayed (``roles/auditor/chain.py``; costs about one trainer step of CPU
     per step replayed)."""
 
+    evaluate: bool = False
+    """Evaluate the policy on the run's held-out problems every run.eval_every versions, in one thread
+    at a time after verification's, and gossip a signed result (version, policy hash, pass rate, mean
+    reward, the per-problem rewards; ``roles/validator/evals.py``). Needs run.eval_every > 0. A version
+    is skipped when a newer evaluable one is already held: evaluation never queues up behind itself."""
+
+    eval_recheck_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Share of the held-out problems this validator evaluates again from another node's signed result,
+    for a version whose policy it holds (the same problems, sampler keys and engine give the same
+    rewards); a result that disagrees is refused and recorded against its evaluator. 0 (the default):
+    results are shown, not checked. Costs this share of one evaluation per result heard."""
+
+    eval_recheck_tolerance: float = Field(default=0.0, ge=0.0, lt=0.5)
+    """Share of the problems re-checked (eval_recheck_fraction) whose reward may differ from another
+    node's result before it is refused. 0 (the default): every reward equal, which holds between CPU
+    nodes of one kind (measured across processes and torch thread counts: tests/inference/
+    test_evaluate.py); between machines whose float arithmetic differs a near-tie of two tokens can flip
+    a sample, and a small share (0.05) tells that from a lie about many problems. A liar can then bend
+    the pass rate by about this share."""
+
     audit_fraction: float = Field(default=1.0, gt=0.0, le=1.0)
     """With ``audit`` on: the chance that this validator audits each window of steps, drawn from its own
     secret randomness when it hears the window's start, so the trainer cannot tell which it will be. A
@@ -748,6 +783,10 @@ class NodeConfig(_Section):
             raise ValueError(f"rl.work_ahead {self.rl.work_ahead} exceeds run.async_level "
                              f"{self.run.async_level}: batches made that far ahead would be refused as "
                              "stale; lower rl.work_ahead or raise run.async_level")
+        if self.validator.evaluate and not self.run.eval_every:
+            raise ValueError("validator.evaluate is on but run.eval_every is 0, so the run holds no "
+                             "problem out of training to evaluate on; set run.eval_every (in the run's "
+                             "config) or validator.evaluate = false")
         return self
 
 

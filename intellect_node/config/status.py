@@ -13,7 +13,8 @@ in worker threads):
 - blob fetches: :meth:`shard_progress`, :meth:`shard_done`;
 - worker: :meth:`set_policy`, :meth:`rollouts_generated` (with token counts), :meth:`rollouts_submitted`,
   :meth:`verdict` for each verdict it receives;
-- validator: :meth:`proof_checked` for each batch it checks, :meth:`verdict` for each verdict it issues;
+- validator: :meth:`proof_checked` for each batch it checks, :meth:`verdict` for each verdict it issues,
+  :meth:`set_held_out` with the newest held-out evaluation it took (``roles/validator/evals.py``);
 - trainer: :meth:`set_policy`, :meth:`train_step` per optimizer step, :meth:`train_attempt` per step
   attempt (trained or not: see "Learning signal" below);
 - trainer and worker: :meth:`completions` with a few of the completions they scored;
@@ -378,6 +379,30 @@ class Audits:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class HeldOut:
+    """The newest held-out evaluation this node took (``roles/validator/evals.py``; validators only): one
+    evaluator's figures for ``version`` (-1: none taken, or every one refused), and how the results this
+    node heard fared."""
+
+    version: int = -1
+    n: int = 0
+    pass_rate: float = 0.0
+    mean_reward: float = 0.0
+    evaluator: str = ""
+    """The peer whose result is shown: this node when it evaluated the version, else the first heard."""
+    policy: str = ""
+    evaluators: int = 0
+    """Results of the version taken here (not refused), from as many evaluators."""
+    confirmed: int = 0
+    """Results (of any version) this node evaluated again in part and found equal."""
+    refused: int = 0
+    """Results (of any version) refused here: re-checked and different, or not of the run's schedule,
+    settings or policy; each recorded against its evaluator."""
+    at: float = 0.0
+    """Wall time the shown figures last changed."""
+
+
 TIMELINE_STAGES = ("ready", "first_peer", "first_policy", "first_batch_submitted", "first_batch_accepted")
 """The stages of a join, in the order a fresh worker passes them (the aim: the last one within 30 s of
 start on the embedded model)."""
@@ -440,6 +465,7 @@ class StatusSnapshot:
     health: Health = field(default_factory=Health)
     timeline: Timeline = field(default_factory=Timeline)
     audits: Audits = field(default_factory=Audits)
+    held_out: HeldOut = field(default_factory=HeldOut)
 
     @property
     def uptime_s(self) -> float:
@@ -664,6 +690,10 @@ class StatusBoard:
         if audits.state not in AUDIT_STATES:
             raise ValueError(f"audit state {audits.state!r}; one of {', '.join(AUDIT_STATES)}")
         self._update(lambda s: {"audits": audits})
+
+    def set_held_out(self, held: HeldOut) -> None:
+        """The newest held-out evaluation, whole (``roles/validator/evals.py`` owns it)."""
+        self._update(lambda s: {"held_out": held})
 
     def set_metrics_url(self, url: str) -> None:
         """Where ``/metrics`` is served (its port may be a fallback): the dashboard shows it."""

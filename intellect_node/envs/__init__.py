@@ -8,6 +8,7 @@ docs/environments.md is the operator's guide.
 
 ``tasks`` holds the problem and task types every role uses, the embedded task and the task registry;
 ``jsonl_tasks`` reads task files; ``filtering`` is the offline solve-rate filter; ``assignment`` says
-which problems a worker works on (a pure function every node recomputes, never the worker's choice).
+which problems a worker works on (a pure function every node recomputes, never the worker's choice);
+``heldout`` holds the run's evaluation problems out of training (``run.eval_every``).
 Below ``trainer/`` and ``inference/``: imports only ``errors`` and ``fsutil`` (no networking, no torch).
 Kept light to import: the scoring child process imports this package first."""

@@ -43,8 +43,8 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
-from intellect_node.envs.filtering import FilteredTask
 from intellect_node.envs.tasks import Problem, Task, problem_index
 from intellect_node.errors import ConfigError
 
@@ -156,10 +156,18 @@ class Layout:
         return k if k < self.windows else None
 
 
+@runtime_checkable
+class IndexedTask(Protocol):
+    """A task that is a part of another (the offline filter's kept problems, ``envs.filtering``; the
+    training or held-out part, ``envs.heldout``): its indexes are not the ones in its problem IDs."""
+
+    def index_of(self, problem_id: str) -> int: ...
+
+
 def task_index(task: Task, problem_id: str) -> int:
-    """The index of ``problem_id`` in ``task`` (its position in an offline-filtered task); ConfigError
-    when it is not one of the task's problems."""
-    if isinstance(task, FilteredTask):
+    """The index of ``problem_id`` in ``task`` (its position in a part of a task: the offline filter's,
+    the held-out split's); ConfigError when it is not one of the task's problems."""
+    if isinstance(task, IndexedTask):
         return task.index_of(problem_id)
     return problem_index(task.task_id, problem_id)
 

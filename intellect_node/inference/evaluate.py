@@ -12,7 +12,9 @@ checkpoint. Shortcut: problems are drawn from the task with a seeded RNG, so "he
 chosen for this purpose", not disjoint from training problems (a 10^6-problem task makes overlap rare).
 For a reward environment, :func:`held_out` evaluates problems ``0..n-1`` of a task built with its own
 generator seed (``env_args.seed``): distinct seeds from a run's, though a small problem space (sums of
-two digits) still repeats questions.
+two digits) still repeats questions. A run's own evaluation (``run.eval_every``) is on problems held out
+of its training by construction (``envs/heldout.py``), generated in fixed chunks (:func:`chunk_rewards`)
+so any node can check any chunk again.
 
 Environments give partial credit (reasoning-gym's ``basic_arithmetic`` scores "5." 0.5 against "5"), so
 an :class:`Evaluation` keeps every reward: ``mean_reward``, and ``pass_rate``, the share with full credit.
@@ -29,7 +31,7 @@ from typing import Sequence
 import torch
 
 from intellect_node.envs.filtering import measure_solve_rates
-from intellect_node.envs.tasks import Problem, Task, embedded_task
+from intellect_node.envs.tasks import Judgement, Problem, Task, embedded_task
 from intellect_node.errors import ConfigError
 from intellect_node.inference.base import LoadedEngine, SamplingConfig
 from intellect_node.inference.torch_engine import TorchEngine
@@ -87,6 +89,35 @@ def _rewards(model: LoadedModel, problems: Sequence[Problem], keys: Sequence[int
     return Evaluation(tuple(rewards))
 
 
+def held_out_keys(seed: int, n: int) -> list[int]:
+    """The sampler keys of held-out problems ``0..n-1`` under ``seed``: key ``i`` is the same for every
+    ``n`` above ``i``, so a subset is evaluated under the keys of the whole."""
+    rng = random.Random(seed)
+    return [rollout_key(rng.getrandbits(63), f"held-out-{i}") for i in range(n)]
+
+
+EVAL_CHUNK = 8
+"""Held-out problems generated together in a run's evaluation (``chunk_rewards``): chunk ``c`` is problems
+``8c..8c+7``, always one batch, so a node checking a chunk again runs the very batch (the same padding
+and shapes, so the same arithmetic) the evaluator ran."""
+
+
+def chunk_rewards(engine: LoadedEngine, problems: Sequence[Problem], keys: Sequence[int],
+                  sampling: SamplingConfig, chunks: Sequence[int]) -> dict[int, Judgement]:
+    """The judgements of the problems in ``chunks`` (of :data:`EVAL_CHUNK` problems each, by index), one
+    completion each under its key: problem index -> reward and, for a 0 not scored, why."""
+    tok = engine.loaded.tokenizer
+    out: dict[int, Judgement] = {}
+    with torch.inference_mode():
+        for c in chunks:
+            idx = list(range(c * EVAL_CHUNK, min((c + 1) * EVAL_CHUNK, len(problems))))
+            chunk = [problems[i] for i in idx]
+            gens = engine.generate([tok.prompt_ids(p.prompt, system=p.system or None) for p in chunk],
+                                   [keys[i] for i in idx], sampling)
+            out.update((i, p.judge(tok.decode(g.tokens))) for i, p, g in zip(idx, chunk, gens))
+    return out
+
+
 def held_out(model: LoadedModel, task: Task, *, n: int = 256, seed: int = EVAL_SEED,
              max_new_tokens: int = 16, temperature: float = 1.0, batch: int = 64) -> Evaluation:
     """Rewards of problems ``0..n-1`` of ``task`` (built from held-out settings: another generator
@@ -95,8 +126,7 @@ def held_out(model: LoadedModel, task: Task, *, n: int = 256, seed: int = EVAL_S
     if not 1 <= n <= len(task):
         raise ConfigError(f"--n {n}: the held-out task has {len(task)} problems", field="n")
     problems = [task.problem(i) for i in range(n)]
-    rng = random.Random(seed)
-    keys = [rollout_key(rng.getrandbits(63), f"held-out-{i}") for i in range(n)]
+    keys = held_out_keys(seed, n)
     sampling = SamplingConfig(temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens)
     return _rewards(model, problems, keys, sampling, batch)
 

@@ -28,6 +28,10 @@ Health on a scrape: ``intellect_node_healthy`` is 1 only for a running node with
 ``intellect_node_status_age_seconds`` is how long ago the node's status loop last refreshed the board
 (alert when it passes a few seconds: the numbers beside it are stale).
 
+Held-out evaluation (validators of a run with ``run.eval_every``): ``intellect_node_held_out_version``,
+``_problems``, ``_pass_rate`` and ``_mean_reward``, each labelled ``{evaluator}``, and
+``intellect_node_held_out_results_total{outcome}`` (confirmed, refused).
+
 Audits (every node of a run): ``intellect_node_audit_state{state}``, ``intellect_node_audit_steps{outcome}``,
 ``intellect_node_auditors{which}``, ``intellect_node_audit_refusing``, and once there is one
 ``intellect_node_audit_first_failed_seq`` and ``intellect_node_audit_last_verdict_age_seconds``.
@@ -140,6 +144,7 @@ class StatusCollector(Collector):
         yield from _learning_signal(s.training)
         yield from _step_sizes(s.training)
         yield from _audits(s)
+        yield from _held_out(s)
         yield GaugeMetricFamily(f"{_PREFIX}_uptime_seconds", "Seconds since the node started.",
                                 value=s.uptime_s)
         # The join timeline: a stage appears once reached (a validator never submits a batch), so an
@@ -250,6 +255,29 @@ def _audits(s: StatusSnapshot) -> Iterator[Metric]:
     if age is not None:  # absent until a verdict is heard: absent() reads "never audited"
         yield GaugeMetricFamily(f"{_PREFIX}_audit_last_verdict_age_seconds",
                                 "Seconds since the newest audit verdict this node accepted.", value=age)
+
+
+def _held_out(s: StatusSnapshot) -> Iterator[Metric]:
+    """The newest held-out evaluation a validator took (``roles/validator/evals.py``), labelled with the
+    peer that evaluated it; the results' re-check counts once any was heard."""
+    h = s.held_out
+    if h.version >= 0:
+        labels = ["evaluator"]
+        for name, what, value in (("version", "Policy version of the newest held-out evaluation.", h.version),
+                                  ("problems", "Held-out problems it evaluated.", h.n),
+                                  ("pass_rate", "Its pass rate (share of problems with full credit).",
+                                   h.pass_rate),
+                                  ("mean_reward", "Its mean reward.", h.mean_reward)):
+            g = GaugeMetricFamily(f"{_PREFIX}_held_out_{name}", what, labels=labels)
+            g.add_metric([h.evaluator], value)
+            yield g
+    if h.at:
+        checks = CounterMetricFamily(f"{_PREFIX}_held_out_results", "Held-out results of other nodes "
+                                     "re-checked here and confirmed, and refused (recorded against their "
+                                     "evaluator).", labels=["outcome"])
+        checks.add_metric(["confirmed"], h.confirmed)
+        checks.add_metric(["refused"], h.refused)
+        yield checks
 
 
 def build_registry(board: StatusBoard) -> CollectorRegistry:

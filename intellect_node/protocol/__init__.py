@@ -6,9 +6,9 @@ One module per protocol, each declaring its structs, its protocol ID or topic an
 (dated messages outside their window, and repeats, are ignored, not refused), ``ids`` (peer and
 content IDs), ``topics``; ``gossip`` (heartbeats, node info), ``blob`` (blob manifests, have bitmaps),
 ``rollout`` (rollout records), ``rl`` (batch notices and verdicts), ``policy`` (policy announcements and
-deltas), ``steps`` (the trainer's step records), ``audits`` (auditors' verdicts), ``binding`` (two
-hashes the trainer signed for one version: the proof), ``run_manifest`` (runs
-and their listings) and ``sweep`` (sweep offers, claims, grants and results)."""
+deltas), ``steps`` (the trainer's step records), ``audits`` (auditors' verdicts), ``evals`` (held-out
+evaluation results), ``binding`` (two hashes the trainer signed for one version: the proof),
+``run_manifest`` (runs and their listings) and ``sweep`` (sweep offers, claims, grants and results)."""
 
 from intellect_node.errors import ProtocolError
 

@@ -11,7 +11,7 @@ import re
 
 from intellect_node.errors import ProtocolError
 
-KINDS = ("heartbeat", "policy", "rollouts", "verdicts", "sweep", "steps", "audits", "conflicts")
+KINDS = ("heartbeat", "policy", "rollouts", "verdicts", "sweep", "steps", "audits", "conflicts", "evals")
 """Topic kinds of a run (see docs/architecture.md). Owners of the other parts define their messages."""
 
 INFO_PROTOCOL_ID = "/intellect/info/1.0.0"

@@ -281,3 +281,17 @@ def test_the_training_panel_shows_the_last_step_sizes_and_a_too_large_step_warns
     assert "kl 0.12 clip 36% ratio≤3.50 gn 0.4 lr 5e-05 H 1.25 age≤1" in text
     assert "STEP TOO LARGE the step is too large: KL to the sampler 0.120" in text
     assert "STEP-TOO-LARGE" in dashboard.status_line(s, now=s.ts)
+
+
+@pytest.mark.parametrize("width,height", [(80, 24), (120, 40)])
+def test_a_validator_shows_the_newest_held_out_evaluation(width: int, height: int) -> None:
+    from intellect_node.config.status import HeldOut
+
+    b = _trained_board()
+    b.set_held_out(HeldOut(version=12, n=256, pass_rate=0.4375, mean_reward=0.5,
+                           evaluator="12D3KooWEvalAbcdef", evaluators=2, confirmed=5, refused=1, at=1.0))
+    s = b.snapshot()
+    c = _console(width, height)
+    c.print(dashboard.render_node(s, width=width, now=s.ts))
+    text = _fits(c, width, height)
+    assert "eval    v12 pass 0.44 …Abcdef ✓5 ✗1" in text, text

@@ -51,3 +51,45 @@ def test_held_out_keeps_every_reward_and_counts_full_credit() -> None:
     assert a == b and len(a.rewards) == 32 and a.pass_rate == a.mean_reward  # add3 scores 0 or 1
     with pytest.raises(ConfigError, match="--n"):
         held_out(base, task, n=len(task) + 1)
+
+
+CHILD_EVAL = """
+import json, sys, torch
+torch.set_num_threads(int(sys.argv[1]))
+from intellect_node.config import build_config
+from intellect_node.inference import make_engine
+from intellect_node.inference.base import SamplingConfig
+from intellect_node.inference.evaluate import chunk_rewards, held_out_keys
+from intellect_node.models.loader import load_model
+from intellect_node.roles.common.tasks import held_out_task
+cfg = build_config({"run": {"run_id": "det", "eval_every": 1, "eval_problems": 64},
+                    "rl": {"max_new_tokens": 8}})
+part = held_out_task(cfg)
+problems = [part.problem(j) for j in range(64)]
+engine = make_engine(load_model(None), "torch")
+sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=8)
+chunks = [int(c) for c in sys.argv[2].split(",")]
+got = chunk_rewards(engine, problems, held_out_keys(cfg.run.eval_seed, 64), sampling, chunks)
+print(json.dumps({str(i): j.reward for i, j in sorted(got.items())}))
+"""
+
+
+def test_a_chunk_evaluated_again_in_another_process_gives_the_same_rewards() -> None:
+    """What the validators' re-check of a held-out result rests on (``roles/validator/evals.py``): the
+    run's held-out problems, keys and chunks give the same rewards in another process, with another torch
+    thread count and hash seed, evaluated alone or with the other chunks."""
+    import json
+    import os
+    import sys
+
+    def child(threads: int, chunks: str, seed: str) -> dict[str, float]:
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", CHILD_EVAL, str(threads), chunks], capture_output=True,
+                             text=True, check=True, timeout=300, env=env)
+        got: dict[str, float] = json.loads(out.stdout)
+        return got
+
+    whole = child(1, ",".join(str(c) for c in range(8)), "1")
+    assert len(whole) == 64 and 0.0 < sum(whole.values()) < 64
+    again = child(2, "3,6", "2")
+    assert again == {i: r for i, r in whole.items() if int(i) // 8 in (3, 6)}

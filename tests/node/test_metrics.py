@@ -162,3 +162,20 @@ def test_the_last_step_sizes_are_exported_once_a_step_trained() -> None:
     assert got == {"step_too_large": 1, "step_kl_sampler": 0.2, "step_clipped_fraction": 0.3,
                    "step_ratio_mean": 1.1, "step_ratio_max": 2.5, "step_grad_norm": 0.7, "step_lr": 1e-5,
                    "step_entropy": 1.5, "step_staleness_max": 2}
+
+
+def test_the_newest_held_out_evaluation_is_exported_with_its_evaluator() -> None:
+    from intellect_node.config.status import HeldOut
+
+    b = StatusBoard(role="validator")
+    m = _samples(asyncio.run(_scrape(b))[0])
+    assert not any(k[0].startswith("intellect_node_held_out") for k in m)
+    b.set_held_out(HeldOut(version=6, n=256, pass_rate=0.25, mean_reward=0.3, evaluator="12D3KooWE",
+                           evaluators=2, confirmed=3, refused=1, at=1.0))
+    m = _samples(asyncio.run(_scrape(b))[0])
+    got = {(k[0].removeprefix("intellect_node_held_out_"), k[1]): v for k, v in m.items()
+           if k[0].startswith("intellect_node_held_out_")}
+    who = (("evaluator", "12D3KooWE"),)
+    assert got == {("version", who): 6, ("problems", who): 256, ("pass_rate", who): 0.25,
+                   ("mean_reward", who): 0.3, ("results_total", (("outcome", "confirmed"),)): 3,
+                   ("results_total", (("outcome", "refused"),)): 1}

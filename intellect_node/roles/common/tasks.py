@@ -7,6 +7,7 @@ from typing import Sequence
 from intellect_node.config import NodeConfig
 from intellect_node.config.status import clean_text
 from intellect_node.envs.assignment import Assignments
+from intellect_node.envs.heldout import HeldOutPart, Split, TrainingPart
 from intellect_node.envs.tasks import Task
 from intellect_node.errors import ConfigError
 from intellect_node.protocol.rollout import RolloutRecord
@@ -16,7 +17,9 @@ def run_task(cfg: NodeConfig, *, filtered: bool = True) -> Task:
     """The run's task: the reward environment (``rl.env``), the JSONL file, or ``rl.task``, under the
     run's extraction and system-prompt settings and registered so its problem IDs resolve
     (``envs.environment.build_task``); narrowed to the offline filter's band when
-    ``rl.solve_rates_file`` is set and ``filtered`` (``tasks solve-rates`` measures the whole task)."""
+    ``rl.solve_rates_file`` is set and ``filtered`` (``tasks solve-rates`` measures the whole task), and
+    then, with ``run.eval_every`` on, to its training part: the held-out problems are never a worker's
+    (:func:`eval_split`)."""
     from intellect_node.envs.environment import build_task
 
     rl = cfg.rl
@@ -28,7 +31,26 @@ def run_task(cfg: NodeConfig, *, filtered: bool = True) -> Task:
         from intellect_node.envs.filtering import filter_by_rates_file
 
         task = filter_by_rates_file(task, cfg.rl.solve_rates_file, cfg.rl.solve_rate_band)
-    return task
+    split = eval_split(cfg, task) if filtered else None
+    return split.training if split is not None else task
+
+
+def eval_split(cfg: NodeConfig, task: Task) -> Split | None:
+    """``task`` (the run's, after the offline filter) cut into its held-out and training parts when
+    ``run.eval_every`` is on (``envs/heldout.py``); None when it is off."""
+    if not cfg.run.eval_every:
+        return None
+    return Split(task, cfg.run.run_id, cfg.run.eval_problems)
+
+
+def held_out_task(cfg: NodeConfig) -> HeldOutPart:
+    """The run's held-out problems (``envs/heldout.py``); ConfigError naming ``run.eval_every`` when
+    evaluation is off."""
+    training = run_task(cfg)
+    if not isinstance(training, TrainingPart):
+        raise ConfigError("run.eval_every is 0: the run holds no problem out of training",
+                          field="run.eval_every")
+    return training.held_out
 
 
 WINDOW_ROOM = 4

@@ -3,6 +3,10 @@
 With ``validator.audit`` on it also replays the trainer's steps from their signed records
 (``roles/auditor/chain.py``) and reports the audit state under ``audit`` in its status.
 
+With ``run.eval_every`` on it takes the run's held-out evaluation results (``roles/validator/evals.py``:
+re-checked with ``validator.eval_recheck_fraction``), and with ``validator.evaluate`` it evaluates every
+``eval_every``-th policy version it loads and signs the result; ``held_out`` in its status.
+
 With ``run.require_audits`` on, a validator stops verifying for a trainer that failed an audit
 (``roles/common/audits.py``): notices are dropped as they arrive (``refused_audit`` in its status), the
 ones queued are left unverified, no newer policy is adopted, and the node reads ``degraded`` with why.
@@ -115,6 +119,7 @@ from intellect_node.roles.common.services import blob_service
 from intellect_node.roles.common.tasks import run_assignments, run_task
 from intellect_node.roles.validator.budget import ScoringBudgets, ScoringRules
 from intellect_node.roles.validator.checks import BatchRules, Fault, check_batch
+from intellect_node.roles.validator.evals import Evaluations
 from intellect_node.roles.validator.intake import Intake, Limits, Pending
 
 if TYPE_CHECKING:
@@ -204,6 +209,7 @@ class Validator:
         self.rng = random.Random()
         self._fetched: BoundedMap[tuple[str, str], float] = BoundedMap(1024)  # (worker, CID) -> wall time
         self.fetcher: HintedFetcher | None = None  # start() makes it (it needs the blob service)
+        self.evals = Evaluations(cfg, runtime.swarm, runtime.board, self.dir, self._held_engine)
 
     @classmethod
     def for_runtime(cls, runtime: Runtime) -> "Validator":
@@ -223,6 +229,9 @@ class Validator:
         await self.policy.start()
         self.rt.swarm.subscribe(topic(self.run_id, NOTICE_KIND), self._notice_validator(), self._on_notice)
         self.tasks.loop("validator-loop", self._dispatch_loop)
+        if self.evals.every:  # held-out results heard (and, with validator.evaluate, made): evals.py
+            self.evals.subscribe()
+            self.tasks.loop("validator-evals", self.evals.run)
         if self.auditor is not None:
             self.auditor.start()
             self.tasks.loop("validator-audit", self.auditor.run, may_end=True)
@@ -231,6 +240,7 @@ class Validator:
         for scorer in self.scorers.values():  # first: a check in a thread stops waiting on its answer
             scorer.close()
         await self.tasks.close()
+        self.evals.close()
         if self.fetcher is not None:
             self.fetcher.close()
 
@@ -250,7 +260,8 @@ class Validator:
                 "reasons_by_worker": {w: list(r) for w, r in self.reasons.items()[-STATUS_PEERS:]},
                 "strikes_by_worker": dict(self.strikes.items()[-STATUS_PEERS:]),
                 "assignments_by_worker": self.coverage.report(STATUS_PEERS),
-                "latency_s": {w: list(d) for w, d in self.latency.items()}}
+                "latency_s": {w: list(d) for w, d in self.latency.items()},
+                "held_out": self.evals.status()}
 
     def _notice_validator(self) -> Callable[[bytes, str], tuple[RolloutNotice, str]]:
         """The protocol's notice check plus a count of the closed run's refusals (trio thread)."""
@@ -301,6 +312,10 @@ class Validator:
         self.latest_announced = max(self.latest_announced, version)
         self._forget_stale()
         self._wake.set()
+        self.evals.policy_loaded(version, ckpt.content_hash, engine)
+
+    def _held_engine(self, version: int) -> tuple[str, TorchEngine] | None:
+        return self.engines.get(version)
 
     def _decidable(self, version: int) -> bool:
         """A notice of ``version`` can be judged now: its policy is held, or it never will be (older than
