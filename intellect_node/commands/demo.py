@@ -105,6 +105,11 @@ class DemoNode:
         return self.proc is not None and self.proc.alive()
 
 
+DEMO_EVAL = {"eval_every": 5, "eval_problems": 128}
+"""The demo's held-out evaluation: every 5th policy version, 128 problems of the embedded task held out of
+training (about a second of the validator's time each; ``--config`` may set others, or 0 to turn it off)."""
+
+
 class DemoSwarm:
     """The demo's child processes; :meth:`stop` kills only them, by PID."""
 
@@ -144,8 +149,14 @@ class DemoSwarm:
             run["model"] = model
         doc: dict[str, Any] = {"network": {"listen": ["/ip4/127.0.0.1/tcp/0"], "http_host": "127.0.0.1",
                                            "heartbeat_interval": 1.0, "peer_timeout": 10.0}, "run": run}
+        # Held-out evaluation on (DEMO_EVAL): the validators evaluate every few versions on problems held
+        # out of training and sign the figures, which the dashboard, `status` and `runs` show.
+        run.update(DEMO_EVAL)
         for section, values in extra.items():
             doc.setdefault(section, {}).update(values)
+        self.evaluates = bool(doc["run"].get("eval_every"))
+        if self.evaluates:
+            doc.setdefault("validator", {}).setdefault("evaluate", True)
         write_config(self.config_path, doc)
         cfg = load_config(self.config_path, environ={})  # fail here, naming the field, not in four children
         self.cid = self._publish(cfg)
@@ -330,6 +341,7 @@ def run_headless(swarm: DemoSwarm, steps: int, timeout: float, report: Optional[
     next_line = 0.0
     warned = ""
     reason = "timeout"
+    held_out: dict[str, Any] = {}
     while time.monotonic() - t0 < timeout:
         dead = swarm.dead()
         if dead:
@@ -338,6 +350,10 @@ def run_headless(swarm: DemoSwarm, steps: int, timeout: float, report: Optional[
             break
         snaps = swarm.snapshots()
         log.update(snaps)
+        for s in snaps:  # the newest held-out result any validator took (DEMO_EVAL)
+            if s.held_out.version >= 0 and s.held_out.version >= held_out.get("version", -1):
+                held_out = {k: getattr(s.held_out, k) for k in ("version", "n", "pass_rate", "mean_reward",
+                                                                "evaluator", "confirmed", "refused")}
         if snaps:
             counts = rollout_counts(snaps) if len(snaps) == len(swarm.nodes) else counts
         if time.monotonic() >= next_line:
@@ -347,7 +363,8 @@ def run_headless(swarm: DemoSwarm, steps: int, timeout: float, report: Optional[
         if log.learning["warning"] and log.learning["warning"] != warned:
             warned = log.learning["warning"]
             typer.echo(f"NOT LEARNING: {warned}", err=True)
-        if len(log.steps) >= steps:
+        # With evaluation on, the report also waits for the first held-out result (policy v0's).
+        if len(log.steps) >= steps and (held_out or not swarm.evaluates):
             reason = "steps reached"
             break
         time.sleep(POLL_S)
@@ -356,6 +373,7 @@ def run_headless(swarm: DemoSwarm, steps: int, timeout: float, report: Optional[
     doc = {"steps": log.ordered()[:steps], "rollouts": {"accepted": counts["accepted"],
                                                       "rejected": counts["rejected"]},
            "rollouts_generated": counts["generated"], "learning": log.learning,
+           "held_out": held_out or None,
            "requested_steps": steps, "stopped_because": reason,
            "seconds": round(elapsed, 1), "run_id": swarm.run_id, "exit_codes": codes,
            "nodes": [{"name": n.name, "role": n.role, "peer_id": n.peer_id} for n in swarm.nodes]}

@@ -133,14 +133,16 @@ def printable(text: str) -> str:
 
 def render(rows: list[dict[str, Any]]) -> str:
     """The table ``runs`` prints (every cell through :func:`printable`)."""
-    head = ["RUN", "MODEL", "ENV", "ORGANISER", "CID", "NODES", "VERSION", "STEP", "AGE"]
+    head = ["RUN", "MODEL", "ENV", "ORGANISER", "CID", "NODES", "VERSION", "STEP", "HELD-OUT", "AGE"]
     table = [head]
     for r in rows:
         nodes = " ".join(f"{k}={v}" for k, v in sorted(r["nodes"].items())) or "-"
+        h = r.get("held_out")
+        held = "-" if not h else f"{h['pass_rate']:.2f} v{h['version']} n={h['n']} by {h['evaluator'][-8:]}"
         table.append([printable(str(c)) for c in (
             r["run_id"], r["model"], r["env"], r["organiser"][-8:], r["cid"], nodes,
             str(r["policy_version"]) if r["policy_version"] >= 0 else "-",
-            str(r["step"]) if r["step"] >= 0 else "-", _age(r["age_s"]))])
+            str(r["step"]) if r["step"] >= 0 else "-", held, _age(r["age_s"]))])
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
 
@@ -156,7 +158,8 @@ def register(app: typer.Typer) -> None:
                                                          "on the runs gossip topic."),
     ) -> None:
         """List the runs the swarm announces: run ID, model, environment, organiser, manifest CID, nodes
-        seen per role, newest policy version and step, age. Without --bootstrap, a node running with
+        seen per role, newest policy version and step, the newest held-out pass rate (version, problems,
+        evaluator) where a validator evaluates, age. Without --bootstrap, a node running with
         --data-dir is asked (through its own peers); with none running, the config's bootstrap peers or
         the data dir's remembered peers. Exit 1 when no peer answers."""
         d = data_dir(data_dir_opt)

@@ -524,7 +524,8 @@ class ValidatorConfig(_Section):
     evaluate: bool = False
     """Evaluate the policy on the run's held-out problems every run.eval_every versions, in one thread
     at a time after verification's, and gossip a signed result (version, policy hash, pass rate, mean
-    reward, the per-problem rewards; ``roles/validator/evals.py``). Needs run.eval_every > 0. A version
+    reward, the per-problem rewards; ``roles/validator/evals.py``). In a run with run.eval_every 0
+    (nothing held out) it is ignored, with a warning at start. A version
     is skipped when a newer evaluable one is already held: evaluation never queues up behind itself."""
 
     eval_recheck_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
@@ -783,10 +784,6 @@ class NodeConfig(_Section):
             raise ValueError(f"rl.work_ahead {self.rl.work_ahead} exceeds run.async_level "
                              f"{self.run.async_level}: batches made that far ahead would be refused as "
                              "stale; lower rl.work_ahead or raise run.async_level")
-        if self.validator.evaluate and not self.run.eval_every:
-            raise ValueError("validator.evaluate is on but run.eval_every is 0, so the run holds no "
-                             "problem out of training to evaluate on; set run.eval_every (in the run's "
-                             "config) or validator.evaluate = false")
         return self
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any, Literal
 
 from intellect_node.errors import ProtocolError
@@ -221,15 +222,28 @@ def check_model_blob(blob: Manifest, run: RunManifest, file: ModelFile) -> None:
 # -- listings --------------------------------------------------------------------------------------
 
 
+class HeldOutSeen(codec.Message, frozen=True):
+    """The newest held-out evaluation the listing node took for its run (``roles/validator/evals.py``):
+    the listing node's word of a result ``evaluator`` signed, which a validator of the run checks."""
+
+    version: int
+    n: int
+    pass_rate: float
+    mean_reward: float
+    evaluator: str  # peer ID of the node whose signed result this is
+
+
 class RunSeen(codec.Message, frozen=True):
     """One run as the listing node sees it. ``policy_version`` and ``step`` are -1 when it does not
-    know them (it follows no policy, it is not the trainer)."""
+    know them (it follows no policy, it is not the trainer); ``held_out`` is None when it holds no
+    held-out result of the run (only validators of a run with ``run.eval_every`` take them)."""
 
     cid: str  # the run's blob CID
     run_id: str
     nodes: dict[str, int]  # role -> alive nodes of that role seen (the listing node included)
     policy_version: int = -1
     step: int = -1
+    held_out: HeldOutSeen | None = None
 
 
 class RunListing(codec.Message, frozen=True):
@@ -250,6 +264,11 @@ def check_listing(listing: RunListing) -> RunListing:
             raise ProtocolError("a listing's node counts are out of bounds")
         if not -1 <= r.policy_version < 1 << 62 or not -1 <= r.step < 1 << 62:
             raise ProtocolError("a listing's policy version or step is out of range")
+        if (h := r.held_out) is not None:
+            if not (0 <= h.version < 1 << 62 and 1 <= h.n <= 1 << 16 and 0.0 <= h.pass_rate <= 1.0
+                    and math.isfinite(h.mean_reward) and abs(h.mean_reward) <= 1e6):
+                raise ProtocolError("a listing's held-out figures are out of range")
+            public_key_from_peer_id(h.evaluator)
     return listing
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
+import msgspec
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from intellect_node.blobs.addresses import AddressPolicy
@@ -62,6 +63,7 @@ from intellect_node.protocol.run_manifest import (
     RUNS_HTTP_PATH,
     RUNS_KEY,
     RUNS_TOPIC,
+    HeldOutSeen,
     ModelFile,
     RunListing,
     RunManifest,
@@ -219,7 +221,11 @@ class RunsService:
                     counts[str(role)[:32]] = counts.get(str(role)[:32], 0) + 1
         nodes = dict(list(counts.items())[:8])
         version, step = max(-1, snap.policy.current), max(-1, snap.training.step)
-        runs = [RunSeen(cid=cid, run_id=m.run_id, nodes=nodes, policy_version=version, step=step)
+        h = snap.held_out
+        held = HeldOutSeen(version=h.version, n=h.n, pass_rate=h.pass_rate, mean_reward=h.mean_reward,
+                           evaluator=h.evaluator) if h.version >= 0 and h.evaluator else None
+        runs = [RunSeen(cid=cid, run_id=m.run_id, nodes=nodes, policy_version=version, step=step,
+                        held_out=held)
                 if m.run_id == mine else RunSeen(cid=cid, run_id=m.run_id, nodes={})
                 for cid, m in list(self.runs.items())[-MAX_LISTED_RUNS:]]
         return RunListing(node=swarm.peer_id, time_ms=int(time.time() * 1000), runs=runs)
@@ -378,13 +384,17 @@ class RunRow:
     policy_version: int = -1
     step: int = -1
     listed_by: list[str] = field(default_factory=list)
+    held_out: HeldOutSeen | None = None
+    """The newest held-out result listed: of the highest version, one by a validator the run names
+    (``run.validator_peer_ids``) over another node's; a listing node's word (see :class:`HeldOutSeen`)."""
 
     def to_json(self, now_ms: int) -> dict[str, Any]:
         m = self.manifest
         return {"run_id": m.run_id, "model": m.model_name, "env": m.env, "organiser": m.organiser,
                 "cid": self.cid, "nodes": self.nodes, "policy_version": self.policy_version,
                 "step": self.step, "age_s": max(0, (now_ms - m.created_ms) // 1000),
-                "model_bytes": m.model_bytes, "bootstrap": m.bootstrap, "listed_by": self.listed_by}
+                "model_bytes": m.model_bytes, "bootstrap": m.bootstrap, "listed_by": self.listed_by,
+                "held_out": None if self.held_out is None else msgspec.structs.asdict(self.held_out)}
 
 
 async def _get_listing(policy: AddressPolicy, provider: Provider) -> RunListing:
@@ -457,6 +467,14 @@ async def find_runs(swarm: Swarm, blobs: BlobService, *, heard: Sequence[RunList
     return rows_of(listings, manifests)
 
 
+def _held_out_rank(h: HeldOutSeen | None, m: RunManifest) -> tuple[int, int]:
+    """Which listed held-out result a row shows: the newest version, then one by a run validator."""
+    if h is None:
+        return (-1, -1)
+    validators = (m.config_dict().get("run") or {}).get("validator_peer_ids") or []
+    return (h.version, 1 if h.evaluator in validators else 0)
+
+
 def rows_of(listings: Sequence[RunListing], manifests: dict[str, RunManifest | None]) -> list[RunRow]:
     """One row per listed run whose manifest is in ``manifests``, newest first."""
     rows: dict[str, RunRow] = {}
@@ -473,6 +491,8 @@ def rows_of(listings: Sequence[RunListing], manifests: dict[str, RunManifest | N
                 reported.setdefault(seen.cid, []).append(seen.nodes)
             row.policy_version = max(row.policy_version, seen.policy_version)
             row.step = max(row.step, seen.step)
+            if _held_out_rank(seen.held_out, m) > _held_out_rank(row.held_out, m):
+                row.held_out = seen.held_out
     # A role's count is the lower median over the listings that count the run's nodes (a role one does
     # not name: 0), not their maximum: one listing (a node's word) cannot inflate a run's counts; a
     # majority of the listings still can.

@@ -27,6 +27,10 @@ def test_headless_demo_runs_steps_and_reports(tmp_path: Path) -> None:
         assert 0.0 <= s["pass_rate"] <= 1.0 and isinstance(s["reward_mean"], float)
     assert doc["rollouts"]["accepted"] > 0 and doc["rollouts"]["rejected"] >= 0
     assert doc["stopped_because"] == "steps reached"
+    # held-out evaluation is on in the demo: the validator's signed result of policy v0 at least
+    held = doc["held_out"]
+    assert held["n"] == 128 and held["version"] % 5 == 0 and 0.0 <= held["pass_rate"] <= 1.0
+    assert held["evaluator"] in {n["peer_id"] for n in doc["nodes"] if n["role"] == "validator"}
     assert set(doc["exit_codes"]) == {"trainer", "validator0", "worker0", "worker1"}
     assert all(code == 0 for code in doc["exit_codes"].values()), doc["exit_codes"]
     # each worker's ledger recorded what it submitted, and it was flushed on SIGTERM. The workers join by

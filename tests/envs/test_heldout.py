@@ -121,8 +121,14 @@ def test_bad_settings_name_the_field(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="run.eval_every") as err:
         _cfg(eval_every=-1)
     assert err.value.field == "run.eval_every"
-    with pytest.raises(ConfigError, match="validator.evaluate is on but run.eval_every is 0"):
-        build_config({"run": {"run_id": RUN}, "validator": {"evaluate": True}})
+    # A node's own validator.evaluate meets a run that holds nothing out (its settings come from the
+    # manifest when joined by CID): accepted, and the validator does not evaluate.
+    off = build_config({"run": {"run_id": RUN}, "validator": {"evaluate": True}})
+    from intellect_node.config.status import StatusBoard
+    from intellect_node.roles.validator.evals import Evaluations
+
+    assert not Evaluations(off, None, StatusBoard(role="validator"), tmp_path,  # type: ignore[arg-type]
+                           lambda v: None).evaluate
     with pytest.raises(ConfigError, match="validator.eval_recheck_fraction"):
         build_config({"validator": {"eval_recheck_fraction": 1.5}})
     small = build_config({"run": {"run_id": RUN, "eval_every": 1, "eval_problems": 46},

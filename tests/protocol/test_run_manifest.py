@@ -179,3 +179,22 @@ def test_random_bytes_raise_only_protocol_error(data: bytes) -> None:
             opener()
         except ProtocolError:
             pass
+
+
+def test_a_listings_held_out_figures_are_bounded_and_name_a_real_evaluator() -> None:
+    from intellect_node.protocol.run_manifest import HeldOutSeen
+
+    def listing(held: HeldOutSeen) -> RunListing:
+        return RunListing(node=ORGANISER.peer_id, time_ms=1_700_000_000_000,
+                          runs=[RunSeen(cid=BLOB, run_id="r1", nodes={"validator": 1}, held_out=held)])
+
+    good = HeldOutSeen(version=10, n=128, pass_rate=0.25, mean_reward=0.4, evaluator=MALLORY.peer_id)
+    raw = seal_listing(ORGANISER, listing(good))
+    assert open_listing(raw, now_ms=1_700_000_000_000).runs[0].held_out == good
+    for bad in (msgspec.structs.replace(good, pass_rate=1.5), msgspec.structs.replace(good, n=0),
+                msgspec.structs.replace(good, mean_reward=float("nan")),
+                msgspec.structs.replace(good, version=-1)):
+        with pytest.raises(ProtocolError, match="held-out figures"):
+            seal_listing(ORGANISER, listing(bad))
+    with pytest.raises(ProtocolError):
+        seal_listing(ORGANISER, listing(msgspec.structs.replace(good, evaluator="not-a-peer")))

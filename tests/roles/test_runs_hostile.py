@@ -123,3 +123,32 @@ def test_listings_heard_while_waiting_are_bounded_newest_per_node() -> None:
         on_message(RunListing(node="12D3KooWlast", time_ms=t, runs=[]), "12D3KooWlast")
     assert len(heard) == MAX_HEARD_LISTINGS
     assert [x.time_ms for x in heard if x.node == "12D3KooWlast"] == [2]
+
+
+def test_a_row_shows_the_newest_held_out_result_a_run_validator_before_another_node() -> None:
+    import json
+
+    import msgspec
+
+    from intellect_node.commands.runs import render
+    from intellect_node.protocol.ids import cid_of
+    from intellect_node.protocol.run_manifest import HeldOutSeen, RunSeen
+    from intellect_node.roles.runs import rows_of
+
+    cid = cid_of(b"run")
+    validator, other = "12D3KooWvalidator", "12D3KooWother"
+    run = msgspec.structs.replace(_run(), config=json.dumps({"run": {"validator_peer_ids": [validator]}}))
+
+    def listed(node: str, version: int, by: str, rate: float) -> RunListing:
+        held = HeldOutSeen(version=version, n=128, pass_rate=rate, mean_reward=rate, evaluator=by)
+        return RunListing(node=node, time_ms=1, runs=[RunSeen(cid=cid, run_id="r1", nodes={}, held_out=held)])
+
+    (row,) = rows_of([listed("12D3KooWa", 5, validator, 0.2), listed("12D3KooWb", 10, other, 0.9),
+                      listed("12D3KooWc", 10, validator, 0.3), listed("12D3KooWd", 5, other, 0.99)],
+                     {cid: run})
+    assert row.held_out is not None and (row.held_out.version, row.held_out.evaluator) == (10, validator)
+    out = render([row.to_json(now_ms=1)])
+    assert "HELD-OUT" in out and "0.30 v10 n=128 by " + validator[-8:] in out
+    bare = RunListing(node="12D3KooWa", time_ms=1, runs=[RunSeen(cid=cid, run_id="r1", nodes={})])
+    (none,) = rows_of([bare], {cid: run})
+    assert none.held_out is None and none.to_json(now_ms=1)["held_out"] is None

@@ -125,7 +125,12 @@ class Evaluations:
                  held: Callable[[int], tuple[str, LoadedEngine] | None]) -> None:
         run = cfg.run
         self.run_id, self.every, self.seed = run.run_id, run.eval_every, run.eval_seed
-        self.evaluate = cfg.validator.evaluate
+        self.evaluate = cfg.validator.evaluate and run.eval_every > 0
+        if cfg.validator.evaluate and not run.eval_every:
+            # A node's own setting meets a run that holds nothing out (the run's settings come from its
+            # manifest when joined by CID): said once, not an error, so one config joins either kind.
+            log.warning("validator.evaluate is on but run %s holds no problem out of training "
+                        "(run.eval_every is 0 in its settings): this validator does not evaluate", run.run_id)
         self.validators = frozenset(run.validator_peer_ids)
         self.fraction = cfg.validator.eval_recheck_fraction
         self.tolerance = cfg.validator.eval_recheck_tolerance
