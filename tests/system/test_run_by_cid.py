@@ -32,6 +32,7 @@ from intellect_node.protocol.run_manifest import (
     seal_run_manifest,
 )
 from intellect_node.protocol.signing import Envelope, SigningKey
+from tests.support.cli import invoke_cli
 from tests.support.common import CLI, run_cli
 from tests.support.families import build_family_model
 from tests.support.ports import free_port
@@ -51,11 +52,16 @@ def _cli(*args: str, timeout: float = 300) -> Any:
     return run_cli(*args, env=ENV, timeout=timeout)
 
 
+def _here(*args: str) -> Any:
+    """A command that neither serves nor joins (blob store, operator mistakes), in this process."""
+    return invoke_cli(*args, env=ENV)
+
+
 def _put(trainer_dir: Path, raw: bytes, tmp: Path, name: str) -> str:
     """``raw`` as a blob of the organiser's running node (published under the organiser's key)."""
     path = tmp / name
     path.write_bytes(raw)
-    r = _cli("blob", "put", str(path), "--data-dir", str(trainer_dir))
+    r = _here("blob", "put", str(path), "--data-dir", str(trainer_dir))
     assert r.returncode == 0, r.stderr
     return r.stdout.strip().splitlines()[-1]
 
@@ -141,8 +147,8 @@ def test_a_run_made_listed_joined_and_forgeries_refused(tmp_path: Path) -> None:
                                                                  created_ms=manifest.created_ms + 1))
 
         def served(raw_manifest: bytes, name: str) -> Callable[[], str]:
-            return lambda: _refused(tmp_path, f"j-{name}", _put(out / "trainer", raw_manifest, tmp_path,
-                                                                f"{name}.run"), boot)
+            run = _put(out / "trainer", raw_manifest, tmp_path, f"{name}.run")
+            return lambda: _refused(tmp_path, f"j-{name}", run, boot)
 
         cases: dict[str, Callable[[], Any]] = {
             "forged": served(forged, "forged"),
@@ -150,14 +156,14 @@ def test_a_run_made_listed_joined_and_forgeries_refused(tmp_path: Path) -> None:
             "unknown": served(unknown, "unknown"),
             "other-organiser": lambda: _refused(tmp_path, "j-other-organiser", cid, boot, "--organiser",
                                                 mallory.peer_id),
-            # Operator mistakes: exit 2 naming the flag.
-            "run-id": lambda: _cli("join", "--run", cid, "--run-id", "other", "--data-dir",
-                                   str(tmp_path / "j-flag"), "--bootstrap", boot),
-            "organiser-flag": lambda: _cli("join", "--run", cid, "--organiser", "nobody", "--data-dir",
-                                           str(tmp_path / "j-flag2")),
         }
         with ThreadPoolExecutor(len(cases)) as pool:
             got = {name: f.result() for name, f in [(n, pool.submit(fn)) for n, fn in cases.items()]}
+        # Operator mistakes: exit 2 naming the flag, before anything is started.
+        got["run-id"] = _here("join", "--run", cid, "--run-id", "other", "--data-dir",
+                              str(tmp_path / "j-flag"), "--bootstrap", boot)
+        got["organiser-flag"] = _here("join", "--run", cid, "--organiser", "nobody", "--data-dir",
+                                      str(tmp_path / "j-flag2"))
         assert "bad signature" in got["forged"], got["forged"]
         assert "not its signer" in got["mallory"], got["mallory"]
         assert f"not by the organiser {mallory.peer_id}" in got["other-organiser"], got["other-organiser"]
@@ -187,9 +193,9 @@ def test_run_publish_serves_a_run_without_a_role(tmp_path: Path) -> None:
     cid = r.stdout.strip().splitlines()[-1]
     assert f"run publish --data-dir {tmp_path / 'organiser'}" in r.stdout and "(given)" in r.stdout
     # The run's blobs are pinned: `blob gc` leaves the manifest and every model file.
-    r = _cli("blob", "gc", "--min-age", "0", "--data-dir", str(tmp_path / "organiser"))
+    r = _here("blob", "gc", "--min-age", "0", "--data-dir", str(tmp_path / "organiser"))
     assert r.returncode == 0 and "removed 0 blob(s)" in r.stderr, r.stderr
-    r = _cli("blob", "ls", "--json", "--data-dir", str(tmp_path / "organiser"))
+    r = _here("blob", "ls", "--json", "--data-dir", str(tmp_path / "organiser"))
     held = {b["cid"]: b["pinned"] for b in map(json.loads, r.stdout.splitlines())}
     assert held[cid] == "run embedded: its manifest" and all(held.values())
     assert len(held) == len(list(model.iterdir()))  # the manifest, and the files but the thresholds
