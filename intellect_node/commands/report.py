@@ -34,7 +34,8 @@ from typing import Any, Optional
 
 import typer
 
-from intellect_node.errors import ConfigError
+from intellect_node.commands.common import BootstrapOption
+from intellect_node.errors import ConfigError, IntellectNodeError
 
 METRICS = Path("trainer") / "metrics.jsonl"
 HELD_OUT = "held_out.jsonl"
@@ -356,14 +357,44 @@ def render(data: RunData, figs: list[Figure], title: str) -> str:
     return "\n".join(parts) + "\n"
 
 
+def add_feeds(data: RunData, feeds: list[Any], trainer: str, notes: list[str]) -> RunData:
+    """The signed feeds a run's nodes served (``protocol/feed.py``, ``--run``) into ``data``: the
+    trainer's metrics lines when no data dir gave them, every validator's held-out results (one per
+    version and evaluator: a data dir and a feed may hold the same)."""
+    from intellect_node.protocol.feed import objects
+
+    for f in feeds:
+        if f.node == trainer and f.metrics and not data.steps:
+            data.steps = [m for m in objects(f.metrics) if _number(m.get("step")) is not None]
+        data.held_out += [m for m in objects(f.held_out) if _number(m.get("version")) is not None]
+    seen: set[tuple[float, str]] = set()
+    unique = []
+    for m in data.held_out:
+        key = (float(m["version"]), str(m.get("evaluator", "")))
+        if key not in seen:
+            seen.add(key)
+            unique.append(m)
+    data.held_out = sorted(unique, key=lambda m: float(m["version"]))
+    if data.steps:  # the data dirs' note that they held no metrics, answered by the trainer's feed
+        data.notes = [n for n in data.notes if not n.startswith("no trainer metrics")]
+    data.notes += notes
+    if not data.steps and not any(n.startswith("no trainer metrics") for n in data.notes):
+        data.notes.append(f"no trainer metrics: the run's trainer {trainer} served none")
+    return data
+
+
 def write_report(dirs: list[Path], out: Path, *, png_dir: Optional[Path] = None,
-                 title: str = "intellect-node run report") -> tuple[RunData, list[Figure]]:
-    """Collect, draw and write ``out`` (and the PNGs into ``png_dir``)."""
+                 title: str = "intellect-node run report",
+                 swarm: tuple[list[Any], str, list[str]] | None = None) -> tuple[RunData, list[Figure]]:
+    """Collect, draw and write ``out`` (and the PNGs into ``png_dir``). ``swarm``: the feeds of a run's
+    nodes, its trainer's peer ID and notes on what could not be had (``--run``)."""
     from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
 
     if out.is_dir():
         raise ConfigError(f"--out {out} is a folder; give a file name such as report.html", field="out")
-    data = collect(node_dirs(dirs))
+    data = collect(node_dirs(dirs)) if dirs else RunData(dirs=[])
+    if swarm is not None:
+        add_feeds(data, *swarm)
     figs = figures(data)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, render(data, figs, title))
@@ -374,22 +405,71 @@ def write_report(dirs: list[Path], out: Path, *, png_dir: Optional[Path] = None,
     return data, figs
 
 
+def _from_swarm(cid: str, bootstrap: list[str]) -> tuple[list[Any], str, list[str], str]:
+    """The feeds of run ``cid``'s trainer and validators, the trainer's peer ID, notes, the run's ID:
+    through a short-lived swarm with a fresh key (as ``runs``). Exit 1 when the run cannot be had."""
+    import asyncio
+    import tempfile
+
+    from intellect_node.commands.common import data_dir
+    from intellect_node.commands.runs import _is_cid, _network_of
+    from intellect_node.roles.runs import client_swarm, fetch_run, run_feeds
+
+    if not _is_cid(cid):
+        raise ConfigError(f"--run {cid[:80]!r} is not a CID (the run's manifest CID `run init` printed)",
+                          field="--run")
+    addrs, listen = _network_of(data_dir(None), bootstrap, None)
+
+    async def fetch() -> tuple[list[Any], str, list[str], str]:
+        with tempfile.TemporaryDirectory(prefix="intellect-report-") as tmp:
+            async with client_swarm(addrs, listen=listen, data_dir=Path(tmp)) as (swarm, blobs):
+                manifest, _raw = await fetch_run(blobs, cid)
+                feeds, notes = await run_feeds(swarm, manifest)
+                shared = manifest.config_dict().get("run") or {}
+                trainer = str(shared.get("trainer_peer_id") or manifest.organiser)
+                return feeds, trainer, notes, manifest.run_id
+
+    try:
+        return asyncio.run(fetch())
+    except ConfigError:
+        raise
+    except IntellectNodeError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from exc
+
+
 def add_to(group: typer.Typer) -> None:
     """``report`` in the ``run`` group."""
 
     @group.command("report")
     def report(
-        data_dirs: list[Path] = typer.Option(..., "--data-dir", "-d",
+        data_dirs: list[Path] = typer.Option([], "--data-dir", "-d",
                                              help="A node's data dir (the trainer's for the curves; "
                                                   "workers' and validators' add rejections and audits), "
                                                   "or a folder of them such as the demo's. Repeatable."),
+        run: Optional[str] = typer.Option(None, "--run", help="A run's manifest CID: its trainer's metrics "
+                                                              "and its validators' held-out results, "
+                                                              "fetched from the swarm (each signed by its "
+                                                              "node)."),
+        bootstrap: list[str] = BootstrapOption,
         out: Path = typer.Option(..., "--out", help="The HTML file to write (one self-contained page)."),
         png_dir: Optional[Path] = typer.Option(None, "--png-dir", help="Also write each plot as a PNG here."),
         title: str = typer.Option("intellect-node run report", "--title", help="The page's title."),
     ) -> None:
         """Write one HTML page of what a run did: training reward and pass rate, held-out results, step
-        diagnostics, throughput, rejections by reason, audit state."""
-        data, figs = write_report(data_dirs, out, png_dir=png_dir, title=title)
+        diagnostics, throughput, rejections by reason, audit state. From data dirs (--data-dir), or from
+        the swarm (--run CID, with --bootstrap or the remembered peers of the default data dir), or both."""
+        if not data_dirs and run is None:
+            raise ConfigError("nothing to report on: give --data-dir DIR (a node's data dir, or the demo's "
+                              "folder) or --run CID (a run's manifest CID, read from the swarm)",
+                              field="--data-dir")
+        swarm = None
+        if run is not None:
+            swarm = _from_swarm(run, list(bootstrap))
+            if title == "intellect-node run report":
+                title = f"intellect-node run report: {swarm[3]}"
+        data, figs = write_report(data_dirs, out, png_dir=png_dir, title=title,
+                                  swarm=(swarm[0], swarm[1], swarm[2]) if swarm is not None else None)
         typer.echo(f"wrote {out} ({len(data.steps)} steps, {len(figs)} plots"
                    f"{', ' + str(len(data.held_out)) + ' held-out results' if data.held_out else ''})")
         for note in data.notes:

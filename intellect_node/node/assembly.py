@@ -69,6 +69,9 @@ def add_common_services(runtime: NodeRuntime) -> None:
     from intellect_node.roles.runs import RunsService
 
     runtime.add_service(RunsService.for_runtime)
+    from intellect_node.roles.common.feed import FeedService
+
+    runtime.add_service(FeedService.for_runtime)
     from intellect_node.roles.common.audits import AuditWatch
 
     runtime.add_service(AuditWatch.for_runtime)

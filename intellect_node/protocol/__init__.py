@@ -8,7 +8,8 @@ content IDs), ``topics``; ``gossip`` (heartbeats, node info), ``blob`` (blob man
 ``rollout`` (rollout records), ``rl`` (batch notices and verdicts), ``policy`` (policy announcements and
 deltas), ``steps`` (the trainer's step records), ``audits`` (auditors' verdicts), ``evals`` (held-out
 evaluation results), ``binding`` (two hashes the trainer signed for one version: the proof),
-``run_manifest`` (runs and their listings) and ``sweep`` (sweep offers, claims, grants and results)."""
+``run_manifest`` (runs and their listings), ``feed`` (a node's signed metrics and held-out lines, for a
+report made from the swarm) and ``sweep`` (sweep offers, claims, grants and results)."""
 
 from intellect_node.errors import ProtocolError
 

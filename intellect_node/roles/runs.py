@@ -56,6 +56,7 @@ from intellect_node.fsutil import atomic_write_bytes
 from intellect_node.p2p.nat.service import NatService
 from intellect_node.p2p.swarm import Provider, Swarm
 from intellect_node.protocol.blob import Manifest
+from intellect_node.protocol.feed import FEED_HTTP_PATH, MAX_FEED_BYTES, RunFeed, open_feed
 from intellect_node.protocol.run_manifest import (
     MAX_LISTED_RUNS,
     MAX_LISTING_BYTES,
@@ -399,6 +400,14 @@ class RunRow:
 
 async def _get_listing(policy: AddressPolicy, provider: Provider) -> RunListing:
     """A provider's signed listing over HTTP, sent only to an address that is the provider's own."""
+    body = await get_from_provider(policy, provider, RUNS_HTTP_PATH, MAX_LISTING_BYTES + 1024)
+    return open_listing(body, now_ms=int(time.time() * 1000), signer=provider.peer_id)
+
+
+async def get_from_provider(policy: AddressPolicy, provider: Provider, path: str, max_bytes: int, *,
+                            timeout: float = LISTING_TIMEOUT_S) -> bytes:
+    """``GET path`` of a provider's bulk HTTP server, at most ``max_bytes`` read, sent only to an address
+    that is the provider's own (``AddressPolicy``); TransportError for anything but a 200."""
     parts = urlsplit(provider.http_url)
     if parts.scheme != "http" or not parts.hostname or parts.port is None:
         raise TransportError(f"provider URL {provider.http_url[:80]!r} is not a plain http://host:port URL")
@@ -413,16 +422,47 @@ async def _get_listing(policy: AddressPolicy, provider: Provider) -> RunListing:
     if why:
         raise TransportError(why)
     host = f"[{ip}]" if ":" in ip else ip
-    url = f"http://{host}:{parts.port}{parts.path.rstrip('/')}{RUNS_HTTP_PATH}"
+    url = f"http://{host}:{parts.port}{parts.path.rstrip('/')}{path}"
     try:
-        async with ClientSession(timeout=ClientTimeout(total=LISTING_TIMEOUT_S)) as session:
+        async with ClientSession(timeout=ClientTimeout(total=timeout)) as session:
             async with session.get(url, headers={"Host": parts.netloc}) as resp:
                 if resp.status != 200:
                     raise TransportError(f"{url}: HTTP {resp.status}")
-                body = await resp.content.read(MAX_LISTING_BYTES + 1024)
+                return await resp.content.read(max_bytes)
     except (ClientError, asyncio.TimeoutError) as exc:
         raise TransportError(f"{url}: {exc!r}") from exc
-    return open_listing(body, now_ms=int(time.time() * 1000), signer=provider.peer_id)
+
+
+async def run_feeds(swarm: Swarm, run: RunManifest) -> tuple[list[RunFeed], list[str]]:
+    """The signed feeds (``protocol/feed.py``) of the run's trainer and validators among the providers
+    of :data:`RUNS_KEY`, and a line for each that could not be had. A feed that is not its signer's,
+    not of this run or out of bounds is recorded against the provider."""
+    shared = run.config_dict().get("run") or {}
+    trusted = {str(shared.get("trainer_peer_id") or run.organiser),
+               *(str(v) for v in shared.get("validator_peer_ids") or [])}
+    providers = [p for p in (await swarm.find_providers(RUNS_KEY))[:MAX_PROVIDERS_ASKED]
+                 if p.peer_id in trusted]
+    policy = AddressPolicy.from_swarm(swarm)
+    notes: list[str] = []
+
+    async def ask(p: Provider) -> RunFeed | None:
+        try:
+            body = await get_from_provider(policy, p, FEED_HTTP_PATH, MAX_FEED_BYTES + 1, timeout=60.0)
+            return open_feed(body, now_ms=int(time.time() * 1000), signer=p.peer_id, run_id=run.run_id)
+        except MessageIgnored as exc:  # a stamp off our clock: a clock apart is no misbehaviour
+            notes.append(f"the feed of {p.peer_id} was left out: {exc}")
+        except ProtocolError as exc:
+            swarm.peerbook.record_rejection(p.peer_id, f"run feed: {exc}")
+            notes.append(f"the feed of {p.peer_id} was refused: {exc}")
+        except (IntellectNodeError, OSError, ValueError) as exc:
+            notes.append(f"no feed from {p.peer_id}: {exc}")
+        return None
+
+    feeds = [f for f in await asyncio.gather(*(ask(p) for p in providers)) if f is not None]
+    missing = trusted - {p.peer_id for p in providers}
+    notes += [f"{peer} (of the run's trainer and validators) is not among the run's providers"
+              for peer in sorted(missing)]
+    return feeds, notes
 
 
 async def find_runs(swarm: Swarm, blobs: BlobService, *, heard: Sequence[RunListing] = (),

@@ -130,8 +130,9 @@ def test_operator_mistakes_name_the_flag(tmp_path: Path, run: Path) -> None:
     assert "--data-dir" in error("--data-dir", str(tmp_path / "empty"), "--out", str(tmp_path / "r.html"))
     assert "--out" in error("--data-dir", str(run), "--out", str(tmp_path))
     assert not (tmp_path / "r.html").exists()
-    r = invoke("run", "report", "--out", str(tmp_path / "r.html"))
-    assert r.exit_code == 2 and "--data-dir" in r.output
+    nothing = error("--out", str(tmp_path / "r.html"))
+    assert "--data-dir" in nothing and "--run CID" in nothing
+    assert "--run 'not-a-cid' is not a CID" in error("--run", "not-a-cid", "--out", str(tmp_path / "r.html"))
 
 
 CHROMIUM = next((b for b in ("chromium", "chromium-browser", "google-chrome", "chrome") if shutil.which(b)),

@@ -186,8 +186,9 @@ def test_run_publish_serves_a_run_without_a_role(tmp_path: Path) -> None:
 
     model = embedded_model_dir()
     out = tmp_path / "run"
+    organiser = init_key(tmp_path / "organiser").peer_id  # the run's trainer too: its feed is trusted
     r = _cli("run", "init", "--model", str(model), "--run-id", "embedded", "--out", str(out), "--thresholds",
-             str(model / "proof_thresholds.json"), "--trainer-peer-id", SigningKey.generate().peer_id,
+             str(model / "proof_thresholds.json"), "--trainer-peer-id", organiser,
              "--data-dir", str(tmp_path / "organiser"))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     cid = r.stdout.strip().splitlines()[-1]
@@ -199,6 +200,15 @@ def test_run_publish_serves_a_run_without_a_role(tmp_path: Path) -> None:
     held = {b["cid"]: b["pinned"] for b in map(json.loads, r.stdout.splitlines())}
     assert held[cid] == "run embedded: its manifest" and all(held.values())
     assert len(held) == len(list(model.iterdir()))  # the manifest, and the files but the thresholds
+    # What a trainer and an evaluating validator of the run would have written, in the organiser's data
+    # dir: its node serves them as its signed feed, which `run report --run` draws.
+    steps = [{"step": i, "version": i + 1, "trained": True, "pass_rate": i / 10, "reward_mean": i / 10,
+              "kl_sampler": 0.01} for i in range(5)]
+    held = [{"version": v, "n": 64, "pass_rate": v / 20, "mean_reward": v / 20, "evaluator": organiser}
+            for v in (0, 5)]
+    for rel, lines in (("trainer/metrics.jsonl", steps), ("validator/held_out.jsonl", held)):
+        (tmp_path / "organiser" / rel).parent.mkdir(exist_ok=True)
+        (tmp_path / "organiser" / rel).write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"torn')
     port = free_port()
     publisher = NodeProcess(tmp_path / "organiser", env=ENV, argv=[
         CLI, "run", "publish", "--data-dir", str(tmp_path / "organiser"), "--listen",
@@ -225,5 +235,12 @@ def test_run_publish_serves_a_run_without_a_role(tmp_path: Path) -> None:
         r = _cli("runs", "--json", "--data-dir", str(remembered))
         assert r.returncode == 0, r.stderr[-3000:]
         assert [x["cid"] for x in json.loads(r.stdout)] == [cid]
+        # A report of the run from the swarm: the trainer's signed feed, fetched by a fresh node.
+        page = tmp_path / "report.html"
+        r = _cli("run", "report", "--run", cid, "--bootstrap", addr, "--out", str(page))
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        assert "(5 steps," in r.stdout and "2 held-out results" in r.stdout, r.stdout
+        text = page.read_text()
+        assert "intellect-node run report: embedded" in text and "Held-out evaluation" in text
     finally:
         publisher.close()

@@ -5,7 +5,7 @@ model (``models``), fetching blobs from known holders (``fetch``), records as tr
 trainer's policy (``follow``), engine settings (``engines``), completion texts (``completions``) and which
 blobs a node keeps (``pins``); what every node makes of the auditors' verdicts (``audits``), the one hash
 per policy version every node checks (``binding``) and the trainer's signed step records kept in a node's
-ledger (``receipts``).
+ledger (``receipts``); the signed run feed a report made from the swarm reads (``feed``).
 
 Each role is a node service (``start``/``close``/``status``, see ``node/runtime.py``). Its loop runs as
 an asyncio task; every torch call goes to a worker thread (``asyncio.to_thread``) so the event loop
