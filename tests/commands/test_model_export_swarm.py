@@ -1,7 +1,12 @@
-"""``model export --run CID``: the policy a run's trainer announces, fetched by hash through the swarm
-(the run fetched and checked as ``join --run`` does), written as a Hugging Face folder. A real trainer
-process (the demo's run on the embedded model: keys, config and signed manifest as ``intellect-node demo``
-makes them) publishes version 0; a fresh data dir that knows only the trainer's address exports it."""
+"""What a demo run gives out through the swarm, with real processes (the demo's run on the embedded model:
+keys, config and signed manifest as ``intellect-node demo`` makes them, held-out evaluation on):
+
+- ``model export --run CID``: the policy the trainer announces (version 0), fetched by hash by a fresh
+  data dir that knows only the trainer's address (the run fetched and checked as ``join --run`` does),
+  written as a Hugging Face folder;
+- the held-out figures: the validator evaluates version 0 on the run's held-out problems, ``status`` of
+  its data dir shows the result, and ``runs`` on a fresh node lists it (HELD-OUT, the validator as its
+  evaluator)."""
 
 from __future__ import annotations
 
@@ -11,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from intellect_node.commands.demo import DemoSwarm
+from intellect_node.commands.demo import DEMO_EVAL, DemoSwarm
 from intellect_node.trainer.model import initial_policy
 from tests.support.common import run_cli
 from tests.support.ports import free_port
 from tests.support.roles import ENV
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -44,5 +50,29 @@ def test_the_announced_policy_is_exported_from_the_swarm(tmp_path: Path) -> None
         r = run_cli("model", "export", "--data-dir", str(fresh), "--out", str(tmp_path / "again"), env=ENV)
         assert r.returncode == 0, r.stderr[-3000:]
         assert json.loads((tmp_path / "again" / "policy.json").read_text())["policy_hash"] == v0.content_hash
+
+        validator = next(n for n in swarm.nodes if n.role == "validator")
+        swarm._spawn(validator, [boot])
+        swarm._wait_ready(validator, time.monotonic() + 240)
+        assert validator.proc is not None
+        proc = validator.proc
+        wait_for(lambda: proc.status()["snapshot"]["held_out"]["version"] == 0, timeout=300,
+                 interval=1.0, what="the validator's held-out result of v0")
+        r = run_cli("status", "--data-dir", str(validator.data_dir), env=ENV)
+        assert r.returncode == 0 and "held-out    v0: pass rate" in r.stdout, r.stdout[-2000:]
+
+        def listed() -> dict[str, object] | None:
+            r = run_cli("runs", "--bootstrap", boot, "--json", "--data-dir", str(tmp_path / "lister"),
+                        env=ENV, timeout=180)
+            assert r.returncode == 0, r.stderr[-3000:]
+            (row,) = json.loads(r.stdout)
+            held: dict[str, object] | None = row["held_out"]
+            return held
+
+        wait_for(lambda: listed() is not None, timeout=180, interval=2.0,
+                 what="runs listing a held-out result")
+        held = listed()
+        assert held is not None and held["version"] == 0 and held["n"] == DEMO_EVAL["eval_problems"]
+        assert held["evaluator"] == validator.peer_id
     finally:
         swarm.stop()
