@@ -150,7 +150,8 @@ def test_unjudged_batches_are_bounded_per_worker_and_version(tmp_path: Path) -> 
     validator._on_notice((notice("one-more"), WORKER.peer_id), WORKER.peer_id)  # not taken in
     assert validator.counts["unjudged_budget"] == 6 and validator.intake.queued() == 0
     assert "unjudged_budget" in (validator.rt.swarm.peerbook.last_rejection(WORKER.peer_id) or "")
-    assert validator.strikes.get(WORKER.peer_id) is None and validator.rejections.get(WORKER.peer_id) is None
+    workers = validator.reputation
+    assert workers.strikes.get(WORKER.peer_id) is None and workers.rejections.get(WORKER.peer_id) is None
     # The next version is a fresh budget, and another worker has its own.
     asyncio.run(validator.check(notice("next", 1), WORKER.peer_id))
     asyncio.run(validator.check(notice("theirs"), V2.peer_id))

@@ -35,7 +35,7 @@ def test_the_validator_refuses_another_tasks_batch(tmp_path: Path) -> None:
                                batch_bytes=len(data))
         verdict = asyncio.run(validator._check_content(notice, WORKER.peer_id, data, ("policy-hash", None)))
         assert verdict.reason == "wrong_task", verdict
-    assert not validator.trust.get(WORKER.peer_id)
+    assert not validator.reputation.trust.get(WORKER.peer_id)
     # The run's own task passes this check (and goes on to the seeds, which these records do not have).
     cid, data = batch_bytes([record(WORKER, "sums/3", i) for i in range(2)])
     notice = RolloutNotice(run_id=RUN, batch_cid=cid, policy_version=0, n_rollouts=2, batch_bytes=len(data))
