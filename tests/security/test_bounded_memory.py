@@ -41,7 +41,7 @@ def test_validator_per_worker_state_and_status_are_bounded(tmp_path: Path,
             notice = RolloutNotice(run_id=RUN, batch_cid=cid_of(b"%d" % i), policy_version=0, n_rollouts=2,
                                    batch_bytes=100)
             for _ in range(2):
-                verdict = validator._verdict(notice, worker, 0, 2, "seed", "forged")
+                verdict = validator.verification.verdict(notice, worker, 0, 2, "seed", "forged")
                 await validator.publication.publish(verdict, worker)
 
     asyncio.run(main())
@@ -82,7 +82,7 @@ def test_peer_supplied_ids_are_cleaned_in_details(tmp_path: Path) -> None:
     validator = validator_role(tmp_path, VALIDATOR, TRAINER.peer_id)
     notice = RolloutNotice(run_id=RUN, batch_cid=cid_of(b"x"), policy_version=0, n_rollouts=2,
                            batch_bytes=100)
-    verdict = validator._verdict(notice, TRAINER.peer_id, 0, 2, "unknown_task",
+    verdict = validator.verification.verdict(notice, TRAINER.peer_id, 0, 2, "unknown_task",
                                  f"problem {hostile}\nnext line")
     check_verdict(verdict)  # what the protocol requires of every verdict: no control characters
     assert "\n" not in verdict.detail and "\x1b" not in verdict.detail

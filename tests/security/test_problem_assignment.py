@@ -173,7 +173,8 @@ def _check(validator: Any, engine: TorchEngine, recs: list[RolloutRecord], versi
     notice = RolloutNotice(run_id=RUN, batch_cid=cid, policy_version=version, n_rollouts=len(recs),
                            batch_bytes=len(data))
     validator.latest_announced = max(validator.latest_announced, version)
-    verdict: BatchVerdict = asyncio.run(validator._check_content(notice, WORKER.peer_id, data, (CID, engine)))
+    checking = validator.verification._check_content(notice, WORKER.peer_id, data, (CID, engine))
+    verdict: BatchVerdict = asyncio.run(checking)
     asyncio.run(validator.publication.publish(verdict, WORKER.peer_id))  # counted, charged
     return verdict
 

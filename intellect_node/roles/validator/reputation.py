@@ -24,6 +24,8 @@ from typing import Any
 from intellect_node.roles.common.seams import RoleSwarm, RoleTasks
 from intellect_node.roles.common.seen import BoundedMap
 
+POOLS = ("proven", "new")
+"""Workers with accepted work at this validator, and the rest: each has its own slots and scorers."""
 LATENCY_KEPT = 32
 """Recent verdict latencies kept per worker (``latency_s`` in the status), for the 64 latest workers."""
 PEERS_KEPT = 65536

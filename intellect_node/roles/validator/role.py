@@ -8,6 +8,8 @@ The parts, each in its own module; none of them references the ``Validator``, wh
 - ``checks.py``: ``check_batch``, the cheap checks of a decoded batch (a pure function), before any
   reward is scored or tensor computed;
 - ``budget.py``: ``ScoringBudgets``, the scoring time each worker may cost;
+- ``verification.py``: ``Verification``, a batch from its notice to its verdict (steps 1 to 5 below):
+  fetched, an earlier outcome reused, checked (``checks.py``), verified in its worker's pool;
 - ``reputation.py``: ``Reputation``, each worker's record here: its accepted batches (which pool serves
   it), rejections and strikes and the bans they lead to, its verdicts' latency;
 - ``publication.py``: ``Publication``, a verdict counted, charged to its worker and gossiped, and the
@@ -19,8 +21,8 @@ The parts, each in its own module; none of them references the ``Validator``, wh
   task and assignments (``tasks.py``), and ``RoleTasks`` (``seams.py``) for the policy and dispatch loops
   and the per-peer jobs; from ``roles/auditor/``: ``ChainAuditor`` (``chain.py``).
 
-The Validator itself holds the policy versions it can check against, the dispatch of queued notices and
-the check of a batch:
+The Validator itself holds the policy versions it can check against and the dispatch of the notices
+taken in, as jobs.
 
 With ``validator.audit`` on it also replays the trainer's steps from their signed records
 (``roles/auditor/chain.py``) and reports the audit state under ``audit`` in its status.
@@ -91,39 +93,24 @@ admits against that verifier (``roles/common/engines.py``): a pair not calibrate
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from intellect_node.blobs.fetch import public_reason
 from intellect_node.config import NodeConfig
-from intellect_node.config.schema import RLConfig, ValidatorConfig
-from intellect_node.config.status import clean_text
-from intellect_node.envs.assignment import Assignments, Coverage
-from intellect_node.envs.sandbox import Lane, ScoringPool
+from intellect_node.config.schema import ValidatorConfig
+from intellect_node.envs.assignment import Assignments
 from intellect_node.envs.tasks import Task
-from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError
+from intellect_node.errors import ProtocolError
 from intellect_node.inference import make_engine
-from intellect_node.inference.verifier import Expectations, Verifier
 from intellect_node.models.loader import LoadedModel
 from intellect_node.policy.weights import PolicyWeights
-from intellect_node.proofs.thresholds import Thresholds
 from intellect_node.protocol.policy import PolicyAnnouncement
-from intellect_node.protocol.rl import (
-    MAX_DETAIL_LEN,
-    NOT_WORKERS_FAULT,
-    NOTICE_KIND,
-    VERDICT_KIND,
-    BatchVerdict,
-    RolloutNotice,
-    notice_validator,
-)
-from intellect_node.protocol.rollout import MAX_BATCH_SIZE, decode_batch
+from intellect_node.protocol.rl import NOTICE_KIND, VERDICT_KIND, RolloutNotice, notice_validator
+from intellect_node.protocol.rollout import MAX_BATCH_SIZE
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.auditor.chain import ChainAuditor
 from intellect_node.roles.common.audits import audit_gate
@@ -133,27 +120,18 @@ from intellect_node.roles.common.follow import TrainerPolicy
 from intellect_node.roles.common.models import base_model, loaded_from_checkpoint, model_dir
 from intellect_node.roles.common.run import require_trainer
 from intellect_node.roles.common.seams import RoleTasks, Runtime
-from intellect_node.roles.common.seen import BoundedMap, SeenRollouts
+from intellect_node.roles.common.seen import SeenRollouts
 from intellect_node.roles.common.services import blob_service
 from intellect_node.roles.common.tasks import run_assignments, run_task
-from intellect_node.roles.validator.budget import ScoringBudgets, ScoringRules
-from intellect_node.roles.validator.checks import BatchRules, Fault, check_batch
 from intellect_node.roles.validator.evals import Evaluations
 from intellect_node.roles.validator.hops import HopsLog
 from intellect_node.roles.validator.intake import Intake, Limits, Pending
 from intellect_node.roles.validator.publication import Publication
-from intellect_node.roles.validator.reputation import PEERS_KEPT, STATUS_PEERS, Reputation
-
-if TYPE_CHECKING:
-    from intellect_node.inference.torch_engine import TorchEngine
+from intellect_node.roles.validator.reputation import POOLS, Reputation
+from intellect_node.roles.validator.verification import Held, Verification
 
 log = logging.getLogger(__name__)
 
-POOLS = ("proven", "new")
-"""Workers with accepted work at this validator, and the rest: each has its own slots and scorers."""
-NOT_HELD = NOT_WORKERS_FAULT
-"""Verdict reasons that are not the worker's fault (the swarm moved on; this validator lacks the policy;
-its reward checker ran out of time on a completion a faster node scored)."""
 HEARD_RECENTLY_S = 10.0
 """The trainer counts as in earshot this long after its last announcement (it repeats one every 2 s)."""
 
@@ -164,27 +142,23 @@ class Validator:
     # -- set in __init__: the run's settings ------------------------------------------------------
     rt: Runtime
     cfg: NodeConfig
-    rl: RLConfig
     vcfg: ValidatorConfig
     run_id: str
     async_level: int
     allowed: frozenset[str]  # run.worker_allowlist (empty: an open run)
     task: Task
-    assignments: Assignments
+    assignments: Assignments  # each worker's problems (envs/assignment.py)
     base: LoadedModel  # the run's model without weights: each policy version brings its own
     device: str
-    thresholds: Thresholds
     dir: Path  # <data-dir>/validator
     audit_refusal: Callable[[], str]  # "" while the trainer may be verified for
 
     # -- set in __init__: the parts (see the module docstring) -------------------------------------
     tasks: RoleTasks  # the policy and dispatch loops; per-peer jobs
     intake: Intake
-    rules: BatchRules
-    budgets: ScoringBudgets
-    scorers: dict[str, ScoringPool]  # per pool
     reputation: Reputation
     hops: HopsLog
+    verification: Verification
     publication: Publication
     evals: Evaluations
 
@@ -194,33 +168,21 @@ class Validator:
     auditor: ChainAuditor | None = None  # only with validator.audit
 
     # -- the policy: versions announced and held ---------------------------------------------------
-    engines: OrderedDict[int, tuple[str, TorchEngine]]  # version -> (checkpoint hash, engine)
-    latest_announced: int
+    engines: OrderedDict[int, Held]  # version -> (checkpoint hash, engine), the last async_level + 1
+    latest_announced: int  # -1: none yet
     _heard_trainer: float  # when the last announcement (new or repeated) came; -inf: never
 
-    # -- dispatch: the jobs running in each pool ---------------------------------------------------
-    _wake: asyncio.Event
-    _pools: dict[str, int]  # jobs running in each pool
-    _slots: dict[str, asyncio.Semaphore]  # verifications running in each pool
-
-    # -- verification: what was checked and decided here -------------------------------------------
-    seen: SeenRollouts  # rollouts counted, per version
+    # -- intake and dispatch -----------------------------------------------------------------------
     notices: SeenRollouts  # "worker\0CID" of notices taken in, per version (replays are ignored)
-    outcomes: BoundedMap[tuple[str, str], tuple[bool, str, str, str]]
-    """(worker, sha256 of the batch) -> (accepted, reason, detail, first CID): resubmissions reuse it."""
-    unjudged: BoundedMap[tuple[str, int], int]
-    """(worker, version) -> its batches left reward_unjudged here (``validator.unjudged_per_version``)."""
-    coverage: Coverage  # the assignment windows each worker submitted and skipped
-    rng: random.Random  # which groups get the tensor checks
-    verify_s: float  # seconds spent in the verifier
-    counts: dict[str, int]  # the validator's own tallies (the parts keep theirs)
+    _wake: asyncio.Event  # a notice taken in, a job done, a version held
+    _pools: dict[str, int]  # jobs running in each pool
+    counts: dict[str, int]  # the intake's tallies (the parts keep theirs)
 
     def __init__(self, runtime: Runtime) -> None:
         cfg = runtime.config
         require_trainer(cfg, "validator")
         self.rt = runtime
         self.cfg = cfg
-        self.rl = cfg.rl
         self.vcfg = cfg.validator
         self.run_id = cfg.run.run_id
         self.async_level = cfg.run.async_level
@@ -229,22 +191,19 @@ class Validator:
         self.assignments = run_assignments(cfg, self.task)
         self.base = base_model(cfg)
         self.device = cfg.inference.device
-        self.thresholds = run_thresholds(cfg, model_dir(cfg))
         self.dir = Path(runtime.data_dir) / "validator"
         self.audit_refusal = audit_gate(runtime)
 
         self.tasks = RoleTasks(runtime, "validator")
         self.intake = Intake(Limits.from_config(self.vcfg, max_batch_bytes=MAX_BATCH_SIZE),
                              exempt=self.allowed)
-        self.rules = BatchRules(run_id=self.run_id, group_size=self.rl.group_size, task=self.task,
-                                assignments=self.assignments)
-        self.budgets = ScoringBudgets(ScoringRules.from_config(cfg))
-        # Workers with accepted work ("proven") and the rest ("new") each have their own job slots,
-        # verification slots and scoring processes: fresh keys cannot hold what proven workers need.
-        self.scorers = {pool: ScoringPool(self.vcfg.scoring_processes) for pool in POOLS}
-        self.reputation = Reputation(runtime.swarm, self.tasks, ban_after=self.rl.ban_after,
+        self.reputation = Reputation(runtime.swarm, self.tasks, ban_after=cfg.rl.ban_after,
                                      strikes_ban_after=self.vcfg.strikes_ban_after, on_ban=self.intake.forget)
         self.hops = HopsLog(self.dir)
+        self.verification = Verification(cfg, task=self.task, assignments=self.assignments,
+                                         thresholds=run_thresholds(cfg, model_dir(cfg)), board=runtime.board,
+                                         reputation=self.reputation, hops=self.hops, fetch=self._fetch,
+                                         held=self._held_engine, newest=lambda: self.latest_announced)
         self.publication = Publication(runtime.swarm, runtime.board, self.reputation, self.hops,
                                        topic(self.run_id, VERDICT_KIND))
         self.evals = Evaluations(cfg, runtime.swarm, runtime.board, self.dir, self._held_engine)
@@ -253,19 +212,10 @@ class Validator:
         self.latest_announced = -1
         self._heard_trainer = float("-inf")
 
+        self.notices = SeenRollouts()
         self._wake = asyncio.Event()
         self._pools = {pool: 0 for pool in POOLS}
-        self._slots = {pool: asyncio.Semaphore(self.vcfg.max_verifications) for pool in POOLS}
-
-        self.seen = SeenRollouts()
-        self.notices = SeenRollouts()
-        self.outcomes = BoundedMap(8192)
-        self.unjudged = BoundedMap(8192)
-        self.coverage = Coverage(PEERS_KEPT)
-        self.rng = random.Random()
-        self.verify_s = 0.0
-        self.counts = {"reused": 0, "replayed": 0, "not_allowed": 0, "verified": 0, "verified_full": 0,
-                       "refused_audit": 0, "unjudged_budget": 0}
+        self.counts = {"replayed": 0, "not_allowed": 0, "refused_audit": 0}
 
     @classmethod
     def for_runtime(cls, runtime: Runtime) -> "Validator":
@@ -292,8 +242,7 @@ class Validator:
             self.tasks.loop("validator-audit", self.auditor.run, may_end=True)
 
     async def close(self) -> None:
-        for scorer in self.scorers.values():  # first: a check in a thread stops waiting on its answer
-            scorer.close()
+        self.verification.close()  # first: a check in a thread stops waiting on its answer
         await self.tasks.close()
         self.evals.close()
         self.hops.close()
@@ -302,11 +251,8 @@ class Validator:
 
     def status(self) -> dict[str, Any]:
         return {"versions_held": list(self.engines), "queue": self.intake.queued(), **self.counts,
-                **self.publication.counts, **self.reputation.counts,
-                "verify_s": round(self.verify_s, 3), "jobs": dict(self._pools),
-                "scoring": {**{pool: {"busy": sc.busy, "started": sc.started, "killed": sc.killed}
-                               for pool, sc in self.scorers.items()}, **self.budgets.status()},
-                "intake": self.intake.status(),
+                **self.verification.counts, **self.publication.counts, **self.reputation.counts,
+                "jobs": dict(self._pools), "intake": self.intake.status(),
                 "audit": self.auditor.status() if self.auditor is not None else None,
                 "audit_refusal": self.audit_refusal(),
                 "refused_announcements": self.policy.refused_announcements if self.policy is not None else 0,
@@ -314,7 +260,7 @@ class Validator:
                 "trainer_silent_s": (round(time.monotonic() - self._heard_trainer, 1)
                                      if self._heard_trainer > float("-inf") else None),
                 **self.reputation.status(),  # rejections, reasons and strikes by worker; latency_s
-                "assignments_by_worker": self.coverage.report(STATUS_PEERS),
+                **self.verification.status(),  # verify_s, scoring, assignments_by_worker
                 "held_out": self.evals.status()}
 
     def _notice_validator(self) -> Callable[[bytes, str], tuple[RolloutNotice, str]]:
@@ -352,7 +298,7 @@ class Validator:
     def _forget_stale(self) -> None:
         """Rollouts and notices of versions now stale are refused as such before they are looked up."""
         floor = self.latest_announced - self.async_level
-        self.seen.forget_below(floor)
+        self.verification.forget_below(floor)
         self.notices.forget_below(floor)
 
     async def _add_engine(self, version: int, ckpt: PolicyWeights) -> None:
@@ -368,8 +314,13 @@ class Validator:
         self._wake.set()
         self.evals.policy_loaded(version, ckpt.content_hash, engine)
 
-    def _held_engine(self, version: int) -> tuple[str, TorchEngine] | None:
+    def _held_engine(self, version: int) -> Held | None:
         return self.engines.get(version)
+
+    async def _fetch(self, cid: str, worker: str, size: int, timeout: float) -> bytes:
+        assert self.fetcher is not None, "jobs run only after start()"
+        return await self.fetcher.fetch(cid, holders=[worker], max_size=MAX_BATCH_SIZE, size=size,
+                                        timeout=timeout)
 
     def _decidable(self, version: int) -> bool:
         """A notice of ``version`` can be judged now: its policy is held, or it never will be (older than
@@ -390,8 +341,7 @@ class Validator:
         if self.notices.first_seen(notice.policy_version, taken) is not None:
             self.counts["replayed"] += 1
             return
-        if self._unjudged_spent(worker, notice.policy_version):
-            self.counts["unjudged_budget"] += 1
+        if self.verification.unjudged_spent(worker, notice.policy_version):  # counted there
             self.rt.swarm.peerbook.record_rejection(
                 worker, f"notice {notice.batch_cid}: unjudged_budget: {self.vcfg.unjudged_per_version} "
                 f"batches at v{notice.policy_version} left unjudged here", counts=False)
@@ -406,9 +356,6 @@ class Validator:
             return
         self.notices.add(notice.policy_version, taken)
         self._wake.set()
-
-    def _unjudged_spent(self, worker: str, version: int) -> bool:
-        return (self.unjudged.get((worker, version)) or 0) >= self.vcfg.unjudged_per_version
 
     async def _dispatch_loop(self) -> None:
         while True:
@@ -437,7 +384,7 @@ class Validator:
 
     async def _job(self, p: Pending, pool: str) -> None:
         try:
-            verdict = await self.check(p.notice, p.worker)
+            verdict = await self.verification.check(p.notice, p.worker)
             await self.publication.publish(verdict, p.worker, arrived=p.arrived)
         finally:
             self._pools[pool] -= 1
@@ -453,122 +400,7 @@ class Validator:
         # A lie is the worker's fault ("future", a strike); the trainer must read it as such, not as an
         # abstention ("policy_version").
         reason = "future" if lie else "policy_version"
-        verdict = self._verdict(p.notice, p.worker, 0, p.notice.n_rollouts, reason,
-                                f"no policy v{v} after {self.vcfg.policy_wait_s:.0f} s (newest announced "
-                                f"v{self.latest_announced})")
+        verdict = self.verification.verdict(p.notice, p.worker, 0, p.notice.n_rollouts, reason,
+                                            f"no policy v{v} after {self.vcfg.policy_wait_s:.0f} s (newest "
+                                            f"announced v{self.latest_announced})")
         await self.publication.publish(verdict, p.worker, arrived=p.arrived)
-
-    # -- verification ----------------------------------------------------------------------------
-
-    def _verdict(self, notice: RolloutNotice, worker: str, n_ok: int, n_bad: int, reason: str = "",
-                 detail: str = "") -> BatchVerdict:
-        # Details quote peer-supplied IDs: one line, no control characters, bounded (protocol.rl checks).
-        return BatchVerdict(run_id=self.run_id, batch_cid=notice.batch_cid, worker=worker,
-                            policy_version=notice.policy_version, accepted=n_bad == 0 and n_ok > 0,
-                            n_accepted=n_ok, n_rejected=n_bad, reason=reason[:64],
-                            detail=clean_text(detail, MAX_DETAIL_LEN))
-
-    def fetch_deadline(self, size: int) -> float:
-        return self.vcfg.fetch_timeout_s + size / self.vcfg.fetch_bytes_per_s
-
-    async def check(self, notice: RolloutNotice, worker: str) -> BatchVerdict:
-        n, v = notice.n_rollouts, notice.policy_version
-        if v < self.latest_announced - self.async_level:
-            return self._verdict(notice, worker, 0, n, "stale", f"version {v}, newest "
-                                 f"{self.latest_announced}, async_level {self.async_level}")
-        held = self.engines.get(v)
-        if held is None:
-            reason = "stale" if v < self.latest_announced else "policy_version"
-            return self._verdict(notice, worker, 0, n, reason, f"no policy v{v} to check against")
-        if self._unjudged_spent(worker, v):  # queued before the budget ran out: no fetch, no scoring
-            self.counts["unjudged_budget"] += 1
-            return self._verdict(notice, worker, 0, n, "reward_unjudged", f"not scored: "
-                                 f"{self.vcfg.unjudged_per_version} batches at v{v} left unjudged here")
-        deadline = self.fetch_deadline(notice.batch_bytes)
-        assert self.fetcher is not None, "jobs run only after start()"
-        try:
-            data = await self.fetcher.fetch(notice.batch_cid, holders=[worker], max_size=MAX_BATCH_SIZE,
-                                            size=notice.batch_bytes, timeout=deadline)
-        # Published details are fixed phrases: the exception's text can carry the address, port and answers
-        # of a provider the worker chose (a port-scan oracle in every verdict).
-        except IntegrityError as exc:  # not the size it announced
-            return self._verdict(notice, worker, 0, n, "malformed", public_reason(exc))
-        except (IntellectNodeError, asyncio.TimeoutError) as exc:
-            log.info("batch %s of %s not fetched: %s", notice.batch_cid, worker, exc)
-            return self._verdict(notice, worker, 0, n, "unavailable",
-                                 f"within {deadline:.0f} s: {public_reason(exc)}")
-        self.hops.fetched(worker, notice.batch_cid)
-        digest = hashlib.sha256(data).hexdigest()
-        prior = self.outcomes.get((worker, digest))
-        if prior is not None:  # the same bytes again: no second verification
-            self.counts["reused"] += 1
-            accepted, reason, detail, first = prior
-            if accepted or reason == "duplicate":
-                return self._verdict(notice, worker, 0, n, "duplicate", f"the same batch as {first}")
-            return self._verdict(notice, worker, 0, n, reason, f"the same batch as {first}: {detail}")
-        async with self._slots[self.reputation.pool(worker)]:
-            verdict = await self._check_content(notice, worker, data, held)
-        if verdict.reason not in NOT_HELD:  # undecided here: the same bytes again are checked again
-            self.outcomes.put((worker, digest),
-                              (verdict.accepted, verdict.reason, verdict.detail, notice.batch_cid))
-        elif verdict.reason == "reward_unjudged":  # ... within the worker's budget at this version
-            self.unjudged.put((worker, v), (self.unjudged.get((worker, v)) or 0) + 1)
-        return verdict
-
-    async def _check_content(self, notice: RolloutNotice, worker: str, data: bytes,
-                             held: tuple[str, TorchEngine]) -> BatchVerdict:
-        n, v = notice.n_rollouts, notice.policy_version
-        try:
-            batch = await asyncio.to_thread(decode_batch, data)
-        except ProtocolError as exc:
-            return self._verdict(notice, worker, 0, n, "malformed", str(exc))
-        checked = check_batch(batch, notice, worker, self.rules, self.seen)
-        if isinstance(checked, Fault):
-            return self._verdict(notice, worker, 0, n, checked.reason, checked.detail)
-        recs, groups, keys = batch.rollouts, checked.groups, checked.keys
-        self.coverage.add(worker, v, checked.window)
-        self.seen.add(v, keys)  # reserved now; released below unless accepted
-        accepted = False
-        try:
-            ckpt_hash, engine = held
-            expect = Expectations(run_id=self.run_id, policy_version=v, checkpoint_cid=ckpt_hash,
-                                  temperature=self.rl.temperature, top_p=1.0,
-                                  max_new_tokens=self.rl.max_new_tokens)
-            verifier = Verifier(engine, self.thresholds, expect, resolve=self.task.get)
-            full = list(range(len(recs)))
-            proven = self.reputation.proven(worker)
-            everything = self.rl.verify_fraction >= 1.0 or proven < self.rl.verify_first_batches
-            if not everything:
-                k = max(1, round(len(groups) * self.rl.verify_fraction))
-                full = sorted(i for g in self.rng.sample(groups, k) for i in range(g.start, g.stop))
-            t0 = time.monotonic()
-            # Cheap checks (signature, sanity, reward) on all; tensor checks on the sampled groups only.
-            # Rewards are scored in the sender's lane, under a meter charged to it.
-            meter = self.budgets.meter(worker, n, t0)
-            lane = Lane(self.scorers[self.reputation.pool(worker)], meter)
-            checked_idx = set(full)
-            try:
-                by_record = await asyncio.to_thread(verifier.verify, recs, tensor_checks=checked_idx,
-                                                    scoring=lane)
-            finally:
-                self.budgets.charge(worker, meter, time.monotonic())
-            self.verify_s += time.monotonic() - t0
-            self.counts["verified"] += 1
-            self.counts["verified_full"] += everything
-            # The tensor-checked rollouts' verdicts first: the first rejection in this order names the batch.
-            verdicts = ([by_record[i] for i in full]
-                        + [by_record[i] for i in range(n) if i not in checked_idx])
-            bad = [r for r in verdicts if not r.accepted]
-            for r in verdicts:
-                self.rt.board.proof_checked(r.accepted, reason=r.reason or "")
-            if bad:
-                # A fault of the worker names the batch before a rollout this validator could not judge.
-                first = next((b for b in bad if b.reason not in NOT_HELD), bad[0])
-                return self._verdict(notice, worker, n - len(bad), len(bad), first.reason or "rejected",
-                                     first.detail)
-            accepted = True
-            self.reputation.accepted(worker)
-            return self._verdict(notice, worker, n, 0)
-        finally:
-            if not accepted:
-                self.seen.discard(v, keys)
