@@ -266,7 +266,7 @@ def test_a_checker_that_times_out_here_does_not_blame_the_worker(engine: TorchEn
     """A slow validator's reward checker can time out on a completion a faster worker scored: that is
     ``reward_unjudged`` (a validator counts it as unchecked), never ``reward``; a checker that answers
     with another score is still ``reward``."""
-    from intellect_node.roles.validator.role import NOT_HELD
+    from intellect_node.roles.validator.verification import NOT_HELD
 
     scored = next((r for r in honest if r.reward == 1.0), None) or resign(honest[0], WORKER, reward=1.0)
     th = load_thresholds(engine.loaded.path, "float32")
@@ -284,7 +284,7 @@ def test_slow_answers_past_the_honest_rate_are_held_against_the_batch(engine: To
     whole time limit each and be ``reward_unjudged`` (not held). Under a meter allowing one timeout, the
     first is that; the second makes the batch ``scoring_budget`` (held against the worker), and the rest
     is not scored: real scoring processes, two timeouts and no third call."""
-    from intellect_node.roles.validator.role import NOT_HELD
+    from intellect_node.roles.validator.verification import NOT_HELD
 
     tok = engine.loaded.tokenizer
     slow = [f"9^{{9^{{9^{{{d}}}}}}}" for d in (8, 7, 6, 5)]  # 9^{9^{9^{8}}}: sympy never finishes

@@ -22,7 +22,8 @@ from intellect_node.roles.common.seen import describe_key
 from intellect_node.roles.trainer import role as trainer_mod
 from intellect_node.roles.trainer.admission import Admission
 from intellect_node.roles.trainer.batching import Accepted
-from intellect_node.roles.validator import role as validator_mod
+from intellect_node.roles.validator import hops as hops_mod
+from intellect_node.roles.validator import reputation as reputation_mod
 from tests.security._roles_inproc import RUN, trainer_role, validator_role
 
 TRAINER, VALIDATOR = SigningKey(bytes([41]) * 32), SigningKey(bytes([42]) * 32)
@@ -30,8 +31,8 @@ TRAINER, VALIDATOR = SigningKey(bytes([41]) * 32), SigningKey(bytes([42]) * 32)
 
 def test_validator_per_worker_state_and_status_are_bounded(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(validator_mod, "PEERS_KEPT", 50)
-    monkeypatch.setattr(validator_mod, "HOPS_MAX_BYTES", 2000)
+    monkeypatch.setattr(reputation_mod, "PEERS_KEPT", 50)
+    monkeypatch.setattr(hops_mod, "HOPS_MAX_BYTES", 2000)
     validator = validator_role(tmp_path, VALIDATOR, TRAINER.peer_id, ban_after=1000)
 
     async def main() -> None:
@@ -40,13 +41,14 @@ def test_validator_per_worker_state_and_status_are_bounded(tmp_path: Path,
             notice = RolloutNotice(run_id=RUN, batch_cid=cid_of(b"%d" % i), policy_version=0, n_rollouts=2,
                                    batch_bytes=100)
             for _ in range(2):
-                await validator.publish(validator._verdict(notice, worker, 0, 2, "seed", "forged"), worker)
+                verdict = validator.verification.verdict(notice, worker, 0, 2, "seed", "forged")
+                await validator.publication.publish(verdict, worker)
 
     asyncio.run(main())
-    assert len(validator.rejections) <= 50 and len(validator.reasons) <= 50
+    assert len(validator.reputation.rejections) <= 50 and len(validator.reputation.reasons) <= 50
     st = validator.status()
-    assert len(st["rejections_by_worker"]) <= validator_mod.STATUS_PEERS
-    assert len(st["reasons_by_worker"]) <= validator_mod.STATUS_PEERS
+    assert len(st["rejections_by_worker"]) <= reputation_mod.STATUS_PEERS
+    assert len(st["reasons_by_worker"]) <= reputation_mod.STATUS_PEERS
     hops = tmp_path / "validator" / "hops.jsonl"
     assert hops.stat().st_size <= 2000 + 400 and (tmp_path / "validator" / "hops.jsonl.1").exists()
 
@@ -80,7 +82,7 @@ def test_peer_supplied_ids_are_cleaned_in_details(tmp_path: Path) -> None:
     validator = validator_role(tmp_path, VALIDATOR, TRAINER.peer_id)
     notice = RolloutNotice(run_id=RUN, batch_cid=cid_of(b"x"), policy_version=0, n_rollouts=2,
                            batch_bytes=100)
-    verdict = validator._verdict(notice, TRAINER.peer_id, 0, 2, "unknown_task",
+    verdict = validator.verification.verdict(notice, TRAINER.peer_id, 0, 2, "unknown_task",
                                  f"problem {hostile}\nnext line")
     check_verdict(verdict)  # what the protocol requires of every verdict: no control characters
     assert "\n" not in verdict.detail and "\x1b" not in verdict.detail

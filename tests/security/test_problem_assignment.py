@@ -173,8 +173,9 @@ def _check(validator: Any, engine: TorchEngine, recs: list[RolloutRecord], versi
     notice = RolloutNotice(run_id=RUN, batch_cid=cid, policy_version=version, n_rollouts=len(recs),
                            batch_bytes=len(data))
     validator.latest_announced = max(validator.latest_announced, version)
-    verdict: BatchVerdict = asyncio.run(validator._check_content(notice, WORKER.peer_id, data, (CID, engine)))
-    asyncio.run(validator.publish(verdict, WORKER.peer_id))  # counted and charged as the role does
+    checking = validator.verification._check_content(notice, WORKER.peer_id, data, (CID, engine))
+    verdict: BatchVerdict = asyncio.run(checking)
+    asyncio.run(validator.publication.publish(verdict, WORKER.peer_id))  # counted, charged
     return verdict
 
 
@@ -182,7 +183,7 @@ def test_a_worker_choosing_easy_problems_is_refused_and_charged(tmp_path: Path, 
     validator = _validator(tmp_path)
     easy = _check(validator, engine, _records(engine, ["add3/0", "add3/1"], 0), 0)  # 000+000, 000+001
     assert not easy.accepted and easy.reason == "not_assigned", easy
-    assert validator.rejections.get(WORKER.peer_id) == 1
+    assert validator.reputation.rejections.get(WORKER.peer_id) == 1
     assert [r.split(": ")[1] for p, r in validator.rt.swarm.peerbook.rejections
             if p == WORKER.peer_id] == ["not_assigned"]
 

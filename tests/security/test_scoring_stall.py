@@ -147,7 +147,7 @@ def test_two_stalling_keys_do_not_delay_an_honest_verdict(tmp_path: Path, engine
     honest = generate_rollouts(engine, engine.loaded.tokenizer, [_problem(validator, HONEST)] * GROUP,
                                key=HONEST, run_id=RUN, policy_version=0, checkpoint=CID,
                                sampling=SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=MAX_NEW))
-    validator.trust.put(HONEST.peer_id, 1)  # it has had a batch accepted here
+    validator.reputation.trust.put(HONEST.peer_id, 1)  # it has had a batch accepted here
     fetcher = Fetcher()
     attacks = {key.peer_id: fetcher.put(_attack(validator, key, SLOW[4 * i:4 * i + 4]))
                for i, key in enumerate((A1, A2))}
@@ -157,13 +157,14 @@ def test_two_stalling_keys_do_not_delay_an_honest_verdict(tmp_path: Path, engine
         for worker, notice in attacks.items():
             validator._on_notice((notice, worker), worker)
         # Both attackers' answers are in scoring processes (each call runs until its 60 s limit).
-        await _until(lambda: validator.scorers["new"].busy == 2, "both attackers being scored", 120)
+        scorers = validator.verification.scorers
+        await _until(lambda: scorers["new"].busy == 2, "both attackers being scored", 120)
         validator._on_notice((honest_notice, HONEST.peer_id), HONEST.peer_id)
         await _until(lambda: HONEST.peer_id in _verdicts(validator), "the honest verdict", 50)
         published = _verdicts(validator)
         assert published[HONEST.peer_id].accepted, published[HONEST.peer_id]
         assert not set(attacks) & set(published), "an attacker's batch was done before the honest one"
-        assert validator.scorers["new"].busy == 2  # still at their first answers
+        assert scorers["new"].busy == 2  # still at their first answers
 
     asyncio.run(_running(validator, fetcher, body))
 
@@ -183,8 +184,9 @@ def test_a_batch_past_its_timeouts_is_refused_and_held_against_its_sender(tmp_pa
     assert (verdict.accepted, verdict.reason) == (False, "scoring_budget"), verdict
     assert "2 answers ran past the time limit, at most 1" in verdict.detail
     # Two answers scored (the allowed timeout, the one past it); the other two never were.
-    assert validator.scorers["new"].killed == 2 and validator.scorers["proven"].started == 0
-    assert validator.rejections.get(A1.peer_id) == 1  # toward rl.ban_after
+    scorers = validator.verification.scorers
+    assert scorers["new"].killed == 2 and scorers["proven"].started == 0
+    assert validator.reputation.rejections.get(A1.peer_id) == 1  # toward rl.ban_after
     assert any("scoring_budget" in why for peer, why in validator.rt.swarm.peerbook.rejections
                if peer == A1.peer_id)
     assert validator.status()["scoring"]["refused"] == 1

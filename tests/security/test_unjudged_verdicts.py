@@ -97,15 +97,16 @@ def test_the_validator_checks_the_same_bytes_again_after_an_undecided_verdict(tm
         calls.append(notice.batch_cid)
         # The first time this validator's checker runs out of time; the second time it gets through.
         reason = "reward_unjudged" if len(calls) == 1 else ""
-        return validator._verdict(notice, worker, 0 if reason else 2, 2 if reason else 0, reason)
+        return validator.verification.verdict(notice, worker, 0 if reason else 2, 2 if reason else 0, reason)
 
-    validator._check_content = check_content
+    validator.verification._check_content = check_content
     # The same bytes under two blob names (the worker sent them again once the validator caught up).
     first, again = (RolloutNotice(run_id=RUN, batch_cid=c, policy_version=0, n_rollouts=2,
                                   batch_bytes=len(data)) for c in (batch_bytes(recs)[0], cid_of(b"again")))
 
     async def main() -> tuple[BatchVerdict, BatchVerdict]:
-        return await validator.check(first, WORKER.peer_id), await validator.check(again, WORKER.peer_id)
+        checks = validator.verification
+        return await checks.check(first, WORKER.peer_id), await checks.check(again, WORKER.peer_id)
 
     v1, v2 = asyncio.run(main())
     assert v1.reason == "reward_unjudged"
@@ -131,27 +132,30 @@ def test_unjudged_batches_are_bounded_per_worker_and_version(tmp_path: Path) -> 
 
     async def check_content(notice: RolloutNotice, worker: str, data: bytes, held: Any) -> BatchVerdict:
         checked.append(notice.policy_version)  # its checker runs out of time on every copy
-        return validator._verdict(notice, worker, 0, 2, "reward_unjudged", "the checker timed out here")
+        return validator.verification.verdict(notice, worker, 0, 2, "reward_unjudged",
+                                              "the checker timed out here")
 
-    validator._check_content = check_content
+    validator.verification._check_content = check_content
 
     def notice(name: str, version: int = 0) -> RolloutNotice:
         return RolloutNotice(run_id=RUN, batch_cid=cid_of(name.encode()), policy_version=version,
                              n_rollouts=2, batch_bytes=len(data))
 
     async def main() -> list[BatchVerdict]:
-        return [await validator.check(notice(f"again-{i}"), WORKER.peer_id) for i in range(budget + 5)]
+        return [await validator.verification.check(notice(f"again-{i}"), WORKER.peer_id)
+                for i in range(budget + 5)]
 
     verdicts = asyncio.run(main())
     assert checked == [0] * budget  # scored while the budget lasted, then not any more
     assert {v.reason for v in verdicts} == {"reward_unjudged"} and not any(v.ban for v in verdicts)
-    assert validator.counts["unjudged_budget"] == 5
+    assert validator.verification.counts["unjudged_budget"] == 5
     assert validator.status()["unjudged_budget"] == 5
     validator._on_notice((notice("one-more"), WORKER.peer_id), WORKER.peer_id)  # not taken in
-    assert validator.counts["unjudged_budget"] == 6 and validator.intake.queued() == 0
+    assert validator.verification.counts["unjudged_budget"] == 6 and validator.intake.queued() == 0
     assert "unjudged_budget" in (validator.rt.swarm.peerbook.last_rejection(WORKER.peer_id) or "")
-    assert validator.strikes.get(WORKER.peer_id) is None and validator.rejections.get(WORKER.peer_id) is None
+    workers = validator.reputation
+    assert workers.strikes.get(WORKER.peer_id) is None and workers.rejections.get(WORKER.peer_id) is None
     # The next version is a fresh budget, and another worker has its own.
-    asyncio.run(validator.check(notice("next", 1), WORKER.peer_id))
-    asyncio.run(validator.check(notice("theirs"), V2.peer_id))
+    asyncio.run(validator.verification.check(notice("next", 1), WORKER.peer_id))
+    asyncio.run(validator.verification.check(notice("theirs"), V2.peer_id))
     assert checked == [0] * budget + [1, 0]

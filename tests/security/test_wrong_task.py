@@ -28,18 +28,19 @@ def _tasks_file(tmp: Path) -> str:
 def test_the_validator_refuses_another_tasks_batch(tmp_path: Path) -> None:
     validator = validator_role(tmp_path, VALIDATOR, TRAINER.peer_id, tasks_file=_tasks_file(tmp_path))
     assert validator.task.task_id == "sums"
+    checks = validator.verification
     for recs in ([record(WORKER, "add3/7", i) for i in range(2)],  # the always-registered embedded task
                  [record(WORKER, "sums/3", i, task_id="add3") for i in range(2)]):  # a task ID that lies
         cid, data = batch_bytes(recs)
         notice = RolloutNotice(run_id=RUN, batch_cid=cid, policy_version=0, n_rollouts=2,
                                batch_bytes=len(data))
-        verdict = asyncio.run(validator._check_content(notice, WORKER.peer_id, data, ("policy-hash", None)))
+        verdict = asyncio.run(checks._check_content(notice, WORKER.peer_id, data, ("policy-hash", None)))
         assert verdict.reason == "wrong_task", verdict
-    assert not validator.trust.get(WORKER.peer_id)
+    assert not validator.reputation.trust.get(WORKER.peer_id)
     # The run's own task passes this check (and goes on to the seeds, which these records do not have).
     cid, data = batch_bytes([record(WORKER, "sums/3", i) for i in range(2)])
     notice = RolloutNotice(run_id=RUN, batch_cid=cid, policy_version=0, n_rollouts=2, batch_bytes=len(data))
-    verdict = asyncio.run(validator._check_content(notice, WORKER.peer_id, data, ("policy-hash", None)))
+    verdict = asyncio.run(checks._check_content(notice, WORKER.peer_id, data, ("policy-hash", None)))
     assert verdict.reason == "seed", verdict
 
 

@@ -1,5 +1,29 @@
 """Validator role: verify workers' rollout batches, publish signed verdicts, ban repeat offenders.
 
+The parts, each in its own module; none of them references the ``Validator``, which builds them in
+``__init__``/``start`` and wires them together in this one place:
+
+- ``intake.py``: ``Intake``, the notices taken in (per peer rates, byte budget and queue, the version
+  window, the new-identity rate) and which queued one is worked on next;
+- ``checks.py``: ``check_batch``, the cheap checks of a decoded batch (a pure function), before any
+  reward is scored or tensor computed;
+- ``budget.py``: ``ScoringBudgets``, the scoring time each worker may cost;
+- ``verification.py``: ``Verification``, a batch from its notice to its verdict (steps 1 to 5 below):
+  fetched, an earlier outcome reused, checked (``checks.py``), verified in its worker's pool;
+- ``reputation.py``: ``Reputation``, each worker's record here: its accepted batches (which pool serves
+  it), rejections and strikes and the bans they lead to, its verdicts' latency;
+- ``publication.py``: ``Publication``, a verdict counted, charged to its worker and gossiped, and the
+  accepted ones gossiped again for a trainer that was away;
+- ``hops.py``: ``HopsLog``, ``validator/hops.jsonl``: when each verdict's batch came in, was fetched,
+  was judged;
+- ``evals.py``: ``Evaluations``, the held-out evaluation: its own results and the re-check of others';
+- from ``roles/common/``: ``TrainerPolicy`` (``follow.py``), ``HintedFetcher`` (``fetch.py``), the run's
+  task and assignments (``tasks.py``), and ``RoleTasks`` (``seams.py``) for the policy and dispatch loops
+  and the per-peer jobs; from ``roles/auditor/``: ``ChainAuditor`` (``chain.py``).
+
+The Validator itself holds the policy versions it can check against and the dispatch of the notices
+taken in, as jobs.
+
 With ``validator.audit`` on it also replays the trainer's steps from their signed records
 (``roles/auditor/chain.py``) and reports the audit state under ``audit`` in its status.
 
@@ -38,17 +62,13 @@ processes each. A job:
    rest is not scored, ``scoring_budget``). ``rl.verify_fraction`` < 1 runs the tensor checks on a random
    subset of groups, except for a worker's first ``rl.verify_first_batches`` accepted batches, which are
    checked in full (a fresh key earns sampling);
-6. the verdict is published. A refusal for what the batch holds counts against the worker, and at
-   ``rl.ban_after`` of them it is banned (connections closed, later gossip dropped) and the verdict says
-   so: a vote the trainer counts toward ``run.verdict_quorum`` bans; ``validator.strikes_ban_after``
-   strikes ban it too.
-   Accepted verdicts are kept (the last :data:`RESEND_KEPT`) and gossiped again when the trainer is heard
-   after a silence: gossip keeps nothing for a peer that is down, so accepted work would otherwise be
-   lost to a trainer restart (it ignores the verdicts it had).
-
-``validator/hops.jsonl`` (diagnostics, not fsynced) timestamps each verdict for ``bench/learning.py``:
-notice taken in, batch fetched, verdict published; past :data:`HOPS_MAX_BYTES` it is rotated to
-``hops.jsonl.1`` (one old file kept).
+6. the verdict is published (``publication.py``). A refusal for what the batch holds counts against
+   the worker, and at ``rl.ban_after`` of them it is banned (connections closed, later gossip dropped)
+   and the verdict says so: a vote the trainer counts toward ``run.verdict_quorum`` bans;
+   ``validator.strikes_ban_after`` strikes ban it too. Accepted verdicts are kept and gossiped again
+   when the trainer is heard after a silence (longer than :data:`HEARD_RECENTLY_S`): gossip keeps
+   nothing for a peer that is down, so accepted work would otherwise be lost to a trainer restart (it
+   ignores the verdicts it had).
 
 A verdict the validator could not decide (``stale``, ``policy_version``, ``reward_unjudged``: see
 ``protocol.rl.NOT_WORKERS_FAULT``) is not remembered as the batch's outcome: the same bytes sent again are
@@ -69,42 +89,28 @@ prefills, it never generates), and its thresholds are the run's for every pair `
 admits against that verifier (``roles/common/engines.py``): a pair not calibrated stops it at start.
 """
 
+
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import random
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import msgspec
-
-from intellect_node.blobs.fetch import public_reason
-from intellect_node.config.status import clean_text
-from intellect_node.envs.assignment import Coverage
-from intellect_node.envs.sandbox import Lane, ScoringPool
-from intellect_node.errors import IntegrityError, IntellectNodeError, ProtocolError
-from intellect_node.fsutil import append_jsonl
+from intellect_node.config import NodeConfig
+from intellect_node.config.schema import ValidatorConfig
+from intellect_node.envs.assignment import Assignments
+from intellect_node.envs.tasks import Task
+from intellect_node.errors import ProtocolError
 from intellect_node.inference import make_engine
-from intellect_node.inference.verifier import Expectations, Verifier
+from intellect_node.models.loader import LoadedModel
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.policy import PolicyAnnouncement
-from intellect_node.protocol.rl import (
-    MAX_DETAIL_LEN,
-    NOT_WORKERS_FAULT,
-    NOTICE_KIND,
-    VERDICT_KIND,
-    BatchVerdict,
-    RolloutNotice,
-    notice_validator,
-    now_ms,
-    seal_verdict,
-)
-from intellect_node.protocol.rollout import MAX_BATCH_SIZE, decode_batch
+from intellect_node.protocol.rl import NOTICE_KIND, VERDICT_KIND, RolloutNotice, notice_validator
+from intellect_node.protocol.rollout import MAX_BATCH_SIZE
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.auditor.chain import ChainAuditor
 from intellect_node.roles.common.audits import audit_gate
@@ -114,110 +120,109 @@ from intellect_node.roles.common.follow import TrainerPolicy
 from intellect_node.roles.common.models import base_model, loaded_from_checkpoint, model_dir
 from intellect_node.roles.common.run import require_trainer
 from intellect_node.roles.common.seams import RoleTasks, Runtime
-from intellect_node.roles.common.seen import BoundedMap, SeenRollouts
+from intellect_node.roles.common.seen import SeenRollouts
 from intellect_node.roles.common.services import blob_service
 from intellect_node.roles.common.tasks import run_assignments, run_task
-from intellect_node.roles.validator.budget import ScoringBudgets, ScoringRules
-from intellect_node.roles.validator.checks import BatchRules, Fault, check_batch
 from intellect_node.roles.validator.evals import Evaluations
+from intellect_node.roles.validator.hops import HopsLog
 from intellect_node.roles.validator.intake import Intake, Limits, Pending
-
-if TYPE_CHECKING:
-    from intellect_node.inference.torch_engine import TorchEngine
+from intellect_node.roles.validator.publication import Publication
+from intellect_node.roles.validator.reputation import POOLS, Reputation
+from intellect_node.roles.validator.verification import Held, Verification
 
 log = logging.getLogger(__name__)
 
-POOLS = ("proven", "new")
-"""Workers with accepted work at this validator, and the rest: each has its own slots and scorers."""
-NOT_HELD = NOT_WORKERS_FAULT
-"""Verdict reasons that are not the worker's fault (the swarm moved on; this validator lacks the policy;
-its reward checker ran out of time on a completion a faster node scored)."""
-STRIKES = frozenset({"unavailable", "future"})
-"""Refusals of notices the sender could not back: counted toward ``validator.strikes_ban_after``."""
 HEARD_RECENTLY_S = 10.0
 """The trainer counts as in earshot this long after its last announcement (it repeats one every 2 s)."""
-LATENCY_KEPT = 32
-"""Recent verdict latencies kept per worker (``latency_s`` in the status), for the 64 latest workers."""
-RESEND_KEPT = 512
-"""Accepted verdicts kept for a trainer that comes back (about the batches of a few policy versions;
-older ones would be stale at the trainer anyway)."""
-PEERS_KEPT = 65536
-"""Workers whose rejections, reasons and strikes are counted (what many keys can make us hold)."""
-REASONS_KEPT = 16
-"""Reasons kept per worker (its latest rejections)."""
-STATUS_PEERS = 64
-"""Workers listed per map in the status payload (the latest ones)."""
-HOPS_MAX_BYTES = 16 << 20
-"""``validator/hops.jsonl`` is rotated past this size."""
 
 
 class Validator:
     name = "validator"
+
+    # -- set in __init__: the run's settings ------------------------------------------------------
+    rt: Runtime
+    cfg: NodeConfig
+    vcfg: ValidatorConfig
+    run_id: str
+    async_level: int
+    allowed: frozenset[str]  # run.worker_allowlist (empty: an open run)
+    task: Task
+    assignments: Assignments  # each worker's problems (envs/assignment.py)
+    base: LoadedModel  # the run's model without weights: each policy version brings its own
+    device: str
+    dir: Path  # <data-dir>/validator
+    audit_refusal: Callable[[], str]  # "" while the trainer may be verified for
+
+    # -- set in __init__: the parts (see the module docstring) -------------------------------------
+    tasks: RoleTasks  # the policy and dispatch loops; per-peer jobs
+    intake: Intake
+    reputation: Reputation
+    hops: HopsLog
+    verification: Verification
+    publication: Publication
+    evals: Evaluations
+
+    # -- set by start() (they need the blob service); None before ---------------------------------
+    fetcher: HintedFetcher | None = None
+    policy: TrainerPolicy | None = None
+    auditor: ChainAuditor | None = None  # only with validator.audit
+
+    # -- the policy: versions announced and held ---------------------------------------------------
+    engines: OrderedDict[int, Held]  # version -> (checkpoint hash, engine), the last async_level + 1
+    latest_announced: int  # -1: none yet
+    _heard_trainer: float  # when the last announcement (new or repeated) came; -inf: never
+
+    # -- intake and dispatch -----------------------------------------------------------------------
+    notices: SeenRollouts  # "worker\0CID" of notices taken in, per version (replays are ignored)
+    _wake: asyncio.Event  # a notice taken in, a job done, a version held
+    _pools: dict[str, int]  # jobs running in each pool
+    counts: dict[str, int]  # the intake's tallies (the parts keep theirs)
 
     def __init__(self, runtime: Runtime) -> None:
         cfg = runtime.config
         require_trainer(cfg, "validator")
         self.rt = runtime
         self.cfg = cfg
-        self.rl = cfg.rl
         self.vcfg = cfg.validator
         self.run_id = cfg.run.run_id
         self.async_level = cfg.run.async_level
         self.allowed = frozenset(cfg.run.worker_allowlist)
         self.task = run_task(cfg)  # also registers a JSONL task so problem IDs resolve
         self.assignments = run_assignments(cfg, self.task)
-        self.coverage = Coverage(PEERS_KEPT)  # the assignment windows each worker submitted and skipped
         self.base = base_model(cfg)
         self.device = cfg.inference.device
-        self.thresholds = run_thresholds(cfg, model_dir(cfg))
         self.dir = Path(runtime.data_dir) / "validator"
-        self.auditor: ChainAuditor | None = None  # start() makes it when validator.audit is on
-        self.audit_refusal = audit_gate(runtime)  # "" while the trainer may be verified for
-        self.engines: OrderedDict[int, tuple[str, TorchEngine]] = OrderedDict()
-        self.latest_announced = -1
-        self._heard_trainer = float("-inf")  # when the last announcement (new or repeated) came
-        # Accepted verdicts, newest last, re-sent when the trainer is heard again after a silence: gossip
-        # does not store messages for a peer that is down, and the trainer dedupes what it had.
-        self._recent_accepted: deque[tuple[float, BatchVerdict]] = deque(maxlen=RESEND_KEPT)
-        self._wake = asyncio.Event()
-        self.tasks = RoleTasks(runtime, "validator")  # the policy and dispatch loops; per-peer jobs
-        # Workers with accepted work ("proven") and the rest ("new") each have their own job slots,
-        # verification slots and scoring processes: fresh keys cannot hold what proven workers need.
-        self._pools = {"proven": 0, "new": 0}  # jobs running in each
-        self._slots = {pool: asyncio.Semaphore(self.vcfg.max_verifications) for pool in POOLS}
-        self.scorers = {pool: ScoringPool(self.vcfg.scoring_processes) for pool in POOLS}
-        self.budgets = ScoringBudgets(ScoringRules.from_config(cfg))
-        self.rules = BatchRules(run_id=self.run_id, group_size=self.rl.group_size, task=self.task,
-                                assignments=self.assignments)
+        self.audit_refusal = audit_gate(runtime)
+
+        self.tasks = RoleTasks(runtime, "validator")
         self.intake = Intake(Limits.from_config(self.vcfg, max_batch_bytes=MAX_BATCH_SIZE),
                              exempt=self.allowed)
-        self.seen = SeenRollouts()
-        self.outcomes: BoundedMap[tuple[str, str], tuple[bool, str, str, str]] = BoundedMap(8192)
-        self.unjudged: BoundedMap[tuple[str, int], int] = BoundedMap(8192)
-        """(worker, version) -> its batches left reward_unjudged here (``validator.unjudged_per_version``)."""
-        """(worker, sha256 of the batch) -> (accepted, reason, detail, first CID): resubmissions reuse it."""
-        self.notices = SeenRollouts()  # "worker\0CID" of notices taken in, per version (replays are ignored)
-        self.trust: BoundedMap[str, int] = BoundedMap(PEERS_KEPT)  # worker -> accepted batches
-        self.latency: BoundedMap[str, deque[float]] = BoundedMap(64)
-        self.rejections: BoundedMap[str, int] = BoundedMap(PEERS_KEPT)
-        self.reasons: BoundedMap[str, deque[str]] = BoundedMap(PEERS_KEPT)  # the latest REASONS_KEPT
-        self.strikes: BoundedMap[str, int] = BoundedMap(PEERS_KEPT)  # refusals come before the newcomer limit
-        self.counts = {"accepted": 0, "rejected": 0, "stale": 0, "unchecked": 0, "banned": 0, "duplicate": 0,
-                       "reused": 0, "replayed": 0, "unavailable": 0, "not_allowed": 0, "verified": 0,
-                       "verified_full": 0, "resent": 0, "refused_audit": 0, "unjudged_budget": 0}
-        self.verify_s = 0.0
-        self.rng = random.Random()
-        self._fetched: BoundedMap[tuple[str, str], float] = BoundedMap(1024)  # (worker, CID) -> wall time
-        self.fetcher: HintedFetcher | None = None  # start() makes it (it needs the blob service)
+        self.reputation = Reputation(runtime.swarm, self.tasks, ban_after=cfg.rl.ban_after,
+                                     strikes_ban_after=self.vcfg.strikes_ban_after, on_ban=self.intake.forget)
+        self.hops = HopsLog(self.dir)
+        self.verification = Verification(cfg, task=self.task, assignments=self.assignments,
+                                         thresholds=run_thresholds(cfg, model_dir(cfg)), board=runtime.board,
+                                         reputation=self.reputation, hops=self.hops, fetch=self._fetch,
+                                         held=self._held_engine, newest=lambda: self.latest_announced)
+        self.publication = Publication(runtime.swarm, runtime.board, self.reputation, self.hops,
+                                       topic(self.run_id, VERDICT_KIND))
         self.evals = Evaluations(cfg, runtime.swarm, runtime.board, self.dir, self._held_engine)
+
+        self.engines = OrderedDict()
+        self.latest_announced = -1
+        self._heard_trainer = float("-inf")
+
+        self.notices = SeenRollouts()
+        self._wake = asyncio.Event()
+        self._pools = {pool: 0 for pool in POOLS}
+        self.counts = {"replayed": 0, "not_allowed": 0, "refused_audit": 0}
 
     @classmethod
     def for_runtime(cls, runtime: Runtime) -> "Validator":
         return cls(runtime)
 
     async def start(self) -> None:
-        self.blobs = blob_service(self.rt)
-        self.fetcher = HintedFetcher(self.blobs, self.rt.swarm)
+        self.fetcher = HintedFetcher(blob_service(self.rt), self.rt.swarm)
         await self.tasks.open()
         if self.cfg.validator.audit:  # the trainer's steps replayed from its records (roles/auditor/)
             # made before the policy is followed: it notes every announcement (``_on_announcement``)
@@ -237,30 +242,25 @@ class Validator:
             self.tasks.loop("validator-audit", self.auditor.run, may_end=True)
 
     async def close(self) -> None:
-        for scorer in self.scorers.values():  # first: a check in a thread stops waiting on its answer
-            scorer.close()
+        self.verification.close()  # first: a check in a thread stops waiting on its answer
         await self.tasks.close()
         self.evals.close()
+        self.hops.close()
         if self.fetcher is not None:
             self.fetcher.close()
 
     def status(self) -> dict[str, Any]:
         return {"versions_held": list(self.engines), "queue": self.intake.queued(), **self.counts,
-                "verify_s": round(self.verify_s, 3), "jobs": dict(self._pools),
-                "scoring": {**{pool: {"busy": sc.busy, "started": sc.started, "killed": sc.killed}
-                               for pool, sc in self.scorers.items()}, **self.budgets.status()},
-                "intake": self.intake.status(),
+                **self.verification.counts, **self.publication.counts, **self.reputation.counts,
+                "jobs": dict(self._pools), "intake": self.intake.status(),
                 "audit": self.auditor.status() if self.auditor is not None else None,
                 "audit_refusal": self.audit_refusal(),
-                "refused_announcements": self.policy.refused_announcements if hasattr(self, "policy") else 0,
+                "refused_announcements": self.policy.refused_announcements if self.policy is not None else 0,
                 # seconds since the trainer's last announcement (None: never heard)
                 "trainer_silent_s": (round(time.monotonic() - self._heard_trainer, 1)
                                      if self._heard_trainer > float("-inf") else None),
-                "rejections_by_worker": dict(self.rejections.items()[-STATUS_PEERS:]),
-                "reasons_by_worker": {w: list(r) for w, r in self.reasons.items()[-STATUS_PEERS:]},
-                "strikes_by_worker": dict(self.strikes.items()[-STATUS_PEERS:]),
-                "assignments_by_worker": self.coverage.report(STATUS_PEERS),
-                "latency_s": {w: list(d) for w, d in self.latency.items()},
+                **self.reputation.status(),  # rejections, reasons and strikes by worker; latency_s
+                **self.verification.status(),  # verify_s, scoring, assignments_by_worker
                 "held_out": self.evals.status()}
 
     def _notice_validator(self) -> Callable[[bytes, str], tuple[RolloutNotice, str]]:
@@ -287,9 +287,9 @@ class Validator:
             self.auditor.announced(ann)
         if now - last > HEARD_RECENTLY_S:  # back after a silence (or heard for the first time)
             since = last - HEARD_RECENTLY_S  # what it may have missed: from before the silence showed
-            missed = [v for t, v in self._recent_accepted if t >= since]
+            missed = self.publication.missed_since(since)
             if missed:
-                self.tasks.job(self._resend(missed), "re-sending verdicts the trainer missed")
+                self.tasks.job(self.publication.resend(missed), "re-sending verdicts the trainer missed")
         if ann.version > self.latest_announced:
             self.latest_announced = ann.version
             self._forget_stale()
@@ -298,7 +298,7 @@ class Validator:
     def _forget_stale(self) -> None:
         """Rollouts and notices of versions now stale are refused as such before they are looked up."""
         floor = self.latest_announced - self.async_level
-        self.seen.forget_below(floor)
+        self.verification.forget_below(floor)
         self.notices.forget_below(floor)
 
     async def _add_engine(self, version: int, ckpt: PolicyWeights) -> None:
@@ -314,8 +314,13 @@ class Validator:
         self._wake.set()
         self.evals.policy_loaded(version, ckpt.content_hash, engine)
 
-    def _held_engine(self, version: int) -> tuple[str, TorchEngine] | None:
+    def _held_engine(self, version: int) -> Held | None:
         return self.engines.get(version)
+
+    async def _fetch(self, cid: str, worker: str, size: int, timeout: float) -> bytes:
+        assert self.fetcher is not None, "jobs run only after start()"
+        return await self.fetcher.fetch(cid, holders=[worker], max_size=MAX_BATCH_SIZE, size=size,
+                                        timeout=timeout)
 
     def _decidable(self, version: int) -> bool:
         """A notice of ``version`` can be judged now: its policy is held, or it never will be (older than
@@ -336,8 +341,7 @@ class Validator:
         if self.notices.first_seen(notice.policy_version, taken) is not None:
             self.counts["replayed"] += 1
             return
-        if self._unjudged_spent(worker, notice.policy_version):
-            self.counts["unjudged_budget"] += 1
+        if self.verification.unjudged_spent(worker, notice.policy_version):  # counted there
             self.rt.swarm.peerbook.record_rejection(
                 worker, f"notice {notice.batch_cid}: unjudged_budget: {self.vcfg.unjudged_per_version} "
                 f"batches at v{notice.policy_version} left unjudged here", counts=False)
@@ -348,28 +352,10 @@ class Validator:
                 worker, f"notice {notice.batch_cid}: {refusal.reason}: {refusal.detail}",
                 counts=refusal.strike)
             if refusal.strike:
-                self._strike(worker, refusal.reason)
+                self.reputation.strike(worker, refusal.reason)
             return
         self.notices.add(notice.policy_version, taken)
         self._wake.set()
-
-    def _unjudged_spent(self, worker: str, version: int) -> bool:
-        return (self.unjudged.get((worker, version)) or 0) >= self.vcfg.unjudged_per_version
-
-    def _strike(self, worker: str, reason: str) -> bool:
-        """Count a strike; True (and the ban under way) when it reaches ``strikes_ban_after``."""
-        n = (self.strikes.get(worker) or 0) + 1
-        self.strikes.put(worker, n)
-        if n < self.vcfg.strikes_ban_after or self.rt.swarm.is_banned(worker):
-            return False
-        self.rt.swarm.peerbook.ban(worker, f"{n} strikes, last: {reason}")  # at once: drop what follows
-        self.tasks.job(self._ban(worker, f"{n} strikes, last: {reason}"), f"banning {worker}")
-        return True
-
-    async def _ban(self, worker: str, why: str) -> None:
-        self.counts["banned"] += 1
-        self.intake.forget(worker)
-        await self.rt.swarm.ban(worker, why)
 
     async def _dispatch_loop(self) -> None:
         while True:
@@ -379,7 +365,7 @@ class Validator:
                 continue
             now = time.monotonic()
             for p in self.intake.take(now, self._decidable, self._grant):
-                self.tasks.job(self._job(p, self._pool(p.worker)),
+                self.tasks.job(self._job(p, self.reputation.pool(p.worker)),
                                f"checking batch {p.notice.batch_cid} from {p.worker}")
             for p in self.intake.expired(now):
                 self.tasks.job(self._expire(p), f"expiring batch {p.notice.batch_cid} from {p.worker}")
@@ -389,11 +375,8 @@ class Validator:
             except asyncio.TimeoutError:
                 pass
 
-    def _pool(self, worker: str) -> str:
-        return "proven" if self.trust.get(worker) else "new"
-
     def _grant(self, worker: str) -> bool:
-        pool = self._pool(worker)
+        pool = self.reputation.pool(worker)
         if self._pools[pool] >= self.vcfg.max_jobs:
             return False
         self._pools[pool] += 1
@@ -401,8 +384,8 @@ class Validator:
 
     async def _job(self, p: Pending, pool: str) -> None:
         try:
-            verdict = await self.check(p.notice, p.worker)
-            await self.publish(verdict, p.worker, arrived=p.arrived)
+            verdict = await self.verification.check(p.notice, p.worker)
+            await self.publication.publish(verdict, p.worker, arrived=p.arrived)
         finally:
             self._pools[pool] -= 1
             self.intake.done(p.worker)
@@ -417,180 +400,7 @@ class Validator:
         # A lie is the worker's fault ("future", a strike); the trainer must read it as such, not as an
         # abstention ("policy_version").
         reason = "future" if lie else "policy_version"
-        verdict = self._verdict(p.notice, p.worker, 0, p.notice.n_rollouts, reason,
-                                f"no policy v{v} after {self.vcfg.policy_wait_s:.0f} s (newest announced "
-                                f"v{self.latest_announced})")
-        await self.publish(verdict, p.worker, arrived=p.arrived)
-
-    # -- verification ----------------------------------------------------------------------------
-
-    def _verdict(self, notice: RolloutNotice, worker: str, n_ok: int, n_bad: int, reason: str = "",
-                 detail: str = "") -> BatchVerdict:
-        # Details quote peer-supplied IDs: one line, no control characters, bounded (protocol.rl checks).
-        return BatchVerdict(run_id=self.run_id, batch_cid=notice.batch_cid, worker=worker,
-                            policy_version=notice.policy_version, accepted=n_bad == 0 and n_ok > 0,
-                            n_accepted=n_ok, n_rejected=n_bad, reason=reason[:64],
-                            detail=clean_text(detail, MAX_DETAIL_LEN))
-
-    def fetch_deadline(self, size: int) -> float:
-        return self.vcfg.fetch_timeout_s + size / self.vcfg.fetch_bytes_per_s
-
-    async def check(self, notice: RolloutNotice, worker: str) -> BatchVerdict:
-        n, v = notice.n_rollouts, notice.policy_version
-        if v < self.latest_announced - self.async_level:
-            return self._verdict(notice, worker, 0, n, "stale", f"version {v}, newest "
-                                 f"{self.latest_announced}, async_level {self.async_level}")
-        held = self.engines.get(v)
-        if held is None:
-            reason = "stale" if v < self.latest_announced else "policy_version"
-            return self._verdict(notice, worker, 0, n, reason, f"no policy v{v} to check against")
-        if self._unjudged_spent(worker, v):  # queued before the budget ran out: no fetch, no scoring
-            self.counts["unjudged_budget"] += 1
-            return self._verdict(notice, worker, 0, n, "reward_unjudged", f"not scored: "
-                                 f"{self.vcfg.unjudged_per_version} batches at v{v} left unjudged here")
-        deadline = self.fetch_deadline(notice.batch_bytes)
-        assert self.fetcher is not None, "jobs run only after start()"
-        try:
-            data = await self.fetcher.fetch(notice.batch_cid, holders=[worker], max_size=MAX_BATCH_SIZE,
-                                            size=notice.batch_bytes, timeout=deadline)
-        # Published details are fixed phrases: the exception's text can carry the address, port and answers
-        # of a provider the worker chose (a port-scan oracle in every verdict).
-        except IntegrityError as exc:  # not the size it announced
-            return self._verdict(notice, worker, 0, n, "malformed", public_reason(exc))
-        except (IntellectNodeError, asyncio.TimeoutError) as exc:
-            log.info("batch %s of %s not fetched: %s", notice.batch_cid, worker, exc)
-            return self._verdict(notice, worker, 0, n, "unavailable",
-                                 f"within {deadline:.0f} s: {public_reason(exc)}")
-        self._fetched.put((worker, notice.batch_cid), time.time())
-        digest = hashlib.sha256(data).hexdigest()
-        prior = self.outcomes.get((worker, digest))
-        if prior is not None:  # the same bytes again: no second verification
-            self.counts["reused"] += 1
-            accepted, reason, detail, first = prior
-            if accepted or reason == "duplicate":
-                return self._verdict(notice, worker, 0, n, "duplicate", f"the same batch as {first}")
-            return self._verdict(notice, worker, 0, n, reason, f"the same batch as {first}: {detail}")
-        async with self._slots[self._pool(worker)]:
-            verdict = await self._check_content(notice, worker, data, held)
-        if verdict.reason not in NOT_HELD:  # undecided here: the same bytes again are checked again
-            self.outcomes.put((worker, digest),
-                              (verdict.accepted, verdict.reason, verdict.detail, notice.batch_cid))
-        elif verdict.reason == "reward_unjudged":  # ... within the worker's budget at this version
-            self.unjudged.put((worker, v), (self.unjudged.get((worker, v)) or 0) + 1)
-        return verdict
-
-    async def _check_content(self, notice: RolloutNotice, worker: str, data: bytes,
-                             held: tuple[str, TorchEngine]) -> BatchVerdict:
-        n, v = notice.n_rollouts, notice.policy_version
-        try:
-            batch = await asyncio.to_thread(decode_batch, data)
-        except ProtocolError as exc:
-            return self._verdict(notice, worker, 0, n, "malformed", str(exc))
-        checked = check_batch(batch, notice, worker, self.rules, self.seen)
-        if isinstance(checked, Fault):
-            return self._verdict(notice, worker, 0, n, checked.reason, checked.detail)
-        recs, groups, keys = batch.rollouts, checked.groups, checked.keys
-        self.coverage.add(worker, v, checked.window)
-        self.seen.add(v, keys)  # reserved now; released below unless accepted
-        accepted = False
-        try:
-            ckpt_hash, engine = held
-            expect = Expectations(run_id=self.run_id, policy_version=v, checkpoint_cid=ckpt_hash,
-                                  temperature=self.rl.temperature, top_p=1.0,
-                                  max_new_tokens=self.rl.max_new_tokens)
-            verifier = Verifier(engine, self.thresholds, expect, resolve=self.task.get)
-            full = list(range(len(recs)))
-            proven = self.trust.get(worker) or 0
-            everything = self.rl.verify_fraction >= 1.0 or proven < self.rl.verify_first_batches
-            if not everything:
-                k = max(1, round(len(groups) * self.rl.verify_fraction))
-                full = sorted(i for g in self.rng.sample(groups, k) for i in range(g.start, g.stop))
-            t0 = time.monotonic()
-            # Cheap checks (signature, sanity, reward) on all; tensor checks on the sampled groups only.
-            # Rewards are scored in the sender's lane, under a meter charged to it.
-            meter = self.budgets.meter(worker, n, t0)
-            lane = Lane(self.scorers[self._pool(worker)], meter)
-            checked_idx = set(full)
-            try:
-                by_record = await asyncio.to_thread(verifier.verify, recs, tensor_checks=checked_idx,
-                                                    scoring=lane)
-            finally:
-                self.budgets.charge(worker, meter, time.monotonic())
-            self.verify_s += time.monotonic() - t0
-            self.counts["verified"] += 1
-            self.counts["verified_full"] += everything
-            # The tensor-checked rollouts' verdicts first: the first rejection in this order names the batch.
-            verdicts = ([by_record[i] for i in full]
-                        + [by_record[i] for i in range(n) if i not in checked_idx])
-            bad = [r for r in verdicts if not r.accepted]
-            for r in verdicts:
-                self.rt.board.proof_checked(r.accepted, reason=r.reason or "")
-            if bad:
-                # A fault of the worker names the batch before a rollout this validator could not judge.
-                first = next((b for b in bad if b.reason not in NOT_HELD), bad[0])
-                return self._verdict(notice, worker, n - len(bad), len(bad), first.reason or "rejected",
-                                     first.detail)
-            accepted = True
-            self.trust.put(worker, (self.trust.get(worker) or 0) + 1)
-            return self._verdict(notice, worker, n, 0)
-        finally:
-            if not accepted:
-                self.seen.discard(v, keys)
-
-    async def _resend(self, verdicts: list[BatchVerdict]) -> None:
-        """Gossip accepted verdicts again for a trainer that was away (it ignores those it has)."""
-        log.info("trainer heard again: re-sending %d accepted verdicts it may have missed", len(verdicts))
-        self.counts["resent"] += len(verdicts)
-        for v in verdicts:  # dated now: receivers act only on recent verdicts (protocol.rl)
-            fresh = msgspec.structs.replace(v, time_ms=now_ms())
-            await self.rt.swarm.publish(topic(self.run_id, VERDICT_KIND),
-                                        seal_verdict(self.rt.swarm.key, fresh))
-
-    async def publish(self, verdict: BatchVerdict, worker: str, *, arrived: float | None = None) -> None:
-        """Count, charge and gossip ``verdict``."""
-        reason = verdict.reason
-        if verdict.accepted:
-            self.counts["accepted"] += 1
-        elif reason in NOT_HELD:
-            self.counts["stale" if reason == "stale" else "unchecked"] += 1
-        else:
-            self.rt.swarm.peerbook.record_rejection(worker, f"batch {verdict.batch_cid}: {reason}")
-            if reason in STRIKES:
-                self.counts["unavailable"] += reason == "unavailable"
-                banned = self._strike(worker, reason)
-            else:
-                self.counts["rejected"] += 1
-                self.counts["duplicate"] += reason == "duplicate"
-                n = (self.rejections.get(worker) or 0) + 1
-                self.rejections.put(worker, n)
-                latest = self.reasons.get(worker) or deque(maxlen=REASONS_KEPT)
-                latest.append(reason)
-                self.reasons.put(worker, latest)
-                banned = n >= self.rl.ban_after and not self.rt.swarm.is_banned(worker)
-                if banned:
-                    await self._ban(worker, f"{n} rejected batches, last: {reason}")
-            if banned:
-                verdict = msgspec.structs.replace(verdict, ban=True)
-        if arrived is not None:
-            kept = self.latency.get(worker) or deque(maxlen=LATENCY_KEPT)
-            kept.append(round(time.monotonic() - arrived, 3))
-            self.latency.put(worker, kept)
-        self.rt.board.verdict(verdict.accepted, verdict.n_accepted + verdict.n_rejected, reason=reason,
-                              detail=verdict.detail, peer=worker)
-        log.info("batch %s from %s v%d: %s%s", verdict.batch_cid[-8:], worker[-6:], verdict.policy_version,
-                 "accepted" if verdict.accepted else f"rejected ({reason}: {verdict.detail[:80]})",
-                 " -> banned" if verdict.ban else "")
-        if verdict.accepted:
-            self._recent_accepted.append((time.monotonic(), verdict))
-        await self.rt.swarm.publish(topic(self.run_id, VERDICT_KIND),
-                                    seal_verdict(self.rt.swarm.key, verdict))
-        self._hop(verdict, arrived)
-
-    def _hop(self, verdict: BatchVerdict, arrived: float | None) -> None:
-        """One line of ``validator/hops.jsonl`` (see the module docstring); wall-clock times."""
-        now, mono = time.time(), time.monotonic()
-        line = {"cid": verdict.batch_cid, "worker": verdict.worker, "version": verdict.policy_version,
-                "accepted": verdict.accepted, "verdict": now,
-                "notice": None if arrived is None else now - (mono - arrived),
-                "fetched": self._fetched.get((verdict.worker, verdict.batch_cid))}
-        append_jsonl(self.dir / "hops.jsonl", line, fsync=False, max_bytes=HOPS_MAX_BYTES)
+        verdict = self.verification.verdict(p.notice, p.worker, 0, p.notice.n_rollouts, reason,
+                                            f"no policy v{v} after {self.vcfg.policy_wait_s:.0f} s (newest "
+                                            f"announced v{self.latest_announced})")
+        await self.publication.publish(verdict, p.worker, arrived=p.arrived)
