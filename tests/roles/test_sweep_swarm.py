@@ -20,7 +20,7 @@ from tests.support.sweep import run_with_forgers
 from tests.support.wait import wait_for
 
 
-# About 40 s on an idle 2-core machine; the bounds leave room for a heavily shared one (4 processes start).
+# The bounds leave room for a heavily shared machine (4 processes start).
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_forger_caught_banned_and_redone_on_a_local_swarm(tmp_path: Path) -> None:

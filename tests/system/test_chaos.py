@@ -22,8 +22,7 @@ What is checked, after the kills and again after the partition:
 Seed: ``CHAOS_SEED`` (default 7), printed with the schedule so a failure can be replayed. Two rounds, not
 one per node: each restart costs a process start (torch, libp2p, the model), and what a kill can break is
 per role (the trainer's checkpoint and inbox, the validator's verdicts, a worker's batches in flight), so
-one kill of each role, the trainer's alone and two nodes at once, covers it (5 rounds took 173-315 s of a
-13-minute suite).
+one kill of each role, the trainer's alone and two nodes at once, covers it.
 """
 
 from __future__ import annotations
