@@ -9,7 +9,7 @@ back as float32 on the CPU whatever the engine's dtype, shape ``[n_tokens, hidde
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Collection, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Collection, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -51,6 +51,14 @@ class InferenceEngine(Protocol):
 
     def generate(self, prompts: Sequence[Sequence[int]], keys: Sequence[int],
                  sampling: SamplingConfig) -> list[Generation]: ...
+
+
+@runtime_checkable
+class WeightSwapEngine(InferenceEngine, Protocol):
+    """An engine that takes a new policy version's weights in place (:class:`~.vllm_engine.VllmEngine`:
+    restarting vLLM for each version would cost its whole start-up); the torch engine is made anew."""
+
+    def load_weights(self, state: Mapping[str, torch.Tensor]) -> None: ...
 
 
 class LoadedEngine(Protocol):

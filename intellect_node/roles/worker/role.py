@@ -60,6 +60,7 @@ from intellect_node.envs.tasks import Problem
 from intellect_node.errors import IntellectNodeError
 from intellect_node.fsutil import append_jsonl, atomic_write_bytes, atomic_write_text
 from intellect_node.inference import InferenceEngine, SamplingConfig, make_engine
+from intellect_node.inference.base import WeightSwapEngine
 from intellect_node.inference.rollouts import generate_rollouts
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.policy import PolicyAnnouncement
@@ -196,8 +197,10 @@ class Worker:
                     self.engine = await asyncio.to_thread(
                         make_engine, self.base.path, self.choice.name, dtype=self.base.dtype,
                         device=self.choice.device, vllm=self.choice.vllm)
-                # Only VllmEngine swaps weights in place (InferenceEngine does not declare it).
-                await asyncio.to_thread(self.engine.load_weights, loaded.state)  # type: ignore[attr-defined]
+                swap = self.engine
+                if not isinstance(swap, WeightSwapEngine):  # make_engine gives vLLM's, which swaps
+                    raise TypeError(f"the {self.choice.name} engine cannot take new weights in place")
+                await asyncio.to_thread(swap.load_weights, loaded.state)
                 self.version, self.checkpoint_hash = version, ckpt.content_hash
         self.rt.board.set_policy(local=version)
         last = self.policy.follower.last
