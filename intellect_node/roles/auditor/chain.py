@@ -7,7 +7,9 @@ step records on the run's ``steps`` topic and keeps them by journal sequence num
 
 1. the start: version 0 (the run's model as this node loads it, a fresh optimizer), or a record carrying
    ``state``, whose weights and optimizer blobs it fetches through the swarm (the trainer first, the DHT
-   second) and loads after checking them against the hashes the trainer signed
+   second) at the sizes the run's model gives them (``published.StateSizes``: a manifest stating another
+   size is refused before any chunk moves, and the step fails: the trainer signed that blob), each into
+   a file it maps rather than reads, and loads after checking them against the hashes the trainer signed
    (``windows.load_start``);
 2. the steps, in order from the next record: the evidence that admitted its batches checked, and that no
    batch the validators accepted was dropped without a word (``evidence.py``, from the verdicts it hears
@@ -63,11 +65,11 @@ from intellect_node.protocol.steps import STEP_KIND, StepBatch, StepRecord, reco
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.auditor.evidence import AdmissionCheck, RunRules
 from intellect_node.roles.auditor.inputs import batch_groups, run_rescorer, run_settings
-from intellect_node.roles.auditor.published import MAX_OPTIMIZER_BYTES, PublishedPolicy
+from intellect_node.roles.auditor.published import PublishedPolicy, StateSizes, fetch_mapped
 from intellect_node.roles.auditor.replay import Outcome, PublishedOf, StepAudit, WindowReplay
 from intellect_node.roles.auditor.windows import OptimizerOf, Start, WindowPlan, check_end, load_start
-from intellect_node.roles.common.fetch import HintedFetcher
-from intellect_node.roles.common.models import MAX_POLICY_BYTES, model_dir
+from intellect_node.roles.common.fetch import HintedFetcher, WrongSize
+from intellect_node.roles.common.models import model_dir
 from intellect_node.roles.common.seams import RoleSwarm
 
 log = logging.getLogger(__name__)
@@ -113,7 +115,8 @@ class ChainAuditor:
                                                  cfg.run.async_level))
         self._newest_version = 0  # the newest policy version a record heard made
         self.tolerance = cfg.run.audit_tolerance
-        self.published = PublishedPolicy(fetcher, trainer)
+        self.published = PublishedPolicy(fetcher, trainer, directory / "published")
+        self._sizes: StateSizes | None = None  # run() sets it from the model it loads
         self._published_of: PublishedOf | None = None  # run() sets both when the tolerance is not 0
         self._optimizer_of: OptimizerOf | None = None
 
@@ -169,6 +172,7 @@ class ChainAuditor:
             self._published_of, self._optimizer_of = self.published.blocking(asyncio.get_running_loop())
         model = await asyncio.to_thread(load_trainable, model_dir(self._cfg),
                                         TrainOptions.from_section(self._cfg.rl))
+        self._sizes = self.published.sizes = StateSizes.of(model)
         while True:
             if not self._next:
                 self.plan.prune(self._pending)
@@ -195,28 +199,36 @@ class ChainAuditor:
                                         published=self._published_of)
             self._next = start.first
             return
-        assert rec.state is not None
+        assert rec.state is not None and self._sizes is not None
+        sizes = self._sizes
         try:
-            weights = await self._fetch_start(rec.state.weights_cid, MAX_POLICY_BYTES)
-            optimizer = await self._fetch_start(rec.state.optimizer_cid, MAX_OPTIMIZER_BYTES)
+            weights = await self._fetch_start(rec.state.weights_cid, max_size=sizes.weights,
+                                              size=sizes.weights)
+            optimizer = await self._fetch_start(rec.state.optimizer_cid, max_size=sizes.optimizer)
+        except WrongSize as exc:  # the manifest is what the CID the trainer signed names: its doing
+            reason = f"window start v{rec.version}: {exc} by the run's model"
+            self._swarm.peerbook.record_rejection(self._trainer, reason)
+            await self._start_failed(rec, "fail", reason)
+            return
+        except ProtocolError as exc:  # fetched whole, and not a canonical tensor file
+            await self._start_failed(rec, "fail", f"window start v{rec.version}: {exc}")
+            return
         except (IntellectNodeError, asyncio.TimeoutError) as exc:
             await self._start_failed(rec, "unavailable", f"window start v{rec.version} not fetched: {exc}")
             return
         try:
-            self._replay = await asyncio.to_thread(self._load, model, rec, weights, optimizer)
+            self._replay = await asyncio.to_thread(load_start, model, rec, weights, optimizer, self._settings,
+                                                   tolerance=self.tolerance, published=self._published_of)
         except ProtocolError as exc:
             await self._start_failed(rec, "fail", f"window start v{rec.version}: {exc}")
             return
         self._next = start.first
 
-    def _load(self, model: Any, rec: StepRecord, weights: bytes, optimizer: bytes) -> WindowReplay:
-        return load_start(model, rec, PolicyWeights.parse(weights, max_size=MAX_POLICY_BYTES),
-                          PolicyWeights.parse(optimizer, max_size=MAX_OPTIMIZER_BYTES), self._settings,
-                          tolerance=self.tolerance, published=self._published_of)
-
-    async def _fetch_start(self, cid: str, max_size: int) -> bytes:
-        return await self._fetcher.fetch(cid, holders=[self._trainer], max_size=max_size,
-                                         timeout=START_FETCH_TIMEOUT_S)
+    async def _fetch_start(self, cid: str, *, max_size: int, size: int | None = None) -> PolicyWeights:
+        """A start blob, fetched into a file under the auditor's directory and mapped (never read)."""
+        return await fetch_mapped(self._fetcher, cid, self.dir / "start" / f"{cid}.safetensors",
+                                  holders=[self._trainer], max_size=max_size, size=size,
+                                  timeout=START_FETCH_TIMEOUT_S)
 
     async def _start_failed(self, rec: StepRecord, outcome: Outcome, reason: str) -> None:
         assert rec.state is not None
