@@ -13,7 +13,9 @@ step records on the run's ``steps`` topic and keeps them by journal sequence num
    (``windows.load_start``);
 2. the steps, in order from the next record: the evidence that admitted its batches checked, and that no
    batch the validators accepted was dropped without a word (``evidence.py``, from the verdicts it hears
-   on the run's ``verdicts`` topic, its own included; a step failing these is not replayed), then the
+   on the run's ``verdicts`` topic, its own included), nor with a reason its batch does not show
+   (``drops.py``: ``not_assigned``, ``wrong_task``, ``duplicate``; a step failing these is not
+   replayed), then the
    batches each names fetched through the swarm (from their workers or the trainer), re-scored as the
    trainer does (``inputs.py``) and the step replayed on its own copy of the model (``replay.py``:
    :class:`~intellect_node.roles.auditor.replay.WindowReplay`, the CPU with one torch thread). With
@@ -63,8 +65,9 @@ from intellect_node.protocol.rl import VERDICT_KIND, BatchVerdict, verdict_valid
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE
 from intellect_node.protocol.steps import STEP_KIND, StepBatch, StepRecord, record_validator
 from intellect_node.protocol.topics import topic
+from intellect_node.roles.auditor.drops import DropCheck
 from intellect_node.roles.auditor.evidence import AdmissionCheck, RunRules
-from intellect_node.roles.auditor.inputs import batch_groups, run_rescorer, run_settings
+from intellect_node.roles.auditor.inputs import batch_groups, run_rescorer, run_settings, trainer_refusal
 from intellect_node.roles.auditor.published import PublishedPolicy, StateSizes, fetch_mapped
 from intellect_node.roles.auditor.replay import Outcome, PublishedOf, StepAudit, WindowReplay
 from intellect_node.roles.auditor.windows import OptimizerOf, Start, WindowPlan, check_end, load_start
@@ -113,6 +116,7 @@ class ChainAuditor:
         self._validators = frozenset(cfg.run.validator_peer_ids)
         self.admission = AdmissionCheck(RunRules(self._run_id, self._validators, cfg.run.verdict_quorum,
                                                  cfg.run.async_level))
+        self.drops = DropCheck(trainer_refusal(self._rescorer), cfg.run.async_level)
         self._newest_version = 0  # the newest policy version a record heard made
         self.tolerance = cfg.run.audit_tolerance
         self.published = PublishedPolicy(fetcher, trainer, directory / "published")
@@ -141,7 +145,8 @@ class ChainAuditor:
         return {**self.counts, "windows": {**self.windows, "skipped": self.plan.skipped},
                 "fraction": self.plan.fraction, "window": dict(self._window), "next_seq": self._next,
                 "held": len(self._pending), "first_bad": dict(self.first_bad), "last": dict(self.last),
-                "disputed": self.admission.disputed, "state": state, "tolerance": self.tolerance,
+                "disputed": self.admission.disputed, "drops_checked": self.drops.checked, "state": state,
+                "tolerance": self.tolerance,
                 "published_fetched": dict(self.published.fetched)}
 
     def _on_verdict(self, msg: tuple[BatchVerdict, str], origin: str) -> None:
@@ -150,6 +155,7 @@ class ChainAuditor:
     async def _on_record(self, rec: StepRecord, origin: str) -> None:
         self._newest_version = max(self._newest_version, rec.version)
         self.admission.named(rec)  # every record heard, audited or not: what it names was not dropped
+        self.drops.named(rec)
         if rec.seq >= max(self._next, self.plan.position) and len(self._pending) < MAX_PENDING:
             self._pending.setdefault(rec.seq, rec)
             self._heard.set()
@@ -257,8 +263,11 @@ class ChainAuditor:
         replay = self._replay
         assert replay is not None, "a window in progress has its replay"
         why = self.admission.check(rec)  # no replay for a step that should not have taken its batches
+        dropped: tuple[Outcome, str] = ("pass", "") if why else await self.drops.check(rec, self._fetch_batch)
         if why:
             result = StepAudit(rec.seq, rec.version, "fail", rec.checkpoint_hash, reason=why)
+        elif dropped[0] != "pass":  # nor for one whose drops do not hold (or could not be checked)
+            result = StepAudit(rec.seq, rec.version, dropped[0], rec.checkpoint_hash, reason=dropped[1])
         else:
             data = await self._fetch_all(rec)
             groups = batch_groups(self._rescorer, data.get)
@@ -295,14 +304,20 @@ class ChainAuditor:
         out: dict[str, bytes] = {}
 
         async def one(b: StepBatch) -> None:
-            try:
-                out[b.cid] = await self._fetcher.fetch(b.cid, holders=[b.worker, self._trainer],
-                                                       max_size=MAX_BATCH_SIZE, timeout=FETCH_TIMEOUT_S)
-            except (IntellectNodeError, asyncio.TimeoutError) as exc:
-                log.warning("audit of step %d: batch %s not fetched: %s", rec.seq, b.cid, exc)
+            if (data := await self._fetch_batch(b.cid, b.worker)) is not None:
+                out[b.cid] = data
 
         await asyncio.gather(*(one(b) for b in rec.batches))  # all: the filter's choice is checked too
         return out
+
+    async def _fetch_batch(self, cid: str, worker: str) -> bytes | None:
+        """A batch's bytes from its worker or the trainer; None (logged) when they cannot be had."""
+        try:
+            return await self._fetcher.fetch(cid, holders=[worker, self._trainer], max_size=MAX_BATCH_SIZE,
+                                             timeout=FETCH_TIMEOUT_S)
+        except (IntellectNodeError, asyncio.TimeoutError) as exc:
+            log.warning("audit: batch %s of worker %s not fetched: %s", cid, worker, exc)
+            return None
 
     async def _verdict(self, r: StepAudit, *, step: bool) -> None:
         if step:
