@@ -65,10 +65,10 @@ def _rec(seq: int, base: int, taken: Sequence[str] = (), dropped: dict[str, str]
         dropped=[DroppedBatch(cid=c, worker=W.peer_id, reason=r) for c, r in (dropped or {}).items()]))
 
 
-def _audit(records: list[StepRecord], batches: Batches, *, heard: list[StepRecord] | None = None
-           ) -> list[tuple[Outcome, str]]:
+def _audit(records: list[StepRecord], batches: Batches, *, heard: list[StepRecord] | None = None,
+           check: DropCheck | None = None) -> list[tuple[Outcome, str]]:
     """Every record heard (``heard``, default ``records``), then each of ``records`` checked in order."""
-    check = DropCheck(trainer_refusal(run_rescorer(CFG)), ASYNC)
+    check = check or DropCheck(trainer_refusal(run_rescorer(CFG)), ASYNC)
     for rec in heard if heard is not None else records:
         check.named(rec)
 
@@ -93,8 +93,10 @@ def test_drops_that_hold_pass() -> None:
         b.add(1, reverse=True): "duplicate",  # a batch still queued: the next step takes it
     }))
     recs[1] = _rec(2, 1, [later])
-    out = _audit(recs, b)
+    check = DropCheck(trainer_refusal(run_rescorer(CFG)), ASYNC)
+    out = _audit(recs, b, check=check)
     assert out == [("pass", "")] * len(recs), out
+    assert check.checked == 4  # each reason checked and found to hold (the duplicates at their deadline)
 
 
 def test_an_honest_batch_claimed_not_assigned_or_wrong_task_fails() -> None:

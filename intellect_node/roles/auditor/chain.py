@@ -219,7 +219,7 @@ class ChainAuditor:
         except ProtocolError as exc:  # fetched whole, and not a canonical tensor file
             await self._start_failed(rec, "fail", f"window start v{rec.version}: {exc}")
             return
-        except (IntellectNodeError, asyncio.TimeoutError) as exc:
+        except (IntellectNodeError, OSError, asyncio.TimeoutError) as exc:  # OSError: this node's disk
             await self._start_failed(rec, "unavailable", f"window start v{rec.version} not fetched: {exc}")
             return
         try:

@@ -157,7 +157,7 @@ class PublishedPolicy:
             out = await fetch_mapped(self._fetcher, cid, self._dir / f"{cid}.safetensors",
                                      holders=[self._trainer], max_size=max_size, size=size,
                                      timeout=FETCH_TIMEOUT_S)
-        except (IntellectNodeError, asyncio.TimeoutError) as exc:
+        except (IntellectNodeError, OSError, asyncio.TimeoutError) as exc:  # OSError: this node's disk
             raise PublishedUnavailable(f"blob {cid} not fetched or not a tensor file: "
                                        f"{exc or 'timed out'}") from exc
         if out.content_hash != expected:
