@@ -23,7 +23,9 @@ Memory: a checkpoint of several GB is never held twice. :meth:`PolicyWeights.wri
 to the file tensor by tensor (hashing as it goes), :meth:`PolicyWeights.load` maps the file read-only
 (pages the kernel can drop, not process memory), and :meth:`PolicyWeights.build` can fill a file-backed
 mapping (what applying a delta into a file uses). ``parse`` of bytes received in memory and
-``from_state_dict`` still build an in-memory copy (small models, tests).
+``from_state_dict`` still build an in-memory copy (small models, tests); :meth:`PolicyWeights.tensor` copies
+one tensor out of a mapped file, so a model is loaded from one with a tensor's memory to spare.
+:func:`file_size` gives a layout's exact size from the model alone, so a fetch can refuse any other.
 """
 
 from __future__ import annotations
@@ -273,20 +275,28 @@ class PolicyWeights:
         arr.flags.writeable = False
         return arr
 
+    def tensor(self, name: str) -> torch.Tensor:
+        """A fresh tensor (a copy) of ``name``, with its dtype and shape: one tensor's memory at a time
+        when a mapped file is loaded into a model tensor by tensor."""
+        info = self.tensors[name]
+        tdt = DTYPES[info.dtype][1]
+        if info.nbytes == 0:
+            return torch.empty(info.shape, dtype=tdt)
+        # torch.tensor copies (frombuffer would alias, and warns on a read-only mapping).
+        raw = torch.tensor(np.frombuffer(self._buf, dtype=np.uint8, count=info.nbytes, offset=info.offset))
+        return raw.view(tdt).reshape(info.shape)
+
     def to_state_dict(self) -> dict[str, torch.Tensor]:
         """Fresh tensors (copies) with the checkpoint's names, dtypes and shapes."""
-        out: dict[str, torch.Tensor] = {}
-        for name, info in self.tensors.items():
-            tdt = DTYPES[info.dtype][1]
-            if info.nbytes == 0:
-                out[name] = torch.empty(info.shape, dtype=tdt)
-                continue
-            # torch.tensor copies (frombuffer would alias, and warns on a read-only mapping).
-            raw = torch.tensor(np.frombuffer(self._buf, dtype=np.uint8, count=info.nbytes,
-                                             offset=info.offset))
-            out[name] = raw.view(tdt).reshape(info.shape)
-        return out
+        return {name: self.tensor(name) for name in self.tensors}
 
+
+
+def file_size(state: Mapping[str, torch.Tensor]) -> int:
+    """The exact size in bytes of the canonical file of ``state``: the header is implied by the names,
+    dtypes and shapes alone, so only those are read (meta tensors will do). What a peer's file of that
+    layout must measure, known before any byte of it moves."""
+    return _layout(_specs(state))[2]
 
 
 def require_finite(state: Mapping[str, torch.Tensor]) -> None:
@@ -351,4 +361,5 @@ def check_shape(value: object) -> tuple[int, ...]:
     return tuple(dims)
 
 
-__all__ = ["CHECKPOINT_FORMAT", "DTYPES", "UINT", "PolicyWeights", "TensorInfo", "check_dtype", "check_shape"]
+__all__ = ["CHECKPOINT_FORMAT", "DTYPES", "UINT", "PolicyWeights", "TensorInfo", "check_dtype", "check_shape",
+           "file_size"]

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from intellect_node.errors import ProtocolError
-from intellect_node.policy.weights import PolicyWeights
+from intellect_node.policy.weights import PolicyWeights, file_size
 from intellect_node.trainer.optim import Optimizer
 
 ENTRIES = ("exp_avg", "exp_avg_sq", "step")
@@ -46,6 +47,22 @@ def _tensors(state_dict: dict[str, Any]) -> dict[str, torch.Tensor]:
             t = torch.as_tensor(st[key], dtype=torch.float32) if key == "step" else st[key]
             out[f"{int(i):06d}.{key}"] = t.detach().to("cpu").contiguous()
     return out
+
+
+def size_bound(params: Sequence[torch.Tensor]) -> int:
+    """The size in bytes of the canonical file of a state holding every one of ``params`` (in order, as
+    ``model.parameters()`` gives them): each parameter's two moments in its dtype and its float32 step.
+
+    Exact for a state where every parameter has taken a step (the trainer's after any step in which
+    every parameter had a gradient); a parameter that never had one has no state, and a state of fewer
+    parameters is smaller (shorter header, less data), so this bounds every state of this model. Neither
+    the step count nor anything else outside the model changes it: the step is one float32 scalar."""
+    step = torch.empty((), dtype=torch.float32, device="meta")
+    layout: dict[str, torch.Tensor] = {}
+    for i, p in enumerate(params):
+        layout[f"{i:06d}.exp_avg"] = layout[f"{i:06d}.exp_avg_sq"] = p
+        layout[f"{i:06d}.step"] = step
+    return file_size(layout)
 
 
 def encode_optimizer(opt: Optimizer) -> PolicyWeights:

@@ -11,7 +11,10 @@ from version 0, one window: ``rl.checkpoint_every`` 1000) and an honest worker `
   on its evidence, a rejection by the validator naming ``c1``;
 - ``drop`` (``run.async_level`` 1: a batch's deadline comes two versions after it): silently drops the
   first batch its validator accepted, named by no record; the first step from that batch's deadline on
-  fails, naming the batch.
+  fails, naming the batch;
+- ``claim``: drops the first batch its validator accepted (an honest worker's assigned window) and names
+  it in its next record as dropped ``not_assigned``; that record fails, naming the batch: the auditor
+  fetched it and the trainer's own check takes it.
 
 In each, every step before the failed one passed, the auditor stops, and every node (trainer, validator,
 workers) shows the audit ``failed`` at that step (``run.require_audits`` off: nothing stops).
@@ -86,3 +89,13 @@ def test_trainer_dropping_accepted_batch_is_caught(tmp_path: Path) -> None:
     # The first batch accepted is of version 0, heard before any record: its deadline is base version 2
     # (0 + async_level 1 + 1). Caught at the first record from that base on, not later.
     assert bad["seq"] == min(seq for seq, r in recs.items() if r["base"] >= 2), (bad, recs)
+
+
+def test_trainer_dropping_accepted_batch_as_not_assigned_is_caught(tmp_path: Path) -> None:
+    bad, _, _, t_status = _caught(tmp_path, "claim")
+    cid = t_status["dropped_claimed"]
+    assert cid, t_status
+    reason = str(bad["reason"])
+    assert f"batch {cid}" in reason and "(not_assigned)" in reason and "own check takes it" in reason, bad
+    recs = records(tmp_path / "trainer")
+    assert bad["seq"] == min(seq for seq, r in recs.items() if cid in r["named"]), (bad, recs)

@@ -36,7 +36,7 @@ from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.policy import announcement_validator
 from intellect_node.protocol.signing import SigningKey
 from intellect_node.protocol.steps import StepBatch, StepRecord, StepState
-from intellect_node.roles.auditor.published import PublishedPolicy, PublishedUnavailable
+from intellect_node.roles.auditor.published import PublishedPolicy, PublishedUnavailable, StateSizes
 from intellect_node.roles.auditor.replay import StepAudit, WindowReplay, weights_hash
 from intellect_node.roles.auditor.tolerance import calibrate
 from intellect_node.roles.auditor.windows import check_end
@@ -48,6 +48,7 @@ from intellect_node.trainer.step import make_optimizer, train_step
 from tests.roles.test_audit_tolerance import GCFG, LR, SETTINGS, STEPS, _auditor_replays, _state
 
 RUN = "published"
+SIZES = StateSizes.of(load_trainable(None))  # what the run's model makes the published files measure
 CHECKPOINT_SEQ = 2  # the step after which the trainer checkpoints (its record carries ``state``)
 
 
@@ -134,11 +135,16 @@ async def _peers(tmp: Path) -> tuple[BlobPeer, BlobPeer]:
     return trainer, auditor
 
 
+def _files(auditor: BlobPeer) -> Path:
+    """Where the auditor assembles the published files it maps (beside its store)."""
+    return auditor.blobs.store.root.with_name("published")
+
+
 def _published(auditor: BlobPeer, trainer: BlobPeer, fetcher_urls: bool = True) -> tuple[PublishedPolicy,
                                                                                          HintedFetcher]:
     swarm = _Swarm(auditor.key, {trainer.key.peer_id: trainer.url} if fetcher_urls else {})
     fetcher = HintedFetcher(auditor.blobs, swarm)  # type: ignore[arg-type]
-    return PublishedPolicy(fetcher, trainer.key.peer_id), fetcher
+    return PublishedPolicy(fetcher, trainer.key.peer_id, _files(auditor), SIZES), fetcher
 
 
 async def _audit(chain: Chain, published: PublishedPolicy, tolerance: float, *,
@@ -264,7 +270,7 @@ def test_published_weights_not_to_be_had_are_unavailable(tmp_path: Path, toleran
                 await published.weights(gone, {})
             # An anchor's weights (v3, full_every 3) from the announced full blob when its delta does not
             # apply (here: handed no base), heard in the newest announcement alone.
-            anchor = PublishedPolicy(fetcher, trainer.key.peer_id)
+            anchor = PublishedPolicy(fetcher, trainer.key.peer_id, _files(auditor), SIZES)
             anchor.heard(announcement_validator(RUN, chain.trainer)(chain.announcements[-1], chain.trainer))
             v3 = await anchor.weights(chain.records[2], {})
             return (audits, str(info.value), got.content_hash == rec.checkpoint_hash, dict(published.fetched),

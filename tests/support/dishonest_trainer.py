@@ -10,7 +10,10 @@
 - ``rejected``: takes a validator's rejection (for the worker's fault) as an acceptance, so it trains on
   batches its validators rejected; the best evidence it can attach is the rejecting verdict itself;
 - ``drop``: silently drops the first batch its validators accept (never queued, named by no record); its
-  status says which (``dropped_silently``).
+  status says which (``dropped_silently``);
+- ``claim``: drops the first batch its validators accept and names it in its next record as dropped
+  ``not_assigned``, though it is an honest worker's assigned window; its status says which
+  (``dropped_claimed``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ def main(mode: str, data_dir: Path) -> int:
 
     class Dishonest(Trainer):
         dropped_silently = ""
+        dropped_claimed = ""
         nudged: list[int] = []  # versions made by a nudged step
 
         def __init__(self, runtime: Any) -> None:
@@ -53,13 +57,23 @@ def main(mode: str, data_dir: Path) -> int:
                     return
                 await take_in(verdict, validator, evidence)
 
+            async def claiming_take_in(verdict: BatchVerdict, validator: str, evidence: Any) -> None:
+                if not self.dropped_claimed:
+                    self.dropped_claimed = verdict.batch_cid  # not queued; the next record says why, falsely
+                    self.intake.drop(verdict.worker, verdict.batch_cid, "not_assigned")
+                    return
+                await take_in(verdict, validator, evidence)
+
             if mode == "rejected":
                 self.admission.decide = lax_decide  # type: ignore[method-assign]
             elif mode == "drop":
                 self.intake._take_in = dropping_take_in  # type: ignore[method-assign]
+            elif mode == "claim":
+                self.intake._take_in = claiming_take_in  # type: ignore[method-assign]
 
         def status(self) -> dict[str, Any]:
-            return {**super().status(), "dropped_silently": self.dropped_silently, "nudged": self.nudged[:16]}
+            return {**super().status(), "dropped_silently": self.dropped_silently,
+                    "dropped_claimed": self.dropped_claimed, "nudged": self.nudged[:16]}
 
         def _train(self, samples: list[Any], lr: float) -> Any:
             # "lr": the step trains at twice the lr its record states (the record's settings are made apart)
@@ -75,6 +89,6 @@ def main(mode: str, data_dir: Path) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] in ("lr", "nudge", "rejected", "drop"):
+    if len(sys.argv) == 3 and sys.argv[1] in ("lr", "nudge", "rejected", "drop", "claim"):
         sys.exit(main(sys.argv[1], Path(sys.argv[2])))
-    sys.exit(f"usage: {sys.argv[0]} lr|nudge|rejected|drop DATA_DIR")
+    sys.exit(f"usage: {sys.argv[0]} lr|nudge|rejected|drop|claim DATA_DIR")

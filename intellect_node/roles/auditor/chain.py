@@ -7,11 +7,15 @@ step records on the run's ``steps`` topic and keeps them by journal sequence num
 
 1. the start: version 0 (the run's model as this node loads it, a fresh optimizer), or a record carrying
    ``state``, whose weights and optimizer blobs it fetches through the swarm (the trainer first, the DHT
-   second) and loads after checking them against the hashes the trainer signed
+   second) at the sizes the run's model gives them (``published.StateSizes``: a manifest stating another
+   size is refused before any chunk moves, and the step fails: the trainer signed that blob), each into
+   a file it maps rather than reads, and loads after checking them against the hashes the trainer signed
    (``windows.load_start``);
 2. the steps, in order from the next record: the evidence that admitted its batches checked, and that no
    batch the validators accepted was dropped without a word (``evidence.py``, from the verdicts it hears
-   on the run's ``verdicts`` topic, its own included; a step failing these is not replayed), then the
+   on the run's ``verdicts`` topic, its own included), nor with a reason its batch does not show
+   (``drops.py``: ``not_assigned``, ``wrong_task``, ``duplicate``; a step failing these is not
+   replayed), then the
    batches each names fetched through the swarm (from their workers or the trainer), re-scored as the
    trainer does (``inputs.py``) and the step replayed on its own copy of the model (``replay.py``:
    :class:`~intellect_node.roles.auditor.replay.WindowReplay`, the CPU with one torch thread). With
@@ -61,13 +65,14 @@ from intellect_node.protocol.rl import VERDICT_KIND, BatchVerdict, verdict_valid
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE
 from intellect_node.protocol.steps import STEP_KIND, StepBatch, StepRecord, record_validator
 from intellect_node.protocol.topics import topic
+from intellect_node.roles.auditor.drops import DropCheck
 from intellect_node.roles.auditor.evidence import AdmissionCheck, RunRules
-from intellect_node.roles.auditor.inputs import batch_groups, run_rescorer, run_settings
-from intellect_node.roles.auditor.published import MAX_OPTIMIZER_BYTES, PublishedPolicy
+from intellect_node.roles.auditor.inputs import batch_groups, run_rescorer, run_settings, trainer_refusal
+from intellect_node.roles.auditor.published import PublishedPolicy, StateSizes, fetch_mapped
 from intellect_node.roles.auditor.replay import Outcome, PublishedOf, StepAudit, WindowReplay
 from intellect_node.roles.auditor.windows import OptimizerOf, Start, WindowPlan, check_end, load_start
-from intellect_node.roles.common.fetch import HintedFetcher
-from intellect_node.roles.common.models import MAX_POLICY_BYTES, model_dir
+from intellect_node.roles.common.fetch import HintedFetcher, WrongSize
+from intellect_node.roles.common.models import model_dir
 from intellect_node.roles.common.seams import RoleSwarm
 
 log = logging.getLogger(__name__)
@@ -111,9 +116,11 @@ class ChainAuditor:
         self._validators = frozenset(cfg.run.validator_peer_ids)
         self.admission = AdmissionCheck(RunRules(self._run_id, self._validators, cfg.run.verdict_quorum,
                                                  cfg.run.async_level))
+        self.drops = DropCheck(trainer_refusal(self._rescorer), cfg.run.async_level)
         self._newest_version = 0  # the newest policy version a record heard made
         self.tolerance = cfg.run.audit_tolerance
-        self.published = PublishedPolicy(fetcher, trainer)
+        self.published = PublishedPolicy(fetcher, trainer, directory / "published")
+        self._sizes: StateSizes | None = None  # run() sets it from the model it loads
         self._published_of: PublishedOf | None = None  # run() sets both when the tolerance is not 0
         self._optimizer_of: OptimizerOf | None = None
 
@@ -138,7 +145,8 @@ class ChainAuditor:
         return {**self.counts, "windows": {**self.windows, "skipped": self.plan.skipped},
                 "fraction": self.plan.fraction, "window": dict(self._window), "next_seq": self._next,
                 "held": len(self._pending), "first_bad": dict(self.first_bad), "last": dict(self.last),
-                "disputed": self.admission.disputed, "state": state, "tolerance": self.tolerance,
+                "disputed": self.admission.disputed, "drops_checked": self.drops.checked, "state": state,
+                "tolerance": self.tolerance,
                 "published_fetched": dict(self.published.fetched)}
 
     def _on_verdict(self, msg: tuple[BatchVerdict, str], origin: str) -> None:
@@ -147,6 +155,7 @@ class ChainAuditor:
     async def _on_record(self, rec: StepRecord, origin: str) -> None:
         self._newest_version = max(self._newest_version, rec.version)
         self.admission.named(rec)  # every record heard, audited or not: what it names was not dropped
+        self.drops.named(rec)
         if rec.seq >= max(self._next, self.plan.position) and len(self._pending) < MAX_PENDING:
             self._pending.setdefault(rec.seq, rec)
             self._heard.set()
@@ -169,6 +178,7 @@ class ChainAuditor:
             self._published_of, self._optimizer_of = self.published.blocking(asyncio.get_running_loop())
         model = await asyncio.to_thread(load_trainable, model_dir(self._cfg),
                                         TrainOptions.from_section(self._cfg.rl))
+        self._sizes = self.published.sizes = StateSizes.of(model)
         while True:
             if not self._next:
                 self.plan.prune(self._pending)
@@ -195,28 +205,36 @@ class ChainAuditor:
                                         published=self._published_of)
             self._next = start.first
             return
-        assert rec.state is not None
+        assert rec.state is not None and self._sizes is not None
+        sizes = self._sizes
         try:
-            weights = await self._fetch_start(rec.state.weights_cid, MAX_POLICY_BYTES)
-            optimizer = await self._fetch_start(rec.state.optimizer_cid, MAX_OPTIMIZER_BYTES)
-        except (IntellectNodeError, asyncio.TimeoutError) as exc:
+            weights = await self._fetch_start(rec.state.weights_cid, max_size=sizes.weights,
+                                              size=sizes.weights)
+            optimizer = await self._fetch_start(rec.state.optimizer_cid, max_size=sizes.optimizer)
+        except WrongSize as exc:  # the manifest is what the CID the trainer signed names: its doing
+            reason = f"window start v{rec.version}: {exc} by the run's model"
+            self._swarm.peerbook.record_rejection(self._trainer, reason)
+            await self._start_failed(rec, "fail", reason)
+            return
+        except ProtocolError as exc:  # fetched whole, and not a canonical tensor file
+            await self._start_failed(rec, "fail", f"window start v{rec.version}: {exc}")
+            return
+        except (IntellectNodeError, OSError, asyncio.TimeoutError) as exc:  # OSError: this node's disk
             await self._start_failed(rec, "unavailable", f"window start v{rec.version} not fetched: {exc}")
             return
         try:
-            self._replay = await asyncio.to_thread(self._load, model, rec, weights, optimizer)
+            self._replay = await asyncio.to_thread(load_start, model, rec, weights, optimizer, self._settings,
+                                                   tolerance=self.tolerance, published=self._published_of)
         except ProtocolError as exc:
             await self._start_failed(rec, "fail", f"window start v{rec.version}: {exc}")
             return
         self._next = start.first
 
-    def _load(self, model: Any, rec: StepRecord, weights: bytes, optimizer: bytes) -> WindowReplay:
-        return load_start(model, rec, PolicyWeights.parse(weights, max_size=MAX_POLICY_BYTES),
-                          PolicyWeights.parse(optimizer, max_size=MAX_OPTIMIZER_BYTES), self._settings,
-                          tolerance=self.tolerance, published=self._published_of)
-
-    async def _fetch_start(self, cid: str, max_size: int) -> bytes:
-        return await self._fetcher.fetch(cid, holders=[self._trainer], max_size=max_size,
-                                         timeout=START_FETCH_TIMEOUT_S)
+    async def _fetch_start(self, cid: str, *, max_size: int, size: int | None = None) -> PolicyWeights:
+        """A start blob, fetched into a file under the auditor's directory and mapped (never read)."""
+        return await fetch_mapped(self._fetcher, cid, self.dir / "start" / f"{cid}.safetensors",
+                                  holders=[self._trainer], max_size=max_size, size=size,
+                                  timeout=START_FETCH_TIMEOUT_S)
 
     async def _start_failed(self, rec: StepRecord, outcome: Outcome, reason: str) -> None:
         assert rec.state is not None
@@ -245,8 +263,11 @@ class ChainAuditor:
         replay = self._replay
         assert replay is not None, "a window in progress has its replay"
         why = self.admission.check(rec)  # no replay for a step that should not have taken its batches
+        dropped: tuple[Outcome, str] = ("pass", "") if why else await self.drops.check(rec, self._fetch_batch)
         if why:
             result = StepAudit(rec.seq, rec.version, "fail", rec.checkpoint_hash, reason=why)
+        elif dropped[0] != "pass":  # nor for one whose drops do not hold (or could not be checked)
+            result = StepAudit(rec.seq, rec.version, dropped[0], rec.checkpoint_hash, reason=dropped[1])
         else:
             data = await self._fetch_all(rec)
             groups = batch_groups(self._rescorer, data.get)
@@ -283,14 +304,20 @@ class ChainAuditor:
         out: dict[str, bytes] = {}
 
         async def one(b: StepBatch) -> None:
-            try:
-                out[b.cid] = await self._fetcher.fetch(b.cid, holders=[b.worker, self._trainer],
-                                                       max_size=MAX_BATCH_SIZE, timeout=FETCH_TIMEOUT_S)
-            except (IntellectNodeError, asyncio.TimeoutError) as exc:
-                log.warning("audit of step %d: batch %s not fetched: %s", rec.seq, b.cid, exc)
+            if (data := await self._fetch_batch(b.cid, b.worker)) is not None:
+                out[b.cid] = data
 
         await asyncio.gather(*(one(b) for b in rec.batches))  # all: the filter's choice is checked too
         return out
+
+    async def _fetch_batch(self, cid: str, worker: str) -> bytes | None:
+        """A batch's bytes from its worker or the trainer; None (logged) when they cannot be had."""
+        try:
+            return await self._fetcher.fetch(cid, holders=[worker, self._trainer], max_size=MAX_BATCH_SIZE,
+                                             timeout=FETCH_TIMEOUT_S)
+        except (IntellectNodeError, asyncio.TimeoutError) as exc:
+            log.warning("audit: batch %s of worker %s not fetched: %s", cid, worker, exc)
+            return None
 
     async def _verdict(self, r: StepAudit, *, step: bool) -> None:
         if step:

@@ -40,7 +40,8 @@ accepted. A step record (``protocol/steps.py``) makes both checkable:
 Shortcuts: what was never heard cannot be checked: an auditor that joined late, or missed the verdicts'
 gossip, holds no deadline for those batches, and a trainer may always say it never heard a verdict (it
 then cannot train the batch either: it has no evidence). The reasons a record gives for ``dropped``
-batches are taken at its word (they are signed and public, and shown in every worker's receipts). An
+batches other than ``stale`` are checked on the batches in ``drops.py`` where the batch shows them, and
+taken at its word otherwise (they are signed and public, and shown in every worker's receipts). An
 honest trainer that crashed after deciding to drop a batch and before journaling the next step forgets
 to name it. Everything here is pure: no I/O, no clock.
 """

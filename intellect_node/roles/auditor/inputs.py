@@ -3,7 +3,8 @@
 An auditor expects the settings the run's configuration gives the trainer (:func:`run_settings`, the same
 functions the trainer builds its own from), and re-scores each batch from the run's task with the
 trainer's own re-scoring (:class:`~intellect_node.roles.trainer.rescore.Rescorer`): the rewards a step
-trains on are the trainer's re-computed ones, not the worker's claims.
+trains on are the trainer's re-computed ones, not the worker's claims. The same checks tell whether the
+trainer had cause to refuse a batch it recorded dropped (:func:`trainer_refusal`, ``drops.py``).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from intellect_node.config.schema import NodeConfig
 from intellect_node.config.status import StatusBoard
 from intellect_node.errors import IntellectNodeError
 from intellect_node.models.loader import ModelTokenizer
-from intellect_node.protocol.rollout import decode_batch
+from intellect_node.protocol.rollout import RolloutBatch, decode_batch
 from intellect_node.protocol.steps import StepBatch, StepSettings
 from intellect_node.roles.common.models import model_dir
 from intellect_node.roles.common.tasks import run_assignments, run_task
+from intellect_node.roles.trainer.inbox import RefusedBatch
 from intellect_node.roles.trainer.records import run_grpo_config, settings_of
 from intellect_node.roles.trainer.rescore import Rescorer
 from intellect_node.trainer.model import TrainOptions
@@ -58,3 +60,20 @@ def batch_groups(rescorer: Rescorer, fetch: Callable[[str], bytes | None]
             return None
 
     return groups
+
+
+def trainer_refusal(rescorer: Rescorer) -> Callable[[RolloutBatch, str], str]:
+    """The trainer's own check of a batch of a worker at the batch's version (blocking: it re-scores):
+    the reason it refuses it (``wrong_task``, ``not_assigned``, ``bad_signature``; ``malformed`` for a
+    batch that does not match), "" when it takes it."""
+
+    def refusal(batch: RolloutBatch, worker: str) -> str:
+        try:
+            rescorer.groups(batch, worker, batch.policy_version)
+        except RefusedBatch as exc:
+            return exc.reason
+        except IntellectNodeError:
+            return "malformed"
+        return ""
+
+    return refusal

@@ -14,7 +14,9 @@ it, and are never told to anyone: the trainer cannot know which of its steps wil
 
 :func:`load_start` puts a window's start state into the model and an optimizer built from the run's
 settings (the state's file holds no hyperparameters: ``trainer/optstate.py``), checking both against the
-hashes the trainer signed. :func:`check_end` compares, at a record carrying ``state``, the replay's
+hashes the trainer signed; the weights go into the model's own tensors one at a time, from a file the
+chain auditor maps (``published.fetch_mapped``), so a start costs no model-sized copy in memory.
+:func:`check_end` compares, at a record carrying ``state``, the replay's
 optimizer state with the one published: a trainer that publishes a state other than the one its steps
 made is caught by the window before it, as a nudged weight is. Within ``run.audit_tolerance`` (a replay
 that is not bitwise) the published state is fetched and its moments compared by numbers, each relative
@@ -135,11 +137,13 @@ def load_start(model: Any, start: StepRecord, weights: PolicyWeights, optimizer:
     if optimizer.content_hash != start.state.optimizer_hash:
         raise ProtocolError(f"the optimizer blob of v{start.version} hashes to {optimizer.content_hash}, the "
                             f"record says {start.state.optimizer_hash}")
-    tensors = weights.to_state_dict()
     own = model.state_dict()
-    if set(tensors) != set(own) or any(tuple(tensors[k].shape) != tuple(own[k].shape) for k in own):
+    table = weights.tensors
+    if set(table) != set(own) or any(table[k].shape != tuple(own[k].shape) for k in own):
         raise ProtocolError(f"the weights of v{start.version} do not fit the run's model")
-    model.load_state_dict(tensors, strict=True)
+    with torch.no_grad():  # tensor by tensor from the mapped file: one tensor's copy at a time
+        for k, t in own.items():
+            t.copy_(weights.tensor(k))
     opt: Optimizer = make_optimizer(model, settings.lr, betas=settings.betas,
                                     weight_decay=settings.weight_decay)
     load_optimizer(opt, optimizer)

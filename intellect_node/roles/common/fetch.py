@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from intellect_node.blobs.fetch import Budget
 from intellect_node.blobs.service import BlobService
 from intellect_node.errors import IntegrityError
 from intellect_node.protocol.blob import Manifest
@@ -20,6 +24,30 @@ log = logging.getLogger(__name__)
 ANNOUNCE_MIN_CHUNKS = 4
 """A blob a role fetched is announced in the DHT from this many chunks (12 MiB at the default 3 MiB
 chunks): large enough that its followers gain from fetching from each other (see ``HintedFetcher``)."""
+
+
+class WrongSize(IntegrityError):
+    """A blob's manifest states another size than the one asked for, or more than the limit: refused
+    before any chunk of it moves.
+
+    A manifest is what its CID names, whoever serves it: the fault is whoever named that CID for a blob
+    of that size (a step record's signer, a notice's), not the provider."""
+
+    def __init__(self, cid: str, held: int, expected: str) -> None:
+        super().__init__(f"blob {cid} holds {held} bytes, {expected} expected")
+        self.cid, self.held = cid, held
+
+
+@dataclass(frozen=True)
+class _Budget(Budget):
+    """:class:`~intellect_node.blobs.fetch.Budget` whose size refusals are :class:`WrongSize`."""
+
+    def check(self, cid: str, m: Manifest) -> None:
+        if self.size is not None and m.total_size != self.size:
+            raise WrongSize(cid, m.total_size, f"{self.size}")
+        if m.total_size > self.max_size:
+            raise WrongSize(cid, m.total_size, f"at most {self.max_size}")
+        super().check(cid, m)
 
 
 class HintedFetcher:
@@ -77,13 +105,22 @@ class HintedFetcher:
 
     async def fetch(self, cid: str, *, holders: Sequence[str], max_size: int, size: int | None = None,
                     timeout: float) -> bytes:
-        """The content of blob ``cid``; refuses a manifest over ``max_size`` (or other than ``size``)."""
-        def check(m: Manifest) -> None:
-            if m.total_size > max_size or (size is not None and m.total_size != size):
-                raise IntegrityError(f"blob {cid} holds {m.total_size} bytes (announced {size}, "
-                                     f"limit {max_size})")
+        """The content of blob ``cid``; refuses a manifest over ``max_size`` (or other than ``size``:
+        :class:`WrongSize`) before any chunk is fetched."""
+        await self._complete(cid, holders, max_size, size, timeout)
+        return bytes(await asyncio.to_thread(self.blobs.store.read, cid))
 
-        from intellect_node.blobs.fetch import Budget
+    async def fetch_file(self, cid: str, out: str | os.PathLike[str], *, holders: Sequence[str],
+                         max_size: int, size: int | None = None, timeout: float) -> Path:
+        """Blob ``cid`` assembled into the file ``out`` (kernel-side copies from the store's chunks:
+        none of it passes through this process's memory); ``out``. Refused as in :meth:`fetch`."""
+        await self._complete(cid, holders, max_size, size, timeout)
+        return await asyncio.to_thread(self.blobs.store.export, cid, out)
+
+    async def _complete(self, cid: str, holders: Sequence[str], max_size: int, size: int | None,
+                        timeout: float) -> None:
+        """Blob ``cid`` complete in the store, within ``max_size`` (and of ``size`` bytes when given)."""
+        budget = _Budget(max_size=max_size, size=size)
 
         async def fetch_one() -> None:
             lock, users = self._locks.get(cid, (asyncio.Lock(), 0))
@@ -92,11 +129,10 @@ class HintedFetcher:
                 async with lock:
                     m = self.blobs.store.manifest(cid)
                     if m is not None:
-                        check(m)
+                        budget.check(cid, m)
                     if m is None or self.blobs.store.missing(cid):
                         # The budget is checked before the manifest is stored (blobs/fetch.py, Budget).
-                        await self._fetcher.fetch(cid, on_manifest=self._seen(cid, check),
-                                                  budget=Budget(max_size=max_size, size=size))
+                        await self._fetcher.fetch(cid, on_manifest=self._seen(cid, None), budget=budget)
             finally:
                 lock, users = self._locks[cid]
                 if users > 1:
@@ -110,7 +146,6 @@ class HintedFetcher:
             await asyncio.wait_for(fetch_one(), timeout)
         finally:
             self._unhint(cid, holders)
-        return bytes(await asyncio.to_thread(self.blobs.store.read, cid))
 
     def _unhint(self, cid: str, holders: Sequence[str]) -> None:
         left = self._hints.get(cid, [])
