@@ -132,8 +132,8 @@ def cost(inputs: Inputs) -> dict[str, Any]:
     from intellect_node.protocol.steps import StepBatch, StepRecord
     from intellect_node.roles.auditor.inputs import batch_groups, run_rescorer, run_settings
     from intellect_node.roles.auditor.replay import WindowReplay, weights_hash
+    from intellect_node.roles.common.grpo import grpo_config_of
     from intellect_node.roles.common.models import model_dir
-    from intellect_node.roles.trainer.records import grpo_config_of
     from intellect_node.trainer.model import TrainOptions, load_trainable
     from intellect_node.trainer.optstate import encode_optimizer
     from intellect_node.trainer.step import make_optimizer, train_step

@@ -139,3 +139,25 @@ def test_nothing_outside_the_tests_imports_them() -> None:
                 for mod in _imports(path) if mod.split(".")[0] in ("tests", "conftest") or
                 mod.split(".")[0].startswith("support_")]
     assert not problems, "\n".join(problems)
+
+
+ROLE_RANK = {"common": 0, "trainer": 1, "worker": 1, "auditor": 1, "runs": 1, "sweep": 1, "validator": 2}
+"""Inside ``roles/`` (docs/architecture.md, "RL roles"): what the roles share is in ``common/``; the trainer,
+worker and auditor (and the runs and sweep services) build on it and not on each other; the validator
+runs the auditor's chain when ``validator.audit`` is on."""
+
+
+def test_imports_inside_roles_flow_bottom_up() -> None:
+    roles = PKG / "roles"
+    problems = []
+    for path in roles.rglob("*.py"):
+        if path.parent == roles and path.name == "__init__.py":
+            continue  # roles/__init__.py: role_factory names every role's module (lazily)
+        part = path.relative_to(roles).parts[0].removesuffix(".py")
+        assert part in ROLE_RANK, f"roles/{part} has no rank in ROLE_RANK"
+        for mod in _imports(path):
+            parts = mod.split(".")
+            if parts[:2] == ["intellect_node", "roles"] and len(parts) > 2 and parts[2] in ROLE_RANK \
+                    and parts[2] != part and ROLE_RANK[parts[2]] >= ROLE_RANK[part]:
+                problems.append(f"roles/{path.relative_to(roles)} imports {mod}")
+    assert not problems, "\n".join(sorted(set(problems)))

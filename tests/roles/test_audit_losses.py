@@ -23,7 +23,7 @@ import torch
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.steps import StepBatch, StepRecord, StepSettings, check_record
 from intellect_node.roles.auditor.replay import StepAudit, WindowReplay, weights_hash
-from intellect_node.roles.trainer.records import grpo_config_of, settings_of
+from intellect_node.roles.common.grpo import grpo_config_of, settings_of
 from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.trainer.step import Sample, make_optimizer, train_step
 from intellect_node.trainer.stepsize import measured, next_scale, step_lr

@@ -9,7 +9,7 @@ import torch
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.steps import StepBatch, StepRecord, StepSettings, check_record
 from intellect_node.roles.auditor.replay import WindowReplay, weights_hash
-from intellect_node.roles.trainer.records import grpo_config_of, settings_of
+from intellect_node.roles.common.grpo import grpo_config_of, settings_of
 from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.trainer.step import make_optimizer, train_step
 from tests.support.grpo import scored_samples, tiny_llama

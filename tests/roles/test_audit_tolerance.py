@@ -29,7 +29,7 @@ from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.steps import StepBatch, StepRecord
 from intellect_node.roles.auditor.replay import StepAudit, WindowReplay, weights_hash
 from intellect_node.roles.auditor.tolerance import AuditMargins, calibrate, compare, tensor_diffs, worst
-from intellect_node.roles.trainer.records import grpo_config_of, settings_of
+from intellect_node.roles.common.grpo import grpo_config_of, settings_of
 from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.trainer.model import load_trainable
 from intellect_node.trainer.step import Sample, make_optimizer, train_step

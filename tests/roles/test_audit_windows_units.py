@@ -34,8 +34,8 @@ from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.steps import StepBatch, StepRecord, StepSettings, StepState, check_record
 from intellect_node.roles.auditor.replay import StepAudit, WindowReplay, weights_hash
 from intellect_node.roles.auditor.windows import WindowPlan, check_end, load_start
+from intellect_node.roles.common.grpo import grpo_config_of, settings_of
 from intellect_node.roles.common.pins import TRAINER_STATES, published_pins
-from intellect_node.roles.trainer.records import grpo_config_of, settings_of
 from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.trainer.optstate import decode_optimizer, encode_optimizer, load_optimizer
 from intellect_node.trainer.step import Sample, make_optimizer, train_step

@@ -96,10 +96,11 @@ def test_a_skipped_step_is_charged_to_the_batch_behind_it(tmp_path: Path) -> Non
     from intellect_node.protocol.ids import cid_of
     from intellect_node.protocol.steps import STEP_KIND
     from intellect_node.protocol.topics import topic
+    from intellect_node.roles.common.grpo import settings_of
     from intellect_node.roles.trainer.batching import Accepted
     from intellect_node.roles.trainer.metrics import MetricsFile
     from intellect_node.roles.trainer.publication import Publication
-    from intellect_node.roles.trainer.records import StepRecords, settings_of
+    from intellect_node.roles.trainer.records import StepRecords
     from intellect_node.trainer.model import TrainOptions
     from tests.security._roles_inproc import GROUP, RUN, trainer_role
 

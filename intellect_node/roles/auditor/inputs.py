@@ -17,11 +17,10 @@ from intellect_node.errors import IntellectNodeError
 from intellect_node.models.loader import ModelTokenizer
 from intellect_node.protocol.rollout import RolloutBatch, decode_batch
 from intellect_node.protocol.steps import StepBatch, StepSettings
+from intellect_node.roles.common.grpo import run_grpo_config, settings_of
 from intellect_node.roles.common.models import model_dir
+from intellect_node.roles.common.rescore import RefusedBatch, Rescorer
 from intellect_node.roles.common.tasks import run_assignments, run_task
-from intellect_node.roles.trainer.inbox import RefusedBatch
-from intellect_node.roles.trainer.records import run_grpo_config, settings_of
-from intellect_node.roles.trainer.rescore import Rescorer
 from intellect_node.trainer.model import TrainOptions
 from intellect_node.trainer.step import Sample
 

@@ -46,7 +46,7 @@ import torch
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol.steps import StepBatch, StepRecord, StepSettings
 from intellect_node.roles.auditor.tolerance import compare
-from intellect_node.roles.trainer.records import grpo_config_of
+from intellect_node.roles.common.grpo import grpo_config_of
 from intellect_node.trainer.optim import Optimizer
 from intellect_node.trainer.step import Sample, StepStats, make_optimizer, train_step
 from intellect_node.trainer.stepsize import in_bounds, measured, next_scale, step_lr

@@ -1,8 +1,8 @@
 """The trainer role (``role.py``) and its parts.
 
 - intake: ``prefetch`` fetches and decodes a batch while its validators verify it, ``intake`` takes it
-  from the worker's notice to the training queue (and says who is blamed), ``rescore`` checks an accepted
-  batch once more and turns it into groups with the trainer's own rewards;
+  from the worker's notice to the training queue (and says who is blamed), with ``roles/common/rescore``
+  checking an accepted batch once more and turning it into groups with the trainer's own rewards;
 - admission: ``admission`` (the pure state machine of admitted work and each step's batches) with its
   pieces in ``batching``; ``admitted`` and ``inbox`` keep admitted work through a SIGKILL;
 - out: ``records`` signs a step record per journaled step, ``publication`` publishes each new version in

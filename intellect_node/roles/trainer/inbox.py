@@ -29,10 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from intellect_node.errors import IntellectNodeError, ProtocolError
+from intellect_node.errors import IntellectNodeError
 from intellect_node.fsutil import append_jsonl, atomic_write_bytes, atomic_write_text
 from intellect_node.protocol.rollout import RolloutBatch, decode_batch
 from intellect_node.protocol.steps import DroppedBatch
+from intellect_node.roles.common.rescore import RefusedBatch
 from intellect_node.roles.common.seen import describe_key, rollout_keys
 from intellect_node.roles.trainer.admitted import AdmittedJournal
 from intellect_node.roles.trainer.batching import Accepted
@@ -45,21 +46,6 @@ log = logging.getLogger(__name__)
 GroupsOf = Callable[[RolloutBatch, str, int], "list[list[Sample]]"]
 """The trainer's check of a batch against its (worker, version), returning its groups of samples;
 raises an IntellectNodeError for a batch that does not match."""
-
-
-class RefusedBatch(ProtocolError):
-    """A batch its validators accepted that the trainer refuses itself: ``reason`` (a verdict reason) and
-    ``workers_fault`` (held against the worker: only it could have signed what is wrong)."""
-
-    reason = "refused"
-    workers_fault = True
-
-    def __init__(self, message: str, *, reason: str | None = None, workers_fault: bool | None = None) -> None:
-        super().__init__(message)
-        if reason is not None:
-            self.reason = reason
-        if workers_fault is not None:
-            self.workers_fault = workers_fault
 
 
 class DuplicateRollouts(RefusedBatch):

@@ -41,13 +41,13 @@ from intellect_node.errors import IntellectNodeError
 from intellect_node.protocol.rl import BatchVerdict, RolloutNotice, now_ms, verdict_time_error
 from intellect_node.protocol.rollout import MAX_BATCH_SIZE, RolloutBatch, decode_batch
 from intellect_node.protocol.steps import DROP_REASONS, DroppedBatch
+from intellect_node.roles.common.rescore import RefusedBatch, Rescorer
 from intellect_node.roles.common.seams import RoleSwarm
 from intellect_node.roles.common.seen import BoundedMap, rollout_keys
 from intellect_node.roles.trainer.admission import Admission
 from intellect_node.roles.trainer.batching import Accepted, fresh_floor, vote_key
-from intellect_node.roles.trainer.inbox import Inbox, RefusedBatch
+from intellect_node.roles.trainer.inbox import Inbox
 from intellect_node.roles.trainer.prefetch import Prefetch
-from intellect_node.roles.trainer.rescore import Rescorer
 
 log = logging.getLogger(__name__)
 

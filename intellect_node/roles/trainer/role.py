@@ -7,7 +7,6 @@ The parts, each in its own module; none of them references the ``Trainer``, whic
   notice to the training queue, bans and refusals on the way;
 - ``admission.py``: ``Admission``, the pure state machine deciding which verdicts take a batch in and
   which queued batches form a step (its tallies and queued batches are in ``batching.py``);
-- ``rescore.py``: ``Rescorer``, an accepted batch checked again and re-scored from the task;
 - ``prefetch.py``: ``Prefetch``, the batches named by workers' notices, fetched while validators verify
   (the intake holds it);
 - ``inbox.py``: ``Inbox``, the admitted batches on disk until a checkpoint holds them, and
@@ -22,7 +21,9 @@ The parts, each in its own module; none of them references the ``Trainer``, whic
 - ``metrics.py``: ``MetricsFile``, ``trainer/metrics.jsonl`` and the last journaled step it recorded;
 - ``mirrors.py``: ``Mirrors``, each metrics line copied to W&B and TensorBoard (``[logging]``), on a
   thread of its own;
-- from ``roles/common/``: ``PolicyPublisher`` (``policy.py``), ``HintedFetcher`` (``fetch.py``), the
+- from ``roles/common/``: ``Rescorer`` (``rescore.py``), an accepted batch checked again and re-scored
+  from the task (an auditor re-checks with it too), the step's GRPO settings (``grpo.py``),
+  ``PolicyPublisher`` (``policy.py``), ``HintedFetcher`` (``fetch.py``), the
   run's task (``tasks.py``), and ``RoleTasks`` (``seams.py``) for the train and announce loops and the
   publications.
 
@@ -76,8 +77,10 @@ from intellect_node.protocol.rollout import MAX_BATCH_SIZE
 from intellect_node.protocol.steps import ACCEPT_ENVELOPE_BYTES, MAX_EVIDENCE_BYTES, STEP_KIND, StepSettings
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.common.fetch import ANNOUNCE_MIN_CHUNKS, HintedFetcher
+from intellect_node.roles.common.grpo import run_grpo_config, settings_of
 from intellect_node.roles.common.models import model_dir
 from intellect_node.roles.common.policy import PolicyPublisher
+from intellect_node.roles.common.rescore import Rescorer
 from intellect_node.roles.common.seams import RoleTasks, Runtime
 from intellect_node.roles.common.services import blob_service
 from intellect_node.roles.common.tasks import run_assignments, run_task
@@ -89,15 +92,8 @@ from intellect_node.roles.trainer.metrics import MetricsFile
 from intellect_node.roles.trainer.mirrors import Mirrors, mirror_openers
 from intellect_node.roles.trainer.nosignal import NoSignal
 from intellect_node.roles.trainer.publication import Publication
-from intellect_node.roles.trainer.records import (
-    StateFiles,
-    StepRecords,
-    build_record,
-    run_grpo_config,
-    settings_of,
-)
+from intellect_node.roles.trainer.records import StateFiles, StepRecords, build_record
 from intellect_node.roles.trainer.replay import Announced, replay_steps
-from intellect_node.roles.trainer.rescore import Rescorer
 from intellect_node.roles.trainer.stepcheck import StepCheck
 from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, read_optimizer, save_checkpoint
 from intellect_node.trainer.filtering import FilteredGroups, filter_groups

@@ -31,13 +31,27 @@ from intellect_node.protocol.rollout import RolloutBatch, verify_rollout_signatu
 from intellect_node.roles.common.completions import completion
 from intellect_node.roles.common.records import group_slices, rescored_group
 from intellect_node.roles.common.tasks import wrong_task
-from intellect_node.roles.trainer.inbox import RefusedBatch
 from intellect_node.trainer.step import Sample
 
 log = logging.getLogger(__name__)
 
 SHOWN_LEN = 32
 """Recent completions (one per admitted group) the no-signal hint counts missing answers over."""
+
+
+class RefusedBatch(ProtocolError):
+    """A batch its validators accepted that the trainer refuses itself: ``reason`` (a verdict reason) and
+    ``workers_fault`` (held against the worker: only it could have signed what is wrong)."""
+
+    reason = "refused"
+    workers_fault = True
+
+    def __init__(self, message: str, *, reason: str | None = None, workers_fault: bool | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+        if workers_fault is not None:
+            self.workers_fault = workers_fault
 
 
 class Rescorer:
