@@ -4,11 +4,14 @@
     .venv/bin/python bench/sybil.py [--group-size 16] [--problems 4] [--new-tokens 8] [--fraction 0.25]
                                     [--repeats 5] [--keys 100]
 
-About two minutes on two cores. Part 1 measures the parts; part 2 prints one table, an attack a row pair
-(1 key, ``--keys`` keys): the validator's CPU, how much later an honest worker's verdict comes, and the
-trainer's CPU, memory and disk. Rows marked "driven" run the attack against the real component (the
-trainer's prefetch and blob fetch over HTTP on 127.0.0.1, the validator's intake, the scoring sandbox);
-"model" rows combine part 1's measurements with the run's defaults, by the rule the row names.
+About three minutes on two cores. Part 1 measures the parts; part 2 prints one table, an attack a row
+pair (1 key, ``--keys`` keys): the validator's CPU, how much later an honest worker's verdict comes, the
+trainer's CPU, memory and disk, and what it did to honest peers (for the attacks on the run's own rules,
+``sybil_runs.py``: replayed gossip in a running, audited run, framing by a validator outside the quorum,
+one auditor's failure, unjudged batches re-sent, new peers after bans). Rows marked "driven" run the
+attack against the real component (the trainer's prefetch and blob fetch over HTTP on 127.0.0.1, the
+validator's intake, the scoring sandbox, the roles in one process, libp2p on 127.0.0.1); "model" rows
+combine part 1's measurements with the run's defaults, by the rule the row names.
 
 Measured on the embedded model (one thread, CPU time via ``time.process_time``, median of ``--repeats``):
 

@@ -13,6 +13,8 @@ Driven (the real component, on 127.0.0.1, timed and measured here):
   finish (the validator's scoring budget and pools are applied by the model row).
 
 Model rows combine these with part 1's verification cost and the run's defaults; each says its rule.
+The rows numbered as issue 40's items (1, 3, 5, 8, 15: attacks on the run's own rules) come from
+``sybil_runs.py`` and fill the last column, what the attack did to honest peers.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Sequence
 
 from aiohttp import web
 
+from bench import sybil_runs
 from intellect_node.blobs.fetch import Budget, Fetcher, Provider, StaticProvider
 from intellect_node.blobs.http import HttpChunkSource, blob_routes
 from intellect_node.blobs.store import BlobStore
@@ -70,6 +73,8 @@ class Row:
     trainer_mem: str
     trainer_disk: str
     how: str
+    harm: str = "-"
+    """What the attack did to honest peers (blamed, framed, halted, locked out); "-": not measured."""
 
 
 def _du(root: Path) -> int:
@@ -317,16 +322,100 @@ def report(cfg: NodeConfig, parts: Parts, *, keys: int) -> None:
                         f"{disk / MIB:.2f}",
                         f"driven: {k} notice(s) of 16 MiB blobs with ~1 MiB manifests, refused by the "
                         "budget before storing"))
+    rows += run_rule_rows(cfg, parts, keys=keys, intake={k: intake[k][1] for k in (1, keys)},
+                          slow=(slow_wall, slow_cpu))
 
     print(f"\nWhat 1 key and {keys} keys cost an honest run (CPU s; delay: how much later an honest "
           "worker's verdict or batch comes, s; trainer memory and disk, MiB):\n")
-    head = ("attack", "keys", "validator CPU", "honest delay", "trainer CPU", "trainer mem", "trainer disk")
-    widths = (30, 5, 20, 22, 12, 16, 13)
+    head = ("attack", "keys", "validator CPU", "honest delay", "trainer CPU", "trainer mem", "trainer disk",
+            "honest harm")
+    widths = (30, 5, 24, 22, 12, 16, 13, 30)
     print("  " + " ".join(h.ljust(w) for h, w in zip(head, widths)))
     for r in rows:
         cells = (r.attack, str(r.keys), r.validator_cpu, r.delay, r.trainer_cpu, r.trainer_mem,
-                 r.trainer_disk)
+                 r.trainer_disk, r.harm)
         print("  " + " ".join(c.ljust(w) for c, w in zip(cells, widths)))
     print("\nHow each row was found:")
     for r in rows:
         print(f"  {r.attack} x{r.keys}: {r.how}")
+
+
+def run_rule_rows(cfg: NodeConfig, parts: Parts, *, keys: int, intake: dict[int, int],
+                  slow: tuple[float, float]) -> list[Row]:
+    """Issue 40's items 1, 3, 5, 8 and 15 (``sybil_runs.py``): the attacks on the run's own rules."""
+    vc = cfg.validator
+    rows: list[Row] = []
+    with TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        runs = sybil_runs.replays(root, keys)
+        frames = {k: sybil_runs.framing(k) for k in (1, keys)}
+        lone = {(k, q): sybil_runs.lone_auditor(root, k, q) for k in (1, keys) for q in (1, 2)}
+    bans = {k: sybil_runs.after_bans(k) for k in (1, keys)}
+    base = runs[0]
+    for k in (1, keys):
+        r = runs[k]
+        step, step0 = r.wall_s / r.steps, base.wall_s / base.steps
+        cpu, cpu0 = r.cpu_s / r.steps, base.cpu_s / base.steps
+        a = r.audits
+        rows.append(Row(
+            "1 replayed gossip (run)", k, f"{cpu:.2f}/step ({cpu / cpu0:.2f}x)",
+            f"{step:.2f} s/step ({step / step0:.2f}x)", "-", "-", "-",
+            f"driven: an in-process run (trainer, an auditing validator, 2 workers, run.require_audits), "
+            f"{r.steps} steps; CPU of the whole run (every node) and wall time a trained step, against the "
+            f"same run without replayers ({cpu0:.2f} CPU s, {step0:.2f} s a step); each key publishes every "
+            f"message it hears as its own, the publisher's message is forwarded again once (gossipsub's "
+            f"seen-cache keeps later copies out), half-way every copy again with the batch and audit "
+            f"verdicts 6 minutes old; a node bans a key at {sybil_runs.AUTO_BAN_AFTER} refusals "
+            f"(network.auto_ban_after); {r.copies} copies sent, {r.blamed_replayers} refusals blamed on the "
+            f"replayers",
+            f"{r.blamed_honest} blamed; audits {a['pass']}/{a['fail']}/{a['unavailable']}; "
+            f"{r.refusing} refusing"))
+    for k in (1, keys):
+        f = frames[k]
+        who = "the run validator outside the quorum" if k == 1 else f"{k} fresh keys"
+        rows.append(Row(
+            "3 framing by a validator", k, f"{f.cpu_s * 1e3:.2f} ms/record ({f.cpu_s / f.honest_cpu_s:.1f}x)",
+            "0", "0", "0", "0",
+            f"driven: the auditor's admission check (roles/auditor/evidence.py) over {f.records} step "
+            f"records, each batch accepted by a quorum of 2 of 3 validators; {who} reject(s) every batch, "
+            f"dated 4 minutes before the quorum and heard 1 s after it; CPU of the auditor a record "
+            f"(honest: {f.honest_cpu_s * 1e3:.2f} ms); {f.disputed} counted disputed, {f.refused} refused "
+            f"at the gossip check (not a run validator's)",
+            f"{f.framed} of {f.records} steps failed"))
+    for k in (1, keys):
+        one = lone[(k, 1)]
+        halts = {q: ("halts" if lone[(k, q)].halted else "goes on") for q in (1, 2)}
+        who = ("one of the run's 2 auditors fails a step" if k == 1 else
+               f"{k} fresh keys each send a failing verdict and a forged hash conflict")
+        rows.append(Row(
+            "5 one auditor's fail", k, f"{one.cpu_s * 1e3:.2f} ms/message", "0", "0", "0", "0",
+            f"driven: the audit watch every node runs (run.require_audits on): {who}; "
+            f"{one.refused} refused at the gossip check and blamed on their senders",
+            f"audit_quorum 1: {halts[1]}; 2: {halts[2]}"))
+    per_batch = vc.scoring_timeouts_per_batch * slow[1]  # what one unjudged batch costs: its allowed limits
+    lane = vc.scoring_processes * 60 * slow[1] / slow[0]
+    for k in (1, keys):
+        scored = intake[k] * vc.unjudged_per_version
+        rows.append(Row(
+            "8 unjudged batch re-sent", k, f"{min(scored * per_batch, lane):.0f}/version in min 1",
+            "0 (own processes)", "0", "0", "0",
+            f"model: each key gets validator.unjudged_per_version ({vc.unjudged_per_version}) batches "
+            f"left reward_unjudged a version, each costing its allowed {vc.scoring_timeouts_per_batch} time "
+            f"limit(s) ({per_batch:.1f} CPU s, driven above), {intake[k]} key(s) start in the first minute "
+            f"(driven intake), the newcomers' {vc.scoring_processes} scoring processes cap it at "
+            f"{lane:.0f} CPU s a minute; past the budget its queued batches are answered unscored and "
+            f"its notices at that version not taken in (counted, tests/security/test_unjudged_verdicts.py):"
+            f" the re-sender loses that version's work. Not driven: each copy is a 5 s stall of a real "
+            f"checker, already measured",
+            "0 (held against no one)"))
+    for k in (1, keys):
+        b = bans[k]
+        rows.append(Row(
+            "15 new peers after bans", k, "-", f"{b.honest_after_s:.2f} s connect "
+            f"({b.honest_after_s / b.honest_before_s:.1f}x)", "-", "-", "-",
+            f"driven: real libp2p on 127.0.0.1, a node at its default watermarks (inbound cap {b.cap}) bans "
+            f"each of {k} fresh key(s) once connected, each redials once ({b.wall_s:.1f} s); then an honest "
+            f"newcomer connects (before the attack: {b.honest_before_s:.2f} s); py-libp2p 0.8.1's stock "
+            f"handler kept every slot (bench/inbound_soak.py: 124 cycles, then every newcomer refused)",
+            f"{b.slots_in_use} of {b.cap} slots held; {b.refused_at_cap} refused"))
+    return rows

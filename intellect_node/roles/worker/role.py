@@ -324,6 +324,11 @@ class Worker:
         verdict, validator = msg
         if verdict.worker != self.rt.swarm.peer_id:
             return
+        if self.ledger is not None and not await asyncio.to_thread(
+                self.ledger.record_verdict, verdict.batch_cid, validator=validator, run_id=self.run_id,
+                n_accepted=verdict.n_accepted, n_rejected=verdict.n_rejected, reason=verdict.reason,
+                detail=verdict.detail):
+            return  # this validator's word on this batch was taken before: a replay or a re-send
         if not verdict.accepted and self.pacing.on_refusal(verdict.batch_cid, verdict.reason):
             log.debug("batch %s not judged (%s): one batch more", verdict.batch_cid[:16], verdict.reason)
         kind = "accepted" if verdict.accepted else "stale" if verdict.reason == "stale" else "rejected"
@@ -333,8 +338,3 @@ class Worker:
                               peer=validator)
         if verdict.accepted:
             self.rt.board.mark("first_batch_accepted")
-        if self.ledger is not None:
-            await asyncio.to_thread(self.ledger.record_verdict, verdict.batch_cid, validator=validator,
-                                    run_id=self.run_id, n_accepted=verdict.n_accepted,
-                                    n_rejected=verdict.n_rejected, reason=verdict.reason,
-                                    detail=verdict.detail)
