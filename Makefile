@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo lint test test-loaded test-real test-vllm test-gpu bench clean
+.PHONY: setup demo lint test test-loaded test-real test-llama-cpp test-vllm test-gpu bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -28,7 +28,14 @@ test: lint
 # with thresholds calibrated on the run's prompts, a few training steps with the chosen settings. Minutes.
 test-real: setup
 	@bash scripts/setup-real.sh
-	$(PY) -m pytest -q -p no:xdist -m real tests/real
+	$(PY) -m pytest -q -p no:xdist -m "real and not llama_cpp" tests/real
+
+# The exported GGUF of a real model in llama.cpp itself: llama-cpp-python built from PyPI (a C++ build,
+# minutes) into .venv, then SmolLM2's greedy tokens through llama.cpp against torch's. Not in `make test`.
+test-llama-cpp: setup
+	@bash scripts/setup-real.sh
+	@bash scripts/setup-llama-cpp.sh
+	$(PY) -m pytest -q -p no:xdist -m llama_cpp tests/real
 
 # The same suite beside two CPU-bound processes (started and ended by PID in the script), as on a busy
 # 2-core machine.

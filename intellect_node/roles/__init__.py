@@ -2,11 +2,12 @@
 the sweep coordinator and worker (``sweep``), and policy distribution (``common.policy``: publisher,
 follower). One folder per role (``trainer/``, ``validator/``, ``worker/``, each with its ``role.py``, and
 ``auditor/``, which replays the trainer's steps inside a validator), what they share in ``common/``;
-``runs`` is the runs a node lists and serves and the client side that finds them and fetches one by its
-CID. Inside, imports flow one way too (``tests/test_layering.py``, ``ROLE_RANK``): ``common`` at the
-bottom; ``trainer``, ``worker``, ``auditor``, ``runs`` and ``sweep`` on it, none importing another; the
-``validator`` on top (a validator with ``validator.audit`` on runs the auditor's chain). They compose the layers below them (``p2p``, ``blobs``, ``inference``, ``trainer``, ``proofs``,
-``protocol``) and plug into a node as services; ``node/`` assembles them.
+``runs`` is the runs a node lists and serves and the client side that finds them and fetches one by its CID.
+Inside, imports flow one way too (``tests/test_layering.py``, ``ROLE_RANK``): ``common`` at the bottom;
+``trainer``, ``worker``, ``auditor``, ``runs`` and ``sweep`` on it, none importing another; the
+``validator`` on top (a validator with ``validator.audit`` on runs the auditor's chain). They compose the
+layers below them (``p2p``, ``blobs``, ``inference``, ``trainer``, ``proofs``, ``protocol``) and plug into a
+node as services; ``node/`` assembles them.
 """
 
 from __future__ import annotations
