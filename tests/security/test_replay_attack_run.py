@@ -101,10 +101,17 @@ def test_a_replayer_of_every_message_costs_an_audited_run_nothing(tmp_path: Path
                 assert t["rejected_batches"] == 0 and t["banned"] == 0 and t["duplicate_batches"] == 0, t
 
             await trains_on("while every message is replayed at once")
+            # the evaluation runs behind verification (its own thread, lowest priority): wait for the
+            # first held-out result to be out, and replayed, whatever the machine's load
+            await wait_until(lambda: replayer.sent.get("evals", 0) > 0, timeout=120,
+                             what="a held-out result published and replayed")
             await replayer.drain()
             first = dict(replayer.sent)
             held = await replayer.replay_stale(OLD_MS)
             await trains_on("after every message was replayed stale")
+            # evaluation goes on too (behind verification, skipping versions when it falls behind)
+            await wait_until(lambda: validator.status()["held_out"]["evaluated"] >= 2, timeout=120,
+                             what="a second held-out evaluation")
             await replayer.drain()
             watches = {n.name: n.service(AuditWatch) for n in nodes}
             return {"topics": topics, "first": first, "held": held, "stale": dict(replayer.stale),
