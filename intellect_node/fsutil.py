@@ -128,14 +128,17 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, object]]:
     """The JSON objects of an append-only JSONL log (``metrics.jsonl``, ``hops.jsonl``), oldest first;
     ``[]`` when there is no file. A line that does not parse as an object is skipped: appends are not
     atomic, so a process killed mid-write leaves a torn last line, which must not hide the rest."""
-    import json
-
     try:
         text = Path(path).read_text()
     except FileNotFoundError:
         return []
+    return json_objects(text.splitlines())
+
+
+def json_objects(lines: Iterable[str]) -> list[dict[str, object]]:
+    """The lines that are one JSON object each, in order (any other line is left out)."""
     out = []
-    for line in text.splitlines():
+    for line in lines:
         try:
             obj = json.loads(line)
         except ValueError:

@@ -17,10 +17,10 @@ line. Shortcut: the newest lines only (a run of more steps is reported from its 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from intellect_node.errors import ProtocolError
+from intellect_node.fsutil import json_objects
 from intellect_node.protocol import codec
 from intellect_node.protocol.freshness import check_stamp
 from intellect_node.protocol.signing import SigningKey, open_envelope
@@ -78,13 +78,5 @@ def open_feed(raw: bytes, *, now_ms: int, signer: str, run_id: str) -> RunFeed:
 
 
 def objects(lines: list[str]) -> list[dict[str, Any]]:
-    """The lines that are one JSON object each (the others are left out)."""
-    out: list[dict[str, Any]] = []
-    for line in lines:
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(doc, dict):
-            out.append(doc)
-    return out
+    """A feed's lines that are one JSON object each (the others are left out)."""
+    return [dict(doc) for doc in json_objects(lines)]
