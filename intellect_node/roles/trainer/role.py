@@ -42,7 +42,7 @@ The Trainer itself holds the training loop, the checkpoints and the status it re
   its worker (``nonfinite``, through the intake, like ``duplicate``). A line per step goes to
   ``trainer/metrics.jsonl``, with the timestamps of each batch's hops (notice heard, prefetched, verdict
   heard, admitted) and of the step's.
-- - **Checkpoints.** Every ``rl.checkpoint_every`` steps (and at least every ``run.audit_checkpoint_every``
+- **Checkpoints.** Every ``rl.checkpoint_every`` steps (and at least every ``run.audit_checkpoint_every``
   trained steps since the last state published: the run's audit coverage rule, which every node checks) the
   weights, AdamW state and consumed batch IDs are checkpointed atomically (``trainer/checkpoint.py``); then
   the inbox copies of the batches it holds and the journal entries it covers go, and the step's record goes
