@@ -261,7 +261,8 @@ class InProcessNode:
         if audits:  # the common service a node runs beside its role (``node/assembly.py``)
             from intellect_node.roles.common.audits import AuditWatch
 
-            self.services[AuditWatch] = AuditWatch(self)
+            node: Any = self  # a Runtime as the roles take it (``role(self)`` below)
+            self.services[AuditWatch] = AuditWatch(node)
         app = web.Application(client_max_size=1 << 20)
         app.router.add_routes(blobs.routes())
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)

@@ -197,7 +197,7 @@ class StepRecords:
     def newest_state_step(self, *, default: int) -> int:
         """The trained step of the newest state published (``records/states.json``); ``default`` when
         none names one (none published yet, or a file of the release before, which has no ``step``)."""
-        steps = [s["step"] for s in self.states if isinstance(s.get("step"), int)]
+        steps = [step for s in self.states if isinstance(step := s.get("step"), int)]
         return max(steps, default=default)
 
     def bound(self, binds: Mapping[int, str]) -> None:
