@@ -187,9 +187,22 @@ def test_a_pass_between_unfetched_starts_breaks_the_streak_and_other_unavailable
     assert c.state == "ok"
 
 
+def test_starts_of_a_trainer_that_checkpoints_faster_than_auditors_fetch_still_count() -> None:
+    """A state every step, and each start's verdict comes a minute after the trainer moved 100 steps on:
+    the starts are long out of the newest pinned ones, but recent, so they count."""
+    c = Coverage(1)
+    for seq in range(1, 301):
+        c.record(rec(seq, seq, state=True), seq * 0.5)
+    for seq in (2, 3):
+        c.verdict(start_verdict(seq, seq), 150.0)
+        assert c.state == "ok"
+    c.verdict(start_verdict(4, 4), 150.0)
+    assert c.state == "low" and sorted(c.unfetched) == [2, 3, 4]
+
+
 def test_a_start_the_trainer_no_longer_has_to_serve_is_not_held_against_it() -> None:
-    """An auditor far behind asks for starts older than the newest pinned ones and older than the hour
-    every blob is kept: an honest trainer may have let them go."""
+    """An auditor far behind asks for starts older than the newest pinned ones, heard longer ago than
+    ``SERVED_S`` (half the hour every blob is kept): an honest trainer may have let them go."""
     c = Coverage(1)
     records = [rec(seq, seq, state=True) for seq in range(1, 21)]
     for r in records[:10]:

@@ -6,6 +6,8 @@
 - A trainer that never checkpoints (no record carries ``state``): with ``run.require_audits`` the worker
   and the validator, each with the node's audit watch, stop working for it with the reason "audit
   coverage", and a node watching reads ``low``.
+- A trainer whose records carry ``state`` on time but name blobs it does not serve: an auditing
+  validator cannot fetch the starts, and after three the worker refuses the trainer for it.
 
 The rule itself (out of order, late joiners, starts not fetched) is ``test_audit_coverage.py``'s.
 """
@@ -16,8 +18,12 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.signing import open_envelope
-from intellect_node.protocol.steps import MAX_RECORD_BYTES, STEP_DOMAIN, StepRecord
+from intellect_node.protocol.steps import MAX_RECORD_BYTES, STEP_DOMAIN, StepRecord, StepState
+from intellect_node.roles.auditor.windows import WindowPlan
 from intellect_node.roles.common.audits import AuditWatch
 from intellect_node.roles.trainer.role import Trainer
 from intellect_node.roles.validator.role import Validator
@@ -103,3 +109,53 @@ def test_a_trainer_that_never_checkpoints_is_refused_for_audit_coverage(tmp_path
     assert st["coverage"]["state"] == "low" and st["coverage"]["state_step"] == -1, st
     assert st["state"] != "failed" and not st["first_failed"]  # not a failed audit: its own reason
     assert all(r.state is None for r in _records(tmp_path / "trainer" / "trainer"))
+
+
+class WithholdsStarts(Trainer):
+    """The run's trainer, but the blobs its records name as each checkpoint's state are none it serves:
+    the records carry ``state`` on time, and no auditor can start a window there."""
+
+    async def start(self) -> None:
+        await super().start()
+        assert self.records is not None
+        real = self.records._with_state
+
+        async def withheld(rec: StepRecord, files: Any) -> StepRecord:
+            out = await real(rec, files)
+            if out.state is None:
+                return out
+            return msgspec.structs.replace(out, state=StepState(
+                weights_cid=cid_of(b"withheld weights %d" % rec.seq),
+                optimizer_cid=cid_of(b"withheld optimizer %d" % rec.seq),
+                optimizer_hash=out.state.optimizer_hash))
+
+        self.records._with_state = withheld  # type: ignore[method-assign]
+
+
+def test_a_trainer_withholding_its_start_blobs_is_refused_after_three_starts(tmp_path: Path) -> None:
+    """An auditor that skips version 0's window (its secret draw, handed in) and audits every start
+    after: each start it tries cannot be fetched (``unavailable``), and after three in a row every node
+    reads coverage low, the worker refusing the trainer for it, though every record carries ``state``."""
+    ids = dict(trainer=key_of("trainer").peer_id, validators=[key_of("validator").peer_id])
+    cfg = run_config(**ids, rl=RL, require_audits=True, audit_checkpoint_every=1)
+    v_cfg = cfg.model_copy(update={"validator": cfg.validator.model_copy(update={"audit": True,
+                                                                                 "audit_fraction": 0.5})})
+    draws = iter([0.9])  # version 0's window not audited; every later start drawn
+
+    async def main() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        async with in_process_swarm(tmp_path) as net:
+            await net.start("trainer", cfg, WithholdsStarts)
+            watcher = await net.start("watcher", cfg, AuditWatch)
+            validator = await net.start("validator", v_cfg, Validator.for_runtime, audits=True)
+            validator.role.auditor.plan = WindowPlan(0.5, lambda: next(draws, 0.0))
+            worker = await net.start("w", cfg, Worker.for_runtime, audits=True)
+            await wait_until(lambda: worker.status()["audit_refusal"], timeout=300,
+                             what="the worker refusing the trainer")
+            assert not net.failures(), net.failures()
+            return worker.status(), validator.status()["audit"], watcher.role.status()
+
+    w, audit, st = asyncio.run(main())
+    assert "could not fetch the last 3 window starts" in w["audit_refusal"], w["audit_refusal"]
+    assert audit["windows"]["unavailable"] >= 3 and audit["pass"] == 0, audit
+    assert st["coverage"]["state"] == "low" and st["coverage"]["gap"] <= 1, st
+    assert len(st["coverage"]["starts_unfetched"]) >= 3 and not st["first_failed"], st

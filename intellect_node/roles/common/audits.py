@@ -115,7 +115,13 @@ START_REASON = "window start"
 """How an auditor's verdict about a window's start begins (``roles/auditor/chain.py``): the verdict names
 the record whose state it is."""
 MAX_STARTS = 64
-"""Records carrying ``state`` whose arrival the coverage remembers (the newest), and starts not fetched."""
+"""Starts not fetched the coverage remembers (the newest)."""
+SERVED_S = GC_MIN_AGE_S / 2
+"""How long after its record was heard a start still counts against the trainer when it cannot be
+fetched (beside the newest pinned ones): half the hour every blob is kept, from when the trainer stored
+it, a little before its record went out."""
+MARK_S = 60.0
+"""The coverage notes the highest record heard once a minute: when a start was heard, to a minute."""
 COVERAGE_WARN_S = 600.0
 """While coverage stays low its warning is logged again at most this often (on a change)."""
 
@@ -129,12 +135,13 @@ class Coverage:
     auditors could not fetch :data:`START_STREAK` starts in a row (no step passed after any of them). A
     node that joins late (or restarts) measures the gap from the first record it hears, so it never
     blames the trainer for what it did not see. A start counts only while the trainer must still serve
-    it: one of the newest :data:`PINNED_STATES` starts heard, or heard less than :data:`GC_MIN_AGE_S`
-    ago (an auditor far behind asks for blobs an honest trainer has let go). ``every`` 0: no rule
-    (``off``), the gap still measured."""
+    it: one of the newest :data:`PINNED_STATES` starts heard, or heard less than :data:`SERVED_S` ago
+    (an auditor far behind asks for blobs an honest trainer has let go). ``every`` 0: no rule (``off``),
+    the gap still measured. Memory is bounded: the newest starts, a mark a minute over that time, the
+    newest :data:`MAX_STARTS` starts not fetched."""
 
     def __init__(self, every: int, *, grace: int = COVERAGE_GRACE_STEPS, streak: int = START_STREAK,
-                 served_s: float = GC_MIN_AGE_S, pinned: int = PINNED_STATES) -> None:
+                 served_s: float = SERVED_S, pinned: int = PINNED_STATES) -> None:
         self.every = every
         self._grace = grace
         self._streak = streak
@@ -143,7 +150,9 @@ class Coverage:
         self.top = -1  # the highest trained step a record heard reached (-1: none heard)
         self._first = -1  # the lowest step heard
         self.state_step = -1  # the highest step of a record heard carrying state
-        self._states: dict[int, float] = {}  # seq of a record carrying state -> when first heard
+        self._starts: list[int] = []  # the newest ``pinned`` seqs of records heard carrying state
+        self._marks: list[tuple[float, int]] = []  # (when, the highest seq heard by a minute after)
+        self._let_go = 0  # every seq up to it was heard more than served_s ago
         self.unfetched: dict[int, str] = {}  # seq of a start not fetched (none passed after it) -> why
         self._passed = 0  # the highest step seq a verdict passed
 
@@ -151,11 +160,19 @@ class Coverage:
         """A step record of the trainer, heard (checked by the caller)."""
         self.top = max(self.top, rec.step)
         self._first = rec.step if self._first < 0 else min(self._first, rec.step)
+        if not self._marks or now - self._marks[-1][0] >= MARK_S:
+            self._marks.append((now, rec.seq))
+        elif rec.seq > self._marks[-1][1]:  # dated by the minute's start: older, never younger
+            self._marks[-1] = (self._marks[-1][0], rec.seq)
+        self._age(now)
         if rec.state is not None:
             self.state_step = max(self.state_step, rec.step)
-            self._states.setdefault(rec.seq, now)
-            while len(self._states) > MAX_STARTS:
-                del self._states[min(self._states)]
+            if rec.seq not in self._starts:
+                self._starts = sorted([*self._starts, rec.seq])[-self._pinned:]
+
+    def _age(self, now: float) -> None:
+        while self._marks and now - self._marks[0][0] >= self._served_s:
+            self._let_go = max(self._let_go, self._marks.pop(0)[1])
 
     def verdict(self, v: AuditVerdict, now: float) -> None:
         """An auditor's verdict, taken (checked and counted by the caller)."""
@@ -169,14 +186,10 @@ class Coverage:
                 del self.unfetched[min(self.unfetched)]
 
     def _served(self, seq: int, now: float) -> bool:
-        """Whether the trainer must still serve the start of record ``seq``."""
-        newest = sorted(self._states)[-self._pinned:]
-        if seq in newest:
-            return True
-        heard = self._states.get(seq)
-        if heard is None:  # not heard here: held against the trainer unless older than all remembered
-            return not self._states or len(self._states) < MAX_STARTS or seq > min(self._states)
-        return now - heard < self._served_s
+        """Whether the trainer must still serve the start of record ``seq``: one of the newest pinned, or
+        heard here less than ``served_s`` ago (or not heard here yet)."""
+        self._age(now)
+        return seq in self._starts or seq > self._let_go
 
     @property
     def gap(self) -> int:

@@ -31,7 +31,7 @@ PINNED_STATES = 4
 """Checkpoint states the trainer keeps pinned (``roles/trainer/records.py``): an auditor fetches a
 window's start when it hears the record, so the newest few are enough (older ones still stay
 :data:`GC_MIN_AGE_S`, like every blob). The audit coverage rule counts a start auditors could not fetch
-against the trainer only while it is one of these or younger than that (``roles/common/audits.py``)."""
+against the trainer only while it is one of these or younger than half that (``roles/common/audits.py``)."""
 TRAINER_STATES = Path("trainer") / "records" / "states.json"
 """The checkpoint states the trainer of a data dir publishes (``roles/trainer/records.STATES_FILE``)."""
 
