@@ -34,7 +34,14 @@ step record of the trainer (``protocol/audits.py``) on the run's ``audits`` topi
    the one the records describe, which no replay would see). Such a pair is a failed audit found by the
    node itself, or a proof heard on the run's ``conflicts`` topic and checked here before it counts; it
    is kept in the same evidence folder (``v<version>.conflict``) and refuses the trainer as a failed step
-   does.
+   does;
+
+7. measures the run's audit coverage (:class:`Coverage`, ``run.audit_checkpoint_every``): from the step
+   records the binding watch hears, the trained steps since the newest one carrying ``state``, and from
+   the verdicts, the window starts the auditors could not fetch. Too little is a warning (logged when it
+   turns low, at most every :data:`COVERAGE_WARN_S` after), shown beside the audit state; with
+   ``run.require_audits`` it is a refusal of its own (``audit coverage too low: ...``, the node's
+   degraded part ``audit coverage``), lifted once coverage is back: no evidence, nothing final.
 
 Bounds (a trusted auditor's key may still be stolen): a verdict is at most ``MAX_AUDIT_BYTES``; each
 auditor's verdicts are remembered for its latest :data:`MAX_PER_AUDITOR` steps, the tally's steps for the
