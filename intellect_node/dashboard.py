@@ -235,6 +235,9 @@ def audit_text(s: StatusSnapshot, *, short: bool = False) -> Text:
         t = Text(f"FAILED step {a.first_failed.seq if a.first_failed else '?'}", style="bold red")
         t.append(" · refusing" if a.refusing else f" · {a.passed}/{a.audited} passed", style="red")
         return t
+    if a.coverage == "low":
+        t = Text(f"COVERAGE LOW {a.coverage_gap}/{a.checkpoint_every}", style="bold yellow")
+        return t.append(" · refusing" if a.refusing else f" · {a.passed} passed", style="yellow")
     if a.state == "partial":
         return Text(f"{a.passed} passed, {a.unavailable} unavailable{ago}", style="yellow")
     if a.state == "passing":
@@ -543,6 +546,9 @@ def status_line(s: StatusSnapshot, now: float | None = None) -> str:
                                                              if a.unavailable else ""))
     if a.state == "failed" and a.first_failed is not None:
         parts.append(f"AUDIT-FAILED=step{a.first_failed.seq}" + (":REFUSING-TRAINER" if a.refusing else ""))
+    elif a.coverage == "low":
+        parts.append(f"AUDIT-COVERAGE-LOW=gap{a.coverage_gap}/{a.checkpoint_every}"
+                     + (":REFUSING-TRAINER" if a.refusing else ""))
     return " ".join(parts)
 
 

@@ -46,9 +46,22 @@ def audit_lines(a: dict[str, Any]) -> list[str]:
                 f"            replay made {f.get('expected') or '-'}",
                 f"            published   {f.get('published')}",
                 f"            {f.get('reason', '')}",
-                f"audits      {counts}"]
+                f"audits      {counts}", *coverage_lines(a)]
     label = state.upper() if state in ("unaudited", "partial") else state
-    return [f"audits      {label} · {counts}" + (f" ({a['detail']})" if a.get("detail") else "")]
+    lines = [f"audits      {label} · {counts}" + (f" ({a['detail']})" if a.get("detail") else "")]
+    return lines + coverage_lines(a)
+
+
+def coverage_lines(a: dict[str, Any]) -> list[str]:
+    """The audit coverage (``run.audit_checkpoint_every``): one line, loud when low; none with no rule."""
+    state = a.get("coverage", "off")
+    if state == "off":
+        return []
+    rule = f"gap {a.get('coverage_gap', 0)} of {a.get('checkpoint_every', 0)} steps"
+    if state == "low":
+        return [f"coverage    AUDIT COVERAGE LOW · {rule}: {a.get('coverage_detail', '')}"
+                + (" · NOT FOLLOWING THE TRAINER" if a.get("required") else "")]
+    return [f"coverage    ok · {rule}"]
 
 
 def held_out_line(h: dict[str, Any]) -> list[str]:

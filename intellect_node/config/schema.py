@@ -147,6 +147,11 @@ class NetworkConfig(_Section):
         return self
 
 
+REQUIRED_AUDIT_CHECKPOINT_EVERY = 10
+"""``run.audit_checkpoint_every`` in force when it is 0 and ``run.require_audits`` is on (the default of
+``rl.checkpoint_every``, so a trainer left at its defaults already keeps it)."""
+
+
 class RunConfig(_Section):
     run_id: str = "default"
     """The run this node takes part in: gossip topics are /intellect/<run_id>/<kind>/1 and messages of
@@ -197,6 +202,16 @@ class RunConfig(_Section):
     trainer (each failing verdict kept as evidence, and checked again after a restart). 1: one auditor's
     failure is enough. A proof that the trainer signed two checkpoint hashes for one version needs no
     quorum: every node checks it itself (docs/security.md, "What a failed audit does")."""
+
+    audit_checkpoint_every: int = Field(default=0, ge=0, le=10000)
+    """The run's audit coverage rule: the trainer publishes a checkpoint state (weights and optimizer
+    blobs, the window starts auditors replay from) at least every this many trained steps, whatever its
+    own rl.checkpoint_every, and keeps those blobs served; every node checks it from the step records it
+    hears and shows audit coverage ``low`` when more steps than this (and a grace of 2 for records in
+    flight) went without one, or when auditors could not fetch 3 starts in a row. With require_audits
+    on, a node does not follow the trainer while coverage is low, and follows it again once coverage is
+    back. 0 (the default): no rule, unless require_audits is on, which then holds the trainer to 10
+    (rl.checkpoint_every's default) (docs/security.md, "Audit coverage")."""
 
     proof_thresholds: str | None = None
     """The run's TOPLOC thresholds file (`intellect-node proofs calibrate` writes it), the same on every
@@ -266,6 +281,14 @@ class RunConfig(_Section):
                              "validators in validator_peer_ids (with validator.audit on) or other auditors "
                              "in auditor_peer_ids, or set require_audits = false")
         return self
+
+    @property
+    def audit_every(self) -> int:
+        """The audit coverage rule in force: audit_checkpoint_every, else
+        :data:`REQUIRED_AUDIT_CHECKPOINT_EVERY` when require_audits is on, else 0 (no rule)."""
+        if self.audit_checkpoint_every:
+            return self.audit_checkpoint_every
+        return REQUIRED_AUDIT_CHECKPOINT_EVERY if self.require_audits else 0
 
     @property
     def role_peers(self) -> frozenset[str]:

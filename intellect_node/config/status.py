@@ -377,6 +377,14 @@ class Audits:
     """``run.require_audits``."""
     refusing: bool = False
     detail: str = ""
+    coverage: str = "off"
+    """Audit coverage (``run.audit_checkpoint_every``): ``ok``, ``low`` (``coverage_detail`` says why) or
+    ``off`` (no rule)."""
+    coverage_gap: int = 0
+    """Trained steps heard since the newest checkpoint state heard (a window's start)."""
+    checkpoint_every: int = 0
+    """The rule in force (``run.audit_checkpoint_every``; 0: none)."""
+    coverage_detail: str = ""
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,9 @@ Held-out evaluation (validators of a run with ``run.eval_every``): ``intellect_n
 
 Audits (every node of a run): ``intellect_node_audit_state{state}``, ``intellect_node_audit_steps{outcome}``,
 ``intellect_node_auditors{which}``, ``intellect_node_audit_refusing``, and once there is one
-``intellect_node_audit_first_failed_seq`` and ``intellect_node_audit_last_verdict_age_seconds``.
+``intellect_node_audit_first_failed_seq`` and ``intellect_node_audit_last_verdict_age_seconds``; the
+audit coverage (``run.audit_checkpoint_every``): ``intellect_node_audit_coverage{state}`` (ok, low, off)
+and ``intellect_node_audit_coverage_gap_steps``.
 """
 
 from __future__ import annotations
@@ -245,8 +247,19 @@ def _audits(s: StatusSnapshot) -> Iterator[Metric]:
     auditors.add_metric(["heard"], a.heard_from)
     yield auditors
     yield GaugeMetricFamily(f"{_PREFIX}_audit_refusing",
-                            "1 while this node refuses the run's trainer after a failed audit "
-                            "(run.require_audits), else 0.", value=int(a.refusing))
+                            "1 while this node refuses the run's trainer after a failed audit or "
+                            "while its audit coverage is low (run.require_audits), else 0.",
+                            value=int(a.refusing))
+    coverage = GaugeMetricFamily(f"{_PREFIX}_audit_coverage",
+                                 "The run's audit coverage (run.audit_checkpoint_every): 1 for the current "
+                                 "state (low: too many steps without a checkpoint state, or starts the "
+                                 "auditors could not fetch; off: no rule).", labels=["state"])
+    for name in ("ok", "low", "off"):
+        coverage.add_metric([name], int(a.coverage == name))
+    yield coverage
+    yield GaugeMetricFamily(f"{_PREFIX}_audit_coverage_gap_steps",
+                            "Trained steps heard since the trainer's newest checkpoint state heard.",
+                            value=a.coverage_gap)
     if a.first_failed is not None:
         yield GaugeMetricFamily(f"{_PREFIX}_audit_first_failed_seq",
                                 "Journal sequence number of the first step an auditor failed.",

@@ -239,7 +239,7 @@ class InProcessNode:
         """The role's status (what ``GET /v1/status`` holds under the role's name)."""
         return dict(self.role.status()) if self.role is not None else {}
 
-    async def _open(self, role: Callable[[Any], Any] | None, ledger: bool) -> None:
+    async def _open(self, role: Callable[[Any], Any] | None, ledger: bool, audits: bool = False) -> None:
         from aiohttp import web
 
         from intellect_node.blobs.service import BLOBS_DIR, BlobService
@@ -258,6 +258,11 @@ class InProcessNode:
         self.services[BlobService] = blobs
         if ledger:
             self.services[LedgerService] = LedgerService(self.data_dir)
+        if audits:  # the common service a node runs beside its role (``node/assembly.py``)
+            from intellect_node.roles.common.audits import AuditWatch
+
+            node: Any = self  # a Runtime as the roles take it (``role(self)`` below)
+            self.services[AuditWatch] = AuditWatch(node)
         app = web.Application(client_max_size=1 << 20)
         app.router.add_routes(blobs.routes())
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -316,11 +321,14 @@ class InProcessSwarm:
                 loop.call_soon(node.swarm.receive, origin, topic, data)
 
     async def start(self, name: str, config: NodeConfig, role: Callable[[Any], Any] | None, *,
-                    ledger: bool = True, key: SigningKey | None = None, label: str = "") -> InProcessNode:
+                    ledger: bool = True, key: SigningKey | None = None, label: str = "",
+                    audits: bool = False) -> InProcessNode:
         """Node ``name`` (data dir ``root/name``, key :func:`key_of(name) <key_of>` unless ``key``) running
         ``role`` (a factory of a runtime, e.g. ``Trainer.for_runtime``; None: the blob service alone),
         started; one of the same name that ran before is stopped first, as a process replaced. ``label``:
-        the role its status snapshot names (``join --role``'s, e.g. ``trainer``), as a dashboard reads it."""
+        the role its status snapshot names (``join --role``'s, e.g. ``trainer``), as a dashboard reads it.
+        ``audits``: the node also runs the run's audit watch (``roles/common/audits.AuditWatch``), which its
+        role consults before it works for the trainer, as on a real node."""
         key = key or key_of(name)
         old = self.nodes.get(key.peer_id)
         if old is not None:
@@ -328,7 +336,7 @@ class InProcessSwarm:
         node = InProcessNode(self, name, key, config, self.root / name, label)
         self.nodes[key.peer_id] = node
         self._all.append(node)
-        await node._open(role, ledger)
+        await node._open(role, ledger, audits)
         return node
 
     async def close(self) -> None:

@@ -28,12 +28,13 @@ step records on the run's ``steps`` topic and keeps them by journal sequence num
    published (``windows.check_end``; within the tolerance, it is fetched and compared by numbers); the
    next window is drawn there, and when it is audited the replay goes on.
 
-It signs an ``AuditVerdict`` per record replayed (``protocol/audits.py``), and one for a window whose
-start could not be had (``unavailable``, never a pass) or was not what the trainer signed (``fail``),
-naming the record whose state it is; gossips it on the run's ``audits`` topic, appends it to
-``auditor/verdicts.jsonl`` and reports the audit state in its status (``audit``: the steps audited,
-passed, failed and unavailable, the windows likewise, the first that did not pass, the tolerance and the
-published blobs it used). At fraction 1.0 it replays every step heard, from version 0 or from the first
+It signs an ``AuditVerdict`` per record replayed (``protocol/audits.py``), and one for a window whose start
+could not be had (``unavailable``, never a pass) or was not what the trainer signed (``fail``), naming the
+record whose state it is, its reason opening with ``START_REASON`` (every node counts the starts not fetched
+towards the run's audit coverage, ``roles/common/audits.py``); gossips it on the run's ``audits`` topic,
+appends it to ``auditor/verdicts.jsonl`` and reports the audit state in its status (``audit``: the steps
+audited, passed, failed and unavailable, the windows likewise, the first that did not pass, the tolerance and
+the published blobs it used). At fraction 1.0 it replays every step heard, from version 0 or from the first
 start it hears when it joins later.
 
 Shortcuts: a window ends at its first step that does not pass (its weights no longer follow the published
@@ -71,6 +72,7 @@ from intellect_node.roles.auditor.inputs import batch_groups, run_rescorer, run_
 from intellect_node.roles.auditor.published import PublishedPolicy, StateSizes, fetch_mapped
 from intellect_node.roles.auditor.replay import Outcome, PublishedOf, StepAudit, WindowReplay
 from intellect_node.roles.auditor.windows import OptimizerOf, Start, WindowPlan, check_end, load_start
+from intellect_node.roles.common.audits import START_REASON
 from intellect_node.roles.common.fetch import HintedFetcher, WrongSize
 from intellect_node.roles.common.models import model_dir
 from intellect_node.roles.common.seams import RoleSwarm
@@ -212,21 +214,21 @@ class ChainAuditor:
                                               size=sizes.weights)
             optimizer = await self._fetch_start(rec.state.optimizer_cid, max_size=sizes.optimizer)
         except WrongSize as exc:  # the manifest is what the CID the trainer signed names: its doing
-            reason = f"window start v{rec.version}: {exc} by the run's model"
+            reason = f"{START_REASON} v{rec.version}: {exc} by the run's model"
             self._swarm.peerbook.record_rejection(self._trainer, reason)
             await self._start_failed(rec, "fail", reason)
             return
         except ProtocolError as exc:  # fetched whole, and not a canonical tensor file
-            await self._start_failed(rec, "fail", f"window start v{rec.version}: {exc}")
+            await self._start_failed(rec, "fail", f"{START_REASON} v{rec.version}: {exc}")
             return
         except (IntellectNodeError, OSError, asyncio.TimeoutError) as exc:  # OSError: this node's disk
-            await self._start_failed(rec, "unavailable", f"window start v{rec.version} not fetched: {exc}")
+            await self._start_failed(rec, "unavailable", f"{START_REASON} v{rec.version} not fetched: {exc}")
             return
         try:
             self._replay = await asyncio.to_thread(load_start, model, rec, weights, optimizer, self._settings,
                                                    tolerance=self.tolerance, published=self._published_of)
         except ProtocolError as exc:
-            await self._start_failed(rec, "fail", f"window start v{rec.version}: {exc}")
+            await self._start_failed(rec, "fail", f"{START_REASON} v{rec.version}: {exc}")
             return
         self._next = start.first
 

@@ -34,7 +34,14 @@ step record of the trainer (``protocol/audits.py``) on the run's ``audits`` topi
    the one the records describe, which no replay would see). Such a pair is a failed audit found by the
    node itself, or a proof heard on the run's ``conflicts`` topic and checked here before it counts; it
    is kept in the same evidence folder (``v<version>.conflict``) and refuses the trainer as a failed step
-   does.
+   does;
+
+7. measures the run's audit coverage (:class:`Coverage`, ``run.audit_checkpoint_every``): from the step
+   records the binding watch hears, the trained steps since the newest one carrying ``state``, and from
+   the verdicts, the window starts the auditors could not fetch. Too little is a warning (logged when it
+   turns low, at most every :data:`COVERAGE_WARN_S` after), shown beside the audit state; with
+   ``run.require_audits`` it is a refusal of its own (``audit coverage too low: ...``, the node's
+   degraded part ``audit coverage``), lifted once coverage is back: no evidence, nothing final.
 
 Bounds (a trusted auditor's key may still be stolen): a verdict is at most ``MAX_AUDIT_BYTES``; each
 auditor's verdicts are remembered for its latest :data:`MAX_PER_AUDITOR` steps, the tally's steps for the
@@ -79,8 +86,10 @@ from intellect_node.protocol.audits import (
     verdict_validator,
 )
 from intellect_node.protocol.freshness import SeenDigests
+from intellect_node.protocol.steps import StepRecord
 from intellect_node.protocol.topics import topic
 from intellect_node.roles.common.binding import BindingWatch, Proof
+from intellect_node.roles.common.pins import GC_MIN_AGE_S, PINNED_STATES
 from intellect_node.roles.common.seams import Runtime
 
 log = logging.getLogger(__name__)
@@ -100,6 +109,120 @@ EVIDENCE_DIR = "evidence"
 RANK = {"unavailable": 0, "pass": 1, "fail": 2}
 """A step's outcome over its auditors is the highest ranked one said of it."""
 COUNTED = {"pass": "passed", "fail": "failed", "unavailable": "unavailable"}
+
+
+COVERAGE_GRACE_STEPS = 2
+"""Trained steps a gap may run past ``run.audit_checkpoint_every`` before coverage reads low: records heard
+out of order (gossip may deliver the step after a checkpoint before the checkpoint's own record, whose
+state blobs the trainer stores first) or still in flight."""
+START_STREAK = 3
+"""Window starts in a row the auditors could not fetch, with no step passed after them, that make
+coverage low."""
+START_REASON = "window start"
+"""How an auditor's verdict about a window's start begins (``roles/auditor/chain.py``): the verdict names
+the record whose state it is."""
+MAX_STARTS = 64
+"""Starts not fetched the coverage remembers (the newest)."""
+SERVED_S = GC_MIN_AGE_S / 2
+"""How long after its record was heard a start still counts against the trainer when it cannot be
+fetched (beside the newest pinned ones): half the hour every blob is kept, from when the trainer stored
+it, a little before its record went out."""
+MARK_S = 60.0
+"""The coverage notes the highest record heard once a minute: when a start was heard, to a minute."""
+COVERAGE_WARN_S = 600.0
+"""While coverage stays low its warning is logged again at most this often (on a change)."""
+
+
+class Coverage:
+    """Whether the run's trainer keeps its steps auditable (``run.audit_checkpoint_every``; a pure state
+    machine, ``now`` handed in): from its step records, the trained steps since the newest one carrying
+    ``state`` (the gap), and from the auditors' verdicts, the window starts they could not fetch.
+
+    Coverage is ``low`` when the gap exceeds ``every`` + :data:`COVERAGE_GRACE_STEPS`, or when the
+    auditors could not fetch :data:`START_STREAK` starts in a row (no step passed after any of them). A
+    node that joins late (or restarts) measures the gap from the first record it hears, so it never
+    blames the trainer for what it did not see. A start counts only while the trainer must still serve
+    it: one of the newest :data:`PINNED_STATES` starts heard, or heard less than :data:`SERVED_S` ago
+    (an auditor far behind asks for blobs an honest trainer has let go). ``every`` 0: no rule (``off``),
+    the gap still measured. Memory is bounded: the newest starts, a mark a minute over that time, the
+    newest :data:`MAX_STARTS` starts not fetched."""
+
+    def __init__(self, every: int, *, grace: int = COVERAGE_GRACE_STEPS, streak: int = START_STREAK,
+                 served_s: float = SERVED_S, pinned: int = PINNED_STATES) -> None:
+        self.every = every
+        self._grace = grace
+        self._streak = streak
+        self._served_s = served_s
+        self._pinned = pinned
+        self.top = -1  # the highest trained step a record heard reached (-1: none heard)
+        self._first = -1  # the lowest step heard
+        self.state_step = -1  # the highest step of a record heard carrying state
+        self._starts: list[int] = []  # the newest ``pinned`` seqs of records heard carrying state
+        self._marks: list[tuple[float, int]] = []  # (when, the highest seq heard by a minute after)
+        self._let_go = 0  # every seq up to it was heard more than served_s ago
+        self.unfetched: dict[int, str] = {}  # seq of a start not fetched (none passed after it) -> why
+        self._passed = 0  # the highest step seq a verdict passed
+
+    def record(self, rec: StepRecord, now: float) -> None:
+        """A step record of the trainer, heard (checked by the caller)."""
+        self.top = max(self.top, rec.step)
+        self._first = rec.step if self._first < 0 else min(self._first, rec.step)
+        if not self._marks or now - self._marks[-1][0] >= MARK_S:
+            self._marks.append((now, rec.seq))
+        elif rec.seq > self._marks[-1][1]:  # dated by the minute's start: older, never younger
+            self._marks[-1] = (self._marks[-1][0], rec.seq)
+        self._age(now)
+        if rec.state is not None:
+            self.state_step = max(self.state_step, rec.step)
+            if rec.seq not in self._starts:
+                self._starts = sorted([*self._starts, rec.seq])[-self._pinned:]
+
+    def _age(self, now: float) -> None:
+        while self._marks and now - self._marks[0][0] >= self._served_s:
+            self._let_go = max(self._let_go, self._marks.pop(0)[1])
+
+    def verdict(self, v: AuditVerdict, now: float) -> None:
+        """An auditor's verdict, taken (checked and counted by the caller)."""
+        if v.outcome == "pass" and v.seq > self._passed:
+            self._passed = v.seq  # a step after these starts was replayed: they are covered
+            self.unfetched = {s: why for s, why in self.unfetched.items() if s >= v.seq}
+        elif v.outcome == "unavailable" and v.reason.startswith(START_REASON) and v.seq >= self._passed \
+                and self._served(v.seq, now):
+            self.unfetched.setdefault(v.seq, v.reason)
+            while len(self.unfetched) > MAX_STARTS:
+                del self.unfetched[min(self.unfetched)]
+
+    def _served(self, seq: int, now: float) -> bool:
+        """Whether the trainer must still serve the start of record ``seq``: one of the newest pinned, or
+        heard here less than ``served_s`` ago (or not heard here yet)."""
+        self._age(now)
+        return seq in self._starts or seq > self._let_go
+
+    @property
+    def gap(self) -> int:
+        """Trained steps heard since the newest start heard (version 0, or where this node began)."""
+        if self.top < 0:
+            return 0
+        return self.top - max(self.state_step, self._first - 1, 0)
+
+    @property
+    def low(self) -> str:
+        """Why coverage is too low ("" while it is not, or with no rule)."""
+        if not self.every:
+            return ""
+        if self.gap > self.every + self._grace:
+            since = max(self.state_step, self._first - 1, 0)
+            return (f"{self.gap} trained steps without a checkpoint state (the newest heard: step {since}); "
+                    f"run.audit_checkpoint_every is {self.every}")
+        if len(self.unfetched) >= self._streak:
+            seq = max(self.unfetched)
+            return (f"the auditors could not fetch the last {len(self.unfetched)} window starts (the "
+                    f"newest: step record {seq}: {clean_text(self.unfetched[seq], REASON_CHARS)})")
+        return ""
+
+    @property
+    def state(self) -> str:
+        return "off" if not self.every else "low" if self.low else "ok"
 
 
 @dataclass(frozen=True)
@@ -263,7 +386,11 @@ class AuditWatch:
         self.detail = ("" if self.trainer and self.auditors else
                        "the run names no trainer (run.trainer_peer_id)" if not self.trainer else
                        "the run names no auditor (run.validator_peer_ids, run.auditor_peer_ids)")
-        self.binding = BindingWatch(runtime, self.dir, self.trainer, self._proven)
+        self.binding = BindingWatch(runtime, self.dir, self.trainer, self._proven, on_record=self._record)
+        self.coverage = Coverage(cfg.run.audit_every)
+        self._coverage_refusal = ""
+        self._coverage_low = ""  # the reason last logged
+        self._coverage_warned = -COVERAGE_WARN_S  # monotonic time of the last warning
 
     @classmethod
     def for_runtime(cls, runtime: Runtime) -> "AuditWatch":
@@ -294,8 +421,33 @@ class AuditWatch:
 
     def refusal(self) -> str:
         """Why this node does not follow the run's trainer ("" while it does): ``run.require_audits`` and
-        a step the trainer failed."""
-        return self._refusal
+        a step the trainer failed (final), or audit coverage too low (lifted once it is back)."""
+        return self._refusal or self._coverage_refusal
+
+    def _record(self, rec: StepRecord) -> None:
+        """A step record of the trainer the binding watch took (the event loop)."""
+        self.coverage.record(rec, time.time())
+        self._covered()
+
+    def _covered(self) -> None:
+        """After the coverage changed: warn (rate-limited), refuse or lift, publish."""
+        why = self.coverage.low
+        now = time.monotonic()
+        if why and (not self._coverage_low or now - self._coverage_warned >= COVERAGE_WARN_S):
+            self._coverage_warned = now
+            log.warning("audit coverage of trainer %s too low: %s%s", self.trainer, why,
+                        "; not following it until it is back (run.require_audits)" if self.required else "")
+        elif not why and self._coverage_low:
+            log.warning("audit coverage of trainer %s is back%s", self.trainer,
+                        ": following it again" if self.required else "")
+        self._coverage_low = why
+        if self.required:
+            refusal = (f"audit coverage too low: {why}: not following the trainer until it is back "
+                       "(run.require_audits)") if why else ""
+            if refusal != self._coverage_refusal:
+                self._coverage_refusal = refusal
+                self._rt.board.set_degraded("audit coverage", refusal)
+        self._publish()
 
     def _validate(self, data: bytes, origin: str) -> tuple[AuditVerdict, str, bytes]:
         """The gossip validator (trio thread): signed by one of the run's auditors and published by it, of
@@ -326,6 +478,8 @@ class AuditWatch:
             self._rt.swarm.peerbook.record_rejection(auditor, f"{topic(self.run_id, AUDIT_KIND)}: {exc}")
             return
         self.tally.last_at = time.time()
+        self.coverage.verdict(v, self.tally.last_at)
+        self._covered()
         failing = self._fails.get(v.seq, {})
         if v.outcome == "fail" and auditor not in failing \
                 and sum(auditor in f for f in self._fails.values()) < MAX_FAILS_PER_AUDITOR:
@@ -411,7 +565,9 @@ class AuditWatch:
             audited=t.audited, passed=t.counts["passed"], failed=t.counts["failed"],
             unavailable=t.counts["unavailable"], last_verdict_at=t.last_at,
             first_failed=failure, required=self.required,
-            refusing=bool(self._refusal), detail=self._refusal or self.detail))
+            refusing=bool(self.refusal()), detail=self.refusal() or self.detail,
+            coverage=self.coverage.state, coverage_gap=self.coverage.gap,
+            checkpoint_every=self.coverage.every, coverage_detail=self.coverage.low))
 
     def status(self) -> dict[str, Any]:
         t = self.tally
@@ -419,8 +575,13 @@ class AuditWatch:
         return {"state": "failed" if self.binding.proofs else t.state, "trainer": self.trainer,
                 "auditors": sorted(self.auditors),
                 "heard_from": t.heard_from, "audited": t.audited, **t.counts,
-                "required": self.required, "quorum": self.quorum, "refusing": bool(self._refusal),
-                "refusal": self._refusal,
+                "required": self.required, "quorum": self.quorum, "refusing": bool(self.refusal()),
+                "refusal": self.refusal(),
+                "coverage": {"state": self.coverage.state, "gap": self.coverage.gap,
+                             "checkpoint_every": self.coverage.every, "top_step": self.coverage.top,
+                             "state_step": self.coverage.state_step,
+                             "starts_unfetched": sorted(self.coverage.unfetched),
+                             "detail": self.coverage.low},
                 "failed_by": {str(seq): len(f) for seq, f in sorted(self._fails.items())[:MAX_EVIDENCE]},
                 "detail": self.detail, "refused_verdicts": self.refused["verdicts"],
                 "ignored_verdicts": dict(self.ignored),

@@ -167,7 +167,8 @@ class BindingWatch:
     """Hash conflicts of the run's trainer on this node (see the module docstring); ``on_proof`` is
     awaited once per proof taken (found here, heard and checked, or read back at start)."""
 
-    def __init__(self, runtime: Runtime, directory: Path, trainer: str, on_proof: OnProof) -> None:
+    def __init__(self, runtime: Runtime, directory: Path, trainer: str, on_proof: OnProof, *,
+                 on_record: Callable[[StepRecord], None] | None = None) -> None:
         self._rt = runtime
         self.run_id = runtime.config.run.run_id
         self.trainer = trainer
@@ -176,6 +177,7 @@ class BindingWatch:
         self.proofs: dict[int, Proof] = {}  # version -> the proof taken
         self.counts = {"announcements": 0, "records": 0, "found": 0, "heard": 0, "not_gossiped": 0}
         self._on_proof = on_proof
+        self._on_record = on_record
         self._found: list[HashConflict] = []  # found by the validators (swarm thread), taken by handlers
         self._found_lock = threading.Lock()
 
@@ -189,7 +191,7 @@ class BindingWatch:
         swarm = self._rt.swarm
         swarm.subscribe(topic(self.run_id, POLICY_KIND), self._validate_announcement, self._drain,
                         include_own=True)
-        swarm.subscribe(topic(self.run_id, STEP_KIND), self._validate_record, self._drain, include_own=True)
+        swarm.subscribe(topic(self.run_id, STEP_KIND), self._validate_record, self._on_step, include_own=True)
         swarm.subscribe(topic(self.run_id, CONFLICT_KIND), conflict_validator(self.run_id, self.trainer),
                         self._on_conflict, include_own=True)
 
@@ -216,6 +218,12 @@ class BindingWatch:
                                                 second=data))
 
     # -- the handlers (the event loop) --------------------------------------------------------------
+
+    async def _on_step(self, rec: StepRecord, origin: str) -> None:
+        """After a step record: ``on_record`` (the audit coverage), then what the validators found."""
+        if self._on_record is not None:
+            self._on_record(rec)
+        await self._drain(rec, origin)
 
     async def _drain(self, msg: Any, origin: str) -> None:
         """After an announcement or record: act on what the validators found."""

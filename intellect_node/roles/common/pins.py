@@ -27,6 +27,11 @@ PUBLISHER_STATE = "publisher.json"
 """The publisher's state file in its directory (``roles/common/policy.PolicyPublisher``)."""
 TRAINER_POLICY_DIR = Path("trainer") / "policy"
 """Where the trainer of a data dir publishes from, relative to the data dir."""
+PINNED_STATES = 4
+"""Checkpoint states the trainer keeps pinned (``roles/trainer/records.py``): an auditor fetches a
+window's start when it hears the record, so the newest few are enough (older ones still stay
+:data:`GC_MIN_AGE_S`, like every blob). The audit coverage rule counts a start auditors could not fetch
+against the trainer only while it is one of these or younger than half that (``roles/common/audits.py``)."""
 TRAINER_STATES = Path("trainer") / "records" / "states.json"
 """The checkpoint states the trainer of a data dir publishes (``roles/trainer/records.STATES_FILE``)."""
 

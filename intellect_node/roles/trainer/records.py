@@ -57,7 +57,7 @@ from intellect_node.protocol.steps import (
     check_record,
     seal_record,
 )
-from intellect_node.roles.common.pins import TRAINER_STATES
+from intellect_node.roles.common.pins import PINNED_STATES, TRAINER_STATES
 from intellect_node.roles.common.seams import RoleSwarm, RoleTasks
 from intellect_node.roles.trainer.batching import Accepted
 from intellect_node.trainer.optim import Optimizer
@@ -69,14 +69,11 @@ log = logging.getLogger(__name__)
 RECORDS_DIR = "records"
 STATES_FILE = TRAINER_STATES.name
 """``records/states.json``: the newest published checkpoint states, ``[{"version", "seq", "weights_cid",
-"optimizer_cid"}]`` (read by ``roles/common/pins.py``)."""
+"optimizer_cid", "step"}]`` (read by ``roles/common/pins.py``)."""
 BOUND_VERSIONS = 4096
 """Versions whose signed hash is remembered (a replay goes back to the last checkpoint, far fewer)."""
 READ_BACK_RECORDS = 256
 """Own records read back at start for what they bound (the newest ones)."""
-PINNED_STATES = 4
-"""Checkpoint states kept pinned: an auditor fetches a window's start when it hears the record, so the
-newest few are enough (older ones still stay ``GC_MIN_AGE_S``, an hour, like every blob)."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +157,12 @@ class StepRecords:
         v = max(self._bound)
         return v, self._bound[v]
 
+    def newest_state_step(self, *, default: int) -> int:
+        """The trained step of the newest state published (``records/states.json``); ``default`` when
+        none names one (none published yet, or a file of the release before, which has no ``step``)."""
+        steps = [step for s in self.states if isinstance(step := s.get("step"), int)]
+        return max(steps, default=default)
+
     def bound(self, binds: Mapping[int, str]) -> None:
         """Versions signed to these hashes (the first one signed stays)."""
         for version, h in binds.items():
@@ -232,7 +235,8 @@ class StepRecords:
         finally:
             files.weights.unlink(missing_ok=True)
             files.optimizer.unlink(missing_ok=True)
-        entry = {"version": rec.version, "seq": rec.seq, "weights_cid": w_cid, "optimizer_cid": o_cid}
+        entry = {"version": rec.version, "seq": rec.seq, "step": rec.step, "weights_cid": w_cid,
+                 "optimizer_cid": o_cid}
         self.states = [*(s for s in self.states if s["seq"] != rec.seq), entry][-PINNED_STATES:]
         await asyncio.to_thread(atomic_write_text, self.dir / STATES_FILE, json.dumps(self.states))
         return msgspec.structs.replace(rec, state=StepState(weights_cid=w_cid, optimizer_cid=o_cid,

@@ -43,13 +43,14 @@ The Trainer itself holds the training loop, the checkpoints and the status it re
   its worker (``nonfinite``, through the intake, like ``duplicate``). A line per step goes to
   ``trainer/metrics.jsonl``, with the timestamps of each batch's hops (notice heard, prefetched, verdict
   heard, admitted) and of the step's.
-- **Checkpoints.** Every ``rl.checkpoint_every`` steps the weights, AdamW state and consumed batch IDs
-  are checkpointed atomically (``trainer/checkpoint.py``); then the inbox copies of the batches it holds
-  and the journal entries it covers go, and the step's record goes out naming the checkpoint's weights
-  and optimizer state as blobs (``records.py``: where an auditor's window can start). After SIGKILL the
-  trainer reloads the latest checkpoint (same version numbering), re-queues every inbox batch not in its
-  consumed set (none lost, none trained twice), replays the journaled steps since the checkpoint
-  (``replay.py``) and re-announces (or publishes) the newest version.
+- **Checkpoints.** Every ``rl.checkpoint_every`` steps (and at least every ``run.audit_checkpoint_every``
+  trained steps since the last state published: the run's audit coverage rule, which every node checks) the
+  weights, AdamW state and consumed batch IDs are checkpointed atomically (``trainer/checkpoint.py``); then
+  the inbox copies of the batches it holds and the journal entries it covers go, and the step's record goes
+  out naming the checkpoint's weights and optimizer state as blobs (``records.py``: where an auditor's window
+  can start). After SIGKILL the trainer reloads the latest checkpoint (same version numbering), re-queues
+  every inbox batch not in its consumed set (none lost, none trained twice), replays the journaled steps since
+  the checkpoint (``replay.py``) and re-announces (or publishes) the newest version.
 
 Shortcuts: one optimizer step per batch of groups (no PPO epochs); the trainer does not verify proofs
 itself, it relies on the validators it was configured to trust.
@@ -168,6 +169,7 @@ class Trainer:
         self.step = 0
         self.lr_scale = 1.0  # the adaptive step's scale for the next step (trainer/stepsize.py)
         self._ckpt_version = 0
+        self._state_step = 0  # the step of the newest checkpoint state published (run.audit_every's)
         self.tasks = RoleTasks(runtime, "trainer")  # the train and announce loops; publications
         self.replay: dict[str, Any] = {"steps": 0, "outcome": "none"}
         self.idle_s = 0.0
@@ -208,6 +210,7 @@ class Trainer:
         self.records = StepRecords(key=self.rt.swarm.key, swarm=self.rt.swarm, blobs=blobs,
                                    topic=topic(self.run_id, STEP_KIND), directory=self.dir, tasks=self.tasks)
         self._head_hash = (await asyncio.to_thread(self._snapshot)).content_hash  # the records' base
+        self._state_step = self.records.newest_state_step(default=self.step)
         await self.tasks.open()
         newest = await self._replay(self.journal.after(covered), publisher)
         await self.publication.current(self.version, newest)
@@ -458,16 +461,26 @@ class Trainer:
             self._record(stats, samples_all, filtered, taken, stale, entry.seq)
         self._attempted(filtered, samples_all)
         state = None
-        if self.version - self._ckpt_version >= self.rl.checkpoint_every:
+        if self._checkpoint_due():
             t_ckpt = time.monotonic()
             state = await self._checkpoint(publish=True)
             self._checkpoint_s = time.monotonic() - t_ckpt
+            if state is not None:
+                self._state_step = self.step
         # After the checkpoint: the record of a checkpointed step names the state it left (records.py).
         self._step_record(entry, taken, stale, filtered, snap.content_hash, settings, state)
         # Rollouts older than async_level are refused as stale from now on: their keys can go.
         await self.admitted.compact(fresh_floor(self.version, self.cfg.run.async_level))
         self._forget_old()
         return snap
+
+    def _checkpoint_due(self) -> bool:
+        """After a step that trained: ``rl.checkpoint_every`` versions since the last checkpoint, or the
+        run's audit coverage rule (``run.audit_checkpoint_every`` trained steps since the last state
+        published, whatever the local setting: every node checks it, ``roles/common/audits.py``)."""
+        every = self.cfg.run.audit_every
+        return (self.version - self._ckpt_version >= self.rl.checkpoint_every
+                or (every > 0 and self.step - self._state_step >= every))
 
     def _step_record(self, entry: JournalEntry, taken: list[Accepted], stale: list[Accepted],
                      filtered: FilteredGroups[Sample], new_hash: str, settings: StepSettings,
