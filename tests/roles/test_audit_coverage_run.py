@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.signing import open_envelope
@@ -132,10 +133,15 @@ class WithholdsStarts(Trainer):
         self.records._with_state = withheld  # type: ignore[method-assign]
 
 
-def test_a_trainer_withholding_its_start_blobs_is_refused_after_three_starts(tmp_path: Path) -> None:
+def test_a_trainer_withholding_its_start_blobs_is_refused_after_three_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An auditor that skips version 0's window (its secret draw, handed in) and audits every start
     after: each start it tries cannot be fetched (``unavailable``), and after three in a row every node
-    reads coverage low, the worker refusing the trainer for it, though every record carries ``state``."""
+    reads coverage low, the worker refusing the trainer for it, though every record carries ``state``.
+    The auditor gives up on a start after 5 s here, not 10 minutes: no holder serves those blobs at all."""
+    from intellect_node.roles.auditor import chain
+
+    monkeypatch.setattr(chain, "START_FETCH_TIMEOUT_S", 5.0)
     ids = dict(trainer=key_of("trainer").peer_id, validators=[key_of("validator").peer_id])
     cfg = run_config(**ids, rl=RL, require_audits=True, audit_checkpoint_every=1)
     v_cfg = cfg.model_copy(update={"validator": cfg.validator.model_copy(update={"audit": True,
