@@ -33,9 +33,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
-import scale  # noqa: E402  (bench/scale.py: the same swarm, settle rule and CPU reading)
+from bench import scale  # noqa: E402  (bench/scale.py: the same swarm, settle rule and CPU reading)
 
 PROBE = REPO / "bench" / "scale_probe"
 

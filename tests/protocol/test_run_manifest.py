@@ -3,6 +3,8 @@ fields, size limits before decoding, unknown fields, and random bytes raising on
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 from hypothesis import given, settings
@@ -61,6 +63,7 @@ def test_round_trip_and_what_the_cid_pins() -> None:
     assert m.env == "reasoning_gym:chain_sum" and m.model_bytes == 709
     # Sealing is deterministic (ed25519), and any changed field gives other bytes, hence another CID.
     assert seal_run_manifest(ORGANISER, m) == raw
+    change: dict[str, Any]
     for change in ({"created_ms": m.created_ms + 1}, {"thresholds": '{"y": {}}'},
                    {"bootstrap": []}, {"model_name": "other"}):
         assert cid_of(seal_run_manifest(ORGANISER, msgspec.structs.replace(m, **change))) != cid_of(raw)

@@ -140,7 +140,7 @@ def test_fetch_from_any_advertised_address_ends_in_transport_error(tmp_path: Pat
                     return await real(host, *a, **k)  # type: ignore[arg-type]
                 raise OSError("no name lookups in this test")
 
-            loop.getaddrinfo = no_dns  # type: ignore[method-assign]
+            loop.getaddrinfo = no_dns  # type: ignore[method-assign, assignment]  # IP literals only, no DNS
             with pytest.raises(TransportError):
                 await f.fetch(CID)
 

@@ -280,7 +280,8 @@ def test_workers_that_choose_or_drop_problems_are_caught_across_processes(tmp_pa
     procs: list[Any] = []
 
     def vstat() -> dict[str, Any]:
-        return validator.status()["validator"]
+        status: dict[str, Any] = validator.status()["validator"]
+        return status
 
     try:
         trainer = start_role(tmp_path / "trainer", "trainer", procs, **common)
