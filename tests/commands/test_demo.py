@@ -242,7 +242,7 @@ def test_demo_starts_again_when_its_trainer_port_is_taken(tmp_path: Path,
         for node in swarm.nodes[1:]:
             proc = node.proc
             assert proc is not None
-            wait_for(lambda p=proc: swarm.trainer.peer_id in p.status()["peers"], timeout=120,
+            wait_for(lambda: swarm.trainer.peer_id in proc.status()["peers"], timeout=120,
                      interval=0.5, what=f"{node.name} knows the trainer")
     finally:
         codes = swarm.stop()

@@ -87,6 +87,7 @@ def test_config_defaults_docs_and_errors_name_the_field() -> None:
              ({"run": {"trainer_peer_id": "12D3KooWnope"}}, "run.trainer_peer_id"),
              ({"run": {"dtype": "int4"}}, "run.dtype")]
     for data, field in cases:
+        assert isinstance(data, dict)
         with pytest.raises(ConfigError) as exc:
             build_config(data)
         assert exc.value.field == field and field in str(exc.value)

@@ -171,7 +171,7 @@ def test_random_bytes_raise_only_protocol_errors(data: bytes) -> None:
 def test_a_failed_audit_is_kept_as_evidence_refused_and_still_refused_after_a_restart(tmp_path: Path) -> None:
     w, rt = watch(tmp_path)
     rt.board.set_state("running")
-    gate = audit_gate(type("R", (), {"service": lambda self, kind: w})())  # type: ignore[arg-type]
+    gate = audit_gate(type("R", (), {"service": lambda self, kind: w})())
     assert rt.board.snapshot().audits.state == "unaudited" and not gate()
     deliver(w, rt, seal_verdict(AUDITOR, verdict(1)))
     a = rt.board.snapshot().audits
@@ -252,7 +252,7 @@ def test_status_json_metrics_dashboard_and_cli_show_the_failure(tmp_path: Path) 
     snap = _failed_snapshot(tmp_path)
     back = StatusSnapshot.from_json(snap.to_json())
     assert back.audits == snap.audits
-    d = snap.to_dict()
+    d: dict[str, Any] = snap.to_dict()
     assert d["audits"]["state"] == "failed" and isinstance(d["audits"]["last_verdict_age_s"], float)
 
     board = StatusBoard(role="worker")
@@ -281,7 +281,8 @@ def test_status_json_metrics_dashboard_and_cli_show_the_failure(tmp_path: Path) 
 
 def test_no_verdict_is_unaudited_not_healthy_looking() -> None:
     snap = StatusBoard(role="worker").snapshot()
-    assert snap.audits.state == "unaudited" and snap.to_dict()["audits"]["last_verdict_age_s"] is None
+    d: dict[str, Any] = snap.to_dict()
+    assert snap.audits.state == "unaudited" and d["audits"]["last_verdict_age_s"] is None
     assert "UNAUDITED" in summary({"health": {}, "snapshot": snap.to_dict()})
     text = generate_latest(build_registry(StatusBoard())).decode()
     assert 'intellect_node_audit_state{state="unaudited"} 1.0' in text

@@ -18,7 +18,7 @@ from intellect_node.policy.delta import encode_delta, read_delta
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol import codec
 from intellect_node.protocol.policy import DeltaFile, PolicyAnnouncement, open_announcement, seal_announcement
-from intellect_node.roles.common.policy import PolicyFollower, PolicyPublisher
+from intellect_node.roles.common.policy import ObtainResult, PolicyFollower, PolicyPublisher
 from tests.support.delta import policy_versions
 from tests.support.wait import wait_until
 
@@ -290,7 +290,11 @@ def test_follow_with_a_window_obtains_the_version_before_an_anchor(tmp_path: Pat
                 await fol.obtain(anns[2])
                 fols[name] = fol
                 out = got[name]
-                follow = fol.follow(lambda r, out=out: out.append((r.version, r.path)))
+
+                def record(r: ObtainResult, out: list[tuple[int, str]] = out) -> None:
+                    out.append((r.version, r.path))
+
+                follow = fol.follow(record)
                 tasks.append(asyncio.create_task(follow))
                 fol.offer(anns[3])
                 fol.offer(anns[4])
@@ -355,7 +359,7 @@ def test_version_0_is_built_from_the_model_folder_when_it_hashes_as_the_trainers
 
     def local(dest: Path) -> PolicyWeights:
         calls.append("local")
-        return initial_policy(None, dest)  # type: ignore[no-any-return]
+        return initial_policy(None, dest)
 
     def other(dest: Path) -> PolicyWeights:  # another model under the same name
         return PolicyWeights.write(dest, {k: t + 1 for k, t in v0.items()})

@@ -37,7 +37,7 @@ RL = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return read_jsonl(path)  # type: ignore[return-value]  # the last line of a killed process is skipped
+    return read_jsonl(path)  # the last line of a killed process is skipped
 
 
 def _announced(tmp: Path) -> dict[int, set[str]]:
