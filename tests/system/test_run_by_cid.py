@@ -14,6 +14,7 @@ whose model file no node holds. Operator mistakes exit 2 naming the flag.
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -47,7 +48,7 @@ ENV_ARGS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "o
 HB = ["--heartbeat-interval", "1", "--peer-timeout", "10", "--metrics-port", "0"]
 
 
-def _cli(*args: str, timeout: float = 300) -> Any:
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return run_cli(*args, env=ENV, timeout=timeout)
 
 
