@@ -7,6 +7,7 @@ import os
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -24,11 +25,11 @@ KEY = SigningKey(bytes(range(32)))
 NOW = 1_800_000_000_000
 
 
-def _hb(**kw: object) -> gossip.Heartbeat:
-    base = dict(run_id="r1", seq=1, time_ms=NOW, http_url="http://127.0.0.1:1",
+def _hb(**kw: Any) -> gossip.Heartbeat:
+    base: dict[str, Any] = dict(run_id="r1", seq=1, time_ms=NOW, http_url="http://127.0.0.1:1",
                 listen_addrs=[f"/ip4/127.0.0.1/tcp/1/p2p/{KEY.peer_id}"], roles=["worker"])
     base.update(kw)
-    return gossip.Heartbeat(**base)  # type: ignore[arg-type]
+    return gossip.Heartbeat(**base)
 
 
 def test_topics_round_trip_and_refuse_bad_names() -> None:

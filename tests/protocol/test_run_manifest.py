@@ -35,8 +35,8 @@ ORGANISER, MALLORY = SigningKey.generate(), SigningKey.generate()
 BLOB = cid_of(b"config.json")
 
 
-def _manifest(**kw: object) -> RunManifest:
-    base: dict[str, object] = dict(
+def _manifest(**kw: Any) -> RunManifest:
+    base: dict[str, Any] = dict(
         format="intellect-node/run/1", run_id="r1", organiser=ORGANISER.peer_id, created_ms=1_700_000_000_000,
         model_name="qwen3-tiny", model_files=[ModelFile(path="config.json", blob=BLOB, size=700),
                                              ModelFile(path="model.safetensors", blob=cid_of(b"w"), size=9)],
@@ -44,7 +44,7 @@ def _manifest(**kw: object) -> RunManifest:
         thresholds='{"x": {}}',
         bootstrap=[f"/ip4/127.0.0.1/tcp/4101/p2p/{ORGANISER.peer_id}"])
     base.update(kw)
-    return RunManifest(**base)  # type: ignore[arg-type]
+    return RunManifest(**base)
 
 
 def _forge(raw: bytes, **changes: object) -> bytes:

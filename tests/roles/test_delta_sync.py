@@ -4,7 +4,9 @@ corrupted and wrong-base deltas falling back to the full checkpoint, restarts.""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -33,9 +35,9 @@ async def _peers(tmp: Path, n: int) -> list[BlobPeer]:
     return peers
 
 
-def _follower(tmp: Path, name: str, peer: BlobPeer, trainer: str, **kw: object) -> PolicyFollower:
+def _follower(tmp: Path, name: str, peer: BlobPeer, trainer: str, **kw: Any) -> PolicyFollower:
     return PolicyFollower(tmp / name, peer.blobs, run_id=RUN, trainer=trainer, max_checkpoint_bytes=LIMIT,
-                          **kw)  # type: ignore[arg-type]
+                          **kw)
 
 
 def test_chain_anchors_late_joiner_and_restart(tmp_path: Path) -> None:
@@ -190,7 +192,7 @@ def test_diverged_copy_and_hopeless_chain(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-async def _until(pred, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+async def _until(pred: Callable[[], object], timeout: float = 20.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not pred():
