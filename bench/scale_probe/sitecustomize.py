@@ -106,7 +106,7 @@ if os.environ.get("SCALE_PROBE_DIR"):
             return out
 
         NoiseTransportReadWriter.write_msg = noise_write  # type: ignore[method-assign]  # wrapped, as above
-        NoiseTransportReadWriter.read_msg = noise_read  # type: ignore[method-assign]
+        NoiseTransportReadWriter.read_msg = noise_read  # type: ignore[method-assign]  # restored / wrapped as above
 
         stock_new = BasicHost.new_stream
 
@@ -115,7 +115,7 @@ if os.environ.get("SCALE_PROBE_DIR"):
             _add(f"stream_out.{protocol_ids[0] if protocol_ids else '?'}")
             return await stock_new(self, peer_id, protocol_ids, *args, **kwargs)
 
-        BasicHost.new_stream = new_stream  # type: ignore[method-assign]
+        BasicHost.new_stream = new_stream  # type: ignore[method-assign]  # wrapped, as above
 
         stock_negotiate = Multiselect.negotiate
 
@@ -125,7 +125,7 @@ if os.environ.get("SCALE_PROBE_DIR"):
             _add(f"stream_in.{proto}")
             return proto, handler
 
-        Multiselect.negotiate = negotiate  # type: ignore[method-assign]
+        Multiselect.negotiate = negotiate  # type: ignore[method-assign]  # wrapped, as above
 
     def _dump_loop(path: str) -> None:
         while True:

@@ -141,7 +141,7 @@ def test_a_demo_that_cannot_learn_says_why(tmp_path: Path, capsys: pytest.Captur
     report = tmp_path / "report.json"
     capsys.readouterr()
     # One poll of the swarm, then the demo's timeout: no step comes.
-    code = run_headless(Ended(), steps=1, timeout=0.1, report=report)  # type: ignore[arg-type]
+    code = run_headless(Ended(), steps=1, timeout=0.1, report=report)  # type: ignore[arg-type]  # a stand-in for it
     err = capsys.readouterr().err
     assert code == 1, err[-4000:]
     doc = json.loads(report.read_text())

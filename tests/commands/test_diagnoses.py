@@ -98,7 +98,7 @@ def test_sweep_worker_and_coordinator_agree_on_the_default_run() -> None:
     from intellect_node.cli import app
     from intellect_node.commands.sweep import SWEEP_RUN_ID
 
-    sweep = typer.main.get_command(app).commands["sweep"]  # type: ignore[attr-defined]
+    sweep = typer.main.get_command(app).commands["sweep"]  # type: ignore[attr-defined]  # typer's group is a click Group
     defaults = {name: next(p.default for p in cmd.params if p.name == "run_id")
                 for name, cmd in sweep.commands.items() if name in ("worker", "polysemanticity")}
     assert defaults == {"worker": SWEEP_RUN_ID, "polysemanticity": SWEEP_RUN_ID}

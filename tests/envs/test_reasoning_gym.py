@@ -88,7 +88,7 @@ def test_other_settings_do_not_share_problem_ids() -> None:
     ]
     ids = {worker.task_id}
     for kw in variants:
-        other = build_task(env="reasoning_gym:chain_sum", **kw)  # type: ignore[arg-type]
+        other = build_task(env="reasoning_gym:chain_sum", **kw)  # type: ignore[arg-type]  # keyword arguments from a table
         assert other.task_id not in ids
         ids.add(other.task_id)
         with pytest.raises(ConfigError):
@@ -146,7 +146,7 @@ def test_unknown_and_refused_datasets_are_named_with_the_list() -> None:
 ])
 def test_bad_environment_settings_name_the_field(kwargs: dict[str, object], field: str, needle: str) -> None:
     with pytest.raises(ConfigError) as info:
-        build_task(env="reasoning_gym:chain_sum", **kwargs)  # type: ignore[arg-type]
+        build_task(env="reasoning_gym:chain_sum", **kwargs)  # type: ignore[arg-type]  # keyword arguments from a table
     assert info.value.field == field and needle in str(info.value), str(info.value)
 
 

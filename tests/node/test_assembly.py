@@ -38,8 +38,7 @@ def _cfg(metrics: bool) -> Any:
 
 
 def _names(rt: NodeRuntime) -> list[str]:
-    # Every service built here names itself; NodeService does not ask for a name.
-    return [s.name for s in rt.services]  # type: ignore[attr-defined]
+    return [s.name for s in rt.services]  # type: ignore[attr-defined]  # ours all have one; NodeService asks none
 
 
 def test_a_joined_node_runs_the_common_services_in_order_then_the_rest(tmp_path: Path) -> None:
@@ -75,7 +74,7 @@ def test_a_sweep_worker_runs_only_its_sweep_service(tmp_path: Path) -> None:
         await rt.start()
         try:
             assert _names(rt) == ["sweep_worker"]
-            assert rt.services[0].coordinators == {"12D3KooWexample"}  # type: ignore[attr-defined]
+            assert rt.services[0].coordinators == {"12D3KooWexample"}  # type: ignore[attr-defined]  # the sweep worker's service
             assert rt.board.snapshot().role == "sweep-worker"
         finally:
             await rt.stop()

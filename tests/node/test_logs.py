@@ -53,7 +53,7 @@ def _reset() -> None:
     lib.handlers.clear()
     lib.propagate = True
     lib.setLevel(logging.ERROR)
-    del lib.intellect_node_gate  # type: ignore[attr-defined]
+    del lib.intellect_node_gate  # type: ignore[attr-defined]  # our attribute on logging's Logger
 
 
 def _docs(out: io.StringIO) -> list[dict[str, Any]]:

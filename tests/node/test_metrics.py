@@ -28,7 +28,7 @@ async def _scrape(board: StatusBoard, path: str = "/metrics") -> tuple[str, str]
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # a started site has its server
     try:
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{port}{path}") as resp:

@@ -360,7 +360,7 @@ def test_a_blob_fetch_protects_its_providers_until_it_ends(tmp_path: Any) -> Non
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]  # a started site has its server
         provider = origin.key.peer_id
         mgr = ConnManager()
 

@@ -92,7 +92,7 @@ def _interleave_scenario(write: Any) -> list[Any]:
             try:
                 await write(muxed, big)
             finally:
-                yamux.Yamux._write_frame = write_frame  # type: ignore[method-assign]
+                yamux.Yamux._write_frame = write_frame  # type: ignore[method-assign]  # restored / wrapped as above
             with trio.move_on_after(10):
                 await done.wait()
             nursery.cancel_scope.cancel()

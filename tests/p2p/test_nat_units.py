@@ -75,7 +75,7 @@ class _Conn:
 def test_relay_budget_is_three_quarters_of_the_known_limit_and_128k_when_unknown() -> None:
     relay = "12D3KooWLPq2K2XR348udqwMRu1Ep3HrvUJMCjUcUAbxRsxNVenp"
     # The budget needs neither a host nor a chunk source; the connections are _Conn stand-ins.
-    srv: Any = chunk_stream.ChunkStreamServer(None, None,  # type: ignore[arg-type]
+    srv: Any = chunk_stream.ChunkStreamServer(None, None,  # type: ignore[arg-type]  # needs neither
                                               relay_limits=lambda r: 4 << 20 if r == relay else None)
     relayed = _Conn(f"/p2p/{relay}/p2p-circuit/p2p/12D3KooWSeyV2Z8qh4kpc2MhzrYkRqxrYrNTZ9FGaw1hPGtW1MhD")
     assert srv.budget_left(relayed) == 3 << 20
@@ -250,7 +250,7 @@ def test_items_held_by_readers_that_do_not_read_are_counted_and_bounded(
     monkeypatch.setattr(chunk_stream, "MAX_SERVING_BYTES", 2 * len(big))
 
     async def main() -> None:
-        server = chunk_stream.ChunkStreamServer(None, lookup)  # type: ignore[arg-type]
+        server = chunk_stream.ChunkStreamServer(None, lookup)  # type: ignore[arg-type]  # a stand-in for it
         unblock = trio.Event()
         streams = [_StalledStream(f"peer-{i}", cid, unblock) for i in range(3)]
         async with trio.open_nursery() as nursery:

@@ -45,7 +45,7 @@ def verdict(seq: int, outcome: str = "pass", *, trainer: str | None = None, run_
             ) -> AuditVerdict:
     expected = {"pass": H1, "fail": H2, "unavailable": ""}[outcome]
     return AuditVerdict(run_id=run_id, trainer=trainer or TRAINER.peer_id, seq=seq, version=seq,
-                        outcome=outcome, published=H1, expected=expected,  # type: ignore[arg-type]
+                        outcome=outcome, published=H1, expected=expected,  # type: ignore[arg-type]  # a str, one of the literals
                         reason="replayed weights differ" if outcome == "fail" else "")
 
 
@@ -161,7 +161,7 @@ def test_only_the_runs_auditors_about_its_trainer_are_accepted(tmp_path: Path) -
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=5000))
 def test_random_bytes_raise_only_protocol_errors(data: bytes) -> None:
-    w = AuditWatch(Runtime(cfg(), Path("/nonexistent")))  # type: ignore[arg-type]
+    w = AuditWatch(Runtime(cfg(), Path("/nonexistent")))  # type: ignore[arg-type]  # a stand-in for it
     with pytest.raises(ProtocolError):
         w._validate(data, "x")
 
@@ -316,7 +316,7 @@ def _quorum_watch(tmp: Path, quorum: int) -> tuple[AuditWatch, Runtime]:
     rt = Runtime(build_config(run={"run_id": RUN, "trainer_peer_id": TRAINER.peer_id,
                                    "validator_peer_ids": [AUDITOR.peer_id, OTHER_AUDITOR.peer_id],
                                    "require_audits": True, "audit_quorum": quorum}), tmp)
-    w = AuditWatch(rt)  # type: ignore[arg-type]
+    w = AuditWatch(rt)  # type: ignore[arg-type]  # a stand-in for it
     asyncio.run(w.start())
     return w, rt
 

@@ -223,7 +223,7 @@ def test_follow_retries_then_takes_the_newest_offer(tmp_path: Path, caplog: pyte
                 fol.offer(ann)
             await _until(lambda: fol.version == 3)
             assert got == [(3, "full")]
-            assert bytes(fol.checkpoint.to_bytes()) == bytes(versions[3].to_bytes())  # type: ignore[union-attr]
+            assert bytes(fol.checkpoint.to_bytes()) == bytes(versions[3].to_bytes())  # type: ignore[union-attr]  # set by now
         finally:
             if task is not None:
                 task.cancel()

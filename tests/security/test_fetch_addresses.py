@@ -134,7 +134,7 @@ def test_a_worker_url_pointing_elsewhere_sends_no_request(tmp_path: Path) -> Non
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # a started site has its server
         book = PeerBook("me")
         book.set_connected("honest", True, remote_ip="127.0.0.1")
         book.set_connected("mallory", True, remote_ip="10.0.0.5")

@@ -77,7 +77,7 @@ def test_weights_that_are_not_finite_are_never_published_or_checkpointed(tmp_pat
     with pytest.raises(IntegrityError, match=name):
         require_finite(state)
     # the publisher refuses before it writes a file or touches the blob store (none given here)
-    publisher = PolicyPublisher(tmp_path / "policy", None, SigningKey(bytes(32)), "run")  # type: ignore[arg-type]
+    publisher = PolicyPublisher(tmp_path / "policy", None, SigningKey(bytes(32)), "run")  # type: ignore[arg-type]  # a stand-in for it
     for policy in (state, PolicyWeights.from_state_dict(state)):
         with pytest.raises(IntegrityError):
             asyncio.run(publisher.publish(1, policy))
@@ -124,7 +124,7 @@ def test_a_skipped_step_is_charged_to_the_batch_behind_it(tmp_path: Path) -> Non
         trainer.train_options = TrainOptions.from_section(trainer.rl)
         trainer.metrics = MetricsFile(trainer.dir)
         # nothing published before: the step only waits for (and times) the previous publication
-        trainer.publication = Publication(None, trainer.rt.swarm, "policy", trainer.dir,  # type: ignore[arg-type]
+        trainer.publication = Publication(None, trainer.rt.swarm, "policy", trainer.dir,  # type: ignore[arg-type]  # a stand-in for it
                                           trainer.rt.board, trainer.tasks, trainer._snapshot)
         # the step's signed record, as start() wires it, into a real blob store
         store = BlobStore(tmp_path / "blobs")

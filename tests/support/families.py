@@ -115,7 +115,7 @@ def _config(kind: str, vocab: int, ids: dict[str, Any], shape: dict[str, Any] = 
 
     if kind == "llama":
         # rope_theta and rope_scaling: transformers 4's keys, which transformers 5 still reads.
-        return LlamaConfig(vocab_size=vocab, tie_word_embeddings=False, rope_theta=10000.0,  # type: ignore[call-arg]
+        return LlamaConfig(vocab_size=vocab, tie_word_embeddings=False, rope_theta=10000.0,  # type: ignore[call-arg]  # transformers 4's keys, which transformers 5 still reads
                            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
                            **shape, **ids)

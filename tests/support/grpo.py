@@ -52,7 +52,7 @@ def tiny_family_model(family: str, *, vocab: int = 32, hidden: int = 64, layers:
                   tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if family == "llama":
         # rope_scaling: the transformers 4 key, which transformers 5 still reads into rope_parameters.
-        cfg: Any = LlamaConfig(**common, rope_scaling={"rope_type": "llama3", "factor": 8.0,  # type: ignore[call-arg]
+        cfg: Any = LlamaConfig(**common, rope_scaling={"rope_type": "llama3", "factor": 8.0,  # type: ignore[call-arg]  # transformers 4's keys, which transformers 5 still reads
                                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                        "original_max_position_embeddings": 32})
     elif family == "mistral":

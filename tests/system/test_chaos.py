@@ -359,7 +359,7 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
     if topo is not None:
         topo.__enter__()
     sw = Swarm(root, topo)
-    sw.netns_reason = reason  # type: ignore[attr-defined]
+    sw.netns_reason = reason  # type: ignore[attr-defined]  # set on this swarm for the report
     try:
         with sw.acks:
             sw.start("trainer")

@@ -104,7 +104,7 @@ def test_logprob_and_entropy_helpers() -> None:
                                          ("token_budget", 0), ("kl_coef", -1.0), ("max_grad_norm", 0.0)])
 def test_config_errors_name_the_field(field: str, value: object) -> None:
     with pytest.raises(ConfigError) as exc:
-        GRPOConfig(**{field: value})  # type: ignore[arg-type]
+        GRPOConfig(**{field: value})  # type: ignore[arg-type]  # a wrong value on purpose
     assert exc.value.field == field and field in str(exc.value)
 
 

@@ -107,4 +107,4 @@ def test_a_forged_sampler_logprob_stays_finite_in_every_variant() -> None:
                                           ("log_ratio_tau", -1.0)])
 def test_bad_variant_settings_name_their_field(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=field):
-        GRPOConfig(**{field: value})  # type: ignore[arg-type]
+        GRPOConfig(**{field: value})  # type: ignore[arg-type]  # a wrong value on purpose

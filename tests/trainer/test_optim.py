@@ -34,9 +34,9 @@ def _grads(model: torch.nn.Sequential, step: int) -> None:
 
 def _run(model: torch.nn.Sequential, opt: object, steps: range) -> None:
     for step in steps:
-        opt.zero_grad(set_to_none=True)  # type: ignore[attr-defined]
+        opt.zero_grad(set_to_none=True)  # type: ignore[attr-defined]  # CpuAdamW or torch's AdamW
         _grads(model, step)
-        opt.step()  # type: ignore[attr-defined]
+        opt.step()  # type: ignore[attr-defined]  # CpuAdamW or torch's AdamW
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.01])
