@@ -10,7 +10,7 @@ setup:
 demo: setup
 	$(VENV)/bin/intellect-node demo
 
-# ruff over the whole tree, mypy (strict) over the whole package ([tool.mypy] in pyproject.toml);
+# ruff over the whole tree, mypy (strict) over the package, tests and bench ([tool.mypy] in pyproject.toml);
 # either failing fails `make test` before a test runs. RUFF_PATHS, not LINT: make predefines that.
 RUFF_PATHS ?= intellect_node tests bench scripts
 lint: setup

@@ -322,7 +322,8 @@ def detection(f: float, k: int, w: int) -> float:
 
 def share_needed(p: float, k: int, w: int) -> float:
     """The share each of ``k`` auditors must audit to catch a ``w``-step change with probability ``p``."""
-    return 1.0 - (1.0 - p) ** (1.0 / (k * w))
+    miss: float = (1.0 - p) ** (1.0 / (k * w))  # every auditor misses the change
+    return 1.0 - miss
 
 
 def report(name: str, c: dict[str, Any], interval: float, window: int) -> dict[str, Any]:

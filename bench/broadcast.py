@@ -79,7 +79,7 @@ class Child:
         while True:
             line = self.p.stdout.readline()
             if not line:
-                raise RuntimeError(f"child {self.p.args} exited with {self.p.wait()}")
+                raise RuntimeError(f"child {self.p.args!r} exited with {self.p.wait()}")
             line = line.strip()
             if line.startswith("{"):
                 ev: dict[str, Any] = json.loads(line)
@@ -297,7 +297,7 @@ def _bind_shardcast_to(host: str) -> int:
     def bound_init(self: Any, address: tuple[str, int], *a: Any, **k: Any) -> None:
         base_init(self, (host, address[1]), *a, **k)
 
-    sc_server.ShardcastServer.__init__ = bound_init  # type: ignore[method-assign]
+    sc_server.ShardcastServer.__init__ = bound_init
     with socket.create_server((host, 0)) as probe:
         port: int = probe.getsockname()[1]
     return port
@@ -326,7 +326,7 @@ def role_sc_middle(upstream: str, d: Path, host: str, version: str) -> None:
     d.mkdir(parents=True)
     (d / "data1.bin").write_bytes(b"\0" * 1024)
     started = sc_server.run_server(str(d), port)
-    sc_middle.server.run_server = lambda *a, **k: started  # type: ignore[attr-defined]
+    sc_middle.server.run_server = lambda *a, **k: started
     print(json.dumps({"event": "ready", "url": f"http://{host}:{port}"}), flush=True)
     sys.stdin.readline()
     node = sc_middle.MiddleNode([upstream], str(d), port, check_interval=1)
@@ -361,8 +361,8 @@ def role_sc_client(url: str, d: Path, version: str) -> None:
             return content
         return None
 
-    sc_client.ShardDownloader._init_server_metrics = init_metrics  # type: ignore[method-assign]
-    sc_client.ShardDownloader.download_distribution_file = download_distribution_file  # type: ignore[method-assign]
+    sc_client.ShardDownloader._init_server_metrics = init_metrics
+    sc_client.ShardDownloader.download_distribution_file = download_distribution_file
     node = ClientNode(url.split(","), output_dir=str(d))  # one server, or the origin and its relays
     print(json.dumps({"event": "ready"}), flush=True)
     sys.stdin.readline()

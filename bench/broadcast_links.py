@@ -45,8 +45,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broadcast import MIB, PY, Child, _fetch_all, _make_source, _verify, _wait_all  # noqa: E402
-
+from bench.broadcast import MIB, PY, Child, _fetch_all, _make_source, _verify, _wait_all  # noqa: E402
 from intellect_node.testing.netns import Star, netns_unavailable_reason  # noqa: E402
 
 HERE = Path(__file__).resolve()

@@ -108,7 +108,7 @@ def grpo_updates(model_dir: str | None, steps: int, lr: float) -> list[dict[str,
         problems = task.sample(rng, 8)
         samples = []
         with torch.no_grad():
-            model.eval()
+            model.train(False)  # eval mode (transformers leaves eval() untyped)
             for p in problems:
                 prompt = tok.prompt_ids(p.prompt)
                 ids = torch.tensor([prompt] * cfg.group_size)
@@ -216,11 +216,12 @@ def link_limited(rate: float) -> Any:
             super().__init__()
             self._free_at = 0.0
 
-        async def read_chunk(self, provider: object, cid: str, length: int, sink: Any) -> None:
+        async def read_chunk(self, provider: object, cid: str, length: int, sink: Any, *,
+                             if_idle: bool = True) -> None:
             start = max(time.monotonic(), self._free_at)
             self._free_at = start + length / rate
             held = _Buffer()
-            await super().read_chunk(provider, cid, length, held)
+            await super().read_chunk(provider, cid, length, held, if_idle=if_idle)
             delay = self._free_at - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)

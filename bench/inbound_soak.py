@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,9 +77,9 @@ async def sample(target: Swarm) -> Sample:
                   rss_mib=round(_rss_mib(), 1))
 
 
-async def _until(pred: object, what: str, bound: float = WAIT_S) -> None:
+async def _until(pred: Callable[[], object], what: str, bound: float = WAIT_S) -> None:
     deadline = time.monotonic() + bound
-    while not pred():  # type: ignore[operator]
+    while not pred():
         if time.monotonic() > deadline:
             raise TimeoutError(what)
         await asyncio.sleep(0.02)
@@ -172,7 +173,7 @@ async def main() -> int:
     from libp2p.network.swarm import Swarm as LibSwarm
 
     stock = compat.stock("Swarm._handle_inbound_connection")
-    LibSwarm._handle_inbound_connection = stock  # type: ignore[method-assign]
+    LibSwarm._handle_inbound_connection = stock  # type: ignore[method-assign]  # restored / wrapped as above
     print("stock 0.8.1 inbound handler: until the first refusal", flush=True)
     _, s_after, s_done, _ = await arm(args.cycles, args.parallel, "stock")
 

@@ -97,12 +97,12 @@ def held_out_pass_rates(trainer_dir: Path) -> tuple[float, float | None]:
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return read_jsonl(path)  # type: ignore[return-value]  # a line torn by the kill at the end is skipped
+    return read_jsonl(path)  # a line torn by the kill at the end is skipped
 
 
-def _median(xs: list[float]) -> float | None:
-    xs = sorted(x for x in xs if x is not None)
-    return xs[len(xs) // 2] if xs else None
+def _median(xs: list[float | None]) -> float | None:
+    known = sorted(x for x in xs if x is not None)
+    return known[len(known) // 2] if known else None
 
 
 def hop_breakdown(work: Path, workers: list[str]) -> dict[str, float | None]:
@@ -122,7 +122,7 @@ def hop_breakdown(work: Path, workers: list[str]) -> dict[str, float | None]:
             elif h["event"] == "loaded":
                 loaded.setdefault(h["version"], []).append(h)
     published = {m["published"]["version"]: m["published"] for m in metrics if m.get("published")}
-    hops: dict[str, list[float]] = {k: [] for k in (
+    hops: dict[str, list[float | None]] = {k: [] for k in (
         "submit->validator notice", "validator fetch", "validator verify", "verdict gossip to trainer",
         "trainer prefetch (notice->fetched)", "trainer verdict->admitted", "queued at trainer",
         "train step", "publish", "announcement gossip to workers", "worker fetch+apply+engine",
@@ -230,7 +230,7 @@ def launch_swarm(workdir: Path, procs: list[Any], *, model: str, workers: int = 
     for n in names:
         (workdir / n).mkdir(parents=True, exist_ok=True)
         ids[n] = init_key(workdir / n).peer_id
-    common = dict(ids=ids, model=model, rl=rl, run_extra=run_extra)
+    common: dict[str, Any] = dict(ids=ids, model=model, rl=rl, run_extra=run_extra)
     t0, t0_wall = time.monotonic(), time.time()
     port = free_tcp_port()
     trainer = start_node(workdir / "trainer", "trainer", procs, port=port, **common)
@@ -425,7 +425,7 @@ def run_trl(target: float, window: int, timeout: float, workdir: Path,
     cpu: list[float] = []
     t0 = time.monotonic()
 
-    class Stop(TrainerCallback):  # type: ignore[misc]
+    class Stop(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
             if logs and "reward" in logs:
                 rewards.append(float(logs["reward"]))

@@ -51,7 +51,8 @@ def _pass_rate(engine: TorchEngine, tok: Any, problems: list[Any], seed: int, to
     rng = random.Random(seed)
     gens = engine.generate([tok.prompt_ids(p.prompt) for p in problems],
                            [rng.getrandbits(62) for _ in problems], SamplingConfig(1.0, 1.0, tokens))
-    return sum(p.reward(tok.decode(g.tokens)) for p, g in zip(problems, gens)) / len(problems)
+    rewards: list[float] = [p.reward(tok.decode(g.tokens)) for p, g in zip(problems, gens)]
+    return sum(rewards) / len(problems)
 
 
 def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -59,7 +60,7 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     base = load_model(None)
     tok = base.tokenizer
     model = load_hf_model(None)
-    model.eval()
+    model.train(False)  # eval mode (transformers leaves eval() untyped)
     task = embedded_task()
     held_out = task.sample(random.Random(10_000 + seed), args.held_out)
     loss = arm.split("+")[0]
@@ -87,7 +88,7 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
         sampler = current
         steps.append({"kl": st.kl_sampler, "cut": st.clipped_frac, "ratio_max": st.ratio_max,
                       "pass": st.reward_mean, "lr": st.lr, "grad_norm": st.grad_norm})
-    model.eval()
+    model.train(False)  # eval mode (transformers leaves eval() untyped)
     held = _pass_rate(_engine(base, model), tok, held_out, seed=1, tokens=args.tokens)
     stale = steps[1:]
 
@@ -129,7 +130,8 @@ def main() -> None:
     by_arm = {a: [r for r in results if r["arm"] == a] for a in arms}
 
     def avg(a: str, key: str) -> float:
-        return sum(r[key] for r in by_arm[a]) / len(by_arm[a])
+        values: list[float] = [r[key] for r in by_arm[a]]
+        return sum(values) / len(by_arm[a])
 
     for a in arms:
         ratios = ", ".join(f"{avg(a, k) / avg('grpo', k):.2f}x" if avg("grpo", k) else "-"

@@ -22,7 +22,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -32,7 +34,10 @@ from intellect_node.testing.netns import Agent, Topology, netns_unavailable_reas
 CHUNK = 4 * 1024 * 1024
 
 
-def until(fn, timeout: float, what: str):  # type: ignore[no-untyped-def]
+T = TypeVar("T")
+
+
+def until(fn: Callable[[], T], timeout: float, what: str) -> T:
     deadline = time.monotonic() + timeout
     while True:
         v = fn()

@@ -150,7 +150,7 @@ def run_swarm(model: Path, settings: dict[str, Any], pipeline: dict[str, Any], m
             p.kill()
     from intellect_node.fsutil import read_jsonl
 
-    trained = [m for m in read_jsonl(metrics_path) if m.get("trained")][:max_steps]
+    trained: list[dict[str, Any]] = [m for m in read_jsonl(metrics_path) if m.get("trained")][:max_steps]
     curve = [{"step": i + 1, "t": m["time"] - swarm.t0_wall, "reward_mean": m["reward_mean"],
               "pass_rate": m["pass_rate"], "samples": m["samples"], "groups_used": m.get("groups_used"),
               "staleness_mean": m.get("staleness_mean")} for i, m in enumerate(trained)]
@@ -200,7 +200,7 @@ def run_trl(model: Path, settings: dict[str, Any], minutes: float, steps: int, l
 
     curve: list[dict[str, Any]] = []
 
-    class Record(TrainerCallback):  # type: ignore[misc]
+    class Record(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             rs = batch_rewards[-1]
             curve.append({"step": len(curve) + 1, "t": time.monotonic() - launched,
@@ -240,7 +240,7 @@ def evaluate_policies(model: Path, settings: dict[str, Any], weights: dict[str, 
         if name != "start" and path is None:
             continue
         t = time.monotonic()
-        ev = held_out(base if path is None else with_weights(base, path), task, **kw)  # type: ignore[arg-type]
+        ev = held_out(base if path is None else with_weights(base, path), task, **kw)
         out[name] = {"reward_mean": ev.mean_reward, "pass_rate": ev.pass_rate, "eval_s": time.monotonic() - t}
         print(f"held out {name}: mean reward {ev.mean_reward:.3f}, pass rate {ev.pass_rate:.3f}", flush=True)
     return out

@@ -14,6 +14,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -23,7 +24,7 @@ from intellect_node.envs.sandbox import default_pool  # noqa: E402
 from intellect_node.envs.tasks import Problem  # noqa: E402
 
 
-def per_call_ms(fn, n: int) -> float:  # type: ignore[no-untyped-def]
+def per_call_ms(fn: Callable[[int], object], n: int) -> float:
     times = []
     for i in range(n):
         t = time.perf_counter()

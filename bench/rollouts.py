@@ -71,9 +71,12 @@ def prompts_for(engine: TorchEngine, batch: int) -> list[list[int]]:
 
 
 def hf_generate(model_dir: Path, dtype: str, prompts: list[list[int]], new: int, repeats: int) -> float:
+    from transformers import GenerationMixin
+
     from intellect_node.models.loader import load_hf_model
 
     hf = load_hf_model(model_dir, dtype=dtype)
+    assert isinstance(hf, GenerationMixin)  # a causal LM: generate() is its mixin's
     ids = torch.tensor(prompts)
     with torch.inference_mode():
         hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=True)  # warm-up

@@ -548,8 +548,7 @@ def main() -> None:
     report(rows)
     model = None
     if args.simulate:
-        sys.path.insert(0, str(REPO / "bench"))
-        import scale_model
+        from bench import scale_model
 
         model = scale_model.main_report(measured={s["n"]: s["hb_per_s"] for s in rows})
     args.out.parent.mkdir(parents=True, exist_ok=True)

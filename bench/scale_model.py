@@ -116,12 +116,15 @@ def heartbeat_rate(p: dict[str, Any], n: int, fixed: int) -> tuple[float, float]
 def connections(p: dict[str, Any], n: int) -> int:
     """Peers a node holds in a settled idle swarm: all of them while N - 1 <= conn_high, else between
     conn_low and conn_high (the upper bound here)."""
-    return min(n - 1, p["conn_high"])
+    high: int = p["conn_high"]
+    return min(n - 1, high)
 
 
 def _lookup_queries(p: dict[str, Any], n: int) -> float:
     """Peers one iterative Kademlia lookup asks: about k, plus alpha per halving of the distance beyond."""
-    return min(n - 1, p["k"] + p["alpha_lib"] * max(0.0, math.log2(n / p["k"])))
+    k: float = p["k"]
+    alpha: float = p["alpha_lib"]
+    return min(n - 1, k + alpha * max(0.0, math.log2(n / k)))
 
 
 def model_row(p: dict[str, Any], n: int, fixed: int, session_s: float) -> dict[str, float]:

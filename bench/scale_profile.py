@@ -33,9 +33,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
-import scale  # noqa: E402  (bench/scale.py: the same swarm, settle rule and CPU reading)
+from bench import scale  # noqa: E402  (bench/scale.py: the same swarm, settle rule and CPU reading)
 
 PROBE = REPO / "bench" / "scale_probe"
 
@@ -65,7 +64,8 @@ def probe_env(out_dir: Path) -> dict[str, str]:
 
 
 def read_probe(out_dir: Path, pid: int) -> dict[str, Any]:
-    return json.loads((out_dir / f"{pid}.json").read_text())
+    probe: dict[str, Any] = json.loads((out_dir / f"{pid}.json").read_text())
+    return probe
 
 
 def area_of(stack: str) -> str:
@@ -113,7 +113,7 @@ def main() -> None:
     probe_dir = root / "probe"
     probe_dir.mkdir()
     if not args.no_probe:
-        scale._env = lambda: probe_env(probe_dir)  # type: ignore[assignment]  # the nodes start probed
+        scale._env = lambda: probe_env(probe_dir)  # the nodes start probed
     nodes: list[scale.Node] = []
     rng = random.Random(17)
     try:
@@ -126,8 +126,9 @@ def main() -> None:
             print(f"  settled after {polls} polls; window {args.window:.0f} s", flush=True)
             time.sleep(2.5)  # a fresh probe dump after the last status poll
             load0 = os.getloadavg()[0]
-            first = [read_probe(probe_dir, nd.proc.pid) if not args.no_probe else {"t": 0.0, "counts": {}}
-                     for nd in nodes]
+            first: list[dict[str, Any]] = [
+                read_probe(probe_dir, nd.proc.pid) if not args.no_probe else {"t": 0.0, "counts": {}}
+                for nd in nodes]
             ticks0 = [scale.cpu_ticks(nd.proc.pid) for nd in nodes]
             t0 = time.monotonic()
             spy = None
@@ -142,8 +143,9 @@ def main() -> None:
             time.sleep(2.5)  # the probes' next dump covers the whole window
             elapsed = time.monotonic() - t0
             ticks1 = [scale.cpu_ticks(nd.proc.pid) for nd in nodes]
-            last = [read_probe(probe_dir, nd.proc.pid) if not args.no_probe else {"t": 1.0, "counts": {}}
-                    for nd in nodes]
+            last: list[dict[str, Any]] = [
+                read_probe(probe_dir, nd.proc.pid) if not args.no_probe else {"t": 1.0, "counts": {}}
+                for nd in nodes]
             load1 = os.getloadavg()[0]
             sts = [s for _, _, s in scale.statuses(nodes, pool)]
             if spy is not None:

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -34,7 +35,7 @@ sys.path.insert(0, str(REPO))
 from intellect_node.research.sweep import table  # noqa: E402
 
 
-def run(out: Path, grid: str, workers: int, fraction: float) -> dict:
+def run(out: Path, grid: str, workers: int, fraction: float) -> dict[str, Any]:
     if out.exists():
         shutil.rmtree(out)
     t0 = time.monotonic()
@@ -45,7 +46,7 @@ def run(out: Path, grid: str, workers: int, fraction: float) -> dict:
     total = time.monotonic() - t0
     if proc.returncode != 0:
         sys.exit(f"sweep failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    summary = json.loads((out / "summary.json").read_text())
+    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     summary["total_s"] = total
     summary["digests"] = {r["job_id"]: (r["polysemantic"], r["sign_hash"]) for r in rows}

@@ -48,7 +48,7 @@ from intellect_node.envs.tasks import embedded_task  # noqa: E402
 from intellect_node.inference.base import SamplingConfig  # noqa: E402
 from intellect_node.inference.rollouts import generate_rollouts  # noqa: E402
 from intellect_node.inference.torch_engine import TorchEngine  # noqa: E402
-from intellect_node.inference.verifier import Expectations, Verifier  # noqa: E402
+from intellect_node.inference.verifier import Expectations, Verdict, Verifier  # noqa: E402
 from intellect_node.models.loader import embedded_model_dir, load_model  # noqa: E402
 from intellect_node.proofs.thresholds import load_thresholds  # noqa: E402
 from intellect_node.protocol.ids import cid_of  # noqa: E402
@@ -74,7 +74,7 @@ def sampled(verifier: Verifier, recs: list[Any], group: int, k: int, rng: random
     """What the validator runs under verify_fraction: tensor checks on k random groups, cheap on the rest."""
     groups = [list(range(s, s + group)) for s in range(0, len(recs), group)]
     full = {i for g in rng.sample(groups, k) for i in g}
-    out = verifier.verify([recs[i] for i in sorted(full)])
+    out: list[Verdict | None] = list(verifier.verify([recs[i] for i in sorted(full)]))
     for i, r in enumerate(recs):
         if i not in full:
             out.append(verifier._cheap(r))

@@ -40,6 +40,7 @@ from intellect_node.config import NodeConfig
 from intellect_node.envs.tasks import Problem
 from intellect_node.errors import IntegrityError, TransportError
 from intellect_node.fsutil import atomic_write_bytes
+from intellect_node.p2p.peerbook import AUTO_BAN_AFTER
 from intellect_node.protocol.blob import MAX_CHUNKS, Manifest, seal_manifest
 from intellect_node.protocol.ids import cid_of
 from intellect_node.protocol.rl import RolloutNotice, notice_validator, seal_notice
@@ -88,7 +89,7 @@ async def _serve(store: BlobStore) -> tuple[web.AppRunner, str]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # a started site has its server
     return runner, f"http://127.0.0.1:{port}"
 
 
@@ -365,7 +366,7 @@ def run_rule_rows(cfg: NodeConfig, parts: Parts, *, keys: int, intake: dict[int,
             f"same run without replayers ({cpu0:.2f} CPU s, {step0:.2f} s a step); each key publishes every "
             f"message it hears as its own, the publisher's message is forwarded again once (gossipsub's "
             f"seen-cache keeps later copies out), half-way every copy again with the batch and audit "
-            f"verdicts 6 minutes old; a node bans a key at {sybil_runs.AUTO_BAN_AFTER} refusals "
+            f"verdicts 6 minutes old; a node bans a key at {AUTO_BAN_AFTER} refusals "
             f"(network.auto_ban_after); {r.copies} copies sent, {r.blamed_replayers} refusals blamed on the "
             f"replayers",
             f"{r.blamed_honest} blamed; audits {a['pass']}/{a['fail']}/{a['unavailable']}; "

@@ -114,11 +114,13 @@ def _redate(data: bytes, keys: dict[str, SigningKey]) -> bytes:
         env = codec.decode(data, Envelope, max_size=1 << 24)
     except ProtocolError:
         return data
-    kind = {VERDICT_DOMAIN: BatchVerdict, AUDIT_DOMAIN: AuditVerdict}.get(env.domain)
+    kinds: dict[str, type[BatchVerdict] | type[AuditVerdict]] = {VERDICT_DOMAIN: BatchVerdict,
+                                                                  AUDIT_DOMAIN: AuditVerdict}
+    kind = kinds.get(env.domain)
     key = keys.get(env.signer)
     if kind is None or key is None:
         return data
-    msg = codec.decode(env.payload, kind, max_size=1 << 24)
+    msg: BatchVerdict | AuditVerdict = codec.decode(env.payload, kind, max_size=1 << 24)
     if not isinstance(msg.time_ms, int):
         return data
     return key.seal(env.domain, msgspec.structs.replace(msg, time_ms=msg.time_ms - OLD_MS))
@@ -159,7 +161,7 @@ async def _replay_run(root: Path, keys: int, steps: int) -> Replays:
             scanned[n.name] = len(book.rejections)
             if strikes[n.name][origin] >= AUTO_BAN_AFTER:
                 book.ban(origin, "auto")
-            return book.is_banned(origin)
+            return bool(book.is_banned(origin))
 
         def send(origin: str, name: str, data: bytes) -> None:
             nonlocal sent
@@ -181,8 +183,10 @@ async def _replay_run(root: Path, keys: int, steps: int) -> Replays:
         if keys:
             spy = await net.start("spy", cfg, None, key=SigningKey.generate(), ledger=False)
             for name in sorted({t for n in nodes for t in n.swarm.subscriptions}):
-                spy.swarm.subscribe(name, lambda data, origin: data, lambda data, origin, name=name:
-                                    heard(name, data, origin))
+                def on_heard(data: bytes, origin: str, name: str = name) -> None:
+                    heard(name, data, origin)
+
+                spy.swarm.subscribe(name, lambda data, origin: data, on_heard)
 
         def audit() -> dict[str, Any]:
             st: dict[str, Any] = validator.status()["audit"]

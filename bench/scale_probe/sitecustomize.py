@@ -19,6 +19,15 @@ imports this; a node without the variable runs unprobed.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from libp2p.abc import IHost, IMultiselectCommunicator, INetStream
+    from libp2p.custom_types import StreamHandlerFn, TProtocol
+    from libp2p.peer.id import ID
+    from libp2p.pubsub.pb.rpc_pb2 import RPC
+    from libp2p.security.noise.io import BaseNoiseMsgReadWriter
 
 if os.environ.get("SCALE_PROBE_DIR"):
     import collections
@@ -45,37 +54,37 @@ if os.environ.get("SCALE_PROBE_DIR"):
         compat.apply_fixes()
         yamux_types = {0: "data", 1: "window_update", 2: "ping", 3: "go_away"}
 
-        def classify(prefix: str, rpc: object, size: int) -> None:
+        def classify(prefix: str, rpc: RPC, size: int) -> None:
             _add(f"{prefix}.rpc")
             _add(f"{prefix}.bytes", size)
             kinds = []
-            for msg in rpc.publish:  # type: ignore[attr-defined]
+            for msg in rpc.publish:
                 kinds.append("publish:" + "/".join(t.rsplit("/", 2)[-2] for t in msg.topicIDs))
-            if rpc.subscriptions:  # type: ignore[attr-defined]
+            if rpc.subscriptions:
                 kinds.append("subscriptions")
-            if rpc.HasField("control"):  # type: ignore[attr-defined]
-                c = rpc.control  # type: ignore[attr-defined]
+            if rpc.HasField("control"):
+                c = rpc.control
                 for name in ("ihave", "iwant", "graft", "prune", "idontwant"):
                     if len(getattr(c, name)):
                         kinds.append(name)
-            if rpc.HasField("senderRecord"):  # type: ignore[attr-defined]
+            if rpc.HasField("senderRecord"):
                 _add(f"{prefix}.with_record")
-                _add(f"{prefix}.record_bytes", len(rpc.senderRecord))  # type: ignore[attr-defined]
+                _add(f"{prefix}.record_bytes", len(rpc.senderRecord))
             for k in kinds or ["empty"]:
                 _add(f"{prefix}.kind.{k}")
 
         stock_write = Pubsub.write_msg
 
-        async def write_msg(self: Pubsub, stream: object, rpc_msg: object) -> bool:
-            classify("pubsub_out", rpc_msg, rpc_msg.ByteSize())  # type: ignore[attr-defined]
+        async def write_msg(self: Pubsub, stream: INetStream, rpc_msg: RPC) -> bool:
+            classify("pubsub_out", rpc_msg, rpc_msg.ByteSize())
             return await stock_write(self, stream, rpc_msg)
 
-        Pubsub.write_msg = write_msg  # type: ignore[method-assign]
+        Pubsub.write_msg = write_msg  # type: ignore[method-assign]  # the probe wraps the class's own
 
         stock_consume = pubsub_mod.maybe_consume_signed_record
 
-        def consume(msg: object, host: object, peer_id: object) -> bool:
-            classify("pubsub_in", msg, msg.ByteSize())  # type: ignore[attr-defined]
+        def consume(msg: RPC, host: IHost, peer_id: ID) -> bool:
+            classify("pubsub_in", msg, msg.ByteSize())
             return stock_consume(msg, host, peer_id)
 
         pubsub_mod.maybe_consume_signed_record = consume
@@ -83,39 +92,40 @@ if os.environ.get("SCALE_PROBE_DIR"):
         stock_nw = NoiseTransportReadWriter.write_msg
         stock_nr = NoiseTransportReadWriter.read_msg
 
-        async def noise_write(self: object, msg: bytes, prefix_encoded: bool = False) -> None:
+        async def noise_write(self: BaseNoiseMsgReadWriter, msg: bytes, prefix_encoded: bool = False) -> None:
             _add("noise_out.msg")
             if len(msg) >= 12:
                 _add(f"noise_out.yamux.{yamux_types.get(msg[1], msg[1])}")
-            return await stock_nw(self, msg, prefix_encoded)  # type: ignore[arg-type]
+            return await stock_nw(self, msg, prefix_encoded)
 
-        async def noise_read(self: object, prefix_encoded: bool = False) -> bytes:
-            out = await stock_nr(self, prefix_encoded)  # type: ignore[arg-type]
+        async def noise_read(self: BaseNoiseMsgReadWriter, prefix_encoded: bool = False) -> bytes:
+            out = await stock_nr(self, prefix_encoded)
             _add("noise_in.msg")
             if len(out) >= 12 and out[0] == 0:
                 _add(f"noise_in.yamux.{yamux_types.get(out[1], out[1])}")
             return out
 
-        NoiseTransportReadWriter.write_msg = noise_write  # type: ignore[method-assign]
-        NoiseTransportReadWriter.read_msg = noise_read  # type: ignore[method-assign]
+        NoiseTransportReadWriter.write_msg = noise_write  # type: ignore[method-assign]  # wrapped, as above
+        NoiseTransportReadWriter.read_msg = noise_read  # type: ignore[method-assign]  # restored / wrapped as above
 
         stock_new = BasicHost.new_stream
 
-        async def new_stream(self: BasicHost, peer_id: object, protocol_ids: list[str],
-                             *args: object, **kwargs: object) -> object:
+        async def new_stream(self: BasicHost, peer_id: ID, protocol_ids: Sequence[TProtocol],
+                             *args: Any, **kwargs: Any) -> INetStream:
             _add(f"stream_out.{protocol_ids[0] if protocol_ids else '?'}")
-            return await stock_new(self, peer_id, protocol_ids, *args, **kwargs)  # type: ignore[arg-type]
+            return await stock_new(self, peer_id, protocol_ids, *args, **kwargs)
 
-        BasicHost.new_stream = new_stream  # type: ignore[method-assign]
+        BasicHost.new_stream = new_stream  # type: ignore[method-assign]  # wrapped, as above
 
         stock_negotiate = Multiselect.negotiate
 
-        async def negotiate(self: Multiselect, *args: object, **kwargs: object) -> object:
-            proto, handler = await stock_negotiate(self, *args, **kwargs)  # type: ignore[arg-type]
+        async def negotiate(self: Multiselect, communicator: IMultiselectCommunicator,
+                            *args: Any, **kwargs: Any) -> tuple[TProtocol | None, StreamHandlerFn | None]:
+            proto, handler = await stock_negotiate(self, communicator, *args, **kwargs)
             _add(f"stream_in.{proto}")
             return proto, handler
 
-        Multiselect.negotiate = negotiate  # type: ignore[method-assign]
+        Multiselect.negotiate = negotiate  # type: ignore[method-assign]  # wrapped, as above
 
     def _dump_loop(path: str) -> None:
         while True:

@@ -158,8 +158,10 @@ def register(app: typer.Typer) -> None:
                                                          "on the runs gossip topic."),
     ) -> None:
         """List the runs the swarm announces: run ID, model, environment, organiser, manifest CID, nodes
-        seen per role, newest policy version and step, the newest held-out pass rate (version, problems,
-        evaluator) where a validator evaluates, age. Without --bootstrap, a node running with
+        seen per role, newest policy version and step, newest held-out result, age.
+
+        The held-out result is a validator's (pass rate, version, problems, evaluator), where a validator
+        of the run evaluates. Without --bootstrap, a node running with
         --data-dir is asked (through its own peers); with none running, the config's bootstrap peers or
         the data dir's remembered peers. Exit 1 when no peer answers."""
         d = data_dir(data_dir_opt)

@@ -34,7 +34,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 PUBLIC_NET = "100.64.77"
 AGENT_MODULE = "intellect_node.testing.nat_agent"
@@ -241,7 +241,7 @@ class Topology:
     def _ipt(self, ns: str, *rule: str) -> None:
         _run("ip", "netns", "exec", ns, "iptables", *rule)
 
-    def __enter__(self) -> "Topology":
+    def __enter__(self) -> Self:
         if self.log_dir is None:
             self.log_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"{self.prefix}-logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)

@@ -28,14 +28,16 @@ import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from intellect_node.config import NodeConfig
 from intellect_node.config.status import StatusBoard
 from intellect_node.errors import MessageIgnored, ProtocolError
 from intellect_node.protocol.signing import SigningKey
+
+if TYPE_CHECKING:
+    from intellect_node.p2p.swarm import Provider
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +70,6 @@ class FakePeerbook:
     def last_rejection(self, peer_id: str) -> str | None:
         """The newest reason recorded against ``peer_id`` (the peerbook's ``last_rejection``)."""
         return next((r for p, r in reversed(self.rejections) if p == peer_id), None)
-
-
-@dataclass(frozen=True)
-class FakeProvider:
-    peer_id: str
-    http_url: str
 
 
 class FakeSwarm:
@@ -112,10 +108,12 @@ class FakeSwarm:
         if self._net is not None:
             self._net.providers[cid].add(self.peer_id)
 
-    async def find_providers(self, cid: str, *, count: int = 20) -> list[FakeProvider]:
+    async def find_providers(self, cid: str, *, count: int = 20) -> list[Provider]:
+        from intellect_node.p2p.swarm import Provider  # the swarm's own record (that module needs no libp2p)
+
         if self._net is None:
             return []
-        found = [FakeProvider(p, url) for p in sorted(self._net.providers.get(cid, ()))
+        found = [Provider(p, url) for p in sorted(self._net.providers.get(cid, ()))
                  if not self.is_banned(p) and not self.peerbook.is_banned(p) and (url := self._net.url(p))]
         return found[:count]
 

@@ -99,7 +99,7 @@ def test_sha256_blob_of_an_older_peer_fetched_checked_and_served(tmp_path: Path)
         stats = await f.svc.fetch(cid, out=tmp_path / "out.bin")
         assert (tmp_path / "out.bin").read_bytes() == data
         assert served and "does not match its hash" in stats.bad[mallory.peer_id]
-        assert all(hash_code(c) == SHA2_256 for c in f.svc.store.manifest(cid).chunks)  # type: ignore[union-attr]
+        assert all(hash_code(c) == SHA2_256 for c in f.svc.store.manifest(cid).chunks)  # type: ignore[union-attr]  # set by now
         nxt = await Node(tmp_path / "next").start()
         nxt.providers = [f.as_provider()]
         await nxt.svc.fetch(cid, out=tmp_path / "next.bin")

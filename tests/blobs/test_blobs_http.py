@@ -136,7 +136,7 @@ def test_cid_cache_never_keeps_a_refusal() -> None:
                 validate_cid(bad)
     for not_a_string in [None, 5, [good], good.encode()]:
         with pytest.raises(ProtocolError):
-            validate_cid(not_a_string)  # type: ignore[arg-type]
+            validate_cid(not_a_string)  # type: ignore[arg-type]  # a wrong type on purpose
 
 
 def test_fetchers_that_know_only_the_seed_are_not_told_busy(tmp_path: Path) -> None:
@@ -214,7 +214,7 @@ def test_a_fetch_that_knows_only_the_seed_finds_partial_holders_while_it_downloa
                 return find
 
             for i, f in enumerate(fetchers):
-                f.blobs._fetcher._find = finder(i)  # type: ignore[union-attr]
+                f.blobs._fetcher._find = finder(i)  # type: ignore[union-attr]  # set by now
             stats = await asyncio.gather(*(f.blobs.fetch(cid) for f in fetchers))
             for f in fetchers:
                 assert not f.blobs.store.missing(cid)

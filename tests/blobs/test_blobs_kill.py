@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from test_blobs_fetch import Node, _copy_blob, _serve
 
 from intellect_node.blobs.fetch import Progress, StaticProvider
 from intellect_node.protocol.blob import HTTP_PREFIX
+from tests.blobs.test_blobs_fetch import Node, _copy_blob, _serve
 
 CHUNK = 64 * 1024
 

@@ -183,7 +183,7 @@ def test_a_bitmap_request_waits_for_the_next_chunk(tmp_path: Path) -> None:
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # a started site has its server
         old = HttpChunkSource()
         try:
             earlier = StaticProvider("p", f"http://127.0.0.1:{port}")

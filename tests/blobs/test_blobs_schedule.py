@@ -103,7 +103,7 @@ def test_end_game_waits_for_a_slow_link_and_spares_the_seed(tmp_path: Path) -> N
     _holds(dl, b, {0})
     dl.todo = []
     # chunk 0 is on its way from b; chunk 1, which only the seed holds, from the seed
-    dl.inflight = {0: {"p2": None}, 1: {"p0": None}}  # type: ignore[dict-item]
+    dl.inflight = {0: {"p2": None}, 1: {"p0": None}}  # type: ignore[dict-item]  # None stands for a request in flight
     dl.chunk_seconds, dl.chunks_timed = 10.0, 2  # chunks take 5 s each here
     dl.started[0] = dl.started[1] = time.monotonic() - 6
     assert dl._pick_endgame(a) is None  # 6 s is not late when a chunk takes 5
@@ -152,7 +152,7 @@ def test_only_a_seed_with_unique_chunks_is_asked_if_idle(tmp_path: Path) -> None
             sink.write(origin.chunk_path(cid).read_bytes())
 
     for p in (seed, a):
-        p.source = Recording()  # type: ignore[assignment]
+        p.source = Recording()  # type: ignore[assignment]  # a recording stand-in
     _holds(dl, seed, set(range(N)))
     _holds(dl, a, {0, 1})
     asyncio.run(dl._fetch_one(seed, 5))  # 5 (and 2-4, 6, 7): only the seed has them

@@ -13,7 +13,7 @@ from tests.support.common import CLI
 from tests.support.swarm import line, run, runtime_nodes
 
 CHUNK = 64 * 1024
-SLOW_HEARTBEATS = {"heartbeat_interval": 5.0, "peer_timeout": 20.0}
+SLOW_HEARTBEATS: dict[str, Any] = {"heartbeat_interval": 5.0, "peer_timeout": 20.0}
 """These tests need no fast liveness; 0.5 s heartbeats on six in-process nodes slowed DHT provide
 records from ~3 s to over 30 s on the loaded 2-core test machine."""
 

@@ -10,6 +10,7 @@ import struct
 
 import pytest
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from intellect_node.blobs.server import send_deadline
 
@@ -21,7 +22,7 @@ def test_client_reset_mid_response_logs_no_error(caplog: pytest.LogCaptureFixtur
         done = asyncio.Event()
 
         @web.middleware
-        async def finished(request: web.Request, handler: web.Handler) -> web.StreamResponse:
+        async def finished(request: web.Request, handler: Handler) -> web.StreamResponse:
             try:
                 return await handler(request)
             finally:

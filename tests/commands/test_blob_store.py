@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from intellect_node.blobs.store import CHUNK_HASH
 from intellect_node.protocol.ids import cid_of
@@ -22,7 +23,7 @@ def _put(d: Path, src: Path) -> str:
     return r.stdout.strip().splitlines()[-1]
 
 
-def _ls(d: Path) -> dict[str, dict]:
+def _ls(d: Path) -> dict[str, dict[str, Any]]:
     r = invoke_cli("blob", "ls", "--data-dir", str(d), "--json")
     assert r.returncode == 0, r.stderr
     return {b["cid"]: b for b in map(json.loads, r.stdout.splitlines())}

@@ -141,7 +141,7 @@ def test_a_demo_that_cannot_learn_says_why(tmp_path: Path, capsys: pytest.Captur
     report = tmp_path / "report.json"
     capsys.readouterr()
     # One poll of the swarm, then the demo's timeout: no step comes.
-    code = run_headless(Ended(), steps=1, timeout=0.1, report=report)  # type: ignore[arg-type]
+    code = run_headless(Ended(), steps=1, timeout=0.1, report=report)  # type: ignore[arg-type]  # a stand-in for it
     err = capsys.readouterr().err
     assert code == 1, err[-4000:]
     doc = json.loads(report.read_text())
@@ -242,7 +242,7 @@ def test_demo_starts_again_when_its_trainer_port_is_taken(tmp_path: Path,
         for node in swarm.nodes[1:]:
             proc = node.proc
             assert proc is not None
-            wait_for(lambda p=proc: swarm.trainer.peer_id in p.status()["peers"], timeout=120,
+            wait_for(lambda: swarm.trainer.peer_id in proc.status()["peers"], timeout=120,
                      interval=0.5, what=f"{node.name} knows the trainer")
     finally:
         codes = swarm.stop()

@@ -5,10 +5,12 @@ apart from one where nothing listens, in what `join` logs and what `doctor` repo
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
 from intellect_node.commands import doctor
+from intellect_node.commands.checks import FAIL, OK, Check
 from intellect_node.p2p.swarm import Swarm
 from intellect_node.protocol.signing import SigningKey
 from tests.support.ports import free_port
@@ -22,7 +24,7 @@ STALE = "12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA"  # a peer ID nobo
 def test_doctor_tells_another_peer_id_from_a_host_that_is_down() -> None:
     down = free_port()
 
-    async def probe() -> tuple[str, list[doctor.Check]]:
+    async def probe() -> tuple[str, list[Check]]:
         async with swarm_nodes(1) as (target,):
             host_port = target.listen_addrs()[0].split("/p2p/")[0]
             wrong = f"{host_port}/p2p/{STALE}"
@@ -34,7 +36,7 @@ def test_doctor_tells_another_peer_id_from_a_host_that_is_down() -> None:
 
     real_id, checks = run(probe())
     boot = [c for c in checks if c.name == "bootstrap"]
-    assert [c.status for c in boot] == [doctor.FAIL, doctor.FAIL, doctor.OK], boot
+    assert [c.status for c in boot] == [FAIL, FAIL, OK], boot
     assert f"answered as {real_id}, expected {STALE}" in boot[0].detail
     assert boot[0].detail.startswith("127.0.0.1:") and "peer ID" in boot[0].fix
     assert boot[1].detail.startswith(f"127.0.0.1:{down}: connection refused"), boot[1]
@@ -58,7 +60,7 @@ def test_join_logs_the_cause_of_a_failed_bootstrap(caplog: pytest.LogCaptureFixt
     assert any(f"answered as {real_id}, expected {STALE}" in m for m in said), said
 
 
-def test_a_mistyped_environment_variable_names_the_one_that_works(tmp_path) -> None:
+def test_a_mistyped_environment_variable_names_the_one_that_works(tmp_path: Path) -> None:
     from intellect_node.config import load_config
     from intellect_node.errors import ConfigError
 
@@ -68,7 +70,7 @@ def test_a_mistyped_environment_variable_names_the_one_that_works(tmp_path) -> N
     assert load_config(None, environ={"INTELLECT_NODE_RUN__RUN_ID": "x"}, data_dir=tmp_path).run.run_id == "x"
 
 
-def test_model_eval_on_a_file_that_is_not_safetensors_is_a_message(tmp_path) -> None:
+def test_model_eval_on_a_file_that_is_not_safetensors_is_a_message(tmp_path: Path) -> None:
     from tests.support.cli import invoke_cli
 
     bad = tmp_path / "weights.bin"
@@ -96,7 +98,7 @@ def test_sweep_worker_and_coordinator_agree_on_the_default_run() -> None:
     from intellect_node.cli import app
     from intellect_node.commands.sweep import SWEEP_RUN_ID
 
-    sweep = typer.main.get_command(app).commands["sweep"]  # type: ignore[attr-defined]
+    sweep = typer.main.get_command(app).commands["sweep"]  # type: ignore[attr-defined]  # typer's group is a click Group
     defaults = {name: next(p.default for p in cmd.params if p.name == "run_id")
                 for name, cmd in sweep.commands.items() if name in ("worker", "polysemanticity")}
     assert defaults == {"worker": SWEEP_RUN_ID, "polysemanticity": SWEEP_RUN_ID}

@@ -41,7 +41,7 @@ def test_rollouts_doc_states_the_shipped_thresholds_and_their_sample_count() -> 
 def test_rollouts_doc_states_calibrates_defaults() -> None:
     from intellect_node.cli import app
 
-    proofs = typer.main.get_command(app).commands["proofs"]  # type: ignore[attr-defined]
+    proofs = typer.main.get_command(app).commands["proofs"]  # type: ignore[attr-defined]  # typer's group is a click Group
     params = {p.name: p.default for p in proofs.commands["calibrate"].params}
     assert f"[--n {params['n']}] [--batch-sizes {params['batch_sizes']}]" in _doc("rollouts.md")
 

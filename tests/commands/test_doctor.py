@@ -7,13 +7,17 @@ import os
 import socket
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from intellect_node.commands import doctor
+from intellect_node.commands.checks import FAIL, OK, SKIP, WARN
 from tests.support.cli import invoke_cli
 
 
-def _by_name(checks: list[dict]) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {}
+def _by_name(checks: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
     for c in checks:
         out.setdefault(c["name"], []).append(c)
     return out
@@ -31,7 +35,7 @@ def test_offline_checks_on_a_fresh_data_dir(data_dir: Path) -> None:
     bad = data_dir / "bad.toml"
     bad.write_text("[network]\nhttp_port = -1\n")
     cfg = doctor.run_checks(data_dir, config_file=bad, bootstrap=[], network=False)[0]
-    assert cfg.status == doctor.FAIL and "network.http_port" in cfg.detail
+    assert cfg.status == FAIL and "network.http_port" in cfg.detail
 
 
 def test_cli_text_and_json_and_exit_code(data_dir: Path) -> None:
@@ -50,10 +54,10 @@ def test_listen_port_in_use_is_reported(tmp_path: Path) -> None:
         s.listen(1)
         port = s.getsockname()[1]
         checks = doctor.check_listen([f"/ip4/127.0.0.1/tcp/{port}"], node_running=False)
-    fails = [c for c in checks if c.status == doctor.FAIL]
+    fails = [c for c in checks if c.status == FAIL]
     assert fails and "ss -ltnp" in fails[0].fix and str(port) in fails[0].detail
-    assert all(c.status != doctor.FAIL for c in doctor.check_listen(["/ip4/127.0.0.1/tcp/0"], False))
-    assert doctor.check_listen(["/ip4/0.0.0.0/tcp/0"], False)[0].status == doctor.WARN
+    assert all(c.status != FAIL for c in doctor.check_listen(["/ip4/127.0.0.1/tcp/0"], False))
+    assert doctor.check_listen(["/ip4/0.0.0.0/tcp/0"], False)[0].status == WARN
 
 
 def test_model_dtype_and_thresholds(tmp_path: Path) -> None:
@@ -63,38 +67,38 @@ def test_model_dtype_and_thresholds(tmp_path: Path) -> None:
         (m / f).write_bytes(b"x")
     (m / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "float32"}))
     checks = doctor.check_model(str(m), "float32")
-    assert checks[0].status == doctor.OK and "stored float32" in checks[0].detail
-    assert checks[1].status == doctor.WARN and "calibrate" in checks[1].fix
+    assert checks[0].status == OK and "stored float32" in checks[0].detail
+    assert checks[1].status == WARN and "calibrate" in checks[1].fix
     (m / "proof_thresholds.json").write_text(
         json.dumps({"float32": {"exp_mismatches": 2, "mant_err_mean": 0.5}}))
     assert "exp_mismatches 2" in doctor.check_model(str(m), "float32")[1].detail
     wrong = doctor.check_model(str(m), "bfloat16")[1]
-    assert wrong.status == doctor.FAIL and "bfloat16" in wrong.detail
+    assert wrong.status == FAIL and "bfloat16" in wrong.detail
     missing = doctor.check_model(str(tmp_path / "nope"), "float32")[0]
-    assert missing.status == doctor.FAIL and "model folder" in missing.detail
+    assert missing.status == FAIL and "model folder" in missing.detail
 
 
-def test_disk_space_thresholds(tmp_path: Path, monkeypatch) -> None:
+def test_disk_space_thresholds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
     from collections import namedtuple
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, 512 << 20))
-    assert doctor.check_data_dir(tmp_path)[1].status == doctor.FAIL
+    assert doctor.check_data_dir(tmp_path)[1].status == FAIL
     monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(0, 0, 5 << 30))
-    assert doctor.check_data_dir(tmp_path)[1].status == doctor.WARN
+    assert doctor.check_data_dir(tmp_path)[1].status == WARN
 
 
 def test_reachability_from_a_running_nodes_status() -> None:
-    def status(reach: str, peers: int = 3) -> dict:
+    def status(reach: str, peers: int = 3) -> dict[str, Any]:
         return {"peer_id": "12D3KooWX", "peers": ["p"] * peers,
                 "snapshot": {"role": "worker", "reachability": {"status": reach, "relay": "R", "detail": ""}}}
 
-    assert doctor.check_running(status("public"))[1].status == doctor.OK
+    assert doctor.check_running(status("public"))[1].status == OK
     private = doctor.check_running(status("private"))[1]
-    assert private.status == doctor.FAIL and "forward" in private.fix
-    assert doctor.check_running(status("relayed"))[1].status == doctor.WARN
-    assert doctor.check_running(status("unknown", peers=0))[1].status == doctor.SKIP
+    assert private.status == FAIL and "forward" in private.fix
+    assert doctor.check_running(status("relayed"))[1].status == WARN
+    assert doctor.check_running(status("unknown", peers=0))[1].status == SKIP
 
 
 def test_beside_a_running_node_it_reports_the_nodes_real_listen_addresses(tmp_path: Path) -> None:

@@ -36,7 +36,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _hf(path: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
+    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    return model.eval()
 
 
 @pytest.mark.parametrize("name", [*FAMILIES, "qwen3-untied"])

@@ -20,7 +20,8 @@ HB = ["--heartbeat-interval", "0.5", "--peer-timeout", "2"]
 
 def _get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=5) as resp:
-        return resp.read()
+        body: bytes = resp.read()
+        return body
 
 
 def _peers_metric(metrics_url: str) -> float:

@@ -58,8 +58,8 @@ def test_stop_logs_follow_and_not_running(tmp_path: Path) -> None:
         assert json.loads(raw.stdout)["level"]
 
         out = tmp_path / "follow.txt"
-        follower = _follower("--data-dir", str(d), "-n", "0", out=out)
-        wait_for(lambda: follower.poll() is None and out.exists(), 10, what="the follower started")
+        follower = started = _follower("--data-dir", str(d), "-n", "0", out=out)
+        wait_for(lambda: started.poll() is None and out.exists(), 10, what="the follower started")
 
         r = invoke_cli("stop", "--data-dir", str(d))
         assert r.returncode == 0, r.stderr

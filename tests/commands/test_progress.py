@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from intellect_node.commands.progress import Progress
 from intellect_node.node import control
@@ -27,12 +28,12 @@ EVERY_UPDATE = {"INTELLECT_NODE_PROGRESS_INTERVAL": "0"}
 """A line for every update: the test sees each step, not whichever ones a period let through."""
 
 
-def progress_lines(stderr: str) -> list[dict]:
+def progress_lines(stderr: str) -> list[dict[str, Any]]:
     return [rec for line in stderr.splitlines() if line.startswith("{")
             if "progress" in (rec := json.loads(line))]
 
 
-def phases(lines: list[dict]) -> list[str]:
+def phases(lines: list[dict[str, Any]]) -> list[str]:
     """The phases in order, each once."""
     out: list[str] = []
     for rec in lines:
@@ -41,7 +42,7 @@ def phases(lines: list[dict]) -> list[str]:
     return out
 
 
-def counts(lines: list[dict], phase: str) -> list[float]:
+def counts(lines: list[dict[str, Any]], phase: str) -> list[float]:
     return [rec["done"] for rec in lines if rec["phase"] == phase]
 
 
@@ -137,7 +138,8 @@ def test_an_interrupted_get_leaves_no_traceback_at_error_in_the_node_log(tmp_pat
 
 def _fetching(d: Path) -> list[str]:
     """The blobs the node is fetching (its control API: a blob with no manifest yet is in no listing)."""
-    return control.request(d, "GET", "/v1/blob/ls")["fetching"]
+    fetching: list[str] = control.request(d, "GET", "/v1/blob/ls")["fetching"]
+    return fetching
 
 
 def _node_log(d: Path) -> str:

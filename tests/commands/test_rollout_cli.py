@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 import msgspec
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from intellect_node.cli import app
 from intellect_node.envs.tasks import embedded_task
@@ -22,7 +22,7 @@ from tests.support.cli import invoke_cli
 from tests.support.rollouts import random_model, resign
 
 
-def invoke(*args: str):  # type: ignore[no-untyped-def]
+def invoke(*args: str) -> Result:
     return CliRunner().invoke(app, list(args))
 
 
@@ -55,8 +55,8 @@ def test_export_generate_verify_and_reject(tmp_path: Path) -> None:
     assert f"rejected {bad[4].rollout_id} logprob" in r.stdout
     assert "4/6 rollouts valid" in r.stdout
 
-    r = invoke("rollout", "verify", str(out), "--policy-version", "7")
-    assert r.exit_code == 1 and r.stdout.count("policy_version") == 6
+    res = invoke("rollout", "verify", str(out), "--policy-version", "7")
+    assert res.exit_code == 1 and res.stdout.count("policy_version") == 6
 
 
 def test_calibration_and_another_models_rollouts(tmp_path: Path) -> None:
@@ -102,5 +102,5 @@ def test_operator_and_file_errors(tmp_path: Path) -> None:
     assert "dtype" in config_error("rollout", "generate", "--n", "1", "--out", "z", "--dtype", "float8")
     assert "--batch-sizes" in config_error("proofs", "calibrate", "--batch-sizes", "0")
     # the console script turns a ConfigError into exit code 2 with the message on stderr
-    r = invoke_cli("rollout", "generate", "--n", "0", "--out", str(tmp_path / "x"))
-    assert r.returncode == 2 and "--n" in r.stderr
+    proc = invoke_cli("rollout", "generate", "--n", "0", "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2 and "--n" in proc.stderr

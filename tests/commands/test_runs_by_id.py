@@ -33,12 +33,12 @@ def test_listings_that_disagree_about_a_run_id_need_organiser() -> None:
     # Only the hostile manifest was fetched (the honest one left out by the lookup's limits): still refused.
     refused = r"--run r1: the peers' listings name 2 manifests.*--organiser"
     with pytest.raises(ConfigError, match=refused) as e:
-        _pick_by_id("r1", None, [HOSTILE], claims, 0)  # type: ignore[list-item]
+        _pick_by_id("r1", None, [HOSTILE], claims, 0)
     assert e.value.field == "--organiser"
-    pinned = _pick_by_id("r1", "12D3KooWorg", [HONEST, HOSTILE], claims, 0)  # type: ignore[list-item]
+    pinned = _pick_by_id("r1", "12D3KooWorg", [HONEST, HOSTILE], claims, 0)
     assert pinned == "bafkreihonest"
 
 
 def test_listings_that_agree_need_no_organiser() -> None:
     claims = {"r1": {"bafkreihonest"}, "r2": {"x", "y"}}
-    assert _pick_by_id("r1", None, [HONEST], claims, 0) == "bafkreihonest"  # type: ignore[list-item]
+    assert _pick_by_id("r1", None, [HONEST], claims, 0) == "bafkreihonest"

@@ -17,12 +17,12 @@ def _row(**over: object) -> dict[str, object]:
 
 def test_terminal_controls_in_a_manifest_do_not_reach_the_table() -> None:
     hostile = "evil\x1b[2J\x9b31m\u202egnp.exe\u200b\x07"
-    out = render([_row(model=hostile, env=hostile, run_id=hostile)])  # type: ignore[list-item]
+    out = render([_row(model=hostile, env=hostile, run_id=hostile)])
     for ch in ("\x1b", "\x9b", "\u202e", "\u200b", "\x07"):
         assert ch not in out
     assert "evil" in out and "gnp.exe" in out
 
 
 def test_a_role_name_from_a_listing_is_cleaned_too() -> None:
-    out = render([_row(nodes={"wor\x1b]0;title\x07ker": 2})])  # type: ignore[list-item]
+    out = render([_row(nodes={"wor\x1b]0;title\x07ker": 2})])
     assert "\x1b" not in out and "\x07" not in out

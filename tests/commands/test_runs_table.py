@@ -20,10 +20,11 @@ def test_the_table_has_a_row_per_run_with_unknowns_as_dashes() -> None:
             {"run_id": "other", "model": "m", "env": "add3", "organiser": "12D3KooWzzzzzzzz87654321",
              "cid": "bafkreiother", "nodes": {}, "policy_version": -1, "step": -1, "age_s": 30}]
     lines = render(rows).splitlines()
-    assert lines[0].split() == ["RUN", "MODEL", "ENV", "ORGANISER", "CID", "NODES", "VERSION", "STEP", "AGE"]
+    assert lines[0].split() == ["RUN", "MODEL", "ENV", "ORGANISER", "CID", "NODES", "VERSION", "STEP",
+                                "HELD-OUT", "AGE"]
     assert lines[1].split() == ["qwen3-cid", "qwen3", "reasoning_gym:chain_sum", "12345678", "bafkreiexample",
-                                "trainer=1", "worker=3", "7", "7", "66m"]
-    assert lines[2].split() == ["other", "m", "add3", "87654321", "bafkreiother", "-", "-", "-", "30s"]
+                                "trainer=1", "worker=3", "7", "7", "-", "66m"]
+    assert lines[2].split() == ["other", "m", "add3", "87654321", "bafkreiother", "-", "-", "-", "-", "30s"]
 
 
 def test_without_a_peer_to_ask_it_names_the_flag(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> None:
     wheel = next(dist.glob("intellect_node-*.whl"))
 
     venv = tmp_path / "venv"
-    _run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, env)  # type: ignore[attr-defined]
+    _run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, env)  # type: ignore[attr-defined]  # CPython's, not in typeshed
     py = venv / "bin" / "python"
     site = Path(_run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                      tmp_path, env).strip())

@@ -5,6 +5,7 @@ validator with other environment settings does not score the worker's problems a
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -27,7 +28,7 @@ torch.set_num_threads(1)
 SAMPLING = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=48)
 WORKER = SigningKey(bytes(range(32)))
 CID = checkpoint_cid(embedded_model_dir())
-ENV = dict(env="reasoning_gym:chain_sum", env_args={"seed": 1, "size": 100, "max_digits": 2})
+ENV: dict[str, Any] = dict(env="reasoning_gym:chain_sum", env_args={"seed": 1, "size": 100, "max_digits": 2})
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +38,13 @@ def engine() -> TorchEngine:
 
 @pytest.fixture(scope="module")
 def task() -> Task:
-    return build_task(**ENV)  # type: ignore[arg-type]
+    return build_task(**ENV)
 
 
-def verifier(engine: TorchEngine, **kw: object) -> Verifier:
+def verifier(engine: TorchEngine, **kw: Any) -> Verifier:
     return Verifier(engine, load_thresholds(engine.loaded.path, "float32"),
                     Expectations(run_id="run", policy_version=0, checkpoint_cid=CID, temperature=1.0,
-                                 top_p=1.0, max_new_tokens=48), **kw)  # type: ignore[arg-type]
+                                 top_p=1.0, max_new_tokens=48), **kw)
 
 
 @pytest.fixture(scope="module")

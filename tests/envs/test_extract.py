@@ -82,5 +82,5 @@ def test_length_limit_is_in_characters() -> None:
 ])
 def test_bad_settings_name_the_field(kwargs: dict[str, object], field: str) -> None:
     with pytest.raises(ConfigError) as info:
-        Extraction(**kwargs)  # type: ignore[arg-type]
+        Extraction(**kwargs)  # type: ignore[arg-type]  # keyword arguments from a table
     assert info.value.field == field

@@ -127,7 +127,7 @@ def test_bad_settings_name_the_field(tmp_path: Path) -> None:
     from intellect_node.config.status import StatusBoard
     from intellect_node.roles.validator.evals import Evaluations
 
-    assert not Evaluations(off, None, StatusBoard(role="validator"), tmp_path,  # type: ignore[arg-type]
+    assert not Evaluations(off, None, StatusBoard(role="validator"), tmp_path,  # type: ignore[arg-type]  # a stand-in for it
                            lambda v: None).evaluate
     with pytest.raises(ConfigError, match="validator.eval_recheck_fraction"):
         build_config({"validator": {"eval_recheck_fraction": 1.5}})

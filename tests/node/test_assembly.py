@@ -11,6 +11,7 @@ import pytest
 from intellect_node.config import build_config
 from intellect_node.errors import ConfigError
 from intellect_node.node.assembly import build_node, sweep_worker_node
+from intellect_node.node.runtime import NodeRuntime
 from intellect_node.roles.common.services import blob_service, ledger_of
 from intellect_node.roles.sweep import SweepWorker
 from tests.support.swarm import run
@@ -36,6 +37,10 @@ def _cfg(metrics: bool) -> Any:
                         run={"run_id": "assembly"}, metrics={"enabled": metrics})
 
 
+def _names(rt: NodeRuntime) -> list[str]:
+    return [s.name for s in rt.services]  # type: ignore[attr-defined]  # ours all have one; NodeService asks none
+
+
 def test_a_joined_node_runs_the_common_services_in_order_then_the_rest(tmp_path: Path) -> None:
     async def main() -> None:
         rt = build_node(_cfg(metrics=True), tmp_path / "a", services=[Extra], labels=["worker"])
@@ -43,7 +48,7 @@ def test_a_joined_node_runs_the_common_services_in_order_then_the_rest(tmp_path:
         try:
             # The ledger first (it closes last, after the roles that record in it); NAT before blobs; the
             # runs it lists after the blobs it serves them from; the audit watch before the roles that ask it.
-            assert [s.name for s in rt.services] == ["ledger", "metrics", "nat", "blobs", "runs", "audits",
+            assert _names(rt) == ["ledger", "metrics", "nat", "blobs", "runs", "audits",
                                                      "extra"]
             assert rt.board.snapshot().role == "worker"
             # What a role finds beside it, by class (roles/common/services.py).
@@ -55,7 +60,7 @@ def test_a_joined_node_runs_the_common_services_in_order_then_the_rest(tmp_path:
         rt = build_node(_cfg(metrics=False), tmp_path / "b")
         await rt.start()
         try:
-            assert [s.name for s in rt.services] == ["ledger", "nat", "blobs", "runs", "audits"]
+            assert _names(rt) == ["ledger", "nat", "blobs", "runs", "audits"]
             assert rt.service(Extra) is None
         finally:
             await rt.stop()
@@ -68,8 +73,8 @@ def test_a_sweep_worker_runs_only_its_sweep_service(tmp_path: Path) -> None:
         rt = sweep_worker_node(_cfg(metrics=False), tmp_path / "w", coordinators={"12D3KooWexample"})
         await rt.start()
         try:
-            assert [s.name for s in rt.services] == ["sweep_worker"]
-            assert rt.services[0].coordinators == {"12D3KooWexample"}  # type: ignore[attr-defined]
+            assert _names(rt) == ["sweep_worker"]
+            assert rt.services[0].coordinators == {"12D3KooWexample"}  # type: ignore[attr-defined]  # the sweep worker's service
             assert rt.board.snapshot().role == "sweep-worker"
         finally:
             await rt.stop()

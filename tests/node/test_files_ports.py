@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from intellect_node.commands import checks
 from intellect_node.config.ledger import Ledger
 from intellect_node.errors import ConfigError
 from intellect_node.fsutil import ensure_private_file
@@ -35,7 +36,8 @@ def mode(path: Path) -> int:
 
 # -- modes, in process ----------------------------------------------------------------------------
 
-def test_data_dir_is_created_private_and_a_loose_one_is_tightened(tmp_path: Path, caplog) -> None:
+def test_data_dir_is_created_private_and_a_loose_one_is_tightened(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
     old = os.umask(0)  # even with no umask the dir is not created readable by others
     try:
         fresh = ensure_data_dir(tmp_path / "a" / "node")
@@ -233,9 +235,9 @@ def test_doctor_reports_loose_modes(tmp_path: Path) -> None:
     (d / "node.log").write_text("x")
     (d / "node.log").chmod(0o644)
     check = doctor.check_private(d)
-    assert check.status == doctor.WARN and "mode 755" in check.detail and "node.log" in check.detail
+    assert check.status == checks.WARN and "mode 755" in check.detail and "node.log" in check.detail
     assert "chmod 700" in check.fix
     ensure_data_dir(d)
     ensure_private_file(d / "node.log")
-    assert doctor.check_private(d).status == doctor.OK
+    assert doctor.check_private(d).status == checks.OK
     assert doctor.check_data_dir(d)[-1].name == "file modes"

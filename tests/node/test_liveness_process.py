@@ -31,7 +31,8 @@ LAUNCHER = str(REPO / "tests" / "support" / "liveness.py")
 def _status(data_dir: Path) -> dict[str, Any]:
     from intellect_node.node import control
 
-    return control.request(data_dir, "GET", "/v1/status", timeout=5.0)
+    status: dict[str, Any] = control.request(data_dir, "GET", "/v1/status", timeout=5.0)
+    return status
 
 
 def _try_status(data_dir: Path) -> dict[str, Any] | None:
@@ -59,12 +60,14 @@ def test_libp2p_restart_is_reported_and_an_unrestorable_one_exits_75(tmp_path: P
                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         st = wait_for(lambda: (d / "control.json").exists() and _try_status(d), 60, what="node up")
+        assert st  # wait_for's value is the predicate's, truthy: the status
         assert st["health"]["state"] in ("running", "degraded") and st["health"]["restarts"] == {}
 
         # 1. libp2p's thread dies; the node restarts it on the same port and says so everywhere
         proc.send_signal(signal.SIGUSR2)
         st = wait_for(lambda: (s := _try_status(d)) and s["health"]["restarts"].get("libp2p") == 1 and s,
                       30, what="libp2p restarted")
+        assert st
         assert st["listen_addrs"][0].startswith(f"/ip4/127.0.0.1/tcp/{port}/p2p/")
         out = subprocess.run([CLI, "status", "--data-dir", str(d), "--json"], capture_output=True, text=True,
                              timeout=60)
@@ -87,6 +90,7 @@ def test_libp2p_restart_is_reported_and_an_unrestorable_one_exits_75(tmp_path: P
         st = wait_for(lambda: (s := _try_status(d)) and s["health"]["state"] == "degraded"
                       and any("libp2p restarting" in r for r in s["health"]["reasons"]) and s,
                       15, what="degraded while restarting")
+        assert st
         assert st["snapshot"]["state"] == "degraded" and st["snapshot"]["healthy"] is False
         m = _metrics(st["metrics"]["metrics"])
         assert m[("intellect_node_healthy", ())] == 0

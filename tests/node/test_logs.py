@@ -8,6 +8,7 @@ import io
 import json
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -29,8 +30,11 @@ class Clock:
         return self.t
 
 
+LogLines = tuple[io.StringIO, Clock]  # the log stream and the gate's clock
+
+
 @pytest.fixture
-def log_lines() -> Iterator[tuple[io.StringIO, Clock]]:
+def log_lines() -> Iterator[LogLines]:
     out = io.StringIO()
     clock = Clock()
     setup_logging(level="INFO", json_lines=True, stream=out)
@@ -49,10 +53,10 @@ def _reset() -> None:
     lib.handlers.clear()
     lib.propagate = True
     lib.setLevel(logging.ERROR)
-    del lib.intellect_node_gate  # type: ignore[attr-defined]
+    del lib.intellect_node_gate  # type: ignore[attr-defined]  # our attribute on logging's Logger
 
 
-def _docs(out: io.StringIO) -> list[dict]:
+def _docs(out: io.StringIO) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in out.getvalue().splitlines() if ln.strip()]
 
 
@@ -61,7 +65,7 @@ def _refused(port: int) -> OSError:
     return OSError(f"all attempts to connect to 127.0.0.1:{port} failed")
 
 
-def test_a_burst_of_dial_failures_is_one_info_line_per_peer_per_interval(log_lines) -> None:
+def test_a_burst_of_dial_failures_is_one_info_line_per_peer_per_interval(log_lines: LogLines) -> None:
     out, clock = log_lines
     tcp = logging.getLogger(TCP)
     for _ in range(48):
@@ -79,7 +83,7 @@ def test_a_burst_of_dial_failures_is_one_info_line_per_peer_per_interval(log_lin
     assert last["msg"].startswith("peer at 127.0.0.1:4001 unreachable") and "(47 more since)" in last["msg"]
 
 
-def test_handshake_failures_name_the_peer_and_other_errors_are_rate_limited(log_lines) -> None:
+def test_handshake_failures_name_the_peer_and_other_errors_are_rate_limited(log_lines: LogLines) -> None:
     out, clock = log_lines
     sw = logging.getLogger(SWARM)
     peer = "12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA"
@@ -108,7 +112,7 @@ def test_debug_level_passes_everything_unchanged() -> None:
         _reset()
 
 
-def test_a_real_failed_dial_logs_one_line_and_the_error_names_the_cause(log_lines) -> None:
+def test_a_real_failed_dial_logs_one_line_and_the_error_names_the_cause(log_lines: LogLines) -> None:
     out, _clock = log_lines
 
     async def dial() -> str:

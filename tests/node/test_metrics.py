@@ -28,7 +28,7 @@ async def _scrape(board: StatusBoard, path: str = "/metrics") -> tuple[str, str]
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # a started site has its server
     try:
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{port}{path}") as resp:
@@ -144,7 +144,8 @@ def test_gossip_not_delivered_is_exported_by_outcome() -> None:
     name = "intellect_node_gossip_undelivered_total"
     assert {k[1][0][1]: v for k, v in samples.items() if k[0] == name} == \
         {"refused": 2, "ignored_stale": 100, "ignored_repeat": 3}
-    assert board.snapshot().to_dict()["peers"]["gossip_ignored_stale"] == 100
+    peers = board.snapshot().to_dict()["peers"]
+    assert isinstance(peers, dict) and peers["gossip_ignored_stale"] == 100
 
 
 def test_the_last_step_sizes_are_exported_once_a_step_trained() -> None:

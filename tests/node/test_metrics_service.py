@@ -9,18 +9,20 @@ import json
 import re
 import socket
 import urllib.request
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from intellect_node.config import build_config
+from intellect_node.config.status import StatusBoard
 from intellect_node.errors import ConfigError
 from intellect_node.node.metrics import DEFAULT_PORT, MetricsService
 from tests.support.common import REPO
 from tests.support.operator_node import FakeClock, busy_board
 
 
-def _scrape_names(board, **kw) -> tuple[set[str], str]:
+def _scrape_names(board: StatusBoard, **kw: Any) -> tuple[set[str], str]:
     async def go() -> tuple[set[str], str]:
         svc = MetricsService(board, port=0, **kw)
         await svc.start()

@@ -7,8 +7,9 @@ import json
 import logging
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from aiohttp import web
@@ -105,7 +106,10 @@ def test_runtime_services_control_api_and_heartbeat_roles(tmp_path: Path) -> Non
     run(main(), 90)
 
 
-async def _ato(fn: Any) -> Any:
+T = TypeVar("T")
+
+
+async def _ato(fn: Callable[[], T]) -> T:
     import asyncio
 
     return await asyncio.to_thread(fn)

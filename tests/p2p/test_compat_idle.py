@@ -203,11 +203,11 @@ def _duplicates_scenario(filter_fn: Any) -> tuple[int, int]:
             return sum(t == nodes[1].peer_id for t in tasks), got.count(b"once")
 
     stock = Pubsub._is_subscribed_to_msg
-    Pubsub._is_subscribed_to_msg = filter_fn  # type: ignore[method-assign]
+    Pubsub._is_subscribed_to_msg = filter_fn  # type: ignore[method-assign]  # patched for this test
     try:
         return run(main(), 60)
     finally:
-        Pubsub._is_subscribed_to_msg = stock  # type: ignore[method-assign]
+        Pubsub._is_subscribed_to_msg = stock  # type: ignore[method-assign]  # restored / wrapped as above
 
 
 def test_stock_pubsub_starts_a_task_for_every_copy_of_a_message() -> None:

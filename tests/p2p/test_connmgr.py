@@ -226,8 +226,10 @@ def test_a_hub_trims_to_low_keeps_protected_peers_and_gossip_reaches_everyone() 
             got: dict[str, list[bytes]] = {n.peer_id: [] for n in nodes}
             for n in nodes:
                 if n.peer_id != outsider:  # the outsider never joins the topic: it is in no mesh
-                    n.subscribe(TOPIC, lambda data, origin: data,
-                                lambda msg, origin, me=n.peer_id: got[me].append(msg))
+                    def deliver(msg: bytes, origin: str, me: str = n.peer_id) -> None:
+                        got[me].append(msg)
+
+                    n.subscribe(TOPIC, lambda data, origin: data, deliver)
             await hub.bridge.call(_serve_slow_chunks, hub.p2p)
             # The hub holds a reservation on ``relay``: it advertises a circuit address through it, as
             # the NAT service does (nat.relay.advertise_circuit_addrs).
@@ -358,7 +360,7 @@ def test_a_blob_fetch_protects_its_providers_until_it_ends(tmp_path: Any) -> Non
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]  # a started site has its server
         provider = origin.key.peer_id
         mgr = ConnManager()
 
@@ -399,8 +401,10 @@ def test_joiners_of_one_bootstrap_peer_find_each_other_and_survive_its_trim() ->
             boot, joiners = nodes[0], nodes[1:]
             got: dict[str, list[bytes]] = {n.peer_id: [] for n in nodes}
             for n in nodes:
-                n.subscribe(TOPIC, lambda data, origin: data,
-                            lambda msg, origin, me=n.peer_id: got[me].append(msg))
+                def deliver(msg: bytes, origin: str, me: str = n.peer_id) -> None:
+                    got[me].append(msg)
+
+                n.subscribe(TOPIC, lambda data, origin: data, deliver)
             for n in joiners:  # one after the other, as nodes join
                 assert await n.bootstrap(boot.listen_addrs()[:1]) == [boot.peer_id]
             # Trimmed (3 closed: 5 joiners down to low). A joiner left below its own low may dial the

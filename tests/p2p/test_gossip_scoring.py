@@ -53,7 +53,7 @@ def test_stock_adaptive_gossip_slows_the_heartbeat_of_a_healthy_mesh() -> None:
 
 
 def _with_subscribers(router: GossipSub, peers: list[ID]) -> None:
-    router.pubsub = SimpleNamespace(peer_topics={TOPIC: set(peers)})  # type: ignore[assignment]
+    router.pubsub = SimpleNamespace(peer_topics={TOPIC: set(peers)})  # type: ignore[assignment]  # a stand-in pubsub
     for p in peers:
         router.peer_protocol[p] = PROTOCOL_ID_V12
 
@@ -68,6 +68,7 @@ def test_stock_mesh_heartbeat_keeps_a_negative_score_peer() -> None:
                                     lambda p, t, _s: pruned.append((p, t)))
         _with_subscribers(router, [*honest, bad])
         router.mesh[TOPIC] = {*honest, bad}
+        assert router.scorer is not None
         for _ in range(50):
             router.scorer.on_invalid_message(bad, TOPIC)
         assert router.scorer.score(bad, [TOPIC]) == -500
@@ -98,7 +99,8 @@ def test_stock_router_answers_a_graylisted_peers_iwant() -> None:
     for patched in (False, True):
         router = _router(score_params=gossip_params.score_params(), adaptive_gossip_enabled=False)
         _with_subscribers(router, [honest, bad])
-        router.pubsub.topic_ids = {TOPIC: None}.keys()  # type: ignore[attr-defined]  (what we subscribe)
+        # the stand-in pubsub's topics (what we subscribe); Pubsub's own is a read-only property
+        router.pubsub.topic_ids = {TOPIC: None}.keys()  # type: ignore[union-attr, misc]  # see above
         handled: list[tuple[str, ID]] = []
 
         def recorder(kind: str) -> Any:
@@ -106,8 +108,9 @@ def test_stock_router_answers_a_graylisted_peers_iwant() -> None:
                 handled.append((kind, sender))
             return handle
 
-        router.handle_ihave = recorder("ihave")  # type: ignore[method-assign]
-        router.handle_iwant = recorder("iwant")  # type: ignore[method-assign]
+        router.handle_ihave = recorder("ihave")  # type: ignore[method-assign]  # patched for this test
+        router.handle_iwant = recorder("iwant")  # type: ignore[method-assign]  # patched for this test
+        assert router.scorer is not None
         for _ in range(SENT):
             router.scorer.on_invalid_message(bad, TOPIC)
         assert router.scorer.is_graylisted(bad, [TOPIC]) and not router.scorer.is_graylisted(honest, [TOPIC])

@@ -454,7 +454,8 @@ def test_the_drain_reads_an_unknown_streams_body_in_pieces_and_nothing_after_it(
 
     class Reader:  # the read interface of a secured connection, over a real in-memory trio stream
         def __init__(self, stream: Any) -> None:
-            self.stream, self.sizes = stream, []
+            self.stream = stream
+            self.sizes: list[int] = []
             self._intellect_yamux_header = yamux_frame(0, 0, 7, length)
 
         async def read(self, n: int) -> bytes:
@@ -465,7 +466,8 @@ def test_the_drain_reads_an_unknown_streams_body_in_pieces_and_nothing_after_it(
         send, receive = memory_stream_pair()
         reader = Reader(receive)
         await send.send_all(bytes(length) + b"next")
-        got = await compat._read_body_within_window(SimpleNamespace(secured_conn=reader, streams={}), length)
+        muxer: Any = SimpleNamespace(secured_conn=reader, streams={})  # what the read asks of a Yamux
+        got = await compat._read_body_within_window(muxer, length)
         return got, reader.sizes, bytes(await receive.receive_some(4))
 
     got, sizes, rest = trio.run(main)

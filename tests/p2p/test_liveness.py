@@ -85,9 +85,13 @@ async def _local_providers(p2p: Any, cid: str) -> list[str]:
 def test_libp2p_failures_are_restarted_resubscribed_and_reported(tmp_path: Path, fault: str) -> None:
     made: list[Reattach] = []
 
+    def reattach(rt: Any) -> Reattach:
+        made.append(Reattach(rt))
+        return made[-1]
+
     async def main() -> None:
         async with runtime_nodes(tmp_path, 2, line(2), heartbeat_interval=1.0,
-                                 services=[lambda rt: made.append(Reattach(rt)) or made[-1]]) as (a, b):
+                                 services=[reattach]) as (a, b):
             got_a: list[bytes] = []
             got_b: list[bytes] = []
             a.swarm.subscribe(TOPIC, lambda d, o: d, lambda m, o: got_a.append(m))

@@ -69,7 +69,8 @@ class Node:
                                {"Authorization": f"Bearer {ctl['token']}"}, timeout=10.0)
         except (OSError, ValueError, KeyError):  # not up yet, or between writes
             return {}
-        return json.loads(body)
+        status: dict[str, Any] = json.loads(body)
+        return status
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +112,7 @@ def test_reachability_relays_gossip_and_blobs_behind_nat(nodes: dict[str, Node],
                       and s["snapshot"]["reachability"]["status"] == "relayed" and s, 150,
                       what=f"{n.name} to hold two relay reservations and advertise only circuit addresses",
                       interval=0.5)
+        assert st
         r = nat(st)
         assert r["reachability"] == "PRIVATE", r
         assert f"forward TCP port {PORT}" in r["fix"] and "a relay is used" in r["fix"]

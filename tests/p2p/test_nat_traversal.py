@@ -64,6 +64,7 @@ def test_private_hosts_find_relays_through_the_dht_reserve_two_and_renew(net: Ne
     for a in net.privs:
         held = wait_for(lambda: (r := relays_of(a)) and len(r) >= 2 and r, 60,
                         what=f"{a.name} to hold 2 reservations", interval=0.25)
+        assert held  # wait_for's value is the predicate's, truthy: the relays held
         assert set(held) <= relay_ids, "reservations are made with relays only"
         st = a.call("relay_state")
         # What the node advertises: circuit addresses through its relays, not its unreachable LAN address.
@@ -141,9 +142,9 @@ def test_port_randomising_nat_keeps_the_relay_as_the_path_within_its_byte_limit(
     assert priv0.call("echo", peer=priv2.peer_id, size=1024)["kinds"] == ["relayed"]
     # A public peer is reached directly: the private node dials out to it (DCUtR's unilateral upgrade).
     pub0.call("dial", addrs=circuits[:1])
-    assert "direct" in wait_for(lambda: (k := pub0.call("conns", peer=priv2.peer_id)["kinds"]) and
-                                "direct" in k and k, 30, what="priv2 to connect directly to public pub0",
-                                interval=0.25)
+    kinds = wait_for(lambda: (k := pub0.call("conns", peer=priv2.peer_id)["kinds"]) and "direct" in k and k,
+                     30, what="priv2 to connect directly to public pub0", interval=0.25)
+    assert kinds and "direct" in kinds
 
 
 def test_relay_that_dies_is_replaced_within_bounded_time(net: Net) -> None:

@@ -63,6 +63,8 @@ def test_chunk_stream_messages_decode_strictly(data: bytes) -> None:
 
 
 class _Conn:
+    """What the relay budget reads of a muxed connection (libp2p's IMuxedConn): its addresses."""
+
     def __init__(self, addr: str) -> None:
         self.addr = addr
 
@@ -72,7 +74,9 @@ class _Conn:
 
 def test_relay_budget_is_three_quarters_of_the_known_limit_and_128k_when_unknown() -> None:
     relay = "12D3KooWLPq2K2XR348udqwMRu1Ep3HrvUJMCjUcUAbxRsxNVenp"
-    srv = chunk_stream.ChunkStreamServer(None, None, relay_limits=lambda r: 4 << 20 if r == relay else None)
+    # The budget needs neither a host nor a chunk source; the connections are _Conn stand-ins.
+    srv: Any = chunk_stream.ChunkStreamServer(None, None,  # type: ignore[arg-type]  # needs neither
+                                              relay_limits=lambda r: 4 << 20 if r == relay else None)
     relayed = _Conn(f"/p2p/{relay}/p2p-circuit/p2p/12D3KooWSeyV2Z8qh4kpc2MhzrYkRqxrYrNTZ9FGaw1hPGtW1MhD")
     assert srv.budget_left(relayed) == 3 << 20
     other = _Conn("/p2p/12D3KooWJonFBTWvYjixNLtsGgQFe3nrQfJF2uXCe6WVaMBAkRBj/p2p-circuit/p2p/x")
@@ -246,7 +250,7 @@ def test_items_held_by_readers_that_do_not_read_are_counted_and_bounded(
     monkeypatch.setattr(chunk_stream, "MAX_SERVING_BYTES", 2 * len(big))
 
     async def main() -> None:
-        server = chunk_stream.ChunkStreamServer(None, lookup)  # type: ignore[arg-type]
+        server = chunk_stream.ChunkStreamServer(None, lookup)  # type: ignore[arg-type]  # a stand-in for it
         unblock = trio.Event()
         streams = [_StalledStream(f"peer-{i}", cid, unblock) for i in range(3)]
         async with trio.open_nursery() as nursery:
@@ -296,6 +300,7 @@ def test_node_runtime_serves_a_blob_to_a_p2p_provider_fetch(tmp_path: Path) -> N
             cid, _ = await blobs[0].put_file(str(src), chunk_size=1 << 20)
             peer0 = rts[0].swarm.peer_id
             fetcher = blobs[1]
+            assert fetcher._fetcher is not None
             # Only the p2p source can take this provider: HTTP is not offered.
             fetcher._fetcher._find = _static([StaticProvider(peer0, f"p2p://{peer0}")])
             await fetcher.fetch(cid, out=str(tmp_path / "out.bin"))
@@ -496,7 +501,8 @@ def test_advertised_addresses_are_kept_briefly_and_follow_circuits_and_listeners
     net, host = Net(), Host()
     circuits: list[str] = []
     private = [False]
-    relay.advertise_circuit_addrs(host, lambda: list(circuits), private=lambda: private[0])
+    relay.advertise_circuit_addrs(host, lambda: list(circuits),  # type: ignore[arg-type]  # the fake above
+                                  private=lambda: private[0])
     assert [str(a) for a in host.get_addrs()] == ["/ip4/127.0.0.1/tcp/4000"]
     for _ in range(50):
         host.get_addrs()

@@ -35,10 +35,14 @@ class _Dht:
         self.at: list[float] = []
         self.answer = answer
 
-    async def find_providers(self, key: str, count: int) -> list[Any]:
+    async def provide(self, key: str, /) -> bool:
+        raise AssertionError("a relay client never provides")
+
+    async def find_providers(self, key: str, count: int = 20, /) -> list[Any]:
         assert key == relay.RELAY_DHT_KEY
         self.at.append(trio.current_time())
-        return self.answer()
+        found: list[Any] = self.answer()
+        return found
 
 
 def _run(client: relay.RelayClient, seconds: float, then: Any = None) -> None:

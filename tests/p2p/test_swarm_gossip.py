@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from typing import Any
 
 from intellect_node.errors import ProtocolError
 from intellect_node.protocol import codec
@@ -36,9 +37,12 @@ def seal(key: SigningKey, text: str, run_id: str = "test") -> bytes:
     return key.seal(DOMAIN, Note(run_id=run_id, text=text))
 
 
-async def _subscribe_all(nodes: list, got: dict[int, list[tuple[str, str]]]) -> None:
+async def _subscribe_all(nodes: list[Any], got: dict[int, list[tuple[str, str]]]) -> None:
     for i, node in enumerate(nodes):
-        node.subscribe(TOPIC, validate_note, lambda m, o, i=i: got[i].append((o, m.text)))
+        def deliver(m: Note, o: str, i: int = i) -> None:
+            got[i].append((o, m.text))
+
+        node.subscribe(TOPIC, validate_note, deliver)
 
 
 def test_gossip_reaches_every_subscriber_and_bursts_are_not_dropped() -> None:

@@ -6,6 +6,7 @@ import json
 import re
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,8 @@ def _dead_addr() -> str:
 def _peer_state(node: NodeProcess, peer: str) -> str:
     for rec in node.status()["known_peers"]:
         if rec["peer_id"] == peer:
-            return rec["state"]
+            state: str = rec["state"]
+            return state
     return "unknown"
 
 
@@ -100,9 +102,10 @@ def test_operator_mistakes_exit_2_naming_the_flag(tmp_path: Path) -> None:
     for flags, needle in [({"bootstrap": ["/ip4/127.0.0.1/tcp/4001"]}, "/p2p/"),
                           ({"listen": ["/ip4/127.0.0.1/udp/1"]}, "--listen"),
                           ({"announce": ["nope"]}, "--announce")]:
-        kwargs = dict(listen=[], bootstrap=[], run_id=None, trainer_peer_id=None, http_host=None,
-                      http_port=None, http_public_url=None, control_port=None, heartbeat_interval=None,
-                      peer_timeout=None, data_dir=tmp_path / "n")
+        kwargs: dict[str, Any] = dict(
+            listen=[], bootstrap=[], run_id=None, trainer_peer_id=None, http_host=None, http_port=None,
+            http_public_url=None, control_port=None, heartbeat_interval=None, peer_timeout=None,
+            data_dir=tmp_path / "n")
         kwargs.update(flags)
         with pytest.raises(ConfigError, match=re.escape(needle)):
             build_node_config(**kwargs)

@@ -7,6 +7,7 @@ import os
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -24,11 +25,11 @@ KEY = SigningKey(bytes(range(32)))
 NOW = 1_800_000_000_000
 
 
-def _hb(**kw: object) -> gossip.Heartbeat:
-    base = dict(run_id="r1", seq=1, time_ms=NOW, http_url="http://127.0.0.1:1",
+def _hb(**kw: Any) -> gossip.Heartbeat:
+    base: dict[str, Any] = dict(run_id="r1", seq=1, time_ms=NOW, http_url="http://127.0.0.1:1",
                 listen_addrs=[f"/ip4/127.0.0.1/tcp/1/p2p/{KEY.peer_id}"], roles=["worker"])
     base.update(kw)
-    return gossip.Heartbeat(**base)  # type: ignore[arg-type]
+    return gossip.Heartbeat(**base)
 
 
 def test_topics_round_trip_and_refuse_bad_names() -> None:
@@ -87,6 +88,7 @@ def test_config_defaults_docs_and_errors_name_the_field() -> None:
              ({"run": {"trainer_peer_id": "12D3KooWnope"}}, "run.trainer_peer_id"),
              ({"run": {"dtype": "int4"}}, "run.dtype")]
     for data, field in cases:
+        assert isinstance(data, dict)
         with pytest.raises(ConfigError) as exc:
             build_config(data)
         assert exc.value.field == field and field in str(exc.value)

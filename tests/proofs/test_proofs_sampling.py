@@ -38,7 +38,7 @@ def test_frequencies_follow_softmax_and_top_p() -> None:
     tok, _ = sample(logits, keys, zeros, 0.5, 0.7)  # T=0.5 -> p = [.10, .75?]: nucleus {2} or {2, 1}
     p = torch.softmax(logits[0] / 0.5, 0)
     keep = nucleus_mask(torch.log(p).view(1, -1), 0.7)[0]
-    assert set(tok.unique().tolist()) <= set(keep.nonzero().view(-1).tolist())
+    assert set(torch.unique(tok).tolist()) <= set(keep.nonzero().view(-1).tolist())
 
 
 def test_check_accepts_honest_and_flags_an_edited_token() -> None:
@@ -78,7 +78,8 @@ def test_checking_rollouts_together_gives_each_its_own_figures() -> None:
     edited = tokens2.clone()
     edited[6] = (edited[6] + 1) % 50
     rollouts[2] = (logits2, edited, lps2, key2)
-    together = check_sampling_many(*[list(x) for x in zip(*rollouts)], 1.0, 0.95)
+    logits_all, tokens_all, lps_all, keys_all = (list(x) for x in zip(*rollouts))
+    together = check_sampling_many(logits_all, tokens_all, lps_all, keys_all, 1.0, 0.95)
     alone = [check_sampling(*r, 1.0, 0.95) for r in rollouts]
     assert together == alone
     assert [c.max_gap > 1e-3 for c in together] == [False, False, True, False]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,11 +18,11 @@ MALLORY = SigningKey(bytes(range(1, 33)))
 H1, H2 = cid_of(b"v1"), cid_of(b"v2")
 
 
-def _verdict(**kw: object) -> AuditVerdict:
-    base: dict[str, object] = dict(run_id="r1", trainer="T", seq=3, version=2, outcome="fail", published=H1,
+def _verdict(**kw: Any) -> AuditVerdict:
+    base: dict[str, Any] = dict(run_id="r1", trainer="T", seq=3, version=2, outcome="fail", published=H1,
                                    expected=H2, reason="the replayed weights differ")
     base.update(kw)
-    return AuditVerdict(**base)  # type: ignore[arg-type]
+    return AuditVerdict(**base)
 
 
 def test_round_trip_and_signers() -> None:

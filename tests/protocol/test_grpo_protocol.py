@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 from hypothesis import given, settings
@@ -24,17 +26,18 @@ WORKER, VALIDATOR, MALLORY = SigningKey.generate(), SigningKey.generate(), Signi
 CID = cid_of(b"batch")
 
 
-def _notice(**kw: object) -> RolloutNotice:
-    base = dict(run_id="r1", batch_cid=CID, policy_version=3, n_rollouts=16, batch_bytes=1000)
+def _notice(**kw: Any) -> RolloutNotice:
+    base: dict[str, Any] = dict(run_id="r1", batch_cid=CID, policy_version=3, n_rollouts=16, batch_bytes=1000)
     base.update(kw)
-    return RolloutNotice(**base)  # type: ignore[arg-type]
+    return RolloutNotice(**base)
 
 
-def _verdict(**kw: object) -> BatchVerdict:
+def _verdict(**kw: Any) -> BatchVerdict:
+    base: dict[str, Any]
     base = dict(run_id="r1", batch_cid=CID, worker=WORKER.peer_id, policy_version=3, accepted=True,
                 n_accepted=16, n_rejected=0, time_ms=1_700_000_000_000)
     base.update(kw)
-    return BatchVerdict(**base)  # type: ignore[arg-type]
+    return BatchVerdict(**base)
 
 
 def test_notice_round_trip_and_publisher_binding() -> None:

@@ -3,6 +3,8 @@ fields, size limits before decoding, unknown fields, and random bytes raising on
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 from hypothesis import given, settings
@@ -33,8 +35,8 @@ ORGANISER, MALLORY = SigningKey.generate(), SigningKey.generate()
 BLOB = cid_of(b"config.json")
 
 
-def _manifest(**kw: object) -> RunManifest:
-    base: dict[str, object] = dict(
+def _manifest(**kw: Any) -> RunManifest:
+    base: dict[str, Any] = dict(
         format="intellect-node/run/1", run_id="r1", organiser=ORGANISER.peer_id, created_ms=1_700_000_000_000,
         model_name="qwen3-tiny", model_files=[ModelFile(path="config.json", blob=BLOB, size=700),
                                              ModelFile(path="model.safetensors", blob=cid_of(b"w"), size=9)],
@@ -42,7 +44,7 @@ def _manifest(**kw: object) -> RunManifest:
         thresholds='{"x": {}}',
         bootstrap=[f"/ip4/127.0.0.1/tcp/4101/p2p/{ORGANISER.peer_id}"])
     base.update(kw)
-    return RunManifest(**base)  # type: ignore[arg-type]
+    return RunManifest(**base)
 
 
 def _forge(raw: bytes, **changes: object) -> bytes:
@@ -61,6 +63,7 @@ def test_round_trip_and_what_the_cid_pins() -> None:
     assert m.env == "reasoning_gym:chain_sum" and m.model_bytes == 709
     # Sealing is deterministic (ed25519), and any changed field gives other bytes, hence another CID.
     assert seal_run_manifest(ORGANISER, m) == raw
+    change: dict[str, Any]
     for change in ({"created_ms": m.created_ms + 1}, {"thresholds": '{"y": {}}'},
                    {"bootstrap": []}, {"model_name": "other"}):
         assert cid_of(seal_run_manifest(ORGANISER, msgspec.structs.replace(m, **change))) != cid_of(raw)

@@ -3,6 +3,8 @@ refused, and only a step that trained may carry one."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 
@@ -28,12 +30,13 @@ SETTINGS = StepSettings(lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0, group_siz
                         compute_dtype=None)
 
 
-def _record(**kw: object) -> StepRecord:
+def _record(**kw: Any) -> StepRecord:
+    base: dict[str, Any]
     base = dict(run_id="r1", seq=3, step=2, base_version=1, base_hash=H0, version=2, checkpoint_hash=H1,
                 batches=[StepBatch(cid=cid_of(b"b1"), worker="w1", groups=2, trained=[0])], settings=SETTINGS,
                 state=STATE)
     base.update(kw)
-    return StepRecord(**base)  # type: ignore[arg-type]
+    return StepRecord(**base)
 
 
 def test_state_round_trips_under_the_trainers_signature() -> None:

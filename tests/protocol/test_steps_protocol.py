@@ -3,6 +3,8 @@ random bytes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 from hypothesis import given, settings
@@ -33,13 +35,14 @@ SETTINGS = StepSettings(lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0, group_siz
                         compute_dtype=None)
 
 
-def _record(**kw: object) -> StepRecord:
+def _record(**kw: Any) -> StepRecord:
+    base: dict[str, Any]
     base = dict(run_id="r1", seq=1, step=1, base_version=0, base_hash=H0, version=1, checkpoint_hash=H1,
                 batches=[StepBatch(cid=cid_of(b"b1"), worker="w1", groups=2, trained=[0, 1]),
                          StepBatch(cid=cid_of(b"b2"), worker="w2", groups=2, trained=[1])],
                 stale=[StepBatch(cid=cid_of(b"b3"), worker="w1", groups=2)], settings=SETTINGS)
     base.update(kw)
-    return StepRecord(**base)  # type: ignore[arg-type]
+    return StepRecord(**base)
 
 
 def test_round_trip_and_trainer_signature() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import msgspec
 import pytest
@@ -67,7 +68,7 @@ def test_domain_swap_and_tampering_are_refused() -> None:
 @pytest.mark.parametrize("bad", [
     {"run_id": "other"}, {"sweep_id": "Bad Id"}, {"time_ms": NOW - 3_600_000},
 ])
-def test_wrong_run_bad_id_and_stale_messages(bad: dict) -> None:
+def test_wrong_run_bad_id_and_stale_messages(bad: dict[str, Any]) -> None:
     msg = msgspec.structs.replace(_messages()[0], **bad)
     with pytest.raises(ProtocolError):
         W.open_message(W.seal(KEY, msg), run_id="r", now_ms=NOW)
@@ -77,7 +78,7 @@ def test_wrong_run_bad_id_and_stale_messages(bad: dict) -> None:
     {"n": 100_000}, {"n": 4096, "m": 16384}, {"steps": 10**7}, {"variant": "rm -rf"},
     {"lr": float("nan")}, {"sigma": float("inf")}, {"noise": "gaussian"}, {"seed": -1},
 ])
-def test_offered_specs_outside_limits_are_refused(change: dict) -> None:
+def test_offered_specs_outside_limits_are_refused(change: dict[str, Any]) -> None:
     spec = msgspec.structs.replace(grid("smoke")[0], **change)
     offer = msgspec.structs.replace(_messages()[0], jobs=[spec])
     with pytest.raises(ProtocolError):
@@ -88,7 +89,7 @@ def test_offered_specs_outside_limits_are_refused(change: dict) -> None:
     {"sign_hash": "zz"}, {"polysemantic": -1}, {"job_id": "not-a-cid"}, {"final_loss": float("nan")},
     {"fourth_norm": [(0, 0.1)] * (W.MAX_CURVE_POINTS + 1)}, {"coordinator": "12D3KooWnope"},
 ])
-def test_malformed_results_are_refused(change: dict) -> None:
+def test_malformed_results_are_refused(change: dict[str, Any]) -> None:
     msg = msgspec.structs.replace(_messages()[3], **change)
     with pytest.raises(ProtocolError):
         W.open_message(W.seal(KEY, msg), run_id="r", now_ms=NOW)
@@ -101,6 +102,7 @@ def test_oversize_is_refused_before_decoding() -> None:
 
 def test_claim_capacity_and_list_limits() -> None:
     claim = _messages()[1]
+    assert isinstance(claim, W.Claim)
     for change in ({"capacity": 0}, {"capacity": W.MAX_CAPACITY + 1},
                    {"job_ids": [claim.job_ids[0]] * (W.MAX_JOBS_PER_MESSAGE + 1)}):
         with pytest.raises(ProtocolError):

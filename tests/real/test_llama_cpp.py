@@ -26,8 +26,8 @@ NEW_TOKENS = 24
 def _torch_greedy(folder: Path, ids: list[int], eos: frozenset[int]) -> list[int]:
     model = load_hf_model(folder, "float32")
     with torch.inference_mode():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                             eos_token_id=sorted(eos), pad_token_id=sorted(eos)[0])
+        out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS,  # type: ignore[operator]  # transformers types generate loosely
+                             do_sample=False, eos_token_id=sorted(eos), pad_token_id=sorted(eos)[0])
     return [int(t) for t in out[0, len(ids):]]
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from intellect_node.envs.environment import build_task
+from intellect_node.envs.tasks import Task
 from intellect_node.inference.base import SamplingConfig
 from intellect_node.inference.calibrate import calibrate
 from intellect_node.inference.evaluate import held_out
@@ -47,12 +48,12 @@ def folder(gguf: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def settings(folder: Path) -> dict:
+def settings(folder: Path) -> dict[str, Any]:
     return apply(fit_settings(model_facts(folder), {}))
 
 
 @pytest.fixture(scope="module")
-def task(settings: dict):  # type: ignore[no-untyped-def]
+def task(settings: dict[str, Any]) -> Task:
     return build_task(env=settings["env"], env_args=settings["env_args"],
                       answer_format=settings["answer_format"], system_prompt=settings["system_prompt"])
 
@@ -74,7 +75,7 @@ def test_it_answers_arithmetic_in_words(folder: Path) -> None:
 
 
 def test_honest_rollouts_pass_and_tampered_ones_fail_with_thresholds_calibrated_on_the_run(
-        folder: Path, settings: dict, task) -> None:  # type: ignore[no-untyped-def]
+        folder: Path, settings: dict[str, Any], task: Task) -> None:
     engine = TorchEngine(load_model(folder))
     problems = task.sample(random.Random(5), 16)
     sampling = SamplingConfig(1.0, 1.0, settings["max_new_tokens"])
@@ -100,13 +101,13 @@ def test_honest_rollouts_pass_and_tampered_ones_fail_with_thresholds_calibrated_
     assert None not in reasons and reasons <= {"toploc", "logprob", "sampling"}, reasons
 
 
-def test_a_few_steps_with_the_chosen_settings_raise_the_reward(folder: Path, settings: dict,
-                                                               task) -> None:  # type: ignore[no-untyped-def]
+def test_a_few_steps_with_the_chosen_settings_raise_the_reward(folder: Path, settings: dict[str, Any],
+                                                               task: Task) -> None:
     torch.manual_seed(0)
     base = load_model(folder)
     tok = base.tokenizer
     model = load_hf_model(folder)
-    model.eval()
+    model.train(False)  # eval mode (transformers leaves eval() untyped)
     # Held out: another generator seed, one completion each under fixed sampler keys (the same noise for
     # both policies), scored by the run's own checker.
     held = build_task(env=settings["env"], env_args={**settings["env_args"], "seed": 1_000_000, "size": 64},

@@ -7,6 +7,7 @@ import hashlib
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,19 +19,19 @@ from intellect_node.research.sweep.coordinator import _digest_of as digest_of
 SALT = b"test-salt"
 
 
-def truth(jid: str) -> dict:
+def truth(jid: str) -> dict[str, Any]:
     """A stand-in for running the job: deterministic per job, like the real model."""
     h = hashlib.sha256(jid.encode()).hexdigest()
     return {"polysemantic": int(h[:2], 16) % 7, "sign_hash": h, "final_loss": 0.5, "fourth_norm": [],
             "seconds": 1.0}
 
 
-def forged(jid: str) -> dict:
+def forged(jid: str) -> dict[str, Any]:
     return {**truth(jid), "polysemantic": 3, "sign_hash": "f" * 64}
 
 
-def drive(coord: S.Coordinator, peers: list[str], *, liars: set[str] = frozenset(), now: float = 1000.0,
-          rounds: int = 500, journal: list | None = None) -> float:
+def drive(coord: S.Coordinator, peers: list[str], *, liars: frozenset[str] | set[str] = frozenset(),
+          now: float = 1000.0, rounds: int = 500, journal: list[dict[str, Any]] | None = None) -> float:
     """Round-robin: each peer claims one job and returns its result at once. Returns the final time."""
     for _ in range(rounds):
         if coord.finished():
@@ -75,7 +76,7 @@ def test_spot_check_selection_is_exact_and_secret() -> None:
 
 def test_honest_sweep_no_duplicates_checks_by_other_peers() -> None:
     coord = S.Coordinator(S.grid("smoke"), salt=SALT)
-    events: list = []
+    events: list[dict[str, Any]] = []
     drive(coord, ["A", "B", "C"], journal=events)
     assert coord.finished() and coord.counts()["done"] == 40
     grants = Counter(ev["job"] for ev in events if ev["e"] == "grant")
@@ -88,7 +89,7 @@ def test_honest_sweep_no_duplicates_checks_by_other_peers() -> None:
         if row["job_id"] in checked:
             assert row["check"] == "agreed" and len(set(row["peers"])) == 2
     # Checks are granted only after the first result (a worker never holds both executions at once).
-    first_result = {}
+    first_result: dict[str, Any] = {}
     for ev in events:
         if ev["e"] == "result":
             first_result.setdefault(ev["job"], events.index(ev))

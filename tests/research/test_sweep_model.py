@@ -66,7 +66,7 @@ def test_adamw_steps_match_autograd_and_torch_optim() -> None:
     opt = torch.optim.AdamW([w], lr=1e-3, foreach=False)  # torch's default weight decay, 0.01
     for _ in range(steps):
         opt.zero_grad()
-        P.loss(w, 1e-3).backward()
+        torch.autograd.backward(P.loss(w, 1e-3))
         opt.step()
     fast = P.train_polysemanticity(n, m, 7, steps=steps)
     assert torch.allclose(fast, w.detach(), atol=1e-6)
@@ -81,7 +81,7 @@ def test_noisy_sgd_steps_match_autograd() -> None:
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([2, n, m, 1])))
     for nz in P.noise_batch("bernoulli", 0.1, rng, steps, n, m):
         opt.zero_grad()
-        P.loss(w, 0.0, nz).backward()
+        torch.autograd.backward(P.loss(w, 0.0, nz))
         opt.step()
     fast, curve = P.train_noise(n, m, 2, noise="bernoulli", sigma=0.1, steps=steps, record_every=10)
     assert torch.allclose(fast, w.detach(), atol=1e-6)

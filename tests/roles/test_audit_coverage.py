@@ -262,7 +262,7 @@ def hear(rt: Runtime, r: StepRecord) -> None:
 
 def test_require_audits_refuses_a_trainer_without_state_for_its_own_reason_until_back(tmp_path: Path) -> None:
     w, rt = started(tmp_path, require=True)
-    gate = audit_gate(type("R", (), {"service": lambda self, kind: w})())  # type: ignore[arg-type]
+    gate = audit_gate(type("R", (), {"service": lambda self, kind: w})())
     for step in range(1, LIMIT + 1):
         hear(rt, rec(step, step))
         assert not gate() and rt.board.snapshot().audits.coverage == "ok"
@@ -327,7 +327,9 @@ def test_status_json_metrics_dashboard_and_cli_show_low_coverage(tmp_path: Path)
     back = StatusSnapshot.from_json(snap.to_json())
     assert back.audits == snap.audits
     d = snap.to_dict()
-    assert d["audits"]["coverage"] == "low" and d["audits"]["coverage_gap"] == LIMIT + 1
+    audits = d["audits"]
+    assert isinstance(audits, dict)
+    assert audits["coverage"] == "low" and audits["coverage_gap"] == LIMIT + 1
 
     board = StatusBoard(role="worker")
     board.set_audits(snap.audits)

@@ -142,8 +142,8 @@ def test_a_trainer_withholding_its_start_blobs_is_refused_after_three_starts(
     from intellect_node.roles.auditor import chain
 
     monkeypatch.setattr(chain, "START_FETCH_TIMEOUT_S", 5.0)
-    ids = dict(trainer=key_of("trainer").peer_id, validators=[key_of("validator").peer_id])
-    cfg = run_config(**ids, rl=RL, require_audits=True, audit_checkpoint_every=1)
+    cfg = run_config(trainer=key_of("trainer").peer_id, validators=[key_of("validator").peer_id], rl=RL,
+                     require_audits=True, audit_checkpoint_every=1)
     v_cfg = cfg.model_copy(update={"validator": cfg.validator.model_copy(update={"audit": True,
                                                                                  "audit_fraction": 0.5})})
     draws = iter([0.9])  # version 0's window not audited; every later start drawn

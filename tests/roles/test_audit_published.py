@@ -143,7 +143,7 @@ def _files(auditor: BlobPeer) -> Path:
 def _published(auditor: BlobPeer, trainer: BlobPeer, fetcher_urls: bool = True) -> tuple[PublishedPolicy,
                                                                                          HintedFetcher]:
     swarm = _Swarm(auditor.key, {trainer.key.peer_id: trainer.url} if fetcher_urls else {})
-    fetcher = HintedFetcher(auditor.blobs, swarm)  # type: ignore[arg-type]
+    fetcher = HintedFetcher(auditor.blobs, swarm)  # type: ignore[arg-type]  # a stand-in for it
     return PublishedPolicy(fetcher, trainer.key.peer_id, _files(auditor), SIZES), fetcher
 
 
@@ -264,8 +264,8 @@ def test_published_weights_not_to_be_had_are_unavailable(tmp_path: Path, toleran
             # A record naming a weights blob nobody holds: unavailable, with why.
             gone = StepRecord(**{**{f: getattr(rec, f) for f in rec.__struct_fields__},
                                  "state": StepState(weights_cid=cid_of(b"nobody holds this"),
-                                                    optimizer_cid=rec.state.optimizer_cid,  # type: ignore[union-attr]
-                                                    optimizer_hash=rec.state.optimizer_hash)})  # type: ignore[union-attr]
+                                                    optimizer_cid=rec.state.optimizer_cid,  # type: ignore[union-attr]  # set by now
+                                                    optimizer_hash=rec.state.optimizer_hash)})  # type: ignore[union-attr]  # set by now
             with pytest.raises(PublishedUnavailable, match="not fetched") as info:
                 await published.weights(gone, {})
             # An anchor's weights (v3, full_every 3) from the announced full blob when its delta does not

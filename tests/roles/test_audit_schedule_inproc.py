@@ -29,7 +29,7 @@ STEPS = 5
 
 def test_an_off_policy_loss_with_a_scheduled_lr_passes_an_auditor_with_other_micro_batches(
         tmp_path: Path) -> None:
-    ids = dict(trainer=key_of("trainer").peer_id, validators=[key_of("validator").peer_id])
+    ids: dict[str, Any] = dict(trainer=key_of("trainer").peer_id, validators=[key_of("validator").peer_id])
     t_cfg = run_config(**ids, rl={**RL, "micro_batch_tokens": 64})
     v_cfg = run_config(**ids, rl=RL).model_copy(
         update={"validator": run_config(**ids, rl=RL).validator.model_copy(update={"audit": True})})
@@ -53,7 +53,8 @@ def test_an_off_policy_loss_with_a_scheduled_lr_passes_an_auditor_with_other_mic
 
     audit, _ = asyncio.run(main())
     assert audit["fail"] == 0 and audit["unavailable"] == 0 and audit["pass"] >= STEPS, audit
-    lines = [m for m in read_jsonl(tmp_path / "trainer" / "trainer" / METRICS_FILE) if m["trained"]]
+    lines: list[dict[str, Any]] = [m for m in read_jsonl(tmp_path / "trainer" / "trainer" / METRICS_FILE)
+                                   if m["trained"]]
     lrs = [m["lr"] for m in lines]
     assert lrs[0] == 5e-4 / 3 and lrs[1] == 5e-4 * 2 / 3, lrs  # the warmup, as the records say it
     # the controller moves the scale after a step that trained on a batch older than its base (here the

@@ -82,7 +82,7 @@ def test_a_start_blob_one_byte_larger_is_refused_before_any_chunk(tmp_path: Path
 
     async def main() -> tuple[Any, ...]:
         trainer, auditor = await _peers(tmp_path)
-        fetcher = HintedFetcher(auditor.blobs, _swarm(auditor, trainer))  # type: ignore[arg-type]
+        fetcher = HintedFetcher(auditor.blobs, _swarm(auditor, trainer))
         try:
             honest = await _put(trainer, tmp_path / "w.bin", bytes(weights.to_bytes()))
             larger = await _put(trainer, tmp_path / "w1.bin", bytes(weights.to_bytes()) + b"\0")
@@ -118,11 +118,11 @@ def test_the_chain_auditor_fails_a_start_of_the_wrong_size(tmp_path: Path) -> No
         trainer, auditor = await _peers(tmp_path)
         tid = trainer.key.peer_id
         swarm = _swarm(auditor, trainer)
-        fetcher = HintedFetcher(auditor.blobs, swarm)  # type: ignore[arg-type]
+        fetcher = HintedFetcher(auditor.blobs, swarm)
         cfg = NodeConfig.model_validate({"run": {"run_id": RUN, "trainer_peer_id": tid,
                                                  "validator_peer_ids": [auditor.key.peer_id]},
                                          "validator": {"audit": True}})
-        chain = ChainAuditor(cfg, swarm=swarm, fetcher=fetcher, trainer=tid,  # type: ignore[arg-type]
+        chain = ChainAuditor(cfg, swarm=swarm, fetcher=fetcher, trainer=tid,
                              directory=tmp_path / "audit")
         chain.start()
         try:

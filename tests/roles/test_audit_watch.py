@@ -45,7 +45,7 @@ def verdict(seq: int, outcome: str = "pass", *, trainer: str | None = None, run_
             ) -> AuditVerdict:
     expected = {"pass": H1, "fail": H2, "unavailable": ""}[outcome]
     return AuditVerdict(run_id=run_id, trainer=trainer or TRAINER.peer_id, seq=seq, version=seq,
-                        outcome=outcome, published=H1, expected=expected,  # type: ignore[arg-type]
+                        outcome=outcome, published=H1, expected=expected,  # type: ignore[arg-type]  # a str, one of the literals
                         reason="replayed weights differ" if outcome == "fail" else "")
 
 
@@ -161,7 +161,7 @@ def test_only_the_runs_auditors_about_its_trainer_are_accepted(tmp_path: Path) -
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=5000))
 def test_random_bytes_raise_only_protocol_errors(data: bytes) -> None:
-    w = AuditWatch(Runtime(cfg(), Path("/nonexistent")))  # type: ignore[arg-type]
+    w = AuditWatch(Runtime(cfg(), Path("/nonexistent")))  # type: ignore[arg-type]  # a stand-in for it
     with pytest.raises(ProtocolError):
         w._validate(data, "x")
 
@@ -171,7 +171,7 @@ def test_random_bytes_raise_only_protocol_errors(data: bytes) -> None:
 def test_a_failed_audit_is_kept_as_evidence_refused_and_still_refused_after_a_restart(tmp_path: Path) -> None:
     w, rt = watch(tmp_path)
     rt.board.set_state("running")
-    gate = audit_gate(type("R", (), {"service": lambda self, kind: w})())  # type: ignore[arg-type]
+    gate = audit_gate(type("R", (), {"service": lambda self, kind: w})())
     assert rt.board.snapshot().audits.state == "unaudited" and not gate()
     deliver(w, rt, seal_verdict(AUDITOR, verdict(1)))
     a = rt.board.snapshot().audits
@@ -252,7 +252,7 @@ def test_status_json_metrics_dashboard_and_cli_show_the_failure(tmp_path: Path) 
     snap = _failed_snapshot(tmp_path)
     back = StatusSnapshot.from_json(snap.to_json())
     assert back.audits == snap.audits
-    d = snap.to_dict()
+    d: dict[str, Any] = snap.to_dict()
     assert d["audits"]["state"] == "failed" and isinstance(d["audits"]["last_verdict_age_s"], float)
 
     board = StatusBoard(role="worker")
@@ -281,7 +281,8 @@ def test_status_json_metrics_dashboard_and_cli_show_the_failure(tmp_path: Path) 
 
 def test_no_verdict_is_unaudited_not_healthy_looking() -> None:
     snap = StatusBoard(role="worker").snapshot()
-    assert snap.audits.state == "unaudited" and snap.to_dict()["audits"]["last_verdict_age_s"] is None
+    d: dict[str, Any] = snap.to_dict()
+    assert snap.audits.state == "unaudited" and d["audits"]["last_verdict_age_s"] is None
     assert "UNAUDITED" in summary({"health": {}, "snapshot": snap.to_dict()})
     text = generate_latest(build_registry(StatusBoard())).decode()
     assert 'intellect_node_audit_state{state="unaudited"} 1.0' in text
@@ -315,7 +316,7 @@ def _quorum_watch(tmp: Path, quorum: int) -> tuple[AuditWatch, Runtime]:
     rt = Runtime(build_config(run={"run_id": RUN, "trainer_peer_id": TRAINER.peer_id,
                                    "validator_peer_ids": [AUDITOR.peer_id, OTHER_AUDITOR.peer_id],
                                    "require_audits": True, "audit_quorum": quorum}), tmp)
-    w = AuditWatch(rt)  # type: ignore[arg-type]
+    w = AuditWatch(rt)  # type: ignore[arg-type]  # a stand-in for it
     asyncio.run(w.start())
     return w, rt
 

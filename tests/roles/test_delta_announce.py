@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import msgspec
 import pytest
 from hypothesis import given, settings
@@ -29,16 +32,16 @@ def _h(v: int) -> str:
     return cid_of(f"checkpoint {v}".encode())
 
 
-def _ann(version: int, full_version: int, first_link: int | None = None, **kw: object) -> PolicyAnnouncement:
+def _ann(version: int, full_version: int, first_link: int | None = None, **kw: Any) -> PolicyAnnouncement:
     first = full_version + 1 if first_link is None else first_link
     links = [DeltaLink(version=v, base_hash=_h(v - 1), target_hash=_h(v), delta_cid=cid_of(b"d%d" % v),
                        delta_size=1000 + v) for v in range(max(first, 1), version + 1)]
-    fields: dict[str, object] = dict(run_id=RUN, version=version, dtype="BF16", checkpoint_hash=_h(version),
+    fields: dict[str, Any] = dict(run_id=RUN, version=version, dtype="BF16", checkpoint_hash=_h(version),
                                      checkpoint_size=10_000, full_version=full_version,
                                      full_cid=cid_of(b"full %d" % full_version), full_size=10_000,
                                      deltas=links)
     fields.update(kw)
-    return PolicyAnnouncement(**fields)  # type: ignore[arg-type]
+    return PolicyAnnouncement(**fields)
 
 
 def test_trainer_announcement_opens_and_names_the_chain() -> None:
@@ -91,7 +94,7 @@ def test_mallory_and_other_runs_are_refused() -> None:
     lambda: _ann(5, 4, deltas=[DeltaLink(version=6, base_hash=_h(4), target_hash=_h(5), delta_cid=_h(0),
                                          delta_size=1)]),  # link numbers do not end at the version
 ])
-def test_inconsistent_announcements_refused(bad) -> None:  # type: ignore[no-untyped-def]
+def test_inconsistent_announcements_refused(bad: Callable[[], PolicyAnnouncement]) -> None:
     trainer = SigningKey.generate()
     ann = bad()
     with pytest.raises(ProtocolError):

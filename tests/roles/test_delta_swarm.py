@@ -44,7 +44,11 @@ def test_workers_follow_gossiped_versions_by_delta(tmp_path: Path) -> None:
                                      board=rts[i].board)
                 rts[i].swarm.subscribe(policy_topic, announcement_validator(RUN, trainer.peer_id),
                                        lambda ann, origin, fol=fol: fol.offer(ann))
-                tasks.append(asyncio.create_task(fol.follow(lambda r, i=i: got[i].append(r))))
+
+                def record(r: ObtainResult, i: int = i) -> None:
+                    got[i].append(r)
+
+                tasks.append(asyncio.create_task(fol.follow(record)))
             trainer.subscribe(policy_topic, announcement_validator(RUN, trainer.peer_id), lambda m, o: None)
             await wait_until(lambda: rts[1].swarm.mesh_peers(policy_topic)
                              and rts[2].swarm.mesh_peers(policy_topic)

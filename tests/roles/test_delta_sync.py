@@ -4,7 +4,9 @@ corrupted and wrong-base deltas falling back to the full checkpoint, restarts.""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -18,7 +20,7 @@ from intellect_node.policy.delta import encode_delta, read_delta
 from intellect_node.policy.weights import PolicyWeights
 from intellect_node.protocol import codec
 from intellect_node.protocol.policy import DeltaFile, PolicyAnnouncement, open_announcement, seal_announcement
-from intellect_node.roles.common.policy import PolicyFollower, PolicyPublisher
+from intellect_node.roles.common.policy import ObtainResult, PolicyFollower, PolicyPublisher
 from tests.support.delta import policy_versions
 from tests.support.wait import wait_until
 
@@ -33,9 +35,9 @@ async def _peers(tmp: Path, n: int) -> list[BlobPeer]:
     return peers
 
 
-def _follower(tmp: Path, name: str, peer: BlobPeer, trainer: str, **kw: object) -> PolicyFollower:
+def _follower(tmp: Path, name: str, peer: BlobPeer, trainer: str, **kw: Any) -> PolicyFollower:
     return PolicyFollower(tmp / name, peer.blobs, run_id=RUN, trainer=trainer, max_checkpoint_bytes=LIMIT,
-                          **kw)  # type: ignore[arg-type]
+                          **kw)
 
 
 def test_chain_anchors_late_joiner_and_restart(tmp_path: Path) -> None:
@@ -190,7 +192,7 @@ def test_diverged_copy_and_hopeless_chain(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-async def _until(pred, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+async def _until(pred: Callable[[], object], timeout: float = 20.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not pred():
@@ -221,7 +223,7 @@ def test_follow_retries_then_takes_the_newest_offer(tmp_path: Path, caplog: pyte
                 fol.offer(ann)
             await _until(lambda: fol.version == 3)
             assert got == [(3, "full")]
-            assert bytes(fol.checkpoint.to_bytes()) == bytes(versions[3].to_bytes())  # type: ignore[union-attr]
+            assert bytes(fol.checkpoint.to_bytes()) == bytes(versions[3].to_bytes())  # type: ignore[union-attr]  # set by now
         finally:
             if task is not None:
                 task.cancel()
@@ -290,7 +292,11 @@ def test_follow_with_a_window_obtains_the_version_before_an_anchor(tmp_path: Pat
                 await fol.obtain(anns[2])
                 fols[name] = fol
                 out = got[name]
-                follow = fol.follow(lambda r, out=out: out.append((r.version, r.path)))
+
+                def record(r: ObtainResult, out: list[tuple[int, str]] = out) -> None:
+                    out.append((r.version, r.path))
+
+                follow = fol.follow(record)
                 tasks.append(asyncio.create_task(follow))
                 fol.offer(anns[3])
                 fol.offer(anns[4])
@@ -355,7 +361,7 @@ def test_version_0_is_built_from_the_model_folder_when_it_hashes_as_the_trainers
 
     def local(dest: Path) -> PolicyWeights:
         calls.append("local")
-        return initial_policy(None, dest)  # type: ignore[no-any-return]
+        return initial_policy(None, dest)
 
     def other(dest: Path) -> PolicyWeights:  # another model under the same name
         return PolicyWeights.write(dest, {k: t + 1 for k, t in v0.items()})

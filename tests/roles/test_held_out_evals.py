@@ -87,10 +87,10 @@ def test_a_validator_evaluates_every_nth_version_and_another_confirms_it(tmp_pat
             for v, weights in enumerate(versions):
                 _, raw = await pub.publish(v, weights)
                 await trainer.swarm.publish(policy_topic, raw)
-                await wait_until(lambda v=v: all(v in n.status()["versions_held"]
-                                                 for n in (evaluator, checker)), 60, what=f"v{v} held")
+                await wait_until(lambda: all(v in n.status()["versions_held"]
+                                           for n in (evaluator, checker)), 60, what=f"v{v} held")
                 if v % EVERY == 0:
-                    await wait_until(lambda v=v: _held_out(checker)["confirmed"] == v // EVERY + 1, 120,
+                    await wait_until(lambda: _held_out(checker)["confirmed"] == v // EVERY + 1, 120,
                                      what=f"v{v}'s result confirmed by the checker")
             results = _published(evaluator)
             assert [(r.version, r.policy, r.n, r.seed) for r in results] == [
@@ -103,7 +103,8 @@ def test_a_validator_evaluates_every_nth_version_and_another_confirms_it(tmp_pat
             assert (snap.version, snap.evaluator, snap.confirmed, snap.refused) == (4, evaluator.peer_id,
                                                                                     3, 0)
             assert evaluator.board.snapshot().held_out.evaluator == evaluator.peer_id
-            (line,) = held_out_line(checker.board.snapshot().to_dict()["held_out"])  # intellect-node status
+            shown: dict[str, Any] = checker.board.snapshot().to_dict()  # what intellect-node status shows
+            (line,) = held_out_line(shown["held_out"])
             assert line.startswith(f"held-out    v4: pass rate {results[-1].pass_rate:.3f}") and \
                 f"over {N} problems, by {evaluator.peer_id} · 3 confirmed, 0 refused here" in line, line
             lines = [json.loads(x) for x in (tmp_path / "evaluator" / "validator" / "held_out.jsonl")

@@ -30,7 +30,8 @@ class Observed(Trainer):
     seen: list[dict[str, Any]]
 
     async def _checkpoint(self, publish: bool = False) -> Any:
-        lines = read_jsonl(self.dir / METRICS_FILE) if (self.dir / METRICS_FILE).exists() else []
+        path = self.dir / METRICS_FILE
+        lines: list[dict[str, Any]] = read_jsonl(path) if path.exists() else []
         recorded = max((int(m["version"]) for m in lines if m.get("trained")), default=None)
         self.seen.append({"version": self.version, "recorded": recorded})
         return await super()._checkpoint(publish)

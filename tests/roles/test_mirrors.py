@@ -44,8 +44,9 @@ def _line(step: int) -> dict[str, Any]:
             "train_s": 0.5, "taken_t": 1.8e9, "trained_t": 1.8e9}
 
 
-def scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar of the event files in ``directory``, by tag: (step, value) in order."""
+def scalars(directory: Path) -> dict[str, list[tuple[int, Any]]]:
+    """Every scalar of the event files in ``directory``, by tag: (step, value) in order (a value is a float;
+    tensorboard's reader is untyped, and the tests compare values with ``pytest.approx``)."""
     acc = EventAccumulator(str(directory))
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}

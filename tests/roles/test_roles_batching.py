@@ -3,6 +3,8 @@ batch in (quorum, closed runs, bans, staleness, each batch once) and which queue
 
 from __future__ import annotations
 
+from typing import Any
+
 from intellect_node.protocol.rl import BatchVerdict
 from intellect_node.roles.trainer.admission import Admission
 from intellect_node.roles.trainer.batching import Accepted, fresh_floor, vote_key
@@ -17,10 +19,10 @@ def _acc(cid: str, version: int, seq: int, groups: int = 1, worker: str = "w1") 
     return Accepted(cid, worker, version, [[] for _ in range(groups)], seq)
 
 
-def _admission(**kw: object) -> Admission:
-    args: dict[str, object] = {"quorum": 1, "async_level": 2, "groups_per_step": 4}
+def _admission(**kw: Any) -> Admission:
+    args: dict[str, Any] = {"quorum": 1, "async_level": 2, "groups_per_step": 4}
     args.update(kw)
-    return Admission(**args)  # type: ignore[arg-type]
+    return Admission(**args)
 
 
 def _decide(adm: Admission, v: BatchVerdict, validator: str = "val1", *, version: int = 0,

@@ -43,7 +43,8 @@ def test_flooding_and_tarpitting_peers_barely_delay_honest_verdicts(tmp_path: Pa
         _, t_addr, validator, v_addr = run.trainer_and_validator()
 
         def vstat() -> dict[str, Any]:
-            return validator.status()["validator"]
+            status: dict[str, Any] = validator.status()["validator"]
+            return status
 
         def honest() -> list[float]:
             return list(vstat()["latency_s"].get(ids["worker"], []))
@@ -58,7 +59,7 @@ def test_flooding_and_tarpitting_peers_barely_delay_honest_verdicts(tmp_path: Pa
 
         def attacked() -> bool:
             strikes = vstat()["strikes_by_worker"]
-            return strikes.get(ids["flood"], 0) >= 1 and vstat()["unavailable"] >= 1
+            return bool(strikes.get(ids["flood"], 0) >= 1 and vstat()["unavailable"] >= 1)
         wait_for(attacked, timeout=120, what="both attacks under way (a flood refused, a tarpit timed out)")
         # The status keeps only a worker's 32 latest latencies (on a loaded machine the honest worker can
         # pass that before the attacks are seen), so count verdicts by the validator's total; only the

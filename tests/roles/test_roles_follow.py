@@ -84,7 +84,7 @@ def test_a_role_follows_its_trainer_only_and_restarts_from_what_it_holds(tmp_pat
             assert role.got == [] and role.policy.version is None
             for sw in (trainer, mallory):
                 sw.subscribe(POLICY, announcement_validator(RUN, sw.peer_id), lambda m, o: None)
-            await wait_until(lambda: len(node.swarm.mesh_peers(POLICY)) == 2 and trainer.mesh_peers(POLICY)
+            await wait_until(lambda: len(rts[1].swarm.mesh_peers(POLICY)) == 2 and trainer.mesh_peers(POLICY)
                              and mallory.mesh_peers(POLICY), 30, what="policy meshes")
             pub = PolicyPublisher(tmp_path / "pub", _blobs(rts[0]), trainer.key, RUN, full_every=8)
             forger = PolicyPublisher(tmp_path / "forged", _blobs(rts[2]), mallory.key, RUN)
@@ -92,12 +92,12 @@ def test_a_role_follows_its_trainer_only_and_restarts_from_what_it_holds(tmp_pat
                 # Mallory announces a far newer version of its own: refused before the role sees it.
                 _, forged = await forger.publish(99, versions[2])
                 await mallory.publish(POLICY, forged)
-                await wait_until(lambda: node.swarm.peerbook.rejections(mallory.peer_id)[0] >= 1, 30,
+                await wait_until(lambda: rts[1].swarm.peerbook.rejections(mallory.peer_id)[0] >= 1, 30,
                                  what="the forged announcement refused")
                 for v in range(3):
                     _, raw = await pub.publish(v, versions[v])
                     await trainer.publish(POLICY, raw)
-                    await wait_until(lambda v=v: role.got and role.got[-1][0] == v, 60, what=f"v{v} loaded")
+                    await wait_until(lambda: role.got and role.got[-1][0] == v, 60, what=f"v{v} loaded")
                 assert role.got == [(v, hashes[v]) for v in range(3)]
                 assert 99 not in role.heard and set(role.heard) == {0, 1, 2}
                 assert role.policy.version == 2 and node.board.snapshot().policy.local == 2
@@ -150,7 +150,7 @@ def test_followers_of_a_large_blob_announce_it_and_look_past_the_trainer(tmp_pat
                 lookups.append(cid)
                 return await real(cid, **kw)
 
-            rts[1].swarm.find_providers = counted  # type: ignore[method-assign]
+            rts[1].swarm.find_providers = counted
             try:
                 for cid in (big_cid, small_cid):
                     await one.fetch(cid, holders=[trainer], max_size=1 << 24, timeout=60)

@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,11 +32,11 @@ def _data(records: list[RolloutRecord]) -> bytes:
     return encode_batch(RolloutBatch(run_id="r", policy_version=0, rollouts=records))
 
 
-def _groups_of(batch: RolloutBatch, worker: str, version: int) -> list[list[object]]:
+def _groups_of(batch: RolloutBatch, worker: str, version: int) -> list[list[Any]]:
     """The trainer's check stands here: a batch must be its worker's."""
     if any(r.worker != worker for r in batch.rollouts):
         raise ProtocolError("batch does not match its verdict")
-    return [[r.rollout_id] for r in batch.rollouts]  # type: ignore[misc]
+    return [[r.rollout_id] for r in batch.rollouts]  # rollout ids stand for the samples
 
 
 def test_admit_persists_refuses_repeats_and_reloads_after_a_crash(tmp_path: Path,
@@ -68,7 +69,8 @@ def test_admit_persists_refuses_repeats_and_reloads_after_a_crash(tmp_path: Path
     restarted = Inbox(box, journal)
     found = restarted.reload({"cid1"}, _groups_of)  # cid1 is in the checkpoint's consumed set
     assert [(a.cid, a.worker, a.version, a.seq) for a in found] == [("cid2", "w1", 0, 2)]
-    assert found[0].groups == [["c"]]
+    groups: list[list[Any]] = found[0].groups  # _groups_of's rollout ids
+    assert groups == [["c"]]
     assert restarted.seq == 2  # new arrivals are numbered after the re-queued ones
     assert not (box / "cid1.batch").exists() and not (box / "cid1.json").exists()
     # cid2's keys are back in memory and in the journal, so a second crash keeps them too.

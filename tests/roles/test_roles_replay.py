@@ -37,7 +37,7 @@ RL = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return read_jsonl(path)  # type: ignore[return-value]  # the last line of a killed process is skipped
+    return read_jsonl(path)  # the last line of a killed process is skipped
 
 
 def _announced(tmp: Path) -> dict[int, set[str]]:
@@ -93,7 +93,7 @@ def test_trainer_killed_between_checkpoints_replays_or_bumps(tmp_path: Path) -> 
         assert st["trainer"]["version"] >= announced
         # Its next checkpoint holds (or its inbox still queues) every batch admitted before the kill.
         wait_for(lambda: _ckpt(tmp_path) > announced, timeout=300, what="a checkpoint after the restart")
-        consumed = read_state(latest_dir(tdir / "checkpoints")).consumed  # type: ignore[arg-type]
+        consumed = read_state(latest_dir(tdir / "checkpoints")).consumed  # type: ignore[arg-type]  # set by now
         queued = {p.stem for p in (tdir / "inbox").glob("*.json")}
         assert not before - consumed - queued, "accepted batches lost across the kill"
 
@@ -102,7 +102,7 @@ def test_trainer_killed_between_checkpoints_replays_or_bumps(tmp_path: Path) -> 
         trainer2.signal(signal.SIGKILL)
         trainer2.wait(30)
         announced = max(_announced(tmp_path))
-        covered = int(read_state(latest_dir(tdir / "checkpoints")).extra["journal_seq"])  # type: ignore[arg-type]
+        covered = int(read_state(latest_dir(tdir / "checkpoints")).extra["journal_seq"])  # type: ignore[arg-type]  # set by now
         entry = next(e for e in _jsonl(tdir / "steps.jsonl") if e["seq"] > covered)
         for suffix in (".json", ".batch"):
             (tdir / "inbox" / f"{entry['taken'][0]}{suffix}").unlink()

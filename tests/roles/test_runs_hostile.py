@@ -40,7 +40,7 @@ class _Swarm:
 
 
 def _find(swarm: _Swarm, heard: list[RunListing] | None = None) -> Any:
-    return asyncio.run(find_runs(swarm, None, heard=heard or []))  # type: ignore[arg-type]
+    return asyncio.run(find_runs(swarm, None, heard=heard or []))  # type: ignore[arg-type]  # a stand-in for it
 
 
 def test_a_provider_whose_host_does_not_resolve_is_skipped() -> None:
@@ -75,7 +75,7 @@ def test_every_cid_listed_for_a_run_id_is_reported_fetched_or_not() -> None:
     heard = [RunListing(node="12D3KooWone", time_ms=1, runs=[RunSeen(cid=a, run_id="r1", nodes={})]),
              RunListing(node="12D3KooWtwo", time_ms=1, runs=[RunSeen(cid=b, run_id="r1", nodes={})])]
     claims: dict[str, set[str]] = {}
-    rows = asyncio.run(find_runs(_Swarm([]), _Blobs(), heard=heard, claims=claims))  # type: ignore[arg-type]
+    rows = asyncio.run(find_runs(_Swarm([]), _Blobs(), heard=heard, claims=claims))  # type: ignore[arg-type]  # a stand-in for it
     assert rows == [] and claims == {"r1": {a, b}}
 
 
@@ -114,7 +114,7 @@ def test_listings_heard_while_waiting_are_bounded_newest_per_node() -> None:
         def subscribe(self, _topic: str, _validate: Any, on_message: Any) -> None:
             handlers.append(on_message)
 
-    heard = asyncio.run(listen_for_listings(_Sub()))  # type: ignore[arg-type]
+    heard = asyncio.run(listen_for_listings(_Sub()))  # type: ignore[arg-type]  # a stand-in for it
     (on_message,) = handlers
     for i in range(3 * MAX_HEARD_LISTINGS):
         node = f"12D3KooW{i}"

@@ -48,7 +48,7 @@ def trainer_role(tmp: Path, key: SigningKey, validators: list[str], *, quorum: i
     from intellect_node.roles.trainer.role import Trainer
 
     rt = FakeRuntime(config(key.peer_id, validators, quorum=quorum, **rl), key, tmp)
-    trainer = Trainer(rt)  # type: ignore[arg-type]
+    trainer = Trainer(rt)
     held = dict(batches or {})
 
     async def fetch(worker: str, cid: str, size: int) -> tuple[bytes, RolloutBatch]:
@@ -105,4 +105,4 @@ def validator_role(tmp: Path, key: SigningKey, trainer: str, **rl: Any) -> Any:
     from intellect_node.roles.validator.role import Validator
 
     rt = FakeRuntime(config(trainer, [key.peer_id], **rl), key, tmp)
-    return Validator(rt)  # type: ignore[arg-type]
+    return Validator(rt)

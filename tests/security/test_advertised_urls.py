@@ -106,7 +106,7 @@ def _fetcher(tmp: Path, providers: Sequence[Provider], sources: list[object]) ->
     async def find(cid: str) -> Sequence[Provider]:
         return list(providers)
 
-    return Fetcher(BlobStore(tmp), sources, find, find_timeout=0.0)  # type: ignore[arg-type]
+    return Fetcher(BlobStore(tmp), sources, find, find_timeout=0.0)  # type: ignore[arg-type]  # a stand-in for it
 
 
 @pytest.mark.parametrize("exc", [ValueError("Invalid IPv6 URL"), UnicodeEncodeError("ascii", "ü", 0, 1, "no"),
@@ -137,10 +137,10 @@ def test_fetch_from_any_advertised_address_ends_in_transport_error(tmp_path: Pat
 
             async def no_dns(host: str, *a: object, **k: object) -> object:
                 if host.replace(".", "").isdigit() or ":" in host:
-                    return await real(host, *a, **k)  # type: ignore[arg-type]
+                    return await real(host, *a, **k)  # type: ignore[arg-type]  # getaddrinfo's own arguments, passed on
                 raise OSError("no name lookups in this test")
 
-            loop.getaddrinfo = no_dns  # type: ignore[method-assign]
+            loop.getaddrinfo = no_dns  # type: ignore[method-assign, assignment]  # IP literals only, no DNS
             with pytest.raises(TransportError):
                 await f.fetch(CID)
 

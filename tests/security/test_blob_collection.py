@@ -92,7 +92,9 @@ def test_nothing_is_collected_while_the_trainers_state_is_unreadable(
     async def main() -> None:
         loop = asyncio.create_task(svc.collect_loop(lambda: published_pins(data_dir), min_age=GC_MIN_AGE_S,
                                                     every=0.01))
-        skipped = lambda: sum("blob collection skipped" in r.message for r in caplog.records)  # noqa: E731
+        def skipped() -> int:
+            return sum("blob collection skipped" in r.message for r in caplog.records)
+
         await wait_until(lambda: skipped() >= rounds, 10, what="rounds skipped")
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)

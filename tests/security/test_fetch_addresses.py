@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from intellect_node.blobs.addresses import AddressPolicy, AddressRefused, PeerAddresses, kind, source_address
 from intellect_node.blobs.fetch import StaticProvider, public_reason
@@ -118,7 +119,7 @@ def test_a_worker_url_pointing_elsewhere_sends_no_request(tmp_path: Path) -> Non
         hits: list[str] = []
 
         @web.middleware
-        async def count(request: web.Request, handler: web.Handler) -> web.StreamResponse:
+        async def count(request: web.Request, handler: Handler) -> web.StreamResponse:
             hits.append(request.path)
             return await handler(request)
 
@@ -133,7 +134,7 @@ def test_a_worker_url_pointing_elsewhere_sends_no_request(tmp_path: Path) -> Non
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # a started site has its server
         book = PeerBook("me")
         book.set_connected("honest", True, remote_ip="127.0.0.1")
         book.set_connected("mallory", True, remote_ip="10.0.0.5")

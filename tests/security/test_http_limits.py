@@ -107,7 +107,8 @@ class Slowloris:
 
 def _get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=15) as resp:
-        return resp.read()
+        body: bytes = resp.read()
+        return body
 
 
 def test_slowloris_does_not_stop_an_honest_fetch(tmp_path: Path) -> None:

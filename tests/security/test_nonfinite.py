@@ -33,7 +33,7 @@ def test_a_forged_old_logprob_gives_a_finite_loss_and_gradient() -> None:
     logprobs = torch.log_softmax(logits, -1)
     old = torch.tensor([[-1.1, -1.1, -100.0], [-1.1, -1e30, -1.1]])  # finite, absurd
     parts = grpo_loss(logprobs, old, torch.tensor([-1.0, 1.0]), torch.ones(2, 3), GRPOConfig(group_size=2))
-    parts.loss.backward()
+    torch.autograd.backward(parts.loss)
     assert math.isfinite(float(parts.loss.detach())) and logits.grad is not None
     assert bool(torch.isfinite(logits.grad).all())
 
@@ -61,7 +61,7 @@ def test_a_step_with_a_non_finite_gradient_is_skipped() -> None:
     model = load_hf_model(None)
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
     first = next(model.parameters())
-    first.register_hook(lambda g: torch.full_like(g, float("nan")))
+    first.register_hook(lambda g: torch.full_like(g, float("nan")))  # type: ignore[no-untyped-call]  # untyped in torch
     opt = make_optimizer(model, 1e-3)
     stats = train_step(model, opt, _samples(-0.5), GRPOConfig(group_size=G, token_budget=64))
     assert stats.skipped and not math.isfinite(stats.grad_norm)
@@ -77,7 +77,7 @@ def test_weights_that_are_not_finite_are_never_published_or_checkpointed(tmp_pat
     with pytest.raises(IntegrityError, match=name):
         require_finite(state)
     # the publisher refuses before it writes a file or touches the blob store (none given here)
-    publisher = PolicyPublisher(tmp_path / "policy", None, SigningKey(bytes(32)), "run")  # type: ignore[arg-type]
+    publisher = PolicyPublisher(tmp_path / "policy", None, SigningKey(bytes(32)), "run")  # type: ignore[arg-type]  # a stand-in for it
     for policy in (state, PolicyWeights.from_state_dict(state)):
         with pytest.raises(IntegrityError):
             asyncio.run(publisher.publish(1, policy))
@@ -125,7 +125,7 @@ def test_a_skipped_step_is_charged_to_the_batch_behind_it(tmp_path: Path) -> Non
         trainer.train_options = TrainOptions.from_section(trainer.rl)
         trainer.metrics = MetricsFile(trainer.dir)
         # nothing published before: the step only waits for (and times) the previous publication
-        trainer.publication = Publication(None, trainer.rt.swarm, "policy", trainer.dir,  # type: ignore[arg-type]
+        trainer.publication = Publication(None, trainer.rt.swarm, "policy", trainer.dir,  # type: ignore[arg-type]  # a stand-in for it
                                           trainer.rt.board, trainer.tasks, trainer._snapshot)
         # the step's signed record, as start() wires it, into a real blob store
         store = BlobStore(tmp_path / "blobs")

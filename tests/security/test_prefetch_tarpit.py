@@ -82,7 +82,7 @@ def test_tarpits_do_not_delay_an_honest_batch(tmp_path: Path, proven: bool) -> N
                 assert pf.offer("honest", honest_cid, 5, size, 3, 5)
                 await asyncio.wait({pf._held[("honest", honest_cid)].task})
                 assert await pf.claim("honest", honest_cid) is not None and pf.proven("honest")
-                fetcher.store.forget_blob(honest_cid, set(fetcher.store.manifest(honest_cid).chunks))  # type: ignore[union-attr]
+                fetcher.store.forget_blob(honest_cid, set(fetcher.store.manifest(honest_cid).chunks))  # type: ignore[union-attr]  # set by now
             for i in range(TARPITS):
                 pf.offer(f"pit{i}", cid_of(f"tarpit {i}".encode()), 5, 1 << 20, 3, 5)
             while len(pit_conns) < 2:  # the tarpits hold the slots they could get

@@ -281,7 +281,8 @@ def test_workers_that_choose_or_drop_problems_are_caught_across_processes(tmp_pa
     procs: list[Any] = []
 
     def vstat() -> dict[str, Any]:
-        return validator.status()["validator"]
+        status: dict[str, Any] = validator.status()["validator"]
+        return status
 
     try:
         trainer = start_role(tmp_path / "trainer", "trainer", procs, **common)
@@ -289,7 +290,7 @@ def test_workers_that_choose_or_drop_problems_are_caught_across_processes(tmp_pa
         validator = start_role(tmp_path / "validator", "validator", procs, bootstrap=[t_addr], **common)
         v_addr = listen_addr(validator)
         for mode in ("choose", "skip"):
-            write_config(tmp_path / mode, bootstrap=[t_addr, v_addr], **common)  # type: ignore[arg-type]
+            write_config(tmp_path / mode, bootstrap=[t_addr, v_addr], **common)  # type: ignore[arg-type]  # keyword arguments from a table
             procs.append(CheatProcess(tmp_path / mode, mode))
         # The chooser's first verdict (each verdict adds a latency sample for its worker).
         wait_for(lambda: ids["choose"] in vstat()["latency_s"], timeout=300, what="a verdict on the chooser")

@@ -136,7 +136,7 @@ def test_replayed_stale_heartbeats_do_not_get_the_trainer_banned() -> None:
 def _verdict(seq: int, outcome: str, **kw: Any) -> AuditVerdict:
     expected = {"pass": H1, "fail": H2, "unavailable": ""}[outcome]
     return AuditVerdict(run_id=RUN, trainer=TRAINER.peer_id, seq=seq, version=seq,
-                        outcome=outcome, published=H1, expected=expected, **kw)  # type: ignore[arg-type]
+                        outcome=outcome, published=H1, expected=expected, **kw)  # type: ignore[arg-type]  # keyword arguments from a table
 
 
 class _Runtime:

@@ -66,6 +66,7 @@ def _validator(tmp: Path, engine: TorchEngine, reward_timeout_s: float) -> Any:
 def _problem(validator: Any, key: SigningKey) -> Problem:
     """The problem ``key``'s batch is about: its first assignment window at v0 (one problem a window in
     these tests' run, ``envs/assignment.py``), so every check before scoring passes."""
+    problem: Problem
     (problem,) = validator.assignments.problems(key.peer_id, 0, 0)
     return problem
 

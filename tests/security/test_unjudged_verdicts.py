@@ -97,7 +97,9 @@ def test_the_validator_checks_the_same_bytes_again_after_an_undecided_verdict(tm
         calls.append(notice.batch_cid)
         # The first time this validator's checker runs out of time; the second time it gets through.
         reason = "reward_unjudged" if len(calls) == 1 else ""
-        return validator.verification.verdict(notice, worker, 0 if reason else 2, 2 if reason else 0, reason)
+        verdict: BatchVerdict = validator.verification.verdict(notice, worker, 0 if reason else 2,
+                                                               2 if reason else 0, reason)
+        return verdict
 
     validator.verification._check_content = check_content
     # The same bytes under two blob names (the worker sent them again once the validator caught up).
@@ -132,8 +134,9 @@ def test_unjudged_batches_are_bounded_per_worker_and_version(tmp_path: Path) -> 
 
     async def check_content(notice: RolloutNotice, worker: str, data: bytes, held: Any) -> BatchVerdict:
         checked.append(notice.policy_version)  # its checker runs out of time on every copy
-        return validator.verification.verdict(notice, worker, 0, 2, "reward_unjudged",
-                                              "the checker timed out here")
+        verdict: BatchVerdict = validator.verification.verdict(notice, worker, 0, 2, "reward_unjudged",
+                                                               "the checker timed out here")
+        return verdict
 
     validator.verification._check_content = check_content
 

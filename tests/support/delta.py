@@ -25,6 +25,6 @@ def policy_versions(dtype: torch.dtype, n: int, lr: float = 3e-5) -> list[Policy
         tokens = torch.randint(0, 64, (16, 8), generator=gen)
         loss = torch.nn.functional.cross_entropy(model(tokens).reshape(-1, 64), tokens.roll(1, 1).reshape(-1))
         opt.zero_grad()
-        loss.backward()
+        torch.autograd.backward(loss)
         opt.step()
     return out

@@ -89,7 +89,7 @@ def _family_files(kind: str) -> tuple[Any, dict[str, Any], dict[str, Any], dict[
         ids = {t: tok.token_to_id(t) for t in QWEN_SPECIALS}
         cfg = dict(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
                    pad_token_id=ids["<|endoftext|>"])
-        tok_cfg = dict(bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        tok_cfg: dict[str, Any] = dict(bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                        chat_template=CHATML)
         gen = dict(eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]], pad_token_id=ids["<|endoftext|>"])
     elif kind == "llama":
@@ -114,7 +114,8 @@ def _config(kind: str, vocab: int, ids: dict[str, Any], shape: dict[str, Any] = 
     from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     if kind == "llama":
-        return LlamaConfig(vocab_size=vocab, tie_word_embeddings=False, rope_theta=10000.0,
+        # rope_theta and rope_scaling: transformers 4's keys, which transformers 5 still reads.
+        return LlamaConfig(vocab_size=vocab, tie_word_embeddings=False, rope_theta=10000.0,  # type: ignore[call-arg]  # transformers 4's keys, which transformers 5 still reads
                            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
                            **shape, **ids)
@@ -137,7 +138,8 @@ def build_family_model(kind: str, dst: Path, seed: int = 0, shape: dict[str, Any
     family = kind.removesuffix("-sharded")
     tok, ids, tok_cfg, gen = _family_files(family)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(_config(family, tok.get_vocab_size(), ids,
+    model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]  # transformers leaves it untyped
+        _config(family, tok.get_vocab_size(), ids,
                                                       {**SHAPE, **(shape or {})})).float()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -147,7 +149,7 @@ def build_family_model(kind: str, dst: Path, seed: int = 0, shape: dict[str, Any
                 p.normal_(0.0, 0.2)
     dst.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(dst), max_shard_size="150KB" if kind.endswith("-sharded") else "1GB")
-    GenerationConfig(**gen).save_pretrained(str(dst))
+    GenerationConfig(**gen).save_pretrained(str(dst))  # type: ignore[no-untyped-call]  # untyped in transformers
     tok.save(str(dst / "tokenizer.json"))
     (dst / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
     return dst

@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import trio
 
@@ -54,7 +54,7 @@ async def target_and_honest(root: Path) -> AsyncIterator[tuple[Node, Node]]:
         # loopback AutoNAT never says PUBLIC). The honest node does not: otherwise the target would
         # reserve a slot with it after a few verdict-less checks and advertise a p2p:// blob URL.
         made.append(rt)
-        relay = "on" if len(made) == 1 else "off"
+        relay: Literal["on", "off"] = "on" if len(made) == 1 else "off"
         return NatService(rt.swarm, NatConfig(relay_service=relay),
                           on_reject=rt.swarm.peerbook.record_rejection, board=rt.board)
 

@@ -16,7 +16,7 @@ def tiny_llama(vocab: int = 16, hidden: int = 32, layers: int = 2, seed: int = 0
                       max_position_embeddings=64, tie_word_embeddings=False, bos_token_id=1,
                       eos_token_id=2, pad_token_id=0)
     model = LlamaForCausalLM(cfg)
-    model.eval()
+    model.train(False)  # eval mode (transformers leaves eval() untyped)
     return model
 
 
@@ -46,12 +46,13 @@ def tiny_family_model(family: str, *, vocab: int = 32, hidden: int = 64, layers:
     rope scaling, Mistral's sliding window, Qwen2's QKV bias, Qwen3's q/k norms (and explicit head_dim)."""
     from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+    common: dict[str, Any] = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
                   num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                   tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if family == "llama":
-        cfg: Any = LlamaConfig(**common, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+        # rope_scaling: the transformers 4 key, which transformers 5 still reads into rope_parameters.
+        cfg: Any = LlamaConfig(**common, rope_scaling={"rope_type": "llama3", "factor": 8.0,  # type: ignore[call-arg]  # transformers 4's keys, which transformers 5 still reads
                                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                        "original_max_position_embeddings": 32})
     elif family == "mistral":
@@ -63,7 +64,7 @@ def tiny_family_model(family: str, *, vocab: int = 32, hidden: int = 64, layers:
     else:
         raise ValueError(f"unknown family {family!r}")
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)  # type: ignore[no-untyped-call]  # untyped in transformers
     model.eval()
     return model
 

@@ -66,7 +66,7 @@ async def _start_with_faults(self: Any) -> None:
     loop.add_signal_handler(signal.SIGUSR1, _crash_and_take_port, self)
 
 
-runtime_mod.NodeRuntime.start = _start_with_faults  # type: ignore[method-assign]
+runtime_mod.NodeRuntime.start = _start_with_faults  # type: ignore[method-assign]  # patched for this test
 
 if __name__ == "__main__":
     from intellect_node.cli import main

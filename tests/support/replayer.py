@@ -48,7 +48,7 @@ def watched(factory: Callable[[Any], Any]) -> Callable[[InProcessNode], Any]:
     """``factory`` (e.g. ``Worker.for_runtime``) on a node that runs the audit watch a joined node runs."""
 
     def build(node: InProcessNode) -> Any:
-        watch = AuditWatch(node)  # type: ignore[arg-type]  # the in-process node is a Runtime
+        watch = AuditWatch(node)  # the in-process node is a Runtime
         node.services[AuditWatch] = watch
         role = factory(node)
         start = role.start

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from intellect_node.inference.base import InferenceEngine
 from intellect_node.node.processes import write_config as write_config_file
 from tests.support.common import REPO
 from tests.support.swarm import NodeProcess
@@ -237,7 +238,7 @@ def cheater(mode: str) -> type[Any]:
                 return super().assigned(version, 2 * window + 1)
             return super().assigned(version, window)
 
-        def make_records(self, engine: TorchEngine, problems: Any, version: int, checkpoint: str) -> Any:
+        def make_records(self, engine: InferenceEngine, problems: Any, version: int, checkpoint: str) -> Any:
             how = mode
             if mode == "choose":
                 g, per = self.rl.group_size, self.rl.problems_per_batch
@@ -249,9 +250,10 @@ def cheater(mode: str) -> type[Any]:
                 # Another model: the announced policy's weights with noise (same architecture, so the
                 # records look fine structurally and only the tensor checks can tell).
                 if not hasattr(self, "_other"):
+                    assert isinstance(engine, TorchEngine)
                     loaded = engine.loaded
-                    g = torch.Generator().manual_seed(1)
-                    state = {k: v + 0.05 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
+                    gen = torch.Generator().manual_seed(1)
+                    state = {k: v + 0.05 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v
                              for k, v in loaded.state.items()}
                     self._other = TorchEngine(dataclasses.replace(loaded, state=state))
                 engine = self._other

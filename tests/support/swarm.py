@@ -149,7 +149,8 @@ class NodeProcess(processes.NodeProcess):
         out = subprocess.run([CLI, "status", "--data-dir", str(self.data_dir), "--json"], capture_output=True,
                              text=True, timeout=60)
         assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout)
+        status: dict[str, Any] = json.loads(out.stdout)
+        return status
 
     def wait(self, timeout: float = 30.0) -> int:
         return super().wait(timeout)

@@ -83,7 +83,7 @@ def _forge_worker_main(flags: list[str]) -> None:
     def forging_node(*a: Any, **kw: Any) -> Any:
         return honest(*a, **{**kw, "worker": ForgingWorker})
 
-    assembly.sweep_worker_node = forging_node  # type: ignore[assignment]
+    assembly.sweep_worker_node = forging_node
     _cli(["sweep", "worker", *flags])
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 from intellect_node.fsutil import read_jsonl
 from intellect_node.roles.trainer.metrics import METRICS_FILE
@@ -28,7 +29,7 @@ def trained_run(root: Path, *, steps: int = 4) -> Path:
     checkpoints = root / "trainer" / "trainer" / "checkpoints"
 
     def done() -> bool:
-        lines = read_jsonl(metrics) if metrics.exists() else []
+        lines: list[dict[str, Any]] = read_jsonl(metrics) if metrics.exists() else []
         trained = [m for m in lines if m.get("trained")]
         newest = max((int(m["version"]) for m in trained), default=-1)
         return len(trained) >= steps and (checkpoints / f"v{newest:08d}").is_dir()

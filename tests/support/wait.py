@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class Deadline:
@@ -21,7 +24,7 @@ class Deadline:
         self.what = what
         self.end = time.monotonic() + timeout
 
-    def poll(self, predicate: Callable[[], object]) -> object | None:
+    def poll(self, predicate: Callable[[], T]) -> T | None:
         """The predicate's value when truthy; None while time remains; AssertionError once it has run out.
 
         The predicate is always asked once more after the deadline passed, so a condition that became
@@ -34,8 +37,8 @@ class Deadline:
         return None
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.05,
-             what: str = "condition") -> object:
+def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.05,
+             what: str = "condition") -> T:
     """Poll ``predicate`` every ``interval`` s until truthy (returned) or raise after ``timeout`` s."""
     deadline = Deadline(timeout, what)
     while (value := deadline.poll(predicate)) is None:
@@ -43,22 +46,22 @@ def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: f
     return value
 
 
-async def _wait_async(predicate: Callable[[], object], timeout: float, interval: float, what: str,
-                      sleep: Callable[[float], Awaitable[object]]) -> object:
+async def _wait_async(predicate: Callable[[], T], timeout: float, interval: float, what: str,
+                      sleep: Callable[[float], Awaitable[object]]) -> T:
     deadline = Deadline(timeout, what)
     while (value := deadline.poll(predicate)) is None:
         await sleep(interval)
     return value
 
 
-async def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.05,
-                     what: str = "condition") -> object:
+async def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.05,
+                     what: str = "condition") -> T:
     """The asyncio form of :func:`wait_for`: the event loop keeps running while it waits."""
     return await _wait_async(predicate, timeout, interval, what, asyncio.sleep)
 
 
-async def wait_trio(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.05,
-                    what: str = "condition") -> object:
+async def wait_trio(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.05,
+                    what: str = "condition") -> T:
     """The trio form of :func:`wait_for` (attacker hosts and other code that runs under ``trio.run``)."""
     import trio
 

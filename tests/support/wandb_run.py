@@ -61,7 +61,7 @@ def read_offline_run(path: Path) -> OfflineRun:
 
     run = OfflineRun()
     for raw in _records(path):
-        rec = pb.Record()
+        rec = pb.Record()  # type: ignore[attr-defined]  # protobuf's generated module declares no names
         rec.ParseFromString(raw)
         kind = rec.WhichOneof("record_type")
         if kind == "run":

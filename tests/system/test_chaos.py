@@ -180,7 +180,7 @@ class Acks:
                 self.checkpoint, self.consumed = max(version, self.checkpoint), consumed | self.consumed
 
     def metrics(self) -> list[dict[str, Any]]:
-        return read_jsonl(self.dir / "metrics.jsonl")  # type: ignore[return-value]  # a line being appended: skipped
+        return read_jsonl(self.dir / "metrics.jsonl")  # a line being appended: skipped
 
     def trained(self) -> list[dict[str, Any]]:
         return [m for m in self.metrics() if m["trained"]]
@@ -235,7 +235,7 @@ class Swarm:
         node.start([n.addr for n in self.nodes.values() if n is not node])
 
     def wait_ready(self, name: str) -> dict[str, Any]:
-        return dict(wait_for(self.nodes[name].status, timeout=START_S, interval=0.2, what=f"{name} up"))  # type: ignore[arg-type]
+        return dict(wait_for(self.nodes[name].status, timeout=START_S, interval=0.2, what=f"{name} up"))
 
     def trained_steps(self) -> int:
         return len(self.acks.trained())
@@ -358,7 +358,7 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
     if topo is not None:
         topo.__enter__()
     sw = Swarm(root, topo)
-    sw.netns_reason = reason  # type: ignore[attr-defined]
+    sw.netns_reason = reason  # type: ignore[attr-defined]  # set on this swarm for the report
     try:
         with sw.acks:
             sw.start("trainer")
@@ -389,7 +389,11 @@ def test_random_sigkills_of_every_role_lose_no_accepted_rollout(swarm: Swarm) ->
     for victims, (wait, moment) in zip(rounds, plan):
         swarm.wait_trained(swarm.trained_steps() + wait, f"before killing {victims}")
         if moment == "inbox":
-            wait_for(lambda: swarm.check_running() or swarm.acks.inbox(), timeout=PROGRESS_S, interval=0.05,
+            def inbox_waiting() -> object:
+                swarm.check_running()
+                return swarm.acks.inbox()
+
+            wait_for(inbox_waiting, timeout=PROGRESS_S, interval=0.05,
                      what="an accepted batch waiting in the trainer's inbox")
         swarm.kill_and_restart(victims)
         swarm.acks.poll()

@@ -14,6 +14,7 @@ whose model file no node holds. Operator mistakes exit 2 naming the flag.
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -48,7 +49,7 @@ ENV_ARGS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "o
 HB = ["--heartbeat-interval", "1", "--peer-timeout", "10", "--metrics-port", "0"]
 
 
-def _cli(*args: str, timeout: float = 300) -> Any:
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return run_cli(*args, env=ENV, timeout=timeout)
 
 
@@ -63,7 +64,8 @@ def _put(trainer_dir: Path, raw: bytes, tmp: Path, name: str) -> str:
     path.write_bytes(raw)
     r = _here("blob", "put", str(path), "--data-dir", str(trainer_dir))
     assert r.returncode == 0, r.stderr
-    return r.stdout.strip().splitlines()[-1]
+    cid: str = r.stdout.strip().splitlines()[-1]
+    return cid
 
 
 def _refused(tmp: Path, name: str, run: str, boot: str, *extra: str) -> str:
@@ -204,9 +206,9 @@ def test_run_publish_serves_a_run_without_a_role(tmp_path: Path) -> None:
     # dir: its node serves them as its signed feed, which `run report --run` draws.
     steps = [{"step": i, "version": i + 1, "trained": True, "pass_rate": i / 10, "reward_mean": i / 10,
               "kl_sampler": 0.01} for i in range(5)]
-    held = [{"version": v, "n": 64, "pass_rate": v / 20, "mean_reward": v / 20, "evaluator": organiser}
+    held_out = [{"version": v, "n": 64, "pass_rate": v / 20, "mean_reward": v / 20, "evaluator": organiser}
             for v in (0, 5)]
-    for rel, lines in (("trainer/metrics.jsonl", steps), ("validator/held_out.jsonl", held)):
+    for rel, lines in (("trainer/metrics.jsonl", steps), ("validator/held_out.jsonl", held_out)):
         (tmp_path / "organiser" / rel).parent.mkdir(exist_ok=True)
         (tmp_path / "organiser" / rel).write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"torn')
     port = free_port()

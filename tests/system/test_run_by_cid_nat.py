@@ -129,6 +129,7 @@ def test_a_participant_behind_nat_joins_a_run_by_cid_through_a_relay(topo: Topol
                   and all("/p2p-circuit/" in a for a in s["listen_addrs"]) and s, 240,
                   what="the worker to be PRIVATE with a relay reservation, advertising circuit addresses",
                   interval=0.5)
+    assert st  # wait_for's value is the predicate's, truthy: the status
     worker_id = identity.load_key(worker_dir).peer_id
     assert st["peer_id"] == worker_id
     assert nat(st)["blob_url"] == f"p2p://{worker_id}"
@@ -146,6 +147,7 @@ def test_a_participant_behind_nat_joins_a_run_by_cid_through_a_relay(topo: Topol
     # A batch accepted: the validator fetched it from a node it cannot dial, over libp2p.
     st = wait_for(lambda: (s := worker.status()) and (s.get("worker") or {}).get("accepted", 0) >= 1 and s,
                   300, what="a batch of the worker accepted", interval=1.0)
+    assert st
     assert nat(st)["chunk_stream"]["served_bytes"] > 0, nat(st)
     ledger = st["ledger"]
     assert ledger["rollouts_accepted"] >= RL["group_size"] * RL["problems_per_batch"], ledger

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -140,7 +141,7 @@ def test_non_canonical_or_malformed_checkpoints_refused() -> None:
     sd = {"w": torch.randn(4, 4), "h": torch.randn(4).bfloat16()}
     raw = bytes(PolicyWeights.from_state_dict(sd).to_bytes())
 
-    def swap_dtype(h: dict) -> dict:  # type: ignore[type-arg]
+    def swap_dtype(h: dict[str, Any]) -> dict[str, Any]:
         h["w"]["dtype"] = "I32"
         return h
 

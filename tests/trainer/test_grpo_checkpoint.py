@@ -88,7 +88,7 @@ def test_sigkill_at_any_moment_leaves_a_consistent_checkpoint(tmp_path: Path) ->
         proc = subprocess.Popen([sys.executable, str(script), str(root)], env=env, cwd=REPO)
         try:
             wait_for(lambda: (latest_dir(root) is not None
-                              and int(latest_dir(root).name[1:]) >= last + 2), timeout=60,  # type: ignore[union-attr]
+                              and int(latest_dir(root).name[1:]) >= last + 2), timeout=60,  # type: ignore[union-attr]  # set by now
                      what="the writer to commit two more checkpoints")
             time.sleep(0.01 * round_)  # vary where in the write the kill lands
         finally:
@@ -100,7 +100,7 @@ def test_sigkill_at_any_moment_leaves_a_consistent_checkpoint(tmp_path: Path) ->
         # Weights, version and consumed set were committed together.
         assert all(torch.all(p == float(st.version)) for p in m.parameters())
         assert st.consumed == {f"b{i}" for i in range(st.version)}
-        assert json.loads((latest_dir(root) / "state.json").read_text())["version"] == st.version  # type: ignore[operator]
+        assert json.loads((latest_dir(root) / "state.json").read_text())["version"] == st.version  # type: ignore[operator]  # set by now
         last = st.version
 
 

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from typing import Any
 
 import torch
 
-from intellect_node.envs.tasks import embedded_task
+from intellect_node.envs.tasks import Problem, embedded_task
 from intellect_node.inference.base import SamplingConfig
 from intellect_node.inference.torch_engine import TorchEngine
-from intellect_node.models.loader import load_hf_model, load_model
+from intellect_node.models.loader import LoadedModel, load_hf_model, load_model
+from intellect_node.models.tokenizer import ModelTokenizer
 from intellect_node.trainer.grpo import GRPOConfig
 from intellect_node.trainer.step import Sample, make_optimizer, train_step
 
@@ -25,13 +27,13 @@ torch.set_num_threads(1)
 G, P, T, STEPS, LR = 8, 8, 5, 30, 2e-4
 
 
-def _engine(base, model):  # type: ignore[no-untyped-def]
+def _engine(base: LoadedModel, model: torch.nn.Module) -> TorchEngine:
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return TorchEngine(dataclasses.replace(base, state=state))
 
 
 @torch.no_grad()
-def _answer_prob(model, tok, problems) -> float:  # type: ignore[no-untyped-def]
+def _answer_prob(model: Any, tok: ModelTokenizer, problems: list[Problem]) -> float:
     seqs = [tok.prompt_ids(p.prompt) + tok.encode(p.answer) + [tok.eos_id] for p in problems]
     x = torch.tensor(seqs)
     plen = len(tok.prompt_ids(problems[0].prompt))
@@ -40,7 +42,7 @@ def _answer_prob(model, tok, problems) -> float:  # type: ignore[no-untyped-def]
     return float(tgt.sum(1).exp().mean())
 
 
-def _pass_rate(engine, tok, problems, seed: int) -> float:  # type: ignore[no-untyped-def]
+def _pass_rate(engine: TorchEngine, tok: ModelTokenizer, problems: list[Problem], seed: int) -> float:
     rng = random.Random(seed)
     gens = engine.generate([tok.prompt_ids(p.prompt) for p in problems],
                            [rng.getrandbits(62) for _ in problems], SamplingConfig(1.0, 1.0, T))
@@ -52,7 +54,7 @@ def test_grpo_raises_the_embedded_models_pass_rate() -> None:
     base = load_model(None)
     tok = base.tokenizer
     model = load_hf_model(None)
-    model.eval()
+    model.train(False)  # eval mode (transformers leaves eval() untyped)
     task = embedded_task()
     held_out = task.sample(random.Random(12345), 512)
     prob0 = _answer_prob(model, tok, held_out[:256])
@@ -70,7 +72,7 @@ def test_grpo_raises_the_embedded_models_pass_rate() -> None:
                           p.reward(tok.decode(g.tokens)))
                    for p, g in zip(problems, gens)]
         train_step(model, opt, samples, cfg)
-    model.eval()
+    model.train(False)  # eval mode (transformers leaves eval() untyped)
     prob1 = _answer_prob(model, tok, held_out[:256])
     pass1 = _pass_rate(_engine(base, model), tok, held_out, seed=1)
     print(f"answer probability {prob0:.3f} -> {prob1:.3f}; sampled pass rate {pass0:.3f} -> {pass1:.3f}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from intellect_node.envs.filtering import (
     save_solve_rates,
 )
 from intellect_node.envs.jsonl_tasks import load_jsonl_tasks
-from intellect_node.envs.tasks import Task, embedded_task, get_task, resolve_problem
+from intellect_node.envs.tasks import Problem, Task, embedded_task, get_task, resolve_problem
 from intellect_node.errors import ConfigError
 from intellect_node.trainer.filtering import filter_groups
 
@@ -57,7 +58,7 @@ def test_offline_filter_keeps_the_band(tmp_path: Path) -> None:
     # job is the bookkeeping, which this pins down exactly).
     rate_of = {p.problem_id: k / 10 for k, p in enumerate(pool)}
 
-    def rewards_fn(problems, n):  # type: ignore[no-untyped-def]
+    def rewards_fn(problems: Sequence[Problem], n: int) -> list[list[float]]:
         return [[1.0 if j < round(rate_of[p.problem_id] * n) else 0.0 for j in range(n)] for p in problems]
 
     rates = measure_solve_rates(pool, rewards_fn, samples=10, batch=3)

@@ -79,6 +79,7 @@ def test_same_parameters_logits_and_gradients_as_transformers(family: str, folde
             (out * weights).sum().backward()
         for (name, p), q in zip(lean.named_parameters(), ref.parameters()):
             assert p.grad is not None and torch.isfinite(p.grad).all(), (family, name)
+            assert q.grad is not None
             assert torch.allclose(p.grad, q.grad, atol=1e-5, rtol=1e-4), \
                 (family, left, name, float((p.grad - q.grad).abs().max()))
 

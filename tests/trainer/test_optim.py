@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,26 +15,28 @@ from intellect_node.trainer.optim import CpuAdamW
 from intellect_node.trainer.step import make_optimizer
 
 
-def _model(seed: int) -> torch.nn.Module:
+def _model(seed: int) -> torch.nn.Sequential:
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Embedding(11, 6), torch.nn.Linear(6, 5),
                                torch.nn.Linear(5, 3, bias=False))
 
 
-def _grads(model: torch.nn.Module, step: int) -> None:
+def _grads(model: torch.nn.Sequential, step: int) -> None:
     """Gradients of a fixed loss; one parameter gets none on odd steps (skipped by both optimizers)."""
     g = torch.Generator().manual_seed(step)
     x = torch.randint(0, 11, (8,), generator=g)
     (model(x).pow(2).sum() * (step + 1)).backward()
     if step % 2:
-        model[2].weight.grad = None
+        last = model[2]
+        assert isinstance(last, torch.nn.Linear)
+        last.weight.grad = None
 
 
-def _run(model: torch.nn.Module, opt: object, steps: range) -> None:
+def _run(model: torch.nn.Sequential, opt: object, steps: range) -> None:
     for step in steps:
-        opt.zero_grad(set_to_none=True)  # type: ignore[attr-defined]
+        opt.zero_grad(set_to_none=True)  # type: ignore[attr-defined]  # CpuAdamW or torch's AdamW
         _grads(model, step)
-        opt.step()  # type: ignore[attr-defined]
+        opt.step()  # type: ignore[attr-defined]  # CpuAdamW or torch's AdamW
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.01])
@@ -44,8 +47,8 @@ def test_the_weights_are_bit_identical_to_torch_adamw_step_after_step(weight_dec
     for step in range(12):
         _run(ours, opt_ours, range(step, step + 1))
         _run(theirs, opt_theirs, range(step, step + 1))
-        for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
-            assert torch.equal(a, b), f"step {step}: {name} differs"
+        for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
+            assert torch.equal(p, q), f"step {step}: {name} differs"
     a, b = opt_ours.state_dict(), opt_theirs.state_dict()
     assert a["param_groups"] == b["param_groups"]
     assert a["state"].keys() == b["state"].keys()
@@ -56,7 +59,8 @@ def test_the_weights_are_bit_identical_to_torch_adamw_step_after_step(weight_dec
 
 
 @pytest.mark.parametrize("direction", ["torch->ours", "ours->torch"])
-def test_a_saved_state_resumes_bit_identically_in_the_other_implementation(direction: str, tmp_path) -> None:
+def test_a_saved_state_resumes_bit_identically_in_the_other_implementation(direction: str,
+                                                                           tmp_path: Path) -> None:
     first, resumed, reference = _model(1), _model(1), _model(1)
     make_first = (lambda p: torch.optim.AdamW(p, lr=1e-2)) if direction == "torch->ours" else \
         (lambda p: CpuAdamW(p, 1e-2))
@@ -102,7 +106,7 @@ def test_the_trainer_gets_cpu_adamw_on_the_cpu_and_torch_adamw_when_asked() -> N
     assert isinstance(make_optimizer(model, 1e-3, torch_optim=True), torch.optim.AdamW)
 
 
-def test_a_cpu_trainer_steps_and_checkpoints_without_importing_torch_dynamo(tmp_path) -> None:
+def test_a_cpu_trainer_steps_and_checkpoints_without_importing_torch_dynamo(tmp_path: Path) -> None:
     """The point of CpuAdamW: the first step's path and a checkpoint import no torch._dynamo (about 1 s)."""
     code = textwrap.dedent(f"""
         import sys

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -70,7 +71,7 @@ def test_settings_keep_the_embedded_task_unless_they_change_it() -> None:
         settled.get("add3/123045")
 
 
-def test_char_tokenizer_round_trips(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_char_tokenizer_round_trips(tmp_path: Path) -> None:
     write_tokenizer_files(tmp_path)
     tok = ModelTokenizer(tmp_path)
     text = "123+045= Hello, world!\n~"

@@ -67,14 +67,14 @@ def _reference_step(model: torch.nn.Module, samples: list[Sample], cfg: GRPOConf
         clipped = torch.clamp(ratio, 1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
         unclipped = torch.clamp(ratio, max=cfg.neg_ratio_cap) if a < 0 else ratio
         total = total - torch.minimum(unclipped * a, clipped * a).sum()
-    (total / cfg.token_budget).backward()
+    torch.autograd.backward(total / cfg.token_budget)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
+    norm = torch.sqrt(sum(((g.double() ** 2).sum() for g in grads), torch.tensor(0.0, dtype=torch.float64)))
     coef = min(1.0, cfg.max_grad_norm / (float(norm) + 1e-6))
     with torch.no_grad():
-        for p in model.parameters():
-            if p.grad is not None:
-                p -= lr * coef * p.grad
+        for param in model.parameters():
+            if param.grad is not None:
+                param.sub_(lr * coef * param.grad)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -105,7 +105,9 @@ def test_bf16_computes_in_bf16_and_keeps_fp32_master_weights(family: str, folder
     samples = scored_samples(fp32, PROMPTS, 4, seed=2)
     cfg = GRPOConfig(group_size=4, token_budget=60, max_grad_norm=1.0)
     seen: list[torch.dtype] = []
-    hook = model.lm_head.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    head = model.lm_head
+    assert isinstance(head, torch.nn.Module)
+    hook = head.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     adv = batch_advantages(samples, cfg)
     accumulate_gradients(model, samples, adv, cfg, compute_dtype=opts.compute_dtype)
     accumulate_gradients(fp32, samples, adv, cfg)
@@ -113,6 +115,7 @@ def test_bf16_computes_in_bf16_and_keeps_fp32_master_weights(family: str, folder
     assert seen and all(d == torch.bfloat16 for d in seen)
     for (name, p), q in zip(model.named_parameters(), fp32.parameters()):
         assert p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32, name
+        assert q.grad is not None
         cos = torch.nn.functional.cosine_similarity(p.grad.flatten(), q.grad.flatten(), dim=0)
         assert float(cos) > 0.95, (family, name, float(cos))
     # A whole AdamW step: weights and optimizer state stay fp32 and the weights move.
