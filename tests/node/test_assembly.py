@@ -47,12 +47,12 @@ def test_a_joined_node_runs_the_common_services_in_order_then_the_rest(tmp_path:
         await rt.start()
         try:
             # The ledger first (it closes last, after the roles that record in it); NAT before blobs; the
-            # runs it lists after the blobs it serves them from; the audit watch before the roles that ask it.
-            assert _names(rt) == ["ledger", "metrics", "nat", "blobs", "runs", "audits",
-                                                     "extra"]
+            # runs it lists after the blobs it serves them from, and its feed beside them; the audit watch
+            # before the roles that ask it.
+            assert _names(rt) == ["ledger", "metrics", "nat", "blobs", "runs", "feed", "audits", "extra"]
             assert rt.board.snapshot().role == "worker"
             # What a role finds beside it, by class (roles/common/services.py).
-            assert blob_service(rt) is rt.services[3] and rt.service(Extra) is rt.services[6]
+            assert blob_service(rt) is rt.services[3] and rt.service(Extra) is rt.services[7]
             ledger = ledger_of(rt)
             assert ledger is not None and rt.service(SweepWorker) is None
         finally:
@@ -60,7 +60,7 @@ def test_a_joined_node_runs_the_common_services_in_order_then_the_rest(tmp_path:
         rt = build_node(_cfg(metrics=False), tmp_path / "b")
         await rt.start()
         try:
-            assert _names(rt) == ["ledger", "nat", "blobs", "runs", "audits"]
+            assert _names(rt) == ["ledger", "nat", "blobs", "runs", "feed", "audits"]
             assert rt.service(Extra) is None
         finally:
             await rt.stop()
