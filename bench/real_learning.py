@@ -145,14 +145,27 @@ def _trained_steps(path: Path) -> int:
     return sum(1 for x in path.read_text().splitlines() if '"trained": true' in x) if path.exists() else 0
 
 
+PUBLISH_WAIT_S = 300.0
+"""How long a stopped swarm arm waits for the policy of its last counted step (publishing a version of
+SmolLM2-135M took 15-20 s on 2 cores: the delta and the canonical bytes)."""
+
+
+def _policies(folder: Path) -> dict[int, Path]:
+    """The trainer's published policy files by version (``v<version>.safetensors``)."""
+    return {int(p.stem[1:]): p for p in folder.glob("v*.safetensors") if p.stem[1:].isdigit()}
+
+
 def run_swarm(model: Path, rl: dict[str, Any], run: dict[str, Any], minutes: float, max_steps: int | None,
               workdir: Path, keep: Path, seed: int) -> dict[str, Any]:
-    """A swarm arm: launch, follow the trainer's metrics until the time or step budget, stop; the metrics
-    file and the nodes' logs copied to ``keep.*``."""
+    """A swarm arm: launch, follow the trainer's metrics until the time or step budget, wait for the
+    policy of the last step counted (the weights evaluated), stop; the metrics file and the nodes' logs
+    copied to ``keep.*``."""
+    from intellect_node.errors import ConfigError
     from intellect_node.fsutil import read_jsonl
 
     procs: list[Any] = []
     metrics_path = workdir / "trainer" / "trainer" / "metrics.jsonl"
+    policy_dir = workdir / "trainer" / "trainer" / "policy"
     died = ""
     try:
         swarm = launch_swarm(workdir, procs, model=str(model), rl=rl,
@@ -165,31 +178,41 @@ def run_swarm(model: Path, rl: dict[str, Any], run: dict[str, Any], minutes: flo
             dead = [p for p in procs if not p.alive()]
             if dead:
                 died = "; ".join(p.death_note() for p in dead)
+                print(f"a node of the swarm died: {died}", flush=True)
                 break
-        status = swarm.trainer.status()["trainer"]
+        try:
+            status = swarm.trainer.status()["trainer"]
+        except ConfigError:  # the trainer is gone: the metrics file is all there is
+            status = {}
+        # the figures at the stop; then the last counted step's version, published a little after it
+        lines: list[dict[str, Any]] = list(read_jsonl(metrics_path)) if metrics_path.exists() else []
+        trained = [m for m in lines if m.get("trained")]
+        final = trained[:max_steps][-1]["version"] if trained else None
+        deadline = time.monotonic() + PUBLISH_WAIT_S
+        while final is not None and final not in _policies(policy_dir) and swarm.trainer.alive() \
+                and time.monotonic() < deadline:
+            time.sleep(1.0)
     finally:
         for p in procs:
             p.kill()
-    lines: list[dict[str, Any]] = list(read_jsonl(metrics_path)) if metrics_path.exists() else []
     if metrics_path.exists():
         shutil.copyfile(metrics_path, keep.with_suffix(".metrics.jsonl"))
-    errors = {}
+    errors: dict[str, dict[str, int]] = {}
     for name in swarm.names:
         log = workdir / f"{name}.log"
         if log.exists():
             shutil.copyfile(log, keep.with_suffix(f".{name}.log"))
             text = log.read_text(errors="replace")
-            errors[name] = text.count("Traceback") + text.count(" ERROR ")
-    trained = [m for m in lines if m.get("trained")]
+            errors[name] = {level: text.count(f'"level": "{level}"') for level in ("ERROR", "WARNING")}
     curve = [{"step": i + 1, "t": m["time"] - swarm.t0_wall, "reward_mean": m["reward_mean"],
               "pass_rate": m["pass_rate"], "samples": m["samples"], "groups_used": m.get("groups_used"),
               "staleness_mean": m.get("staleness_mean")} for i, m in enumerate(trained[:max_steps])]
-    published = sorted((workdir / "trainer" / "trainer" / "policy").glob("v*.safetensors"))
+    weights = _policies(policy_dir).get(final) if final is not None else None
     accepted = status.get("accepted_batches") or 0
     trained_on = sum(len(m.get("batch_ages", [])) for m in trained)
     ages = [int(a) for a in (status.get("taken_by_age") or {})]
-    return {"curve": curve, "steps": len(curve), "weights": str(published[-1]) if published else None,
-            "final_version": int(published[-1].stem[1:]) if published else None,
+    return {"curve": curve, "steps": len(curve), "weights": str(weights) if weights else None,
+            "final_version": final if weights else None,
             "verified": status.get("accepted_rollouts"), "died": died, "log_errors": errors,
             "batches": {**{k: status.get(k) for k in ("accepted_batches", "stale_batches", "rejected_batches",
                                                       "taken_batches", "queued_batches", "taken_by_age")},
