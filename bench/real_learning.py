@@ -401,10 +401,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
         if not curves:
             continue
         steps = min(len(c) for c in curves)
-        ho = agg[arm]["held_out_pass_rate"]
-        label = (f"{arm} ({len(curves)} seeds; held-out pass {ho['mean']:.2f}, "
-                 f"{ho['min']:.2f}-{ho['max']:.2f})" if ho["mean"] is not None else arm)
-        for ax, key in zip(axes, ("pass_rate", "reward_mean")):
+        for ax, key, held in zip(axes, ("pass_rate", "reward_mean"),
+                                 ("held_out_pass_rate", "held_out_reward")):
+            ho = agg[arm][held]
+            label = (f"{arm} ({len(curves)} seeds; held out {ho['mean']:.2f}, "
+                     f"{ho['min']:.2f}-{ho['max']:.2f})" if ho["mean"] is not None else arm)
             per_step = [[c[i][key] for c in curves] for i in range(steps)]
             xs = list(range(1, steps + 1))
             ax.plot(xs, [statistics.fmean(v) for v in per_step], "-", color=colors.get(arm), label=label)
