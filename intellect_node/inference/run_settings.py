@@ -16,9 +16,10 @@ never writes the tags in 5 tokens), every group is filtered out, and the trainer
 4. ``max_new_tokens``: room for the answer and a little text (16 for arithmetic with ``whole``, 32 for
    other datasets, 256 for reasoning with answer tags).
 5. The learning rate by size: :data:`LR_BY_SIZE`.
-6. Above 50M parameters: ``groups_per_step`` 4, so a CPU step stays within about half a minute, and
+6. Above 50M parameters: ``groups_per_step`` 4, so a CPU step stays within about half a minute,
    ``work_ahead`` 1, so rollouts are at most one version old (a pretrained model moves further per step
-   at these rates than the embedded one, whose demo works two versions ahead).
+   at these rates than the embedded one, whose demo works two versions ahead), and ``target_kl``
+   (:data:`TARGET_KL`), so the step shrinks until a stale batch is inside the trust region.
 
 Whatever the operator gave (a flag, ``--config``) is kept, and reported as given. The embedded model gets
 no choices: the defaults are its settings.
@@ -46,6 +47,12 @@ LR_BY_SIZE: tuple[tuple[float, float, str], ...] = (
     (float("inf"), 3e-7, "INTELLECT-2's rate for QwQ-32B (arXiv 2505.07291)"),
 )
 """(parameters below, learning rate, source), first match wins."""
+
+TARGET_KL = 0.01
+"""``rl.target_kl`` chosen above 50M parameters: SmolLM2-135M's first one-version-stale step at lr 5e-5
+measured 0.25 nats/token to its sampler, with 32% of its tokens clipped (bench/README.md, "Real-model
+learning"); the target-KL step brings the lr down to where stale batches stay inside the region and
+keeps it on on-policy steps."""
 
 SMALL_MODEL = 1e9
 """Below this many parameters a model gets the whole-text answer format and short completions."""
@@ -154,6 +161,8 @@ def fit_settings(facts: ModelFacts, given: Mapping[str, Any]) -> list[Choice]:
         choose("groups_per_step", 4, f"a {size} model steps in about half a minute on a CPU with 4 groups")
         choose("work_ahead", 1, "rollouts at most one version old: each step moves the policy further "
                "than the embedded model's")
+        choose("target_kl", TARGET_KL, "the step scaled toward this KL to the sampler per token: at a fixed "
+               "lr a batch one version old is already far outside the trust region (docs/training.md)")
     return sorted(out.values(), key=lambda c: c.key)
 
 

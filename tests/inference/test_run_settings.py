@@ -18,6 +18,7 @@ from intellect_node.inference import make_engine
 from intellect_node.inference.run_settings import (
     DEFAULT_ENV,
     SMALL_ARITHMETIC_ARGS,
+    TARGET_KL,
     ModelFacts,
     apply,
     fit_settings,
@@ -37,7 +38,7 @@ def test_a_small_instruct_model_gets_a_task_format_and_rate_it_can_learn_from() 
     assert got["env"] == DEFAULT_ENV and got["env_args"] == SMALL_ARITHMETIC_ARGS
     assert got["answer_format"] == "whole" and got["system_prompt"] == "Answer with the number only."
     assert got["max_new_tokens"] == 16 and got["groups_per_step"] == 4 and got["work_ahead"] == 1
-    assert 1e-6 < got["lr"] < 1e-4
+    assert 1e-6 < got["lr"] < 1e-4 and got["target_kl"] == TARGET_KL
     assert all(not c.given and c.why for c in fit_settings(SMOL, {}))
 
 
