@@ -32,7 +32,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from intellect_node.roles.common.audits import AuditWatch
 from intellect_node.roles.validator.role import Validator
 from intellect_node.roles.worker.role import Worker
 from intellect_node.testing.roles import InProcessNode, in_process_swarm, key_of, run_config
@@ -43,11 +42,10 @@ from tests.support.wait import wait_until
 
 
 def _shows_failed(node: InProcessNode, seq: int) -> bool:
-    """Whether the node's audit watch shows the trainer failed the audit, its first failed step ``seq``."""
-    watch = node.service(AuditWatch)
-    assert watch is not None
-    a = watch.status()
-    return bool(a["state"] == "failed" and (a["first_failed"] or {}).get("seq") == seq)
+    """Whether the node's status shows the trainer failed the audit, its first failed step ``seq`` (the
+    snapshot's ``audits``, which the node's audit watch publishes)."""
+    a = node.board.snapshot().audits
+    return a.state == "failed" and a.first_failed is not None and a.first_failed.seq == seq
 
 
 def _caught(tmp: Path, mode: str, *, cheat: bool = False, **run: Any
