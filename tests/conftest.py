@@ -44,9 +44,8 @@ LONGEST_FIRST = (
     "tests/roles/test_roles_e2e.py",
     "tests/system/test_run_by_cid.py",
     "tests/roles/test_sweep_swarm.py",
-    "tests/roles/test_audit_honest.py",
-    "tests/roles/test_audit_dishonest.py",
     "tests/roles/test_audit_nudge.py",
+    "tests/roles/test_audit_dishonest.py",
 )
 
 

@@ -138,10 +138,11 @@ def test_a_trainer_withholding_its_start_blobs_is_refused_after_three_starts(
     """An auditor that skips version 0's window (its secret draw, handed in) and audits every start
     after: each start it tries cannot be fetched (``unavailable``), and after three in a row every node
     reads coverage low, the worker refusing the trainer for it, though every record carries ``state``.
-    The auditor gives up on a start after 5 s here, not 10 minutes: no holder serves those blobs at all."""
+    The auditor gives up on a start far sooner here than in a run: no holder serves those blobs at all, so
+    no wait would fetch them."""
     from intellect_node.roles.auditor import chain
 
-    monkeypatch.setattr(chain, "START_FETCH_TIMEOUT_S", 5.0)
+    monkeypatch.setattr(chain, "START_FETCH_TIMEOUT_S", 1.0)
     cfg = run_config(trainer=key_of("trainer").peer_id, validators=[key_of("validator").peer_id], rl=RL,
                      require_audits=True, audit_checkpoint_every=1)
     v_cfg = cfg.model_copy(update={"validator": cfg.validator.model_copy(update={"audit": True,

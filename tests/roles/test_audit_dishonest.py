@@ -1,8 +1,10 @@
 """Dishonest trainers, each caught at the first step that holds its change, and shown failed on every node.
 
-Each test is one run of real processes on loopback (the embedded model): a trainer from
+Each test is one run in one process (``intellect_node.testing.roles``: the real roles, the embedded model,
+gossip through the swarm's validate-then-handle steps, blobs over HTTP on 127.0.0.1): a trainer from
 ``tests/support/dishonest_trainer.py``, its validator with ``validator.audit`` on (replaying every step
-from version 0, one window: ``rl.checkpoint_every`` 1000) and an honest worker ``w1``:
+from version 0, one window: ``rl.checkpoint_every`` 1000) and an honest worker ``w1``, every node with
+the node's audit watch:
 
 - ``lr``: trains with twice the run's learning rate while its records state the run's; the first step
   that trained (version 1) fails, with the hash the replay made and the one published;
@@ -18,48 +20,69 @@ from version 0, one window: ``rl.checkpoint_every`` 1000) and an honest worker `
 
 In each, every step before the failed one passed, the auditor stops, and every node (trainer, validator,
 workers) shows the audit ``failed`` at that step (``run.require_audits`` off: nothing stops).
+
+A trainer turning dishonest under a swarm of real processes, caught by two auditors (one from a
+checkpoint fetched through the swarm) and refused from evidence after a restart, is
+``test_audit_nudge.py``'s.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.support.audit_run import (
-    RL,
-    audit_of,
-    records,
-    role_status,
-    shows_failed,
-    start_swarm,
-    verdicts,
-)
-from tests.support.roles import role_run
-from tests.support.wait import wait_for
-
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+from intellect_node.roles.validator.role import Validator
+from intellect_node.roles.worker.role import Worker
+from intellect_node.testing.roles import InProcessNode, in_process_swarm, key_of, run_config
+from tests.support.audit_run import RL, records, verdicts
+from tests.support.dishonest_trainer import dishonest
+from tests.support.roles import cheater
+from tests.support.wait import wait_until
 
 
-def _caught(tmp: Path, mode: str, *, cheat: bool = False, **config: Any
+def _shows_failed(node: InProcessNode, seq: int) -> bool:
+    """Whether the node's status shows the trainer failed the audit, its first failed step ``seq`` (the
+    snapshot's ``audits``, which the node's audit watch publishes)."""
+    a = node.board.snapshot().audits
+    return a.state == "failed" and a.first_failed is not None and a.first_failed.seq == seq
+
+
+def _caught(tmp: Path, mode: str, *, cheat: bool = False, **run: Any
             ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, str], dict[str, Any]]:
-    """Run ``mode``'s trainer until its auditor stopped and every node shows the failed step: the audit
-    state, the auditor's verdicts, the peer IDs and the trainer's status."""
+    """Run ``mode``'s trainer until its auditor stopped and every node shows the failed step: the
+    auditor's first bad verdict, its verdicts, the peer IDs and the trainer's status."""
     names = ("trainer", "validator", "w1", "c1") if cheat else ("trainer", "validator", "w1")
-    with role_run(tmp, names, rl=RL, validator={"audit": True}, **config) as run:
-        sw = start_swarm(run, mode, cheats=("c1",) if cheat else ())
-        trainer, validator = sw.trainer, sw.validator
-        wait_for(lambda: audit_of(validator)["state"] == "stopped", timeout=600, what="the audit stopped")
-        st = audit_of(validator)
-        seq = int(st["first_bad"]["seq"])
-        wait_for(lambda: all(shows_failed(p, seq) for p in sw.nodes), timeout=120,
-                 what=f"every node showing step {seq} failed")
-        t_status = role_status(trainer, "trainer")
+    ids = {n: key_of(n).peer_id for n in names}
+    cfg = run_config(trainer=ids["trainer"], validators=[ids["validator"]], rl=RL, **run)
+    v_cfg = cfg.model_copy(update={"validator": cfg.validator.model_copy(update={"audit": True})})
+
+    async def main() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with in_process_swarm(tmp) as net:
+            trainer = await net.start("trainer", cfg, dishonest(mode).for_runtime, audits=True)
+            validator = await net.start("validator", v_cfg, Validator.for_runtime, audits=True)
+            nodes = [trainer, validator, await net.start("w1", cfg, Worker.for_runtime, audits=True)]
+            if cheat:
+                nodes.append(await net.start("c1", cfg, cheater("reward").for_runtime, audits=True))
+
+            def audit() -> dict[str, Any]:
+                st = validator.status()["audit"]
+                assert isinstance(st, dict), st
+                return st
+
+            await wait_until(lambda: audit()["state"] == "stopped", timeout=300, what="the audit stopped")
+            st = audit()
+            seq = int(st["first_bad"]["seq"])
+            await wait_until(lambda: all(_shows_failed(n, seq) for n in nodes), timeout=120,
+                             what=f"every node showing step {seq} failed")
+            assert not net.failures(), net.failures()
+            return st, trainer.status()
+
+    st, t_status = asyncio.run(main())
     mine = verdicts(tmp / "validator")
     assert st["fail"] == 1 and st["first_bad"]["outcome"] == "fail", st
     assert [v["outcome"] for v in mine] == ["pass"] * (len(mine) - 1) + ["fail"], mine
-    return st["first_bad"], mine, run.ids, t_status
+    return st["first_bad"], mine, ids, t_status
 
 
 def test_trainer_with_another_learning_rate_is_caught(tmp_path: Path) -> None:

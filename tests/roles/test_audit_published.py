@@ -249,8 +249,10 @@ def test_an_optimizer_state_the_steps_did_not_make_fails_at_the_checkpoint(tmp_p
 
 def test_published_weights_not_to_be_had_are_unavailable(tmp_path: Path, tolerance: float,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    # A blob nobody holds is looked for until the fetch's deadline: a short one here.
-    monkeypatch.setattr("intellect_node.roles.auditor.published.FETCH_TIMEOUT_S", 3.0)
+    # A blob nobody holds is looked for until the fetch's deadline: a short one here (the blobs the
+    # trainer holds come well within it), shorter still while the test asks for the one nobody holds.
+    deadline = "intellect_node.roles.auditor.published.FETCH_TIMEOUT_S"
+    monkeypatch.setattr(deadline, 3.0)
 
     async def main(trainer: BlobPeer, auditor: BlobPeer) -> tuple[Any, ...]:
         chain = await _train_and_publish(tmp_path, trainer)
@@ -266,8 +268,10 @@ def test_published_weights_not_to_be_had_are_unavailable(tmp_path: Path, toleran
                                  "state": StepState(weights_cid=cid_of(b"nobody holds this"),
                                                     optimizer_cid=rec.state.optimizer_cid,  # type: ignore[union-attr]  # set by now
                                                     optimizer_hash=rec.state.optimizer_hash)})  # type: ignore[union-attr]  # set by now
+            monkeypatch.setattr(deadline, 0.5)
             with pytest.raises(PublishedUnavailable, match="not fetched") as info:
                 await published.weights(gone, {})
+            monkeypatch.setattr(deadline, 3.0)
             # An anchor's weights (v3, full_every 3) from the announced full blob when its delta does not
             # apply (here: handed no base), heard in the newest announcement alone.
             anchor = PublishedPolicy(fetcher, trainer.key.peer_id, _files(auditor), SIZES)

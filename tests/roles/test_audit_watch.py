@@ -1,8 +1,7 @@
 """The audit watch every node of a run runs (``roles/common/audits.py``), in this process: the tally's
 aggregation and bounds, the gossip validator's decoding (honest auditor, mallory, garbage), the
 evidence kept and read back after a restart, and the state as status, ``/metrics``, the dashboard and
-``intellect-node status`` show it. The real-process tests are ``test_audit_nudge.py`` and
-``test_audit_honest.py``."""
+``intellect-node status`` show it. The real-process test is ``test_audit_nudge.py``."""
 
 from __future__ import annotations
 

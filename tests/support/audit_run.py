@@ -1,6 +1,7 @@
 """Audit runs of real processes: what each node reports about the audits, the records, the dishonest trainer.
 
-Used by ``tests/roles/test_audit_honest.py``, ``test_audit_nudge.py`` and ``test_audit_dishonest.py``.
+Used by ``tests/roles/test_audit_nudge.py`` (its run of processes) and ``test_audit_dishonest.py`` (``RL``,
+``records`` and ``verdicts``, in process).
 """
 
 from __future__ import annotations

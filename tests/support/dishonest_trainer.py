@@ -1,6 +1,7 @@
-"""A dishonest trainer as a child process: the run's trainer in every way but one, for the audit tests.
+"""A dishonest trainer: the run's trainer in every way but one, for the audit tests.
 
-``python -m tests.support.dishonest_trainer MODE DATA_DIR``, MODE:
+:func:`dishonest` makes the role of a MODE, for an in-process swarm (``intellect_node.testing.roles``);
+``python -m tests.support.dishonest_trainer MODE DATA_DIR`` runs it as a child process. MODE:
 
 - ``lr``: trains with twice the configured learning rate, while its step records state the run's;
 - ``nudge``: adds an update of its own to the weights after each optimizer step (every weight + 1e-4)
@@ -28,12 +29,21 @@ CUE = "nudge-now"
 """``nudge`` nudges every step it trains once this file exists in its data dir."""
 
 
-def main(mode: str, data_dir: Path) -> int:
+MODES = ("lr", "nudge", "rejected", "drop", "claim")
+
+
+def dishonest(mode: str) -> type[Any]:
+    """The trainer role of ``mode`` (see the module docstring): the real :class:`Trainer` with one part
+    patched. Its ``for_runtime`` runs it in a child process (:func:`main`) or in an in-process swarm
+    (``intellect_node.testing.roles``) alike."""
     import msgspec
     import torch
 
     from intellect_node.protocol.rl import NOT_WORKERS_FAULT, BatchVerdict
     from intellect_node.roles.trainer.role import Trainer
+
+    if mode not in MODES:
+        raise ValueError(f"no dishonest trainer {mode!r}")
 
     class Dishonest(Trainer):
         dropped_silently = ""
@@ -78,17 +88,21 @@ def main(mode: str, data_dir: Path) -> int:
         def _train(self, samples: list[Any], lr: float) -> Any:
             # "lr": the step trains at twice the lr its record states (the record's settings are made apart)
             stats, _ = super()._train(samples, 2 * lr if mode == "lr" else lr)
-            if mode == "nudge" and (data_dir / CUE).exists():
+            if mode == "nudge" and (Path(self.rt.data_dir) / CUE).exists():
                 with torch.no_grad():
                     for p in self.model.parameters():
                         p.add_(1e-4)
                 self.nudged = [*self.nudged, self.version + 1]  # the step's version (_step counts it next)
             return stats, self._snapshot()
 
-    return run_custom_node(data_dir, "trainer", [Dishonest.for_runtime])
+    return Dishonest
+
+
+def main(mode: str, data_dir: Path) -> int:
+    return run_custom_node(data_dir, "trainer", [dishonest(mode).for_runtime])
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] in ("lr", "nudge", "rejected", "drop", "claim"):
+    if len(sys.argv) == 3 and sys.argv[1] in MODES:
         sys.exit(main(sys.argv[1], Path(sys.argv[2])))
     sys.exit(f"usage: {sys.argv[0]} lr|nudge|rejected|drop|claim DATA_DIR")
