@@ -80,8 +80,8 @@ CLOSE_CONNECTIONS_S = 2.0
 Validate = Callable[[bytes, str], object]
 """``validate(data, origin)``: the decoded message (see :meth:`Swarm.subscribe`)."""
 Handler = Callable[[Any, str], object]
-"""``handler(msg, origin)``, plain or async. ``Any``: each topic's handler takes its own validator's message
-type, which one alias for every topic cannot name."""
+"""``handler(msg, origin)``, plain or async. The message is left unchecked: each topic's handler takes its
+own validator's message type, which one alias for every topic cannot name."""
 
 
 @dataclass(frozen=True)
