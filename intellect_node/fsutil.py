@@ -13,7 +13,7 @@ import stat
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, Unpack
 
 
 def fsync_dir(path: Path) -> None:
@@ -56,6 +56,14 @@ def atomic_replace_file(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     fsync_dir(Path(dst).parent)
 
 
+class JsonDumps(TypedDict, total=False):
+    """The ``json.dumps`` options a JSON-lines file is written with (the compact form, a key order)."""
+
+    separators: tuple[str, str]
+    sort_keys: bool
+    ensure_ascii: bool
+
+
 class JsonlAppender:
     """An append-only JSON-lines file: each :meth:`append` writes its records (``json.dumps(record,
     **dumps)``, one a line) with ``O_APPEND`` and fsyncs the file before it returns; the file is created
@@ -70,7 +78,7 @@ class JsonlAppender:
     size, so a long-running node's log stays bounded."""
 
     def __init__(self, path: str | os.PathLike[str], *, mode: int = 0o666, fresh_line: bool = False,
-                 fsync: bool = True, max_bytes: int | None = None, **dumps: Any) -> None:
+                 fsync: bool = True, max_bytes: int | None = None, **dumps: Unpack[JsonDumps]) -> None:
         self.path = Path(path)
         self.mode = mode
         self.fresh_line = fresh_line
@@ -80,7 +88,7 @@ class JsonlAppender:
         self._fd: int | None = None
         self._size = 0
 
-    def append(self, records: Iterable[Any]) -> None:
+    def append(self, records: Iterable[object]) -> None:
         text = "".join(json.dumps(r, **self.dumps) + "\n" for r in records)
         if not text:
             return
@@ -112,8 +120,8 @@ class JsonlAppender:
             self._fd = None
 
 
-def append_jsonl(path: str | os.PathLike[str], *records: Any, mode: int = 0o666, fresh_line: bool = False,
-                 fsync: bool = True, max_bytes: int | None = None, **dumps: Any) -> None:
+def append_jsonl(path: str | os.PathLike[str], *records: object, mode: int = 0o666, fresh_line: bool = False,
+                 fsync: bool = True, max_bytes: int | None = None, **dumps: Unpack[JsonDumps]) -> None:
     """Append ``records`` to the JSON-lines file ``path``, fsynced unless ``fsync=False``, rotated past
     ``max_bytes`` (:class:`JsonlAppender`, opened for this one append)."""
     appender = JsonlAppender(path, mode=mode, fresh_line=fresh_line, fsync=fsync, max_bytes=max_bytes,

@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from intellect_node.errors import ConfigError
 
@@ -38,8 +38,8 @@ _STD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"mes
 
 class JsonLinesFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {"ts": round(record.created, 6), "level": record.levelname,
-                               "logger": record.name, "msg": record.getMessage()}
+        doc: dict[str, object] = {"ts": round(record.created, 6), "level": record.levelname,
+                                  "logger": record.name, "msg": record.getMessage()}
         for key, value in record.__dict__.items():
             if key not in _STD_ATTRS and not key.startswith("_"):
                 plain = isinstance(value, (str, int, float, bool, type(None), list, dict))

@@ -40,10 +40,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from intellect_node.errors import TransportError
+
+if TYPE_CHECKING:
+    from intellect_node.p2p.swarm import Swarm
 
 PROOF_RETRY_S = 600.0
 """How long a failed proof of an announced public address stands before the address is dialled again."""
@@ -120,7 +123,7 @@ class AddressPolicy:
         self.proofs = {"proven": 0, "failed": 0}
 
     @classmethod
-    def from_swarm(cls, swarm: Any) -> "AddressPolicy":
+    def from_swarm(cls, swarm: Swarm) -> "AddressPolicy":
         """This node's advertised URL and listen addresses; the peerbook's view of each peer; proofs by
         dialling the peer's announced multiaddr through the swarm."""
         def peer(peer_id: str) -> PeerAddresses:

@@ -35,10 +35,11 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 from urllib.parse import urlsplit
 
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
 from intellect_node.blobs.addresses import AddressPolicy, AddressRefused
 from intellect_node.blobs.pacing import SeedPacer, Turn
@@ -53,6 +54,9 @@ from intellect_node.protocol.blob import (
 from intellect_node.protocol.gossip import validate_http_url
 from intellect_node.protocol.ids import validate_cid
 
+AddrInfo = tuple[socket.AddressFamily, socket.SocketKind, int, str,
+                 tuple[str, int] | tuple[str, int, int, int] | tuple[int, bytes]]
+"""One ``getaddrinfo`` answer: family, socket type, protocol, canonical name, socket address."""
 OCTET = "application/octet-stream"
 
 
@@ -113,7 +117,7 @@ class _ChunkResponse(web.StreamResponse):
         self.content_length = size
         self._stats, self._cid, self._path, self._size, self._turn = stats, cid, path, size, turn
 
-    async def prepare(self, request: web.BaseRequest) -> Any:
+    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
         if self.prepared:
             return await super().prepare(request)
         sending = self._stats.sending
@@ -308,7 +312,7 @@ class HttpChunkSource:
         """Where a provider's URL may lead (``blobs/addresses.py``); None: anywhere (providers given by
         hand: tests, benchmarks, the bare blob peer)."""
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
-        self._addr_cache: dict[tuple[str, int], tuple[Any, ...]] = {}
+        self._addr_cache: dict[tuple[str, int], AddrInfo] = {}
         self._split_cache: dict[str, tuple[str, int, str]] = {}  # provider URL -> (host, port, path)
 
     speaks_if_idle = True  # read_chunk takes if_idle (see IdleAwareSource)
@@ -346,7 +350,7 @@ class HttpChunkSource:
             raise TransportError(f"unsupported provider URL {raw[:80]!r} (plain http:// only)")
         return url.hostname, url.port or 80, url.path.rstrip("/")
 
-    async def _resolve(self, provider: object, host: str, port: int) -> tuple[Any, ...]:
+    async def _resolve(self, provider: object, host: str, port: int) -> AddrInfo:
         """The address ``host`` names, checked against the address policy for ``provider``."""
         key = (host, port)
         addr = self._addr_cache.get(key)
@@ -370,7 +374,7 @@ class HttpChunkSource:
                 raise AddressRefused(f"provider {str(getattr(provider, 'peer_id', ''))[:16]}...: {why}")
         return addr
 
-    async def _connect(self, addr: tuple[Any, ...], host: str, port: int) -> _Conn:
+    async def _connect(self, addr: AddrInfo, host: str, port: int) -> _Conn:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout):

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Mapping, Sequence
 
 from aiohttp import web
 
@@ -97,7 +97,7 @@ def mesh(peers: Sequence[BlobPeer]) -> None:
         p.providers = [q.as_provider() for q in peers if q is not p]
 
 
-def _emit(obj: dict[str, Any]) -> None:
+def _emit(obj: Mapping[str, object]) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
 

@@ -32,7 +32,7 @@ import socket
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from aiohttp import web
 
@@ -74,7 +74,13 @@ class BulkLimits:
         return max(16, min(self.max_connections, soft // 2))
 
 
-def runner_kwargs(limits: BulkLimits) -> dict[str, Any]:
+class RunnerOptions(TypedDict, total=False):
+    """What :func:`runner_kwargs` sets of ``web.AppRunner``'s keyword arguments (none: its defaults)."""
+
+    keepalive_timeout: float
+
+
+def runner_kwargs(limits: BulkLimits) -> RunnerOptions:
     """Keyword arguments for the bulk app's ``web.AppRunner``: a kept-alive connection waits at most
     ``head_timeout_s`` for its next complete request."""
     return {"keepalive_timeout": limits.head_timeout_s}

@@ -37,7 +37,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Sequence
 
 from aiohttp import web
 
@@ -50,6 +50,10 @@ from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError
 from intellect_node.protocol.blob import DEFAULT_CHUNK_SIZE, Manifest
 from intellect_node.protocol.ids import validate_cid
 from intellect_node.protocol.signing import SigningKey
+
+if TYPE_CHECKING:
+    from intellect_node.config.status import StatusBoard
+    from intellect_node.p2p.swarm import Swarm
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +82,12 @@ class BlobService:
     def __init__(self, store: BlobStore, key: SigningKey, *,
                  find_providers: FindProviders = _no_providers,
                  provide: Callable[[str], Awaitable[None]] = _no_provide,
-                 penalise: Callable[[str, str], None] | None = None,
+                 penalise: Callable[[str, str], object] | None = None,
                  is_banned: Callable[[str], bool] | None = None,
-                 board: Any = None, extra_sources: Sequence[ChunkSource] = (),
+                 board: StatusBoard | None = None, extra_sources: Sequence[ChunkSource] = (),
                  connect_timeout: float = 5.0, read_timeout: float = 15.0,
-                 protect: Callable[[str, str], Any] | None = None,
-                 unprotect: Callable[[str, str], Any] | None = None,
+                 protect: Callable[[str, str], object] | None = None,
+                 unprotect: Callable[[str, str], object] | None = None,
                  addresses: AddressPolicy | None = None) -> None:
         self.store = store
         self.addresses = addresses  # where providers' URLs may lead (blobs/addresses.py); None: anywhere
@@ -108,7 +112,7 @@ class BlobService:
         """What :meth:`collect` removed since start (``blob gc`` and the node's own collection)."""
 
     @classmethod
-    def from_swarm(cls, swarm: Any, data_dir: Path, *, board: Any = None,
+    def from_swarm(cls, swarm: Swarm, data_dir: Path, *, board: StatusBoard | None = None,
                    extra_sources: Sequence[ChunkSource] = ()) -> "BlobService":
         """Wire to the swarm facade: DHT provider records, peerbook penalties, the node key."""
         book = swarm.peerbook
@@ -174,7 +178,7 @@ class BlobService:
         t.add_done_callback(self._tasks.discard)
         return t
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         blobs = []
         for cid in self.store.manifest_cids():
             m = self.store.manifest(cid)
@@ -342,14 +346,14 @@ class BlobService:
     async def _ctl_put_stream(self, request: web.Request, path: str, name: str | None,
                               chunk_size: int) -> web.StreamResponse:
         """``blob put`` with progress: chunking a large file and announcing it take minutes together."""
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        queue: asyncio.Queue[dict[str, object]] = asyncio.Queue()
 
         def on_bytes(done: int, total: int) -> None:
             queue.put_nowait({"event": "chunking", "bytes_done": done, "bytes_total": total})
             if done == total:
                 queue.put_nowait({"event": "announcing"})
 
-        async def run() -> dict[str, Any]:
+        async def run() -> dict[str, object]:
             try:
                 cid, m = await self.put_file(path, name=name, chunk_size=chunk_size,
                                              wait_announced=PUT_ANNOUNCE_WAIT_S, on_bytes=on_bytes)
@@ -371,7 +375,7 @@ class BlobService:
             raise web.HTTPBadRequest(text=f"'cid' is not a blob CID: {exc}") from exc
         if out is not None and (not isinstance(out, str) or not Path(out).is_absolute()):
             raise web.HTTPBadRequest(text="'out' must be an absolute path or null")
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        queue: asyncio.Queue[dict[str, object]] = asyncio.Queue()
 
         def on_manifest(m: Manifest) -> None:
             queue.put_nowait({"event": "manifest", "name": m.name, "publisher": m.publisher,
@@ -388,7 +392,7 @@ class BlobService:
         def on_write(done: int, total: int) -> None:
             queue.put_nowait({"event": "writing", "out": out, "bytes_done": done, "bytes_total": total})
 
-        async def run() -> dict[str, Any]:
+        async def run() -> dict[str, object]:
             try:
                 stats = await self.fetch(cid, out=out, on_progress=on_progress, on_manifest=on_manifest,
                                          on_write=on_write)
@@ -416,8 +420,8 @@ def _on_loop(fn: Callable[[int, int], None] | None) -> Callable[[int, int], None
     return call
 
 
-async def _ndjson(request: web.Request, queue: asyncio.Queue[dict[str, Any]],
-                  work: Awaitable[dict[str, Any]], what: str) -> web.StreamResponse:
+async def _ndjson(request: web.Request, queue: asyncio.Queue[dict[str, object]],
+                  work: Awaitable[dict[str, object]], what: str) -> web.StreamResponse:
     """Stream ``queue``'s events as NDJSON while ``work`` runs, then its result as the last line.
 
     A client that goes away (Ctrl-C on ``blob get``) is the operator's choice, not a fault: the work is

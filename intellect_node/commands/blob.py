@@ -16,7 +16,7 @@ import json
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 import typer
 
@@ -26,7 +26,7 @@ from intellect_node.errors import ConfigError, ProtocolError, TransportError
 MIB = 1024 * 1024
 
 
-def _stream(data_dir_: Path, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def _stream(data_dir_: Path, path: str, body: Mapping[str, object]) -> Iterator[dict[str, Any]]:
     """POST to the node's control API and yield the JSON lines it streams back."""
     from intellect_node.node import control
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import typer
 
 from intellect_node.errors import ConfigError
 from intellect_node.p2p.identity import resolve_data_dir
+
+if TYPE_CHECKING:
+    from intellect_node.config.schema import RLConfig
+    from intellect_node.envs.tasks import Task
 
 DataDirOption = typer.Option(
     None, "--data-dir", "-d",
@@ -71,7 +75,7 @@ CONFIG_HELP = ("A node config file: use its run's task ([rl] env, env_args, task
 
 
 def task_and_model(config_path: Optional[Path], *, task_id: str, tasks_file: Optional[Path],
-                   model_dir: Optional[Path], filtered: bool) -> tuple[Any, Optional[Path], Any]:
+                   model_dir: Optional[Path], filtered: bool) -> tuple[Task, Optional[Path], RLConfig | None]:
     """``(task, model folder or None for the embedded one, the run's rl settings or None)`` for a model
     command (``tasks solve-rates``, ``proofs calibrate``).
 
@@ -101,7 +105,7 @@ def task_and_model(config_path: Optional[Path], *, task_id: str, tasks_file: Opt
     return run_task(cfg, filtered=filtered), model, cfg.rl
 
 
-def parse_env_args(text: str | None) -> dict[str, Any]:
+def parse_env_args(text: str | None) -> dict[str, object]:
     """``--env-args``: a JSON object (``'{"max_digits": 1}'``) or ``key=value`` pairs separated by commas
     (values read as JSON where they parse, else as strings)."""
     if not text:
@@ -117,7 +121,7 @@ def parse_env_args(text: str | None) -> dict[str, Any]:
         if not isinstance(doc, dict):
             raise ConfigError("--env-args must be a JSON object", field="--env-args")
         return doc
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, eq, raw = part.partition("=")
         if not eq or not key.strip():

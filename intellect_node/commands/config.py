@@ -15,6 +15,7 @@ printed commented out. ``--json`` prints ``{"file": ..., "values": {...}, "origi
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from intellect_node.config import NodeConfig
 
 
-def _join_flags(args: list[str]) -> dict[str, Any]:
+def _join_flags(args: list[str]) -> dict[str, object]:
     """Parse ``args`` with the ``join`` command's parser; the config layer of the flags given."""
     from intellect_node.cli import app
     from intellect_node.commands.join import join_flags
@@ -67,7 +68,7 @@ def _source(where: str | None) -> str:
 
 
 def effective(config_file: Path | None, d: Path,
-              flags: dict[str, Any]) -> tuple[Path | None, NodeConfig, dict[str, str]]:
+              flags: Mapping[str, object]) -> tuple[Path | None, NodeConfig, dict[str, str]]:
     """``(file read, validated NodeConfig, section.field -> source text)``; ConfigError like ``join``."""
     from intellect_node.commands.join import FLAG_OF_FIELD
     from intellect_node.config import config_layers, load_config, section_models
@@ -139,12 +140,12 @@ def register(app: typer.Typer) -> None:
         """Print the [rl] settings that fit MODEL and the environment, each with why (TOML to paste
         into the run's config). Given values (--config's [rl], --env, --env-args) are kept."""
         from intellect_node.commands.common import parse_env_args
-        from intellect_node.config.loader import read_toml
+        from intellect_node.config.loader import read_toml, toml_table
         from intellect_node.inference.run_settings import fit_settings, model_facts, size_text
         from intellect_node.models.loader import resolve_model_dir
 
         folder = resolve_model_dir(model)
-        given = dict(read_toml(config_file).get("rl", {})) if config_file is not None else {}
+        given = toml_table(read_toml(config_file), "rl") if config_file is not None else {}
         if env:
             given["env"] = env
         if env_args:
@@ -164,7 +165,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(config, name="config")
 
 
-def _toml_inline(value: Any) -> str:
+def _toml_inline(value: object) -> str:
     """A value as TOML: JSON for strings, numbers, booleans and lists; an inline table for a mapping."""
     if isinstance(value, dict):
         return "{ " + ", ".join(f"{k} = {_toml_inline(v)}" for k, v in value.items()) + " }"

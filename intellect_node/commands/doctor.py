@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 
@@ -34,6 +34,9 @@ from intellect_node.commands.checks import FAIL, OK, SKIP, WARN, Check
 from intellect_node.commands.common import BootstrapOption, DataDirOption, NodeConfigOption, data_dir
 from intellect_node.errors import ConfigError, IntellectNodeError
 from intellect_node.p2p.ports import check_listen_ports
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 DISK_FAIL_BYTES = 1 << 30
 """Below 1 GiB free the node cannot hold one policy of a small model plus its chunks while fetching."""
@@ -217,7 +220,7 @@ def check_model(model: str, dtype: str) -> list[Check]:
     return out
 
 
-def _describe_thresholds(entry: Any) -> str:
+def _describe_thresholds(entry: object) -> str:
     """``inference/calibrate.py`` writes {dtype: {"thresholds": {...}, "observed": {...}, ...}}."""
     if isinstance(entry, dict) and isinstance(entry.get("thresholds"), dict):
         thr = entry["thresholds"]
@@ -462,7 +465,7 @@ def _model_checks(path: Path, config_file: Optional[Path], model: str, role: Opt
     return check_model_memory(cfg, model, [role] if role else list(ROLES), dtype=dtype, device=device)
 
 
-def _print(console: Any, checks: list[Check]) -> None:
+def _print(console: Console, checks: list[Check]) -> None:
     from rich.table import Table
     from rich.text import Text
 

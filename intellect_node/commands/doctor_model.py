@@ -9,10 +9,13 @@ or, on CUDA, the GPU's free memory. The same comparison stops ``join`` at start
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from intellect_node.commands.checks import FAIL, OK, WARN, Check
 from intellect_node.errors import ConfigError
+
+if TYPE_CHECKING:
+    from intellect_node.config import NodeConfig
 
 ROLES = ("worker", "validator", "trainer")
 TIGHT = 0.8
@@ -20,7 +23,7 @@ TIGHT = 0.8
 the context (~0.5 GiB) may not: a warning."""
 
 
-def check_model_memory(cfg: Any, model: str, roles: Sequence[str], *, dtype: str | None = None,
+def check_model_memory(cfg: NodeConfig, model: str, roles: Sequence[str], *, dtype: str | None = None,
                        device: str | None = None) -> list[Check]:
     """One check per role: its estimate, part by part, against the free memory of ``device``."""
     from intellect_node.inference.memory import available_bytes, fmt_bytes, model_shape

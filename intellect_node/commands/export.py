@@ -129,9 +129,9 @@ def export_policy(data_dir: Path, version: str, out: Path, *, model: Optional[Pa
         raise ConfigError(f"--version {held.version}: {held.path} is not a readable policy file ({exc})",
                           field="version") from exc
     base = policy_model(data_dir, model, {k: t.shape for k, t in policy.tensors.items()})
-    provenance: dict[str, Any] = {"version": held.version, "policy_hash": policy.content_hash,
-                                  "source": str(held.path), "from": held.where, "base_model": str(base),
-                                  "base_checkpoint_cid": checkpoint_cid(base)}
+    provenance: dict[str, object] = {"version": held.version, "policy_hash": policy.content_hash,
+                                     "source": str(held.path), "from": held.where, "base_model": str(base),
+                                     "base_checkpoint_cid": checkpoint_cid(base)}
     path = export_folder(base, policy.to_state_dict(), out, dtype=dtype, provenance=provenance)
     return path, held, policy.content_hash
 

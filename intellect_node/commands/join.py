@@ -8,8 +8,9 @@ together by :mod:`intellect_node.node.assembly`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -24,6 +25,10 @@ from intellect_node.commands.common import (
 )
 from intellect_node.commands.logs import NODE_LOG
 from intellect_node.errors import ConfigError
+
+if TYPE_CHECKING:
+    from intellect_node.config import NodeConfig
+    from intellect_node.node.runtime import NodeRuntime
 
 FLAG_OF_FIELD = {
     "network.listen": "--listen", "network.announce": "--announce", "network.bootstrap": "--bootstrap",
@@ -42,7 +47,7 @@ def build_node_config(*, listen: list[str], bootstrap: list[str], run_id: str | 
                       http_public_url: str | None, control_port: int | None, heartbeat_interval: float | None,
                       peer_timeout: float | None, config_file: Path | None = None,
                       data_dir: Path | None = None, validator_peer_ids: list[str] | None = None,
-                      metrics_port: int | None = None) -> Any:
+                      metrics_port: int | None = None) -> NodeConfig:
     """The config: ``--config`` file < ``INTELLECT_NODE_*`` environment < the flags actually given.
     A mistake raises ConfigError naming the field and where it was set (the flag, variable or file)."""
     from intellect_node.config import load_config
@@ -60,7 +65,7 @@ def join_flags(*, listen: list[str], bootstrap: list[str], run_id: str | None,
                http_port: int | None, http_public_url: str | None, control_port: int | None,
                heartbeat_interval: float | None, peer_timeout: float | None,
                validator_peer_ids: list[str] | None = None, metrics_port: int | None = None,
-               **_ignored: Any) -> dict[str, Any]:
+               **_ignored: object) -> dict[str, object]:
     """The config layer of the flags actually given (``{"network": {...}, "run": {...}}``); also what
     ``config show`` passes the loader, so it reports a flag's value exactly as ``join`` would take it.
     ``_ignored``: join's other parameters (``--role``, ``--headless``...), which are not configuration."""
@@ -68,7 +73,7 @@ def join_flags(*, listen: list[str], bootstrap: list[str], run_id: str | None,
              "http_host": http_host, "http_port": http_port, "http_public_url": http_public_url,
              "control_port": control_port,
              "heartbeat_interval": heartbeat_interval, "peer_timeout": peer_timeout}
-    network: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    network: dict[str, object] = {k: v for k, v in given.items() if v is not None}
     if peer_timeout is None and heartbeat_interval is not None:
         network["peer_timeout"] = max(20.0, 4 * heartbeat_interval)
     run = {k: v for k, v in {"run_id": run_id, "trainer_peer_id": trainer_peer_id,
@@ -102,7 +107,7 @@ def _log_to_data_dir(d: Path, level: str, *, also_stderr: bool) -> None:
     root.addHandler(file_handler)
 
 
-def _dashboard(runtime: Any) -> Any:
+def _dashboard(runtime: NodeRuntime) -> Callable[[], None]:
     """Start the dashboard in a thread, rendering ``runtime.board``; returns a function that stops it
     (and waits, so the terminal is restored before the process exits)."""
     import threading
@@ -196,7 +201,7 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(start_node(cfg, d, role, headless=headless, log_file=log_file, log_level=log_level))
 
 
-def run_node_for(d: Path, *, run: str, organiser: str | None, roles: list[str], flags: dict[str, Any],
+def run_node_for(d: Path, *, run: str, organiser: str | None, roles: list[str], flags: Mapping[str, object],
                  config_file: Path | None, log_file: Path | None, log_level: str, headless: bool) -> int:
     """``join --run`` (and ``run publish``): the run's configuration from its manifest
     (``commands/runs.config_for_run``: fetched and checked), then the node as :func:`start_node` runs it.
@@ -215,7 +220,7 @@ def run_node_for(d: Path, *, run: str, organiser: str | None, roles: list[str], 
     return start_node(cfg, d, roles, headless=headless, log_file=log_file, log_level=log_level)
 
 
-def start_node(cfg: Any, d: Path, roles: list[str], *, headless: bool, log_file: Path | None,
+def start_node(cfg: NodeConfig, d: Path, roles: list[str], *, headless: bool, log_file: Path | None,
                log_level: str) -> int:
     """Log as asked, build the node (its memory check refuses a role that does not fit), run it until it
     stops; the exit code."""

@@ -11,19 +11,19 @@ from __future__ import annotations
 import datetime as _dt
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 
 from intellect_node.commands.common import DataDirOption, data_dir
-from intellect_node.config.ledger import Ledger
+from intellect_node.config.ledger import BatchRow, Ledger
 
 
 def _when(ts: float | None) -> str:
     return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
 
 
-def _receipt(row: dict[str, Any]) -> str:
+def _receipt(row: BatchRow) -> str:
     """What the trainer's step records say of a batch: the step and version that trained on it, dropped
     and why, admitted and not yet trained (accepted, no record yet), dropped without a record (accepted,
     no record named it, and the records heard are past the version it could be trained at), or nothing

@@ -21,8 +21,9 @@ import os
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional
+from typing import BinaryIO, Optional
 
 import typer
 
@@ -87,11 +88,11 @@ def last_lines(path: Path, n: int) -> tuple[list[str], tuple[int, int]]:
     return [ln.decode("utf-8", "replace").rstrip("\n") for ln in tail], end
 
 
-def follow(path: Path, emit: Any, start: tuple[int, int] | None = None) -> None:
+def follow(path: Path, emit: Callable[[str], object], start: tuple[int, int] | None = None) -> None:
     """Print lines appended to ``path`` until interrupted, from ``start`` (inode, offset) when that is
     still the file, re-opening it from its first line after a rotation. Bytes, not text, so offsets
     stay exact; a line is emitted only once its newline arrived."""
-    f: Any = None
+    f: BinaryIO | None = None
     inode = 0
     partial = b""
     while True:

@@ -20,7 +20,11 @@ import os
 import sys
 import time
 from types import TracebackType
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress
+    from rich.progress import TaskID
 
 ENV_INTERVAL = "INTELLECT_NODE_PROGRESS_INTERVAL"
 DEFAULT_INTERVAL_S = 5.0
@@ -42,11 +46,11 @@ class Progress:
         self.done: float = 0
         self.total: float | None = None
         self.unit = ""
-        self.fields: dict[str, Any] = {}
+        self.fields: dict[str, object] = {}
         self._t0 = time.monotonic()
         self._last_line = 0.0
-        self._bar: Any = None
-        self._task: Any = None
+        self._bar: RichProgress | None = None
+        self._task: TaskID | None = None
         self._finished = False
 
     # -- context ----------------------------------------------------------------------------------
@@ -83,7 +87,7 @@ class Progress:
     # -- reporting --------------------------------------------------------------------------------
 
     def phase(self, name: str, /, *, total: float | None = None, done: float = 0, unit: str = "",
-              **fields: Any) -> None:
+              **fields: object) -> None:
         """Start a phase (``fetching``, ``writing``, ``running jobs``): always shown at once."""
         self.phase_name, self.total, self.done, self.unit, self.fields = name, total, done, unit, fields
         if self.quiet:
@@ -93,11 +97,13 @@ class Progress:
                 old = self._bar.tasks[-1]
                 self._bar.update(self._task, total=old.total or 1, completed=old.total or 1)
                 self._bar.stop_task(self._task)
-            self._task = self._bar.add_task(name, total=total, completed=done, count=self._count())
+            self._task = self._bar.add_task(name, total=total, count=self._count())
+            if done:  # rich counts a task's start in whole units; ours may be a fraction
+                self._bar.update(self._task, completed=done)
         else:
             self._line()
 
-    def update(self, done: float | None = None, /, *, total: float | None = None, **fields: Any) -> None:
+    def update(self, done: float | None = None, /, *, total: float | None = None, **fields: object) -> None:
         """Move the current phase on; the JSON form writes a line when ``interval`` has passed."""
         if done is not None:
             self.done = done
@@ -121,8 +127,8 @@ class Progress:
 
     def _line(self) -> None:
         self._last_line = time.monotonic()
-        rec: dict[str, Any] = {"progress": self.what, "phase": self.phase_name, "done": self.done,
-                               "total": self.total}
+        rec: dict[str, object] = {"progress": self.what, "phase": self.phase_name, "done": self.done,
+                                  "total": self.total}
         if self.unit:
             rec["unit"] = self.unit
         rec.update(self.fields)

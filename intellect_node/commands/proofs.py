@@ -12,12 +12,15 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import typer
 
 from intellect_node.commands.common import CONFIG_HELP, task_and_model
 from intellect_node.errors import ConfigError
+
+if TYPE_CHECKING:
+    from intellect_node.envs.tasks import Problem
 
 
 def thresholds_target(model_dir: Optional[Path], out: Optional[Path]) -> Path:
@@ -103,10 +106,10 @@ def register(app: typer.Typer) -> None:
     app.add_typer(proofs, name="proofs")
 
 
-def calibrate_into(path: Path, model_dir: Optional[Path], problems: Optional[list[Any]], *, dtype: str,
+def calibrate_into(path: Path, model_dir: Optional[Path], problems: Optional[list[Problem]], *, dtype: str,
                    n: int, batch_sizes: list[int], max_new_tokens: int, temperature: float,
                    top_p: float = 1.0, engine_names: str = "torch", factor: float = 2.0, seed: int = 0,
-                   device: str = "cpu", verify_device: str = "cpu", echo: Callable[[str], None]) -> None:
+                   device: str = "cpu", verify_device: str = "cpu", echo: Callable[[str], object]) -> None:
     """Generate honest rollouts of ``problems`` (None: the embedded addition prompts) with each engine,
     verify them and merge thresholds with margins into ``path``, one entry per engine pair
     (engine@device -> torch@verify_device); ``echo`` gets the table. ConfigError for a bad device or

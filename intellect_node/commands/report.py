@@ -30,12 +30,17 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import typer
 
 from intellect_node.commands.common import BootstrapOption
 from intellect_node.errors import ConfigError, IntellectNodeError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure as PlotFigure
+
+    from intellect_node.protocol.feed import RunFeed
 
 METRICS = Path("trainer") / "metrics.jsonl"
 HELD_OUT = "held_out.jsonl"
@@ -77,7 +82,7 @@ class RunData:
     """Sources missing or left out, said on the page."""
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)
@@ -184,7 +189,7 @@ def throughput(steps: list[dict[str, Any]]) -> list[tuple[float, float]]:
 
 # ============================================================================================ figures
 
-def _png(fig: Any) -> bytes:
+def _png(fig: PlotFigure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     return buf.getvalue()
@@ -199,7 +204,7 @@ def figures(data: RunData) -> list[Figure]:
 
     out: list[Figure] = []
 
-    def done(fig: Any, name: str, title: str) -> None:
+    def done(fig: PlotFigure, name: str, title: str) -> None:
         fig.tight_layout()
         out.append(Figure(name, title, _png(fig)))
         plt.close(fig)
@@ -279,7 +284,7 @@ table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding
 th{background:#f4f4f4}img{max-width:100%;border:1px solid #eee}.note{color:#875}"""
 
 
-def _table(rows: list[tuple[str, Any]], head: tuple[str, str] | None = None) -> str:
+def _table(rows: Sequence[tuple[str, object]], head: tuple[str, str] | None = None) -> str:
     out = ["<table>"]
     if head:
         out.append(f"<tr><th>{html.escape(head[0])}</th><th>{html.escape(head[1])}</th></tr>")
@@ -287,9 +292,9 @@ def _table(rows: list[tuple[str, Any]], head: tuple[str, str] | None = None) -> 
     return "".join(out) + "</table>"
 
 
-def summary(data: RunData) -> list[tuple[str, Any]]:
+def summary(data: RunData) -> list[tuple[str, object]]:
     """The report's first table: steps, versions, time span, rollouts, the last figures."""
-    rows: list[tuple[str, Any]] = [("data dirs", ", ".join(str(d) for d in data.dirs))]
+    rows: list[tuple[str, object]] = [("data dirs", ", ".join(str(d) for d in data.dirs))]
     steps = data.steps
     if steps:
         trained = [m for m in steps if m.get("trained")]
@@ -328,7 +333,8 @@ def render(data: RunData, figs: list[Figure], title: str) -> str:
         parts.append("<h2>Held-out evaluation</h2><p>No held-out results in these data dirs.</p>")
     parts.append("<h2 id='rejections'>Rejections</h2>")
     if data.rejections:
-        parts.append(_table(sorted(data.rejections.items(), key=lambda kv: -kv[1]),
+        by_count = sorted(data.rejections.items(), key=lambda kv: -kv[1])
+        parts.append(_table(by_count,
                             ("validators' reason", "rollouts")))
     else:
         parts.append("<p>No rejected rollouts in the workers' ledgers of these data dirs.</p>")
@@ -357,7 +363,7 @@ def render(data: RunData, figs: list[Figure], title: str) -> str:
     return "\n".join(parts) + "\n"
 
 
-def add_feeds(data: RunData, feeds: list[Any], trainer: str, notes: list[str]) -> RunData:
+def add_feeds(data: RunData, feeds: list[RunFeed], trainer: str, notes: list[str]) -> RunData:
     """The signed feeds a run's nodes served (``protocol/feed.py``, ``--run``) into ``data``: the
     trainer's metrics lines when no data dir gave them, every validator's held-out results (one per
     version and evaluator: a data dir and a feed may hold the same)."""
@@ -385,7 +391,7 @@ def add_feeds(data: RunData, feeds: list[Any], trainer: str, notes: list[str]) -
 
 def write_report(dirs: list[Path], out: Path, *, png_dir: Optional[Path] = None,
                  title: str = "intellect-node run report",
-                 swarm: tuple[list[Any], str, list[str]] | None = None) -> tuple[RunData, list[Figure]]:
+                 swarm: tuple[list[RunFeed], str, list[str]] | None = None) -> tuple[RunData, list[Figure]]:
     """Collect, draw and write ``out`` (and the PNGs into ``png_dir``). ``swarm``: the feeds of a run's
     nodes, its trainer's peer ID and notes on what could not be had (``--run``)."""
     from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
@@ -405,7 +411,7 @@ def write_report(dirs: list[Path], out: Path, *, png_dir: Optional[Path] = None,
     return data, figs
 
 
-def _from_swarm(cid: str, bootstrap: list[str]) -> tuple[list[Any], str, list[str], str]:
+def _from_swarm(cid: str, bootstrap: list[str]) -> tuple[list[RunFeed], str, list[str], str]:
     """The feeds of run ``cid``'s trainer and validators, the trainer's peer ID, notes, the run's ID:
     through a short-lived swarm with a fresh key (as ``runs``). Exit 1 when the run cannot be had."""
     import asyncio
@@ -420,7 +426,7 @@ def _from_swarm(cid: str, bootstrap: list[str]) -> tuple[list[Any], str, list[st
                           field="--run")
     addrs, listen = _network_of(data_dir(None), bootstrap, None)
 
-    async def fetch() -> tuple[list[Any], str, list[str], str]:
+    async def fetch() -> tuple[list[RunFeed], str, list[str], str]:
         with tempfile.TemporaryDirectory(prefix="intellect-report-") as tmp:
             async with client_swarm(addrs, listen=listen, data_dir=Path(tmp)) as (swarm, blobs):
                 manifest, _raw = await fetch_run(blobs, cid)

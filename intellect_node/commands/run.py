@@ -25,8 +25,9 @@ from __future__ import annotations
 import random
 import re
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -42,6 +43,14 @@ from intellect_node.commands.common import (
     parse_env_args,
 )
 from intellect_node.errors import ConfigError
+
+if TYPE_CHECKING:
+    from intellect_node.config import NodeConfig
+    from intellect_node.envs.tasks import Problem
+    from intellect_node.protocol.signing import SigningKey
+
+Echo = Callable[[str], object]
+"""Where a command's progress lines go (``typer.echo``)."""
 
 MAX_MODEL_FILE_COUNT = 64
 
@@ -68,7 +77,7 @@ def validator_dirs(n: int) -> list[str]:
 
 
 def _keys(out: Path, trainer: str | None, validators: list[str], n_validators: int,
-          echo: Any) -> tuple[str, list[str], Path | None]:
+          echo: Echo) -> tuple[str, list[str], Path | None]:
     """The trainer's and validators' peer IDs, creating keys under ``out`` for those not given; and the
     trainer's data dir when it is here."""
     from intellect_node.errors import ProtocolError
@@ -166,7 +175,7 @@ def register(app: typer.Typer) -> None:
         """Make a run in one command: keys, settings, preflight, thresholds, the signed manifest; prints
         what it chose and why, and the run's CID last."""
         started = time.monotonic()
-        from intellect_node.config.loader import build_config, read_toml
+        from intellect_node.config.loader import build_config, read_toml, toml_table
         from intellect_node.inference.run_settings import fit_settings, model_facts, size_text
         from intellect_node.models.loader import resolve_model_dir
 
@@ -182,8 +191,9 @@ def register(app: typer.Typer) -> None:
                               "`intellect-node proofs calibrate`", field="--thresholds")
         folder = resolve_model_dir(model)
         doc = read_toml(config_file) if config_file is not None else {}
-        given_rl: dict[str, Any] = dict(doc.get("rl", {}))
-        given_run: dict[str, Any] = {k: v for k, v in dict(doc.get("run", {})).items()
+        # The operator's TOML, checked field by field when the run's config is built from it below.
+        given_rl: dict[str, Any] = toml_table(doc, "rl")
+        given_run: dict[str, Any] = {k: v for k, v in toml_table(doc, "run").items()
                                      if k not in ("model", "proof_thresholds", "proof_thresholds_sha256")}
         if env:
             given_rl["env"] = env
@@ -281,7 +291,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _next_steps(cid: str, organiser_dir: Path, trainer_dir: Path | None, made_validators: list[str],
-                out_dir: Path, boot: list[str], organiser: str, echo: Any) -> None:
+                out_dir: Path, boot: list[str], organiser: str, echo: Echo) -> None:
     """The commands that start the run: the organiser's node serving it, the trainer and the validators
     whose keys were made here (each in its data dir), and what a participant runs. Every node but the
     organiser's needs an address to fetch the run from: the run's first bootstrap address."""
@@ -301,8 +311,8 @@ def _next_steps(cid: str, organiser_dir: Path, trainer_dir: Path | None, made_va
     echo(f"  participants: {run} --role worker{at} --organiser {organiser}")
 
 
-def _thresholds(out_dir: Path, given: Path | None, folder: Path, cfg: Any, n: int, sizes: list[int],
-                echo: Any) -> tuple[Path, str]:
+def _thresholds(out_dir: Path, given: Path | None, folder: Path, cfg: NodeConfig, n: int, sizes: list[int],
+                echo: Echo) -> tuple[Path, str]:
     """The run's thresholds file in ``out_dir`` and its text: ``given`` (``--thresholds``), else
     calibrated for torch@cpu on ``n`` of the run's prompts with the run's sampling settings."""
     from intellect_node.fsutil import atomic_write_text
@@ -328,14 +338,14 @@ def _thresholds(out_dir: Path, given: Path | None, folder: Path, cfg: Any, n: in
     return path, text
 
 
-def _problems(cfg: Any, n: int, *, seed: int = 7) -> list[Any]:
+def _problems(cfg: NodeConfig, n: int, *, seed: int = 7) -> list[Problem]:
     """``n`` of the run's problems (the run's task, extraction and system prompt)."""
     from intellect_node.roles.common.tasks import run_task
 
     return list(run_task(cfg).sample(random.Random(seed), n))
 
 
-def _preflight(folder: Path, cfg: Any, n_problems: int, allow: bool, echo: Any) -> None:
+def _preflight(folder: Path, cfg: NodeConfig, n_problems: int, allow: bool, echo: Echo) -> None:
     """The solve-rate preflight on ``n_problems`` of the run's problems; ConfigError (exit 2) naming
     the settings to change when nothing is learnable, unless ``allow``."""
     import torch
@@ -359,8 +369,9 @@ def _preflight(folder: Path, cfg: Any, n_problems: int, allow: bool, echo: Any) 
         echo("  WARNING: making the run anyway (--allow-unlearnable)")
 
 
-def seal_run(organiser: Any, organiser_dir: Path, rid: str, folder: Path, files: list[Path],
-          shared: dict[str, Any], thresholds: str, bootstrap: list[str], echo: Any) -> str:
+def seal_run(organiser: SigningKey, organiser_dir: Path, rid: str, folder: Path, files: list[Path],
+          shared: Mapping[str, Mapping[str, object]], thresholds: str, bootstrap: list[str],
+          echo: Echo) -> str:
     """Store the model files and the signed manifest as blobs of the organiser's store; keep the
     manifest in ``<organiser>/runs/``. Returns the run's CID."""
     from intellect_node.blobs.service import BLOBS_DIR

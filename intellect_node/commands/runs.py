@@ -30,13 +30,40 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
 
 import typer
 
 from intellect_node.commands.common import BootstrapOption, DataDirOption, NodeConfigOption, data_dir
 from intellect_node.errors import ConfigError, IntellectNodeError, ProtocolError, TransportError
+
+if TYPE_CHECKING:
+    from intellect_node.config import NodeConfig
+    from intellect_node.protocol.run_manifest import RunManifest
+    from intellect_node.roles.runs import RunRow
+
+
+class _ListedManifest(Protocol):
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def organiser(self) -> str: ...
+
+    @property
+    def created_ms(self) -> int: ...
+
+
+class Listed(Protocol):
+    """What :func:`_pick_by_id` reads of a run ``find_runs`` found (``roles.runs.RunRow``)."""
+
+    @property
+    def cid(self) -> str: ...
+
+    @property
+    def manifest(self) -> _ListedManifest: ...
 
 
 def _is_cid(text: str) -> bool:
@@ -53,7 +80,7 @@ def _say(text: str) -> None:
     typer.echo(text, err=True)
 
 
-async def _lookup(bootstrap: list[str], listen: str, wait_s: float) -> list[Any]:
+async def _lookup(bootstrap: list[str], listen: str, wait_s: float) -> list[RunRow]:
     """Every run the swarm lists (``roles.runs.find_runs``), seen through a fresh key and a temporary
     store; ``wait_s``: also wait this long for listings on the runs topic."""
     from intellect_node.roles.runs import client_swarm, find_runs, listen_for_listings
@@ -207,7 +234,7 @@ def _pick(run_ref: str, candidates: list[tuple[str, str, str]]) -> str:
     return candidates[0][0]
 
 
-def _pick_by_id(run_ref: str, organiser: Optional[str], rows: list[Any], claims: dict[str, set[str]],
+def _pick_by_id(run_ref: str, organiser: Optional[str], rows: Sequence[Listed], claims: dict[str, set[str]],
                 now_ms: int) -> str:
     """The CID that run ID ``run_ref`` names among the rows ``find_runs`` found. Without ``--organiser``
     every listing must name the same CID for it: a listing is one node's word, and a hostile one may name
@@ -225,7 +252,7 @@ def _pick_by_id(run_ref: str, organiser: Optional[str], rows: list[Any], claims:
 
 
 async def _prepare(d: Path, run_ref: str, organiser: Optional[str], bootstrap: list[str],
-                   listen: str) -> tuple[str, Any]:
+                   listen: str) -> tuple[str, RunManifest]:
     """The run's CID and manifest, with its model folder and thresholds written under
     ``<data-dir>/runs/<cid>/`` (see the module docstring)."""
     from intellect_node.blobs.service import BLOBS_DIR, BlobService
@@ -277,8 +304,8 @@ async def _prepare(d: Path, run_ref: str, organiser: Optional[str], bootstrap: l
     return cid, run
 
 
-def config_for_run(run_ref: str, organiser: Optional[str], d: Path, *, flags: dict[str, Any],
-                   config_file: Optional[Path], flag_names: dict[str, str]) -> Any:
+def config_for_run(run_ref: str, organiser: Optional[str], d: Path, *, flags: Mapping[str, object],
+                   config_file: Optional[Path], flag_names: dict[str, str]) -> NodeConfig:
     """The node configuration of ``join --run`` (module docstring); ``flag_names``: join's flag of each
     field, for errors. ConfigError for the operator's mistakes (exit 2); ProtocolError, TransportError
     or IntegrityError when the run cannot be had."""
@@ -315,7 +342,8 @@ def config_for_run(run_ref: str, organiser: Optional[str], d: Path, *, flags: di
     given = {a.rsplit("/p2p/", 1)[-1] for a in own.network.bootstrap}
     boot = [*own.network.bootstrap, *(a for a in run.bootstrap
                                       if a.rsplit("/p2p/", 1)[-1] not in given | {me})]
-    local = {**local, "network": {**dict(local.get("network", {})), "bootstrap": boot}}
+    network = local.get("network")
+    local = {**local, "network": {**(network if isinstance(network, Mapping) else {}), "bootstrap": boot}}
     cfg = config_from_manifest(run, local=local, origin=origin, model_dir=folder / "model",
                                thresholds=thresholds)
     _say(f"joining run {printable(run.run_id)} ({cid}) organised by {run.organiser}")

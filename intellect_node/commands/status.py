@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import typer
 
@@ -52,7 +52,7 @@ def audit_lines(a: dict[str, Any]) -> list[str]:
     return lines + coverage_lines(a)
 
 
-def coverage_lines(a: dict[str, Any]) -> list[str]:
+def coverage_lines(a: Mapping[str, object]) -> list[str]:
     """The audit coverage (``run.audit_checkpoint_every``): one line, loud when low; none with no rule."""
     state = a.get("coverage", "off")
     if state == "off":

@@ -22,7 +22,7 @@ import secrets
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from intellect_node.node.processes import NodeProcess
     from intellect_node.node.runtime import NodeRuntime
     from intellect_node.research.sweep import Coordinator, Journal
+    from intellect_node.roles.sweep import SweepCoordinatorService
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def _open_sweep(out: Path, *, grid_name: str, resume: bool, check_fraction: floa
 
 async def _run_sweep(out: Path, coord: Coordinator, journal: Journal, *, sweep_id: str, grid_name: str,
                      workers: int, join: list[str], listen: list[str], run_id: str,
-                     progress: Progress) -> tuple[dict[str, Any] | None, str]:
+                     progress: Progress) -> tuple[dict[str, object] | None, str]:
     from intellect_node.commands.join import build_node_config
     from intellect_node.node.assembly import sweep_coordinator_node
     from intellect_node.node.processes import stop_all
@@ -158,7 +159,7 @@ async def _run_sweep(out: Path, coord: Coordinator, journal: Journal, *, sweep_i
             loop.remove_signal_handler(sig)
 
 
-def _report(progress: Progress, svc: Any, local_workers: int) -> None:
+def _report(progress: Progress, svc: SweepCoordinatorService, local_workers: int) -> None:
     """One progress step from the coordinator's state (read on its own loop: no locking needed)."""
     if local_workers and not svc.started_at:  # claims are held until every local worker has asked
         progress.update(len(svc.workers_seen))
@@ -225,7 +226,7 @@ def register(app: typer.Typer) -> None:
         t0 = time.monotonic()
         from intellect_node.research import sweep as research
 
-        summary: dict[str, Any] | None
+        summary: dict[str, object] | None
         if coord.finished():
             summary = research.write_outputs(out, coord, meta={"grid": grid_name, "sweep_id": sweep_id})
             outcome = "finished"

@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
         if max_new_tokens is None:
             max_new_tokens = rl.max_new_tokens if rl is not None else 5
         if band is None:
-            band = tuple(rl.solve_rate_band) if rl is not None else (0.1, 0.8)
+            band = rl.solve_rate_band if rl is not None else (0.1, 0.8)
         keep = SolveRateBand(*band)
         n = min(pool, len(task))
         problems = ([task.problem(i) for i in range(n)] if n == len(task)

@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, Protocol, TypedDict
 
 from intellect_node.errors import ConfigError
 from intellect_node.fsutil import ensure_private_file
@@ -135,7 +135,7 @@ class LedgerSummary:
         judged = self.rollouts_accepted + self.rollouts_rejected
         return self.rollouts_accepted / judged if judged else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "batches_submitted": self.batches_submitted, "rollouts_submitted": self.rollouts_submitted,
             "tokens_submitted": self.tokens_submitted, "verdicts_received": self.verdicts_received,
@@ -204,8 +204,9 @@ class Ledger:
                               "mode of --data-dir", field="data_dir") from exc
 
     @classmethod
-    def in_data_dir(cls, data_dir: Path, **kw: Any) -> "Ledger":
-        return cls(data_dir / LEDGER_FILE, **kw)
+    def in_data_dir(cls, data_dir: Path, *, readonly: bool = False,
+                    clock: Callable[[], float] = time.time) -> "Ledger":
+        return cls(data_dir / LEDGER_FILE, readonly=readonly, clock=clock)
 
     # -- writes (each commits durably before returning) ---------------------------------------------
 
@@ -324,7 +325,7 @@ class Ledger:
             batches_trained=trained, rollouts_trained=rollouts, batches_admitted_untrained=untrained,
             batches_unrecorded=unrecorded, batches_dropped=dict(dropped))
 
-    def recent(self, limit: int = 20) -> list[dict[str, Any]]:
+    def recent(self, limit: int = 20) -> list[BatchRow]:
         """The newest batches with their verdicts and receipt (``trained_*``: what the step record naming
         the batch says; None when none has; ``past_bound``: no record named it, though the records heard
         are past the version it could be trained at), newest first."""
@@ -339,12 +340,12 @@ class Ledger:
                 f"FROM batches b LEFT JOIN verdicts v ON v.batch_id = b.batch_id {join}"
                 "GROUP BY b.batch_id ORDER BY b.submitted_at DESC, b.rowid DESC LIMIT ?",
                 (int(limit),)).fetchall()
-        keys = ("batch_id", "run_id", "policy_version", "n_rollouts", "n_tokens", "submitted_at",
-                "accepted", "rejected", "verdicts", "reasons", "trained_outcome", "trained_version",
-                "trained_step", "trained_groups", "groups", "past_bound")
-        return [dict(zip(keys, r)) for r in rows]
+        return [BatchRow(batch_id=r[0], run_id=r[1], policy_version=r[2], n_rollouts=r[3], n_tokens=r[4],
+                         submitted_at=r[5], accepted=r[6], rejected=r[7], verdicts=r[8], reasons=r[9],
+                         trained_outcome=r[10], trained_version=r[11], trained_step=r[12],
+                         trained_groups=r[13], groups=r[14], past_bound=r[15]) for r in rows]
 
-    def trained_by_worker(self, *, run_id: str | None = None) -> list[dict[str, Any]]:
+    def trained_by_worker(self, *, run_id: str | None = None) -> list[WorkerTrained]:
         """Every worker the step records this node heard name: batches trained, rollouts trained, batches
         dropped (equal rewards, stale); most rollouts trained first. From the records alone."""
         if not self._receipts:
@@ -355,8 +356,49 @@ class Ledger:
                 "sum(outcome = 'equal_rewards'), sum(outcome = 'stale'), max(version) FROM trained "
                 "WHERE (? IS NULL OR run_id = ?) GROUP BY worker ORDER BY 3 DESC, 1",
                 (run_id, run_id)).fetchall()
-        keys = ("worker", "batches_trained", "rollouts_trained", "equal_rewards", "stale", "last_version")
-        return [dict(zip(keys, r)) for r in rows]
+        return [WorkerTrained(worker=r[0], batches_trained=r[1], rollouts_trained=r[2], equal_rewards=r[3],
+                              stale=r[4], last_version=r[5]) for r in rows]
+
+
+class BatchRow(TypedDict):
+    """One batch this node submitted (:meth:`Ledger.recent`): its verdicts summed, and what the step record
+    naming it says (``trained_*`` and ``groups``: None when no record named it)."""
+
+    batch_id: str
+    run_id: str
+    policy_version: int
+    n_rollouts: int
+    n_tokens: int
+    submitted_at: float
+    accepted: int
+    rejected: int
+    verdicts: int
+    reasons: str | None
+    """The validators' reasons, comma-separated; None when none gave one."""
+    trained_outcome: str | None
+    trained_version: int | None
+    trained_step: int | None
+    trained_groups: int | None
+    groups: int | None
+    past_bound: int
+    """1 when no record named the batch though the records heard are past the version it could be trained
+    at, else 0."""
+
+
+class WorkerTrained(TypedDict):
+    """One worker as the step records heard name it (:meth:`Ledger.trained_by_worker`)."""
+
+    worker: str
+    batches_trained: int
+    rollouts_trained: int
+    equal_rewards: int
+    stale: int
+    last_version: int
+
+
+class _HasDataDir(Protocol):
+    @property
+    def data_dir(self) -> Path: ...
 
 
 class LedgerService:
@@ -368,7 +410,7 @@ class LedgerService:
         self.ledger = Ledger.in_data_dir(data_dir)
 
     @classmethod
-    def for_runtime(cls, rt: Any) -> "LedgerService":
+    def for_runtime(cls, rt: _HasDataDir) -> "LedgerService":
         return cls(rt.data_dir)
 
     async def start(self) -> None:
@@ -377,5 +419,5 @@ class LedgerService:
     async def close(self) -> None:
         self.ledger.close()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         return self.ledger.summary().to_dict()

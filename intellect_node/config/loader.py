@@ -13,7 +13,6 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -21,16 +20,16 @@ from intellect_node.config.schema import NodeConfig, section_models
 from intellect_node.errors import ConfigError
 
 
-def _loc(loc: tuple[Any, ...]) -> str:
+def _loc(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 
 
-def _known_fields(loc: tuple[Any, ...]) -> str:
+def _known_fields(loc: tuple[int | str, ...]) -> str:
     """"expected one of ..." for the model that refused an unknown key at ``loc``."""
-    model: Any = NodeConfig
+    model: type[BaseModel] = NodeConfig
     for part in loc[:-1]:
         info = model.model_fields.get(part) if isinstance(part, str) else None
         if info is None or not (isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)):
@@ -39,9 +38,9 @@ def _known_fields(loc: tuple[Any, ...]) -> str:
     return "expected one of: " + ", ".join(model.model_fields)
 
 
-def build_config(data: dict[str, Any] | None = None, **sections: Any) -> NodeConfig:
+def build_config(data: Mapping[str, object] | None = None, **sections: object) -> NodeConfig:
     """Validate a config dict (``{"network": {...}, "run": {...}}``); ConfigError names the field."""
-    merged: dict[str, Any] = dict(data or {})
+    merged: dict[str, object] = dict(data or {})
     merged.update(sections)
     try:
         return NodeConfig.model_validate(merged)
@@ -71,7 +70,7 @@ DEFAULT_CONFIG_NAME = "config.toml"
 MAX_CONFIG_BYTES = 1 << 20
 
 
-def read_toml(path: str | Path) -> dict[str, Any]:
+def read_toml(path: str | Path) -> dict[str, object]:
     """The TOML file at ``path`` as a dict; ConfigError (field ``config``) for a missing or broken file."""
     import tomllib
 
@@ -91,8 +90,17 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"--config {path}: not valid TOML: {exc}", field="config") from exc
 
 
+def toml_table(doc: Mapping[str, object], name: str) -> dict[str, object]:
+    """A copy of the table ``[name]`` of a file :func:`read_toml` read ({} when absent); ConfigError (field
+    ``name``) when ``name`` is not a table."""
+    table = doc.get(name, {})
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"config {name}: expected a table ([{name}]), got {type(table).__name__}",
+                          field=name)
+    return dict(table)
 
-def _env_value(raw: str, annotation: Any) -> Any:
+
+def _env_value(raw: str, annotation: object) -> object:
     """Text of an environment variable -> a value pydantic validates: JSON where it parses as a list or
     object, comma-separated lists, empty text as "unset" (None) for optional fields."""
     text = raw.strip()
@@ -120,10 +128,10 @@ def _nearest_field(model: type[BaseModel], name: str) -> str | None:
     return near[0] if near else None
 
 
-def env_layer(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+def env_layer(environ: Mapping[str, str]) -> tuple[dict[str, dict[str, object]], dict[str, str]]:
     """Config values from ``INTELLECT_NODE_<SECTION>__<FIELD>`` variables, and field -> variable name."""
     sections = section_models()
-    values: dict[str, Any] = {}
+    values: dict[str, dict[str, object]] = {}
     origin: dict[str, str] = {}
     for var, raw in sorted(environ.items()):
         if not var.startswith(ENV_PREFIX) or var == CONFIG_ENV:
@@ -154,18 +162,19 @@ def env_layer(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str
     return values, origin
 
 
-def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+def deep_merge(base: Mapping[str, object], over: Mapping[str, object]) -> dict[str, object]:
     """``over`` on top of ``base``: tables merge key by key, anything else is replaced."""
     out = dict(base)
     for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = deep_merge(out[key], value)
+        below = out.get(key)
+        if isinstance(value, Mapping) and isinstance(below, Mapping):
+            out[key] = deep_merge(below, value)
         else:
             out[key] = value
     return out
 
 
-def _leaves(d: Mapping[str, Any], prefix: str = "") -> list[str]:
+def _leaves(d: Mapping[str, object], prefix: str = "") -> list[str]:
     out: list[str] = []
     for k, v in d.items():
         path = f"{prefix}.{k}" if prefix else str(k)
@@ -185,16 +194,16 @@ def config_file_for(path: str | Path | None, *, environ: Mapping[str, str],
     return None
 
 
-def config_layers(path: str | Path | None = None, *, flags: Mapping[str, Any] | None = None,
+def config_layers(path: str | Path | None = None, *, flags: Mapping[str, object] | None = None,
                   environ: Mapping[str, str] | None = None, data_dir: Path | None = None,
                   flag_names: Mapping[str, str] | None = None
-                  ) -> tuple[Path | None, dict[str, Any], dict[str, str]]:
+                  ) -> tuple[Path | None, dict[str, object], dict[str, str]]:
     """The layers merged but not validated: ``(file read or None, values, origin)`` where ``origin`` maps
     each ``section.field`` that was set to where (the file's path, the variable, the flag); a field
     absent from ``origin`` keeps its default. ``intellect-node config show`` prints the same origins."""
     environ = os.environ if environ is None else environ
     file = config_file_for(path, environ=environ, data_dir=data_dir)
-    layers: list[tuple[dict[str, Any], dict[str, str]]] = []
+    layers: list[tuple[Mapping[str, object], dict[str, str]]] = []
     if file is not None:
         doc = read_toml(file)
         layers.append((doc, {leaf: f"{file}" for leaf in _leaves(doc)}))
@@ -203,7 +212,7 @@ def config_layers(path: str | Path | None = None, *, flags: Mapping[str, Any] | 
         names = flag_names or {}
         layers.append((dict(flags),
                        {leaf: names.get(leaf, "a command-line flag") for leaf in _leaves(flags)}))
-    merged: dict[str, Any] = {}
+    merged: dict[str, object] = {}
     origin: dict[str, str] = {}
     for values, where in layers:
         merged = deep_merge(merged, values)
@@ -211,7 +220,7 @@ def config_layers(path: str | Path | None = None, *, flags: Mapping[str, Any] | 
     return file, merged, origin
 
 
-def load_config(path: str | Path | None = None, *, flags: Mapping[str, Any] | None = None,
+def load_config(path: str | Path | None = None, *, flags: Mapping[str, object] | None = None,
                 environ: Mapping[str, str] | None = None, data_dir: Path | None = None,
                 flag_names: Mapping[str, str] | None = None) -> NodeConfig:
     """Build the node's config: file < environment < flags (``flags`` holds only flags actually given,

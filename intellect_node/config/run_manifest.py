@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from intellect_node.config.loader import build_config, deep_merge
 from intellect_node.config.schema import NodeConfig
@@ -35,14 +34,14 @@ DERIVED_FIELDS = frozenset({"run.proof_thresholds_sha256"})
 the thresholds it carries."""
 
 
-def run_sections(cfg: NodeConfig) -> dict[str, dict[str, Any]]:
+def run_sections(cfg: NodeConfig) -> dict[str, dict[str, object]]:
     """The shared ``[run]`` and ``[rl]`` settings of ``cfg`` as a manifest carries them. ConfigError for
     what a manifest cannot carry (a solve-rates file is a path on the organiser's machine)."""
     if cfg.rl.solve_rates_file is not None or cfg.rl.tasks_file is not None:
         field = "rl.solve_rates_file" if cfg.rl.solve_rates_file is not None else "rl.tasks_file"
         raise ConfigError(f"{field} names a file on this machine, which a run manifest does not carry; "
                           "use a reasoning-gym environment (--env) and no offline filter", field=field)
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, object]] = {}
     left_out = LOCAL_FIELDS | DERIVED_FIELDS
     for section in RUN_SECTIONS:
         values = getattr(cfg, section).model_dump(mode="json")
@@ -50,11 +49,12 @@ def run_sections(cfg: NodeConfig) -> dict[str, dict[str, Any]]:
     return out
 
 
-def shared_fields_set(local: Mapping[str, Any], origin: Mapping[str, str]) -> list[tuple[str, str]]:
+def shared_fields_set(local: Mapping[str, object], origin: Mapping[str, str]) -> list[tuple[str, str]]:
     """``(field, where)`` of every shared ``[run]``/``[rl]`` field the node's own layers set."""
     out = []
     for section in RUN_SECTIONS:
-        for name in (local.get(section) or {}):
+        values = local.get(section)
+        for name in (values if isinstance(values, Mapping) else {}):
             field = f"{section}.{name}"
             if field not in LOCAL_FIELDS:
                 out.append((field, origin.get(field, "the config")))
@@ -66,7 +66,7 @@ MACHINE_FILES = frozenset({"rl.tasks_file", "rl.solve_rates_file"})
 (:func:`run_sections` refuses a config that sets them)."""
 
 
-def manifest_refusal(shared: Mapping[str, Any]) -> str | None:
+def manifest_refusal(shared: Mapping[str, object]) -> str | None:
     """Why a manifest's config sets something that is not a shared run setting (another section, a
     field in :data:`LOCAL_FIELDS` or :data:`DERIVED_FIELDS`, a machine file in :data:`MACHINE_FILES`
     set), or None. The manifest is the organiser's word: it must not choose a joining node's paths,
@@ -82,7 +82,7 @@ def manifest_refusal(shared: Mapping[str, Any]) -> str | None:
     return None
 
 
-def config_from_manifest(m: RunManifest, *, local: Mapping[str, Any], origin: Mapping[str, str],
+def config_from_manifest(m: RunManifest, *, local: Mapping[str, object], origin: Mapping[str, str],
                          model_dir: Path, thresholds: Path) -> NodeConfig:
     """The node's configuration: its own layers (``local``: file, variables, flags as
     ``config.loader.config_layers`` merges them, ``origin`` where each was set) with the manifest's

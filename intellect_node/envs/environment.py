@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Mapping
 
 from intellect_node.envs import reasoning_gym as rg
 from intellect_node.envs.extract import Extraction
@@ -103,7 +103,7 @@ def settle(task: Task, settings: EnvSettings) -> Task:
 
 
 def build_task(*, task: str = "add3", tasks_file: str | None = None, env: str | None = None,
-               env_args: dict[str, Any] | None = None, answer_format: str = "auto", think: str = "auto",
+               env_args: Mapping[str, object] | None = None, answer_format: str = "auto", think: str = "auto",
                max_completion_chars: int = MAX_COMPLETION_CHARS, system_prompt: str | None = None,
                reward_timeout_s: float = DEFAULT_TIMEOUT_S) -> Task:
     """The run's task from the ``[rl]`` settings, registered so its problem IDs resolve

@@ -31,7 +31,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import Any, Mapping
 
 from intellect_node.envs.extract import Extraction
 from intellect_node.envs.sandbox import run_checker
@@ -106,7 +106,7 @@ def version() -> str:
     return metadata.version("reasoning_gym")
 
 
-def _checked_args(dataset: str, config_cls: type, args: dict[str, Any]) -> dict[str, Any]:
+def _checked_args(dataset: str, config_cls: type, args: Mapping[str, object]) -> dict[str, object]:
     """``args`` checked against the dataset's config dataclass: known fields, the defaults' types."""
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
     for need in ("seed", "size"):
@@ -174,7 +174,7 @@ def score_in_child(dataset: str, config_json: str, entry: dict[str, Any], answer
 class ReasoningGymTask:
     """One reasoning-gym dataset under fixed settings (implements the ``Task`` protocol)."""
 
-    def __init__(self, dataset: str, args: dict[str, Any] | None = None,
+    def __init__(self, dataset: str, args: Mapping[str, object] | None = None,
                  settings: EnvSettings | None = None) -> None:
         registry = _registry()
         if dataset in REFUSED:

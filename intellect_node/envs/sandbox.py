@@ -146,7 +146,7 @@ class _Child:
                                      close_fds=True)
         self.imported: set[str] = set()
 
-    def call(self, request: tuple[str, str, tuple[Any, ...]], timeout_s: float) -> Any:
+    def call(self, request: tuple[str, str, tuple[object, ...]], timeout_s: float) -> Any:
         """Send one request and wait for its reply; ``TimeoutError`` when none comes in ``timeout_s``."""
         assert self.proc.stdin is not None
         data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
@@ -222,7 +222,7 @@ class ScoringPool:
         with self._lock:
             return len(self._busy)
 
-    def call(self, module: str, function: str, *args: Any, timeout_s: float = DEFAULT_TIMEOUT_S,
+    def call(self, module: str, function: str, *args: object, timeout_s: float = DEFAULT_TIMEOUT_S,
              warm: tuple[str, ...] = (), meter: Meter | None = None) -> Any:
         """``module.function(*args)`` in a child within ``timeout_s``; ``meter``, when given, is charged
         the call's time and may cut it short or refuse it (reason ``budget``)."""
@@ -378,7 +378,7 @@ def scoring_in(lane: Lane | None) -> Iterator[None]:
         _LANE.reset(token)
 
 
-def run_checker(module: str, function: str, *args: Any, timeout_s: float = DEFAULT_TIMEOUT_S,
+def run_checker(module: str, function: str, *args: object, timeout_s: float = DEFAULT_TIMEOUT_S,
                 warm: tuple[str, ...] = ()) -> Any:
     """What checkers call: :meth:`ScoringPool.call` in the current :class:`Lane` (:func:`scoring_in`),
     else in :func:`default_pool`."""

@@ -13,7 +13,7 @@ import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from intellect_node.envs.extract import Extraction, extract
 from intellect_node.envs.sandbox import DEFAULT_TIMEOUT_S, ScoringFailed
@@ -41,7 +41,7 @@ class EnvSettings:
     def canonical(self) -> dict[str, object]:
         return {"extract": self.extraction.canonical(), "system": self.system}
 
-    def digest(self, **more: Any) -> str:
+    def digest(self, **more: object) -> str:
         """A short hash of these settings and ``more`` (a dataset's name and configuration)."""
         payload = json.dumps({**self.canonical(), **more}, sort_keys=True, separators=(",", ":"),
                              default=repr)

@@ -16,9 +16,9 @@ model and the task, with a preflight that says whether a run can learn.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Mapping, overload
+from typing import TYPE_CHECKING, Literal, overload
 
-from intellect_node.inference.base import Generation, InferenceEngine, SamplingConfig
+from intellect_node.inference.base import Generation, InferenceEngine, SamplingConfig, VllmSettings
 
 if TYPE_CHECKING:
     from intellect_node.inference.torch_engine import TorchEngine
@@ -55,16 +55,16 @@ def choose_engine(engine: str, device: str, *, vllm_installed: bool | None = Non
 @overload
 def make_engine(model: LoadedModel | str | Path | None, engine: Literal["torch"] = "torch", *,
                 dtype: str = "float32", device: str = "cpu",
-                vllm: Mapping[str, Any] | None = None) -> TorchEngine: ...
+                vllm: VllmSettings | None = None) -> TorchEngine: ...
 
 
 @overload
 def make_engine(model: LoadedModel | str | Path | None, engine: str, *, dtype: str = "float32",
-                device: str = "cpu", vllm: Mapping[str, Any] | None = None) -> InferenceEngine: ...
+                device: str = "cpu", vllm: VllmSettings | None = None) -> InferenceEngine: ...
 
 
 def make_engine(model: LoadedModel | str | Path | None, engine: str = "torch", *, dtype: str = "float32",
-                device: str = "cpu", vllm: Mapping[str, Any] | None = None) -> InferenceEngine:
+                device: str = "cpu", vllm: VllmSettings | None = None) -> InferenceEngine:
     """An engine named ``engine`` for ``model``: weights already loaded (a policy version a role obtained;
     ``dtype`` is then the loaded one), or a model directory (None: the embedded model) loaded in
     ``dtype``. The torch engine is what the verifier recomputes with, so ``"torch"`` returns it typed as
@@ -88,5 +88,5 @@ def make_engine(model: LoadedModel | str | Path | None, engine: str = "torch", *
                               "(a policy version) need engine 'torch'", field="engine")
         from intellect_node.inference.vllm_engine import VllmEngine
 
-        return VllmEngine(model, dtype=dtype, device=device, **dict(vllm or {}))
+        return VllmEngine(model, dtype=dtype, device=device, **(vllm or {}))
     raise ConfigError(f"engine {engine!r} is not one of {', '.join(ENGINES)}", field="engine")

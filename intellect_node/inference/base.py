@@ -9,7 +9,7 @@ back as float32 on the CPU whatever the engine's dtype, shape ``[n_tokens, hidde
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Collection, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Collection, Mapping, Protocol, Sequence, TypedDict, runtime_checkable
 
 import torch
 
@@ -59,6 +59,18 @@ class WeightSwapEngine(InferenceEngine, Protocol):
     restarting vLLM for each version would cost its whole start-up); the torch engine is made anew."""
 
     def load_weights(self, state: Mapping[str, torch.Tensor]) -> None: ...
+
+
+class VllmSettings(TypedDict, total=False):
+    """:class:`~.vllm_engine.VllmEngine`'s keyword arguments from the configuration (``[inference]``'s
+    ``vllm_*`` fields; the context length from the prompt and completion limits)."""
+
+    max_model_len: int
+    max_num_seqs: int
+    gpu_memory_fraction: float
+    max_num_batched_tokens: int | None
+    enforce_eager: bool
+    cpu_kvcache_gib: int
 
 
 class LoadedEngine(Protocol):

@@ -130,7 +130,7 @@ class Estimate:
 
     role: str
     parts: dict[str, int]
-    settings: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, str | int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -148,7 +148,7 @@ def role_estimate(shape: Shape, role: str, dtype: str, *, batch: int, tokens: in
     trainer: the training state, a published copy of the policy, and one micro-batch's float32 logits
     (``batch`` sequences)."""
     w = weight_bytes(shape, dtype)
-    settings = {"dtype": dtype, "batch": batch, "tokens": tokens, "engine": engine}
+    settings: dict[str, str | int] = {"dtype": dtype, "batch": batch, "tokens": tokens, "engine": engine}
     if role == "worker":
         copies = 1 if engine == "vllm" else 2
         parts = {f"weights x{copies}": copies * w,

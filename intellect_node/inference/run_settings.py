@@ -62,9 +62,9 @@ ARITHMETIC = frozenset({"basic_arithmetic", "chain_sum", "products", "decimal_ar
                         "power_function", "prime_factorization", "number_sorting"})
 """reasoning-gym datasets whose answer is a number or a short list of numbers."""
 
-SMALL_ARITHMETIC_ARGS: dict[str, Any] = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
-                                         "operators": ["+"], "allow_parentheses": False,
-                                         "allow_negation": False}
+SMALL_ARITHMETIC_ARGS: dict[str, object] = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
+                                            "operators": ["+"], "allow_parentheses": False,
+                                            "allow_negation": False}
 """basic_arithmetic at the size a 135M instruct model starts on: sums of two 1-digit numbers (its solve rate
 there is a few percent with the bare-number format, enough for groups with unequal rewards)."""
 
@@ -76,7 +76,7 @@ class Choice:
     """One ``[rl]`` setting: its value and why (``given`` when the operator set it)."""
 
     key: str
-    value: Any
+    value: object
     why: str
     given: bool = False
 
@@ -118,7 +118,7 @@ def _dataset(env: str | None) -> str:
     return env.split(":", 1)[1] if env and ":" in env else ""
 
 
-def fit_settings(facts: ModelFacts, given: Mapping[str, Any]) -> list[Choice]:
+def fit_settings(facts: ModelFacts, given: Mapping[str, object]) -> list[Choice]:
     """The ``[rl]`` settings for ``facts``'s model: every choice of the module docstring, with ``given``
     (the ``[rl]`` fields the operator set) kept and reported as given. Pure: no files, no model."""
     if facts.embedded:
@@ -127,7 +127,7 @@ def fit_settings(facts: ModelFacts, given: Mapping[str, Any]) -> list[Choice]:
     size = size_text(facts.n_params)
     small = facts.n_params < SMALL_MODEL or not facts.chat_template
 
-    def choose(key: str, value: Any, why: str) -> None:
+    def choose(key: str, value: object, why: str) -> None:
         out.setdefault(key, Choice(key, value, why))
 
     has_task = any(k in given for k in ("env", "tasks_file")) or given.get("task", "add3") != "add3"
@@ -137,7 +137,7 @@ def fit_settings(facts: ModelFacts, given: Mapping[str, Any]) -> list[Choice]:
             choose("env_args", dict(SMALL_ARITHMETIC_ARGS),
                    f"sums of two 1-digit numbers: a {size} model solves a few, so groups differ in reward")
     env = out["env"].value if "env" in out else None
-    arithmetic = _dataset(env) in ARITHMETIC
+    arithmetic = _dataset(env if isinstance(env, str) else None) in ARITHMETIC
     if small:
         why = (f"a {size} model rarely writes the answer tags; the whole text is scored, with "
                "reasoning-gym's partial credit for short exact answers") if facts.chat_template else \

@@ -122,7 +122,7 @@ class VllmEngine:
         self.eos_id = self.eos_ids[0]
         # Chunked prefill is off, so one pass must hold a whole context.
         batched = max(max_num_batched_tokens or max_model_len * max_num_seqs, max_model_len, 2048)
-        extra: dict[str, Any] = {}
+        extra: dict[str, float] = {}
         if device.startswith("cuda"):
             extra["gpu_memory_utilization"] = gpu_memory_fraction
         renderer_log = logging.getLogger("vllm.renderers.base")

@@ -24,7 +24,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from intellect_node.errors import ConfigError
 from intellect_node.fsutil import fsync_dir
@@ -40,7 +40,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 PROVENANCE_FILE = "policy.json"
 
 
-def folder_dtype(config: dict[str, Any]) -> str:
+def folder_dtype(config: Mapping[str, object]) -> str:
     """The dtype a folder's config names (``dtype``, or ``torch_dtype`` before transformers 5), float32
     when it names none of :data:`models.loader.DTYPES`."""
     value = config.get("dtype") or config.get("torch_dtype")
@@ -64,7 +64,7 @@ def _check_weights(base: Path, weights: Mapping[str, "torch.Tensor"], tied: bool
     return names
 
 
-def _generation_config(base: Path, config: dict[str, Any]) -> str:
+def _generation_config(base: Path, config: Mapping[str, object]) -> str:
     if (base / "generation_config.json").is_file():
         return (base / "generation_config.json").read_text(encoding="utf-8")
     doc = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -73,7 +73,7 @@ def _generation_config(base: Path, config: dict[str, Any]) -> str:
 
 
 def export_folder(base: str | Path, weights: Mapping[str, "torch.Tensor"], out: str | Path, *,
-                  dtype: str | None = None, provenance: Mapping[str, Any] | None = None) -> Path:
+                  dtype: str | None = None, provenance: Mapping[str, object] | None = None) -> Path:
     """Write the Hugging Face folder of ``weights`` on the model folder ``base`` to ``out`` (a new or empty
     folder) in ``dtype`` (default: the base's); returns ``out``."""
     from safetensors.torch import save_file

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from intellect_node.errors import ConfigError
 
@@ -69,7 +69,7 @@ class Architecture:
         return self.vocab_size * self.hidden_size + head + self.n_layers * per_layer
 
 
-def _int(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
+def _int(cfg: Mapping[str, object], key: str, default: int | None = None) -> int:
     value = cfg.get(key, default)
     if value is None or isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"config.json: {key} must be a positive integer, not {value!r}", field="model")

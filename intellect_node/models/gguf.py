@@ -39,13 +39,21 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from intellect_node.errors import ConfigError
 from intellect_node.fsutil import fsync_dir
 from intellect_node.models.gguf_tokenizer import eos_ids, tokenizer_files
 
+if TYPE_CHECKING:  # numpy and the gguf extra are imported where a file is read (gguf_module)
+    import numpy as np
+    from gguf import ReaderField, ReaderTensor
+    from numpy.typing import NDArray
+
 log = logging.getLogger(__name__)
+
+PlannedTensor = tuple[str, "ReaderTensor", tuple[int, ...], int]
+"""(transformers name, GGUF tensor, shape, heads to un-permute by or 0): :func:`tensor_plan`'s rows."""
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 IMPORT_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
@@ -78,7 +86,7 @@ def gguf_module() -> Any:
     return gguf
 
 
-def _field_value(field: Any, gguf: Any) -> Any:
+def _field_value(field: ReaderField, gguf: Any) -> object:
     """A metadata value as plain Python (written against ``ReaderField.parts``/``data``, which every
     gguf release has)."""
     vt = gguf.GGUFValueType
@@ -106,7 +114,7 @@ def check_gguf(path: Path, flag: str = "--model") -> None:
                           field=flag)
 
 
-def read_gguf(path: str | Path, flag: str = "--model") -> tuple[dict[str, Any], list[Any]]:
+def read_gguf(path: str | Path, flag: str = "--model") -> tuple[dict[str, Any], list[ReaderTensor]]:
     """(metadata key -> value, tensors) of a GGUF file; ConfigError naming ``flag`` when it is missing,
     not a GGUF file, unreadable or big-endian."""
     path = Path(path).expanduser()
@@ -124,14 +132,14 @@ def read_gguf(path: str | Path, flag: str = "--model") -> tuple[dict[str, Any], 
     return meta, list(reader.tensors)
 
 
-def _int(meta: dict[str, Any], key: str, default: int | None = None) -> int:
+def _int(meta: Mapping[str, object], key: str, default: int | None = None) -> int:
     value = meta.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"the GGUF's {key} is {value!r}, not a positive integer", field="model")
     return value
 
 
-def model_config(meta: dict[str, Any], tensors: list[Any], dtype: str = "float32") -> dict[str, Any]:
+def model_config(meta: dict[str, Any], tensors: list[ReaderTensor], dtype: str = "float32") -> dict[str, Any]:
     """``config.json`` (transformers' Llama) from a GGUF's metadata; ConfigError for another
     architecture or a feature this import does not carry over."""
     arch = meta.get("general.architecture")
@@ -193,7 +201,7 @@ def _hf_name(name: str) -> str | None:
     return None
 
 
-def tensor_plan(tensors: list[Any], cfg: dict[str, Any]) -> list[tuple[str, Any, tuple[int, ...], int]]:
+def tensor_plan(tensors: list[ReaderTensor], cfg: dict[str, Any]) -> list[PlannedTensor]:
     """(transformers name, GGUF tensor, shape, heads to un-permute by or 0) per tensor, sorted by name;
     ConfigError for a tensor without a Llama counterpart or a layer missing one."""
     plan = []
@@ -217,13 +225,13 @@ def tensor_plan(tensors: list[Any], cfg: dict[str, Any]) -> list[tuple[str, Any,
     return sorted(plan, key=lambda p: p[0])
 
 
-def unpermute(w: Any, heads: int) -> Any:
+def unpermute(w: NDArray[np.float32], heads: int) -> NDArray[np.float32]:
     """Undo llama.cpp's ``permute`` of a query/key projection: it stores each head's rows as
     (pair, half) interleaved, transformers as (half, pair)."""
     return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def permute(w: Any, heads: int) -> Any:
+def permute(w: NDArray[np.float32], heads: int) -> NDArray[np.float32]:
     """llama.cpp's ``permute`` of a query/key projection (what its converter does; the inverse of
     :func:`unpermute`): each head's rows from transformers' (half, pair) order to (pair, half)."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -245,7 +253,7 @@ def gguf_name(name: str) -> str | None:
     return None
 
 
-def _tensor_bytes(t: Any, shape: tuple[int, ...], heads: int, dtype: str, gguf: Any) -> bytes:
+def _tensor_bytes(t: ReaderTensor, shape: tuple[int, ...], heads: int, dtype: str, gguf: Any) -> bytes:
     import numpy as np
 
     try:
@@ -266,7 +274,7 @@ def _tensor_bytes(t: Any, shape: tuple[int, ...], heads: int, dtype: str, gguf: 
     return torch.from_numpy(np.array(w, copy=True)).to(torch.bfloat16).view(torch.int16).numpy().tobytes()
 
 
-def write_safetensors(dst: Path, plan: list[tuple[str, Any, tuple[int, ...], int]], dtype: str) -> None:
+def write_safetensors(dst: Path, plan: list[PlannedTensor], dtype: str) -> None:
     """``model.safetensors`` streamed one tensor at a time, laid out as the safetensors library writes
     it (header JSON without spaces, ``__metadata__`` first, names sorted, padded to 8 bytes)."""
     gguf = gguf_module()

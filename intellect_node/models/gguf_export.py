@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from intellect_node.errors import ConfigError
 from intellect_node.fsutil import fsync_dir
@@ -35,6 +35,9 @@ from intellect_node.models.families import architecture
 from intellect_node.models.gguf import gguf_module, gguf_name, permute
 from intellect_node.models.gguf_tokenizer import GgufVocab, tokenizer_metadata
 from intellect_node.models.loader import read_config, read_weights
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
 
 GGUF_TYPES = ("f16", "q8_0", "f32")
 """``--gguf-type`` values: how the matrices are stored (f16 first: what llama.cpp's converter defaults to)."""
@@ -58,7 +61,8 @@ def _check_family(cfg: dict[str, Any]) -> None:
         raise ConfigError("--gguf: per-head query/key norms are not exported to GGUF", field="gguf")
 
 
-def _write_metadata(w: Any, gguf: Any, cfg: dict[str, Any], vocab: GgufVocab, name: str, ftype: int) -> None:
+def _write_metadata(w: GGUFWriter, gguf: Any, cfg: dict[str, Any], vocab: GgufVocab, name: str,
+                    ftype: int) -> None:
     arch = architecture(cfg)
     w.add_name(name)
     w.add_file_type(ftype)

@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from intellect_node.errors import ConfigError
 
@@ -36,18 +36,19 @@ _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
-def _byte_level(use_regex: bool) -> dict[str, Any]:
+def _byte_level(use_regex: bool) -> dict[str, object]:
     return {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": use_regex}
 
 
-def _split(pattern: str) -> dict[str, Any]:
+def _split(pattern: str) -> dict[str, object]:
     return {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
 
 
-_DIGITS = {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
-                                                  _byte_level(True)]}
-_LLAMA3 = {"type": "Sequence", "pretokenizers": [_split(_LLAMA3_SPLIT), _byte_level(False)]}
-PRE_TOKENIZERS: dict[str, tuple[dict[str, Any], bool]] = {
+_DIGITS: dict[str, object] = {"type": "Sequence", "pretokenizers": [
+    {"type": "Digits", "individual_digits": True}, _byte_level(True)]}
+_LLAMA3: dict[str, object] = {"type": "Sequence",
+                               "pretokenizers": [_split(_LLAMA3_SPLIT), _byte_level(False)]}
+PRE_TOKENIZERS: dict[str, tuple[dict[str, object], bool]] = {
     "default": (_byte_level(True), False),
     "gpt2": (_byte_level(True), False),
     "smollm": (_DIGITS, False),
@@ -132,7 +133,7 @@ def tokenizer_files(meta: dict[str, Any], context_length: int) -> dict[str, str]
                   "ignore_merges": ignore_merges,
                   "vocab": {spelled(t): i for i, t in enumerate(tokens)}, "merges": merges},
     }
-    tok_cfg: dict[str, Any] = {
+    tok_cfg: dict[str, object] = {
         "add_bos_token": add_bos, "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
         "bos_token": bos, "clean_up_tokenization_spaces": False, "eos_token": eos,
         "model_max_length": context_length, "pad_token": token_of("padding_token_id"),
@@ -149,14 +150,14 @@ def tokenizer_files(meta: dict[str, Any], context_length: int) -> dict[str, str]
             "generation_config.json": _dump({k: v for k, v in gen.items() if v is not None})}
 
 
-def eos_ids(meta: dict[str, Any]) -> list[int]:
+def eos_ids(meta: Mapping[str, object]) -> list[int]:
     """The IDs that end generation: EOS, then end-of-turn and end-of-message where the file names them
     (Llama 3 ends a turn with ``<|eot_id|>``, a document with ``<|end_of_text|>``)."""
     ids = [meta.get(f"tokenizer.ggml.{k}") for k in ("eos_token_id", "eot_token_id", "eom_token_id")]
     return list(dict.fromkeys(i for i in ids if isinstance(i, int) and not isinstance(i, bool)))
 
 
-def _added_tokens(tokens: list[str], types: list[int]) -> list[dict[str, Any]]:
+def _added_tokens(tokens: list[str], types: list[int]) -> list[dict[str, object]]:
     """CONTROL tokens as special, USER_DEFINED as plain added tokens, both matched whole in text. A
     CONTROL token outside the byte alphabet is a llama.cpp mislabel and left as an ordinary token."""
     out = []
@@ -172,21 +173,21 @@ def _added_tokens(tokens: list[str], types: list[int]) -> list[dict[str, Any]]:
     return out
 
 
-def _post_processor(bos: str | None, tokens: list[str]) -> dict[str, Any]:
+def _post_processor(bos: str | None, tokens: list[str]) -> dict[str, object]:
     """Add BOS to an encoding only where the file says so (``add_bos_token``); the chat template writes
     it otherwise. (The swarm encodes prompts without special tokens either way.)"""
-    single: list[dict[str, Any]] = [{"Sequence": {"id": "A", "type_id": 0}}]
-    pair: list[dict[str, Any]] = single + [{"Sequence": {"id": "B", "type_id": 1}}]
-    special: dict[str, Any] = {}
+    single: list[dict[str, object]] = [{"Sequence": {"id": "A", "type_id": 0}}]
+    pair: list[dict[str, object]] = single + [{"Sequence": {"id": "B", "type_id": 1}}]
+    special: dict[str, object] = {}
     if bos is not None:
-        head = {"SpecialToken": {"id": bos, "type_id": 0}}
+        head: dict[str, object] = {"SpecialToken": {"id": bos, "type_id": 0}}
         single, pair = [head, *single], [head, *single, {"SpecialToken": {"id": bos, "type_id": 1}},
                                          {"Sequence": {"id": "B", "type_id": 1}}]
         special = {bos: {"id": bos, "ids": [tokens.index(bos)], "tokens": [bos]}}
     return {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": special}
 
 
-def _dump(obj: dict[str, Any], indent: int | None = 2) -> str:
+def _dump(obj: Mapping[str, object], indent: int | None = 2) -> str:
     return json.dumps(obj, indent=indent, ensure_ascii=False) + "\n"
 
 
@@ -235,7 +236,7 @@ def _pre_label(tok: dict[str, Any]) -> str:
                       "prompts' token IDs", field="gguf")
 
 
-def _ids(value: Any) -> list[int]:
+def _ids(value: object) -> list[int]:
     items = value if isinstance(value, list) else [value]
     return [i for i in items if isinstance(i, int) and not isinstance(i, bool)]
 

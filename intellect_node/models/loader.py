@@ -30,7 +30,7 @@ from intellect_node.models.tokenizer import ModelTokenizer
 
 if TYPE_CHECKING:
     import torch
-    from transformers import PreTrainedModel
+    from transformers import LlamaConfig, PreTrainedModel
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "LoadedModel", "ModelTokenizer", "embedded_model_dir", "export_model",
            "load_hf_model", "load_model", "load_tokenizer", "read_config", "read_weight_shapes",
@@ -59,7 +59,7 @@ EMBEDDED_ARCH: dict[str, Any] = dict(
 """The embedded model's shape (1.02M parameters), after the arithmetic model measured in the notes."""
 
 
-def embedded_config() -> Any:
+def embedded_config() -> LlamaConfig:
     """A transformers ``LlamaConfig`` for the embedded architecture and the char tokenizer's IDs."""
     from transformers import LlamaConfig
 

@@ -22,9 +22,12 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Mapping
 
 from intellect_node.errors import ConfigError
+
+if TYPE_CHECKING:
+    from jinja2 import Template
 
 PROMPT_CACHE = 4096
 """Prompts whose token IDs a tokenizer keeps (``ModelTokenizer.prompt_ids``)."""
@@ -35,7 +38,7 @@ TEMPLATE_DATE = datetime(2024, 7, 26)
 every node must render the same prompt tokens whatever its clock says (Llama 3.1's own default date)."""
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path) -> dict[str, object]:
     if not path.exists():
         return {}
     try:
@@ -47,14 +50,14 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _token_text(value: Any) -> str | None:
+def _token_text(value: object) -> str | None:
     """A special token as written in tokenizer_config.json: a string or a serialised AddedToken."""
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) and value else None
 
 
-def _ids(value: Any) -> list[int]:
+def _ids(value: object) -> list[int]:
     if isinstance(value, bool):
         return []
     if isinstance(value, int):
@@ -64,7 +67,7 @@ def _ids(value: Any) -> list[int]:
     return []
 
 
-def _chat_template(path: Path, tok_cfg: dict[str, Any]) -> str | None:
+def _chat_template(path: Path, tok_cfg: Mapping[str, object]) -> str | None:
     """The default chat template: ``chat_template.jinja`` (transformers >= 4.43 writes it apart) or the
     config's ``chat_template`` (a string, or a list of named templates of which ``default`` is used)."""
     jinja = path / "chat_template.jinja"
@@ -118,7 +121,7 @@ class ModelTokenizer:
         pad = self._id_of("pad_token", vocab)
         self.pad_id: int = pad if pad is not None else self.eos_id
         self.chat_template = _chat_template(self.path, tok_cfg)
-        self._template: Any = None
+        self._template: Template | None = None
         self._prompts: dict[tuple[str, str | None], tuple[int, ...]] = {}
         """``prompt_ids`` answers: a group's rollouts share one prompt, and the worker, validator and
         trainer each need its tokens once per rollout (a chat template's render costs ~0.1 ms)."""
@@ -179,14 +182,14 @@ class ModelTokenizer:
         return list(ids)
 
 
-def _compile(source: str) -> Any:
+def _compile(source: str) -> Template:
     from jinja2.exceptions import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
-    def tojson(value: Any, indent: int | None = None) -> str:
+    def tojson(value: object, indent: int | None = None) -> str:
         return json.dumps(value, indent=indent, ensure_ascii=False)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,

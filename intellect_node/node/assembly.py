@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from intellect_node.config import NodeConfig
 from intellect_node.node.runtime import NodeRuntime, ServiceFactory
@@ -58,7 +58,7 @@ def add_common_services(runtime: NodeRuntime) -> None:
 
     runtime.add_service(reachability)
 
-    def blobs(rt: Any) -> BlobService:
+    def blobs(rt: NodeRuntime) -> BlobService:
         svc = BlobService.from_swarm(rt.swarm, rt.data_dir, board=rt.board, extra_sources=[nat[0].source])
         nat[0].attach_blob_store(lambda: svc.store)
         rt.spawn("blob-gc", lambda: svc.collect_loop(lambda: published_pins(rt.data_dir),

@@ -14,7 +14,7 @@ import os
 import secrets
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,7 +66,7 @@ def read_control_file(data_dir: Path) -> tuple[str, str]:
     return url, token
 
 
-def request(data_dir: Path, method: str, path: str, body: Any = None, *, timeout: float = 10.0) -> Any:
+def request(data_dir: Path, method: str, path: str, body: object = None, *, timeout: float = 10.0) -> Any:
     """Call the control API of the node running with ``data_dir``; returns the decoded JSON answer.
 
     ConfigError when no node answers (so the CLI exits 2 with a hint), TransportError for other failures.
@@ -88,7 +88,7 @@ def request(data_dir: Path, method: str, path: str, body: Any = None, *, timeout
                           field="data_dir") from exc
 
 
-def control_app(token: str, *, status: Callable[[], dict[str, Any]],
+def control_app(token: str, *, status: Callable[[], Mapping[str, object]],
                 stop: Callable[[], None]) -> web.Application:
     """The control app: token check, ``GET /v1/status``, ``POST /v1/stop``; more routes via the seam."""
     from aiohttp import web

@@ -42,7 +42,7 @@ and ``intellect_node_audit_coverage_gap_steps``.
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from aiohttp import web
 from prometheus_client import (
@@ -56,6 +56,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from intellect_node.config.status import AUDIT_STATES, NO_SIGNAL_CAUSES, StatusBoard, StatusSnapshot, Training
+
+if TYPE_CHECKING:
+    from intellect_node.node.runtime import NodeRuntime
 
 log = logging.getLogger(__name__)
 
@@ -343,7 +346,7 @@ class MetricsService:
         self._runner: web.AppRunner | None = None
 
     @classmethod
-    def for_runtime(cls, rt: Any) -> "MetricsService":
+    def for_runtime(cls, rt: NodeRuntime) -> "MetricsService":
         cfg = rt.config.metrics
         return cls(rt.board, host=cfg.host, port=cfg.port, port_chosen="port" in cfg.model_fields_set)
 

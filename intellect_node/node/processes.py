@@ -30,7 +30,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from intellect_node.errors import IntellectNodeError
 
@@ -86,14 +86,14 @@ def die_with_parent() -> Callable[[], None] | None:
     return in_child
 
 
-def write_config(path: Path, doc: Mapping[str, Mapping[str, Any]]) -> Path:
+def write_config(path: Path, doc: Mapping[str, Mapping[str, object]]) -> Path:
     """Write a node config file (``--config``, or ``<data-dir>/config.toml``) from ``{section: {field:
     value}}``. Values are written as JSON, which TOML reads the same for the strings, numbers, booleans
     and lists a config holds; a mapping value becomes its own table (``[rl.env_args]``). The file is
     checked by the node that reads it (``config/.py``)."""
     lines: list[str] = []
 
-    def table(name: str, values: Mapping[str, Any]) -> None:
+    def table(name: str, values: Mapping[str, object]) -> None:
         lines.append(f"[{name}]")
         lines.extend(f"{k} = {json.dumps(v)}" for k, v in values.items() if not isinstance(v, Mapping))
         lines.append("")
@@ -107,7 +107,7 @@ def write_config(path: Path, doc: Mapping[str, Mapping[str, Any]]) -> Path:
     return path
 
 
-def _open_output(path: Path) -> Any:
+def _open_output(path: Path) -> BinaryIO:
     path.parent.mkdir(parents=True, exist_ok=True)
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
 

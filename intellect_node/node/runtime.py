@@ -36,7 +36,14 @@ from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 from aiohttp import web
 
 from intellect_node import __version__, gcpolicy
-from intellect_node.blobs.server import BulkLimits, ConnectionGate, GatedSite, runner_kwargs, send_deadline
+from intellect_node.blobs.server import (
+    BulkLimits,
+    ConnectionGate,
+    GatedSite,
+    RunnerOptions,
+    runner_kwargs,
+    send_deadline,
+)
 from intellect_node.config import NodeConfig
 from intellect_node.config.status import StatusBoard
 from intellect_node.errors import ConfigError
@@ -125,7 +132,7 @@ class NodeRuntime:
         self.heartbeats: Heartbeats | None = None
         self.services: list[NodeService] = []
         """Built in the order they were added (started in it, closed in reverse)."""
-        self._by_class: dict[type[Any], NodeService] = {}  # what :meth:`service` answers
+        self._by_class: dict[type, NodeService] = {}  # what :meth:`service` answers
         self._factories = list(services or [])
         self._runners: list[web.AppRunner] = []
         self.http_gate = ConnectionGate(BulkLimits())
@@ -238,8 +245,8 @@ class NodeRuntime:
                 ctl_app.router.add_route(rd.method, rd.path, rd.handler)
         for app, sock in ((bulk_app, bulk_sock), (ctl_app, ctl_sock)):
             bulk = app is bulk_app  # open to every peer: bounded (blobs/server.py); control is loopback
-            runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                                   **(runner_kwargs(self.http_gate.limits) if bulk else {}))
+            options: RunnerOptions = runner_kwargs(self.http_gate.limits) if bulk else {}
+            runner = web.AppRunner(app, access_log=None, handle_signals=False, **options)
             await runner.setup()
             site = (GatedSite(runner, sock, self.http_gate, shutdown_timeout=2.0) if bulk
                     else web.SockSite(runner, sock, shutdown_timeout=2.0))

@@ -16,7 +16,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from intellect_node.aioutil import cancel_and_wait
 from intellect_node.p2p.bridge import describe
@@ -34,7 +33,7 @@ TASK_STABLE_S = 5.0
 
 # -- essential asyncio tasks -----------------------------------------------------------------------
 
-TaskFactory = Callable[[], Awaitable[Any]]
+TaskFactory = Callable[[], Awaitable[object]]
 
 
 class TaskSupervisor:

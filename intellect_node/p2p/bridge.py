@@ -26,13 +26,14 @@ import asyncio
 import logging
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, TypeVarTuple
 
 import trio
 
 from intellect_node.errors import TransportError
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 log = logging.getLogger(__name__)
 
 RootFn = Callable[[trio.Nursery, "TrioThread"], Awaitable[None]]
@@ -180,7 +181,7 @@ class TrioThread:
             raise TransportError("the libp2p thread is not running")
         return run
 
-    def run_sync_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+    def run_sync_soon(self, fn: Callable[[*Ts], object], *args: *Ts) -> None:
         """Run a plain function on the trio thread (fire and forget)."""
         run = self._current()
         assert run.token is not None
@@ -189,7 +190,7 @@ class TrioThread:
         except trio.RunFinishedError as exc:
             raise TransportError("the libp2p thread has stopped") from exc
 
-    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    def start_soon(self, fn: Callable[[*Ts], Awaitable[object]], *args: *Ts) -> None:
         """Start a background trio task in the root nursery (fire and forget; it must catch its errors,
         or it ends the run: the swarm then restarts libp2p)."""
         run = self._current()
@@ -200,7 +201,7 @@ class TrioThread:
 
         self.run_sync_soon(spawn)
 
-    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    async def call(self, fn: Callable[[*Ts], Awaitable[T]], *args: *Ts) -> T:
         """Run trio coroutine ``fn(*args)`` on the trio thread; await its result from asyncio.
 
         TransportError if the thread is not running or its run ends before ``fn`` answers."""
@@ -209,13 +210,13 @@ class TrioThread:
         fut: asyncio.Future[T] = loop.create_future()
         scope_box: list[trio.CancelScope] = []
 
-        def deliver(ok: bool, value: Any) -> None:
-            if fut.done():
-                return
-            if ok:
+        def deliver(value: T) -> None:
+            if not fut.done():
                 fut.set_result(value)
-            else:
-                fut.set_exception(value)
+
+        def fail(exc: BaseException) -> None:
+            if not fut.done():
+                fut.set_exception(exc)
 
         async def runner() -> None:
             with trio.CancelScope() as scope:
@@ -225,16 +226,16 @@ class TrioThread:
                 try:
                     value = await fn(*args)
                 except trio.Cancelled:
-                    loop.call_soon_threadsafe(deliver, False, TransportError("cancelled on the libp2p side"))
+                    loop.call_soon_threadsafe(fail, TransportError("cancelled on the libp2p side"))
                     raise
                 except Exception as exc:  # handed to the awaiting asyncio task, which decides
-                    loop.call_soon_threadsafe(deliver, False, exc)
+                    loop.call_soon_threadsafe(fail, exc)
                     return
-                loop.call_soon_threadsafe(deliver, True, value)
+                loop.call_soon_threadsafe(deliver, value)
 
         def spawn() -> None:
             if run.nursery is None:
-                loop.call_soon_threadsafe(deliver, False, TransportError("the libp2p thread has stopped"))
+                loop.call_soon_threadsafe(fail, TransportError("the libp2p thread has stopped"))
                 return
             run.nursery.start_soon(runner)
 
@@ -255,7 +256,7 @@ class TrioThread:
                 pass
             raise
 
-    def to_asyncio(self, fn: Callable[..., Any], *args: Any) -> None:
+    def to_asyncio(self, fn: Callable[[*Ts], object], *args: *Ts) -> None:
         """From the trio thread: run plain function ``fn(*args)`` on the asyncio loop, without blocking."""
         loop = self._loop
         if loop is None or loop.is_closed():

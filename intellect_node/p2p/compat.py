@@ -40,15 +40,18 @@ import re
 import struct
 import time
 import weakref
+from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 if TYPE_CHECKING:
     from libp2p.kad_dht.kad_dht import KadDHT
     from libp2p.peer.peerinfo import PeerInfo
+    from multiaddr import Multiaddr
 
 PINNED_VERSION = "0.8.1"
 
@@ -69,13 +72,16 @@ def _check_version() -> None:
 _check_version()
 
 # Imported only after the version check: on another version these names may not exist.
-from libp2p.abc import IHost, IMuxedConn, INetStream  # noqa: E402
+from libp2p.abc import IHost, IMuxedConn, INetConn, INetStream, INetwork  # noqa: E402
 from libp2p.host.autonat.autonat import AutoNATService, _addr_ip  # noqa: E402
 from libp2p.host.autonat.pb.autonat_pb2 import Message as AutoNATMessage  # noqa: E402
+from libp2p.io.abc import Reader, ReadWriteCloser  # noqa: E402
+from libp2p.io.utils import DEFAULT_RETRY_READ_COUNT  # noqa: E402
 from libp2p.network.connection.swarm_connection import SwarmConn  # noqa: E402
 from libp2p.network.stream.exceptions import StreamError  # noqa: E402
 from libp2p.network.swarm import Swarm as LibSwarm  # noqa: E402
 from libp2p.peer.id import ID  # noqa: E402
+from libp2p.peer.peerstore import PeerRecordState, PeerStore  # noqa: E402
 from libp2p.pubsub import gossipsub as _gossipsub_module  # noqa: E402
 from libp2p.pubsub import pubsub as _pubsub_module  # noqa: E402
 from libp2p.pubsub import rpc_queue as _rpc_queue  # noqa: E402
@@ -84,7 +90,10 @@ from libp2p.pubsub.pb import rpc_pb2  # noqa: E402
 from libp2p.pubsub.pubsub import Pubsub  # noqa: E402
 from libp2p.relay.circuit_v2 import dcutr as _dcutr_module  # noqa: E402
 from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol  # noqa: E402
+from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage  # noqa: E402
 from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol  # noqa: E402
+from libp2p.relay.circuit_v2.protocol_buffer import StatusCode  # noqa: E402
+from libp2p.relay.circuit_v2.resources import Reservation  # noqa: E402
 from libp2p.stream_muxer.exceptions import MuxedStreamError  # noqa: E402
 from libp2p.stream_muxer.yamux import yamux as _yamux  # noqa: E402
 from libp2p.utils.varint import encode_varint_prefixed  # noqa: E402
@@ -416,7 +425,7 @@ def stock(name: str) -> Any:
     return _STOCK[name]
 
 
-def _patch(owner: type, attr: str, fn: Any) -> None:
+def _patch(owner: type, attr: str, fn: object) -> None:
     key = f"{owner.__name__}.{attr}"
     if key not in _STOCK:
         _STOCK[key] = owner.__dict__[attr]
@@ -520,14 +529,14 @@ def _note_inbound_refusal(network: LibSwarm) -> None:
         seen.unwarned = 0
 
 
-async def _close_quietly(conn: Any) -> None:
+async def _close_quietly(conn: ReadWriteCloser) -> None:
     try:
         await conn.close()
     except Exception as exc:  # the socket is already gone: nothing is left to release
         log.debug("closing a refused inbound connection: %s", exc)
 
 
-async def _inbound_connection(self: LibSwarm, conn: Any, maddr: Any) -> None:
+async def _inbound_connection(self: LibSwarm, conn: ReadWriteCloser, maddr: Multiaddr) -> None:
     """The inbound handler with its slot held while its own connection is open, not the swarm's life.
 
     What it keeps of the stock handler: the cap taken without a checkpoint (``acquire_nowait``), the
@@ -546,15 +555,14 @@ async def _inbound_connection(self: LibSwarm, conn: Any, maddr: Any) -> None:
         if isinstance(conn, IMuxedConn):
             from libp2p.network.swarm import SwarmEvent
 
-            # The stock inner handler takes either kind; its annotation names only the raw one.
-            await self._do_handle_inbound_connection(conn, maddr, SwarmEvent())  # type: ignore[arg-type]
+            await self._do_handle_inbound_connection(conn, maddr, SwarmEvent())
         else:
             await _upgrade_and_hold(self, conn, maddr)
     finally:
         self._inbound_limiter.release()
 
 
-async def _upgrade_and_hold(network: LibSwarm, conn: Any, maddr: Any) -> None:
+async def _upgrade_and_hold(network: LibSwarm, conn: ReadWriteCloser, maddr: Multiaddr) -> None:
     from libp2p.network.connection.raw_connection import RawConnection
 
     remote = network._build_remote_multiaddr(conn)
@@ -611,29 +619,31 @@ class _ReceiveWindow:
     subtracted. Our own credits never exceed the window: it is raised here before the WINDOW_UPDATE
     goes out."""
 
-    def __get__(self, stream: Any, owner: type | None = None) -> Any:
+    def __get__(self, stream: _yamux.YamuxStream | None, owner: type | None = None) -> int | _ReceiveWindow:
         if stream is None:
             return self
-        return stream.__dict__.get("_recv_window", 0)
+        window: int = stream.__dict__.get("_recv_window", 0)
+        return window
 
-    def __set__(self, stream: Any, value: int) -> None:
+    def __set__(self, stream: _yamux.YamuxStream, value: int) -> None:
         if value < 0:
             muxer = stream.conn
             if getattr(muxer, "_window_exceeded", None) is None:
-                muxer._window_exceeded = (stream.stream_id, -value)
+                # Our attribute on the library's object (Yamux declares none), as in _read_body_within_window.
+                setattr(muxer, "_window_exceeded", (stream.stream_id, -value))  # noqa: B010
             muxer.event_shutting_down.set()  # the read loop ends after this frame
             value = 0
         stream.__dict__["_recv_window"] = value
 
 
-async def _read_noting_header(reader: Any, n: int, *args: Any, **kwargs: Any) -> bytes:
+async def _read_noting_header(reader: Reader, n: int, retry_count: int = DEFAULT_RETRY_READ_COUNT) -> bytes:
     """The yamux module's ``read_exactly``: the read loop reads each frame header with it, so the header
     is kept on the connection for :func:`_read_body_within_window` (a 12-byte body overwrites it too, after
     that check, and the next header replaces it)."""
-    data: bytes = await _STOCK["yamux.read_exactly"](reader, n, *args, **kwargs)
+    data: bytes = await _STOCK["yamux.read_exactly"](reader, n, retry_count)
     if n == _yamux.HEADER_SIZE:
         try:
-            reader._intellect_yamux_header = data
+            setattr(reader, "_intellect_yamux_header", data)  # noqa: B010  # ours, on the library's object
         except AttributeError:  # a connection class with __slots__: the window descriptor still checks
             pass
     return data
@@ -750,7 +760,7 @@ async def _reserve_window(self: _yamux.YamuxStream, wanted: int) -> int:
     raise _WindowTimeout(f"Timed out waiting for window update after {WINDOW_WAIT_TIMEOUT_S:g} seconds.")
 
 
-async def _reset_after_failed_write(stream: Any) -> None:
+async def _reset_after_failed_write(stream: _yamux.YamuxStream) -> None:
     with trio.CancelScope(shield=True), trio.move_on_after(RESET_TIMEOUT_S):
         try:
             await stream.reset()
@@ -804,12 +814,12 @@ RECORD_RECHECK_S = 60.0
 RPC runs the full check and store once more (the stored addresses' 2-hour TTL is renewed then)."""
 RECORD_CACHE_PEERS = 4096
 """Peers whose last record a host remembers as checked; past that the memory starts afresh."""
-_checked_records: weakref.WeakKeyDictionary[Any, dict[ID, tuple[bytes, Any, float]]] = \
-    weakref.WeakKeyDictionary()
+_Checked = dict[ID, tuple[bytes, "PeerRecordState | None", float]]
+_checked_records: weakref.WeakKeyDictionary[PeerStore, _Checked] = weakref.WeakKeyDictionary()
 """Per peerstore: peer -> (record bytes, the peerstore's entry they produced, monotonic time)."""
 
 
-def _consume_record_once(msg: Any, host: Any, peer_id: ID) -> bool:
+def _consume_record_once(msg: rpc_pb2.RPC, host: IHost, peer_id: ID) -> bool:
     """``maybe_consume_signed_record`` as pubsub calls it for every RPC, with the verdict on a record
     kept while it is unchanged (``peer-record-per-rpc``).
 
@@ -823,6 +833,8 @@ def _consume_record_once(msg: Any, host: Any, peer_id: ID) -> bool:
     if not msg.HasField("senderRecord"):
         return bool(stock(msg, host, peer_id))
     store = host.get_peerstore()
+    if not isinstance(store, PeerStore):  # another peerstore than the library's: no memory, the stock check
+        return bool(stock(msg, host, peer_id))
     raw = bytes(msg.senderRecord)
     try:
         checked = _checked_records.setdefault(store, {})
@@ -896,8 +908,11 @@ def dial_failure(exc: BaseException, where: str) -> str:
 
 # -- accessors for private state -------------------------------------------------------------------------
 
-def unblock_peer(network: Any, peer: ID) -> None:
+def unblock_peer(network: INetwork, peer: ID) -> None:
     """Forget ``peer`` in the 60 s negative dial cache, so an explicit dial really dials."""
+    if not isinstance(network, LibSwarm):
+        raise TypeError("a host built by new_host has a py-libp2p Swarm network, not "
+                        f"{type(network).__name__}")
     network.unblock_peer(peer)
 
 
@@ -907,11 +922,19 @@ def blacklist(pubsub: Pubsub, peer: ID) -> None:
     pubsub.blacklisted_peers.add(peer)
 
 
+class _Trimmer(Protocol):
+    """What the pruner's stand-in asks of the connection manager (``p2p/connmgr.py``'s ``ConnManager``)."""
+
+    def over_high(self) -> bool: ...
+
+    def wake(self) -> None: ...
+
+
 class _ManagedPruner:
     """Stands where the library's pruner was: the swarm calls it on each new connection (debounced), and
     it wakes our connection manager instead (``stock-pruner``)."""
 
-    def __init__(self, connmgr: Any) -> None:
+    def __init__(self, connmgr: _Trimmer) -> None:
         self._connmgr = connmgr
         self._last_trim_time: float | None = None  # read by Swarm.get_conn_mgr_info
 
@@ -927,13 +950,13 @@ class _ManagedPruner:
 
 
 def prune_low_scores(router: GossipSub, threshold: float,
-                     on_prune: Any = None) -> None:
+                     on_prune: Callable[[ID, str, float], object] | None = None) -> None:
     """``score-mesh-prune``: after each stock mesh heartbeat, take peers scoring below ``threshold`` out
     of every mesh: PRUNE (with the stock back-off) those that were in it, silently drop those the
     heartbeat had just picked to graft. ``on_prune(peer, topic, score)`` is called for each PRUNE."""
     stock_heartbeat = router.mesh_heartbeat
 
-    def mesh_heartbeat() -> tuple[Any, Any]:
+    def mesh_heartbeat() -> tuple[defaultdict[ID, list[str]], defaultdict[ID, list[str]]]:
         graft, prune = stock_heartbeat()
         scorer = router.scorer
         if scorer is None:
@@ -963,7 +986,8 @@ IGNORED = None
 rejects)."""
 
 
-def ignoring(pubsub: Pubsub, validate: Any) -> Any:
+def ignoring(pubsub: Pubsub, validate: Callable[[ID, rpc_pb2.Message], bool | None]
+             ) -> Callable[[ID, rpc_pb2.Message], bool]:
     """``gossip-ignore``: a stock topic validator around ``validate(forwarder, msg) -> bool | None``. For
     None the message is marked seen (later copies are dropped unread) and refused; the scorer hook of
     :func:`allow_ignore` then skips the penalty and forgets the cached failure. Between the validator's
@@ -1020,7 +1044,7 @@ def idontwant_only_for_large(router: GossipSub, min_bytes: int = IDONTWANT_MIN_B
         finally:
             _SMALL_MESSAGE.reset(token)
 
-    async def emit(msg_id: bytes, topic_ids: Any) -> None:
+    async def emit(msg_id: bytes, topic_ids: Iterable[str]) -> None:
         if _SMALL_MESSAGE.get():
             return
         await stock_emit(msg_id, topic_ids)
@@ -1030,7 +1054,7 @@ def idontwant_only_for_large(router: GossipSub, min_bytes: int = IDONTWANT_MIN_B
     router._emit_idontwant_for_message = emit  # type: ignore[method-assign]
 
 
-async def close_peer(network: Any, peer: ID) -> None:
+async def close_peer(network: INetwork, peer: ID) -> None:
     """Close the connections to ``peer`` open now, each of which removes itself from the table
     (``close-peer-keeps-new-connections``); never raises: a half-dead connection is going anyway."""
     for conn in list(network.get_connections(peer)):
@@ -1050,9 +1074,9 @@ def network_of(host: IHost) -> LibSwarm:
     return network
 
 
-def replace_pruner(network: Any, connmgr: Any) -> None:
+def replace_pruner(network: INetwork, connmgr: _Trimmer) -> None:
     """Trim with ``connmgr`` (:class:`intellect_node.p2p.connmgr.ConnManager`), not the stock pruner."""
-    network.connection_pruner = _ManagedPruner(connmgr)
+    vars(network)["connection_pruner"] = _ManagedPruner(connmgr)  # the swarm's attribute, not a class's
 
 
 def set_subscription_buffer(size: int) -> None:
@@ -1060,7 +1084,7 @@ def set_subscription_buffer(size: int) -> None:
     _pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = size
 
 
-async def close_connections(host: Any) -> None:
+async def close_connections(host: IHost) -> None:
     """Close every connection of ``host`` at the muxer (``close-connections-on-exit``); call it shielded
     and bounded while the host's run ends. Not ``SwarmConn.close``: the cancellation that ended the run
     has usually begun it already, and a second call returns at once with the socket still open."""
@@ -1070,7 +1094,7 @@ async def close_connections(host: Any) -> None:
                 nursery.start_soon(_close_muxed, peer, conn)
 
 
-async def _close_muxed(peer: ID, conn: Any) -> None:
+async def _close_muxed(peer: ID, conn: INetConn) -> None:
     try:
         await conn.muxed_conn.close()
     except Exception as exc:  # a half-dead connection fails to close in many ways; it is going anyway
@@ -1095,7 +1119,7 @@ async def providers_from_peer(dht: KadDHT, peer: ID, key: bytes) -> tuple[list[P
     return await dht.provider_store._get_providers_from_peer_with_closers(peer, key)
 
 
-async def push_identify(host: Any) -> None:
+async def push_identify(host: IHost) -> None:
     """Identify push to every connected peer (best effort, never raises)."""
     from libp2p.identity.identify_push.identify_push import push_identify_to_peers
 
@@ -1105,7 +1129,7 @@ async def push_identify(host: Any) -> None:
         log.debug("identify push: %r", exc)
 
 
-def observed_external_addrs(host: Any) -> list[Any]:
+def observed_external_addrs(host: IHost) -> list[Multiaddr]:
     """Addresses at least one peer observed us at (identify), or [] without the manager."""
     manager = getattr(host, "_observed_addr_manager", None)
     return list(manager.addrs(min_observers=1)) if manager is not None else []
@@ -1146,7 +1170,8 @@ class DCUtRBase(DCUtRProtocol):
     async def _auto_drive_loop(self) -> None:
         await self.auto_drive_loop()
 
-    async def _perform_hole_punch(self, peer_id: ID, addrs: list[Any], as_responder: bool = False) -> bool:
+    async def _perform_hole_punch(self, peer_id: ID, addrs: list[Multiaddr], as_responder: bool = False
+                                  ) -> bool:
         return await self.perform_hole_punch(peer_id, addrs, as_responder)
 
     async def _get_observed_addrs(self) -> list[bytes]:
@@ -1155,7 +1180,8 @@ class DCUtRBase(DCUtRProtocol):
     async def auto_drive_loop(self) -> None:
         await DCUtRProtocol._auto_drive_loop(self)
 
-    async def perform_hole_punch(self, peer_id: ID, addrs: list[Any], as_responder: bool = False) -> bool:
+    async def perform_hole_punch(self, peer_id: ID, addrs: list[Multiaddr], as_responder: bool = False
+                                 ) -> bool:
         return await DCUtRProtocol._perform_hole_punch(self, peer_id, addrs, as_responder)
 
     async def observed_addrs(self) -> list[bytes]:
@@ -1173,16 +1199,16 @@ class DCUtRBase(DCUtRProtocol):
 class HopBase(CircuitV2Protocol):
     """CircuitV2Protocol (HOP side) with its CONNECT hook and reservation table under public names."""
 
-    async def _handle_connect(self, stream: Any, msg: Any) -> None:
+    async def _handle_connect(self, stream: INetStream, msg: HopMessage) -> None:
         await self.handle_connect(stream, msg)
 
-    async def handle_connect(self, stream: Any, msg: Any) -> None:
+    async def handle_connect(self, stream: INetStream, msg: HopMessage) -> None:
         await CircuitV2Protocol._handle_connect(self, stream, msg)
 
-    async def send_status(self, stream: Any, code: Any, message: str) -> None:
+    async def send_status(self, stream: ReadWriteCloser, code: StatusCode, message: str) -> None:
         await self._send_status(stream, code, message)
 
-    def reservations(self) -> list[Any]:
+    def reservations(self) -> list[Reservation]:
         """Live reservations (expired ones dropped first)."""
         rm = self.resource_manager
         rm._clean_expired()

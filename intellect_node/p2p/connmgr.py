@@ -40,7 +40,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -156,7 +156,7 @@ class ConnManager:
         self._tags: dict[str, set[str]] = {}
         self._seen: dict[str, _Seen] = {}
         self._wake: trio.Event | None = None
-        self._token: Any = None
+        self._token: trio.lowlevel.TrioToken | None = None
         self.trimmed: OrderedDict[str, float] = OrderedDict()
         """Peers closed by the trimmer, newest last (monotonic time), at most REMEMBERED_TRIMS."""
         self.trims = 0
@@ -291,14 +291,15 @@ class ConnManager:
                 await self._wake.wait()
             self._wake = trio.Event()
 
-    def snapshot(self, connected: int | None = None) -> dict[str, Any]:
+    def snapshot(self, connected: int | None = None) -> dict[str, object]:
         """For status pages: watermarks, protections, trims."""
         with self._lock:
             tagged = len(self._tags)
-        out: dict[str, Any] = {"low": self.limits.low, "high": self.limits.high,
-                               "grace_s": self.limits.grace_s, "protected_by_run": len(self.limits.protected),
-                               "protected_by_tag": tagged, "trims": self.trims,
-                               "recently_trimmed": list(self.trimmed)[-8:]}
+        out: dict[str, object] = {"low": self.limits.low, "high": self.limits.high,
+                                  "grace_s": self.limits.grace_s,
+                                  "protected_by_run": len(self.limits.protected),
+                                  "protected_by_tag": tagged, "trims": self.trims,
+                                  "recently_trimmed": list(self.trimmed)[-8:]}
         if connected is not None:
             out["connected"] = connected
         return out

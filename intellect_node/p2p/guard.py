@@ -38,13 +38,16 @@ import logging
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
 
 import trio
-from libp2p.abc import INetStream
+from libp2p.abc import IHost, IMultiselectCommunicator, IMuxedConn, IMuxedStream, INetStream
+from libp2p.custom_types import StreamHandlerFn, TProtocol
 from libp2p.io.exceptions import ConnectionClosedError, IncompleteReadError
 from libp2p.network.connection.exceptions import RawConnError
 from libp2p.network.stream.exceptions import StreamError
+from libp2p.network.swarm import Swarm as LibSwarm
+from libp2p.peer.id import ID
 from libp2p.protocol_muxer.exceptions import MultiselectError
 from libp2p.stream_muxer.exceptions import MuxedConnError, MuxedStreamError
 
@@ -103,22 +106,22 @@ class Containment:
     is_banned: Callable[[str], bool]
 
 
-_registry: "weakref.WeakKeyDictionary[Any, Containment]" = weakref.WeakKeyDictionary()
+_registry: "weakref.WeakKeyDictionary[object, Containment]" = weakref.WeakKeyDictionary()
 """Network (libp2p ``Swarm``) -> how its host records rejections; several hosts share a process in tests."""
 
 
-def containment_of(network: Any) -> Containment | None:
+def containment_of(network: object) -> Containment | None:
     try:
         return _registry.get(network)
     except TypeError:  # not weak-referenceable: not one of ours
         return None
 
 
-def _reject(network: Any, peer: str, what: str, exc: BaseException) -> None:
+def _reject(network: object, peer: str, what: str, exc: BaseException) -> None:
     reject_reason(network, peer, f"{what}: {describe(exc)}")
 
 
-def reject_reason(network: Any, peer: str, reason: str) -> None:
+def reject_reason(network: object, peer: str, reason: str) -> None:
     c = containment_of(network)
     if c is not None and peer:
         try:
@@ -136,7 +139,7 @@ def _peer_of_stream(stream: INetStream) -> str:
         return ""
 
 
-async def _reset(stream: Any) -> None:
+async def _reset(stream: INetStream) -> None:
     try:
         await stream.reset()
     except Exception as exc:  # already closed or the connection died: nothing left to release
@@ -147,7 +150,7 @@ CLOSE_TIMEOUT_S = 1.0
 """How long closing our side may take (one FIN frame; a peer that stops reading cannot hold the handler)."""
 
 
-async def _finish(stream: Any) -> None:
+async def _finish(stream: INetStream) -> None:
     """After a handler returned normally: close our side of a stream whose peer has closed its own.
 
     Only then: a handler that returns while the peer may still send can have handed the stream on (the
@@ -171,18 +174,18 @@ writes. 256 bounds that at 64 MiB a connection; the stock library bounds it nowh
 keeps a few open (gossip, a DHT query or two, chunk requests, relayed circuits); go-libp2p's resource
 manager and rust-yamux cap streams per peer or connection likewise."""
 
-_inbound: "weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]]" = weakref.WeakKeyDictionary()
+_inbound: "weakref.WeakKeyDictionary[IMuxedConn, weakref.WeakSet[IMuxedStream]]" = weakref.WeakKeyDictionary()
 """Muxed connection -> its inbound muxed streams dispatched and, when last looked at, open to input."""
 
 
-def _receiving(muxed_stream: Any) -> bool:
+def _receiving(muxed_stream: IMuxedStream) -> bool:
     """Whether the peer may still send on a muxed stream (yamux flags; what is already buffered stays
     bounded by the window)."""
     return not (getattr(muxed_stream, "recv_closed", True) or getattr(muxed_stream, "closed", True)
                 or getattr(muxed_stream, "reset_received", True))
 
 
-def _admit(stream: Any) -> bool:
+def _admit(stream: INetStream) -> bool:
     """Count ``stream`` against its connection's :data:`MAX_INBOUND_STREAMS`; False when it is over.
 
     Counted by muxed stream: the muxer holds it until both sides are done, while the ``NetStream`` may be
@@ -203,16 +206,19 @@ def _admit(stream: Any) -> bool:
     return True
 
 
-def contain_streams(host: Any, on_reject: OnReject, is_banned: Callable[[str], bool]) -> None:
+def contain_streams(host: IHost, on_reject: OnReject, is_banned: Callable[[str], bool]) -> None:
     """Route every inbound stream of ``host`` through the containment dispatcher (call once, before
     the host runs). Uses only public API: ``network.set_stream_handler`` and ``host.get_mux()``."""
     network = host.get_network()
+    if not isinstance(network, LibSwarm):
+        raise TypeError(f"stream containment needs libp2p's Swarm, not {type(network).__name__}")
     _registry[network] = Containment(on_reject, is_banned)
     inner = network.common_stream_handler  # the host's dispatcher: negotiate, then the protocol handler
     mux = host.get_mux()
     negotiate = mux.negotiate
 
-    async def checked_negotiate(communicator: Any, timeout: Any = None) -> Any:
+    async def checked_negotiate(communicator: IMultiselectCommunicator, timeout: int | None = None
+                                ) -> tuple[TProtocol | None, StreamHandlerFn | None]:
         try:
             protocol, handler = await (negotiate(communicator) if timeout is None
                                        else negotiate(communicator, timeout))
@@ -226,17 +232,18 @@ def contain_streams(host: Any, on_reject: OnReject, is_banned: Callable[[str], b
             return protocol, handler
         inner_handler = handler
 
-        async def guarded(stream: Any) -> None:
+        async def guarded(stream: INetStream) -> None:
             def bad(reason: str) -> None:
                 reject_reason(network, _peer_of_stream(stream), f"{protocol}: {reason}")
 
-            await inner_handler(GuardedStream(stream, framing, bad))
+            # A proxy: everything but ``read`` is the stream's own (GuardedStream.__getattr__).
+            await inner_handler(cast(INetStream, GuardedStream(stream, framing, bad)))
 
         return protocol, guarded
 
-    mux.negotiate = checked_negotiate
+    vars(mux)["negotiate"] = checked_negotiate  # this host's multiselect only, not the class
 
-    async def dispatch(stream: Any) -> None:
+    async def dispatch(stream: INetStream) -> None:
         peer = _peer_of_stream(stream)
         if peer and is_banned(peer):
             await _reset(stream)
@@ -268,19 +275,29 @@ class MalformedNegotiation(Exception):
     """A peer's multistream negotiation did not parse (wrong header, bad length prefix, bad line)."""
 
 
-def _protocol_of(stream: Any) -> str:
+def _protocol_of(stream: INetStream) -> str:
     try:
         return str(stream.get_protocol() or "multistream")
     except Exception:  # before negotiation a stream has no protocol
         return "multistream"
 
 
-def contained_connection_task(fn: Callable[[Any], Awaitable[None]], what: str
-                              ) -> Callable[[Any], Awaitable[None]]:
+class _Connection(Protocol):
+    async def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Connection)
+O_ = TypeVar("O_")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def contained_connection_task(fn: Callable[[C], Awaitable[None]], what: str
+                              ) -> Callable[[C], Awaitable[None]]:
     """Wrap a connection's task (``SwarmConn.start``, ``Yamux.start``): a failure closes that connection
     (and is held against its peer when its input was at fault) instead of stopping the Swarm."""
 
-    async def task(self: Any) -> None:
+    async def task(self: C) -> None:
         try:
             await fn(self)
         except Exception as exc:  # per-connection edge
@@ -301,19 +318,21 @@ def contained_connection_task(fn: Callable[[Any], Awaitable[None]], what: str
     return task
 
 
-def contained_peer_task(fn: Callable[..., Awaitable[Any]], what: str) -> Callable[..., Awaitable[Any]]:
+def contained_peer_task(fn: Callable[Concatenate[O_, ID, P], Awaitable[R]], what: str
+                        ) -> Callable[Concatenate[O_, ID, P], Awaitable[R | None]]:
     """Wrap a pubsub/gossipsub method run as a service task for one peer (``fn(self, peer_id, ...)``):
     a failure is held against that peer instead of stopping the pubsub service."""
 
-    async def task(self: Any, peer: Any, *args: Any, **kwargs: Any) -> Any:
+    async def task(self: O_, peer: ID, /, *args: P.args, **kwargs: P.kwargs) -> R | None:
         try:
             return await fn(self, peer, *args, **kwargs)
         except Exception as exc:  # per-peer edge
-            owner = getattr(self, "pubsub", None) or self
-            try:
-                network = owner.host.get_network()
-            except Exception:  # a router not attached yet
-                network = None
+            from libp2p.pubsub.gossipsub import GossipSub
+            from libp2p.pubsub.pubsub import Pubsub
+
+            owner = self.pubsub if isinstance(self, GossipSub) else self
+            # None: a router not attached to its pubsub yet
+            network = owner.host.get_network() if isinstance(owner, Pubsub) else None
             try:
                 name = peer.to_base58()
             except Exception:

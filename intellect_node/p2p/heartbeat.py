@@ -49,7 +49,6 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import msgspec
 
@@ -78,12 +77,16 @@ MAX_LATEST = 4096
 past it the longest-silent is forgotten, and a repeat of its heartbeat is taken once more: harmless."""
 
 PeerListener = Callable[[str], None]
-Spawn = Callable[[str, Callable[[], Awaitable[Any]]], "asyncio.Task[Any]"]
+Spawn = Callable[[str, Callable[[], Awaitable[object]]], "asyncio.Task[None]"]
 
 
-def _plain_spawn(name: str, factory: Callable[[], Awaitable[Any]]) -> asyncio.Task[Any]:
+def _plain_spawn(name: str, factory: Callable[[], Awaitable[object]]) -> asyncio.Task[None]:
     """Without a runtime (tests of the swarm alone): a plain task, not restarted."""
-    return asyncio.ensure_future(factory())
+
+    async def run() -> None:
+        await factory()
+
+    return asyncio.ensure_future(run())
 
 
 def stretched_interval(base: float, peers: int, *, stretch_above: int, max_interval: float) -> float:
@@ -132,7 +135,7 @@ class Heartbeats:
         """Called (asyncio loop) when a peer is heard for the first time or again after being gone."""
         self.on_gone: list[PeerListener] = []
         """Called (asyncio loop) when a peer has been silent for ``peer_timeout``."""
-        self._tasks: list[asyncio.Task[Any]] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._seq = 0
         self.ignored = {"stale": 0, "repeat": 0}
         """Heartbeats ignored (``MessageIgnored``): stamped outside the window, or not newer than the
@@ -225,7 +228,7 @@ class Heartbeats:
                     log.warning("heartbeat not sent: %s", exc)
             await asyncio.sleep(interval * (1 - JITTER * random.random()))
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, object]:
         """For ``GET /v1/status``: the interval in use and the heartbeat rates this node sees."""
         elapsed = max(1e-9, time.monotonic() - self._started)
         return {"interval_s": round(self.current_interval, 3), "base_interval_s": self.interval,

@@ -24,12 +24,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from intellect_node.aioutil import cancel_and_wait
 from intellect_node.errors import TransportError
 from intellect_node.p2p.bridge import TrioThread, describe
 from intellect_node.p2p.peerbook import PeerBook
+
+if TYPE_CHECKING:
+    from intellect_node.p2p.host import P2PHost
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +66,7 @@ class Watched(Protocol):
     def bridge(self) -> TrioThread: ...
 
     @property
-    def p2p(self) -> Any: ...
+    def p2p(self) -> P2PHost: ...
 
     def connected_peers(self) -> list[str]: ...
 
@@ -78,7 +81,7 @@ HealthListener = Callable[[str], None]
 """Called on the asyncio loop with a reason while a part is down or restarting, "" once it works."""
 
 
-async def services_down(p2p: Any) -> str:
+async def services_down(p2p: P2PHost) -> str:
     """On the trio thread: the libp2p services of ``p2p`` whose manager no longer runs ("" if none).
 
     A service's manager is attached when ``background_trio_service`` starts it; ``is_running`` turns

@@ -34,7 +34,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from intellect_node.fsutil import atomic_write_text
 
@@ -86,7 +86,7 @@ class PeerRecord:
     conn_ips: list[str] = field(default_factory=list)  # where its connections came from, newest last
     had_connection: bool = False
 
-    def snapshot(self, now: float) -> dict[str, Any]:
+    def snapshot(self, now: float) -> PeerSnapshot:
         return {
             "peer_id": self.peer_id, "connected": self.connected, "state": self.state,
             "last_heartbeat_age_s": (None if self.last_heartbeat is None
@@ -95,6 +95,31 @@ class PeerRecord:
             "rejections": self.rejections,
             "last_rejection": self.reasons[-1] if self.reasons else None, "banned": self.banned,
         }
+
+
+class PeerSnapshot(TypedDict):
+    """One peer as ``GET /v1/status`` lists it (``known_peers``)."""
+
+    peer_id: str
+    connected: bool
+    state: str
+    """unknown, alive or gone."""
+    last_heartbeat_age_s: float | None
+    timeout_s: float | None
+    http_url: str
+    roles: list[str]
+    rejections: int
+    last_rejection: str | None
+    banned: str | None
+
+
+class Ban(TypedDict):
+    """A banned peer (:meth:`PeerBook.bans`): why, and when (unix time; None in a book written before
+    ban times were kept)."""
+
+    peer_id: str
+    reason: str
+    at: float | None
 
 
 class PeerBook:
@@ -309,11 +334,11 @@ class PeerBook:
         log.warning("unbanned %s", peer_id)
         return True
 
-    def bans(self) -> list[dict[str, Any]]:
+    def bans(self) -> list[Ban]:
         """Banned peers, newest ban first: ``peer_id``, ``reason``, ``at`` (unix time)."""
         with self._lock:
-            out = [{"peer_id": r.peer_id, "reason": r.banned, "at": r.banned_at}
-                   for r in self._peers.values() if r.banned is not None]
+            out: list[Ban] = [{"peer_id": r.peer_id, "reason": r.banned, "at": r.banned_at}
+                              for r in self._peers.values() if r.banned is not None]
         return sorted(out, key=lambda b: -(b["at"] or 0.0))
 
     def is_banned(self, peer_id: str) -> bool:
@@ -396,7 +421,7 @@ class PeerBook:
 
     # -- status ------------------------------------------------------------------------------------------
 
-    def snapshot(self) -> list[dict[str, Any]]:
+    def snapshot(self) -> list[PeerSnapshot]:
         now = time.monotonic()
         with self._lock:
             return [r.snapshot(now) for r in sorted(self._peers.values(), key=lambda r: r.peer_id)]

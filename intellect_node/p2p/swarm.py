@@ -55,7 +55,7 @@ from intellect_node.protocol.topics import validate_run_id
 
 if TYPE_CHECKING:
     from intellect_node.p2p.compat import InboundSlots
-    from intellect_node.p2p.host import P2PHost
+    from intellect_node.p2p.host import Deliver, P2PHost, Validator
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +77,11 @@ REPROVIDE_CONCURRENCY = 4
 CLOSE_CONNECTIONS_S = 2.0
 """Bound on closing the connections of a host whose run ends (see :func:`_serve_then_close`)."""
 
-Validate = Callable[[bytes, str], Any]
-Handler = Callable[[Any, str], Any]
+Validate = Callable[[bytes, str], object]
+"""``validate(data, origin)``: the decoded message (see :meth:`Swarm.subscribe`)."""
+Handler = Callable[[Any, str], object]
+"""``handler(msg, origin)``, plain or async. The message is left unchecked: each topic's handler takes its
+own validator's message type, which one alias for every topic cannot name."""
 
 
 @dataclass(frozen=True)
@@ -119,8 +122,8 @@ class Swarm:
         self._p2p: P2PHost | None = None  # imported lazily (libp2p costs ~1 s and 85 MB to import)
         self._next_publish: dict[str, float] = defaultdict(float)
         self._publish_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self._stash: OrderedDict[bytes, Any] = OrderedDict()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._stash: OrderedDict[bytes, object] = OrderedDict()
+        self._tasks: set[asyncio.Task[object]] = set()
         self.dropped: dict[str, int] = defaultdict(int)
         """Messages refused by our validators, per topic."""
         self.ignored: dict[str, int] = defaultdict(int)
@@ -131,7 +134,7 @@ class Swarm:
         self._closed = False
         self._listen: list[str] = []
         self._announce: list[str] = []
-        self._subscriptions: list[tuple[str, Any, Any]] = []  # (topic, validator, deliver) for restarts
+        self._subscriptions: list[tuple[str, Validator, Deliver]] = []  # for restarts
         self._fanout: dict[str, list[tuple[Handler, bool]]] = {}  # topic -> its further subscribers
         self._provided: OrderedDict[str, None] = OrderedDict()
         self._bootstrap_addrs: list[str] = []
@@ -139,7 +142,7 @@ class Swarm:
         self.rejoins = 0
         """Times this node found itself with no connection and dialed its bootstrap peers again."""
         self._resubscribing = False
-        self.on_restart: list[Callable[[], Any]] = []
+        self.on_restart: list[Callable[[], object]] = []
         """Called (asyncio loop; plain or async) after libp2p was restarted: services holding trio state
         of their own (the NAT service) start it again on the new host here."""
         self.on_fatal: Callable[[str], None] | None = None
@@ -428,7 +431,7 @@ class Swarm:
             except TransportError:  # libp2p just went down: the watch restarts it and subscribes then
                 log.info("libp2p is down; %s is subscribed when it is back", topic)
 
-    def _dispatch(self, topic: str, handler: Handler, msg: Any, origin: str) -> None:
+    def _dispatch(self, topic: str, handler: Handler, msg: object, origin: str) -> None:
         try:
             result = handler(msg, origin)
         except Exception:  # one handler failing must not stop delivery of the next message
@@ -439,7 +442,7 @@ class Swarm:
             self._tasks.add(task)
             task.add_done_callback(self._task_done)
 
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
+    def _task_done(self, task: asyncio.Task[object]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("gossip handler failed", exc_info=task.exception())
@@ -520,12 +523,12 @@ class Swarm:
         return self.peerbook.is_banned(peer)
 
 
-async def _bound_addrs(p2p: Any) -> list[str]:
+async def _bound_addrs(p2p: P2PHost) -> list[str]:
     """On the trio thread: the transport addresses the host listens on, ports as bound."""
     return [str(a) for a in p2p.host.get_transport_addrs()]
 
 
-async def _serve_then_close(p2p: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+async def _serve_then_close(p2p: P2PHost, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Run ``p2p.serve`` and, however it ends, close every connection it holds (bounded, shielded), so
     every peer sees us leave at once and takes our restarted host's new connection (workaround
     ``close-connections-on-exit`` in ``p2p/compat.py``)."""

@@ -140,7 +140,7 @@ def pair_key(dtype: str, generator: str, verify_device: str) -> str:
     return f"{dtype}/{engine}@{device_kind(device or 'cpu')}->torch@{device_kind(verify_device)}"
 
 
-def model_fingerprint(config: Mapping[str, Any]) -> str:
+def model_fingerprint(config: Mapping[str, object]) -> str:
     """16 hex digits of sha256 over the architecture fields of a model's config.json."""
     picked = {k: config.get(k) for k in FINGERPRINT_KEYS}
     return hashlib.sha256(json.dumps(picked, sort_keys=True).encode()).hexdigest()[:16]
@@ -150,7 +150,7 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def read_pairs(data: Any, where: Path | str) -> dict[str, dict[str, Any]]:
+def read_pairs(data: object, where: Path | str) -> dict[str, dict[str, Any]]:
     """Pair key -> entry of a thresholds file's parsed JSON, older dtype-keyed files included."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where} is not a thresholds file (a JSON object)", field="thresholds")

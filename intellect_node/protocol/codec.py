@@ -23,12 +23,12 @@ class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     """Base of wire structs: immutable, unknown fields refused."""
 
 
-def encode(obj: Any) -> bytes:
+def encode(obj: object) -> bytes:
     """The one canonical encoding of ``obj``."""
     return _ENCODER.encode(obj)
 
 
-_DECODERS: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
+_DECODERS: dict[type, msgspec.msgpack.Decoder[Any]] = {}  # by type: each decoder's own
 
 
 def decode(data: bytes | bytearray | memoryview, type_: type[T], *, max_size: int) -> T:

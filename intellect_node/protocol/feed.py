@@ -17,8 +17,6 @@ line. Shortcut: the newest lines only (a run of more steps is reported from its 
 
 from __future__ import annotations
 
-from typing import Any
-
 from intellect_node.errors import ProtocolError
 from intellect_node.fsutil import json_objects
 from intellect_node.protocol import codec
@@ -77,6 +75,6 @@ def open_feed(raw: bytes, *, now_ms: int, signer: str, run_id: str) -> RunFeed:
     return feed
 
 
-def objects(lines: list[str]) -> list[dict[str, Any]]:
+def objects(lines: list[str]) -> list[dict[str, object]]:
     """A feed's lines that are one JSON object each (the others are left out)."""
     return [dict(doc) for doc in json_objects(lines)]

@@ -116,7 +116,7 @@ class RunManifest(codec.Message, frozen=True):
         return sum(f.size for f in self.model_files)
 
 
-def canonical_json(doc: Any) -> str:
+def canonical_json(doc: object) -> str:
     """The one JSON text of ``doc`` a manifest carries: sorted keys, no spaces, ASCII."""
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 

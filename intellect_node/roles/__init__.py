@@ -12,15 +12,15 @@ node as services; ``node/`` assembles them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from intellect_node.roles.common.seams import Runtime
+    from intellect_node.roles.common.seams import RoleFactory
 
 ROLES = ("trainer", "worker", "validator")
 
 
-def role_factory(role: str) -> Callable[[Runtime], Any]:
+def role_factory(role: str) -> RoleFactory:
     """The service factory of ``role`` (imported lazily: torch is heavy). It takes the node as a
     :class:`~intellect_node.roles.common.seams.Runtime`, so type-checking ``node/assembly.py``, which
     hands it a ``NodeRuntime``, checks that the runtime provides what the roles use."""

@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import msgspec
@@ -216,9 +216,10 @@ class RunsService:
         swarm = self._rt.swarm
         mine = self._rt.config.run.run_id
         counts: dict[str, int] = {}
-        for rec in [*swarm.peerbook.snapshot(), {"state": "alive", "roles": swarm.roles}]:
-            if rec["state"] == "alive":
-                for role in (rec["roles"] or ["node"])[:8]:
+        seen = [(r["state"], r["roles"]) for r in swarm.peerbook.snapshot()]
+        for state, roles in [*seen, ("alive", swarm.roles)]:
+            if state == "alive":
+                for role in (roles or ["node"])[:8]:
                     counts[str(role)[:32]] = counts.get(str(role)[:32], 0) + 1
         nodes = dict(list(counts.items())[:8])
         version, step = max(-1, snap.policy.current), max(-1, snap.training.step)
@@ -261,7 +262,7 @@ class RunsService:
 
         return [web.get(RUNS_CONTROL_PATH, get)]
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         return {"runs": [{"cid": cid, "run_id": m.run_id, "model": m.model_name, "env": m.env,
                           "organiser": m.organiser} for cid, m in self.runs.items()],
                 "heard": len(self.heard)}
@@ -389,7 +390,7 @@ class RunRow:
     """The newest held-out result listed: of the highest version, one by a validator the run names
     (``run.validator_peer_ids``) over another node's; a listing node's word (see :class:`HeldOutSeen`)."""
 
-    def to_json(self, now_ms: int) -> dict[str, Any]:
+    def to_json(self, now_ms: int) -> dict[str, object]:
         m = self.manifest
         return {"run_id": m.run_id, "model": m.model_name, "env": m.env, "organiser": m.organiser,
                 "cid": self.cid, "nodes": self.nodes, "policy_version": self.policy_version,

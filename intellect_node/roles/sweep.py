@@ -27,13 +27,20 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable, TypeVar
 
 from intellect_node.aioutil import cancel_and_wait
 from intellect_node.errors import IntellectNodeError, ProtocolError
 from intellect_node.protocol import sweep as wire
 from intellect_node.protocol.topics import topic
 from intellect_node.research import sweep as research
+
+if TYPE_CHECKING:
+    from intellect_node.p2p.swarm import Swarm
+    from intellect_node.research.polysemanticity import RunResult
+    from intellect_node.research.sweep.coordinator import ResultRecord
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +54,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _validator(swarm: Any) -> Callable[[bytes, str], tuple[wire.SweepMessage, str]]:
+def _validator(swarm: Swarm) -> Callable[[bytes, str], tuple[wire.SweepMessage, str]]:
     def validate(data: bytes, origin: str) -> tuple[wire.SweepMessage, str]:
         msg, signer = wire.open_message(data, run_id=swarm.run_id, now_ms=_now_ms())
         if signer != origin:
@@ -56,23 +63,26 @@ def _validator(swarm: Any) -> Callable[[bytes, str], tuple[wire.SweepMessage, st
     return validate
 
 
-async def run_in_daemon_thread(fn: Callable[[], Any]) -> Any:
+async def run_in_daemon_thread(fn: Callable[[], T]) -> T:
     """``fn()`` in a fresh daemon thread; awaitable from the loop, abandoned (not joined) at exit."""
     loop = asyncio.get_running_loop()
-    fut: asyncio.Future[Any] = loop.create_future()
+    fut: asyncio.Future[T] = loop.create_future()
 
-    def settle(ok: bool, value: Any) -> None:
-        if fut.done():
-            return
-        fut.set_result(value) if ok else fut.set_exception(value)
+    def settle(value: T) -> None:
+        if not fut.done():
+            fut.set_result(value)
+
+    def fail(exc: BaseException) -> None:
+        if not fut.done():
+            fut.set_exception(exc)
 
     def body() -> None:
         try:
             value = fn()
         except BaseException as exc:  # handed to the awaiting task, which decides
-            loop.call_soon_threadsafe(settle, False, exc)
+            loop.call_soon_threadsafe(fail, exc)
         else:
-            loop.call_soon_threadsafe(settle, True, value)
+            loop.call_soon_threadsafe(settle, value)
 
     threading.Thread(target=body, name="sweep-job", daemon=True).start()
     return await fut
@@ -83,8 +93,8 @@ async def run_in_daemon_thread(fn: Callable[[], Any]) -> Any:
 class SweepCoordinatorService:
     name = "sweep_coordinator"
 
-    def __init__(self, swarm: Any, coord: research.Coordinator, journal: research.Journal, *,
-                 sweep_id: str, out: Path, meta: dict[str, Any] | None = None, min_workers: int = 0,
+    def __init__(self, swarm: Swarm, coord: research.Coordinator, journal: research.Journal, *,
+                 sweep_id: str, out: Path, meta: dict[str, object] | None = None, min_workers: int = 0,
                  offer_interval: float = 2.0, tick_interval: float = 1.0) -> None:
         self.swarm = swarm
         self.coord = coord
@@ -97,7 +107,7 @@ class SweepCoordinatorService:
         self.tick_interval = tick_interval
         self.topic = topic(swarm.run_id, "sweep")
         self.done = asyncio.Event()
-        self.summary: dict[str, Any] | None = None
+        self.summary: dict[str, object] | None = None
         self.workers_seen: set[str] = set()
         self._held: dict[str, wire.Claim] = {}
         self._serving = min_workers <= 0
@@ -118,7 +128,7 @@ class SweepCoordinatorService:
         self._persist()
         self.journal.close()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         return {"sweep_id": self.sweep_id, **self.coord.counts(), "workers_seen": len(self.workers_seen),
                 "grants_sent": self.grants_sent, "results_in": self.results_in,
                 "banned": dict(self.coord.banned)}
@@ -161,8 +171,9 @@ class SweepCoordinatorService:
 
     async def _on_result(self, peer: str, msg: wire.Result) -> None:
         self.results_in += 1
-        record = {"polysemantic": msg.polysemantic, "sign_hash": msg.sign_hash, "final_loss": msg.final_loss,
-                  "fourth_norm": [[s, v] for s, v in msg.fourth_norm], "seconds": msg.seconds}
+        record: ResultRecord = {
+            "polysemantic": msg.polysemantic, "sign_hash": msg.sign_hash, "final_loss": msg.final_loss,
+            "fourth_norm": [[s, v] for s, v in msg.fourth_norm], "seconds": msg.seconds}
         outcome = self.coord.result(peer, msg.job_id, record, time.time())
         self._persist()
         if not outcome.accepted and outcome.reason not in ("duplicate", "banned"):
@@ -226,9 +237,10 @@ def _warm_up() -> None:
 class SweepWorker:
     name = "sweep_worker"
 
-    def __init__(self, swarm: Any, *, coordinators: set[str] | None = None,
-                 execute: Callable[[wire.JobSpec], Any] = research.execute,
-                 runner: Callable[[Callable[[], Any]], Awaitable[Any]] = run_in_daemon_thread) -> None:
+    def __init__(self, swarm: Swarm, *, coordinators: set[str] | None = None,
+                 execute: Callable[[wire.JobSpec], RunResult] = research.execute,
+                 runner: Callable[[Callable[[], RunResult]], Awaitable[RunResult]] = run_in_daemon_thread
+                 ) -> None:
         self.swarm = swarm
         self.coordinators = set(coordinators or ())  # empty: follow any coordinator's sweep
         self._execute = execute
@@ -253,7 +265,7 @@ class SweepWorker:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         return {"sweep": self.sweep[1] if self.sweep else None, "jobs_done": self.jobs_done,
                 "queued": len(self._queue), "busy": self.busy}
 

@@ -51,6 +51,7 @@ from typing import Any, Callable, Sequence, cast
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from intellect_node.trainer.grpo import GRPOConfig, LossParts
 from intellect_node.trainer.step import (
@@ -91,12 +92,12 @@ def wrap(model: Any, strategy: str, *, compute_dtype: torch.dtype | None = None)
     return model
 
 
-def _local(t: Any) -> float:
+def _local(t: torch.Tensor) -> float:
     """A scalar that may be a DTensor (FSDP2's clip returns one) as a float."""
     return float(t.full_tensor() if hasattr(t, "full_tensor") else t)
 
 
-def parallel_train_step(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[Sample],
+def parallel_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, samples: Sequence[Sample],
                         cfg: GRPOConfig, *, strategy: str, micro_batch: int = 64,
                         micro_tokens: int | None = None, pad_id: int = 0, temperature: float = 1.0,
                         compute_dtype: torch.dtype | None = None, lr: float | None = None) -> StepStats:
@@ -123,7 +124,7 @@ def parallel_train_step(model: Any, optimizer: torch.optim.Optimizer, samples: S
         # DDP: accumulate locally, all-reduce on the last backward (every rank runs it). FSDP2 reduces
         # each micro-step's gradients into the shards.
         sync = k == steps - 1 or strategy != "ddp"
-        with model.no_sync() if not sync else contextlib.nullcontext():
+        with model.no_sync() if not sync and isinstance(model, DDP) else contextlib.nullcontext():
             if k < len(plan):
                 r = plan[k]
                 parts.append(micro_step(model, [mine[i] for i in r], my_adv[r.start:r.stop], cfg, **kw))
@@ -152,12 +153,14 @@ def parallel_train_step(model: Any, optimizer: torch.optim.Optimizer, samples: S
 
 
 # ------------------------------------------------------------------------------ full state on rank 0
-def full_state(model: Any, optimizer: torch.optim.Optimizer | None,
+def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                strategy: str) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
     """The full weights (HF names) and the optimizer state in the single-process format (parameters by
     index, in ``named_parameters`` order). Collective for FSDP: every rank calls it; only rank 0's
     result is complete."""
     if strategy == "ddp":
+        if not isinstance(model, DDP):
+            raise TypeError(f"strategy ddp holds a DistributedDataParallel model, not {type(model).__name__}")
         inner = model.module
         return dict(inner.state_dict()), optimizer.state_dict() if optimizer is not None else None
     from torch.distributed.checkpoint.state_dict import (
@@ -176,7 +179,7 @@ def full_state(model: Any, optimizer: torch.optim.Optimizer | None,
     return weights, _by_index(model, by_name)
 
 
-def _by_index(model: Any, by_name: dict[str, Any]) -> dict[str, Any]:
+def _by_index(model: torch.nn.Module, by_name: dict[str, Any]) -> dict[str, Any]:
     """An optimizer state keyed by parameter name turned into torch's own format (keyed by index)."""
     index = {name: i for i, (name, _) in enumerate(model.named_parameters())}
     state = {index[name]: v for name, v in by_name.get("state", {}).items()}
@@ -184,7 +187,7 @@ def _by_index(model: Any, by_name: dict[str, Any]) -> dict[str, Any]:
     return {"state": state, "param_groups": groups}
 
 
-def load_optimizer(model: Any, optimizer: torch.optim.Optimizer, by_index: dict[str, Any],
+def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, by_index: dict[str, Any],
                    strategy: str) -> None:
     """Load a single-process optimizer state (from ``checkpoint.read_optimizer``) into a wrapped model's
     optimizer; for FSDP every rank takes its shard of it."""
@@ -220,7 +223,7 @@ def samples_from_json(text: str) -> list[Sample]:
 
 
 # ------------------------------------------------------------------------------ entry point
-def run_ranked(body: Callable[[dict[str, Any]], None], backend: str) -> None:
+def run_ranked(body: Callable[[dict[str, object]], None], backend: str) -> None:
     """Run ``body(held)`` inside a process group and tear down in a safe order.
 
     ``body`` puts what holds the group (the wrapped model, the optimizer) into ``held``; they are
@@ -228,7 +231,7 @@ def run_ranked(body: Callable[[dict[str, Any]], None], backend: str) -> None:
     done with collectives, so no gloo or reducer thread is still running when the C++ objects go.
     """
     dist.init_process_group(backend)
-    held: dict[str, Any] = {}
+    held: dict[str, object] = {}
     ok = False
     try:
         body(held)
@@ -276,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     options = TrainOptions(dtype=args.dtype, device=device,
                            gradient_checkpointing=args.gradient_checkpointing)
 
-    def body(held: dict[str, Any]) -> None:
+    def body(held: dict[str, object]) -> None:
         model = load_trainable(args.model_dir, options)
         state = load_checkpoint(args.checkpoint_dir, model) if args.checkpoint_dir else None
         version = state.version if state else 0

@@ -95,7 +95,7 @@ class TrainOptions:
         return torch.bfloat16 if self.dtype == "bfloat16" else None
 
     @classmethod
-    def from_section(cls, section: Any) -> "TrainOptions":
+    def from_section(cls, section: object) -> "TrainOptions":
         """Options from a config section that may carry ``train_dtype``, ``gradient_checkpointing``,
         ``train_device``, ``micro_batch_tokens`` and ``train_implementation`` (a section without them
         gets the defaults)."""

@@ -28,8 +28,9 @@ import torch
 
 from intellect_node.errors import ConfigError
 
-_GROUP_DEFAULTS: dict[str, Any] = {"amsgrad": False, "foreach": None, "maximize": False, "capturable": False,
-                                   "differentiable": False, "fused": None, "decoupled_weight_decay": True}
+_GROUP_DEFAULTS: dict[str, bool | None] = {"amsgrad": False, "foreach": None, "maximize": False,
+                                             "capturable": False, "differentiable": False, "fused": None,
+                                             "decoupled_weight_decay": True}
 """The param-group keys torch's AdamW writes beside lr, betas, eps and weight_decay, with the values this
 class implements; a saved state whose group says otherwise is refused."""
 

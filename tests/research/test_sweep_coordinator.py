@@ -14,24 +14,25 @@ import pytest
 from intellect_node.errors import ConfigError, ProtocolError
 from intellect_node.protocol.sweep import job_id
 from intellect_node.research import sweep as S
+from intellect_node.research.sweep.coordinator import ResultRecord, SweepEvent
 from intellect_node.research.sweep.coordinator import _digest_of as digest_of
 
 SALT = b"test-salt"
 
 
-def truth(jid: str) -> dict[str, Any]:
+def truth(jid: str) -> ResultRecord:
     """A stand-in for running the job: deterministic per job, like the real model."""
     h = hashlib.sha256(jid.encode()).hexdigest()
     return {"polysemantic": int(h[:2], 16) % 7, "sign_hash": h, "final_loss": 0.5, "fourth_norm": [],
             "seconds": 1.0}
 
 
-def forged(jid: str) -> dict[str, Any]:
+def forged(jid: str) -> ResultRecord:
     return {**truth(jid), "polysemantic": 3, "sign_hash": "f" * 64}
 
 
 def drive(coord: S.Coordinator, peers: list[str], *, liars: frozenset[str] | set[str] = frozenset(),
-          now: float = 1000.0, rounds: int = 500, journal: list[dict[str, Any]] | None = None) -> float:
+          now: float = 1000.0, rounds: int = 500, journal: list[SweepEvent] | None = None) -> float:
     """Round-robin: each peer claims one job and returns its result at once. Returns the final time."""
     for _ in range(rounds):
         if coord.finished():
@@ -76,7 +77,7 @@ def test_spot_check_selection_is_exact_and_secret() -> None:
 
 def test_honest_sweep_no_duplicates_checks_by_other_peers() -> None:
     coord = S.Coordinator(S.grid("smoke"), salt=SALT)
-    events: list[dict[str, Any]] = []
+    events: list[SweepEvent] = []
     drive(coord, ["A", "B", "C"], journal=events)
     assert coord.finished() and coord.counts()["done"] == 40
     grants = Counter(ev["job"] for ev in events if ev["e"] == "grant")
@@ -182,7 +183,7 @@ def test_unsolicited_duplicate_and_impossible_results() -> None:
     assert coord.result("alice", jid, truth(jid), 1.0).accepted
     assert coord.result("alice", jid, truth(jid), 1.0).reason == "duplicate"
     g2 = coord.claim("carol", [], 1, 2.0)[0]
-    bad = {**truth(g2.job_id), "polysemantic": g2.spec.m + 1}
+    bad: ResultRecord = {**truth(g2.job_id), "polysemantic": g2.spec.m + 1}
     out = coord.result("carol", g2.job_id, bad, 2.0)
     assert not out.accepted and out.banned == ("carol",) and "carol" in coord.banned
     assert coord.status(g.job_id) == "done" and coord.status(g2.job_id) == "open"
@@ -269,8 +270,9 @@ def test_real_noise_and_poly_runs_are_accepted_and_agree() -> None:
     for peer in ("alice", "bob"):
         for g in coord.claim(peer, [], 2, now):
             r = S.execute(g.spec)
-            rec = {"polysemantic": r.polysemantic, "sign_hash": r.sign_hash, "final_loss": r.final_loss,
-                   "fourth_norm": [list(p) for p in r.fourth_norm], "seconds": 0.0}
+            rec: ResultRecord = {"polysemantic": r.polysemantic, "sign_hash": r.sign_hash,
+                                 "final_loss": r.final_loss, "fourth_norm": [list(p) for p in r.fourth_norm],
+                                 "seconds": 0.0}
             assert coord.result(peer, g.job_id, rec, now).accepted
     assert coord.finished() and all(r["check"] == "agreed" for r in coord.rows())
     noise_row = coord.rows()[0]

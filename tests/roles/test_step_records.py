@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from intellect_node.config import NodeConfig
-from intellect_node.config.ledger import Ledger
+from intellect_node.config.ledger import BatchRow, Ledger
 from intellect_node.fsutil import read_jsonl
 from intellect_node.protocol.steps import StepRecord, open_record
 from intellect_node.roles.auditor.inputs import batch_groups, run_rescorer, run_settings
@@ -61,7 +61,7 @@ def _announced(wdir: Path) -> dict[int, set[str]]:
     return out
 
 
-def _receipts(wdir: Path) -> dict[str, dict[str, object]]:
+def _receipts(wdir: Path) -> dict[str, BatchRow]:
     """The worker's recent batches that a step record named, by batch CID."""
     with Ledger.in_data_dir(wdir, readonly=True) as led:
         return {str(r["batch_id"]): r for r in led.recent(10_000) if r["trained_outcome"] is not None}

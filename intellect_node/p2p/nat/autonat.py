@@ -117,7 +117,7 @@ class DialBackAutoNAT(AutoNATBase):
     """
 
     def __init__(self, host: BasicHost, *, serve: bool = True, dial_timeout: float = DIAL_BACK_TIMEOUT_S,
-                 on_reject: Callable[[str, str], None] | None = None) -> None:
+                 on_reject: Callable[[str, str], object] | None = None) -> None:
         super().__init__(host, serve=serve, confirmations=1)
         self.dial_timeout = dial_timeout
         self._on_reject = on_reject

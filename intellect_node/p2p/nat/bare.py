@@ -20,6 +20,7 @@ from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
+from libp2p.tools.anyio_service.api import ManagerAPI, ServiceAPI
 from multiaddr import Multiaddr
 
 from intellect_node.p2p.compat import apply_fixes as apply_libp2p_fixes
@@ -45,6 +46,6 @@ def peer_info(addr: str) -> PeerInfo:
     return info_from_p2p_addr(Multiaddr(addr))
 
 
-def in_background(service: Any) -> AbstractAsyncContextManager[Any]:
+def in_background(service: ServiceAPI) -> AbstractAsyncContextManager[ManagerAPI]:
     """Run a py-libp2p service (the DHT) for the duration of an ``async with``."""
     return background_trio_service(service)

@@ -106,7 +106,7 @@ class ChunkStreamServer:
 
     def __init__(self, host: IHost, lookup: Lookup, *,
                  relay_limits: Callable[[str], int | None] = lambda relay: None,
-                 on_reject: Callable[[str, str], None] | None = None) -> None:
+                 on_reject: Callable[[str, str], object] | None = None) -> None:
         self.host = host
         self.lookup = lookup
         self.relay_limits = relay_limits

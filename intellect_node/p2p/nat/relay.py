@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
 
 import trio
-from libp2p.abc import IHost, IMuxedConn, INetConn
+from libp2p.abc import IHost, IMuxedConn, INetConn, INetStream
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
@@ -107,7 +107,7 @@ class _HopWithTotalCap(HopBase):
     def active_circuits(self) -> int:
         return sum(r.active_connections for r in self.reservations())
 
-    async def handle_connect(self, stream: Any, msg: HopMessage) -> None:
+    async def handle_connect(self, stream: INetStream, msg: HopMessage) -> None:
         if self.active_circuits() >= self.max_circuits_total:
             self.refused_circuits += 1
             await self.send_status(stream, StatusCode.RESOURCE_LIMIT_EXCEEDED, "relay is full")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import trio
+from libp2p.host.basic_host import BasicHost
 from libp2p.peer.id import ID
 
 from intellect_node.errors import ChunkUnavailable, IntegrityError, TransportError
@@ -43,11 +44,32 @@ from intellect_node.p2p.nat.relay import (
 from intellect_node.protocol.gossip import P2P_URL_PREFIX  # the blob URL a private node advertises
 
 if TYPE_CHECKING:
+    from intellect_node.config import NodeConfig
     from intellect_node.config.nat import NatConfig
     from intellect_node.config.status import StatusBoard
     from intellect_node.p2p.swarm import Swarm
 
 log = logging.getLogger(__name__)
+
+
+class _Node(Protocol):
+    """What :meth:`NatService.for_runtime` reads of the node (``node.runtime.NodeRuntime``)."""
+
+    @property
+    def swarm(self) -> Swarm: ...
+
+    @property
+    def config(self) -> NodeConfig: ...
+
+    @property
+    def board(self) -> StatusBoard: ...
+
+
+class _Sink(Protocol):
+    """Where a chunk read over libp2p goes (the fetcher's ``ChunkWriter``: ``blobs/http.py``'s
+    ``ChunkSink``)."""
+
+    def write(self, data: bytes) -> object: ...
 
 UNKNOWN_CHECKS_BEFORE_RELAYING = 3
 """AutoNAT rounds without a verdict (with peers asked) after which the node reserves relay slots anyway."""
@@ -80,7 +102,7 @@ class NatService:
 
     def __init__(self, swarm: Swarm, config: NatConfig, *,
                  blob_store: Callable[[], HeldBlobs | None] = lambda: None,
-                 on_reject: Callable[[str, str], None] | None = None,
+                 on_reject: Callable[[str, str], object] | None = None,
                  board: StatusBoard | None = None, client_only: bool = False) -> None:
         self.swarm = swarm
         self.cfg = config
@@ -100,7 +122,7 @@ class NatService:
         self.autonat: DialBackAutoNAT | None = None
         self.source = P2PChunkSource(self)
         self._public_url = swarm.http_url
-        self._task: asyncio.Task[Any] | None = None
+        self._task: asyncio.Task[None] | None = None
         self._nursery: trio.Nursery | None = None
         self.checks = 0
         self._unknown_checks = 0
@@ -109,7 +131,7 @@ class NatService:
         self._push_pending = False
 
     @classmethod
-    def for_runtime(cls, rt: Any) -> "NatService":
+    def for_runtime(cls, rt: _Node) -> "NatService":
         return cls(rt.swarm, rt.config.nat, on_reject=rt.swarm.peerbook.record_rejection, board=rt.board)
 
     def attach_blob_store(self, get_store: Callable[[], HeldBlobs | None]) -> None:
@@ -162,8 +184,11 @@ class NatService:
     # -- trio side -----------------------------------------------------------------------------------
 
     @property
-    def host(self) -> Any:
-        return self.swarm.p2p.host
+    def host(self) -> BasicHost:
+        host = self.swarm.p2p.host
+        if not isinstance(host, BasicHost):  # new_host builds one; AutoNAT and the relay need its API
+            raise TypeError(f"the NAT service needs libp2p's BasicHost, not {type(host).__name__}")
+        return host
 
     async def _start_trio(self, nursery: trio.Nursery) -> None:
         host = self.host
@@ -433,7 +458,7 @@ class P2PChunkSource:
     async def get_have(self, provider: object, manifest_cid: str) -> bytes:
         return await self._get(provider, "have", manifest_cid, MAX_HAVE_BYTES)
 
-    async def read_chunk(self, provider: object, cid: str, length: int, sink: Any) -> None:
+    async def read_chunk(self, provider: object, cid: str, length: int, sink: _Sink) -> None:
         """Into ``sink`` (the fetcher's ChunkWriter: ``write``, hash-checked at commit); the chunk
         stream has already checked the bytes against ``cid``."""
         data = await self._get(provider, "chunk", cid, length)

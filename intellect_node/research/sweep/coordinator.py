@@ -35,7 +35,7 @@ import hmac
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, NotRequired, Sequence, TypedDict
 
 import msgspec
 
@@ -52,6 +52,31 @@ DEFAULT_CHECK_GRACE_S = 120.0
 
 PRIMARY, CHECK, TIEBREAK = "primary", "check", "tiebreak"
 Digest = tuple[int, str]
+
+
+class ResultRecord(TypedDict):
+    """One peer's result for a job, as the coordinator keeps it (a ``Result`` message's figures)."""
+
+    polysemantic: int
+    sign_hash: str
+    final_loss: NotRequired[float]
+    fourth_norm: NotRequired[list[list[float]]]
+    """``(step, fourth norm)`` pairs of a noise job's curve."""
+    seconds: NotRequired[float]
+
+
+class SweepEvent(TypedDict):
+    """One journal line after the header: what happened (``e``: grant, result, expire, waive, abandon or
+    ban) at ``t`` (unix seconds), to which job and peer."""
+
+    e: str
+    t: float
+    job: NotRequired[str]
+    peer: NotRequired[str]
+    deadline: NotRequired[float]
+    role: NotRequired[str]
+    reason: NotRequired[str]
+    record: NotRequired[ResultRecord]
 
 
 @dataclass(frozen=True)
@@ -75,7 +100,7 @@ class Outcome:
 @dataclass
 class _Vote:
     digest: Digest
-    record: dict[str, Any]
+    record: ResultRecord
 
 
 @dataclass
@@ -101,7 +126,7 @@ class _Verdict:
     liars: tuple[str, ...] = ()
 
 
-def _digest_of(record: dict[str, Any]) -> Digest:
+def _digest_of(record: ResultRecord) -> Digest:
     return (int(record["polysemantic"]), str(record["sign_hash"]))
 
 
@@ -140,7 +165,7 @@ class Coordinator:
             self.jobs[jid].checked = True
         self.banned: dict[str, str] = {}
         self.last_seen: dict[str, float] = {}  # in memory only: liveness for waivers
-        self.pending: list[dict[str, Any]] = []  # emitted events not yet drained to the journal
+        self.pending: list[SweepEvent] = []  # emitted events not yet drained to the journal
         self.rejections: Counter[str] = Counter()
 
     # -- journal ------------------------------------------------------------------------------------
@@ -154,7 +179,7 @@ class Coordinator:
                          for j in sorted(self.jobs.values(), key=lambda j: j.index)]}
 
     @classmethod
-    def restore(cls, header: dict[str, Any], events: Iterable[dict[str, Any]]) -> "Coordinator":
+    def restore(cls, header: dict[str, Any], events: Iterable[SweepEvent]) -> "Coordinator":
         """Rebuild from a journal's header and events (no decisions are re-made: events are facts)."""
         try:
             jobs = [msgspec.convert(j, JobSpec) for j in header["jobs"]]
@@ -167,16 +192,16 @@ class Coordinator:
             self._apply(ev)
         return self
 
-    def drain(self) -> list[dict[str, Any]]:
+    def drain(self) -> list[SweepEvent]:
         """Events emitted since the last drain, for the journal; persist them before sending anything."""
         out, self.pending = self.pending, []
         return out
 
-    def _emit(self, ev: dict[str, Any]) -> None:
+    def _emit(self, ev: SweepEvent) -> None:
         self._apply(ev)
         self.pending.append(ev)
 
-    def _apply(self, ev: dict[str, Any]) -> None:
+    def _apply(self, ev: SweepEvent) -> None:
         kind, t = ev["e"], float(ev["t"])
         if kind == "ban":
             self.banned[ev["peer"]] = ev["reason"]
@@ -280,7 +305,7 @@ class Coordinator:
             grants.append(Grant(job.id, job.spec, peer, role, deadline))
         return grants
 
-    def result(self, peer: str, jid: str, record: dict[str, Any], now: float) -> Outcome:
+    def result(self, peer: str, jid: str, record: ResultRecord, now: float) -> Outcome:
         """A result from ``peer``; ``record`` holds at least ``polysemantic`` and ``sign_hash``."""
         job = self.jobs.get(jid)
         if job is None:
@@ -356,7 +381,7 @@ class Coordinator:
                 row["status"] = "done"
                 row["check"] = ("waived" if job.waived else "agreed") if job.checked else "none"
                 row["peers"] = agreeing
-                rec = votes[agreeing[0]].record
+                rec: Mapping[str, object] = votes[agreeing[0]].record
                 row.update({k: rec[k] for k in ("polysemantic", "sign_hash", "final_loss", "fourth_norm",
                                                 "seconds") if k in rec})
             else:

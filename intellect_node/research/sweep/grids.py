@@ -7,11 +7,14 @@ them; they are a backstop, since heartbeats report vanished peers within seconds
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from intellect_node.errors import ConfigError
 from intellect_node.protocol import sweep as wire
 from intellect_node.protocol.sweep import JobSpec
+
+if TYPE_CHECKING:
+    from intellect_node.research.polysemanticity import RunResult
 
 GRIDS = ("smoke", "paper", "noise", "tiny")
 MIN_DEADLINE_S = 120.0
@@ -69,7 +72,7 @@ def default_deadline_s(spec: JobSpec) -> float:
     return MIN_DEADLINE_S + DEADLINE_FACTOR * estimated_seconds(spec)
 
 
-def execute(spec: JobSpec) -> Any:
+def execute(spec: JobSpec) -> RunResult:
     """Run one job here (torch, one thread) and return its ``RunResult``; for workers, never the loop."""
     from intellect_node.research import polysemanticity as poly
 

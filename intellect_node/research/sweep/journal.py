@@ -9,10 +9,13 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from intellect_node.errors import ConfigError, ProtocolError
 from intellect_node.fsutil import JsonlAppender, atomic_write_text
+
+if TYPE_CHECKING:
+    from intellect_node.research.sweep.coordinator import SweepEvent
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +33,7 @@ class Journal:
                               field="out")
         atomic_write_text(self.path, json.dumps(header, sort_keys=True) + "\n")
 
-    def load(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def load(self) -> tuple[dict[str, Any], list[SweepEvent]]:
         """The header and events; a torn last line (a crash mid-append) is dropped, anything else fails."""
         if not self.path.exists():
             raise ConfigError(f"--resume: no journal at {self.path}; start the sweep without --resume",
@@ -49,7 +52,7 @@ class Journal:
             raise ProtocolError(f"{self.path} does not start with a sweep header")
         return events[0], events[1:]
 
-    def append(self, events: Sequence[dict[str, Any]]) -> None:
+    def append(self, events: Sequence[SweepEvent]) -> None:
         self._out.append(events)
 
     def close(self) -> None:

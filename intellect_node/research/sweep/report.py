@@ -10,7 +10,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from intellect_node.fsutil import atomic_write_text
 
@@ -126,13 +126,14 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     os.replace(tmp, path)
 
 
-def write_outputs(out: Path, coord: Coordinator, *, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+def write_outputs(out: Path, coord: Coordinator, *, meta: Mapping[str, object] | None = None
+                  ) -> dict[str, Any]:
     """Write ``results.jsonl``, ``summary.json`` and ``plot.png`` into ``out``; return the summary."""
     return write_report(out, coord.rows(), dict(coord.banned), meta=meta)
 
 
 def write_report(out: Path, rows: list[dict[str, Any]], banned: dict[str, str], *,
-                 meta: dict[str, Any] | None = None) -> dict[str, Any]:
+                 meta: Mapping[str, object] | None = None) -> dict[str, Any]:
     """:func:`write_outputs` from a snapshot of the rows (safe off the thread that owns the coordinator)."""
     atomic_write_text(out / "results.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
     summary = summarize(rows)

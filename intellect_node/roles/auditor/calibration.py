@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -32,6 +31,7 @@ from intellect_node.config.schema import NodeConfig
 from intellect_node.roles.auditor.inputs import run_rescorer, run_settings
 from intellect_node.roles.auditor.replay import replay_record
 from intellect_node.roles.auditor.tolerance import AuditCalibration, AuditMargins, calibrate
+from intellect_node.trainer.optim import Optimizer
 from intellect_node.trainer.step import Sample
 
 Echo = Callable[[str], None]
@@ -84,7 +84,7 @@ def _copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in state.items()}
 
 
-def _optimizer_state(opt: Any) -> dict[str, torch.Tensor]:
+def _optimizer_state(opt: Optimizer) -> dict[str, torch.Tensor]:
     from intellect_node.trainer.optstate import encode_optimizer
 
     return encode_optimizer(opt).to_state_dict()

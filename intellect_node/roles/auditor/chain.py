@@ -53,7 +53,8 @@ import random
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+
+import torch
 
 from intellect_node.config.schema import NodeConfig
 from intellect_node.config.status import StatusBoard
@@ -107,13 +108,13 @@ class ChainAuditor:
         self._next = 0  # the record the window in progress takes next (0: no window in progress)
         self._waiting_since: float | None = None
         self._replay: WindowReplay | None = None
-        self._window: dict[str, Any] = {}  # the window in progress: start version and seq, steps passed
+        self._window: dict[str, int] = {}  # the window in progress: start version and seq, steps passed
         self._settings = run_settings(cfg)
         self._rescorer = run_rescorer(cfg, StatusBoard(role="auditor"))
         self.counts = {"audited": 0, "pass": 0, "fail": 0, "unavailable": 0}
         self.windows = {"audited": 0, "pass": 0, "fail": 0, "unavailable": 0}
-        self.first_bad: dict[str, Any] = {}
-        self.last: dict[str, Any] = {}
+        self.first_bad: dict[str, object] = {}
+        self.last: dict[str, object] = {}
         self._last_window = ""  # the outcome of the last window that ended
         self._validators = frozenset(cfg.run.validator_peer_ids)
         self.admission = AdmissionCheck(RunRules(self._run_id, self._validators, cfg.run.verdict_quorum,
@@ -139,7 +140,7 @@ class ChainAuditor:
         and full weights a replay within the tolerance may need (``published.py``)."""
         self.published.heard(ann)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         if self._next:
             state = "following"  # a window in progress
         else:
@@ -197,7 +198,7 @@ class ChainAuditor:
             self._waiting_since = None
             await self._audit(rec)
 
-    async def _open(self, model: Any, start: Start) -> None:
+    async def _open(self, model: torch.nn.Module, start: Start) -> None:
         """Begin the window ``start`` (its start state fetched and loaded; a window whose start cannot be
         had ends here, with its verdict)."""
         self._window = {"start_version": start.version, "first_seq": start.first, "passed": 0}
@@ -252,7 +253,8 @@ class ChainAuditor:
             self._waiting_since = time.monotonic()
         if self._waiting_since is not None and time.monotonic() - self._waiting_since > RECORD_WAIT_S:
             self.counts["unavailable"] += 1
-            entry = {"seq": self._next, "outcome": "unavailable", "reason": "step record never heard"}
+            entry: dict[str, object] = {"seq": self._next, "outcome": "unavailable",
+                                        "reason": "step record never heard"}
             if not self.first_bad:
                 self.first_bad = entry
             await asyncio.to_thread(append_jsonl, self.dir / VERDICTS_FILE, {**entry, "time": time.time()})
@@ -325,9 +327,10 @@ class ChainAuditor:
         if step:
             self.counts["audited"] += 1
             self.counts[r.outcome] += 1
-        entry = {"seq": r.seq, "version": r.version, "outcome": r.outcome, "published": r.published,
-                 "expected": r.expected, "reason": r.reason, "time": time.time(),
-                 "window": self._window.get("start_version", r.version) if step else r.version}
+        entry: dict[str, object] = {
+            "seq": r.seq, "version": r.version, "outcome": r.outcome, "published": r.published,
+            "expected": r.expected, "reason": r.reason, "time": time.time(),
+            "window": self._window.get("start_version", r.version) if step else r.version}
         self.last = entry
         if r.outcome != "pass" and not self.first_bad:
             self.first_bad = entry

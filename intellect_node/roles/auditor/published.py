@@ -42,7 +42,7 @@ import logging
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import torch
 
@@ -225,7 +225,7 @@ class PublishedPolicy:
         """:meth:`weights` and :meth:`optimizer` for a worker thread (never the loop's own): each runs on
         ``loop`` and is waited for; None (logged) when it raised :class:`PublishedUnavailable`."""
 
-        def wait(coro: Coroutine[Any, Any, PolicyWeights], what: str) -> PolicyWeights | None:
+        def wait(coro: Coroutine[object, None, PolicyWeights], what: str) -> PolicyWeights | None:
             fut = asyncio.run_coroutine_threadsafe(coro, loop)
             try:
                 return fut.result(timeout=2 * FETCH_TIMEOUT_S)

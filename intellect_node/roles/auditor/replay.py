@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 import torch
@@ -73,7 +73,7 @@ class StepAudit:
     reason: str = ""
 
 
-def weights_hash(model: Any) -> str:
+def weights_hash(model: torch.nn.Module) -> str:
     """The canonical hash of ``model``'s weights: what an announcement carries for its version."""
     return PolicyWeights.from_state_dict(model.state_dict()).content_hash
 
@@ -101,7 +101,7 @@ def trained_samples(rec: StepRecord, groups_of: GroupsOf) -> tuple[list[Sample] 
     return samples, "pass", ""
 
 
-def replay_record(model: Any, opt: Optimizer, rec: StepRecord, samples: Sequence[Sample]
+def replay_record(model: torch.nn.Module, opt: Optimizer, rec: StepRecord, samples: Sequence[Sample]
                   ) -> tuple[str, StepStats]:
     """Train ``model`` one step as ``rec`` says; the new weights' hash and the step's statistics."""
     s = rec.settings
@@ -136,7 +136,7 @@ class WindowReplay:
     ``tolerance`` (the run's ``audit_tolerance``; 0: bitwise only) with ``published``: a step whose hash
     differs passes when its weights are within the tolerance of the published ones (``tolerance.py``)."""
 
-    def __init__(self, model: Any, settings: StepSettings, opt: Optimizer | None = None, *,
+    def __init__(self, model: torch.nn.Module, settings: StepSettings, opt: Optimizer | None = None, *,
                  tolerance: float = 0.0, published: PublishedOf | None = None) -> None:
         self.model = model
         self.settings = settings
@@ -211,7 +211,7 @@ class WindowReplay:
         return result
 
 
-def audit_window(model: Any, records: Sequence[StepRecord], groups_of: GroupsOf, *,
+def audit_window(model: torch.nn.Module, records: Sequence[StepRecord], groups_of: GroupsOf, *,
                  settings: StepSettings, opt: Optimizer | None = None, tolerance: float = 0.0,
                  published: PublishedOf | None = None) -> list[StepAudit]:
     """Audit ``records`` (consecutive steps, oldest first) on ``model``, which holds the first one's base

@@ -44,7 +44,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import torch
 
@@ -169,7 +168,7 @@ class AuditCalibration:
     def tolerance(self) -> float:
         return self.observed * self.margins.factor + self.margins.floor
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"condition": self.condition, "steps": self.steps, "observed": self.observed,
                 "worst_tensor": self.worst_tensor, "max_abs": self.max_abs, "margins": asdict(self.margins),
                 "tolerance": self.tolerance}

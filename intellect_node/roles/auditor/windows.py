@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -123,7 +122,7 @@ class WindowPlan:
                 del held[s]
 
 
-def load_start(model: Any, start: StepRecord, weights: PolicyWeights, optimizer: PolicyWeights,
+def load_start(model: torch.nn.Module, start: StepRecord, weights: PolicyWeights, optimizer: PolicyWeights,
                settings: StepSettings, *, tolerance: float = 0.0,
                published: PublishedOf | None = None) -> WindowReplay:
     """A replay holding ``start``'s checkpoint: ``weights`` and ``optimizer`` (the blobs its ``state``

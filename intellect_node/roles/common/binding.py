@@ -44,7 +44,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from intellect_node.errors import IntellectNodeError, ProtocolError
 from intellect_node.fsutil import atomic_write_bytes, atomic_write_text
@@ -225,7 +224,7 @@ class BindingWatch:
             self._on_record(rec)
         await self._drain(rec, origin)
 
-    async def _drain(self, msg: Any, origin: str) -> None:
+    async def _drain(self, msg: object, origin: str) -> None:
         """After an announcement or record: act on what the validators found."""
         with self._found_lock:
             found, self._found = self._found, []
@@ -275,7 +274,7 @@ class BindingWatch:
         """The proof about the lowest version taken (what a refusal names)."""
         return self.proofs[min(self.proofs)] if self.proofs else None
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         return {**self.counts, "versions_held": len(self.book),
                 "proofs": {str(v): {"hashes": list(p.hashes), "source": p.source}
                            for v, p in sorted(self.proofs.items())}}

@@ -17,11 +17,12 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from intellect_node.config import NodeConfig
 from intellect_node.errors import ConfigError
 from intellect_node.inference import choose_engine
+from intellect_node.inference.base import VllmSettings
 from intellect_node.inference.memory import (
     Estimate,
     available_bytes,
@@ -40,7 +41,7 @@ class EngineChoice:
     """torch or vllm."""
     device: str
     reason: str
-    vllm: dict[str, Any]
+    vllm: VllmSettings
     """VllmEngine keyword arguments from the config (used only when ``name`` is vllm)."""
 
     @property
@@ -54,7 +55,7 @@ def engine_choice(cfg: NodeConfig, role: str) -> EngineChoice:
     name, why = choose_engine(inf.engine, inf.device)
     log.info("%s engine: %s on %s (%s)", role, name, inf.device, why)
     context = inf.max_prompt_tokens + cfg.rl.max_new_tokens
-    vllm = {"max_model_len": context, "max_num_seqs": inf.vllm_max_num_seqs,
+    vllm: VllmSettings = {"max_model_len": context, "max_num_seqs": inf.vllm_max_num_seqs,
             "gpu_memory_fraction": inf.vllm_gpu_memory_fraction,
             "max_num_batched_tokens": inf.vllm_max_num_batched_tokens,
             "enforce_eager": inf.vllm_enforce_eager, "cpu_kvcache_gib": inf.vllm_cpu_kvcache_gib}

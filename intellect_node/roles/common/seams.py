@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from intellect_node.aioutil import cancel_and_wait
 from intellect_node.config import NodeConfig
@@ -30,7 +30,7 @@ from intellect_node.protocol.signing import SigningKey
 
 log = logging.getLogger(__name__)
 
-LoopFactory = Callable[[], Awaitable[Any]]
+LoopFactory = Callable[[], Awaitable[object]]
 """A loop the supervisor can start again: called once per (re)start, its state lives on its object."""
 S = TypeVar("S")
 
@@ -101,6 +101,26 @@ class Runtime(Protocol):
         ...
 
 
+class RoleService(Protocol):
+    """A role as the node runs it: started once the swarm runs, closed once, and read for the node's
+    status (``GET /v1/status`` serves :meth:`status` under the role's ``name``)."""
+
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def status(self) -> Mapping[str, object]: ...
+
+
+class RoleFactory(Protocol):
+    """What ``roles.role_factory`` returns for a ``--role``: the role's ``for_runtime``, which builds it for
+    the node it runs in."""
+
+    def __call__(self, runtime: Runtime, /) -> RoleService: ...
+
+
 class RoleTasks:
     """One role's loops (the supervisor's) and jobs (a task group); see the module docstring."""
 
@@ -131,7 +151,7 @@ class RoleTasks:
             finally:
                 self._group = None  # the group is cancelling its jobs: take no new ones
 
-    def job(self, coro: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None] | None:
+    def job(self, coro: Coroutine[object, None, None], what: str) -> asyncio.Task[None] | None:
         """Run ``coro`` beside the role's other jobs; its failure is logged (``what`` failed) and goes no
         further. None (and ``coro`` closed unrun) when the role is closing."""
         group = self._group

@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from intellect_node.fsutil import append_jsonl, atomic_write_text
 from intellect_node.roles.common.seen import SeenRollouts
@@ -57,12 +57,12 @@ class AdmittedJournal(SeenRollouts):
             self._lines.setdefault(version, []).append(line)
 
     @staticmethod
-    def _record(version: int, worker: str, cid: str, keys: Sequence[str]) -> tuple[dict[str, Any], str]:
+    def _record(version: int, worker: str, cid: str, keys: Sequence[str]) -> tuple[dict[str, object], str]:
         """The journal's record of a batch, and its line as written."""
         record = {"v": version, "w": worker, "cid": cid, "k": list(keys)}
         return record, json.dumps(record, separators=SEPARATORS)
 
-    def _write(self, record: dict[str, Any]) -> None:
+    def _write(self, record: dict[str, object]) -> None:
         # A kill mid-write leaves a torn line; start ours on a fresh one so it stays readable.
         append_jsonl(self.path, record, mode=0o600, fresh_line=True, separators=SEPARATORS)
 

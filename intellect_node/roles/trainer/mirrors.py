@@ -32,7 +32,7 @@ import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Literal, Protocol, TypedDict, TypeVar
 
 from intellect_node.config import NodeConfig
 
@@ -50,7 +50,7 @@ LEFT_OUT = frozenset({"step", "seq", "batches", "hops"})
 """Top-level keys of a metrics line that are not mirrored (see the module docstring)."""
 
 
-def numeric_fields(line: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+def numeric_fields(line: Mapping[str, object], prefix: str = "") -> dict[str, float]:
     """The numbers of ``line`` by name, nested dicts flattened with "/", bools as 0/1; the keys of
     :data:`LEFT_OUT` (at the top) and wall-clock times (``time``, ``*_t``) left out."""
     out: dict[str, float] = {}
@@ -63,6 +63,16 @@ def numeric_fields(line: Mapping[str, Any], prefix: str = "") -> dict[str, float
         elif isinstance(value, (bool, int, float)):
             out[name] = float(value)
     return out
+
+
+class MirrorsStatus(TypedDict):
+    """The mirrors in a trainer's status: the sinks writing, those turned off (with why), lines written
+    and lines dropped while the sinks fell behind."""
+
+    sinks: list[str]
+    failed: dict[str, str]
+    written: int
+    dropped: int
 
 
 class MetricsMirror(Protocol):
@@ -86,7 +96,7 @@ class WandbMirror:
     name = "wandb"
 
     def __init__(self, *, project: str, mode: Literal["offline", "online"], directory: Path, run_name: str,
-                 config: Mapping[str, Any]) -> None:
+                 config: Mapping[str, object]) -> None:
         import wandb  # the logging extra, imported only when configured
 
         directory.mkdir(parents=True, exist_ok=True)
@@ -179,13 +189,14 @@ class Mirrors:
             self._thread = threading.Thread(target=self._run, name="metrics-mirrors", daemon=True)
             self._thread.start()
 
-    def step(self, line: Mapping[str, Any]) -> None:
-        """Queue a step's metrics line (never blocks; nothing to do when no sink is configured, or when
-        the attempt trained nothing)."""
-        if line.get("trained"):
-            self._put(("train", int(line["step"]), numeric_fields(line)))
+    def step(self, line: Mapping[str, object]) -> None:
+        """Queue a step's metrics line (a :class:`~intellect_node.roles.trainer.metrics.StepLine`; never
+        blocks; nothing to do when no sink is configured, or when the attempt trained nothing)."""
+        step = line.get("step")
+        if line.get("trained") and isinstance(step, int):
+            self._put(("train", step, numeric_fields(line)))
 
-    def log_heldout(self, version: int, fields: Mapping[str, Any]) -> None:
+    def log_heldout(self, version: int, fields: Mapping[str, object]) -> None:
         """Queue the held-out results of policy ``version`` (``pass_rate``, ``mean_reward``, ``n``...)."""
         self._put(("heldout", version, {k: v for k, v in numeric_fields(fields).items() if k != "version"}))
 
@@ -201,7 +212,7 @@ class Mirrors:
             log.warning("metrics mirrors did not finish within %.0f s; their last lines may be missing",
                         CLOSE_TIMEOUT_S)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> MirrorsStatus:
         return {"sinks": [name for name, _ in self._openers if name not in self.failed],
                 "failed": dict(self.failed), "written": self.written, "dropped": self.dropped}
 

@@ -63,7 +63,7 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import torch
 
@@ -89,7 +89,7 @@ from intellect_node.roles.trainer.admission import Admission
 from intellect_node.roles.trainer.batching import Accepted, Step, fresh_floor
 from intellect_node.roles.trainer.inbox import Inbox, JournalEntry, StepJournal
 from intellect_node.roles.trainer.intake import BatchIntake, with_envelope
-from intellect_node.roles.trainer.metrics import MetricsFile
+from intellect_node.roles.trainer.metrics import MetricsFile, StepLine, StepTiming
 from intellect_node.roles.trainer.mirrors import Mirrors, mirror_openers
 from intellect_node.roles.trainer.nosignal import NoSignal
 from intellect_node.roles.trainer.publication import Publication
@@ -111,6 +111,15 @@ CONSUMED_KEEP_VERSIONS = 64
 """Consumed batch IDs are kept (in memory and in each checkpoint) for this many policy versions: a verdict
 on an older batch is refused as stale anyway (``run.async_level`` is at most 16), and the set no longer
 grows with the length of the run."""
+
+
+class TrainerUsage(TypedDict):
+    """What became of the accepted batches (:meth:`Trainer.status`)."""
+
+    taken_batches: int
+    taken_by_age: dict[str, int]
+    """Batches taken into a step attempt by their age in versions, the age as a string (a JSON key)."""
+    taken_fraction: float | None
 
 
 class Trainer:
@@ -171,13 +180,13 @@ class Trainer:
         self._ckpt_version = 0
         self._state_step = 0  # the step of the newest checkpoint state published (run.audit_every's)
         self.tasks = RoleTasks(runtime, "trainer")  # the train and announce loops; publications
-        self.replay: dict[str, Any] = {"steps": 0, "outcome": "none"}
+        self.replay: dict[str, int | str] = {"steps": 0, "outcome": "none"}
         self.idle_s = 0.0
         # batches taken into a step attempt, by their age in versions at that step (0: the policy it updates)
         self.taken_by_age: dict[int, int] = {}
         self.busy_s = 0.0
-        self.last: dict[str, Any] = {}
-        self._timing: dict[str, float] = {}
+        self.last: StepLine | None = None
+        self._timing: StepTiming | None = None
         self._checkpoint_s = 0.0  # the last checkpoint's seconds, reported on the next step's line
 
     @classmethod
@@ -233,7 +242,7 @@ class Trainer:
             self.fetcher.close()
         await asyncio.to_thread(self.mirrors.close)  # after the loops: every line recorded is mirrored
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         total = self.idle_s + self.busy_s
         return {"version": self.version, "step": self.step, "queued_batches": len(self.admission.queue),
                 "awaiting_quorum": len(self.admission.tally), "admitted_keys": len(self.admitted),
@@ -243,11 +252,11 @@ class Trainer:
                 "checkpoint_version": self._ckpt_version, "replay": dict(self.replay),
                 "records": self.records.status() if self.records is not None else {},
                 "prefetch": dict(self.intake.prefetch.counts),
-                "idle_fraction": self.idle_s / total if total else None, "last_step": self.last,
+                "idle_fraction": self.idle_s / total if total else None, "last_step": self.last or {},
                 "mirrors": self.mirrors.status(),
                 "assignments_by_worker": self.intake.coverage.report(64)}
 
-    def _usage(self) -> dict[str, Any]:
+    def _usage(self) -> TrainerUsage:
         """What became of the accepted batches: how many a step took, at which age (versions behind the
         policy the step updated; never above ``run.async_level``), and the fraction of the accepted ones
         that is (the rest: queued, or dropped as stale)."""
@@ -542,8 +551,10 @@ class Trainer:
         counts = self.intake.counts
         batches = sorted([a.cid for a in taken] + [a.cid for a in stale])
         # Each taken batch's hops (wall-clock seconds): notice heard, prefetched, verdict heard, admitted.
-        hops = {a.cid: {"worker": a.worker, **(self.intake.hops.get(a.cid) or {})} for a in taken}
-        line = {"step": self.step, "version": self.version, "trained": stats is not None, "time": time.time(),
+        hops: dict[str, dict[str, str | float]] = {
+            a.cid: {"worker": a.worker, **(self.intake.hops.get(a.cid) or {})} for a in taken}
+        line: StepLine = {
+                "step": self.step, "version": self.version, "trained": stats is not None, "time": time.time(),
                 "seq": seq, "pass_rate": pass_rate, "reward_mean": reward_mean, "samples": len(samples),
                 "groups": filtered.total, "groups_used": len(filtered.useful),
                 "filtered_fraction": filtered.dropped / filtered.total if filtered.total else 1.0,
@@ -561,8 +572,9 @@ class Trainer:
                 "accepted": counts["accepted_rollouts"], "rejected": counts["rejected_rollouts"],
                 "stale": counts["stale_rollouts"],
                 "idle_fraction": self.idle_s / total if total else 0.0,
-                "batches": batches, "hops": hops, "published": dict(self.publication.published),
-                **(self._timing if stats is not None else {})}
+                "batches": batches, "hops": hops, "published": dict(self.publication.published)}
+        if stats is not None and self._timing is not None:
+            line = {**line, **self._timing}
         self.last = line
         self.metrics.write(line, seq)
         self.mirrors.step(line)  # queued for the mirrors' thread: the loop never waits for W&B

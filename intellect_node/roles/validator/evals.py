@@ -57,12 +57,12 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from intellect_node.config import NodeConfig
 from intellect_node.config.status import HeldOut, StatusBoard
 from intellect_node.envs.heldout import HeldOutPart
-from intellect_node.envs.tasks import Problem
+from intellect_node.envs.tasks import Judgement, Problem
 from intellect_node.errors import MessageIgnored
 from intellect_node.fsutil import append_jsonl
 from intellect_node.inference.base import LoadedEngine, SamplingConfig
@@ -205,19 +205,19 @@ class Evaluations:
     def _chunks(self) -> int:
         return math.ceil(self.n / EVAL_CHUNK)
 
-    def _judge(self, engine: LoadedEngine, chunks: list[int]) -> dict[int, Any]:
+    def _judge(self, engine: LoadedEngine, chunks: list[int]) -> dict[int, Judgement]:
         """In the evaluation thread: the problems (built once), then the chunks' judgements."""
         if self._problems is None:
             assert self.part is not None
             self._problems = [self.part.problem(j) for j in range(self.n)]
-        out: dict[int, Any] = {}
+        out: dict[int, Judgement] = {}
         for c in chunks:  # chunk by chunk: a node stopping waits for one chunk at most
             if self._closing:
                 break
             out.update(chunk_rewards(engine, self._problems, self.keys, self.sampling, [c]))
         return out
 
-    async def _in_thread(self, engine: LoadedEngine, chunks: list[int]) -> dict[int, Any]:
+    async def _in_thread(self, engine: LoadedEngine, chunks: list[int]) -> dict[int, Judgement]:
         return await asyncio.get_running_loop().run_in_executor(self._executor, self._judge, engine, chunks)
 
     async def _evaluate(self, version: int, policy: str, engine: LoadedEngine) -> None:
@@ -380,7 +380,7 @@ class Evaluations:
                                         evaluators=len(tally.results), confirmed=confirmed, refused=refused,
                                         at=now))
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         found = self.newest()
         newest = None
         if found is not None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from intellect_node.protocol.rl import RolloutNotice
 
@@ -286,7 +286,7 @@ class Intake:
     def queued(self) -> int:
         return sum(len(p.queue) for p in self._peers.values())
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         return {"queued": self.queued(), "in_flight": sum(p.busy for p in self._peers.values()),
                 "peers": len(self._peers), "newcomers_waiting": len(self._newcomers),
                 "parked": sum(1 for p in self._peers.values()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from intellect_node.roles.common.seams import RoleSwarm, RoleTasks
 from intellect_node.roles.common.seen import BoundedMap
@@ -97,7 +96,7 @@ class Reputation:
         kept.append(round(seconds, 3))
         self.latency.put(worker, kept)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         return {"rejections_by_worker": dict(self.rejections.items()[-STATUS_PEERS:]),
                 "reasons_by_worker": {w: list(r) for w, r in self.reasons.items()[-STATUS_PEERS:]},
                 "strikes_by_worker": dict(self.strikes.items()[-STATUS_PEERS:]),

@@ -98,7 +98,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from intellect_node.config import NodeConfig
 from intellect_node.config.schema import ValidatorConfig
@@ -249,7 +248,7 @@ class Validator:
         if self.fetcher is not None:
             self.fetcher.close()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         return {"versions_held": list(self.engines), "queue": self.intake.queued(), **self.counts,
                 **self.verification.counts, **self.publication.counts, **self.reputation.counts,
                 "jobs": dict(self._pools), "intake": self.intake.status(),

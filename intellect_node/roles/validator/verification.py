@@ -30,7 +30,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from intellect_node.blobs.fetch import public_reason
 from intellect_node.config import NodeConfig
@@ -107,7 +107,7 @@ class Verification:
         for scorer in self.scorers.values():
             scorer.close()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         return {"verify_s": round(self.verify_s, 3),
                 "scoring": {**{pool: {"busy": sc.busy, "started": sc.started, "killed": sc.killed}
                                for pool, sc in self.scorers.items()}, **self.budgets.status()},

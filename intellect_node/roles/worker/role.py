@@ -54,7 +54,6 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 from intellect_node.envs.tasks import Problem
 from intellect_node.errors import IntellectNodeError
@@ -161,7 +160,7 @@ class Worker:
         if self.fetcher is not None:
             self.fetcher.close()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         return {"policy_version": self.version, "batches": self.batches, **self.verdicts,
                 "step_records": self.receipts.status() if self.receipts is not None else {},
                 "audit_refusal": self.audit_refusal(), "withheld": self.withheld,
@@ -170,7 +169,7 @@ class Worker:
 
     # -- policy ----------------------------------------------------------------------------------
 
-    def _hop(self, event: str, **fields: Any) -> None:
+    def _hop(self, event: str, **fields: object) -> None:
         """One line of ``worker/hops.jsonl`` (see the module docstring)."""
         append_jsonl(self.dir / HOPS_FILE, {"event": event, "t": time.time(), **fields}, fsync=False,
                      max_bytes=HOPS_MAX_BYTES)
