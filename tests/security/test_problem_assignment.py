@@ -297,7 +297,8 @@ def test_workers_that_choose_or_drop_problems_are_caught_in_a_run(tmp_path: Path
             await wait_until(lambda: choose in validator.status()["latency_s"], timeout=300,
                              what="a verdict on the chooser")
             assert validator.status()["reasons_by_worker"][choose][0] == "not_assigned", validator.status()
-            await wait_until(lambda: validator.status()["banned"] >= 1, timeout=300, what="the chooser banned")
+            await wait_until(lambda: validator.status()["banned"] >= 1, timeout=300,
+                             what="the chooser banned")
             await wait_until(lambda: (trainer.status()["assignments_by_worker"].get(skip, {})
                                       .get("submitted", 0)) >= 2, timeout=300,
                              what="the skipper's batches admitted")
