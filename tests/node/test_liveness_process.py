@@ -1,6 +1,7 @@
 """Liveness of a real ``intellect-node join`` process (through tests/support/liveness.py, which breaks
 libp2p on a signal): a killed libp2p comes back and ``status --json``, ``/v1/status`` and ``/metrics``
-say what happened; one that cannot come back makes the process exit 75 within 30 s, degraded meanwhile."""
+say what happened; one that cannot come back makes the process exit 75 within 30 s, degraded meanwhile.
+The ``status`` commands run in this process (``tests.support.cli``); the node is the process."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from intellect_node.p2p.liveness import EXIT_UNHEALTHY
-from tests.support.common import CLI, REPO
+from tests.support.cli import invoke_cli
+from tests.support.common import REPO
 from tests.support.ports import free_port
 from tests.support.wait import wait_for
 
@@ -69,8 +71,7 @@ def test_libp2p_restart_is_reported_and_an_unrestorable_one_exits_75(tmp_path: P
                       30, what="libp2p restarted")
         assert st
         assert st["listen_addrs"][0].startswith(f"/ip4/127.0.0.1/tcp/{port}/p2p/")
-        out = subprocess.run([CLI, "status", "--data-dir", str(d), "--json"], capture_output=True, text=True,
-                             timeout=60)
+        out = invoke_cli("status", "--data-dir", str(d), "--json")
         assert out.returncode == 0, out.stderr
         health = json.loads(out.stdout)["health"]
         assert not any("libp2p" in r for r in health["reasons"]), health
@@ -94,8 +95,7 @@ def test_libp2p_restart_is_reported_and_an_unrestorable_one_exits_75(tmp_path: P
         assert st["snapshot"]["state"] == "degraded" and st["snapshot"]["healthy"] is False
         m = _metrics(st["metrics"]["metrics"])
         assert m[("intellect_node_healthy", ())] == 0
-        out = subprocess.run([CLI, "status", "--data-dir", str(d)], capture_output=True, text=True,
-                             timeout=60)
+        out = invoke_cli("status", "--data-dir", str(d))
         assert out.returncode == 0, out
         assert out.stdout.startswith("state       DEGRADED\n            - libp2p restarting"), out.stdout
         code = proc.wait(60)

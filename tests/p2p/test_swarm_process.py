@@ -13,7 +13,7 @@ import pytest
 from intellect_node.commands.join import build_node_config
 from intellect_node.errors import ConfigError
 from intellect_node.protocol.signing import SigningKey
-from tests.support.common import run_cli
+from tests.support.cli import invoke_cli
 from tests.support.ports import free_port
 from tests.support.swarm import NodeProcess
 from tests.support.wait import wait_for
@@ -23,6 +23,14 @@ HB = ["--heartbeat-interval", "0.5", "--peer-timeout", "2"]
 
 def _dead_addr() -> str:
     return f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{SigningKey.generate().peer_id}"
+
+
+def _cli_status(node: NodeProcess) -> dict[str, Any]:
+    """``status --json`` of a running node (the command in this process; the node is a process)."""
+    out = invoke_cli("status", "--data-dir", str(node.data_dir), "--json")
+    assert out.returncode == 0, out.stderr
+    status: dict[str, Any] = json.loads(out.stdout)
+    return status
 
 
 def _peer_state(node: NodeProcess, peer: str) -> str:
@@ -42,14 +50,14 @@ def test_join_status_gone_remembered_and_clean_stop(tmp_path: Path) -> None:
         b = NodeProcess(tmp_path / "b", "--bootstrap", st_a["listen_addrs"][0], *HB)
         b_id = b.wait_ready()["peer_id"]
 
-        st = a.cli_status()
+        st = _cli_status(a)
         assert st["peer_id"] == st_a["peer_id"]
         assert st["listen_addrs"] and all(x.endswith(f"/p2p/{st['peer_id']}") for x in st["listen_addrs"])
-        wait_for(lambda: b_id in a.cli_status()["peers"], 15, what="B in A's connected peers")
+        wait_for(lambda: b_id in _cli_status(a)["peers"], 15, what="B in A's connected peers")
         wait_for(lambda: _peer_state(a, b_id) == "alive", 15, what="A hears B's heartbeats")
 
         # A second node on the same data dir is an operator mistake: exit 2, the first keeps running.
-        dup = run_cli("join", "--data-dir", str(tmp_path / "a"), "--headless", timeout=60)
+        dup = invoke_cli("join", "--data-dir", str(tmp_path / "a"), "--headless")
         assert dup.returncode == 2 and "already running" in dup.stderr, dup.stderr
 
         # SIGSTOP: B keeps its TCP connection but stops answering; heartbeats, not connections, decide.
@@ -79,7 +87,7 @@ def test_join_status_gone_remembered_and_clean_stop(tmp_path: Path) -> None:
         assert a.wait(30) == 0, a.log()
         assert b.wait(30) == 0, b.log()
         assert not (tmp_path / "a" / "control.json").exists()
-        gone = run_cli("status", "--data-dir", str(tmp_path / "a"), "--json")
+        gone = invoke_cli("status", "--data-dir", str(tmp_path / "a"), "--json")
         assert gone.returncode == 2 and "no node is running" in gone.stderr
     finally:
         a.close()
@@ -95,7 +103,7 @@ def test_operator_mistakes_exit_2_naming_the_flag(tmp_path: Path) -> None:
         (["status", "--data-dir", d], "no node is running"),
     ]
     for args, needle in cases:
-        out = run_cli(*args, timeout=60)
+        out = invoke_cli(*args)
         assert out.returncode == 2, (args, out.returncode, out.stderr)
         assert needle in out.stderr, (args, out.stderr)
     # The same path in-process (the CLI turns ConfigError into exit 2, as shown above).

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import resource
 import selectors
 import socket
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -27,7 +29,8 @@ from intellect_node.blobs.http import blob_routes
 from intellect_node.blobs.server import BulkLimits, ConnectionGate, GatedSite, runner_kwargs, send_deadline
 from intellect_node.blobs.store import BlobStore
 from intellect_node.protocol.signing import SigningKey
-from tests.support.common import CLI, run_cli
+from tests.support.cli import invoke_cli
+from tests.support.common import CLI
 from tests.support.swarm import NodeProcess
 from tests.support.wait import wait_for, wait_until
 
@@ -105,6 +108,14 @@ class Slowloris:
         self.sel.close()
 
 
+def _cli_status(data_dir: Path) -> dict[str, Any]:
+    """``status --json`` of the node (the command in this process; the node is a process)."""
+    out = invoke_cli("status", "--data-dir", str(data_dir), "--json")
+    assert out.returncode == 0, out.stderr
+    status: dict[str, Any] = json.loads(out.stdout)
+    return status
+
+
 def _get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=15) as resp:
         body: bytes = resp.read()
@@ -121,7 +132,7 @@ def test_slowloris_does_not_stop_an_honest_fetch(tmp_path: Path) -> None:
     loris: Slowloris | None = None
     try:
         st = node.wait_ready()
-        put = run_cli("blob", "put", str(blob), "--data-dir", str(data_dir))
+        put = invoke_cli("blob", "put", str(blob), "--data-dir", str(data_dir))
         assert put.returncode == 0, put.stderr
         cid = put.stdout.strip().split()[0]
         url = st["http_url"]
@@ -135,13 +146,13 @@ def test_slowloris_does_not_stop_an_honest_fetch(tmp_path: Path) -> None:
         wait_for(loris.settled, 60, interval=0, what="every slowloris connection accepted or closed")
         # the honest fetch from another address gets its bytes while the slowloris holds what it can
         assert _get(f"{url}/blob/v1/manifest/{cid}") == manifest
-        http = node.cli_status()["http"]
+        http = _cli_status(data_dir)["http"]
         assert http["open"] <= http["max_connections"] <= NOFILE // 2, http
         gone = http["refused"] + http["evicted"] + http["head_timeouts"]
         assert gone >= CONNECTIONS - http["max_connections"], http
         # every slowloris connection is closed once its head is late; the node keeps serving
         wait_for(loris.all_closed, 60, what="the server closes every slowloris connection")
-        assert node.cli_status()["http"]["head_timeouts"] >= 1
+        assert _cli_status(data_dir)["http"]["head_timeouts"] >= 1
         assert _get(f"{url}/blob/v1/manifest/{cid}") == manifest
         assert node.returncode is None
     finally:

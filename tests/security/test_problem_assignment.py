@@ -8,8 +8,8 @@ assignment at v (``envs/assignment.py``), which every node recomputes; validator
 worker's windows never submitted.
 
 The rule itself is a pure function (tested here over every task source); the validator and the trainer
-are driven in-process with real records of the embedded model (``_roles_inproc``); the last test runs a
-trainer, a validator and two cheating workers as real processes.
+are driven alone with real records of the embedded model (``_roles_inproc``); the last test runs a
+trainer, a validator and two cheating workers together on the in-process fakes.
 """
 
 from __future__ import annotations
@@ -108,12 +108,18 @@ def test_every_window_of_its_region_is_a_versions_and_a_worker_goes_through_its_
     lasts (a fixed few stalled such a run for good). Rounds still move on by ``windows_per_version``."""
     a = _assignments(embedded_task(), windows=4)
     assert a.layout.windows == a.layout.slots and a.layout.stride == 4
+    last = a.layout.windows - 1  # the region's last window is still the version's
+    batch = [p.problem_id for p in a.problems(WORKER.peer_id, 0, last) for _ in range(GROUP)]
+    assert a.check(WORKER.peer_id, 0, batch, GROUP) == last
+    # A whole region walked, on a task of the same kind cut the same way (10^4 problems in place of 10^6).
+    small = _assignments(AdditionTask(2), windows=4)
+    assert small.layout.windows == small.layout.slots and small.layout.regions == 3
     seen: set[str] = set()
-    for k in range(a.layout.windows):
-        batch = [p.problem_id for p in a.problems(WORKER.peer_id, 0, k) for _ in range(GROUP)]
-        assert a.check(WORKER.peer_id, 0, batch, GROUP) == k
+    for k in range(small.layout.windows):
+        batch = [p.problem_id for p in small.problems(WORKER.peer_id, 0, k) for _ in range(GROUP)]
+        assert small.check(WORKER.peer_id, 0, batch, GROUP) == k
         seen.update(batch)
-    assert len(seen) == a.layout.windows * PER_BATCH  # no problem twice within a version
+    assert len(seen) == small.layout.windows * PER_BATCH  # no problem twice within a version
     # an honest worker making two windows a version meets no problem twice over 60 versions
     made = [p.problem_id for v in range(60) for k in range(2) for p in a.problems(WORKER.peer_id, v, k)]
     assert len(made) == len(set(made)) == 60 * 2 * PER_BATCH
@@ -260,50 +266,48 @@ def test_the_trainer_checks_the_assignment_again_at_admission(tmp_path: Path) ->
                                                               "unsubmitted_rate": 0.3333}
 
 
-# -- real processes ------------------------------------------------------------------------------------
-
-RL = dict(group_size=4, problems_per_batch=2, groups_per_step=4, max_new_tokens=4, batches_per_version=2)
+# -- a run ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_workers_that_choose_or_drop_problems_are_caught_across_processes(tmp_path: Path) -> None:
+def test_workers_that_choose_or_drop_problems_are_caught_in_a_run(tmp_path: Path) -> None:
     """A worker that picks the easiest problems is refused (``not_assigned``) and banned; a worker that
-    drops every other window of its assignment has the rest accepted (its worker process, the validator
-    and the trainer computed the same windows) and shows a rate of assignments never submitted of 0.5 at
-    the validator and the trainer."""
-    from tests.support.roles import CheatProcess, listen_addr, make_key, start_role, write_config
-    from tests.support.wait import wait_for
+    drops every other window of its assignment has the rest accepted (the worker, the validator and the
+    trainer each computed the same windows from their own config) and shows a rate of assignments never
+    submitted of 0.5 at the validator and the trainer.
 
-    ids = {n: make_key(tmp_path / n) for n in ("trainer", "validator", "choose", "skip")}
-    common = dict(trainer=ids["trainer"], validators=[ids["validator"]], model=str(embedded_model_dir()),
-                  rl=RL)
-    procs: list[Any] = []
+    In one process (``intellect_node.testing.roles``): the trainer, the validator and the two cheating
+    workers (``tests.support.roles.cheater``: the real worker with its problems or windows changed)."""
+    from intellect_node.roles.trainer.role import Trainer
+    from intellect_node.roles.validator.role import Validator
+    from intellect_node.testing.roles import in_process_swarm, key_of, run_config
+    from tests.support.roles import cheater
+    from tests.support.wait import wait_until
 
-    def vstat() -> dict[str, Any]:
-        status: dict[str, Any] = validator.status()["validator"]
-        return status
+    rl = dict(group_size=4, problems_per_batch=2, groups_per_step=4, max_new_tokens=4, batches_per_version=2)
+    cfg = run_config(trainer=key_of("trainer").peer_id, validators=[key_of("validator").peer_id], rl=rl)
+    choose, skip = key_of("choose").peer_id, key_of("skip").peer_id
 
-    try:
-        trainer = start_role(tmp_path / "trainer", "trainer", procs, **common)
-        t_addr = listen_addr(trainer)
-        validator = start_role(tmp_path / "validator", "validator", procs, bootstrap=[t_addr], **common)
-        v_addr = listen_addr(validator)
-        for mode in ("choose", "skip"):
-            write_config(tmp_path / mode, bootstrap=[t_addr, v_addr], **common)  # type: ignore[arg-type]  # keyword arguments from a table
-            procs.append(CheatProcess(tmp_path / mode, mode))
-        # The chooser's first verdict (each verdict adds a latency sample for its worker).
-        wait_for(lambda: ids["choose"] in vstat()["latency_s"], timeout=300, what="a verdict on the chooser")
-        assert vstat()["reasons_by_worker"][ids["choose"]][0] == "not_assigned", vstat()
-        wait_for(lambda: vstat()["banned"] >= 1, timeout=300, what="the chooser banned")
-        wait_for(lambda: (trainer.status()["trainer"]["assignments_by_worker"].get(ids["skip"], {})
-                          .get("submitted", 0)) >= 2, timeout=300, what="the skipper's batches admitted")
-        v, t = vstat(), trainer.status()["trainer"]
-    finally:
-        for p in procs:
-            p.close()
-    assert set(v["reasons_by_worker"][ids["choose"]]) == {"not_assigned"}, v
-    assert ids["skip"] not in v["rejections_by_worker"], v  # every window it did submit was accepted
-    assert ids["choose"] not in t["assignments_by_worker"], t
-    for seen in (v["assignments_by_worker"][ids["skip"]], t["assignments_by_worker"][ids["skip"]]):
+    async def main() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with in_process_swarm(tmp_path) as net:
+            trainer = await net.start("trainer", cfg, Trainer.for_runtime)
+            validator = await net.start("validator", cfg, Validator.for_runtime)
+            for mode in ("choose", "skip"):
+                await net.start(mode, cfg, cheater(mode).for_runtime)
+            # The chooser's first verdict (each verdict adds a latency sample for its worker).
+            await wait_until(lambda: choose in validator.status()["latency_s"], timeout=300,
+                             what="a verdict on the chooser")
+            assert validator.status()["reasons_by_worker"][choose][0] == "not_assigned", validator.status()
+            await wait_until(lambda: validator.status()["banned"] >= 1, timeout=300,
+                             what="the chooser banned")
+            await wait_until(lambda: (trainer.status()["assignments_by_worker"].get(skip, {})
+                                      .get("submitted", 0)) >= 2, timeout=300,
+                             what="the skipper's batches admitted")
+            assert not net.failures(), net.failures()
+            return validator.status(), trainer.status()
+
+    v, t = asyncio.run(main())
+    assert set(v["reasons_by_worker"][choose]) == {"not_assigned"}, v
+    assert skip not in v["rejections_by_worker"], v  # every window it did submit was accepted
+    assert choose not in t["assignments_by_worker"], t
+    for seen in (v["assignments_by_worker"][skip], t["assignments_by_worker"][skip]):
         assert seen["skipped"] == seen["submitted"] and seen["unsubmitted_rate"] == 0.5, (v, t)
