@@ -1,10 +1,12 @@
 """A run on a real-family model, set up the way a run organiser sets one up (docs/real-runs.md).
 
-:func:`organise_run` builds a tiny random Qwen3 folder (``tests/support/families.py``), calibrates its
-proof thresholds with the real CLI (``intellect-node proofs calibrate``), creates every node's key and
+:func:`organise_run` builds a tiny random folder of a family (``tests/support/families.py``), calibrates
+its proof thresholds with the real CLI (``intellect-node proofs calibrate``), creates every node's key and
 writes one config per node whose ``[run]`` names the thresholds file and its sha256, as a run organiser
 publishes them. :func:`start_node` then runs ``intellect-node join --role ROLE`` on it; a run whose roles
 run in one process (``intellect_node.testing.roles``) reads the same model, thresholds and hash.
+:data:`RL` is such a run's ``[rl]`` on ``reasoning_gym:basic_arithmetic`` and :func:`check_run` what it
+shows after :data:`STEPS` steps, however the run was made.
 
 The model is wider than the families' default (hidden 128, not 64): a TOPLOC proof chunk holds
 ``tokens * hidden_size`` values and needs at least the top-k's 128, so with hidden 64 a completion that
