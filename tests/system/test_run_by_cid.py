@@ -228,8 +228,8 @@ def test_run_publish_serves_a_run_without_a_role(tmp_path: Path) -> None:
     out = tmp_path / "run"
     organiser = init_key(tmp_path / "organiser").peer_id  # the run's trainer too: its feed is trusted
     r = _here("run", "init", "--model", str(model), "--run-id", "embedded", "--out", str(out), "--thresholds",
-             str(model / "proof_thresholds.json"), "--trainer-peer-id", organiser,
-             "--data-dir", str(tmp_path / "organiser"))
+              str(model / "proof_thresholds.json"), "--trainer-peer-id", organiser,
+              "--data-dir", str(tmp_path / "organiser"))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     cid = r.stdout.strip().splitlines()[-1]
     assert f"run publish --data-dir {tmp_path / 'organiser'}" in r.stdout and "(given)" in r.stdout
