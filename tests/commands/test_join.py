@@ -11,7 +11,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from intellect_node.config.status import StatusSnapshot
-from tests.support.common import run_cli
+from tests.support.cli import invoke_cli
 from tests.support.swarm import NodeProcess
 from tests.support.wait import wait_for
 
@@ -52,7 +52,7 @@ def test_headless_node_status_metrics_doctor_and_sigterm(tmp_path: Path) -> None
         assert st["ledger"]["batches_submitted"] == 0
 
         # doctor against the running node: its view, a real dial to B, and the clock against A's peers
-        r = run_cli("doctor", "--data-dir", str(tmp_path / "a"), "--json", "--bootstrap", b_addr, timeout=120)
+        r = invoke_cli("doctor", "--data-dir", str(tmp_path / "a"), "--json", "--bootstrap", b_addr)
         checks = json.loads(r.stdout)
         node = next(c for c in checks if c["name"] == "node")
         assert node["status"] == "ok" and st_a["peer_id"] in node["detail"]

@@ -33,6 +33,17 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return trained_run(tmp_path_factory.mktemp("run"))
 
 
+@pytest.fixture(scope="module")
+def report(run: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, Path]:
+    """``run report`` of :func:`run`'s data dirs with its PNGs kept: the result, the page, the PNG dir
+    (the page is kept with pytest's last runs)."""
+    d = tmp_path_factory.mktemp("report")
+    out, pngs = d / "report.html", d / "png"
+    r = invoke("run", "report", "--data-dir", str(run), "--out", str(out), "--png-dir", str(pngs),
+               "--title", "Addition run")
+    return r, out, pngs
+
+
 def invoke(*args: str) -> Any:
     return CliRunner().invoke(app, list(args))
 
@@ -44,10 +55,8 @@ def _images(page: str) -> dict[str, bytes]:
     return {name: base64.b64decode(data) for name, data in found}
 
 
-def test_a_real_runs_report_draws_its_curves_in_one_page(run: Path, tmp_path: Path) -> None:
-    out, pngs = tmp_path / "report.html", tmp_path / "png"
-    r = invoke("run", "report", "--data-dir", str(run), "--out", str(out), "--png-dir", str(pngs),
-               "--title", "Addition run")
+def test_a_real_runs_report_draws_its_curves_in_one_page(run: Path, report: tuple[Any, Path, Path]) -> None:
+    r, out, pngs = report
     assert r.exit_code == 0, r.output
     page = out.read_text()
     lines = read_jsonl(run / "trainer" / "trainer" / "metrics.jsonl")
@@ -140,9 +149,11 @@ CHROMIUM = next((b for b in ("chromium", "chromium-browser", "google-chrome", "c
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed")
-def test_headless_chromium_renders_the_page_with_its_plots(run: Path, tmp_path: Path) -> None:
-    out, shot = tmp_path / "report.html", tmp_path / "run-report.png"  # kept with pytest's last runs
-    assert invoke("run", "report", "--data-dir", str(run), "--out", str(out)).exit_code == 0
+def test_headless_chromium_renders_the_page_with_its_plots(report: tuple[Any, Path, Path],
+                                                           tmp_path: Path) -> None:
+    r, out, _ = report
+    shot = tmp_path / "run-report.png"  # kept with pytest's last runs
+    assert r.exit_code == 0, r.output
     assert CHROMIUM is not None
     r = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                         f"--screenshot={shot.absolute()}", "--window-size=1200,3000", out.as_uri()],

@@ -15,7 +15,7 @@ from intellect_node.envs.tasks import embedded_task
 from intellect_node.errors import ConfigError
 from intellect_node.inference.evaluate import Evaluation, held_out, pass_rate, with_weights
 from intellect_node.models.loader import load_model
-from tests.support.common import CLI
+from tests.support.cli import invoke_cli
 
 
 def test_same_policy_same_number_and_weights_file_is_what_is_evaluated(tmp_path: Path) -> None:
@@ -35,10 +35,9 @@ def test_cli_names_the_bad_flag(tmp_path: Path) -> None:
     save_file({"x": torch.zeros(2)}, str(tmp_path / "other.safetensors"))
     for bad, needle in ((tmp_path / "missing.safetensors", "No such file"),
                         (tmp_path / "other.safetensors", "lacks")):
-        r = subprocess.run([CLI, "model", "eval", "--n", "8", "--weights", str(bad)], capture_output=True,
-                           text=True, timeout=120)
+        r = invoke_cli("model", "eval", "--n", "8", "--weights", str(bad))
         assert r.returncode == 2 and "--weights" in r.stderr and needle in r.stderr, r.stderr
-    ok = subprocess.run([CLI, "model", "eval", "--n", "16"], capture_output=True, text=True, timeout=120)
+    ok = invoke_cli("model", "eval", "--n", "16")
     assert ok.returncode == 0 and "pass rate" in ok.stdout and "on 16 problems" in ok.stdout
 
 
