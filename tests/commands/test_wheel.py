@@ -1,6 +1,8 @@
 """The built wheel, installed into a fresh venv and run from outside the checkout: the embedded model is in
 it, `model info` reads it (the checkout's model, byte for byte), and `join --headless --role worker` starts
-a node that `status` reaches.
+a node that `status` reaches. The installed console script runs `--version`, `model info`, `model eval`
+and `join`; the checkout's side and the commands that only talk to the installed node (`keys init`,
+`status`, `stop`) run in this process (``tests.support.cli.invoke_cli``).
 
 The fresh venv has no pip and no packages of its own; the project's dependencies come from the test
 environment's site-packages through a `.pth` line (a plain path entry: that directory's own `.pth` files,
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli import invoke_cli
 from tests.support.common import REPO
 from tests.support.wait import wait_for
 
@@ -63,12 +66,15 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> None:
     info = _run([str(cli), "model", "info"], work, env)
     assert "hidden_size" in info and "checkpoint" in info.lower()
     # the same embedded model as the checkout's, byte for byte (its checkpoint CID)
-    assert info == _run([str(Path(sys.executable).with_name("intellect-node")), "model", "info"], work, env)
+    checkout = invoke_cli("model", "info")
+    assert checkout.returncode == 0 and info == checkout.stdout, checkout.stderr[-2000:]
     # ... and it runs from the wheel: weights, tokenizer and chat template through the torch engine
     evaluated = _run([str(cli), "model", "eval", "--n", "8"], work, env)
     assert "pass" in evaluated.lower(), evaluated
     trainer = tmp_path / "trainer"
-    trainer_id = _run([str(cli), "keys", "init", "--data-dir", str(trainer)], work, env).split()[-1]
+    keys = invoke_cli("keys", "init", "--data-dir", str(trainer))
+    assert keys.returncode == 0, keys.stderr[-2000:]
+    trainer_id = keys.stdout.split()[-1]
 
     d = tmp_path / "node"
     proc = subprocess.Popen([str(cli), "join", "--headless", "--data-dir", str(d), "--role", "worker",
@@ -78,11 +84,13 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> None:
         wait_for(lambda: proc.poll() is not None or (d / "control.json").exists(), 120,
                  what="the installed node's control.json")
         assert proc.poll() is None, (tmp_path / "join.err").read_text()[-2000:]
-        st = json.loads(_run([str(cli), "status", "--data-dir", str(d), "--json"], work, env))
+        status = invoke_cli("status", "--data-dir", str(d), "--json")
+        assert status.returncode == 0, status.stderr[-2000:]
+        st = json.loads(status.stdout)
         assert st["peer_id"].startswith("12D3KooW") and st["health"]["state"] in ("running", "degraded")
         assert st["roles"] == ["worker"] and st["worker"]["policy_version"] == -1  # waiting for a trainer
-        out = _run([str(cli), "stop", "--data-dir", str(d)], work, env)
-        assert "stopped" in out and proc.wait(30) == 0
+        stop = invoke_cli("stop", "--data-dir", str(d))
+        assert stop.returncode == 0 and "stopped" in stop.stdout and proc.wait(30) == 0, stop.stderr[-2000:]
     finally:
         if proc.poll() is None:
             proc.kill()
