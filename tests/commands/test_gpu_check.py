@@ -4,6 +4,8 @@ runs in this process (loaded from its file), its printed output captured."""
 from __future__ import annotations
 
 import importlib.util
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -14,12 +16,16 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu-check.py"
 
 
 @pytest.fixture(scope="module")
-def script() -> ModuleType:
+def script() -> Iterator[ModuleType]:
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
 
 
 def _run(script: ModuleType, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
