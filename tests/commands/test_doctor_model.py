@@ -1,11 +1,10 @@
-"""``doctor --model``: the memory estimate against real tensors, and the verdicts an operator reads."""
+"""``doctor --model``: the memory estimate against real tensors, and the verdicts an operator reads. The
+commands run in this process (``tests.support.cli.invoke_cli``)."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from intellect_node.inference.memory import (
     weight_bytes,
 )
 from intellect_node.testing.models import FAMILIES, make_model
+from tests.support.cli import invoke_cli
 
 torch.set_num_threads(1)
 
@@ -92,10 +92,7 @@ def test_role_estimates_name_their_parts(models: dict[str, Path]) -> None:
 
 
 def _doctor(*args: str, env: dict[str, str] | None = None, cwd: Path) -> subprocess.CompletedProcess[str]:
-    cli = [sys.executable, "-m", "intellect_node.cli"]
-    return subprocess.run([*cli, "doctor", "--data-dir", str(cwd), *args],
-                          capture_output=True, text=True, timeout=120, cwd=cwd,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    return invoke_cli("doctor", "--data-dir", str(cwd), *args, env=env)
 
 
 def test_doctor_model_says_each_role_fits_with_the_numbers(models: dict[str, Path], tmp_path: Path) -> None:
@@ -137,12 +134,10 @@ def test_doctor_model_refuses_bad_flags_with_exit_2(models: dict[str, Path], tmp
 
 def test_join_refuses_a_role_that_does_not_fit_before_starting(models: dict[str, Path],
                                                                tmp_path: Path) -> None:
-    env = {**os.environ, "INTELLECT_NODE_INFERENCE__MAX_PROMPT_TOKENS": str(1 << 20),
+    env = {"INTELLECT_NODE_INFERENCE__MAX_PROMPT_TOKENS": str(1 << 20),
            "INTELLECT_NODE_RL__GROUP_SIZE": "256", "INTELLECT_NODE_RL__PROBLEMS_PER_BATCH": "64",
-           "INTELLECT_NODE_RUN__MODEL": str(models["qwen3"]), "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "-m", "intellect_node.cli", "join", "--data-dir",
-                          str(tmp_path / "d"), "--role", "trainer", "--headless"], capture_output=True,
-                         text=True, timeout=120, env=env)
+           "INTELLECT_NODE_RUN__MODEL": str(models["qwen3"])}
+    res = invoke_cli("join", "--data-dir", str(tmp_path / "d"), "--role", "trainer", "--headless", env=env)
     assert res.returncode == 2, res.stderr[-2000:]
     assert "inference.memory_check" in res.stderr and "GiB" in res.stderr
     assert not (tmp_path / "d" / "control.json").exists()  # it never started

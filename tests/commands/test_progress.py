@@ -3,7 +3,8 @@ and without a node), `blob get` through to `--out` written and synced, an interr
 leaves no traceback in node.log, `tasks solve-rates`; the terminal form renders the same phases; and
 `scripts/setup.sh` prints one timed line per step, nothing when there is nothing to do. The commands run
 in this process (``tests.support.cli.invoke_cli``) but for the interrupted get, the installed console
-script killed with a Ctrl-C."""
+script killed with a Ctrl-C. One pair of node processes serves the blob commands and the start-up log's
+checks; the interrupted get has a node of its own, with no peer to answer its provider lookup."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import json
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from intellect_node.commands.progress import Progress
 from intellect_node.node import control
@@ -46,48 +50,57 @@ def counts(lines: list[dict[str, Any]], phase: str) -> list[float]:
     return [rec["done"] for rec in lines if rec["phase"] == phase]
 
 
-def test_blob_put_and_get_report_each_phase_as_json_lines(tmp_path: Path) -> None:
-    a = NodeProcess(tmp_path / "a")
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NodeProcess, NodeProcess]]:
+    """Two nodes, ``b`` bootstrapped to ``a`` (metrics on): the blob commands' and the start-up log's."""
+    root = tmp_path_factory.mktemp("pair")
+    a = NodeProcess(root / "a", "--metrics-port", "0")
     b: NodeProcess | None = None
     try:
         addr = a.wait_ready()["listen_addrs"][0]
-        b = NodeProcess(tmp_path / "b", "--bootstrap", addr)
+        b = NodeProcess(root / "b", "--bootstrap", addr)
         b.wait_ready()
-        src = tmp_path / "big.bin"
-        src.write_bytes(os.urandom(3 * 1024 * KIB))
-        put = invoke_cli("blob", "put", str(src), "--data-dir", str(tmp_path / "a"), "--chunk-mib", "0.25",
-                      env=EVERY_UPDATE)
-        assert put.returncode == 0, put.stderr
-        cid = put.stdout.strip()  # stdout holds the CID alone: `cid=$(intellect-node blob put f)` works
-        assert cid.startswith("bafkrei") and len(put.stdout.splitlines()) == 1
-        lines = progress_lines(put.stderr)
-        assert {rec["progress"] for rec in lines} == {"blob put"}
-        assert phases(lines) == ["chunking", "announcing in the DHT", "done"]
-        chunked = counts(lines, "chunking")
-        assert chunked == sorted(chunked) and chunked[-1] == src.stat().st_size and len(chunked) >= 12
-
-        out = tmp_path / "out.bin"
-        get = invoke_cli("blob", "get", cid, "--out", str(out), "--data-dir", str(tmp_path / "b"),
-                      env=EVERY_UPDATE)
-        assert get.returncode == 0, get.stderr
-        assert out.read_bytes() == src.read_bytes()
-        lines = progress_lines(get.stderr)
-        # after the last chunk: assembling --out, then its fsync, each shown (no silent wait)
-        assert phases(lines) == ["finding providers", "fetching", "writing", "syncing to disk", "done"]
-        fetched = counts(lines, "fetching")
-        assert fetched == sorted(fetched) and fetched[-1] == src.stat().st_size
-        written = counts(lines, "writing")
-        assert written == sorted(written) and written[-1] < src.stat().st_size  # the last is "syncing"
-        assert [r["out"] for r in lines if r["phase"] == "syncing to disk"] == [str(out)]
-
-        # -q: the same work, no progress at all
-        quiet = invoke_cli("blob", "get", cid, "--out", str(tmp_path / "q.bin"), "--data-dir",
-                        str(tmp_path / "b"), "-q")
-        assert quiet.returncode == 0 and progress_lines(quiet.stderr) == [], quiet.stderr
+        yield a, b
     finally:
         a.close()
         if b is not None:
             b.close()
+
+
+def test_blob_put_and_get_report_each_phase_as_json_lines(pair: tuple[NodeProcess, NodeProcess],
+                                                          tmp_path: Path) -> None:
+    a, b = pair
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(3 * 1024 * KIB))
+    put = invoke_cli("blob", "put", str(src), "--data-dir", str(a.data_dir), "--chunk-mib", "0.25",
+                     env=EVERY_UPDATE)
+    assert put.returncode == 0, put.stderr
+    cid = put.stdout.strip()  # stdout holds the CID alone: `cid=$(intellect-node blob put f)` works
+    assert cid.startswith("bafkrei") and len(put.stdout.splitlines()) == 1
+    lines = progress_lines(put.stderr)
+    assert {rec["progress"] for rec in lines} == {"blob put"}
+    assert phases(lines) == ["chunking", "announcing in the DHT", "done"]
+    chunked = counts(lines, "chunking")
+    assert chunked == sorted(chunked) and chunked[-1] == src.stat().st_size and len(chunked) >= 12
+
+    out = tmp_path / "out.bin"
+    get = invoke_cli("blob", "get", cid, "--out", str(out), "--data-dir", str(b.data_dir),
+                     env=EVERY_UPDATE)
+    assert get.returncode == 0, get.stderr
+    assert out.read_bytes() == src.read_bytes()
+    lines = progress_lines(get.stderr)
+    # after the last chunk: assembling --out, then its fsync, each shown (no silent wait)
+    assert phases(lines) == ["finding providers", "fetching", "writing", "syncing to disk", "done"]
+    fetched = counts(lines, "fetching")
+    assert fetched == sorted(fetched) and fetched[-1] == src.stat().st_size
+    written = counts(lines, "writing")
+    assert written == sorted(written) and written[-1] < src.stat().st_size  # the last is "syncing"
+    assert [r["out"] for r in lines if r["phase"] == "syncing to disk"] == [str(out)]
+
+    # -q: the same work, no progress at all
+    quiet = invoke_cli("blob", "get", cid, "--out", str(tmp_path / "q.bin"), "--data-dir",
+                       str(b.data_dir), "-q")
+    assert quiet.returncode == 0 and progress_lines(quiet.stderr) == [], quiet.stderr
 
 
 def test_blob_put_without_a_node_reports_chunking(tmp_path: Path) -> None:
@@ -206,33 +219,30 @@ def test_setup_prints_a_timed_line_per_step_and_nothing_when_done(tmp_path: Path
 
 
 def test_start_up_log_status_and_dashboard_show_the_address_to_share_and_the_metrics_url(
-        tmp_path: Path) -> None:
+        pair: tuple[NodeProcess, NodeProcess]) -> None:
     from rich.console import Console
 
     from intellect_node import dashboard
     from intellect_node.config.status import StatusSnapshot
 
-    d = tmp_path / "n"
-    node = NodeProcess(d, "--metrics-port", "0")
-    try:
-        st = node.wait_ready()
-        share = st["listen_addrs"][0]
-        assert share.startswith("/ip4/127.0.0.1/tcp/") and share.endswith(f"/p2p/{st['peer_id']}")
-        url = st["metrics"]["metrics"]
-        assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
-        up = [json.loads(line) for line in _node_log(d).splitlines() if " up: " in line]
-        assert len(up) == 1 and f"--bootstrap {share}" in up[0]["msg"] and url in up[0]["msg"]
+    node = pair[0]
+    d = node.data_dir
+    st = node.wait_ready()
+    share = st["listen_addrs"][0]
+    assert share.startswith("/ip4/127.0.0.1/tcp/") and share.endswith(f"/p2p/{st['peer_id']}")
+    url = st["metrics"]["metrics"]
+    assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
+    up = [json.loads(line) for line in _node_log(d).splitlines() if " up: " in line]
+    assert len(up) == 1 and f"--bootstrap {share}" in up[0]["msg"] and url in up[0]["msg"]
 
-        human = invoke_cli("status", "--data-dir", str(d))
-        assert human.returncode == 0, human.stderr
-        assert f"metrics     {url}" in human.stdout and share in human.stdout
+    human = invoke_cli("status", "--data-dir", str(d))
+    assert human.returncode == 0, human.stderr
+    assert f"metrics     {url}" in human.stdout and share in human.stdout
 
-        snap = StatusSnapshot.from_json(json.dumps(st["snapshot"]))
-        assert snap.identity.share_addr == share and snap.identity.metrics_url == url
-        console = Console(record=True, width=80, height=24, force_terminal=True, file=io.StringIO())
-        console.print(dashboard.render_node(snap))
-        screen = console.export_text()
-        assert len(screen.rstrip("\n").splitlines()) <= 24
-        assert share in screen.replace("\n", "") and url in screen  # folded at 80 columns, never cut
-    finally:
-        node.close()
+    snap = StatusSnapshot.from_json(json.dumps(st["snapshot"]))
+    assert snap.identity.share_addr == share and snap.identity.metrics_url == url
+    console = Console(record=True, width=80, height=24, force_terminal=True, file=io.StringIO())
+    console.print(dashboard.render_node(snap))
+    screen = console.export_text()
+    assert len(screen.rstrip("\n").splitlines()) <= 24
+    assert share in screen.replace("\n", "") and url in screen  # folded at 80 columns, never cut

@@ -1,5 +1,6 @@
 """`sweep polysemanticity` reports its progress through the CLI (stderr not a terminal: JSON lines) instead
-of minutes of silence before its table."""
+of minutes of silence before its table. The command runs in this process (``tests.support.cli.invoke_cli``:
+the coordinator node in it, the worker its own process)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from tests.commands.test_progress import EVERY_UPDATE, phases, progress_lines
-from tests.support.common import run_cli
+from tests.support.cli import invoke_cli
 
 
-@pytest.mark.slow  # a coordinator and a worker process over the tiny grid: about 30 s
+@pytest.mark.slow  # a coordinator node and a worker process over the tiny grid
 def test_sweep_reports_workers_jobs_and_outcome(tmp_path: Path) -> None:
-    r = run_cli("sweep", "polysemanticity", "--grid", "tiny", "--workers", "1", "--check-fraction", "0",
-                "--out", str(tmp_path / "sweep"), env=EVERY_UPDATE, timeout=300)
+    r = invoke_cli("sweep", "polysemanticity", "--grid", "tiny", "--workers", "1", "--check-fraction", "0",
+                   "--out", str(tmp_path / "sweep"), env=EVERY_UPDATE)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = progress_lines(r.stderr)
     assert {rec["progress"] for rec in lines} == {lines[0]["progress"]}

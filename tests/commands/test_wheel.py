@@ -1,6 +1,8 @@
 """The built wheel, installed into a fresh venv and run from outside the checkout: the embedded model is in
-it, `model info` reads it (the checkout's model, byte for byte), and `join --headless --role worker` starts
-a node that `status` reaches.
+it (the checkout's assets, byte for byte), `model eval` runs it, and `join --headless --role worker` starts
+a node that `status` reaches. The installed console script runs `--version`, `model eval` and `join`
+(the node starting while the others run); `keys init` and the commands that only talk to the installed
+node (`status`, `stop`) run in this process (``tests.support.cli.invoke_cli``).
 
 The fresh venv has no pip and no packages of its own; the project's dependencies come from the test
 environment's site-packages through a `.pth` line (a plain path entry: that directory's own `.pth` files,
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli import invoke_cli
 from tests.support.common import REPO
 from tests.support.wait import wait_for
 
@@ -59,30 +62,36 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> None:
     work.mkdir()
     where = _run([str(py), "-c", "import intellect_node; print(intellect_node.__file__)"], work, env)
     assert where.startswith(str(site)), where
-    assert _run([str(cli), "--version"], work, env).startswith("intellect-node ")
-    info = _run([str(cli), "model", "info"], work, env)
-    assert "hidden_size" in info and "checkpoint" in info.lower()
-    # the same embedded model as the checkout's, byte for byte (its checkpoint CID)
-    assert info == _run([str(Path(sys.executable).with_name("intellect-node")), "model", "info"], work, env)
-    # ... and it runs from the wheel: weights, tokenizer and chat template through the torch engine
-    evaluated = _run([str(cli), "model", "eval", "--n", "8"], work, env)
-    assert "pass" in evaluated.lower(), evaluated
-    trainer = tmp_path / "trainer"
-    trainer_id = _run([str(cli), "keys", "init", "--data-dir", str(trainer)], work, env).split()[-1]
+    keys = invoke_cli("keys", "init", "--data-dir", str(tmp_path / "trainer"))
+    assert keys.returncode == 0, keys.stderr[-2000:]
+    trainer_id = keys.stdout.split()[-1]
 
+    # the node starts while the other commands run
     d = tmp_path / "node"
     proc = subprocess.Popen([str(cli), "join", "--headless", "--data-dir", str(d), "--role", "worker",
                              "--trainer-peer-id", trainer_id], cwd=work, env=env,
                             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "join.err", "wb"))
     try:
+        assert _run([str(cli), "--version"], work, env).startswith("intellect-node ")
+        # the same embedded model (and every other asset) as the checkout's, byte for byte ...
+        assets = {p.relative_to(src): p.read_bytes() for p in (src / "intellect_node" / "assets").rglob("*")
+                  if p.is_file()}
+        assert any(rel.name == "model.safetensors" for rel in assets), sorted(map(str, assets))
+        assert {p.relative_to(site): p.read_bytes() for p in (site / "intellect_node" / "assets").rglob("*")
+                if p.is_file()} == assets
+        # ... and it runs from the wheel: weights, tokenizer and chat template through the torch engine
+        evaluated = _run([str(cli), "model", "eval", "--n", "8"], work, env)
+        assert "pass" in evaluated.lower(), evaluated
         wait_for(lambda: proc.poll() is not None or (d / "control.json").exists(), 120,
                  what="the installed node's control.json")
         assert proc.poll() is None, (tmp_path / "join.err").read_text()[-2000:]
-        st = json.loads(_run([str(cli), "status", "--data-dir", str(d), "--json"], work, env))
+        status = invoke_cli("status", "--data-dir", str(d), "--json")
+        assert status.returncode == 0, status.stderr[-2000:]
+        st = json.loads(status.stdout)
         assert st["peer_id"].startswith("12D3KooW") and st["health"]["state"] in ("running", "degraded")
         assert st["roles"] == ["worker"] and st["worker"]["policy_version"] == -1  # waiting for a trainer
-        out = _run([str(cli), "stop", "--data-dir", str(d)], work, env)
-        assert "stopped" in out and proc.wait(30) == 0
+        stop = invoke_cli("stop", "--data-dir", str(d))
+        assert stop.returncode == 0 and "stopped" in stop.stdout and proc.wait(30) == 0, stop.stderr[-2000:]
     finally:
         if proc.poll() is None:
             proc.kill()
