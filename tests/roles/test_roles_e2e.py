@@ -157,7 +157,8 @@ def _kill_and_restart(run: Any, rec: Run, trainer: Any, v_addr: str) -> Any:
     """Section 2: SIGKILL between checkpoints, restart as it was, wait for the next checkpoint."""
     tmp = rec.root
     tdir = tmp / "trainer" / "trainer"
-    wait_for(lambda: _kill_window(tmp), timeout=400, what="a version announced past the checkpoint")
+    wait_for(lambda: _kill_window(tmp), timeout=400, interval=0.25,
+             what="a version announced past the checkpoint")
     trainer.signal(signal.SIGKILL)
     trainer.wait(30)
     rec.ckpt1, rec.announced1 = _ckpt(tmp), max(_announced(tmp))
@@ -180,7 +181,8 @@ def _kill_losing_a_batch(run: Any, rec: Run, trainer: Any, v_addr: str) -> None:
     """Section 4: SIGKILL between checkpoints, one journaled batch's inbox copy deleted, restart."""
     tmp = rec.root
     tdir = tmp / "trainer" / "trainer"
-    wait_for(lambda: _kill_window(tmp), timeout=300, what="another version past the checkpoint")
+    wait_for(lambda: _kill_window(tmp), timeout=300, interval=0.25,
+             what="another version past the checkpoint")
     trainer.signal(signal.SIGKILL)
     trainer.wait(30)
     rec.metrics = _metrics(tmp)  # what sections 1-3 trained
