@@ -1,0 +1,119 @@
+"""A trainer SIGKILLed between checkpoints (``rl.checkpoint_every`` 5) loses no accepted batch and never
+announces a version twice with different content.
+
+Real processes on loopback: trainer, validator and two honest workers on the embedded model. Twice the
+trainer is killed while its newest announced version is past its last checkpoint:
+
+1. restarted as it is, it replays its journal (``trainer/steps.jsonl``) over the inbox from the
+   checkpoint and reaches the announced version with bit-identical weights (``replay.outcome``
+   "identical"); every batch it had admitted before the kill is in its next checkpoint's consumed set or
+   still queued in its inbox;
+2. restarted after one journaled batch's inbox copy was deleted (what a lost disk block would do), it
+   cannot reproduce the announced versions, so it publishes what it holds as the version after the newest
+   announced (``replay.outcome`` "bumped").
+
+Throughout, the workers log every announcement they hear (``worker/hops.jsonl``): each version must come
+with one content hash only.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from intellect_node.fsutil import read_jsonl
+from intellect_node.trainer.checkpoint import latest_dir, read_state
+from tests.support.roles import role_run
+from tests.support.wait import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+K = 5
+RL = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=4, batches_per_version=1,
+          checkpoint_every=K, ban_after=1000)
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return read_jsonl(path)  # the last line of a killed process is skipped
+
+
+def _announced(tmp: Path) -> dict[int, set[str]]:
+    """Every (version -> hashes) the workers heard announced."""
+    out: dict[int, set[str]] = {}
+    for w in ("w1", "w2"):
+        for h in _jsonl(tmp / w / "worker" / "hops.jsonl"):
+            if h["event"] == "announced":
+                out.setdefault(h["version"], set()).add(h["hash"])
+    return out
+
+
+def _ckpt(tmp: Path) -> int:
+    path = latest_dir(tmp / "trainer" / "trainer" / "checkpoints")
+    return -1 if path is None else read_state(path).version
+
+
+def _kill_window(tmp: Path) -> bool:
+    """A version past the checkpoint has been announced, and the next checkpoint is two steps away at
+    least (the kill lands between checkpoints, not on one)."""
+    heard = _announced(tmp)
+    ckpt = _ckpt(tmp)
+    newest = max(heard, default=-1)
+    return ckpt >= 0 and newest > ckpt and newest - ckpt <= K - 3
+
+
+def _admitted(tmp: Path) -> set[str]:
+    """Batches the trainer took in: trained or refused as stale (metrics), or queued (its inbox)."""
+    tdir = tmp / "trainer" / "trainer"
+    done = {c for m in _jsonl(tdir / "metrics.jsonl") for c in m["batches"]}
+    return done | {p.stem for p in (tdir / "inbox").glob("*.json")}
+
+
+def test_trainer_killed_between_checkpoints_replays_or_bumps(tmp_path: Path) -> None:
+    tdir = tmp_path / "trainer" / "trainer"
+    with role_run(tmp_path, ("trainer", "validator", "w1", "w2"), rl=RL) as run:
+        trainer, t_addr, validator, v_addr = run.trainer_and_validator()
+        for n in ("w1", "w2"):
+            run.start(n, "worker", bootstrap=[t_addr, v_addr])
+
+        # 1. Killed between checkpoints: the replay reproduces what was announced.
+        wait_for(lambda: _kill_window(tmp_path), timeout=400, what="a version announced past the checkpoint")
+        trainer.signal(signal.SIGKILL)
+        trainer.wait(30)
+        announced = max(_announced(tmp_path))
+        ckpt = _ckpt(tmp_path)
+        assert ckpt < announced
+        before = _admitted(tmp_path)
+        trainer2 = run.start("trainer", "trainer", bootstrap=[v_addr])
+        trainer2.wait_ready(180)
+        st = trainer2.status()
+        assert st["trainer"]["replay"]["outcome"] == "identical", st["trainer"]["replay"]
+        assert st["trainer"]["version"] >= announced
+        # Its next checkpoint holds (or its inbox still queues) every batch admitted before the kill.
+        wait_for(lambda: _ckpt(tmp_path) > announced, timeout=300, what="a checkpoint after the restart")
+        consumed = read_state(latest_dir(tdir / "checkpoints")).consumed  # type: ignore[arg-type]  # set by now
+        queued = {p.stem for p in (tdir / "inbox").glob("*.json")}
+        assert not before - consumed - queued, "accepted batches lost across the kill"
+
+        # 2. Killed between checkpoints again, and a journaled batch's inbox copy lost: bumped.
+        wait_for(lambda: _kill_window(tmp_path), timeout=300, what="another version past the checkpoint")
+        trainer2.signal(signal.SIGKILL)
+        trainer2.wait(30)
+        announced = max(_announced(tmp_path))
+        covered = int(read_state(latest_dir(tdir / "checkpoints")).extra["journal_seq"])  # type: ignore[arg-type]  # set by now
+        entry = next(e for e in _jsonl(tdir / "steps.jsonl") if e["seq"] > covered)
+        for suffix in (".json", ".batch"):
+            (tdir / "inbox" / f"{entry['taken'][0]}{suffix}").unlink()
+        trainer3 = run.start("trainer", "trainer", bootstrap=[v_addr])
+        trainer3.wait_ready(180)
+        st3 = trainer3.status()["trainer"]
+        assert st3["replay"]["outcome"] == "bumped", st3["replay"]
+        assert st3["version"] >= announced + 1
+        wait_for(lambda: max(_announced(tmp_path)) > announced, timeout=120,
+                 what="the bumped version heard by the workers")
+
+    # No version was ever announced with two different contents.
+    twice = {v: h for v, h in _announced(tmp_path).items() if len(h) > 1}
+    assert not twice, twice
