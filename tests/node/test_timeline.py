@@ -1,10 +1,11 @@
-"""The node's own join timeline (issue #15 part 3): seconds from process start to ready, first peer,
+"""The node's own join timeline: seconds from process start to ready, first peer,
 first policy held, first batch submitted and first batch accepted.
 
 The board's rules are checked with injected clocks (a stage is marked once, by the setter that reports
-it); the origin against a real child process's start; and the whole join on a real swarm (trainer,
-validator and a fresh worker as ``intellect-node join`` processes on the embedded model), read the
-three ways an operator reads it: ``/v1/status``, ``status --json`` and the human summary.
+it) and the origin against a real child process's start. The whole join on a real swarm (a fresh worker
+joining a trainer and a validator as ``intellect-node join`` processes on the embedded model), read the
+three ways an operator reads it (``/v1/status``, ``status --json`` and the human summary), is
+``tests/roles/test_roles_e2e.py``'s, on its run.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,9 +23,6 @@ from intellect_node.config.status import (
     Timeline,
     process_started_at,
 )
-from tests.support.common import CLI
-from tests.support.roles import role_run
-from tests.support.wait import wait_for
 
 
 class Clock:
@@ -109,42 +105,3 @@ def test_process_start_is_the_child_process_start_not_its_first_call() -> None:
     assert 0.3 <= age <= wall + 0.02, (age, wall)  # the kernel counts starts in 10 ms ticks
     here = process_started_at()
     assert here is not None and here <= time.time()
-
-
-RL = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=5, lr=2e-4,
-          batches_per_version=2)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_a_fresh_worker_reports_its_join_in_status(tmp_path: Path) -> None:
-    with role_run(tmp_path, ("trainer", "validator"), rl=RL) as run:
-        trainer, t_addr, validator, v_addr = run.trainer_and_validator()
-        (tmp_path / "worker").mkdir()  # a fresh worker: no key yet, join makes one
-        launched = time.time() - 0.02  # the kernel counts starts in 10 ms ticks
-        worker = run.start("worker", "worker", bootstrap=[t_addr, v_addr])
-        worker.wait_ready(180)
-
-        def accepted() -> dict[str, Any] | None:
-            st = worker.status()
-            return st if st["snapshot"]["timeline"]["first_batch_accepted"] is not None else None
-        st = wait_for(accepted, timeout=400, interval=0.5, what="the worker's first accepted batch")
-        assert isinstance(st, dict)
-        tl = st["snapshot"]["timeline"]
-        marks = [tl[s] for s in TIMELINE_STAGES]
-        assert all(isinstance(m, float) and m >= 0 for m in marks), tl
-        # a worker submits only what it generated with a policy, and a verdict follows a submission (the
-        # roles start before the node reads "running", so ready may come after the policy)
-        assert tl["first_policy"] <= tl["first_batch_submitted"] <= tl["first_batch_accepted"]
-        assert tl["process_started_at"] >= launched  # the worker's own process, not an older one
-
-        cli = worker.cli_status()
-        assert cli["snapshot"]["timeline"]["first_batch_accepted"] == tl["first_batch_accepted"]
-        human = subprocess.run([CLI, "status", "--data-dir", str(tmp_path / "worker")], capture_output=True,
-                               text=True, timeout=60, check=True).stdout
-        line = next(x for x in human.splitlines() if x.startswith("timeline"))
-        assert f"accepted {tl['first_batch_accepted']:.1f} s" in line and "policy" in line, human
-        # the trainer holds its own policy and has peers, but submits nothing
-        ttl = trainer.status()["snapshot"]["timeline"]
-        assert ttl["first_policy"] is not None and ttl["first_batch_submitted"] is None
-

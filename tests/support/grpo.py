@@ -96,3 +96,34 @@ def torchrun(nproc: int, *args: str, timeout: float = 240) -> None:
            "--standalone", "-m", "intellect_node.trainer.distributed", *args]
     r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stderr[-4000:]
+
+
+def replayed_hash(root: Any, *, fresh: bool) -> str:
+    """The content hash after three training steps past a checkpoint under ``root``. ``fresh``: from
+    seeded weights, one warm-up step (AdamW has state) and the checkpoint written; otherwise from other
+    weights with that checkpoint (weights and AdamW state) loaded. One torch thread, as the trainer's
+    bitwise replay needs."""
+    from intellect_node.policy.weights import PolicyWeights
+    from intellect_node.trainer.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+    from intellect_node.trainer.grpo import GRPOConfig
+    from intellect_node.trainer.step import Sample, make_optimizer, train_step
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        m = tiny_llama(seed=3 if fresh else 9)  # the resumed one starts from other weights
+        opt = make_optimizer(m, 1e-2)
+        cfg = GRPOConfig(group_size=4, token_budget=16, max_grad_norm=1.0)
+        if fresh:
+            warm = [Sample((1, 3), (4, 5), (-2.0, -2.5), float(i % 2)) for i in range(4)]
+            train_step(m, opt, warm, cfg)  # AdamW has state before the checkpoint
+            save_checkpoint(root, m, opt, TrainerState(version=1))
+        else:
+            assert load_checkpoint(root, m, opt) is not None
+        for k in range(3):  # the journaled steps after the checkpoint
+            batch = [Sample((1, 2 + k, 3), (4 + i, 5, 6), (-2.0, -2.5 + 0.1 * i, -1.0), float(i % 3 == 0))
+                     for i in range(8)]
+            train_step(m, opt, batch, cfg)
+        return PolicyWeights.from_state_dict(m.state_dict()).content_hash
+    finally:
+        torch.set_num_threads(threads)
