@@ -42,10 +42,14 @@ def data_dir(tmp_path: Path) -> Path:
 LONGEST_FIRST = (
     "tests/system/test_chaos.py",
     "tests/roles/test_roles_e2e.py",
-    "tests/system/test_run_by_cid.py",
-    "tests/roles/test_sweep_swarm.py",
     "tests/roles/test_audit_nudge.py",
-    "tests/roles/test_audit_dishonest.py",
+    "tests/system/test_run_by_cid.py",
+    "tests/commands/test_demo.py",
+    "tests/p2p/test_nat_traversal.py",
+    "tests/roles/test_roles_flood.py",
+    "tests/roles/test_roles_admission.py",
+    "tests/p2p/test_nat_node.py",
+    "tests/roles/test_roles_replay.py",
 )
 
 
