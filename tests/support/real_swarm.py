@@ -1,10 +1,10 @@
 """A run on a real-family model, set up the way a run organiser sets one up (docs/real-runs.md).
 
 :func:`organise_run` builds a tiny random folder of a family (``tests/support/families.py``), calibrates
-its proof thresholds with the real CLI (``intellect-node proofs calibrate``), creates every node's key and
-writes one config per node whose ``[run]`` names the thresholds file and its sha256, as a run organiser
-publishes them. :func:`start_node` then runs ``intellect-node join --role ROLE`` on it; a run whose roles
-run in one process (``intellect_node.testing.roles``) reads the same model, thresholds and hash.
+its proof thresholds with the real CLI (``intellect-node proofs calibrate``) and creates every node's key,
+as a run organiser does before publishing the run; a run whose roles run in one process
+(``intellect_node.testing.roles``) reads the same model, thresholds and hash, and
+``tests/system/test_run_by_cid.py`` makes its run with ``run init``.
 :data:`RL` is such a run's ``[rl]`` on ``reasoning_gym:basic_arithmetic`` and :func:`check_run` what it
 shows after :data:`STEPS` steps, however the run was made.
 
@@ -24,11 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from intellect_node.node.processes import write_config
 from tests.support.common import CLI
 from tests.support.families import build_family_model
 from tests.support.roles import ENV, make_key
-from tests.support.swarm import NodeProcess
 
 SHAPE = {"hidden_size": 128, "intermediate_size": 256}
 """Tiny Qwen3 over the families' default shape: hidden 128 = TOPLOC's top-k (module docstring)."""
@@ -89,30 +87,6 @@ def organise_run(root: Path, names: list[str], *, rl: dict[str, Any], family: st
                                                  in_process=in_process))
     run.ids = {n: make_key(root / n) for n in names}
     return run
-
-
-def node_config(run: Run, name: str, *, rl: dict[str, Any], bootstrap: list[str] | None = None,
-                run_id: str = "qwen3-rg") -> Path:
-    """``<data dir>/config.toml``: the run's settings (the same for every node) and this node's network."""
-    names = list(run.ids)
-    network: dict[str, Any] = {"listen": ["/ip4/127.0.0.1/tcp/0"], "http_host": "127.0.0.1",
-                               "heartbeat_interval": 1.0, "peer_timeout": 10.0, "bootstrap": bootstrap or []}
-    doc = {"network": network, "metrics": {"enabled": False},
-           "run": {"run_id": run_id, "model": str(run.model), "trainer_peer_id": run.ids[names[0]],
-                   "validator_peer_ids": [run.ids[names[1]]], "proof_thresholds": str(run.thresholds),
-                   "proof_thresholds_sha256": run.sha256},
-           "rl": rl,
-           "inference": {"engine": "torch", "device": "cpu"}}
-    return write_config(run.data_dir(name) / "config.toml", doc)
-
-
-def start_node(run: Run, name: str, role: str, procs: list[Any], *, rl: dict[str, Any],
-               bootstrap: list[str] | None = None) -> NodeProcess:
-    """Write ``name``'s config and start it as ``role``; added to ``procs``, which the caller closes."""
-    node_config(run, name, rl=rl, bootstrap=bootstrap)
-    proc = NodeProcess(run.data_dir(name), "--role", role, env=ENV)
-    procs.append(proc)
-    return proc
 
 
 def trained(trainer_dir: Path) -> list[dict[str, Any]]:
