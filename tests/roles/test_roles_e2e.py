@@ -44,7 +44,7 @@ from intellect_node.inference.evaluate import pass_rate, with_weights
 from intellect_node.models.loader import load_model
 from intellect_node.trainer.checkpoint import latest_dir, latest_weights_path, read_state
 from tests.support.cli import invoke_cli
-from tests.support.roles import role_run
+from tests.support.roles import announcements, checkpoint_version, kill_window, role_run
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -66,29 +66,6 @@ def _metrics(tmp: Path) -> list[dict[str, Any]]:
 
 def _trained(tmp: Path) -> list[dict[str, Any]]:
     return [m for m in _metrics(tmp) if m["trained"]]
-
-
-def _announced(tmp: Path) -> dict[int, set[str]]:
-    """Every (version -> hashes) the honest workers heard announced."""
-    out: dict[int, set[str]] = {}
-    for w in ("w1", "w2"):
-        for h in _jsonl(tmp / w / "worker" / "hops.jsonl"):
-            if h["event"] == "announced":
-                out.setdefault(h["version"], set()).add(h["hash"])
-    return out
-
-
-def _ckpt(tmp: Path) -> int:
-    path = latest_dir(tmp / "trainer" / "trainer" / "checkpoints")
-    return -1 if path is None else read_state(path).version
-
-
-def _kill_window(tmp: Path) -> bool:
-    """A version past the checkpoint has been announced, and the next checkpoint is two steps away at
-    least (the kill lands between checkpoints, not on one)."""
-    newest = max(_announced(tmp), default=-1)
-    ckpt = _ckpt(tmp)
-    return ckpt >= 0 and newest > ckpt and newest - ckpt <= K - 3
 
 
 def _admitted(tmp: Path) -> set[str]:
@@ -150,11 +127,11 @@ def _kill_and_restart(run: Any, rec: Run, trainer: Any, v_addr: str) -> Any:
     """Section 2: SIGKILL between checkpoints, restart as it was, wait for the next checkpoint."""
     tmp = rec.root
     tdir = tmp / "trainer" / "trainer"
-    wait_for(lambda: _kill_window(tmp), timeout=400, interval=0.25,
+    wait_for(lambda: kill_window(tmp, K), timeout=400, interval=0.25,
              what="a version announced past the checkpoint")
     trainer.signal(signal.SIGKILL)
     trainer.wait(30)
-    rec.ckpt1, rec.announced1 = _ckpt(tmp), max(_announced(tmp))
+    rec.ckpt1, rec.announced1 = checkpoint_version(tmp), max(announcements(tmp))
     rec.n_before1 = len(_metrics(tmp))
     rec.recorded1 = max(m["version"] for m in _trained(tmp))
     before = _admitted(tmp)
@@ -163,7 +140,8 @@ def _kill_and_restart(run: Any, rec: Run, trainer: Any, v_addr: str) -> Any:
     trainer2.wait_ready(180)
     rec.resumed = trainer2.status()["trainer"]
     rec.resumed_log = trainer2.log_path.read_text(errors="replace")
-    wait_for(lambda: _ckpt(tmp) > rec.announced1, timeout=300, what="a checkpoint after the restart")
+    wait_for(lambda: checkpoint_version(tmp) > rec.announced1, timeout=300,
+             what="a checkpoint after the restart")
     consumed = read_state(latest_dir(tdir / "checkpoints")).consumed  # type: ignore[arg-type]  # set by now
     queued = {p.stem for p in (tdir / "inbox").glob("*.json")}
     rec.lost = before - consumed - queued

@@ -26,7 +26,7 @@ import pytest
 
 from intellect_node.fsutil import read_jsonl
 from intellect_node.trainer.checkpoint import latest_dir, read_state
-from tests.support.roles import role_run
+from tests.support.roles import announcements, checkpoint_version, kill_window, role_run
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -38,30 +38,6 @@ RL = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
     return read_jsonl(path)  # the last line of a killed process is skipped
-
-
-def _announced(tmp: Path) -> dict[int, set[str]]:
-    """Every (version -> hashes) the workers heard announced."""
-    out: dict[int, set[str]] = {}
-    for w in ("w1", "w2"):
-        for h in _jsonl(tmp / w / "worker" / "hops.jsonl"):
-            if h["event"] == "announced":
-                out.setdefault(h["version"], set()).add(h["hash"])
-    return out
-
-
-def _ckpt(tmp: Path) -> int:
-    path = latest_dir(tmp / "trainer" / "trainer" / "checkpoints")
-    return -1 if path is None else read_state(path).version
-
-
-def _kill_window(tmp: Path) -> bool:
-    """A version past the checkpoint has been announced, and the next checkpoint is two steps away at
-    least (the kill lands between checkpoints, not on one)."""
-    heard = _announced(tmp)
-    ckpt = _ckpt(tmp)
-    newest = max(heard, default=-1)
-    return ckpt >= 0 and newest > ckpt and newest - ckpt <= K - 3
 
 
 def _admitted(tmp: Path) -> set[str]:
@@ -79,11 +55,12 @@ def test_trainer_killed_between_checkpoints_replays_or_bumps(tmp_path: Path) -> 
             run.start(n, "worker", bootstrap=[t_addr, v_addr])
 
         # 1. Killed between checkpoints: the replay reproduces what was announced.
-        wait_for(lambda: _kill_window(tmp_path), timeout=400, what="a version announced past the checkpoint")
+        wait_for(lambda: kill_window(tmp_path, K), timeout=400,
+                 what="a version announced past the checkpoint")
         trainer.signal(signal.SIGKILL)
         trainer.wait(30)
-        announced = max(_announced(tmp_path))
-        ckpt = _ckpt(tmp_path)
+        announced = max(announcements(tmp_path))
+        ckpt = checkpoint_version(tmp_path)
         assert ckpt < announced
         before = _admitted(tmp_path)
         trainer2 = run.start("trainer", "trainer", bootstrap=[v_addr])
@@ -92,16 +69,17 @@ def test_trainer_killed_between_checkpoints_replays_or_bumps(tmp_path: Path) -> 
         assert st["trainer"]["replay"]["outcome"] == "identical", st["trainer"]["replay"]
         assert st["trainer"]["version"] >= announced
         # Its next checkpoint holds (or its inbox still queues) every batch admitted before the kill.
-        wait_for(lambda: _ckpt(tmp_path) > announced, timeout=300, what="a checkpoint after the restart")
+        wait_for(lambda: checkpoint_version(tmp_path) > announced, timeout=300,
+                 what="a checkpoint after the restart")
         consumed = read_state(latest_dir(tdir / "checkpoints")).consumed  # type: ignore[arg-type]  # set by now
         queued = {p.stem for p in (tdir / "inbox").glob("*.json")}
         assert not before - consumed - queued, "accepted batches lost across the kill"
 
         # 2. Killed between checkpoints again, and a journaled batch's inbox copy lost: bumped.
-        wait_for(lambda: _kill_window(tmp_path), timeout=300, what="another version past the checkpoint")
+        wait_for(lambda: kill_window(tmp_path, K), timeout=300, what="another version past the checkpoint")
         trainer2.signal(signal.SIGKILL)
         trainer2.wait(30)
-        announced = max(_announced(tmp_path))
+        announced = max(announcements(tmp_path))
         covered = int(read_state(latest_dir(tdir / "checkpoints")).extra["journal_seq"])  # type: ignore[arg-type]  # set by now
         entry = next(e for e in _jsonl(tdir / "steps.jsonl") if e["seq"] > covered)
         for suffix in (".json", ".batch"):
@@ -111,9 +89,9 @@ def test_trainer_killed_between_checkpoints_replays_or_bumps(tmp_path: Path) -> 
         st3 = trainer3.status()["trainer"]
         assert st3["replay"]["outcome"] == "bumped", st3["replay"]
         assert st3["version"] >= announced + 1
-        wait_for(lambda: max(_announced(tmp_path)) > announced, timeout=120,
+        wait_for(lambda: max(announcements(tmp_path)) > announced, timeout=120,
                  what="the bumped version heard by the workers")
 
     # No version was ever announced with two different contents.
-    twice = {v: h for v, h in _announced(tmp_path).items() if len(h) > 1}
+    twice = {v: h for v, h in announcements(tmp_path).items() if len(h) > 1}
     assert not twice, twice

@@ -29,8 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from intellect_node.fsutil import read_jsonl
 from intellect_node.inference.base import InferenceEngine
 from intellect_node.node.processes import write_config as write_config_file
+from intellect_node.trainer.checkpoint import latest_dir, read_state
 from tests.support.common import REPO
 from tests.support.swarm import NodeProcess
 
@@ -287,3 +289,29 @@ if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "cheat":
         sys.exit(_cheat_main(sys.argv[2], Path(sys.argv[3])))
     sys.exit(f"usage: {sys.argv[0]} cheat reward|tokens|model|mix|replay|replay-first|choose|skip DATA_DIR")
+
+
+def announcements(tmp: Path, workers: Sequence[str] = ("w1", "w2")) -> dict[int, set[str]]:
+    """Every (version -> content hashes) the ``workers`` of a :func:`role_run` in ``tmp`` heard announced
+    (their ``worker/hops.jsonl``; the last line of a killed process is skipped)."""
+    out: dict[int, set[str]] = {}
+    for w in workers:
+        for h in read_jsonl(tmp / w / "worker" / "hops.jsonl"):
+            version, digest = h.get("version"), h.get("hash")
+            if h.get("event") == "announced" and isinstance(version, int) and isinstance(digest, str):
+                out.setdefault(version, set()).add(digest)
+    return out
+
+
+def checkpoint_version(tmp: Path) -> int:
+    """The version of the trainer's newest checkpoint in a :func:`role_run` in ``tmp`` (-1: none yet)."""
+    path = latest_dir(tmp / "trainer" / "trainer" / "checkpoints")
+    return -1 if path is None else read_state(path).version
+
+
+def kill_window(tmp: Path, checkpoint_every: int) -> bool:
+    """A version past the trainer's checkpoint has been announced and the next checkpoint is two steps
+    away at least: a SIGKILL now lands between checkpoints, not on one."""
+    newest = max(announcements(tmp), default=-1)
+    ckpt = checkpoint_version(tmp)
+    return ckpt >= 0 and newest > ckpt and newest - ckpt <= checkpoint_every - 3
