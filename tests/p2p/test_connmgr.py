@@ -437,8 +437,11 @@ def test_a_node_left_with_no_connection_dials_its_bootstrap_peer_again() -> None
             assert await joiner.bootstrap(boot.listen_addrs()[:1]) == [boot.peer_id]
             await wait_until(lambda: joiner.peer_id in boot.connected_peers(), 20, what="connected")
             for _ in range(2):  # twice: the second close comes right after a rejoin
+                before = joiner.rejoins
                 await boot.bridge.call(boot.p2p.close_peer, joiner.peer_id)
-                await wait_until(lambda: boot.peer_id not in joiner.connected_peers(), 20, what="closed")
+                # The gap can be shorter than a poll on a loaded machine: a counted rejoin shows it too.
+                await wait_until(lambda: boot.peer_id not in joiner.connected_peers()
+                                 or joiner.rejoins > before, 20, what="closed")
                 await wait_until(lambda: boot.peer_id in joiner.connected_peers()
                                  and joiner.peer_id in boot.connected_peers(), 20, what="connected again")
             assert joiner.rejoins >= 1  # (a lookup under way may also dial it back)
