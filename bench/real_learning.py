@@ -371,6 +371,8 @@ def load_earlier(path: Path, results: dict[str, Any],
         if key == "settings":  # the training-problems file sits beside each run's --out
             theirs, ours = ({k: v for k, v in d.items() if k != "solve_rates_file"}
                             for d in (theirs or {}, ours or {}))
+        elif key == "held_out_start":  # the same figures; its time may differ
+            theirs, ours = ({k: v for k, v in d.items() if k != "eval_s"} for d in (theirs or {}, ours or {}))
         if theirs != ours:
             print(f"--merge {path}: its {key!r} differs from this run's ({theirs!r} vs {ours!r}); merge only "
                   f"runs of the same settings and --steps/--eval-n", file=sys.stderr)
