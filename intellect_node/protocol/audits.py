@@ -24,7 +24,7 @@ from intellect_node.errors import ProtocolError
 from intellect_node.protocol import codec
 from intellect_node.protocol.freshness import check_stamp
 from intellect_node.protocol.ids import validate_cid
-from intellect_node.protocol.signing import SigningKey, open_envelope
+from intellect_node.protocol.signing import SigningKey, open_envelope, open_published
 from intellect_node.protocol.topics import validate_run_id
 
 AUDIT_DOMAIN = "intellect/audit/1"
@@ -86,11 +86,15 @@ def check_verdict_time(v: AuditVerdict, now_ms: int) -> None:
                     what="audit verdict")
 
 
+def _not_an_auditor(signer: str) -> str:
+    return f"audit verdict signed by {signer}, not one of the run's auditors"
+
+
 def open_verdict(data: bytes, *, run_id: str, auditors: frozenset[str] | None) -> tuple[AuditVerdict, str]:
     """Decode and verify a verdict for ``run_id``; ``auditors``: the signers accepted (None: any)."""
     v, signer = open_envelope(data, AUDIT_DOMAIN, AuditVerdict, max_size=MAX_AUDIT_BYTES)
     if auditors is not None and signer not in auditors:
-        raise ProtocolError(f"audit verdict signed by {signer}, not one of the run's auditors")
+        raise ProtocolError(_not_an_auditor(signer))
     if v.run_id != run_id:
         raise ProtocolError(f"audit verdict for run {v.run_id[:128]!r}, this node is in {run_id!r}")
     return check_verdict(v), signer
@@ -102,9 +106,10 @@ def verdict_validator(run_id: str, auditors: frozenset[str] | None
     None), sealed inside the window (else ``MessageIgnored``)."""
 
     def validate(data: bytes, origin: str) -> tuple[AuditVerdict, str]:
-        v, signer = open_verdict(data, run_id=run_id, auditors=auditors)
-        if signer != origin:
-            raise ProtocolError("audit verdict signed by another peer than its publisher")
+        v, signer = open_published(data, origin, AUDIT_DOMAIN, AuditVerdict, max_size=MAX_AUDIT_BYTES,
+                                   run_id=run_id, what="audit verdict", signers=auditors,
+                                   unlisted=_not_an_auditor)
+        v = check_verdict(v)
         check_verdict_time(v, int(time.time() * 1000))
         return v, signer
 

@@ -32,7 +32,7 @@ from intellect_node.errors import ProtocolError
 from intellect_node.protocol import codec
 from intellect_node.protocol.freshness import check_stamp
 from intellect_node.protocol.ids import validate_cid
-from intellect_node.protocol.signing import SigningKey, open_envelope
+from intellect_node.protocol.signing import SigningKey, open_envelope, open_published
 from intellect_node.protocol.topics import validate_run_id
 
 EVAL_DOMAIN = "intellect/eval/1"
@@ -133,9 +133,9 @@ def result_validator(run_id: str) -> Callable[[bytes, str], tuple[EvalResult, st
     ``MessageIgnored``). Any node may evaluate: the figures are checkable, not trusted."""
 
     def validate(data: bytes, origin: str) -> tuple[EvalResult, str]:
-        r, signer = open_result(data, run_id=run_id)
-        if signer != origin:
-            raise ProtocolError("eval result signed by another peer than its publisher")
+        r, signer = open_published(data, origin, EVAL_DOMAIN, EvalResult, max_size=MAX_EVAL_BYTES,
+                                   run_id=run_id, what="eval result")
+        r = check_result(r)
         check_result_time(r, int(time.time() * 1000))
         return r, signer
 

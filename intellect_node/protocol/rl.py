@@ -30,7 +30,7 @@ import msgspec
 from intellect_node.errors import MessageIgnored, ProtocolError
 from intellect_node.protocol import codec
 from intellect_node.protocol.ids import public_key_from_peer_id, validate_cid
-from intellect_node.protocol.signing import SigningKey, open_envelope
+from intellect_node.protocol.signing import SigningKey, open_published
 from intellect_node.protocol.topics import validate_run_id
 
 NOTICE_DOMAIN = "intellect/rollout-notice/1"
@@ -146,19 +146,23 @@ def seal_verdict(key: SigningKey, verdict: BatchVerdict) -> bytes:
     return key.seal(VERDICT_DOMAIN, check_verdict(verdict))
 
 
+def _not_allowed(signer: str) -> str:
+    return f"not_allowed: {signer} is not on the run's worker allowlist"
+
+
+def _not_a_validator(signer: str) -> str:
+    return f"verdict signed by {signer}, not one of the run's validators"
+
+
 def notice_validator(run_id: str, allowed: frozenset[str] | None = None
                      ) -> Callable[[bytes, str], tuple[RolloutNotice, str]]:
     """Gossip validator: a notice of this run, signed by the peer that published it; in a closed run
     (``allowed``: ``run.worker_allowlist``) only from a listed worker (else ``not_allowed: ...``)."""
 
     def validate(data: bytes, origin: str) -> tuple[RolloutNotice, str]:
-        notice, signer = open_envelope(data, NOTICE_DOMAIN, RolloutNotice, max_size=MAX_NOTICE_BYTES)
-        if signer != origin:
-            raise ProtocolError("notice signed by another peer than its publisher")
-        if allowed is not None and signer not in allowed:
-            raise ProtocolError(f"not_allowed: {signer} is not on the run's worker allowlist")
-        if notice.run_id != run_id:
-            raise ProtocolError(f"notice for run {notice.run_id[:64]!r}")
+        notice, signer = open_published(data, origin, NOTICE_DOMAIN, RolloutNotice,
+                                        max_size=MAX_NOTICE_BYTES, run_id=run_id, what="notice",
+                                        signers=allowed, unlisted=_not_allowed)
         return check_notice(notice), signer
 
     return validate
@@ -175,13 +179,9 @@ def verdict_validator(run_id: str, trusted: frozenset[str] | None, *,
     they act on it."""
 
     def validate(data: bytes, origin: str) -> tuple[BatchVerdict, str]:
-        verdict, signer = open_envelope(data, VERDICT_DOMAIN, BatchVerdict, max_size=MAX_VERDICT_BYTES)
-        if signer != origin:
-            raise ProtocolError("verdict signed by another peer than its publisher")
-        if trusted is not None and signer not in trusted:
-            raise ProtocolError(f"verdict signed by {signer}, not one of the run's validators")
-        if verdict.run_id != run_id:
-            raise ProtocolError(f"verdict for run {verdict.run_id[:64]!r}")
+        verdict, signer = open_published(data, origin, VERDICT_DOMAIN, BatchVerdict,
+                                         max_size=MAX_VERDICT_BYTES, run_id=run_id, what="verdict",
+                                         signers=trusted, unlisted=_not_a_validator)
         check_verdict(verdict)
         if why := verdict_time_error(verdict, now()):
             if on_ignored is not None:

@@ -7,6 +7,7 @@ of message being replayed as another.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from cryptography.exceptions import InvalidSignature
@@ -88,6 +89,23 @@ class _RunScoped(Protocol):
 
 
 R = TypeVar("R", bound=_RunScoped)
+
+
+def open_published(data: bytes, origin: str, domain: str, type_: type[R], *, max_size: int, run_id: str,
+                   what: str, signers: frozenset[str] | None = None,
+                   unlisted: Callable[[str], str] = lambda s: f"signed by {s}, not a listed signer"
+                   ) -> tuple[R, str]:
+    """What a gossip validator opens: an envelope signed by ``origin``, the peer that published it, of
+    ``run_id``, and (with ``signers``) by one of them, else ``unlisted(signer)`` is the reason. ``what``
+    names the message in errors. Returns ``(message, signer)``."""
+    msg, signer = open_envelope(data, domain, type_, max_size=max_size)
+    if signer != origin:
+        raise ProtocolError(f"{what} signed by another peer than its publisher")
+    if signers is not None and signer not in signers:
+        raise ProtocolError(unlisted(signer))
+    if msg.run_id != run_id:
+        raise ProtocolError(f"{what} for run {msg.run_id[:128]!r}, this node is in {run_id!r}")
+    return msg, signer
 
 
 def open_from_trainer(data: bytes, domain: str, type_: type[R], *, max_size: int, run_id: str, trainer: str,

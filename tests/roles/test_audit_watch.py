@@ -148,8 +148,9 @@ def test_only_the_runs_auditors_about_its_trainer_are_accepted(tmp_path: Path) -
     assert signer == AUDITOR.peer_id and v.seq == 1 and data
     with pytest.raises(ProtocolError, match="another peer than its publisher"):  # its verdict, by another
         validate(seal_verdict(AUDITOR, verdict(2)), MALLORY.peer_id)
-    for bad, why in ((seal_verdict(MALLORY, verdict(1, "fail")), "not one of the run's auditors"),
-                     (seal_verdict(AUDITOR, verdict(1, run_id="other")), "for run"),
+    with pytest.raises(ProtocolError, match="not one of the run's auditors"):  # published by its signer
+        validate(seal_verdict(MALLORY, verdict(1, "fail")), MALLORY.peer_id)
+    for bad, why in ((seal_verdict(AUDITOR, verdict(1, run_id="other")), "for run"),
                      (seal_verdict(AUDITOR, verdict(1, trainer=MALLORY.peer_id)), "about trainer"),
                      (b"\x00" * 10, "."), (b"x" * 100_000, ".")):
         with pytest.raises(ProtocolError, match=why):
