@@ -11,7 +11,8 @@ stand-ins for them, so a role's logic can be tested without libp2p, a control AP
   other node's ``subscribe`` through the same validate-then-handle steps as ``p2p/swarm.py`` (a
   ``ProtocolError`` is recorded against the sender, a ``MessageIgnored`` dropped, a banned sender
   ignored); blobs go over the nodes' real bulk HTTP routes on 127.0.0.1, found through a provider table
-  in place of the DHT. A node that is stopped hears nothing and serves nothing, as a dead process.
+  in place of the DHT (a node may serve routes of its own in their place: a hostile peer's tarpit). A
+  node that is stopped hears nothing and serves nothing, as a dead process.
 
 What it leaves out, and the tests that keep real processes for it: the wire (libp2p, the gossip mesh,
 NAT), crash safety of a killed process (SIGKILL between two writes), the CLI and the supervisor's
@@ -37,6 +38,8 @@ from intellect_node.errors import MessageIgnored, ProtocolError
 from intellect_node.protocol.signing import SigningKey
 
 if TYPE_CHECKING:
+    from aiohttp.web import RouteDef
+
     from intellect_node.p2p.swarm import Provider
 
 log = logging.getLogger(__name__)
@@ -237,7 +240,8 @@ class InProcessNode:
         """The role's status (what ``GET /v1/status`` holds under the role's name)."""
         return dict(self.role.status()) if self.role is not None else {}
 
-    async def _open(self, role: Callable[[Any], Any] | None, ledger: bool, audits: bool = False) -> None:
+    async def _open(self, role: Callable[[Any], Any] | None, ledger: bool, audits: bool = False,
+                    routes: list[RouteDef] | None = None) -> None:
         from aiohttp import web
 
         from intellect_node.blobs.service import BLOBS_DIR, BlobService
@@ -262,7 +266,7 @@ class InProcessNode:
             node: Any = self  # a Runtime as the roles take it (``role(self)`` below)
             self.services[AuditWatch] = AuditWatch(node)
         app = web.Application(client_max_size=1 << 20)
-        app.router.add_routes(blobs.routes())
+        app.router.add_routes(blobs.routes() if routes is None else routes)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0, shutdown_timeout=1.0)
@@ -320,13 +324,15 @@ class InProcessSwarm:
 
     async def start(self, name: str, config: NodeConfig, role: Callable[[Any], Any] | None, *,
                     ledger: bool = True, key: SigningKey | None = None, label: str = "",
-                    audits: bool = False) -> InProcessNode:
+                    audits: bool = False, routes: list[RouteDef] | None = None) -> InProcessNode:
         """Node ``name`` (data dir ``root/name``, key :func:`key_of(name) <key_of>` unless ``key``) running
         ``role`` (a factory of a runtime, e.g. ``Trainer.for_runtime``; None: the blob service alone),
         started; one of the same name that ran before is stopped first, as a process replaced. ``label``:
         the role its status snapshot names (``join --role``'s, e.g. ``trainer``), as a dashboard reads it.
         ``audits``: the node also runs the run's audit watch (``roles/common/audits.AuditWatch``), which its
-        role consults before it works for the trainer, as on a real node."""
+        role consults before it works for the trainer, as on a real node. ``routes``: the HTTP routes
+        (aiohttp ``RouteDef``) the node serves in place of its blob service's, e.g. a hostile peer's tarpit
+        (what other nodes fetch from it then comes from these)."""
         key = key or key_of(name)
         old = self.nodes.get(key.peer_id)
         if old is not None:
@@ -334,7 +340,7 @@ class InProcessSwarm:
         node = InProcessNode(self, name, key, config, self.root / name, label)
         self.nodes[key.peer_id] = node
         self._all.append(node)
-        await node._open(role, ledger, audits)
+        await node._open(role, ledger, audits, routes)
         return node
 
     async def close(self) -> None:

@@ -1,6 +1,8 @@
-"""Hostile peers for the RL-role tests, as child processes on the project's own runtime and signing.
+"""Hostile peers for the RL-role tests, on the project's own runtime and signing.
 
-``python -m tests.support.hostile MODE DATA_DIR`` (config from ``DATA_DIR/config.toml``, as ``join``):
+``python -m tests.support.hostile MODE DATA_DIR`` runs one as a child process (config from
+``DATA_DIR/config.toml``, as ``join``); the ``flood`` and ``tarpit`` peers also run in an in-process swarm
+(``intellect_node.testing.roles``) as an :class:`Attacker` on a node serving its :class:`Tarpit`'s routes:
 
 - ``flood``: publishes well-formed, signed notices as fast as gossip carries them (8 a second), in turn
   for a blob it "holds" but serves a byte a second (tarpit), for a version far in the future, and for
@@ -10,9 +12,9 @@
   trainer was told to trust); ``stamp-outsider`` also vouches once for a batch of a worker that is not
   on the run's allowlist.
 
-These peers run the real :class:`~intellect_node.node.runtime.NodeRuntime` (heartbeats carry their HTTP
-URL, so validators fetch from them directly) but none of the product's blob service: their bulk HTTP
-routes are the tarpit. Cheating code lives here, not in the product.
+As processes these peers run the real :class:`~intellect_node.node.runtime.NodeRuntime` (heartbeats carry
+their HTTP URL, so validators fetch from them directly) but none of the product's blob service: their bulk
+HTTP routes are the tarpit. Cheating code lives here, not in the product.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ TARPIT_SIZE = 30_000
 """Announced size of a tarpit batch (about an honest small batch's)."""
 TARPIT_EVERY_S = 2.5
 """Seconds between the ``tarpit`` peer's notices."""
+FLOOD_PER_S = 8.0
+"""The ``flood`` peer's notices a second: the most one node publishes on a topic
+(``p2p.swarm.PUBLISH_RATE_PER_TOPIC``, which paces it in a process; in an in-process swarm, whose publish
+does not wait, the attacker paces itself)."""
 
 
 class Tarpit:
@@ -58,14 +64,16 @@ class Tarpit:
 
 
 class Attacker:
-    """Publishes hostile notices (``flood`` or ``tarpit``) once a policy version is known."""
+    """Publishes hostile notices (``flood`` or ``tarpit``) once a policy version is known, for blobs that
+    ``tarpit`` serves (a node serves :meth:`routes`: in a process as a service's, in an in-process swarm
+    as the node's ``routes``)."""
 
     name = "attacker"
 
-    def __init__(self, runtime: Any, mode: str) -> None:
+    def __init__(self, runtime: Any, mode: str, tarpit: Tarpit | None = None) -> None:
         self.rt = runtime
         self.mode = mode
-        self.tarpit = Tarpit()
+        self.tarpit = tarpit or Tarpit()
         self.newest = -1
         self.sent: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
@@ -112,10 +120,10 @@ class Attacker:
                        "next_version": self.newest + 1}[kind]
             notice = RolloutNotice(run_id=run_id, batch_cid=cid_of(os.urandom(16)), policy_version=version,
                                    n_rollouts=8, batch_bytes=TARPIT_SIZE)
-            await sw.publish(topic(run_id, NOTICE_KIND), seal_notice(sw.key, notice))  # paced: 8 a second
+            await sw.publish(topic(run_id, NOTICE_KIND), seal_notice(sw.key, notice))
             self.sent[kind] = self.sent.get(kind, 0) + 1
-            if self.mode == "tarpit":  # a steady trickle: its queue fills slowly, strikes come slowly
-                await asyncio.sleep(TARPIT_EVERY_S)
+            # The tarpit peer: a steady trickle (its queue fills slowly, strikes come slowly).
+            await asyncio.sleep(TARPIT_EVERY_S if self.mode == "tarpit" else 1.0 / FLOOD_PER_S)
 
 
 class Stamp:
