@@ -11,7 +11,14 @@ here, so they agree on how a child is started, when it counts as ready and how i
 
 Ownership: a supervisor ends only the children it started, by the PID it holds (the ``Popen`` handle),
 never by name. The child's stdout and stderr go to one ``output`` file (0600: logs name peers and
-addresses); the node's own log goes wherever its ``--log-file`` says.
+addresses); the node's own log goes wherever its ``--log-file`` says. :meth:`NodeProcess.restart` runs
+the same command again once the child has ended (a node restarted on its data dir after a crash: with a
+fixed ``--listen`` it keeps its address), its output appended to the same file.
+
+Network namespaces (Linux, root): ``netns="NS"`` runs the child as ``ip netns exec NS ...``, which execs,
+so the PID held is still the node's own; its control API listens on that namespace's loopback, so
+:meth:`NodeProcess.status` asks it from inside the namespace (:func:`http_get_in`). The namespaces
+themselves are the test harness's (``testing/netns.py``).
 
 Dying with the parent: a parent killed with SIGKILL (or by the OOM killer) runs no clean-up, so on Linux
 each child asks the kernel for SIGTERM when its parent goes (``prctl(PR_SET_PDEATHSIG)``, set between
@@ -22,17 +29,21 @@ ends, so start children from a thread that lives as long as they should (the mai
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from intellect_node.errors import IntellectNodeError
+from intellect_node.errors import ConfigError, IntellectNodeError, TransportError
 
 STOP_GRACE_S = 30.0
 """How long children get between SIGTERM and SIGKILL (a node's own clean stop is bounded at 20 s)."""
@@ -42,6 +53,8 @@ READY_POLL_S = 0.1
 """Between looks for ``control.json`` while a child starts (a start takes seconds: torch, libp2p)."""
 PR_SET_PDEATHSIG = 1
 """From <linux/prctl.h>."""
+CLONE_NEWNET = 0x40000000
+"""From <linux/sched.h>: setns(2) into a network namespace."""
 
 
 def cli_argv() -> list[str]:
@@ -107,6 +120,40 @@ def write_config(path: Path, doc: Mapping[str, Mapping[str, object]]) -> Path:
     return path
 
 
+def http_get_in(ns: str, url: str, headers: dict[str, str] | None = None, timeout: float = 10.0) -> bytes:
+    """GET ``url`` from inside network namespace ``ns`` (e.g. a node's control API on the namespace's
+    loopback).
+
+    A fresh thread joins the namespace with setns(2) (network namespaces are per thread on Linux) and
+    does the request; the calling process itself stays where it is. Much cheaper than running a CLI in
+    the namespace (a Python start-up each, seconds on a loaded 2-core machine)."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(f"/var/run/netns/{ns}", os.O_RDONLY)
+            try:
+                if libc.setns(fd, CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns into {ns} failed")
+            finally:
+                os.close(fd)
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}),
+                                        timeout=timeout) as resp:
+                out["body"] = resp.read()
+        except BaseException as exc:  # handed to the caller's thread below
+            out["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout + 5)
+    if "error" in out:
+        raise out["error"]
+    if "body" not in out:
+        raise TimeoutError(f"GET {url} in {ns} did not finish within {timeout + 5}s")
+    return bytes(out["body"])
+
+
 def _open_output(path: Path) -> BinaryIO:
     path.parent.mkdir(parents=True, exist_ok=True)
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
@@ -119,25 +166,41 @@ class NodeProcess:
     ``output``: the child's stdout and stderr (appended). ``log_file``: the node's own log, if it was
     given one (``--log-file``), shown in :meth:`death_note`. ``new_session``: the child gets a session of
     its own, so a Ctrl-C at the terminal reaches only the parent, which then stops its children in order.
+    ``netns``: the Linux network namespace to run it in (see the module docstring).
     """
 
     def __init__(self, argv: Sequence[str], data_dir: Path, *, output: Path, name: str = "",
                  env: Mapping[str, str] | None = None, cwd: Path | None = None, log_file: Path | None = None,
-                 new_session: bool = False) -> None:
+                 new_session: bool = False, netns: str | None = None) -> None:
         self.argv = list(argv)
         self.data_dir = data_dir
         self.name = name or data_dir.name
         self.output = output
         self.log_file = log_file
+        self.netns = netns
+        self._env = dict(env) if env is not None else None
+        self._cwd = cwd
+        self._new_session = new_session
         data_dir.mkdir(parents=True, exist_ok=True)
-        out = _open_output(output)
+        self.proc: subprocess.Popen[bytes] = self._spawn()
+
+    def _spawn(self) -> "subprocess.Popen[bytes]":
+        argv = ["ip", "netns", "exec", self.netns, *self.argv] if self.netns else self.argv
+        out = _open_output(self.output)
         try:
-            self.proc: subprocess.Popen[bytes] = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=dict(env) if env is not None else None, cwd=str(cwd) if cwd else None,
-                start_new_session=new_session, preexec_fn=die_with_parent())
+            return subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=self._env,
+                cwd=str(self._cwd) if self._cwd else None, start_new_session=self._new_session,
+                preexec_fn=die_with_parent())
         finally:
             out.close()  # the child holds its own descriptor
+
+    def restart(self) -> None:
+        """Run the same command again (same data dir, environment and namespace, output appended) once
+        the child has ended: a node restarted on its own state, e.g. after a SIGKILL."""
+        if self.alive():
+            raise IntellectNodeError(f"{self.name} still runs (PID {self.pid}): end it before a restart")
+        self.proc = self._spawn()
 
     @classmethod
     def join(cls, data_dir: Path, *args: str, output: Path, **kw: Any) -> "NodeProcess":
@@ -162,7 +225,18 @@ class NodeProcess:
         """The node's ``GET /v1/status`` answer (its control API); ConfigError when it does not answer."""
         from intellect_node.node import control
 
-        return dict(control.request(self.data_dir, "GET", "/v1/status", timeout=timeout))
+        if self.netns is None:
+            return dict(control.request(self.data_dir, "GET", "/v1/status", timeout=timeout))
+        url, token = control.read_control_file(self.data_dir)
+        try:
+            body = http_get_in(self.netns, url + "/v1/status", {"Authorization": f"Bearer {token}"},
+                               timeout=timeout)
+        except urllib.error.HTTPError as exc:
+            raise TransportError(f"node answered {exc.code} to GET /v1/status in {self.netns}") from exc
+        except OSError as exc:  # refused, reset, timed out: not (or no longer) up
+            raise ConfigError(f"the node of --data-dir {self.data_dir} does not answer at {url} in network "
+                              f"namespace {self.netns} ({exc})", field="data_dir") from exc
+        return dict(json.loads(body))
 
     @property
     def peer_id(self) -> str:

@@ -20,7 +20,6 @@ new flow gets a random external port, which defeats hole punching by design.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import queue
@@ -31,10 +30,11 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
+
+from intellect_node.node.processes import http_get_in as http_get_in  # re-exported: the NAT tests' import
 
 PUBLIC_NET = "100.64.77"
 AGENT_MODULE = "intellect_node.testing.nat_agent"
@@ -68,42 +68,6 @@ def netns_unavailable_reason() -> str | None:
     finally:
         _run("ip", "netns", "del", name, check=False)
     return None
-
-
-_CLONE_NEWNET = 0x40000000
-
-
-def http_get_in(ns: str, url: str, headers: dict[str, str] | None = None, timeout: float = 10.0) -> bytes:
-    """GET ``url`` from inside namespace ``ns`` (e.g. a node's control API on the namespace's loopback).
-
-    A fresh thread joins the namespace with setns(2) (network namespaces are per thread on Linux) and
-    does the request; the test process itself stays where it is. Much cheaper than running a CLI in the
-    namespace (a Python start-up each, seconds on a loaded 2-core machine)."""
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = os.open(f"/var/run/netns/{ns}", os.O_RDONLY)
-            try:
-                if libc.setns(fd, _CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), f"setns into {ns} failed")
-            finally:
-                os.close(fd)
-            with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}),
-                                        timeout=timeout) as resp:
-                out["body"] = resp.read()
-        except BaseException as exc:  # handed to the caller's thread below
-            out["error"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout + 5)
-    if "error" in out:
-        raise out["error"]
-    if "body" not in out:
-        raise TimeoutError(f"GET {url} in {ns} did not finish within {timeout + 5}s")
-    return bytes(out["body"])
 
 
 class Agent:

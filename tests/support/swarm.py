@@ -129,14 +129,15 @@ async def runtime_nodes(root: Path, n: int, edges: Edges | None = None, *, run_i
 
 class NodeProcess(processes.NodeProcess):
     """``intellect-node join --headless --data-dir DATA_DIR *args`` as a child process (the way a user runs
-    it), output in ``<data_dir>.log`` beside the data dir; :meth:`close` kills it by PID."""
+    it), output in ``<data_dir>.log`` beside the data dir; :meth:`close` kills it by PID. ``netns``: run it
+    in that network namespace (``testing.netns.Topology``)."""
 
     def __init__(self, data_dir: Path, *args: str, env: dict[str, str] | None = None,
-                 argv: list[str] | None = None) -> None:
+                 argv: list[str] | None = None, netns: str | None = None) -> None:
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         full_env = {**os.environ, **(env or {})}
         command = [CLI, "join", "--data-dir", str(data_dir), "--headless", *args] if argv is None else argv
-        super().__init__(command, data_dir, output=self.log_path, env=full_env, cwd=REPO)
+        super().__init__(command, data_dir, output=self.log_path, env=full_env, cwd=REPO, netns=netns)
 
     def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:
         """Wait for control.json and a status answer; return the status (a test failure otherwise)."""

@@ -3,7 +3,9 @@ nodes of every role SIGKILLed and restarted (seeded moments: the trainer alone, 
 worker at once), then a network partition for a while.
 
 Each node runs in its own network namespace on a shared bridge (``testing.netns.Topology``), listening on
-a fixed port, so a restarted node keeps its address; the partition is iptables DROP rules inside those
+a fixed port, so all four start at once with each other's addresses and a restarted node keeps its
+address: the one launcher, ``node.processes.NodeProcess`` (``netns=``), starts each, restarts it with the
+same command on the same data dir and ends it by PID. The partition is iptables DROP rules inside those
 namespaces between {trainer, worker 1} and {validator, worker 2} (silent loss, no resets, like a cable
 pulled), lifted once both sides have declared the other gone. Without namespaces (not root, not Linux)
 the nodes run on 127.0.0.1 and only the partition test is skipped, saying why.
@@ -39,17 +41,21 @@ from typing import Any
 
 import pytest
 
+from intellect_node.errors import IntellectNodeError
 from intellect_node.fsutil import read_jsonl
-from intellect_node.testing.netns import Topology, http_get_in, netns_unavailable_reason
-from tests.support.common import CLI
+from intellect_node.node.processes import stop_all
+from intellect_node.testing.netns import Topology, netns_unavailable_reason
 from tests.support.ports import free_port
 from tests.support.roles import ENV, make_key, write_config
+from tests.support.swarm import NodeProcess
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 SEED = int(os.environ.get("CHAOS_SEED", "7"))
-RL = dict(group_size=8, problems_per_batch=4, groups_per_step=8, max_new_tokens=5, lr=2e-4,
+RL = dict(group_size=8, problems_per_batch=4, groups_per_step=4, max_new_tokens=5, lr=2e-4,
           batches_per_version=2)
+"""A step is one worker batch (``groups_per_step`` = ``problems_per_batch``): each trained step costs one
+batch's notices, fetches and verdicts."""
 ASYNC_LEVEL = 2
 NAMES = ("trainer", "validator", "w1", "w2")
 ROLES = {"trainer": "trainer", "validator": "validator", "w1": "worker", "w2": "worker"}
@@ -60,72 +66,11 @@ START_S = 240.0
 """Bound on a node's start (torch + libp2p imports, model load) on a loaded 2-core machine."""
 PROGRESS_S = 300.0
 """Bound on the next trained steps after a disturbance (nodes must find each other again first)."""
-
-
-class Node:
-    """One role process, restartable on the same data dir and address; ended by PID."""
-
-    def __init__(self, name: str, root: Path, ns: str | None, ip: str, port: int) -> None:
-        self.name, self.ns, self.ip, self.port = name, ns, ip, port
-        self.role = ROLES[name]
-        self.data_dir = root / name
-        self.peer_id = make_key(self.data_dir)
-        self.addr = f"/ip4/{ip}/tcp/{port}/p2p/{self.peer_id}"
-        self.log_path = root / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self, bootstrap: list[str]) -> None:
-        argv = [CLI, "join", "--data-dir", str(self.data_dir), "--headless", "--role", self.role,
-                "--listen", f"/ip4/{self.ip}/tcp/{self.port}", "--http-host", self.ip]
-        for b in bootstrap:
-            argv += ["--bootstrap", b]
-        if self.ns:  # `ip netns exec` execs: the PID is the node's own
-            argv = ["ip", "netns", "exec", self.ns, *argv]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env={**os.environ, **ENV,
-                                              "INTELLECT_NODE_METRICS__ENABLED": "false"})
-        self.starts += 1
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(40)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def status(self) -> dict[str, Any]:
-        """The control API's status of the current process ({} while it starts; AssertionError if it
-        died)."""
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
-        try:
-            ctl = json.loads((self.data_dir / "control.json").read_text())
-            if ctl.get("pid") != self.proc.pid:
-                return {}  # the file a killed predecessor left
-            body = self._get(ctl["url"] + "/v1/status", {"Authorization": f"Bearer {ctl['token']}"})
-            return dict(json.loads(body))
-        except (OSError, ValueError, KeyError):
-            return {}
-
-    def _get(self, url: str, headers: dict[str, str]) -> bytes:
-        if self.ns:
-            return http_get_in(self.ns, url, headers, timeout=10.0)
-        import urllib.request
-
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10.0) as resp:
-            return bytes(resp.read())
-
-    def log_tail(self, n: int = 4000) -> str:
-        return self.log_path.read_text(errors="replace")[-n:]
+STOP_S = 40.0
+"""Bound on the nodes' clean stop at the end (SIGTERM to all at once, then SIGKILL)."""
+PEER_TIMEOUT = 6.0
+"""``network.peer_timeout`` of every node (heartbeats every second): the partition's sides see each
+other gone this long after it starts."""
 
 
 class Acks:
@@ -213,29 +158,53 @@ class Acks:
 
 
 class Swarm:
+    """The four nodes, each in ``root/<name>`` with a key made beforehand and a fixed listen address, so
+    every node can be started at once with the others' addresses and a restarted node keeps its own.
+    Started, restarted and ended (by PID) by the one launcher, ``node.processes.NodeProcess``."""
+
     def __init__(self, root: Path, topo: Topology | None) -> None:
         from intellect_node.models.loader import embedded_model_dir
 
         self.root, self.topo = root, topo
-        self.nodes: dict[str, Node] = {}
+        self.ids = {name: make_key(root / name) for name in NAMES}
+        self.ns: dict[str, str | None] = {}
+        self.ips: dict[str, str] = {}
+        self.listen: dict[str, str] = {}
         for i, name in enumerate(NAMES):
             if topo is not None:
-                self.nodes[name] = Node(name, root, topo.public_ns[i], topo.public_ip(i), PORT)
+                self.ns[name], self.ips[name], port = topo.public_ns[i], topo.public_ip(i), PORT
             else:
-                self.nodes[name] = Node(name, root, None, "127.0.0.1", free_port())
-        ids = {n: node.peer_id for n, node in self.nodes.items()}
-        for node in self.nodes.values():
-            write_config(node.data_dir, trainer=ids["trainer"], validators=[ids["validator"]],
+                self.ns[name], self.ips[name], port = None, "127.0.0.1", free_port()
+            self.listen[name] = f"/ip4/{self.ips[name]}/tcp/{port}"
+        for name in NAMES:
+            write_config(root / name, trainer=self.ids["trainer"], validators=[self.ids["validator"]],
                          model=str(embedded_model_dir()), rl=RL, run_id="chaos", async_level=ASYNC_LEVEL)
-        self.acks = Acks(self.nodes["trainer"].data_dir)
+        self.nodes: dict[str, NodeProcess] = {}
+        self.restarted: set[str] = set()
+        self.acks = Acks(root / "trainer")
 
-    def start(self, name: str) -> None:
-        """(Re)start ``name``; it dials every other node (those down are retried by the runtime)."""
+    def start(self) -> None:
+        """Start all four at once, each dialing the three others (a node that reaches none of them yet
+        dials again: the runtime's bootstrap retries), and wait until each answers."""
+        for name in NAMES:
+            args = ["--role", ROLES[name], "--listen", self.listen[name], "--http-host", self.ips[name],
+                    "--peer-timeout", str(PEER_TIMEOUT)]
+            for other in NAMES:
+                if other != name:
+                    args += ["--bootstrap", f"{self.listen[other]}/p2p/{self.ids[other]}"]
+            self.nodes[name] = NodeProcess(self.root / name, *args, env=ENV, netns=self.ns[name])
+        for name in NAMES:
+            self.nodes[name].wait_ready(START_S)
+
+    def status(self, name: str) -> dict[str, Any]:
+        """``name``'s status ({} while it starts or restarts; AssertionError, with its log, if it died)."""
         node = self.nodes[name]
-        node.start([n.addr for n in self.nodes.values() if n is not node])
-
-    def wait_ready(self, name: str) -> dict[str, Any]:
-        return dict(wait_for(self.nodes[name].status, timeout=START_S, interval=0.2, what=f"{name} up"))
+        if not node.alive():
+            raise AssertionError(node.death_note())
+        try:
+            return node.status(timeout=10.0)
+        except IntellectNodeError:
+            return {}  # not up yet, or the control file a killed predecessor left
 
     def trained_steps(self) -> int:
         return len(self.acks.trained())
@@ -243,8 +212,8 @@ class Swarm:
     def check_running(self) -> None:
         """Fail at once (with its log) if a node died on its own: only the test kills nodes."""
         for node in self.nodes.values():
-            if node.proc is not None and node.proc.poll() is not None:
-                raise AssertionError(f"{node.name} exited with {node.proc.returncode}:\n{node.log_tail()}")
+            if not node.alive():
+                raise AssertionError(node.death_note())
 
     def wait_trained(self, n: int, what: str) -> None:
         def enough() -> bool:
@@ -255,19 +224,21 @@ class Swarm:
     def kill_and_restart(self, names: list[str]) -> None:
         trainer = self.nodes["trainer"]
         for name in names:
-            self.nodes[name].kill()
+            self.nodes[name].signal(signal.SIGKILL)
+            self.nodes[name].wait(30)
         if "trainer" in names:
             latest = self.acks.latest()
             assert latest is not None
             v_ckpt = latest[0]
             n_lines = len(self.acks.metrics())
             log_mark = trainer.log_path.stat().st_size
+        for name in names:  # the same command: the same data dir, address and log
+            self.nodes[name].restart()
+            self.restarted.add(name)
         for name in names:
-            self.start(name)
-        for name in names:
-            self.wait_ready(name)
+            self.nodes[name].wait_ready(START_S)
         if "trainer" in names:
-            assert self.nodes["trainer"].status()["trainer"]["version"] >= v_ckpt
+            assert self.status("trainer")["trainer"]["version"] >= v_ckpt
             new_log = trainer.log_path.read_bytes()[log_mark:].decode(errors="replace")
             assert f"resumed at policy v{v_ckpt} " in new_log, new_log[-3000:]
             wait_for(lambda: any(m["trained"] for m in self.acks.metrics()[n_lines:]), timeout=PROGRESS_S,
@@ -278,7 +249,7 @@ class Swarm:
             before = [m["version"] for m in self.acks.metrics()[:n_lines] if m["trained"]]
             v_last = max(before, default=v_ckpt)
             first = next(m for m in self.acks.metrics()[n_lines:] if m["trained"])
-            replay = self.nodes["trainer"].status()["trainer"]["replay"]
+            replay = self.status("trainer")["trainer"]["replay"]
             if replay["outcome"] == "bumped":
                 assert first["version"] > v_last, (first["version"], v_last, replay)
             else:
@@ -288,10 +259,10 @@ class Swarm:
         """Each node sees the others alive, connections link all four, the trainer trained ``min_steps``
         in all, and every node heard its newest policy and holds one within ``async_level``."""
         self.check_running()
-        st = {name: node.status() for name, node in self.nodes.items()}
+        st = {name: self.status(name) for name in NAMES}
         if not all(st.values()) or self.trained_steps() < min_steps:
             return False
-        ids = {name: node.peer_id for name, node in self.nodes.items()}
+        ids = self.ids
         links = {(name, p) for name, s in st.items() for p in s["peers"]}
         reach, frontier = {"trainer"}, ["trainer"]
         while frontier:
@@ -322,9 +293,9 @@ class Swarm:
     def check_no_bans(self) -> None:
         """Every node here is honest: crashes and partitions may cost an honest peer a strike (a blob
         gone with a killed worker) but never a ban."""
-        ids = {node.peer_id: name for name, node in self.nodes.items()}
+        ids = {peer: name for name, peer in self.ids.items()}
         bans = [f"{name} banned {ids[rec['peer_id']]} ({rec['last_rejection']})"
-                for name, node in self.nodes.items() for rec in node.status().get("known_peers", [])
+                for name in NAMES for rec in self.status(name).get("known_peers", [])
                 if rec["peer_id"] in ids and rec["banned"]]
         assert not bans, bans
 
@@ -334,20 +305,17 @@ class Swarm:
         op = "-I" if on else "-D"
         for side, other in (SIDES, SIDES[::-1]):
             for name in side:
-                ns = self.nodes[name].ns
+                ns = self.ns[name]
                 assert ns is not None
                 for peer in other:
-                    ip = self.nodes[peer].ip
+                    ip = self.ips[peer]
                     for rule in (["INPUT", "-s", ip], ["OUTPUT", "-d", ip]):
                         r = subprocess.run(["ip", "netns", "exec", ns, "iptables", op, *rule, "-j", "DROP"],
                                            capture_output=True, text=True, timeout=30)
                         assert r.returncode == 0, r.stderr
 
     def close(self) -> None:
-        for node in self.nodes.values():
-            node.stop()
-
-
+        stop_all(self.nodes.values(), grace=STOP_S)
 
 
 @pytest.fixture(scope="module")
@@ -361,12 +329,7 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
     sw.netns_reason = reason  # type: ignore[attr-defined]  # set on this swarm for the report
     try:
         with sw.acks:
-            sw.start("trainer")
-            sw.wait_ready("trainer")
-            for name in NAMES[1:]:
-                sw.start(name)
-            for name in NAMES[1:]:
-                sw.wait_ready(name)
+            sw.start()
             yield sw
     finally:
         sw.close()
@@ -378,14 +341,13 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
 def test_random_sigkills_of_every_role_lose_no_accepted_rollout(swarm: Swarm) -> None:
     rng = random.Random(SEED)
     # Every role once: the trainer alone, then the validator and a worker at once. Each kill waits for
-    # 1-2 more trained steps and then, at random (always for the trainer's own round), also for an
-    # accepted batch sitting in the trainer's inbox (acknowledged, not yet in a checkpoint: what a crash
-    # must not lose).
+    # 1-2 more trained steps (the trainer's: journaled steps past its checkpoint, which its restart
+    # replays) and then, at random (always for the trainer's own round), also for an accepted batch
+    # sitting in the trainer's inbox (acknowledged, not yet in a checkpoint: what a crash must not lose).
     rounds = [["trainer"], ["validator", rng.choice(["w1", "w2"])]]
     plan = [(rng.randint(1, 2), "inbox" if r == ["trainer"] else rng.choice(["step", "inbox"]))
             for r in rounds]
     print(f"chaos seed {SEED}: kill rounds {rounds}, (trained steps, moment) before each {plan}")
-    swarm.wait_trained(2, "before the first kill")
     for victims, (wait, moment) in zip(rounds, plan):
         swarm.wait_trained(swarm.trained_steps() + wait, f"before killing {victims}")
         if moment == "inbox":
@@ -398,9 +360,9 @@ def test_random_sigkills_of_every_role_lose_no_accepted_rollout(swarm: Swarm) ->
         swarm.kill_and_restart(victims)
         swarm.acks.poll()
         swarm.acks.check_nothing_lost()
-    swarm.wait_converged(swarm.trained_steps() + 2, "after the kills")
+    swarm.wait_converged(swarm.trained_steps() + 1, "after the kills")
     swarm.acks.check_nothing_lost()
-    restarted = {ROLES[n] for n in NAMES if swarm.nodes[n].starts >= 2}
+    restarted = {ROLES[n] for n in swarm.restarted}
     assert restarted == set(ROLES.values()), restarted
 
 
@@ -409,17 +371,17 @@ def test_partition_heals_and_every_node_reconverges(swarm: Swarm) -> None:
     reason = getattr(swarm, "netns_reason")
     if reason is not None:
         pytest.skip(f"the partition needs network namespaces: {reason}")
-    swarm.wait_converged(swarm.trained_steps() + 1, "before the partition")
+    swarm.wait_converged(max(1, swarm.trained_steps()), "before the partition")
     a, b = (sorted(s) for s in SIDES)
     swarm.partition(True)
     try:
-        ids = {n: node.peer_id for n, node in swarm.nodes.items()}
+        ids = swarm.ids
 
         def split() -> bool:
             # Both sides have declared the other gone (no heartbeat for peer_timeout).
             for side, other in ((a, b), (b, a)):
                 for name in side:
-                    alive = set(swarm.nodes[name].status().get("alive_peers", [ids[o] for o in other]))
+                    alive = set(swarm.status(name).get("alive_peers", [ids[o] for o in other]))
                     if alive & {ids[o] for o in other}:
                         return False
             return True
@@ -428,6 +390,6 @@ def test_partition_heals_and_every_node_reconverges(swarm: Swarm) -> None:
     finally:
         swarm.partition(False)
     print(f"partitioned {a} | {b}; {steps_split} trained steps when healed")
-    swarm.wait_converged(steps_split + 2, "after the partition")
+    swarm.wait_converged(steps_split + 1, "after the partition")  # a step on verdicts made after it
     swarm.acks.poll()
     swarm.acks.check_nothing_lost()
