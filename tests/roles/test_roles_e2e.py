@@ -1,12 +1,14 @@
 """The swarm end to end: trainer, validator, two honest workers and a cheating worker as real processes
 on loopback, on the embedded model.
 
-One run (a module fixture), in order:
+One run (a module fixture), every node launched at once, in order:
 
 1. the first worker joins fresh (no key: ``join`` makes one);
 2. the trainer is SIGKILLed while its newest announced version is past its last checkpoint
    (``checkpoint_every`` 5) and restarted as it is;
-3. the swarm trains to ``TOTAL`` steps.
+3. once the cheater is banned and has sent a batch past the ban's, it is stopped (what it sends after
+   that only costs the others CPU);
+4. the swarm trains to ``TOTAL`` steps.
 
 What the tests read from it:
 
@@ -148,26 +150,40 @@ def _kill_and_restart(run: Any, rec: Run, trainer: Any, v_addr: str) -> Any:
     return trainer2
 
 
+def _banned(rec: Run, validator: Any, cheat: Any) -> None:
+    """The cheater banned: its status is read once it has submitted more batches than the ban took, and it
+    is stopped there, its later batches would only take the honest nodes' CPU. The validator's record of
+    its verdicts is read at the end of the run, so a verdict given after this still shows."""
+    wait_for(lambda: validator.status()["validator"]["banned"] >= 1, timeout=400, interval=0.5,
+             what="the cheater banned")
+    wait_for(lambda: cheat.status()["worker"]["batches"] > RL["ban_after"], timeout=300, interval=0.5,
+             what="a batch from the cheater past the ban's")
+    rec.cstat = cheat.status()["worker"]
+    cheat.close()
+
+
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory: pytest.TempPathFactory) -> Run:
     tmp = tmp_path_factory.mktemp("e2e")
     with role_run(tmp, ("trainer", "validator", "w2", "cheat"), rl=RL) as run:
         rec = Run(tmp, run.ids)
-        trainer, t_addr, validator, v_addr = run.trainer_and_validator()
+        # Every node launched at once (their start-ups overlap), then each waited for.
+        trainer, t_addr, validator, v_addr = run.trainer_and_validator_at_once()
         (tmp / "w1").mkdir()  # a fresh worker: no key yet, join makes one
         rec.launched = time.time() - 0.02  # the kernel counts starts in 10 ms ticks
         w1 = run.start("w1", "worker", bootstrap=[t_addr, v_addr])
         w2 = run.start("w2", "worker", bootstrap=[t_addr, v_addr])
         cheat = run.cheat("cheat", "mix", bootstrap=[t_addr, v_addr])
+        run.wait_ready()
 
         trainer = _kill_and_restart(run, rec, trainer, v_addr)
+        _banned(rec, validator, cheat)
 
         wait_for(lambda: len(_trained(tmp)) >= TOTAL, timeout=900, interval=0.5,
                  what=f"{TOTAL} trained steps")
         _timeline(rec, w1, trainer)
         rec.vstat = validator.status()["validator"]
         rec.w_stats = [w.status()["worker"] for w in (w1, w2)]
-        rec.cstat = cheat.status()["worker"]
 
     rec.metrics = _metrics(tmp)
     rec.weights = latest_weights_path(tmp / "trainer" / "trainer" / "checkpoints")
