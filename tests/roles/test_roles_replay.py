@@ -32,7 +32,9 @@ from tests.support.wait import wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 K = 4  # checkpoint_every: the least that leaves a kill window (``kill_window``), so each comes soonest
-RL = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=4, batches_per_version=1,
+# Two batches a version: the restarted trainer finds queued work in its inbox, rather than waiting for
+# the workers' stall fallback (a verdict the killed trainer missed leaves a capped worker no credit).
+RL = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=4, batches_per_version=2,
           checkpoint_every=K, ban_after=1000)
 
 
