@@ -1,4 +1,4 @@
-"""A trainer SIGKILLed between checkpoints (``rl.checkpoint_every`` 5) loses no accepted batch and never
+"""A trainer SIGKILLed between checkpoints (``rl.checkpoint_every`` 4) loses no accepted batch and never
 announces a version twice with different content.
 
 Real processes on loopback: trainer, validator and two honest workers on the embedded model. Twice the
@@ -31,8 +31,10 @@ from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-K = 5
-RL = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=4, batches_per_version=1,
+K = 4  # checkpoint_every: the least that leaves a kill window (``kill_window``), so each comes soonest
+# Two batches a version: the restarted trainer finds queued work in its inbox, rather than waiting for
+# the workers' stall fallback (a verdict the killed trainer missed leaves a capped worker no credit).
+RL = dict(group_size=4, problems_per_batch=2, groups_per_step=2, max_new_tokens=4, batches_per_version=2,
           checkpoint_every=K, ban_after=1000)
 
 
@@ -50,9 +52,11 @@ def _admitted(tmp: Path) -> set[str]:
 def test_trainer_killed_between_checkpoints_replays_or_bumps(tmp_path: Path) -> None:
     tdir = tmp_path / "trainer" / "trainer"
     with role_run(tmp_path, ("trainer", "validator", "w1", "w2"), rl=RL) as run:
-        trainer, t_addr, validator, v_addr = run.trainer_and_validator()
+        # Every node launched at once (their start-ups overlap), then each waited for.
+        trainer, t_addr, validator, v_addr = run.trainer_and_validator_at_once()
         for n in ("w1", "w2"):
             run.start(n, "worker", bootstrap=[t_addr, v_addr])
+        run.wait_ready()
 
         # 1. Killed between checkpoints: the replay reproduces what was announced.
         wait_for(lambda: kill_window(tmp_path, K), timeout=400,

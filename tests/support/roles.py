@@ -34,6 +34,7 @@ from intellect_node.inference.base import InferenceEngine
 from intellect_node.node.processes import write_config as write_config_file
 from intellect_node.trainer.checkpoint import latest_dir, read_state
 from tests.support.common import REPO
+from tests.support.ports import reserved_port
 from tests.support.swarm import NodeProcess
 
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
@@ -111,6 +112,30 @@ class RoleRun:
         t_addr = listen_addr(trainer)
         proc = self.start(validator, "validator", bootstrap=[t_addr])
         return trainer, t_addr, proc, listen_addr(proc)
+
+    def trainer_and_validator_at_once(self, validator: str = "validator",
+                                      ) -> tuple[NodeProcess, str, NodeProcess, str]:
+        """The run's trainer in ``root/trainer`` and a validator in ``root/<validator>`` started together,
+        not waited for: ``(trainer, its address, validator, its address)``. Each listens on a port picked
+        beforehand (``ports.reserved_port``) and bootstraps to the other, so the workers started next can
+        name both at once and every start-up (torch, libp2p, the model) overlaps the others. A node dials
+        its bootstrap peers again while no peer is connected (``BOOTSTRAP_RETRY_S`` in
+        ``node/runtime.py``): whichever comes up last connects them."""
+        port_t = reserved_port()
+        port_v = reserved_port()
+        while port_v == port_t:
+            port_v = reserved_port()
+        t_addr = f"/ip4/127.0.0.1/tcp/{port_t}/p2p/{self.ids['trainer']}"
+        v_addr = f"/ip4/127.0.0.1/tcp/{port_v}/p2p/{self.ids[validator]}"
+        trainer = self.start("trainer", "trainer", port=port_t, bootstrap=[v_addr])
+        proc = self.start(validator, "validator", port=port_v, bootstrap=[t_addr])
+        return trainer, t_addr, proc, v_addr
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        """Every process started so far up (each still running: a test failure, with the log, if one exits
+        first); call it once the run's first nodes are all launched."""
+        for proc in self.procs:
+            proc.wait_ready(timeout)
 
     def cheat(self, name: str, mode: str, **config: Any) -> "CheatProcess":
         """``root/name`` started as a cheating worker (``mode``: see the module docstring)."""
