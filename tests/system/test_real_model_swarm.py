@@ -54,12 +54,15 @@ def test_a_swarm_in_one_process_on_a_reasoning_gym_task_steps_with_no_honest_rej
     cfg = run_config(trainer=key_of("trainer").peer_id, validators=[key_of("validator").peer_id], rl=RL,
                      run_id="qwen3-rg", model=str(run.model), proof_thresholds=str(run.thresholds),
                      proof_thresholds_sha256=run.sha256)
+    # One scoring process a pool (new workers', proven workers'): each is a Python that imports
+    # reasoning_gym before its first answer, and one worker's batches never need a second.
+    vcfg = cfg.model_copy(update={"validator": cfg.validator.model_copy(update={"scoring_processes": 1})})
     used_file = run.data_dir("worker") / "worker" / "used.json"
 
     async def main() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         async with in_process_swarm(tmp_path) as net:
             trainer = await net.start("trainer", cfg, Trainer.for_runtime)
-            validator = await net.start("validator", cfg, Validator.for_runtime)
+            validator = await net.start("validator", vcfg, Validator.for_runtime)
             worker = await net.start("worker", cfg, Worker.for_runtime)
             await wait_until(lambda: len(trained(run.data_dir("trainer"))) >= STEPS, timeout=400,
                              what=f"{STEPS} trained steps")
