@@ -40,15 +40,16 @@ def data_dir(tmp_path: Path) -> Path:
 # short files fill in after. (`make test` passes --no-loadscope-reorder: xdist's own reordering puts the
 # files with the most tests first, which is nearly the opposite.)
 LONGEST_FIRST = (
-    "tests/system/test_chaos.py",
-    "tests/roles/test_roles_e2e.py",
-    "tests/roles/test_audit_nudge.py",
     "tests/system/test_run_by_cid.py",
+    "tests/roles/test_audit_nudge.py",
     "tests/commands/test_demo.py",
     "tests/p2p/test_nat_traversal.py",
-    "tests/roles/test_roles_flood.py",
-    "tests/roles/test_roles_admission.py",
     "tests/p2p/test_nat_node.py",
+    "tests/system/test_chaos.py",
+    "tests/roles/test_roles_e2e.py",
+    "tests/system/test_real_model_swarm.py",
+    "tests/roles/test_sweep_swarm.py",
+    "tests/roles/test_roles_admission.py",
     "tests/roles/test_roles_replay.py",
 )
 
