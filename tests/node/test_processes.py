@@ -108,3 +108,24 @@ def test_child_env_leaves_out_the_operators_settings_when_asked(monkeypatch: pyt
     assert kept["INTELLECT_NODE_RUN__RUN_ID"] == "operator's" and kept["OMP_NUM_THREADS"] == "1"
     assert "INTELLECT_NODE_RUN__RUN_ID" not in clean and clean["PYTHONUNBUFFERED"] == "1"
     assert clean["PATH"] == os.environ["PATH"]
+
+
+
+def test_restart_runs_the_same_command_again_and_appends_its_output(tmp_path: Path) -> None:
+    node = _child(tmp_path, "again", "import os\nprint('run', os.getpid(), flush=True)\n")
+    wait_for(lambda: not node.alive(), timeout=60, what="the first run to end")
+    first = node.pid
+    node.restart()
+    wait_for(lambda: not node.alive(), timeout=60, what="the second run to end")
+    assert node.output_text().split() == ["run", str(first), "run", str(node.pid)] and node.pid != first
+    assert node.returncode == 0
+
+
+def test_a_running_child_is_never_started_twice(tmp_path: Path) -> None:
+    node = _child(tmp_path, "busy", STOPS_ON_TERM)
+    try:
+        wait_for(lambda: "ready" in node.output_text(), timeout=60, what="the child to start")
+        with pytest.raises(IntellectNodeError, match="still runs"):
+            node.restart()
+    finally:
+        stop_all([node], grace=2.0)
