@@ -4,7 +4,7 @@
 #
 # The burners are this script's own children, ended by PID on every exit path (suite passed, failed, or
 # the script interrupted), never by name. Arguments replace `tests` as pytest's (e.g. one test file). The
-# suite runs as `make test` runs it: TEST_WORKERS pytest workers (2; 0 for one process).
+# suite runs as `make test` runs it: TEST_WORKERS pytest workers (3; 0 for one process).
 set -u
 PY="${PY:-.venv/bin/python}"
 BURNERS="${BURNERS:-2}"
