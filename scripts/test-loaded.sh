@@ -30,7 +30,7 @@ done
 echo "test-loaded: $BURNERS CPU burners running (pids ${pids[*]}); load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 start=$(date +%s)
-"$PY" -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder -m "not real" "${@:-tests}"
+"$PY" -m pytest -q -n "${TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder -m "not real" "${@:-tests}"
 rc=$?
 took=$(( $(date +%s) - start ))
 echo "test-loaded: pytest exited $rc after ${took}s beside $BURNERS burners; load $(cut -d' ' -f1-3 /proc/loadavg)"
