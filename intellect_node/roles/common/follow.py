@@ -14,8 +14,8 @@ checkpoint)``, and at start the version already held on disk.
 With ``run.require_audits`` on and the trainer failing an audit (``roles/common/audits.py``), no newer
 version is adopted: announcements are no longer offered to the follower (``refused_announcements``
 counts them), a version obtained after the refusal began is not handed to the role, and one whose load
-was under way when it began is dropped by the role before use (the worker and the validator ask again
-before they adopt a loaded version, unless they hold none).
+was under way when it began is dropped by the role before use (``refused_after_load``, asked by the
+worker and the validator before they adopt a loaded version, unless they hold none).
 
 Policy blobs come from the trainer first (it holds every one), the DHT second (``HintedFetcher``).
 Version 0 is built from the node's own copy of the run's model folder when its hash is the trainer's
@@ -98,6 +98,15 @@ class TrainerPolicy:
 
     async def _follow(self) -> None:
         await self.follower.follow(self._obtained, backoff_s=RETRY_S)
+
+    def refused_after_load(self, version: int, *, holding: bool) -> bool:
+        """Whether ``version``, loaded by the role while the trainer failed an audit, must be dropped rather
+        than adopted; a role ``holding`` no policy yet still takes it."""
+        why = self.refusal()
+        if not why or not holding:
+            return False
+        log.warning("policy v%d loaded but not adopted: %s", version, why)
+        return True
 
     async def _obtained(self, res: ObtainResult) -> None:
         if self.refusal():

@@ -305,9 +305,7 @@ class Validator:
             return  # passed again (a delta walk retried from the full checkpoint): already held
         loaded = await asyncio.to_thread(loaded_from_checkpoint, self.base, ckpt)
         engine = await asyncio.to_thread(make_engine, loaded, "torch", device=self.device)
-        refusal = self.policy.refusal() if self.policy is not None else ""
-        if self.engines and refusal:  # the trainer failed an audit while it loaded
-            log.warning("policy v%d loaded but not adopted: %s", version, refusal)
+        if self.policy is not None and self.policy.refused_after_load(version, holding=bool(self.engines)):
             return
         self.engines[version] = (ckpt.content_hash, engine)
         while len(self.engines) > self.async_level + 1:  # the oldest versions go, whatever the arrival order

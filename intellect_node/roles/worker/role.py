@@ -188,7 +188,7 @@ class Worker:
         if self.choice.name == "torch":
             engine = await asyncio.to_thread(make_engine, loaded, "torch", device=self.choice.device)
             async with self._engine_lock:
-                if self._refused_meanwhile(version):
+                if self.policy.refused_after_load(version, holding=self.version >= 0):
                     return
                 self.engine = engine
                 self.version, self.checkpoint_hash = version, ckpt.content_hash
@@ -198,7 +198,7 @@ class Worker:
                     self.engine = await asyncio.to_thread(
                         make_engine, self.base.path, self.choice.name, dtype=self.base.dtype,
                         device=self.choice.device, vllm=self.choice.vllm)
-                if self._refused_meanwhile(version):
+                if self.policy.refused_after_load(version, holding=self.version >= 0):
                     return
                 swap = self.engine
                 if not isinstance(swap, WeightSwapEngine):  # make_engine gives vLLM's, which swaps
@@ -210,13 +210,6 @@ class Worker:
         self._hop("loaded", version=version, hash=ckpt.content_hash, engine_s=time.monotonic() - t0,
                   **({"path": last.path, **last.timings} if last is not None and last.version == version
                      else {}))
-
-    def _refused_meanwhile(self, version: int) -> bool:
-        """The trainer failed an audit while ``version`` loaded: the policy held stays (one is held)."""
-        if self.version < 0 or not self.policy.refusal():
-            return False
-        log.warning("policy v%d loaded but not adopted: %s", version, self.policy.refusal())
-        return True
 
     # -- generation ------------------------------------------------------------------------------
 
