@@ -15,11 +15,9 @@ from tests.support.cli import invoke_cli
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(480)  # three node processes start twice (torch + libp2p imports) on 2 shared cores
+@pytest.mark.timeout(480)  # four node processes start (torch + libp2p imports) on a shared 2-core machine
 def test_headless_demo_runs_steps_and_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``demo --headless --steps 2 --report FILE`` (the command in this process, its nodes real processes),
-    with one worker: the demo's smallest swarm, as the Ctrl-C test's (the default of two workers and how
-    they share a step are the plan's, below).
+    """``demo --headless --steps 2 --report FILE`` (the command in this process, its nodes real processes).
 
     Every node starts at once, bootstrapped to a trainer port picked just before; here another process
     listens there first. The trainer exits 2 naming the port, and the demo starts everything again on
@@ -39,8 +37,8 @@ def test_headless_demo_runs_steps_and_reports(tmp_path: Path, monkeypatch: pytes
     report = tmp_path / "report.json"
     root = tmp_path / "swarm"
     try:
-        r = invoke_cli("demo", "--headless", "--workers", "1", "--steps", "2", "--report", str(report),
-                       "--dir", str(root), "--timeout", "360")
+        r = invoke_cli("demo", "--headless", "--steps", "2", "--report", str(report), "--dir", str(root),
+                       "--timeout", "360")
     finally:
         squatter.close()
     assert r.returncode == 0, r.stderr[-4000:]
@@ -55,7 +53,7 @@ def test_headless_demo_runs_steps_and_reports(tmp_path: Path, monkeypatch: pytes
     held = doc["held_out"]
     assert held["n"] == 128 and held["version"] % 5 == 0 and 0.0 <= held["pass_rate"] <= 1.0
     assert held["evaluator"] in {n["peer_id"] for n in doc["nodes"] if n["role"] == "validator"}
-    assert set(doc["exit_codes"]) == {"trainer", "validator0", "worker0"}
+    assert set(doc["exit_codes"]) == {"trainer", "validator0", "worker0", "worker1"}
     assert all(code == 0 for code in doc["exit_codes"].values()), doc["exit_codes"]
 
     # The port retry: two starts, the second on another port, where the trainer listened. That the others
@@ -70,12 +68,17 @@ def test_headless_demo_runs_steps_and_reports(tmp_path: Path, monkeypatch: pytes
     (up,) = [rec["msg"] for rec in records if " up: " in rec["msg"]]
     assert f"--bootstrap /ip4/127.0.0.1/tcp/{port}/p2p/" in up and f"/tcp/{taken}/" not in up, up
 
-    # The worker's ledger recorded what it submitted, and it was flushed on SIGTERM: it fed both steps (one
-    # batch a version is a step), and the ledger is closed cleanly.
-    assert not (root / "worker0" / "ledger.sqlite-wal").exists()  # checked before a reader opens it
-    led = invoke_cli("ledger", "--data-dir", str(root / "worker0"), "--json")
-    assert led.returncode == 0, led.stderr[-2000:]
-    assert json.loads(led.stdout)["summary"]["batches_submitted"] >= 2
+    # each worker's ledger recorded what it submitted, and it was flushed on SIGTERM. The workers join by
+    # the run's CID (manifest and model fetched from the trainer first), so one may come up a few seconds
+    # after the other under load, when the first has already fed both steps (work_ahead): together they
+    # submitted the steps' batches, each ledger is closed cleanly whatever it holds.
+    submitted = 0
+    for w in ("worker0", "worker1"):
+        assert not (root / w / "ledger.sqlite-wal").exists()  # checked before a reader opens it
+        led = invoke_cli("ledger", "--data-dir", str(root / w), "--json")
+        assert led.returncode == 0, led.stderr[-2000:]
+        submitted += json.loads(led.stdout)["summary"]["batches_submitted"]
+    assert submitted >= 2
 
 
 def test_step_log_keeps_steps_across_polls_and_counts_validator_verdicts() -> None:
@@ -239,16 +242,12 @@ def test_ctrl_c_keeps_the_logs_and_says_where(tmp_path: Path) -> None:
 def test_demo_workers_together_make_at_least_a_step_each_version() -> None:
     """One batch per worker per version (``work_ahead`` runs them ahead): however many workers the demo
     starts, their batches of one version hold at least the groups one step takes, so the trainer never
-    waits on a worker's resubmission timer; the demo's plan runs these settings."""
-    from intellect_node.commands.demo import DEMO_RL, demo_rl, plan_demo
+    waits on a worker's resubmission timer."""
+    from intellect_node.commands.demo import DEMO_RL, demo_rl
 
     for workers in range(1, 9):
         rl = demo_rl(workers)
         assert rl["batches_per_version"] == 1 and rl["work_ahead"] >= 1
         made = workers * rl["problems_per_batch"]
         assert rl["groups_per_step"] <= made < rl["groups_per_step"] + workers, (workers, rl)
-        plan = plan_demo(model=None, env=None, env_args={}, config_file=None, workers=workers)
-        assert plan.workers == workers and plan.extra["rl"] == rl
-    # the embedded model's demo: two workers unless --workers says otherwise, on DEMO_RL
-    default = plan_demo(model=None, env=None, env_args={}, config_file=None, workers=None)
-    assert default.workers == 2 and default.extra["rl"] == demo_rl(2) == DEMO_RL
+    assert demo_rl(2) == DEMO_RL
