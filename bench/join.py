@@ -216,15 +216,15 @@ class _Stamped(NodeProcess):
         self.output, self.log_file = output, log_file
         self.lines: list[tuple[float, str]] = []
         data_dir.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, env=_env(), cwd=REPO,
-                                     preexec_fn=die_with_parent())
-        threading.Thread(target=self._read, name=f"stamp-{self.name}", daemon=True).start()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, env=_env(), cwd=REPO, preexec_fn=die_with_parent())
+        self.proc = proc
+        threading.Thread(target=self._read, args=(proc,), name=f"stamp-{self.name}", daemon=True).start()
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
         with open(self.output, "ab") as f:
-            for raw in self.proc.stdout:
+            for raw in proc.stdout:
                 self.lines.append((time.time(), raw.decode(errors="replace").rstrip()))
                 f.write(raw)
                 f.flush()

@@ -41,9 +41,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from intellect_node.errors import ConfigError, IntellectNodeError, TransportError
+
+if TYPE_CHECKING:
+    from intellect_node.node.warmstart import WarmChild, WarmStarter
 
 STOP_GRACE_S = 30.0
 """How long children get between SIGTERM and SIGKILL (a node's own clean stop is bounded at 20 s)."""
@@ -166,12 +169,14 @@ class NodeProcess:
     ``output``: the child's stdout and stderr (appended). ``log_file``: the node's own log, if it was
     given one (``--log-file``), shown in :meth:`death_note`. ``new_session``: the child gets a session of
     its own, so a Ctrl-C at the terminal reaches only the parent, which then stops its children in order.
-    ``netns``: the Linux network namespace to run it in (see the module docstring).
+    ``netns``: the Linux network namespace to run it in (see the module docstring). ``starter``: fork the
+    child from that warm server (``node/warmstart.py``) where it can run the command, else start it cold.
     """
 
     def __init__(self, argv: Sequence[str], data_dir: Path, *, output: Path, name: str = "",
                  env: Mapping[str, str] | None = None, cwd: Path | None = None, log_file: Path | None = None,
-                 new_session: bool = False, netns: str | None = None) -> None:
+                 new_session: bool = False, netns: str | None = None,
+                 starter: WarmStarter | None = None) -> None:
         self.argv = list(argv)
         self.data_dir = data_dir
         self.name = name or data_dir.name
@@ -181,10 +186,15 @@ class NodeProcess:
         self._env = dict(env) if env is not None else None
         self._cwd = cwd
         self._new_session = new_session
+        self._starter = starter
         data_dir.mkdir(parents=True, exist_ok=True)
-        self.proc: subprocess.Popen[bytes] = self._spawn()
+        self.proc: subprocess.Popen[bytes] | WarmChild = self._spawn()
 
-    def _spawn(self) -> "subprocess.Popen[bytes]":
+    def _spawn(self) -> "subprocess.Popen[bytes] | WarmChild":
+        if self._starter is not None and self.netns is None and self._starter.runs(self.argv):
+            self.output.parent.mkdir(parents=True, exist_ok=True)
+            return self._starter.start(self.argv, output=self.output, env=self._env, cwd=self._cwd,
+                                       new_session=self._new_session)
         argv = ["ip", "netns", "exec", self.netns, *self.argv] if self.netns else self.argv
         out = _open_output(self.output)
         try:

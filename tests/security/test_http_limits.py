@@ -155,6 +155,7 @@ def test_slowloris_does_not_stop_an_honest_fetch(tmp_path: Path) -> None:
             return http if http["open"] + gone >= CONNECTIONS else None
 
         http = wait_for(taken, 60, interval=0.2, what="the node taking every slowloris connection")
+        assert http is not None
         assert http["open"] <= http["max_connections"] <= NOFILE // 2, http
         gone = http["refused"] + http["evicted"] + http["head_timeouts"]
         assert gone >= CONNECTIONS - http["max_connections"], http

@@ -9,7 +9,9 @@ In-process (fast; each node has its own trio thread, all share one asyncio loop)
 
 ``run(coro)`` runs a coroutine from a plain (sync) pytest test with an overall deadline.
 As processes through the real CLI: :class:`NodeProcess` (``intellect-node join``, started and killed by
-PID through the product's supervisor, ``intellect_node.node.processes``). Runtimes are put together by
+PID through the product's supervisor, ``intellect_node.node.processes``), forked warm from this test
+process's preloaded server (``node/warmstart.py``: the imports paid once per xdist worker, not once per
+node); ``INTELLECT_NODE_TESTS_COLD=1`` starts every one with exec instead. Runtimes are put together by
 ``intellect_node.node.assembly``, like every node's.
 """
 
@@ -26,11 +28,15 @@ from typing import Any, TypeVar
 
 from intellect_node.errors import IntellectNodeError
 from intellect_node.node import processes
+from intellect_node.node.warmstart import WarmStarter
 from tests.support.common import CLI, REPO
 from tests.support.wait import wait_until
 
 T = TypeVar("T")
 Edges = dict[int, list[int]]
+
+WARM: WarmStarter | None = None if os.environ.get("INTELLECT_NODE_TESTS_COLD") else WarmStarter()
+"""The one warm server of this test process (started on the first node), or None: every node cold."""
 
 
 def run(coro: Awaitable[T], timeout: float = 60.0) -> T:
@@ -137,7 +143,8 @@ class NodeProcess(processes.NodeProcess):
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         full_env = {**os.environ, **(env or {})}
         command = [CLI, "join", "--data-dir", str(data_dir), "--headless", *args] if argv is None else argv
-        super().__init__(command, data_dir, output=self.log_path, env=full_env, cwd=REPO, netns=netns)
+        super().__init__(command, data_dir, output=self.log_path, env=full_env, cwd=REPO, netns=netns,
+                         starter=WARM)
 
     def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:
         """Wait for control.json and a status answer; return the status (a test failure otherwise)."""
