@@ -137,6 +137,10 @@ class DemoSwarm:
         """What each node adds of its own to the manifest's settings (network, metrics, inference...)."""
         self.cid = ""
         self._write_config(model, extra_config or {})
+        from intellect_node.node.warmstart import WarmStarter
+
+        self._starter = WarmStarter()
+        """Every node forked from one server that imported torch and the node once (``node/warmstart``)."""
 
     def _write_config(self, model: str | None, extra: dict[str, Any]) -> None:
         from intellect_node.config import load_config
@@ -196,7 +200,7 @@ class DemoSwarm:
         # The demo is self-contained: the operator's INTELLECT_NODE_* settings are not applied to it.
         env = child_env({"MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}, drop_prefix="INTELLECT_NODE_")
         node.proc = NodeProcess(args, node.data_dir, name=node.name, output=node.stderr_path, env=env,
-                                log_file=node.log_path, new_session=True)
+                                log_file=node.log_path, new_session=True, starter=self._starter)
 
     def _wait_ready(self, node: DemoNode, deadline: float) -> dict[str, Any]:
         assert node.proc is not None

@@ -15,6 +15,11 @@ addresses); the node's own log goes wherever its ``--log-file`` says. :meth:`Nod
 the same command again once the child has ended (a node restarted on its data dir after a crash: with a
 fixed ``--listen`` it keeps its address), its output appended to the same file.
 
+Warm starts: given a ``starter`` (``node/warmstart.py``), a child that runs this interpreter's console
+script or ``-m module`` is forked from a server that imported torch, libp2p and the node once, instead of
+exec'd; the demo and the tests start their nodes so. What the supervisor holds and does is the same (the
+PID, signals, the exit code); a server that cannot start means an exec'd child and a warning.
+
 Network namespaces (Linux, root): ``netns="NS"`` runs the child as ``ip netns exec NS ...``, which execs,
 so the PID held is still the node's own; its control API listens on that namespace's loopback, so
 :meth:`NodeProcess.status` asks it from inside the namespace (:func:`http_get_in`). The namespaces
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -47,6 +53,8 @@ from intellect_node.errors import ConfigError, IntellectNodeError, TransportErro
 
 if TYPE_CHECKING:
     from intellect_node.node.warmstart import WarmChild, WarmStarter
+
+log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 30.0
 """How long children get between SIGTERM and SIGKILL (a node's own clean stop is bounded at 20 s)."""
@@ -193,8 +201,11 @@ class NodeProcess:
     def _spawn(self) -> "subprocess.Popen[bytes] | WarmChild":
         if self._starter is not None and self.netns is None and self._starter.runs(self.argv):
             self.output.parent.mkdir(parents=True, exist_ok=True)
-            return self._starter.start(self.argv, output=self.output, env=self._env, cwd=self._cwd,
-                                       new_session=self._new_session)
+            try:
+                return self._starter.start(self.argv, output=self.output, env=self._env, cwd=self._cwd,
+                                           new_session=self._new_session)
+            except (OSError, EOFError) as exc:  # no server (a sandbox without fork or sockets): exec
+                log.warning("could not fork %s from the warm server (%s): starting it cold", self.name, exc)
         argv = ["ip", "netns", "exec", self.netns, *self.argv] if self.netns else self.argv
         out = _open_output(self.output)
         try:
