@@ -44,6 +44,13 @@ PRELOAD = (
     "intellect_node.roles.trainer.role",
     "intellect_node.roles.validator.role",
     "intellect_node.roles.worker.role",
+    "intellect_node.p2p.host",
+    "intellect_node.p2p.nat.service",
+    "intellect_node.node.metrics",
+    "intellect_node.envs.reasoning_gym",
+    "tokenizers",
+    "jinja2",
+    "safetensors",
 )
 """What the server imports before it forks anyone: what every node imports and that takes longest."""
 
