@@ -7,7 +7,8 @@ keeps one server process, multiprocessing's ``forkserver`` with the heavy module
 started, and forks each child from it. The child then does what an exec would have set up: the
 environment, the working directory, a session of its own if asked, stdin from ``/dev/null``, stdout and
 stderr to the output file, SIGTERM when its parent goes; and runs the command as its interpreter would
-(the console script, or ``-m module``), its atexit handlers at the end.
+(the console script, or ``-m module``), its atexit handlers at the end. ``ps`` shows the command's name;
+its command line stays the server's.
 
 :class:`WarmChild` answers what :class:`intellect_node.node.processes.NodeProcess` asks of a ``Popen``
 (``pid``, ``poll``, ``wait``): the exit status comes back through the server, which is the child's
@@ -58,6 +59,8 @@ SERVER_ENV = {"OMP_NUM_THREADS": "1"}
 """The server's environment on top of this process's: read by modules at import (see the docstring)."""
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+"""From <linux/prctl.h>."""
 
 
 class WarmChild:
@@ -137,11 +140,16 @@ class WarmStarter:
 def _child_main(argv: list[str], env: dict[str, str], cwd: str | None, output: str, new_session: bool,
                 die_with_parent: bool) -> None:
     """In the child: what exec and the interpreter's start would have set up, then the command."""
-    if die_with_parent and sys.platform.startswith("linux"):
+    if sys.platform.startswith("linux"):
         import ctypes
         import signal
 
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        if die_with_parent:
+            prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        # What ps and top show as its name (the command line stays the server's).
+        name = argv[2].rsplit(".", 1)[-1] if argv[1:2] == ["-m"] else Path(argv[0]).name
+        prctl(PR_SET_NAME, name.encode()[:15])
     if new_session:
         os.setsid()
     os.environ.clear()

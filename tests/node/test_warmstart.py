@@ -41,6 +41,7 @@ def test_a_warm_child_gets_its_own_environment_directory_session_and_output(tmp_
     assert said["probe"] == "given" and said["cwd"] == str(REPO) and said["stdin"] == ""
     assert said["name"] == "__main__" and said["argv"] == [str(REPO / "tests/support/warm_probe.py"), "3"]
     assert out.read_text().splitlines()[1:] == ["bye"]  # its atexit handlers ran
+    assert said["comm"] == "warm_probe"  # the name ps shows
 
 
 def test_a_signalled_warm_child_reads_as_popen_does(tmp_path: Path) -> None:
