@@ -34,23 +34,28 @@ def data_dir(tmp_path: Path) -> Path:
     return d
 
 
-# The order files start in. With two xdist workers taking a file at a time (`--dist loadfile`), a long
-# file that starts last runs alone at the end while the other worker idles: so the files that start whole
+# The order files start in. With xdist workers taking a file at a time (`--dist loadfile`), a long
+# file that starts last runs alone at the end while the other workers idle: so the files that start whole
 # swarms of processes go first, the longest of them (measured, docs/tests.md) at the head, and the many
 # short files fill in after. (`make test` passes --no-loadscope-reorder: xdist's own reordering puts the
 # files with the most tests first, which is nearly the opposite.)
 LONGEST_FIRST = (
     "tests/system/test_run_by_cid.py",
-    "tests/roles/test_audit_nudge.py",
-    "tests/commands/test_demo.py",
-    "tests/p2p/test_nat_traversal.py",
+    "tests/system/test_real_model_swarm.py",
     "tests/p2p/test_nat_node.py",
     "tests/system/test_chaos.py",
-    "tests/roles/test_roles_e2e.py",
-    "tests/system/test_real_model_swarm.py",
+    "tests/p2p/test_nat_traversal.py",
     "tests/roles/test_sweep_swarm.py",
-    "tests/roles/test_roles_admission.py",
-    "tests/roles/test_roles_replay.py",
+    "tests/commands/test_demo.py",
+    "tests/roles/test_roles_e2e.py",
+    "tests/roles/test_audit_nudge.py",
+    "tests/system/test_run_by_cid_nat.py",
+    "tests/trainer/test_grpo_fsdp.py",
+    "tests/p2p/test_libp2p_fuzz.py",
+    "tests/p2p/test_inbound_slots.py",
+    "tests/trainer/test_policy_memory.py",
+    "tests/envs/test_reasoning_gym.py",
+    "tests/trainer/test_grpo_checkpoint.py",
 )
 
 
