@@ -134,12 +134,19 @@ class WarmStarter:
             list(argv), dict(env if env is not None else os.environ), str(cwd) if cwd else None, str(output),
             new_session, die_with_parent))
         process.start()
+        # Not one of multiprocessing's children to join at this process's exit (a node never ends on its
+        # own): as with an exec'd child, this process exits when it will, and the child gets SIGTERM
+        # when the server, whose child it is, goes with it (PR_SET_PDEATHSIG, set in the child).
+        children = getattr(multiprocessing.process, "_children", None)
+        if isinstance(children, set):
+            children.discard(process)
         return WarmChild(process)
 
 
 def _child_main(argv: list[str], env: dict[str, str], cwd: str | None, output: str, new_session: bool,
                 die_with_parent: bool) -> None:
     """In the child: what exec and the interpreter's start would have set up, then the command."""
+    server = os.getppid()
     if sys.platform.startswith("linux"):
         import ctypes
         import signal
@@ -147,9 +154,19 @@ def _child_main(argv: list[str], env: dict[str, str], cwd: str | None, output: s
         prctl = ctypes.CDLL(None, use_errno=True).prctl
         if die_with_parent:
             prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+            if os.getppid() != server:  # the server went before the request was made: no signal comes
+                os._exit(1)
         # What ps and top show as its name (the command line stays the server's).
         name = argv[2].rsplit(".", 1)[-1] if argv[1:2] == ["-m"] else Path(argv[0]).name
         prctl(PR_SET_NAME, name.encode()[:15])
+    # multiprocessing gives every child the write end of the server's "parent alive" pipe, so the server
+    # lives while any child does; closed here, the server ends with this child's parent, and the
+    # PR_SET_PDEATHSIG above then ends the child, as an exec'd child's would.
+    client = getattr(multiprocessing.forkserver, "_forkserver", None)
+    alive = getattr(client, "_forkserver_alive_fd", None)
+    if isinstance(alive, int):
+        os.close(alive)
+        client._forkserver_alive_fd = None
     if new_session:
         os.setsid()
     os.environ.clear()

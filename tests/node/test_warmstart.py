@@ -17,6 +17,7 @@ from intellect_node.node.processes import NodeProcess
 from intellect_node.node.warmstart import WarmChild, WarmStarter
 from tests.support.common import CLI, REPO
 from tests.support.swarm import WARM
+from tests.support.wait import wait_for
 
 PROBE = [sys.executable, "-m", "tests.support.warm_probe"]
 
@@ -60,6 +61,34 @@ def test_what_a_warm_child_can_run() -> None:
     assert not WarmStarter.runs(["/usr/bin/python3", "-m", "x"]) and not WarmStarter.runs([])
     with pytest.raises(ValueError, match="start it with Popen"):
         _starter().start(["ip", "netns", "exec", "x", CLI], output=Path("/dev/null"))
+
+
+LEAVER = """
+import sys
+from pathlib import Path
+from intellect_node.node.warmstart import WarmStarter
+child = WarmStarter(preload=[]).start([sys.executable, "-m", "tests.support.warm_probe", "wait"],
+                                      output=Path(sys.argv[1]), cwd=Path.cwd())
+print(child.pid, flush=True)
+"""
+
+
+def test_a_parent_that_exits_leaves_no_warm_child_behind(tmp_path: Path) -> None:
+    """As with an exec'd child: the parent's exit does not wait for the child (multiprocessing would join
+    it), and the child gets SIGTERM when the server goes with the parent."""
+    out = subprocess.run([sys.executable, "-c", LEAVER, str(tmp_path / "out.log")], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    pid = int(out.stdout.split()[0])
+
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+    wait_for(gone, 60, what="the warm child ended after its parent")
 
 
 class _NoServer(WarmStarter):
