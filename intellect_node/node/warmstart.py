@@ -164,7 +164,7 @@ def _child_main(argv: list[str], env: dict[str, str], cwd: str | None, output: s
     # PR_SET_PDEATHSIG above then ends the child, as an exec'd child's would.
     client = getattr(multiprocessing.forkserver, "_forkserver", None)
     alive = getattr(client, "_forkserver_alive_fd", None)
-    if isinstance(alive, int):
+    if client is not None and isinstance(alive, int):
         os.close(alive)
         client._forkserver_alive_fd = None
     if new_session:
