@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from intellect_node.commands.stop import pid_alive
 from intellect_node.node.processes import NodeProcess
 from intellect_node.node.warmstart import WarmChild, WarmStarter
 from tests.support.common import CLI, REPO
@@ -80,15 +81,7 @@ def test_a_parent_that_exits_leaves_no_warm_child_behind(tmp_path: Path) -> None
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     pid = int(out.stdout.split()[0])
-
-    def gone() -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-
-    wait_for(gone, 60, what="the warm child ended after its parent")
+    wait_for(lambda: not pid_alive(pid), 60, what="the warm child ended after its parent")
 
 
 class _NoServer(WarmStarter):
